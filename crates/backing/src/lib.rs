@@ -1,0 +1,70 @@
+//! Backing-store I/O for pmcache.
+//!
+//! This crate owns *how* the cache talks to the slow device behind it. The engine only sees
+//! [`BackingStore`]: a synchronous, thread-safe block interface. Engines that keep many I/Os in
+//! flight (io_uring, libaio) implement it too, by submitting and reaping on the calling thread.
+//!
+//! Assumptions: offsets and lengths are in bytes; callers may pass buffers of any alignment
+//! (an `O_DIRECT` engine bounces through an aligned buffer when it must).
+
+mod error;
+mod psync;
+
+pub use error::{BackingError, Result};
+pub use psync::PsyncFile;
+
+/// What identifies a backing store, so a cache is never attached to the wrong one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackingIdentity {
+    /// Size of the store in bytes.
+    pub size_bytes: u64,
+    /// A fingerprint of where the store lives (for a file: a hash of its canonical path).
+    pub fingerprint: [u8; 16],
+}
+
+/// The block interface the cache engine drives. All methods may be called from many threads.
+pub trait BackingStore: Send + Sync {
+    /// Size in bytes.
+    fn size_bytes(&self) -> u64;
+    /// The smallest I/O unit the store accepts, in bytes (512 or 4096 for `O_DIRECT`).
+    fn logical_block_size(&self) -> u32;
+    /// The identity recorded in a cache's superblock.
+    fn identity(&self) -> BackingIdentity;
+    /// Reads exactly `buf.len()` bytes at `offset`, completing short reads.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+    /// Writes exactly `data.len()` bytes at `offset`, completing short writes.
+    fn write_at(&self, data: &[u8], offset: u64) -> Result<()>;
+    /// Makes every completed write durable (fdatasync).
+    fn flush(&self) -> Result<()>;
+    /// Discards a range: afterwards it reads as zeroes on a file, or unspecified on a device.
+    fn discard(&self, offset: u64, len: u64) -> Result<()>;
+    /// Writes zeroes over a range.
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()>;
+}
+
+impl<T: BackingStore + ?Sized> BackingStore for std::sync::Arc<T> {
+    fn size_bytes(&self) -> u64 {
+        (**self).size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        (**self).logical_block_size()
+    }
+    fn identity(&self) -> BackingIdentity {
+        (**self).identity()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
+        (**self).write_at(data, offset)
+    }
+    fn flush(&self) -> Result<()> {
+        (**self).flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        (**self).discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        (**self).write_zeroes(offset, len)
+    }
+}

@@ -1,0 +1,1 @@
+//! `pmcache bench engines` (being written).

@@ -1,0 +1,2 @@
+//! The pmcache command.
+fn main() {}

@@ -1,0 +1,1 @@
+//! The pmcache engine (stub; being written).

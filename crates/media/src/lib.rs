@@ -1,0 +1,1 @@
+//! Cache media (stub; being written).

@@ -1,0 +1,1 @@
+//! NBD protocol codec and server (stub; being written).
