@@ -51,6 +51,34 @@ pub enum BackingError {
         /// Bytes actually read.
         got: u64,
     },
+    /// The store accepted only part of a write and then made no progress (or a fault wrapper
+    /// tore the write on purpose): the first `got` bytes may be on the store.
+    #[error("short write at byte {offset}: wanted {len} bytes, the store took {got}")]
+    ShortWrite {
+        /// Byte offset of the request.
+        offset: u64,
+        /// Length of the request.
+        len: u64,
+        /// Bytes actually written.
+        got: u64,
+    },
+    /// An `O_DIRECT` request whose offset or length is not a multiple of the logical block size.
+    #[error(
+        "engine {engine}: {op} of {len} bytes at byte {offset} is not aligned to the \
+         {block_bytes}-byte logical block that O_DIRECT requires"
+    )]
+    Misaligned {
+        /// The engine name.
+        engine: &'static str,
+        /// The operation.
+        op: &'static str,
+        /// Byte offset of the request.
+        offset: u64,
+        /// Length of the request in bytes.
+        len: u64,
+        /// The required alignment in bytes.
+        block_bytes: u32,
+    },
     /// An engine/option combination the kernel or file cannot do.
     #[error("engine {engine}: {option} is not supported here: {reason}")]
     Unsupported {
@@ -71,7 +99,8 @@ impl BackingError {
                 source.raw_os_error().unwrap_or(libc::EIO)
             }
             BackingError::OutOfRange { .. } => libc::EINVAL,
-            BackingError::ShortRead { .. } => libc::EIO,
+            BackingError::ShortRead { .. } | BackingError::ShortWrite { .. } => libc::EIO,
+            BackingError::Misaligned { .. } => libc::EINVAL,
             BackingError::Unsupported { .. } => libc::EOPNOTSUPP,
         }
     }

@@ -6,12 +6,34 @@
 //!
 //! Assumptions: offsets and lengths are in bytes; callers may pass buffers of any alignment
 //! (an `O_DIRECT` engine bounces through an aligned buffer when it must).
+//!
+//! Layout: `file` owns the open file and everything that does not depend on how I/O is
+//! issued; one module per engine (`psync`, `libaio`, `uring`) issues it; `queue` is the
+//! batched interface ([`IoQueue`]: many I/Os in flight, buffers owned until completion);
+//! `select` turns `--engine` into an open store ([`open_backing`]); [`wrappers`] adds latency,
+//! throttling and faults for tests.
+//! `unsafe` (system calls, io_uring submission, aligned allocation) stays in this crate.
 
+mod buf;
 mod error;
+mod file;
+mod libaio;
+mod pool;
 mod psync;
+mod queue;
+mod select;
+mod uring;
+pub mod wrappers;
 
+pub use buf::{IO_BUF_ALIGN_BYTES, IoBuf};
 pub use error::{BackingError, Result};
-pub use psync::PsyncFile;
+pub use libaio::LibaioFile;
+pub use psync::{PsyncFile, Pvsync2File};
+pub use queue::{IoCompletion, IoOp, IoQueue, IoRequest, SyncQueue};
+pub use select::{
+    DeviceKind, EngineKind, EngineOptions, ResolvedEngine, open_backing, resolve_engine,
+};
+pub use uring::{UringFile, UringMode};
 
 /// What identifies a backing store, so a cache is never attached to the wrong one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +62,25 @@ pub trait BackingStore: Send + Sync {
     fn discard(&self, offset: u64, len: u64) -> Result<()>;
     /// Writes zeroes over a range.
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()>;
+
+    /// The engine's name as `--engine` spells it (`psync`, `io_uring-iopoll`, ...).
+    fn engine_name(&self) -> &'static str {
+        "custom"
+    }
+    /// Whether the store bypasses the page cache (`O_DIRECT`).
+    fn is_direct(&self) -> bool {
+        false
+    }
+    /// Opens a queue of `depth` requests for the calling thread (see [`IoQueue`]). Stores
+    /// without a native queue refuse; [`SyncQueue`] runs a queue over any store.
+    fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
+        let _ = depth;
+        Err(BackingError::Unsupported {
+            engine: self.engine_name(),
+            option: "queue",
+            reason: "this store has no native queue; wrap it in a SyncQueue".into(),
+        })
+    }
 }
 
 impl<T: BackingStore + ?Sized> BackingStore for std::sync::Arc<T> {
@@ -66,5 +107,14 @@ impl<T: BackingStore + ?Sized> BackingStore for std::sync::Arc<T> {
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         (**self).write_zeroes(offset, len)
+    }
+    fn engine_name(&self) -> &'static str {
+        (**self).engine_name()
+    }
+    fn is_direct(&self) -> bool {
+        (**self).is_direct()
+    }
+    fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
+        (**self).open_queue(depth)
     }
 }

@@ -1,36 +1,176 @@
-//! The psync engine: one pread/pwrite per request, on a regular file or a block device.
+//! The synchronous engines: psync (one pread/pwrite per request) and pvsync2 (one
+//! preadv2/pwritev2 per request, optionally with `RWF_HIPRI` so the kernel polls for the
+//! completion), on a regular file or a block device, buffered or `O_DIRECT`.
+//!
+//! Their queued interface is a [`SyncQueue`]: requests run one after another during `submit`,
+//! so any queue depth behaves like depth 1 (as fio's synchronous engines do).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::{BackingError, BackingIdentity, BackingStore, Result};
+use crate::file::{BackingFile, OpenMode};
+use crate::queue::{IoQueue, SyncQueue};
+use crate::{BackingIdentity, BackingStore, Result};
 
-/// A backing file driven with pread/pwrite (buffered I/O).
+/// How each request is issued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SyncMode {
+    Psync,
+    Pvsync2 { rw_flags: libc::c_int },
+}
+
+#[derive(Debug)]
+struct SyncCore {
+    file: BackingFile,
+    mode: SyncMode,
+}
+
+impl SyncCore {
+    fn raw_read(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        match self.mode {
+            SyncMode::Psync => self.file.file.read_at(buf, offset),
+            SyncMode::Pvsync2 { rw_flags } => preadv2(&self.file.file, buf, offset, rw_flags),
+        }
+    }
+
+    fn raw_write(&self, data: &[u8], offset: u64) -> io::Result<usize> {
+        match self.mode {
+            SyncMode::Psync => self.file.file.write_at(data, offset),
+            SyncMode::Pvsync2 { rw_flags } => pwritev2(&self.file.file, data, offset, rw_flags),
+        }
+    }
+}
+
+impl BackingStore for SyncCore {
+    fn size_bytes(&self) -> u64 {
+        self.file.size_bytes
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.file.block_bytes
+    }
+    fn identity(&self) -> BackingIdentity {
+        self.file.identity()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.file.read_full(buf, offset, |b, at| self.raw_read(b, at))
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
+        self.file.write_full(data, offset, |d, at| self.raw_write(d, at))
+    }
+    fn flush(&self) -> Result<()> {
+        self.file.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.file.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.file.write_zeroes(offset, len)
+    }
+    fn engine_name(&self) -> &'static str {
+        self.file.engine
+    }
+}
+
+macro_rules! sync_engine_store {
+    ($ty:ident) => {
+        impl BackingStore for $ty {
+            fn size_bytes(&self) -> u64 {
+                self.core.size_bytes()
+            }
+            fn logical_block_size(&self) -> u32 {
+                self.core.logical_block_size()
+            }
+            fn identity(&self) -> BackingIdentity {
+                self.core.identity()
+            }
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+                self.core.read_at(buf, offset)
+            }
+            fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
+                self.core.write_at(data, offset)
+            }
+            fn flush(&self) -> Result<()> {
+                self.core.flush()
+            }
+            fn discard(&self, offset: u64, len: u64) -> Result<()> {
+                self.core.discard(offset, len)
+            }
+            fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+                self.core.write_zeroes(offset, len)
+            }
+            fn engine_name(&self) -> &'static str {
+                self.core.engine_name()
+            }
+            fn is_direct(&self) -> bool {
+                self.core.file.direct
+            }
+            fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
+                Ok(Box::new(SyncQueue::new(self.core.clone(), depth)))
+            }
+        }
+    };
+}
+
+/// A backing file driven with pread/pwrite.
 #[derive(Debug)]
 pub struct PsyncFile {
-    file: File,
-    size_bytes: u64,
-    fingerprint: [u8; 16],
+    core: Arc<SyncCore>,
 }
 
 impl PsyncFile {
-    /// Opens an existing file or block device for reading and writing.
+    /// Opens an existing file or block device for reading and writing (buffered I/O).
     pub fn open(path: &Path) -> Result<Self> {
-        let open_err = |source| BackingError::Open { path: path.display().to_string(), source };
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(open_err)?;
-        let size_bytes = file_size(&file).map_err(open_err)?;
-        let canonical = path.canonicalize().map_err(open_err)?;
-        Ok(Self { file, size_bytes, fingerprint: path_fingerprint(&canonical) })
+        Self::open_with(path, false, false)
     }
 
-    fn check_range(&self, op: &'static str, offset: u64, len: u64) -> Result<()> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.size_bytes => Ok(()),
-            _ => Err(BackingError::OutOfRange { op, offset, len, size: self.size_bytes }),
-        }
+    /// Opens with or without `O_DIRECT`, optionally read-only.
+    pub fn open_with(path: &Path, direct: bool, read_only: bool) -> Result<Self> {
+        let file = BackingFile::open(path, "psync", OpenMode { direct, read_only })?;
+        Ok(Self { core: Arc::new(SyncCore { file, mode: SyncMode::Psync }) })
     }
+}
+
+sync_engine_store!(PsyncFile);
+
+/// A backing file driven with preadv2/pwritev2, optionally with `RWF_HIPRI` (polled completion
+/// where the device has poll queues; the kernel falls back to interrupts where it has none).
+#[derive(Debug)]
+pub struct Pvsync2File {
+    core: Arc<SyncCore>,
+}
+
+impl Pvsync2File {
+    /// Opens with or without `O_DIRECT` and `RWF_HIPRI`, optionally read-only.
+    pub fn open_with(path: &Path, direct: bool, hipri: bool, read_only: bool) -> Result<Self> {
+        let engine = if hipri { "pvsync2-hipri" } else { "pvsync2" };
+        let file = BackingFile::open(path, engine, OpenMode { direct, read_only })?;
+        let rw_flags = if hipri { libc::RWF_HIPRI } else { 0 };
+        Ok(Self { core: Arc::new(SyncCore { file, mode: SyncMode::Pvsync2 { rw_flags } }) })
+    }
+}
+
+sync_engine_store!(Pvsync2File);
+
+fn preadv2(file: &File, buf: &mut [u8], offset: u64, flags: libc::c_int) -> io::Result<usize> {
+    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let offset = i64::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `iov` describes `buf`, which is valid for writes of its length for the whole
+    // (synchronous) call; the fd is open.
+    let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset, flags) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+fn pwritev2(file: &File, data: &[u8], offset: u64, flags: libc::c_int) -> io::Result<usize> {
+    let iov = libc::iovec { iov_base: data.as_ptr().cast_mut().cast(), iov_len: data.len() };
+    let offset = i64::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `iov` describes `data`, valid for reads of its length for the whole call; the
+    // kernel does not write through a pwritev2 iovec. The fd is open.
+    let n = unsafe { libc::pwritev2(file.as_raw_fd(), &iov, 1, offset, flags) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
 }
 
 /// Size of a regular file or a block device, in bytes.
@@ -57,87 +197,4 @@ pub fn path_fingerprint(canonical: &Path) -> [u8; 16] {
     out[..8].copy_from_slice(&lo.to_le_bytes());
     out[8..].copy_from_slice(&hi.to_le_bytes());
     out
-}
-
-fn io_err(op: &'static str, offset: u64, len: u64) -> impl FnOnce(io::Error) -> BackingError {
-    move |source| BackingError::Io { op, offset, len, source }
-}
-
-impl BackingStore for PsyncFile {
-    fn size_bytes(&self) -> u64 {
-        self.size_bytes
-    }
-
-    fn logical_block_size(&self) -> u32 {
-        512
-    }
-
-    fn identity(&self) -> BackingIdentity {
-        BackingIdentity { size_bytes: self.size_bytes, fingerprint: self.fingerprint }
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        let len = buf.len() as u64;
-        self.check_range("read", offset, len)?;
-        let mut done = 0usize;
-        while done < buf.len() {
-            let at = offset + done as u64;
-            match self.file.read_at(&mut buf[done..], at) {
-                Ok(0) => return Err(BackingError::ShortRead { offset, len, got: done as u64 }),
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(io_err("read", offset, len)(e)),
-            }
-        }
-        Ok(())
-    }
-
-    fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
-        let len = data.len() as u64;
-        self.check_range("write", offset, len)?;
-        self.file.write_all_at(data, offset).map_err(io_err("write", offset, len))
-    }
-
-    fn flush(&self) -> Result<()> {
-        self.file.sync_data().map_err(io_err("flush", 0, 0))
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.check_range("discard", offset, len)?;
-        punch_hole(&self.file, offset, len).map_err(io_err("discard", offset, len))
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        self.check_range("write_zeroes", offset, len)?;
-        // Punching a hole in a file reads back as zeroes; fall back to writing zeroes.
-        if punch_hole(&self.file, offset, len).is_ok() {
-            return Ok(());
-        }
-        let zeroes = vec![0u8; 64 * 1024];
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(zeroes.len() as u64) as usize;
-            self.file.write_all_at(&zeroes[..n], offset + done).map_err(io_err(
-                "write_zeroes",
-                offset,
-                len,
-            ))?;
-            done += n as u64;
-        }
-        Ok(())
-    }
-}
-
-/// Deallocates a byte range of a regular file (it then reads as zeroes).
-fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
-    rustix_free_punch(file, offset, len)
-}
-
-#[expect(unsafe_code, reason = "fallocate has no safe std wrapper")]
-fn rustix_free_punch(file: &File, offset: u64, len: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-    // SAFETY: fallocate only reads its integer arguments; the fd is owned by `file` and open.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset as i64, len as i64) };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }

@@ -1,0 +1,303 @@
+//! The queued interface: many I/Os in flight from one thread.
+//!
+//! A thread opens an [`IoQueue`] of a fixed depth ([`crate::BackingStore::open_queue`]), pushes
+//! [`IoRequest`]s (each owns its [`IoBuf`]; the engine keeps it until the completion hands it
+//! back), calls [`IoQueue::submit`] once per batch and [`IoQueue::reap`]s [`IoCompletion`]s on
+//! the same thread. A queue is `Send` but not shared: each submitting thread (or poller) owns one.
+//!
+//! Every request's result is final: short transfers are resubmitted for their remainder by the
+//! engine, and a read that meets end-of-file completes with [`BackingError::ShortRead`].
+//! Validation errors (range, `O_DIRECT` alignment) complete the request with an error instead
+//! of failing `push`, so the caller sees every outcome in one place.
+//!
+//! [`SyncQueue`] runs a queue over any [`BackingStore`] by executing each request during
+//! `submit`: that is what the psync and pvsync2 engines (and the wrappers) offer, and what fio
+//! does for synchronous engines at any `iodepth`.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+
+use crate::buf::IoBuf;
+use crate::{BackingError, BackingStore, Result};
+
+/// What a queued request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoOp {
+    /// Read `buf.len()` bytes at `offset` into `buf`.
+    Read,
+    /// Write `buf` at `offset`.
+    Write,
+    /// Make writes completed before this request was pushed durable (fdatasync). Not ordered
+    /// against requests still in flight, as with `IORING_OP_FSYNC`.
+    Flush,
+}
+
+impl IoOp {
+    /// The operation name used in errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            IoOp::Read => "read",
+            IoOp::Write => "write",
+            IoOp::Flush => "flush",
+        }
+    }
+}
+
+/// One queued request. The engine owns `buf` until the matching [`IoCompletion`].
+#[derive(Debug)]
+pub struct IoRequest {
+    /// The operation.
+    pub op: IoOp,
+    /// Byte offset on the store (ignored by `Flush`).
+    pub offset: u64,
+    /// Data to write, or where to read (`buf.len()` bytes); unused by `Flush`.
+    pub buf: IoBuf,
+    /// Returned untouched in the completion.
+    pub user_data: u64,
+}
+
+impl IoRequest {
+    /// A read of `buf.len()` bytes at `offset`.
+    pub fn read(offset: u64, buf: IoBuf, user_data: u64) -> Self {
+        Self { op: IoOp::Read, offset, buf, user_data }
+    }
+
+    /// A write of `buf` at `offset`.
+    pub fn write(offset: u64, buf: IoBuf, user_data: u64) -> Self {
+        Self { op: IoOp::Write, offset, buf, user_data }
+    }
+
+    /// A flush (fdatasync).
+    pub fn flush(user_data: u64) -> Self {
+        Self { op: IoOp::Flush, offset: 0, buf: IoBuf::new(0), user_data }
+    }
+}
+
+/// The outcome of one request, with its buffer handed back.
+#[derive(Debug)]
+pub struct IoCompletion {
+    /// The request's `user_data`.
+    pub user_data: u64,
+    /// The request's operation.
+    pub op: IoOp,
+    /// The request's offset.
+    pub offset: u64,
+    /// The request's buffer (for a read, now holding the data).
+    pub buf: IoBuf,
+    /// `Ok` when every byte was transferred.
+    pub result: Result<()>,
+}
+
+/// A bounded queue of in-flight requests owned by one thread.
+pub trait IoQueue: Send {
+    /// The most requests that may be pushed and not yet reaped.
+    fn depth(&self) -> usize;
+    /// Requests pushed and not yet reaped.
+    fn in_flight(&self) -> usize;
+    /// Queues a request for the next [`IoQueue::submit`]. Hands the request back when the
+    /// queue already holds [`IoQueue::depth`] requests (reap first).
+    fn push(&mut self, req: IoRequest) -> std::result::Result<(), IoRequest>;
+    /// Passes every pushed request to the kernel; returns how many were passed.
+    fn submit(&mut self) -> Result<usize>;
+    /// Submits anything pending, then appends completions to `out` until at least `min` were
+    /// appended (fewer only if fewer are in flight). Returns the number appended.
+    fn reap(&mut self, min: usize, out: &mut Vec<IoCompletion>) -> Result<usize>;
+}
+
+/// Bookkeeping shared by the asynchronous engines: a fixed table of slots (one per request in
+/// flight), the bytes each has moved so far, and completions that are ready without the kernel.
+#[derive(Debug)]
+pub(crate) struct Slots {
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    ready: VecDeque<IoCompletion>,
+    in_flight: usize,
+}
+
+#[derive(Debug)]
+struct Slot {
+    req: IoRequest,
+    done_bytes: usize,
+}
+
+/// The part of a slot's request still to transfer.
+pub(crate) struct Remaining {
+    pub op: IoOp,
+    pub offset: u64,
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+impl Slots {
+    pub fn new(depth: usize) -> Self {
+        assert!(depth > 0, "queue depth must be positive");
+        Self {
+            slots: (0..depth).map(|_| None).collect(),
+            free: (0..depth).rev().collect(),
+            ready: VecDeque::with_capacity(depth),
+            in_flight: 0,
+        }
+    }
+
+    pub fn depth(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Requests the kernel holds (in flight and not ready).
+    pub fn in_kernel(&self) -> usize {
+        self.in_flight - self.ready.len()
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.in_flight == self.slots.len()
+    }
+
+    /// Completes `req` at once (validation failures, synchronous flushes).
+    pub fn complete_now(&mut self, req: IoRequest, result: Result<()>) {
+        assert!(!self.is_full());
+        self.in_flight += 1;
+        self.ready.push_back(IoCompletion {
+            user_data: req.user_data,
+            op: req.op,
+            offset: req.offset,
+            buf: req.buf,
+            result,
+        });
+    }
+
+    /// Takes a slot for `req`; the caller issues it to the kernel.
+    pub fn insert(&mut self, req: IoRequest) -> usize {
+        let index = self.free.pop().expect("insert into a full queue");
+        assert!(self.slots[index].is_none());
+        self.slots[index] = Some(Slot { req, done_bytes: 0 });
+        self.in_flight += 1;
+        index
+    }
+
+    pub fn remaining(&mut self, index: usize) -> Remaining {
+        let slot = self.slots[index].as_mut().expect("remaining() of an empty slot");
+        let len = slot.req.buf.len() - slot.done_bytes;
+        Remaining {
+            op: slot.req.op,
+            offset: slot.req.offset + slot.done_bytes as u64,
+            // SAFETY: `done_bytes <= buf.len()`, so the pointer stays inside the allocation.
+            ptr: unsafe { slot.req.buf.as_mut_ptr().add(slot.done_bytes) },
+            len,
+        }
+    }
+
+    /// Records a kernel result for a slot. Returns `true` when the slot must be issued again for
+    /// its remainder (a short transfer); otherwise the request is complete and ready.
+    pub fn on_result(&mut self, index: usize, res: io::Result<usize>) -> bool {
+        let slot = self.slots[index].as_mut().expect("completion for an empty slot");
+        let op = slot.req.op;
+        let (offset, len) = (slot.req.offset, slot.req.buf.len() as u64);
+        let result = match res {
+            Err(source) => Err(BackingError::Io { op: op.name(), offset, len, source }),
+            Ok(_) if op == IoOp::Flush => Ok(()),
+            Ok(0) if slot.done_bytes < slot.req.buf.len() => {
+                let got = slot.done_bytes as u64;
+                Err(match op {
+                    IoOp::Read => BackingError::ShortRead { offset, len, got },
+                    _ => BackingError::ShortWrite { offset, len, got },
+                })
+            }
+            Ok(n) => {
+                slot.done_bytes += n;
+                assert!(slot.done_bytes <= slot.req.buf.len(), "kernel moved more than asked");
+                if slot.done_bytes < slot.req.buf.len() {
+                    return true;
+                }
+                Ok(())
+            }
+        };
+        let slot = self.slots[index].take().expect("checked above");
+        self.free.push(index);
+        self.ready.push_back(IoCompletion {
+            user_data: slot.req.user_data,
+            op,
+            offset,
+            buf: slot.req.buf,
+            result,
+        });
+        false
+    }
+
+    /// Moves ready completions to `out`; returns how many.
+    pub fn drain_ready(&mut self, out: &mut Vec<IoCompletion>) -> usize {
+        let n = self.ready.len();
+        self.in_flight -= n;
+        out.extend(self.ready.drain(..));
+        n
+    }
+}
+
+/// A queue that executes each request synchronously, during `submit`, on any store.
+pub struct SyncQueue {
+    store: Arc<dyn BackingStore>,
+    pending: VecDeque<IoRequest>,
+    done: VecDeque<IoCompletion>,
+    depth: usize,
+}
+
+impl SyncQueue {
+    /// A queue of `depth` requests over `store`.
+    pub fn new(store: Arc<dyn BackingStore>, depth: usize) -> Self {
+        assert!(depth > 0, "queue depth must be positive");
+        Self {
+            store,
+            pending: VecDeque::with_capacity(depth),
+            done: VecDeque::with_capacity(depth),
+            depth,
+        }
+    }
+}
+
+impl IoQueue for SyncQueue {
+    fn depth(&self) -> usize {
+        self.depth
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pending.len() + self.done.len()
+    }
+
+    fn push(&mut self, req: IoRequest) -> std::result::Result<(), IoRequest> {
+        if self.in_flight() == self.depth {
+            return Err(req);
+        }
+        self.pending.push_back(req);
+        Ok(())
+    }
+
+    fn submit(&mut self) -> Result<usize> {
+        let n = self.pending.len();
+        while let Some(mut req) = self.pending.pop_front() {
+            let result = match req.op {
+                IoOp::Read => self.store.read_at(&mut req.buf, req.offset),
+                IoOp::Write => self.store.write_at(&req.buf, req.offset),
+                IoOp::Flush => self.store.flush(),
+            };
+            self.done.push_back(IoCompletion {
+                user_data: req.user_data,
+                op: req.op,
+                offset: req.offset,
+                buf: req.buf,
+                result,
+            });
+        }
+        Ok(n)
+    }
+
+    fn reap(&mut self, _min: usize, out: &mut Vec<IoCompletion>) -> Result<usize> {
+        self.submit()?;
+        let n = self.done.len();
+        out.extend(self.done.drain(..));
+        Ok(n)
+    }
+}

@@ -1,0 +1,374 @@
+//! The io_uring engines: interrupt-driven, IOPOLL (the submitting thread polls the device for
+//! completions) and SQPOLL (a kernel thread polls the submission queue, so submitting costs no
+//! system call).
+//!
+//! Each [`IoQueue`] owns one ring sized to its depth. Synchronous calls borrow a ring from a
+//! pool created at open (rings of the SQPOLL engine share one kernel SQ thread). IOPOLL needs
+//! `O_DIRECT` and a file whose file system implements polled completion; both are checked at
+//! open (one polled read) and refused with [`BackingError::Unsupported`]. The kernel also fails
+//! polled I/O with `EOPNOTSUPP` on a block device without poll queues
+//! (`/sys/block/*/queue/io_poll` = 0, e.g. a virtio disk without `virtio_blk.poll_queues`), so
+//! such a disk is refused at open too, the same way fio's `hipri` fails on it.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::Path;
+use std::sync::Arc;
+
+use io_uring::{IoUring, opcode, types};
+
+use crate::buf::IoBuf;
+use crate::file::{BackingFile, OpenMode, kernel_result};
+use crate::pool::Pool;
+use crate::queue::{IoCompletion, IoOp, IoQueue, IoRequest, Slots};
+use crate::{BackingError, BackingIdentity, BackingStore, Result};
+
+/// How an io_uring ring learns about submissions and completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UringMode {
+    /// `io_uring_enter` submits, completions arrive by interrupt.
+    Interrupt,
+    /// `IORING_SETUP_IOPOLL`: completions are polled by the thread that reaps.
+    Iopoll,
+    /// `IORING_SETUP_SQPOLL`: a kernel thread polls the submission queue.
+    Sqpoll,
+}
+
+impl UringMode {
+    fn engine(self) -> &'static str {
+        match self {
+            UringMode::Interrupt => "io_uring",
+            UringMode::Iopoll => "io_uring-iopoll",
+            UringMode::Sqpoll => "io_uring-sqpoll",
+        }
+    }
+}
+
+/// Idle time after which an SQPOLL kernel thread sleeps, in milliseconds.
+const SQPOLL_IDLE_MS: u32 = 1000;
+/// Largest single transfer; longer requests are split by the short-transfer loop.
+const MAX_TRANSFER_BYTES: usize = 1 << 30;
+
+struct Shared {
+    file: BackingFile,
+    mode: UringMode,
+    pool: Pool<IoUring>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("file", &self.file)
+            .field("mode", &self.mode)
+            .field("pool", &self.pool)
+            .finish()
+    }
+}
+
+/// A backing file driven through io_uring.
+#[derive(Debug)]
+pub struct UringFile {
+    shared: Arc<Shared>,
+}
+
+fn build_ring(mode: UringMode, entries: u32, attach_wq: Option<RawFd>) -> io::Result<IoUring> {
+    let mut builder = IoUring::builder();
+    match mode {
+        UringMode::Interrupt => {}
+        UringMode::Iopoll => {
+            builder.setup_iopoll();
+        }
+        UringMode::Sqpoll => {
+            builder.setup_sqpoll(SQPOLL_IDLE_MS);
+            if let Some(fd) = attach_wq {
+                builder.setup_attach_wq(fd);
+            }
+        }
+    }
+    builder.build(entries.next_power_of_two().max(2))
+}
+
+impl UringFile {
+    /// Opens `path` with `sync_rings` rings for synchronous calls.
+    pub fn open_with(
+        path: &Path,
+        mode: UringMode,
+        direct: bool,
+        read_only: bool,
+        sync_rings: usize,
+    ) -> Result<Self> {
+        let engine = mode.engine();
+        if mode == UringMode::Iopoll && !direct {
+            return Err(BackingError::Unsupported {
+                engine,
+                option: "IOPOLL",
+                reason: "polled completion needs O_DIRECT (buffered I/O completes in the page \
+                         cache, which cannot be polled); add --direct or pick io_uring"
+                    .into(),
+            });
+        }
+        let file = BackingFile::open(path, engine, OpenMode { direct, read_only })?;
+        let unsupported = |e: io::Error| BackingError::Unsupported {
+            engine,
+            option: match mode {
+                UringMode::Interrupt => "io_uring",
+                UringMode::Iopoll => "IOPOLL",
+                UringMode::Sqpoll => "SQPOLL",
+            },
+            reason: format!("cannot create a ring: {e}"),
+        };
+        let first = build_ring(mode, 2, None).map_err(unsupported)?;
+        let attach = (mode == UringMode::Sqpoll).then(|| first.as_raw_fd());
+        let mut rings = vec![first];
+        for _ in 1..sync_rings.max(1) {
+            rings.push(build_ring(mode, 2, attach).map_err(unsupported)?);
+        }
+        let shared = Arc::new(Shared { file, mode, pool: Pool::new(rings) });
+        if mode == UringMode::Iopoll {
+            probe_iopoll(&shared)?;
+        }
+        Ok(Self { shared })
+    }
+}
+
+/// One read through an IOPOLL ring: `EOPNOTSUPP` means the file system cannot poll.
+fn probe_iopoll(shared: &Shared) -> Result<()> {
+    let mut buf = IoBuf::new(shared.file.block_bytes as usize);
+    let mut ring = shared.pool.take();
+    match ring_transfer(&mut ring, shared.file.fd(), IoOp::Read, buf.as_mut_ptr(), buf.len(), 0) {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Err(BackingError::Unsupported {
+            engine: shared.file.engine,
+            option: "IOPOLL",
+            reason: format!(
+                "{} cannot complete polled I/O (a polled read returned EOPNOTSUPP): its file \
+                 system has no iopoll, or its block device has no poll queues (set \
+                 nvme.poll_queues=N or virtio_blk.poll_queues=N); pick io_uring",
+                shared.file.path.display()
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn entry_for(
+    fd: RawFd,
+    op: IoOp,
+    ptr: *mut u8,
+    len: usize,
+    offset: u64,
+) -> io_uring::squeue::Entry {
+    let fd = types::Fd(fd);
+    let len = len.min(MAX_TRANSFER_BYTES) as u32;
+    match op {
+        IoOp::Read => opcode::Read::new(fd, ptr, len).offset(offset).build(),
+        IoOp::Write => opcode::Write::new(fd, ptr, len).offset(offset).build(),
+        IoOp::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+    }
+}
+
+/// Waits on a ring, retrying the transient `io_uring_enter` errors. Any other error means the
+/// ring is unusable while the kernel may still own buffers: a broken invariant.
+fn enter(ring: &IoUring, want: usize) -> usize {
+    loop {
+        match ring.submit_and_wait(want) {
+            Ok(n) => return n,
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) =>
+            {
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("io_uring_enter failed with I/O in flight: {e}"),
+        }
+    }
+}
+
+/// Issues one transfer on an idle ring and waits for it.
+fn ring_transfer(
+    ring: &mut IoUring,
+    fd: RawFd,
+    op: IoOp,
+    ptr: *mut u8,
+    len: usize,
+    offset: u64,
+) -> io::Result<usize> {
+    let entry = entry_for(fd, op, ptr, len, offset).user_data(0);
+    // SAFETY: the buffer `ptr..ptr+len` is valid (borrowed by our caller) until this function
+    // returns, and it returns only after reaping this entry's completion below. The ring is
+    // idle (pooled rings are returned with nothing in flight), so the SQ has room.
+    unsafe { ring.submission().push(&entry) }.expect("an idle pooled ring has SQ space");
+    loop {
+        if let Some(cqe) = ring.completion().next() {
+            return kernel_result(i64::from(cqe.result()));
+        }
+        enter(ring, 1);
+    }
+}
+
+impl BackingStore for UringFile {
+    fn size_bytes(&self) -> u64 {
+        self.shared.file.size_bytes
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.shared.file.block_bytes
+    }
+    fn identity(&self) -> BackingIdentity {
+        self.shared.file.identity()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let file = &self.shared.file;
+        let mut ring = self.shared.pool.take();
+        file.read_full(buf, offset, |b, at| {
+            ring_transfer(&mut ring, file.fd(), IoOp::Read, b.as_mut_ptr(), b.len(), at)
+        })
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
+        let file = &self.shared.file;
+        let mut ring = self.shared.pool.take();
+        file.write_full(data, offset, |d, at| {
+            // The kernel only reads through a write's pointer.
+            ring_transfer(&mut ring, file.fd(), IoOp::Write, d.as_ptr().cast_mut(), d.len(), at)
+        })
+    }
+    fn flush(&self) -> Result<()> {
+        self.shared.file.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.shared.file.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.shared.file.write_zeroes(offset, len)
+    }
+    fn engine_name(&self) -> &'static str {
+        self.shared.file.engine
+    }
+    fn is_direct(&self) -> bool {
+        self.shared.file.direct
+    }
+    fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
+        let ring = build_ring(self.shared.mode, depth as u32, None).map_err(|e| {
+            BackingError::Unsupported {
+                engine: self.shared.file.engine,
+                option: "queue",
+                reason: format!("cannot create a ring of depth {depth}: {e}"),
+            }
+        })?;
+        Ok(Box::new(UringQueue {
+            shared: self.shared.clone(),
+            ring,
+            slots: Slots::new(depth),
+            cqes: Vec::with_capacity(depth),
+        }))
+    }
+}
+
+/// A ring of its own, driven by one thread.
+struct UringQueue {
+    shared: Arc<Shared>,
+    ring: IoUring,
+    slots: Slots,
+    /// Completions copied out of the CQ before they are processed: `(slot, result)`.
+    cqes: Vec<(usize, i32)>,
+}
+
+impl UringQueue {
+    fn issue(&mut self, slot: usize) {
+        let rem = self.slots.remaining(slot);
+        let entry = entry_for(self.shared.file.fd(), rem.op, rem.ptr, rem.len, rem.offset)
+            .user_data(slot as u64);
+        // SAFETY: the buffer belongs to the request held in `slot`, which stays in the slot
+        // table (its heap allocation unmoved) until this entry's completion is processed; `Drop`
+        // waits for every entry in the kernel. The SQ has at least `depth` entries and at most
+        // `depth` requests are in flight, so there is room.
+        unsafe { self.ring.submission().push(&entry) }.expect("SQ has room for every slot");
+    }
+
+    /// Processes every CQE available now; short transfers are issued again.
+    fn drain_cq(&mut self) {
+        self.cqes.extend(self.ring.completion().map(|c| (c.user_data() as usize, c.result())));
+        for i in 0..self.cqes.len() {
+            let (slot, res) = self.cqes[i];
+            if self.slots.on_result(slot, kernel_result(i64::from(res))) {
+                self.issue(slot);
+            }
+        }
+        self.cqes.clear();
+    }
+}
+
+impl IoQueue for UringQueue {
+    fn depth(&self) -> usize {
+        self.slots.depth()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.slots.in_flight()
+    }
+
+    fn push(&mut self, req: IoRequest) -> std::result::Result<(), IoRequest> {
+        if self.slots.is_full() {
+            return Err(req);
+        }
+        let file = &self.shared.file;
+        let check = match req.op {
+            // IOPOLL rings only take polled reads and writes; flush synchronously instead.
+            IoOp::Flush if self.shared.mode == UringMode::Iopoll => {
+                let result = file.flush();
+                self.slots.complete_now(req, result);
+                return Ok(());
+            }
+            IoOp::Flush => Ok(()),
+            IoOp::Read | IoOp::Write => {
+                file.check_rw(req.op.name(), req.offset, req.buf.len() as u64)
+            }
+        };
+        match check {
+            Err(e) => self.slots.complete_now(req, Err(e)),
+            Ok(()) if req.buf.is_empty() && req.op != IoOp::Flush => {
+                self.slots.complete_now(req, Ok(()));
+            }
+            Ok(()) => {
+                let slot = self.slots.insert(req);
+                self.issue(slot);
+            }
+        }
+        Ok(())
+    }
+
+    fn submit(&mut self) -> Result<usize> {
+        loop {
+            match self.ring.submit() {
+                Ok(n) => return Ok(n),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => {
+                    return Ok(0);
+                }
+                Err(source) => {
+                    return Err(BackingError::Io { op: "submit", offset: 0, len: 0, source });
+                }
+            }
+        }
+    }
+
+    fn reap(&mut self, min: usize, out: &mut Vec<IoCompletion>) -> Result<usize> {
+        let mut got = self.slots.drain_ready(out);
+        loop {
+            self.drain_cq();
+            got += self.slots.drain_ready(out);
+            if got >= min || self.slots.in_kernel() == 0 {
+                return Ok(got);
+            }
+            enter(&self.ring, 1);
+        }
+    }
+}
+
+impl Drop for UringQueue {
+    fn drop(&mut self) {
+        // The kernel may still write into buffers held by the slots: wait for all of them.
+        let mut sink = Vec::with_capacity(self.slots.depth());
+        while self.slots.in_kernel() > 0 {
+            let _ = self.reap(1, &mut sink);
+            sink.clear();
+        }
+    }
+}

@@ -1,0 +1,451 @@
+//! The conformance suite every engine passes, on a file on the root disk with `O_DIRECT` and on
+//! a file in `/dev/shm` with buffered I/O: data round-trips at random offsets and sizes (sync
+//! calls with unaligned buffers, and queued), misaligned `O_DIRECT` requests get a clear error,
+//! short reads are reported, errors carry the kernel's errno, many I/Os in flight from several
+//! threads, flush, and discard/write-zeroes read back as zeroes.
+//!
+//! The disk directory is `$PMCACHE_TEST_DISK_DIR` (default `/var/tmp`), the memory one
+//! `$PMCACHE_TEST_SHM_DIR` (default `/dev/shm`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pmcache_backing::{
+    BackingError, BackingStore, EngineKind, EngineOptions, IoBuf, IoCompletion, IoQueue, IoRequest,
+    open_backing,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const FILE_BYTES: u64 = 8 << 20;
+
+#[derive(Clone, Copy, Debug)]
+struct Target {
+    label: &'static str,
+    direct: bool,
+}
+
+const DISK_DIRECT: Target = Target { label: "disk-direct", direct: true };
+const SHM_BUFFERED: Target = Target { label: "shm-buffered", direct: false };
+
+fn dir_for(target: Target) -> PathBuf {
+    let (var, default) = if target.direct {
+        ("PMCACHE_TEST_DISK_DIR", "/var/tmp")
+    } else {
+        ("PMCACHE_TEST_SHM_DIR", "/dev/shm")
+    };
+    PathBuf::from(std::env::var(var).unwrap_or_else(|_| default.into()))
+}
+
+/// A scratch file of `FILE_BYTES` filled with a seeded pattern; returns it with its contents.
+fn scratch(target: Target, seed: u64) -> (tempfile::NamedTempFile, Vec<u8>) {
+    let file = tempfile::NamedTempFile::new_in(dir_for(target)).expect("scratch file");
+    let mut data = vec![0u8; FILE_BYTES as usize];
+    SmallRng::seed_from_u64(seed).fill(&mut data[..]);
+    std::fs::write(file.path(), &data).expect("fill scratch file");
+    (file, data)
+}
+
+fn open(kind: EngineKind, target: Target, file: &tempfile::NamedTempFile) -> Arc<dyn BackingStore> {
+    let opts = EngineOptions { sync_contexts: 4, ..EngineOptions::new(kind, target.direct) };
+    match open_backing(file.path(), &opts) {
+        Ok(store) => store,
+        Err(e) => panic!("{kind} on {}: {e}", target.label),
+    }
+}
+
+/// The targets an engine supports here. IOPOLL needs O_DIRECT and a device with poll queues
+/// (a virtio disk has none unless `virtio_blk.poll_queues` is set): where the disk cannot poll,
+/// the refusal itself is checked and the data tests are skipped, saying so.
+fn targets(kind: EngineKind) -> Vec<Target> {
+    if kind != EngineKind::IoUringIopoll {
+        return vec![DISK_DIRECT, SHM_BUFFERED];
+    }
+    let (file, _) = scratch(DISK_DIRECT, 0);
+    match open_backing(file.path(), &EngineOptions::new(kind, true)) {
+        Ok(_) => vec![DISK_DIRECT],
+        Err(
+            err @ BackingError::Unsupported { engine: "io_uring-iopoll", option: "IOPOLL", .. },
+        ) => {
+            assert!(err.to_string().contains("EOPNOTSUPP"), "unclear refusal: {err}");
+            eprintln!("skipping io_uring-iopoll data tests: {err}");
+            vec![]
+        }
+        Err(other) => panic!("io_uring-iopoll: unexpected error {other:?}"),
+    }
+}
+
+/// A random request inside the file: block-aligned under O_DIRECT, anything otherwise.
+fn random_range(rng: &mut SmallRng, store: &dyn BackingStore, max_bytes: u64) -> (u64, u64) {
+    let unit = if store.is_direct() { u64::from(store.logical_block_size()) } else { 1 };
+    let len = rng.gen_range(1..=max_bytes / unit) * unit;
+    let offset = rng.gen_range(0..=(store.size_bytes() - len) / unit) * unit;
+    (offset, len)
+}
+
+/// Pushes all requests, submits, and reaps every completion.
+fn run_batch(queue: &mut dyn IoQueue, reqs: Vec<IoRequest>) -> Vec<IoCompletion> {
+    let n = reqs.len();
+    for req in reqs {
+        queue.push(req).expect("batch fits the queue");
+    }
+    queue.submit().expect("submit");
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        queue.reap(n - out.len(), &mut out).expect("reap");
+    }
+    assert_eq!(queue.in_flight(), 0);
+    out
+}
+
+fn round_trip_sync(kind: EngineKind, target: Target) {
+    let (file, mut model) = scratch(target, 1);
+    let store = open(kind, target, &file);
+    assert_eq!(store.size_bytes(), FILE_BYTES);
+    assert_eq!(store.engine_name(), kind.name());
+    let mut rng = SmallRng::seed_from_u64(2);
+    for _ in 0..150 {
+        let (offset, len) = random_range(&mut rng, &*store, 64 << 10);
+        let (o, l) = (offset as usize, len as usize);
+        // One byte into a Vec: deliberately unaligned, so O_DIRECT engines must bounce.
+        let mut space = vec![0u8; l + 1];
+        rng.fill(&mut space[1..]);
+        store.write_at(&space[1..], offset).expect("write");
+        model[o..o + l].copy_from_slice(&space[1..]);
+        let (offset, len) = random_range(&mut rng, &*store, 64 << 10);
+        let (o, l) = (offset as usize, len as usize);
+        let mut back = vec![0u8; l + 1];
+        store.read_at(&mut back[1..], offset).expect("read");
+        assert!(back[1..] == model[o..o + l], "{kind}/{}: read at {o}+{l} differs", target.label);
+    }
+    let mut whole = vec![0u8; FILE_BYTES as usize];
+    store.read_at(&mut whole, 0).expect("read all");
+    assert!(whole == model, "{kind}/{}: file differs from the model", target.label);
+    store.read_at(&mut [], 0).expect("empty read");
+    store.write_at(&[], 0).expect("empty write");
+}
+
+fn round_trip_queued(kind: EngineKind, target: Target) {
+    let (file, mut model) = scratch(target, 3);
+    let store = open(kind, target, &file);
+    let mut queue = store.open_queue(16).expect("queue");
+    assert_eq!(queue.depth(), 16);
+    let mut rng = SmallRng::seed_from_u64(4);
+    let chunk = 64u64 << 10;
+    let unit = if target.direct { u64::from(store.logical_block_size()) } else { 1 };
+    for round in 0..8 {
+        // Distinct 64 KiB chunks per batch, so in-flight writes never overlap.
+        let mut chunks: Vec<u64> = (0..FILE_BYTES / chunk).collect();
+        for i in 0..16 {
+            let j = rng.gen_range(i..chunks.len());
+            chunks.swap(i, j);
+        }
+        let ranges: Vec<(u64, u64)> = chunks[..16]
+            .iter()
+            .map(|&c| {
+                let len = rng.gen_range(1..=chunk / unit) * unit;
+                let start = c * chunk + rng.gen_range(0..=(chunk - len) / unit) * unit;
+                (start, len)
+            })
+            .collect();
+        let writes = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, &(offset, len))| {
+                let mut buf = IoBuf::new(len as usize);
+                rng.fill(&mut buf[..]);
+                model[offset as usize..(offset + len) as usize].copy_from_slice(&buf);
+                IoRequest::write(offset, buf, i as u64)
+            })
+            .collect();
+        for c in run_batch(&mut *queue, writes) {
+            c.result
+                .unwrap_or_else(|e| panic!("{kind}/{}: round {round} write: {e}", target.label));
+        }
+        let reads = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, &(offset, len))| IoRequest::read(offset, IoBuf::new(len as usize), i as u64))
+            .collect();
+        let mut seen = vec![false; ranges.len()];
+        for c in run_batch(&mut *queue, reads) {
+            c.result.unwrap_or_else(|e| panic!("{kind}/{}: read: {e}", target.label));
+            let (offset, len) = ranges[c.user_data as usize];
+            assert_eq!(c.offset, offset);
+            assert_eq!(c.buf.len() as u64, len);
+            assert!(
+                *c.buf == model[offset as usize..(offset + len) as usize],
+                "{kind}: queued read differs"
+            );
+            seen[c.user_data as usize] = true;
+        }
+        assert!(seen.iter().all(|&s| s), "every request completes exactly once");
+    }
+    // A full queue hands the request back.
+    let mut queue = store.open_queue(2).expect("queue");
+    for i in 0..2 {
+        queue.push(IoRequest::read(0, IoBuf::new(4096), i)).expect("room");
+    }
+    assert!(queue.push(IoRequest::read(0, IoBuf::new(4096), 9)).is_err(), "queue of 2 takes a 3rd");
+    let mut out = Vec::new();
+    while out.len() < 2 {
+        queue.reap(2, &mut out).expect("reap");
+    }
+    assert!(out.iter().all(|c| c.result.is_ok()));
+}
+
+fn misaligned_direct_is_refused(kind: EngineKind, target: Target) {
+    if !target.direct {
+        return;
+    }
+    let (file, _) = scratch(target, 5);
+    let store = open(kind, target, &file);
+    let block = u64::from(store.logical_block_size());
+    assert!(block >= 512);
+    let check = |err: BackingError| {
+        assert!(matches!(err, BackingError::Misaligned { .. }), "{kind}: {err:?}");
+        assert_eq!(err.errno(), libc::EINVAL);
+        let msg = err.to_string();
+        assert!(msg.contains(kind.name()) && msg.contains("O_DIRECT"), "unclear error: {msg}");
+    };
+    let mut buf = vec![0u8; block as usize];
+    check(store.read_at(&mut buf, 1).unwrap_err());
+    check(store.write_at(&buf[..100], 0).unwrap_err());
+    let mut queue = store.open_queue(4).expect("queue");
+    let out =
+        run_batch(&mut *queue, vec![IoRequest::read(block + 1, IoBuf::new(block as usize), 7)]);
+    assert_eq!(out[0].user_data, 7);
+    check(out.into_iter().next().unwrap().result.unwrap_err());
+}
+
+fn short_read_is_reported(kind: EngineKind, target: Target) {
+    let (file, _) = scratch(target, 6);
+    let store = open(kind, target, &file);
+    // The file shrinks behind the store's back: a read across the new end is short.
+    let half = FILE_BYTES / 2;
+    file.as_file().set_len(half).expect("truncate");
+    let mut buf = vec![0u8; 8192];
+    match store.read_at(&mut buf, half - 4096) {
+        Err(BackingError::ShortRead { offset, len, got }) => {
+            assert_eq!((offset, len, got), (half - 4096, 8192, 4096), "{kind}/{}", target.label);
+        }
+        other => panic!("{kind}/{}: expected a short read, got {other:?}", target.label),
+    }
+    let mut queue = store.open_queue(4).expect("queue");
+    let out = run_batch(
+        &mut *queue,
+        vec![
+            IoRequest::read(half - 4096, IoBuf::new(8192), 1),
+            IoRequest::read(half + 4096, IoBuf::new(4096), 2),
+            IoRequest::read(0, IoBuf::new(4096), 3),
+        ],
+    );
+    for c in out {
+        match (c.user_data, c.result) {
+            (1, Err(BackingError::ShortRead { got: 4096, .. })) => {}
+            (2, Err(BackingError::ShortRead { got: 0, .. })) => {}
+            (3, Ok(())) => {}
+            (id, r) => panic!("{kind}/{}: request {id}: {r:?}", target.label),
+        }
+    }
+}
+
+fn errors_carry_errno(kind: EngineKind, target: Target) {
+    let (file, _) = scratch(target, 7);
+    let opts = EngineOptions {
+        read_only: true,
+        sync_contexts: 2,
+        ..EngineOptions::new(kind, target.direct)
+    };
+    let store = open_backing(file.path(), &opts).expect("open read-only");
+    let buf = IoBuf::new(4096);
+    let err = store.write_at(&buf, 0).unwrap_err();
+    assert_eq!(err.errno(), libc::EBADF, "{kind}/{}: {err}", target.label);
+    let mut queue = store.open_queue(4).expect("queue");
+    let out = run_batch(
+        &mut *queue,
+        vec![IoRequest::write(0, IoBuf::new(4096), 1), IoRequest::read(4096, IoBuf::new(4096), 2)],
+    );
+    for c in out {
+        match c.user_data {
+            1 => assert_eq!(c.result.unwrap_err().errno(), libc::EBADF, "{kind}: queued write"),
+            _ => c.result.expect("a read on a read-only store works"),
+        }
+    }
+    let err = store.read_at(&mut [0u8; 4096], FILE_BYTES).unwrap_err();
+    assert!(matches!(err, BackingError::OutOfRange { .. }));
+    assert_eq!(err.errno(), libc::EINVAL);
+}
+
+fn many_in_flight_from_threads(kind: EngineKind, target: Target) {
+    const THREADS: u64 = 4;
+    const BLOCKS_PER_THREAD: u64 = 256;
+    const BLOCK: u64 = 4096;
+    let (file, _) = scratch(target, 8);
+    let store = open(kind, target, &file);
+    let region = FILE_BYTES / (THREADS + 2) / BLOCK * BLOCK;
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let store = store.clone();
+            s.spawn(move || {
+                let mut queue = store.open_queue(32).expect("queue");
+                let base = t * region;
+                let stamp = |b: u64| (t * 1_000_003 + b) as u8;
+                let mut out = Vec::with_capacity(32);
+                for pass in 0..2 {
+                    let (mut next, mut done) = (0u64, 0u64);
+                    while done < BLOCKS_PER_THREAD {
+                        while next < BLOCKS_PER_THREAD && queue.in_flight() < queue.depth() {
+                            let offset = base + next * BLOCK;
+                            let req = if pass == 0 {
+                                let mut buf = IoBuf::new(BLOCK as usize);
+                                buf.fill(stamp(next));
+                                IoRequest::write(offset, buf, next)
+                            } else {
+                                IoRequest::read(offset, IoBuf::new(BLOCK as usize), next)
+                            };
+                            queue.push(req).expect("room below depth");
+                            next += 1;
+                        }
+                        queue.submit().expect("submit");
+                        out.clear();
+                        queue.reap(1, &mut out).expect("reap");
+                        for c in &out {
+                            assert!(c.result.is_ok(), "{kind}: {:?}", c.result);
+                            if pass == 1 {
+                                assert!(
+                                    c.buf.iter().all(|&b| b == stamp(c.user_data)),
+                                    "{kind}: thread {t}"
+                                );
+                            }
+                        }
+                        done += out.len() as u64;
+                    }
+                }
+            });
+        }
+        // Two more threads use the synchronous calls at the same time.
+        for t in THREADS..THREADS + 2 {
+            let store = store.clone();
+            s.spawn(move || {
+                let base = t * region;
+                for b in 0..64u64 {
+                    let data = vec![(t + b) as u8; BLOCK as usize];
+                    store.write_at(&data, base + b * BLOCK).expect("sync write");
+                }
+                for b in 0..64u64 {
+                    let mut back = vec![0u8; BLOCK as usize];
+                    store.read_at(&mut back, base + b * BLOCK).expect("sync read");
+                    assert!(back.iter().all(|&x| x == (t + b) as u8), "{kind}: sync thread {t}");
+                }
+            });
+        }
+    });
+}
+
+fn flush_discard_and_zeroes(kind: EngineKind, target: Target) {
+    let (file, _) = scratch(target, 9);
+    let store = open(kind, target, &file);
+    store.flush().expect("flush");
+    let mut queue = store.open_queue(4).expect("queue");
+    let out =
+        run_batch(&mut *queue, vec![IoRequest::write(0, IoBuf::new(4096), 1), IoRequest::flush(2)]);
+    assert!(out.iter().all(|c| c.result.is_ok()), "{kind}: {out:?}");
+    let ones = vec![0xA5u8; 256 << 10];
+    store.write_at(&ones, 1 << 20).expect("write");
+    store.discard((1 << 20) + (64 << 10), 64 << 10).expect("discard");
+    store.write_zeroes((1 << 20) + (192 << 10), 32 << 10).expect("write_zeroes");
+    let mut back = vec![0u8; 256 << 10];
+    store.read_at(&mut back, 1 << 20).expect("read");
+    let zero = |r: std::ops::Range<usize>| back[r].iter().all(|&b| b == 0);
+    let kept = |r: std::ops::Range<usize>| back[r].iter().all(|&b| b == 0xA5);
+    assert!(kept(0..64 << 10), "{kind}: bytes before the discard changed");
+    assert!(zero((64 << 10)..(128 << 10)), "{kind}: discarded range is not zero");
+    assert!(kept((128 << 10)..(192 << 10)), "{kind}: bytes between changed");
+    assert!(zero((192 << 10)..(224 << 10)), "{kind}: write_zeroes range is not zero");
+    assert!(kept((224 << 10)..(256 << 10)), "{kind}: bytes after changed");
+    assert!(store.discard(FILE_BYTES, 4096).is_err(), "discard past the end");
+}
+
+macro_rules! conformance {
+    ($($module:ident => $kind:expr),* $(,)?) => {$(
+        mod $module {
+            use super::*;
+            #[test]
+            fn round_trip_sync_unaligned_buffers() {
+                for t in targets($kind) { super::round_trip_sync($kind, t) }
+            }
+            #[test]
+            fn round_trip_queued() {
+                for t in targets($kind) { super::round_trip_queued($kind, t) }
+            }
+            #[test]
+            fn misaligned_direct_is_refused() {
+                for t in targets($kind) { super::misaligned_direct_is_refused($kind, t) }
+            }
+            #[test]
+            fn short_read_is_reported() {
+                for t in targets($kind) { super::short_read_is_reported($kind, t) }
+            }
+            #[test]
+            fn errors_carry_errno() {
+                for t in targets($kind) { super::errors_carry_errno($kind, t) }
+            }
+            #[test]
+            fn many_in_flight_from_threads() {
+                for t in targets($kind) { super::many_in_flight_from_threads($kind, t) }
+            }
+            #[test]
+            fn flush_discard_and_zeroes() {
+                for t in targets($kind) { super::flush_discard_and_zeroes($kind, t) }
+            }
+        }
+    )*};
+}
+
+conformance! {
+    psync => EngineKind::Psync,
+    pvsync2 => EngineKind::Pvsync2,
+    pvsync2_hipri => EngineKind::Pvsync2Hipri,
+    libaio => EngineKind::Libaio,
+    io_uring => EngineKind::IoUring,
+    io_uring_iopoll => EngineKind::IoUringIopoll,
+    io_uring_sqpoll => EngineKind::IoUringSqpoll,
+}
+
+/// Combinations the kernel or file cannot do are refused with the engine, option and reason.
+#[test]
+fn unsupported_combinations_are_named() {
+    let (file, _) = scratch(SHM_BUFFERED, 10);
+    let err = open_backing(file.path(), &EngineOptions::new(EngineKind::IoUringIopoll, false))
+        .err()
+        .expect("refused");
+    let msg = err.to_string();
+    assert!(matches!(err, BackingError::Unsupported { option: "IOPOLL", .. }), "{err:?}");
+    assert!(msg.contains("io_uring-iopoll") && msg.contains("O_DIRECT"), "{msg}");
+    assert_eq!(err.errno(), libc::EOPNOTSUPP);
+    // tmpfs: either no O_DIRECT at all (older kernels) or no polled completion.
+    let err = open_backing(file.path(), &EngineOptions::new(EngineKind::IoUringIopoll, true))
+        .err()
+        .expect("refused");
+    match &err {
+        BackingError::Unsupported {
+            engine: "io_uring-iopoll",
+            option: "IOPOLL" | "O_DIRECT",
+            ..
+        } => {}
+        other => panic!("expected a named refusal, got {other:?}"),
+    }
+}
+
+/// Defaults: a regular file on a file system with O_DIRECT gets io_uring + O_DIRECT.
+#[test]
+fn defaults_per_device() {
+    let (file, _) = scratch(DISK_DIRECT, 11);
+    let resolved = pmcache_backing::resolve_engine(file.path(), &EngineOptions::default()).unwrap();
+    assert_eq!(resolved.engine, EngineKind::IoUring);
+    assert_eq!(resolved.device, pmcache_backing::DeviceKind::RegularFile);
+    let store = open_backing(file.path(), &EngineOptions::default()).unwrap();
+    assert_eq!(store.engine_name(), "io_uring");
+    assert_eq!(store.is_direct(), resolved.direct);
+}
