@@ -1,1 +1,34 @@
-//! The pmcache engine (stub; being written).
+//! The pmcache engine: a persist-on-write block cache of a backing store on a byte-addressable
+//! persistent medium.
+//!
+//! - [`Engine`] owns the medium, the backing store and the shared DRAM structures (slot table,
+//!   index, stripe locks, free pool); it is generic over [`Medium`](pmcache_media::Medium),
+//!   [`BackingStore`](pmcache_backing::BackingStore) and [`Clock`], so tests run the production
+//!   code on a crash-simulating medium, a fault-injecting backing store and a manual clock.
+//! - [`Lane`] is one thread's handle: reads, writes, trims, write-zeroes, flush, drain.
+//! - Recovery ([`Engine::open`]) rebuilds everything from the medium alone.
+//!
+//! docs/ARCHITECTURE.md, docs/FORMAT.md and docs/DURABILITY.md describe the design.
+
+#![forbid(unsafe_code)]
+
+mod admission;
+mod cache;
+mod clock;
+mod config;
+mod error;
+pub mod format;
+mod freepool;
+mod index;
+mod recovery;
+mod slots;
+mod stats;
+mod sync;
+pub mod testing;
+
+pub use cache::{Engine, Lane};
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use config::{AdmissionConfig, CacheMode, Config, EvictionKind};
+pub use error::{Error, Result};
+pub use recovery::RecoveryReport;
+pub use stats::Stats;

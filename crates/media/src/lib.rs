@@ -1,1 +1,99 @@
-//! Cache media (stub; being written).
+//! Cache media for pmcache: where the cached bytes live and how they are made durable.
+//!
+//! A [`Medium`] is a byte-addressable mapping with libpmem-style persistence split in two:
+//! [`Medium::flush`] writes cache lines back towards the persistence domain and
+//! [`Medium::drain`] waits until every flush issued *by the calling thread* has completed (a
+//! store fence). A store is durable only after a flush of its line followed by a drain on the
+//! same thread. 8-byte aligned stores are failure-atomic; nothing larger is.
+//!
+//! Two implementations:
+//! - [`PmemFile`]: a mapped file — DAX (MAP_SYNC) when the file system offers it, otherwise a
+//!   plain shared mapping (a file in `/dev/shm` emulates PM: it survives a process crash, not a
+//!   reboot). The only cache-side `unsafe` in pmcache lives in this crate.
+//! - [`CrashMedium`]: a test medium that keeps a volatile and a durable image at 8-byte
+//!   granularity and can simulate a power cut at any persist point.
+
+mod crash;
+mod error;
+mod mapped;
+mod persist;
+
+pub use crash::{CrashMedium, CrashSwitch};
+pub use error::{MediaError, Result};
+pub use mapped::PmemFile;
+pub use persist::{FlushInstruction, PersistPrimitives};
+
+/// Size of a CPU cache line, the unit of [`Medium::flush`].
+pub const CACHE_LINE_BYTES: u64 = 64;
+
+/// A byte-addressable, persistent (or persistence-emulating) medium.
+///
+/// Offsets are byte offsets from the start of the medium; an access past the end is a caller
+/// bug and panics. Reads may race with writes to the same bytes by other threads: callers that
+/// allow that (the engine's lock-free read path) validate what they copied afterwards.
+pub trait Medium: Send + Sync {
+    /// Length of the medium in bytes.
+    fn len_bytes(&self) -> u64;
+    /// Copies `buf.len()` bytes at `offset` into `buf`.
+    fn read(&self, offset: u64, buf: &mut [u8]);
+    /// Stores `data` at `offset` (not yet durable).
+    fn write(&self, offset: u64, data: &[u8]);
+    /// Atomically loads the 8-byte word at `offset` (8-byte aligned).
+    fn load_u64(&self, offset: u64) -> u64;
+    /// Atomically stores the 8-byte word at `offset` (8-byte aligned; not yet durable).
+    fn store_u64(&self, offset: u64, value: u64);
+    /// Starts writing back the cache lines covering `offset..offset + len`.
+    fn flush(&self, offset: u64, len: u64);
+    /// Waits until every flush issued by this thread is durable (a store fence).
+    fn drain(&self);
+    /// Flush then drain.
+    fn persist(&self, offset: u64, len: u64) {
+        self.flush(offset, len);
+        self.drain();
+    }
+    /// Copies `data` to `offset` and makes it durable before returning. Implementations may use
+    /// non-temporal stores for whole, aligned blocks.
+    fn write_persist(&self, offset: u64, data: &[u8]) {
+        self.write(offset, data);
+        self.persist(offset, data.len() as u64);
+    }
+}
+
+impl<M: Medium + ?Sized> Medium for std::sync::Arc<M> {
+    fn len_bytes(&self) -> u64 {
+        (**self).len_bytes()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) {
+        (**self).read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8]) {
+        (**self).write(offset, data)
+    }
+    fn load_u64(&self, offset: u64) -> u64 {
+        (**self).load_u64(offset)
+    }
+    fn store_u64(&self, offset: u64, value: u64) {
+        (**self).store_u64(offset, value)
+    }
+    fn flush(&self, offset: u64, len: u64) {
+        (**self).flush(offset, len)
+    }
+    fn drain(&self) {
+        (**self).drain()
+    }
+    fn persist(&self, offset: u64, len: u64) {
+        (**self).persist(offset, len)
+    }
+    fn write_persist(&self, offset: u64, data: &[u8]) {
+        (**self).write_persist(offset, data)
+    }
+}
+
+/// Asserts that `offset..offset + len` lies inside a medium of `medium_len` bytes.
+fn check_bounds(offset: u64, len: u64, medium_len: u64) {
+    let end = offset.checked_add(len);
+    assert!(
+        end.is_some_and(|end| end <= medium_len),
+        "medium access {offset}+{len} outside a medium of {medium_len} bytes"
+    );
+}

@@ -1,0 +1,122 @@
+//! Read-miss admission policies: always, sequential cutoff, n-hit promotion.
+//!
+//! Both stateful policies use small fixed tables of atomics indexed by hash; races between
+//! lanes only blur the heuristics, they never affect correctness.
+
+use crate::config::AdmissionConfig;
+use crate::sync::{AtomicU64, Ordering};
+
+const STREAMS: usize = 64;
+const STREAM_EXPIRY_NS: u64 = 5_000_000_000;
+const NHIT_COUNTERS: usize = 1 << 16;
+
+pub(crate) enum Admission {
+    Always,
+    SequentialCutoff { cutoff_bytes: u64, streams: Box<[Stream]> },
+    NHit { hits: u8, counters: Box<[AtomicU64]>, misses: AtomicU64 },
+}
+
+/// A recent sequential stream: where it will continue, how long it is, when it was last seen.
+pub(crate) struct Stream {
+    next_byte: AtomicU64,
+    run_bytes: AtomicU64,
+    seen_ns: AtomicU64,
+}
+
+fn slot_of(value: u64, slots: usize) -> usize {
+    (value.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize % slots
+}
+
+impl Admission {
+    pub(crate) fn new(config: AdmissionConfig) -> Self {
+        match config {
+            AdmissionConfig::Always => Admission::Always,
+            AdmissionConfig::SequentialCutoff { cutoff_bytes } => Admission::SequentialCutoff {
+                cutoff_bytes,
+                streams: (0..STREAMS)
+                    .map(|_| Stream {
+                        next_byte: AtomicU64::new(u64::MAX),
+                        run_bytes: AtomicU64::new(0),
+                        seen_ns: AtomicU64::new(0),
+                    })
+                    .collect(),
+            },
+            AdmissionConfig::NHit { hits } => Admission::NHit {
+                hits: hits.max(1),
+                counters: (0..NHIT_COUNTERS / 8).map(|_| AtomicU64::new(0)).collect(),
+                misses: AtomicU64::new(0),
+            },
+        }
+    }
+
+    /// Notes a read request of `len` bytes at `offset` (called once per request).
+    /// Returns whether the request is part of a sequential stream beyond the cutoff.
+    pub(crate) fn note_request(&self, offset: u64, len: u64, now_ns: u64) -> bool {
+        let Admission::SequentialCutoff { cutoff_bytes, streams } = self else {
+            return false;
+        };
+        let stream = &streams[slot_of(offset, STREAMS)];
+        let continues = stream.next_byte.load(Ordering::Relaxed) == offset
+            && now_ns.saturating_sub(stream.seen_ns.load(Ordering::Relaxed)) < STREAM_EXPIRY_NS;
+        let run = if continues { stream.run_bytes.load(Ordering::Relaxed) + len } else { len };
+        let next = &streams[slot_of(offset + len, STREAMS)];
+        next.next_byte.store(offset + len, Ordering::Relaxed);
+        next.run_bytes.store(run, Ordering::Relaxed);
+        next.seen_ns.store(now_ns, Ordering::Relaxed);
+        run > *cutoff_bytes
+    }
+
+    /// Whether a missed block should be admitted (counts the miss for n-hit).
+    pub(crate) fn admit_block(&self, lba: u64) -> bool {
+        let Admission::NHit { hits, counters, misses } = self else {
+            return true;
+        };
+        // 8 one-byte counters per word.
+        let index = slot_of(lba, NHIT_COUNTERS);
+        let word = &counters[index / 8];
+        let shift = (index % 8) * 8;
+        let before = word.fetch_add(1 << shift, Ordering::Relaxed);
+        let count = ((before >> shift) & 0xff) + 1;
+        if count == 0xff {
+            word.fetch_sub(1 << shift, Ordering::Relaxed);
+        }
+        // Age the counters: halve them all every 8 misses per counter.
+        if misses.fetch_add(1, Ordering::Relaxed) % (NHIT_COUNTERS as u64 * 8) == 0 {
+            for word in counters.iter() {
+                let value = word.load(Ordering::Relaxed);
+                word.store((value >> 1) & 0x7f7f_7f7f_7f7f_7f7f, Ordering::Relaxed);
+            }
+        }
+        count >= u64::from(*hits)
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequential_cutoff_bypasses_only_the_long_tail_of_a_stream() {
+        let admission = Admission::new(AdmissionConfig::SequentialCutoff { cutoff_bytes: 1 << 20 });
+        let mut bypassed = 0;
+        for i in 0..512u64 {
+            if admission.note_request(i * 4096, 4096, i) {
+                bypassed += 1;
+            }
+        }
+        assert_eq!(bypassed, 512 - 256, "the first 1 MiB is admitted, the rest bypassed");
+        // Random requests are never bypassed.
+        assert!(!(0..100u64).any(|i| admission.note_request(i * 7_777_777 * 4096, 4096, 1000)));
+        // A stream expires after five seconds.
+        assert!(!admission.note_request(512 * 4096, 4096, 512 + STREAM_EXPIRY_NS));
+    }
+
+    #[test]
+    fn n_hit_admits_on_the_nth_miss() {
+        let admission = Admission::new(AdmissionConfig::NHit { hits: 3 });
+        assert!(!admission.admit_block(42));
+        assert!(!admission.admit_block(42));
+        assert!(admission.admit_block(42));
+        assert!(Admission::new(AdmissionConfig::Always).admit_block(42));
+    }
+}

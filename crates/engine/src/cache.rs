@@ -1,0 +1,1079 @@
+//! The cache: [`Engine`] owns the medium, the backing store and the shared DRAM structures;
+//! a [`Lane`] is one thread's (or one queue's) handle with its own free slots, scratch block
+//! and counters. All data paths are methods of `Lane`.
+//!
+//! Concurrency protocol (docs/ARCHITECTURE.md has the long form):
+//! - Read hits take no lock: index lookup, slot word, copy, slot word again (a seqlock on the
+//!   slot's generation).
+//! - Every change to which slot holds block `b`, and every state change of that slot, happens
+//!   under `b`'s stripe lock. Slot allocation never holds a stripe lock (it may evict and write
+//!   back other blocks), so the data paths allocate first and lock second.
+//! - A freed slot is reused only after the freeing lane has fenced its cleared metadata entry.
+//!
+//! Durability protocol: docs/DURABILITY.md.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crossbeam_utils::CachePadded;
+use pmcache_backing::BackingStore;
+use pmcache_media::Medium;
+use rand::RngCore;
+
+use crate::admission::Admission;
+use crate::clock::Clock;
+use crate::config::{CacheMode, Config, EvictionKind};
+use crate::error::{Error, Result};
+use crate::format::{
+    self, BlockState, DecodedEntry, Geometry, SHUTDOWN_CLEAN, SHUTDOWN_DIRTY, SHUTDOWN_WORD_OFFSET,
+    SUPERBLOCK_BYTES, SYNCED_SEQ_OFFSET, SlotEntry, Superblock,
+};
+use crate::freepool::FreePool;
+use crate::index::{Found, Index};
+use crate::slots::{SlotState, SlotTable, SlotWord};
+use crate::stats::{LaneCounters, PaddedCounters, Stats, bump};
+use crate::sync::{AtomicBool, AtomicU8, AtomicU64, Mutex, MutexGuard, Ordering, fence, lock};
+
+/// Slots a lane examines per claim of the CLOCK hand.
+const HAND_CHUNK: u64 = 32;
+/// Lock-free read attempts before a reader takes the stripe lock.
+const READ_ATTEMPTS: usize = 4;
+/// Dirty slots written back per batch by `drain`.
+const DRAIN_BATCH: usize = 256;
+
+pub(crate) struct LaneSlot {
+    in_use: AtomicBool,
+    counters: PaddedCounters,
+}
+
+/// The cache engine, generic over its medium, backing store and clock.
+pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
+    pub(crate) medium: M,
+    pub(crate) backing: B,
+    pub(crate) clock: C,
+    pub(crate) superblock: Superblock,
+    pub(crate) geometry: Geometry,
+    pub(crate) backing_blocks: u64,
+    pub(crate) slots: SlotTable,
+    pub(crate) index: Index,
+    stripes: Box<[CachePadded<Mutex<()>>]>,
+    pub(crate) pool: FreePool,
+    hand: AtomicU64,
+    pub(crate) next_seq: AtomicU64,
+    synced_seq: Mutex<u64>,
+    backing_writes: AtomicU64,
+    backing_writes_synced: AtomicU64,
+    lanes: Box<[LaneSlot]>,
+    mode: AtomicU8,
+    admission: Admission,
+    eviction: EvictionKind,
+    pub(crate) recovered_dirty: u64,
+    lane_free_max: usize,
+    refill_batch: usize,
+}
+
+/// The unit of data a write carries.
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    Data(&'a [u8]),
+    Zeroes(usize),
+}
+
+impl Payload<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Payload::Data(d) => d.len(),
+            Payload::Zeroes(n) => *n,
+        }
+    }
+    fn apply(&self, block: &mut [u8], at: usize) {
+        match self {
+            Payload::Data(d) => block[at..at + d.len()].copy_from_slice(d),
+            Payload::Zeroes(n) => block[at..at + n].fill(0),
+        }
+    }
+}
+
+/// A stripe lock, or the knowledge that the caller already holds it.
+enum StripeGuard<'a> {
+    AlreadyHeld,
+    Locked(#[expect(dead_code, reason = "held for its Drop")] MutexGuard<'a, ()>),
+}
+
+impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
+    /// Formats `medium` as an empty cache of `backing` and returns the engine.
+    pub fn format(medium: M, backing: B, clock: C, config: &Config) -> Result<Self> {
+        let geometry = Geometry::for_medium(medium.len_bytes(), config.block_size)?;
+        let identity = backing.identity();
+        let mut uuid = [0u8; 16];
+        rand::thread_rng().fill_bytes(&mut uuid);
+        let superblock = Superblock {
+            uuid,
+            geometry,
+            backing: identity,
+            created_unix_secs: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        };
+        // Invalidate any old superblock first, so a crash mid-format leaves no valid cache.
+        medium.write(0, &[0u8; format::HEADER_BYTES]);
+        medium.persist(0, format::HEADER_BYTES as u64);
+        zero_range(&medium, SUPERBLOCK_BYTES, geometry.data_offset - SUPERBLOCK_BYTES);
+        medium.store_u64(SHUTDOWN_WORD_OFFSET, SHUTDOWN_DIRTY);
+        medium.store_u64(SYNCED_SEQ_OFFSET, 0);
+        medium.persist(SHUTDOWN_WORD_OFFSET, 16);
+        medium.write(0, &superblock.encode());
+        medium.persist(0, format::HEADER_BYTES as u64);
+        let engine = Self::assemble(medium, backing, clock, config, superblock, 0)?;
+        engine.pool.put(0..geometry.slot_count as u32);
+        Ok(engine)
+    }
+
+    /// Builds an engine with empty DRAM structures around a validated superblock.
+    pub(crate) fn assemble(
+        medium: M,
+        backing: B,
+        clock: C,
+        config: &Config,
+        superblock: Superblock,
+        synced_seq: u64,
+    ) -> Result<Self> {
+        let geometry = superblock.geometry;
+        let block = u64::from(geometry.block_size);
+        let backing_bytes = backing.size_bytes();
+        if backing_bytes % block != 0 || backing_bytes == 0 {
+            return Err(Error::Config(format!(
+                "the backing store is {backing_bytes} bytes, not a non-zero multiple of the {block}-byte cache block"
+            )));
+        }
+        let backing_blocks = backing_bytes / block;
+        if backing_blocks > format::MAX_BACKING_BLOCKS {
+            return Err(Error::Config(format!(
+                "the backing store has {backing_blocks} blocks; at most 2^40 are supported"
+            )));
+        }
+        let slot_count = geometry.slot_count as u32;
+        if config.max_lanes == 0 || u64::from(slot_count) < 4 * config.max_lanes as u64 {
+            return Err(Error::Config(format!(
+                "a cache of {slot_count} slots is too small for {} lanes (need 4 slots per lane)",
+                config.max_lanes
+            )));
+        }
+        let lane_free_max = (slot_count as usize / (4 * config.max_lanes)).clamp(1, 256);
+        let stripe_count = (config.max_lanes * 64).next_power_of_two().max(1024);
+        Ok(Self {
+            slots: SlotTable::new(slot_count),
+            index: Index::new(slot_count),
+            stripes: (0..stripe_count).map(|_| CachePadded::new(Mutex::new(()))).collect(),
+            pool: FreePool::new(slot_count),
+            hand: AtomicU64::new(0),
+            next_seq: AtomicU64::new(first_seq_after(synced_seq)),
+            synced_seq: Mutex::new(synced_seq),
+            backing_writes: AtomicU64::new(0),
+            backing_writes_synced: AtomicU64::new(0),
+            lanes: (0..config.max_lanes)
+                .map(|_| LaneSlot {
+                    in_use: AtomicBool::new(false),
+                    counters: CachePadded::new(LaneCounters::default()),
+                })
+                .collect(),
+            mode: AtomicU8::new(config.mode.to_u8()),
+            admission: Admission::new(config.admission),
+            eviction: config.eviction,
+            recovered_dirty: 0,
+            lane_free_max,
+            refill_batch: (lane_free_max / 2).clamp(1, 64),
+            medium,
+            backing,
+            clock,
+            superblock,
+            geometry,
+            backing_blocks,
+        })
+    }
+
+    /// A handle for one thread or queue. At most `Config::max_lanes` exist at once.
+    pub fn lane(&self) -> Result<Lane<'_, M, B, C>> {
+        let id = self
+            .lanes
+            .iter()
+            .position(|l| {
+                l.in_use.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+            })
+            .ok_or(Error::TooManyLanes { max_lanes: self.lanes.len() })?;
+        Ok(Lane {
+            engine: self,
+            id,
+            free: Vec::with_capacity(self.lane_free_max * 2),
+            pending_free: Vec::with_capacity(64),
+            fences: 0,
+            block: vec![0u8; self.geometry.block_size as usize],
+            scratch_slots: Vec::with_capacity(DRAIN_BATCH),
+            written: Vec::with_capacity(DRAIN_BATCH),
+        })
+    }
+
+    /// The cache mode in force.
+    pub fn mode(&self) -> CacheMode {
+        CacheMode::from_u8(self.mode.load(Ordering::Relaxed))
+    }
+
+    /// Changes the cache mode. Dirty blocks stay dirty until written back.
+    pub fn set_mode(&self, mode: CacheMode) {
+        self.mode.store(mode.to_u8(), Ordering::Relaxed);
+    }
+
+    /// Size of the exported device in bytes (the backing store's size).
+    pub fn size_bytes(&self) -> u64 {
+        self.backing_blocks * u64::from(self.geometry.block_size)
+    }
+
+    /// Cache block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        self.geometry.block_size
+    }
+
+    /// The superblock in use.
+    pub fn superblock(&self) -> &Superblock {
+        &self.superblock
+    }
+
+    /// The medium (for tests and tools).
+    pub fn medium(&self) -> &M {
+        &self.medium
+    }
+
+    /// The backing store.
+    pub fn backing(&self) -> &B {
+        &self.backing
+    }
+
+    /// Summed statistics.
+    pub fn stats(&self) -> Stats {
+        let mut stats = Stats::default();
+        for lane in self.lanes.iter() {
+            lane.counters.add_to(&mut stats);
+        }
+        stats.dirty_slots = self.recovered_dirty.wrapping_add(stats.dirty_delta);
+        stats.slot_count = self.geometry.slot_count;
+        stats.block_size = self.geometry.block_size;
+        stats.dram_bytes_per_slot = self.dram_bytes() as f64 / self.geometry.slot_count as f64;
+        stats
+    }
+
+    /// DRAM the engine's structures use, in bytes.
+    pub fn dram_bytes(&self) -> usize {
+        self.slots.len() as usize * 4
+            + self.index.bytes()
+            + self.pool.bytes()
+            + self.stripes.len() * std::mem::size_of::<CachePadded<Mutex<()>>>()
+            + self.lanes.len() * std::mem::size_of::<LaneSlot>()
+    }
+
+    /// Marks the cache cleanly shut down (after syncing the backing store). Every lane must be
+    /// gone, which the borrow checker guarantees.
+    pub fn shutdown(self) -> Result<()> {
+        self.backing.flush()?;
+        let last = self.last_issued_seq();
+        let mut synced = lock(&self.synced_seq);
+        self.medium.store_u64(SYNCED_SEQ_OFFSET, last.max(*synced));
+        *synced = last.max(*synced);
+        self.medium.store_u64(SHUTDOWN_WORD_OFFSET, SHUTDOWN_CLEAN);
+        self.medium.persist(SHUTDOWN_WORD_OFFSET, 16);
+        Ok(())
+    }
+
+    fn stripe_index(&self, lba: u64) -> usize {
+        (lba.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & (self.stripes.len() - 1)
+    }
+
+    fn lock_stripe(&self, lba: u64) -> MutexGuard<'_, ()> {
+        lock(&self.stripes[self.stripe_index(lba)])
+    }
+
+    /// Locks `lba`'s stripe without waiting, unless it is the stripe `held` by the caller.
+    fn try_lock_stripe(&self, lba: u64, held: Option<usize>) -> Option<StripeGuard<'_>> {
+        let stripe = self.stripe_index(lba);
+        if held == Some(stripe) {
+            return Some(StripeGuard::AlreadyHeld);
+        }
+        self.stripes[stripe].try_lock().ok().map(StripeGuard::Locked)
+    }
+
+    /// Issues the next sequence number (never 0 or a multiple of 256; see format.rs).
+    fn issue_seq(&self) -> u64 {
+        loop {
+            let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
+            if format::is_issuable_seq(seq) {
+                return seq;
+            }
+        }
+    }
+
+    fn last_issued_seq(&self) -> u64 {
+        self.next_seq.load(Ordering::SeqCst) - 1
+    }
+
+    pub(crate) fn read_entry(&self, slot: u32) -> DecodedEntry {
+        let at = self.geometry.entry_offset(slot);
+        SlotEntry::decode(self.medium.load_u64(at), self.medium.load_u64(at + 8))
+    }
+
+    /// Stores a cleared (free) entry and starts its write-back; durable after a fence.
+    pub(crate) fn clear_entry(&self, slot: u32) {
+        let at = self.geometry.entry_offset(slot);
+        self.medium.store_u64(at, 0);
+        self.medium.store_u64(at + 8, 0);
+        self.medium.flush(at, 16);
+    }
+
+    fn backing_write(&self, data: &[u8], offset: u64) -> Result<()> {
+        let result = self.backing.write_at(data, offset);
+        self.backing_writes.fetch_add(1, Ordering::SeqCst);
+        Ok(result?)
+    }
+
+    fn backing_write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        let result = self.backing.write_zeroes(offset, len);
+        self.backing_writes.fetch_add(1, Ordering::SeqCst);
+        Ok(result?)
+    }
+
+    fn check_range(&self, op: &'static str, offset: u64, len: u64) -> Result<()> {
+        let size_bytes = self.size_bytes();
+        match offset.checked_add(len) {
+            Some(end) if end <= size_bytes => Ok(()),
+            _ => Err(Error::OutOfRange { op, offset, len, size_bytes }),
+        }
+    }
+}
+
+/// Writes zeroes over a medium range and persists them.
+fn zero_range<M: Medium>(medium: &M, offset: u64, len: u64) {
+    let zeroes = vec![0u8; 1 << 20];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(zeroes.len() as u64);
+        medium.write(offset + done, &zeroes[..n as usize]);
+        medium.flush(offset + done, n);
+        done += n;
+    }
+    medium.drain();
+}
+
+/// The first issuable sequence number greater than `seq`.
+pub(crate) fn first_seq_after(seq: u64) -> u64 {
+    let mut next = seq + 1;
+    while !format::is_issuable_seq(next) {
+        next += 1;
+    }
+    next
+}
+
+/// One thread's (or queue's) handle on the engine.
+pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
+    engine: &'e Engine<M, B, C>,
+    id: usize,
+    /// Free slots whose cleared entries are durable.
+    free: Vec<u32>,
+    /// Slots freed by this lane, with the fence count at the time; usable after a later fence.
+    pending_free: Vec<(u32, u64)>,
+    fences: u64,
+    block: Vec<u8>,
+    scratch_slots: Vec<u32>,
+    written: Vec<(u32, SlotWord, SlotEntry)>,
+}
+
+impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
+    fn drop(&mut self) {
+        self.fence();
+        let engine = self.engine;
+        engine.pool.put(self.free.drain(..).chain(self.pending_free.drain(..).map(|(s, _)| s)));
+        engine.lanes[self.id].in_use.store(false, Ordering::Release);
+    }
+}
+
+/// Splits a byte range into per-block pieces: (block number, offset in block, length).
+fn pieces(offset: u64, len: u64, block: u64) -> impl Iterator<Item = (u64, usize, usize)> {
+    let end = offset + len;
+    let mut at = offset;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let lba = at / block;
+        let in_block = at % block;
+        let n = (block - in_block).min(end - at);
+        at += n;
+        Some((lba, in_block as usize, n as usize))
+    })
+}
+
+impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
+    fn counters(&self) -> &'e LaneCounters {
+        &self.engine.lanes[self.id].counters
+    }
+
+    fn block_bytes(&self) -> u64 {
+        u64::from(self.engine.geometry.block_size)
+    }
+
+    // ----- persistence helpers (every fence this lane issues goes through here) -----
+
+    fn fence(&mut self) {
+        self.engine.medium.drain();
+        self.fences += 1;
+    }
+
+    fn write_data(&mut self, slot: u32, data: &[u8]) {
+        let at = self.engine.geometry.data_offset(slot);
+        self.engine.medium.write_persist(at, data);
+        self.fences += 1;
+    }
+
+    fn persist_entry(&mut self, slot: u32, entry: SlotEntry) {
+        let at = self.engine.geometry.entry_offset(slot);
+        let (word0, word1) = entry.encode();
+        self.engine.medium.store_u64(at + 8, word1);
+        self.engine.medium.store_u64(at, word0);
+        self.engine.medium.flush(at, 16);
+        self.fence();
+    }
+
+    /// Rewrites word 0 of a live entry (state change); flushed, durable after a fence.
+    fn rewrite_entry_state(&self, slot: u32, entry: SlotEntry) {
+        let at = self.engine.geometry.entry_offset(slot);
+        self.engine.medium.store_u64(at, entry.encode().0);
+        self.engine.medium.flush(at, 8);
+    }
+
+    fn advance_synced_seq(&mut self, sample: u64) {
+        let engine = self.engine;
+        let mut synced = lock(&engine.synced_seq);
+        if sample > *synced {
+            engine.medium.store_u64(SYNCED_SEQ_OFFSET, sample);
+            engine.medium.flush(SYNCED_SEQ_OFFSET, 8);
+            self.fence();
+            *synced = sample;
+        }
+    }
+
+    // ----- slot allocation -----
+
+    /// A free slot, evicting or writing back if needed. Never called with a stripe lock held.
+    fn alloc(&mut self) -> Result<u32> {
+        loop {
+            self.promote_pending();
+            if let Some(slot) = self.free.pop() {
+                return Ok(slot);
+            }
+            if !self.pending_free.is_empty() {
+                self.fence();
+                continue;
+            }
+            if self.engine.pool.take(self.engine.refill_batch, &mut self.free) > 0 {
+                continue;
+            }
+            self.reclaim()?;
+        }
+    }
+
+    /// Moves slots whose cleared entries have been fenced since into the free list.
+    fn promote_pending(&mut self) {
+        let fences = self.fences;
+        let mut i = 0;
+        while i < self.pending_free.len() {
+            if self.pending_free[i].1 < fences {
+                let (slot, _) = self.pending_free.swap_remove(i);
+                self.free.push(slot);
+            } else {
+                i += 1;
+            }
+        }
+        if self.free.len() > self.engine.lane_free_max * 2 {
+            let keep = self.engine.lane_free_max;
+            self.engine.pool.put(self.free.drain(keep..));
+        }
+    }
+
+    /// Returns a slot this lane took but did not use (nothing was written to its entry).
+    fn give_back(&mut self, slot: u32) {
+        self.free.push(slot);
+    }
+
+    /// Frees a slot whose block is superseded or dropped; reusable after this lane's next fence.
+    fn free_slot(&mut self, slot: u32) {
+        self.engine.clear_entry(slot);
+        self.engine.slots.free(slot);
+        self.pending_free.push((slot, self.fences));
+    }
+
+    /// Evicts clean blocks under the CLOCK (or FIFO) hand; when it finds none, writes back the
+    /// oldest dirty blocks it passed and evicts those. Never fails for want of space.
+    fn reclaim(&mut self) -> Result<()> {
+        let engine = self.engine;
+        let slot_count = u64::from(engine.slots.len());
+        let budget = (2 * slot_count).min(8192).max(HAND_CHUNK);
+        let want = engine.refill_batch;
+        let mut evicted = 0;
+        let mut scanned = 0;
+        self.scratch_slots.clear();
+        while scanned < budget && evicted < want {
+            let start = engine.hand.fetch_add(HAND_CHUNK, Ordering::Relaxed);
+            for i in 0..HAND_CHUNK {
+                let slot = ((start + i) % slot_count) as u32;
+                let word = engine.slots.load(slot);
+                match word.state() {
+                    SlotState::Clean => {
+                        if engine.eviction == EvictionKind::Clock && word.referenced() {
+                            engine.slots.clear_reference(slot, word);
+                        } else if evicted < want && self.try_evict(slot, word, None) {
+                            evicted += 1;
+                        }
+                    }
+                    SlotState::Dirty => {
+                        if self.scratch_slots.len() < self.scratch_slots.capacity() {
+                            self.scratch_slots.push(slot);
+                        }
+                    }
+                    SlotState::Free => {}
+                }
+            }
+            scanned += HAND_CHUNK;
+        }
+        if evicted > 0 {
+            return Ok(());
+        }
+        if self.scratch_slots.is_empty() {
+            // Every slot is free in another lane's list or being filled: let them progress.
+            std::thread::yield_now();
+            return Ok(());
+        }
+        let mut dirty = std::mem::take(&mut self.scratch_slots);
+        dirty.sort_by_key(|&slot| match engine.read_entry(slot) {
+            DecodedEntry::Valid(entry) => entry.seq,
+            _ => u64::MAX,
+        });
+        dirty.truncate(want);
+        let result = self.write_back(&dirty, None);
+        for &slot in &dirty {
+            let word = engine.slots.load(slot);
+            if word.state() == SlotState::Clean {
+                self.try_evict(slot, word, None);
+            }
+        }
+        self.scratch_slots = dirty;
+        result.map(|_| ())
+    }
+
+    /// Evicts a clean slot if its stripe can be taken without waiting and it is unchanged.
+    fn try_evict(&mut self, slot: u32, seen: SlotWord, held: Option<usize>) -> bool {
+        let engine = self.engine;
+        let DecodedEntry::Valid(entry) = engine.read_entry(slot) else {
+            return false;
+        };
+        let Some(_guard) = engine.try_lock_stripe(entry.lba, held) else {
+            return false;
+        };
+        let now = engine.slots.load(slot);
+        if !(now.same_incarnation(seen) && now.state() == SlotState::Clean) {
+            return false;
+        }
+        let found = engine.index.lookup(entry.lba);
+        assert_eq!(found.map(|f| f.slot), Some(slot), "clean slot {slot} not indexed");
+        engine.index.remove(&found.expect("checked"));
+        self.free_slot(slot);
+        bump(&self.counters().evictions, 1);
+        true
+    }
+
+    /// Writes dirty slots back to the backing store, syncs it, and marks them clean.
+    /// `held` is a stripe the caller holds (other stripes are then only tried, never waited on).
+    fn write_back(&mut self, victims: &[u32], held: Option<usize>) -> Result<usize> {
+        let engine = self.engine;
+        let block = self.block_bytes();
+        self.written.clear();
+        for &slot in victims {
+            let seen = engine.slots.load(slot);
+            if seen.state() != SlotState::Dirty {
+                continue;
+            }
+            let DecodedEntry::Valid(entry) = engine.read_entry(slot) else {
+                continue;
+            };
+            let guard = match held {
+                None => StripeGuard::Locked(engine.lock_stripe(entry.lba)),
+                Some(_) => match engine.try_lock_stripe(entry.lba, held) {
+                    Some(guard) => guard,
+                    None => continue,
+                },
+            };
+            let now = engine.slots.load(slot);
+            if !(now.same_incarnation(seen) && now.state() == SlotState::Dirty) {
+                continue;
+            }
+            engine.medium.read(engine.geometry.data_offset(slot), &mut self.block);
+            engine.backing_write(&self.block, entry.lba * block)?;
+            drop(guard);
+            self.written.push((slot, now, entry));
+        }
+        if self.written.is_empty() {
+            return Ok(0);
+        }
+        let sample = engine.last_issued_seq();
+        let writes = engine.backing_writes.load(Ordering::SeqCst);
+        engine.backing.flush()?;
+        engine.backing_writes_synced.fetch_max(writes, Ordering::SeqCst);
+        let written = std::mem::take(&mut self.written);
+        let mut cleaned = 0;
+        for &(slot, seen, entry) in &written {
+            let _guard = match held {
+                None => StripeGuard::Locked(engine.lock_stripe(entry.lba)),
+                Some(_) => match engine.try_lock_stripe(entry.lba, held) {
+                    Some(guard) => guard,
+                    None => continue,
+                },
+            };
+            let now = engine.slots.load(slot);
+            if now.same_incarnation(seen) && now.state() == SlotState::Dirty {
+                self.rewrite_entry_state(slot, SlotEntry { state: BlockState::Clean, ..entry });
+                engine.slots.set_clean(slot);
+                cleaned += 1;
+            }
+        }
+        self.written = written;
+        self.fence();
+        self.advance_synced_seq(sample);
+        let counters = self.counters();
+        bump(&counters.writebacks, cleaned);
+        bump(&counters.dirty_delta, cleaned.wrapping_neg());
+        Ok(cleaned as usize)
+    }
+
+    /// Inserts `lba -> slot` into the index, evicting (or writing back) a block of the same
+    /// index buckets when both are full. The caller holds `lba`'s stripe.
+    fn index_insert(&mut self, lba: u64, slot: u32) -> Result<()> {
+        let engine = self.engine;
+        let held = Some(engine.stripe_index(lba));
+        loop {
+            let Err(full) = engine.index.insert(lba, slot) else {
+                return Ok(());
+            };
+            bump(&self.counters().index_conflicts, 1);
+            let clean = full.occupants.iter().copied().find(|&s| {
+                let word = engine.slots.load(s);
+                word.state() == SlotState::Clean && self.try_evict(s, word, held)
+            });
+            if clean.is_some() {
+                continue;
+            }
+            let dirty: Vec<u32> = full
+                .occupants
+                .iter()
+                .copied()
+                .filter(|&s| engine.slots.load(s).state() == SlotState::Dirty)
+                .take(1)
+                .collect();
+            if !dirty.is_empty() {
+                self.write_back(&dirty, held)?;
+                continue;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    // ----- reads -----
+
+    /// Reads `buf.len()` bytes at byte `offset`.
+    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let engine = self.engine;
+        engine.check_range("read", offset, buf.len() as u64)?;
+        let sequential_tail =
+            engine.admission.note_request(offset, buf.len() as u64, engine.clock.now_ns());
+        let mut done = 0;
+        for (lba, in_block, len) in pieces(offset, buf.len() as u64, self.block_bytes()) {
+            let out = &mut buf[done..done + len];
+            if !self.read_hit(lba, in_block, out) {
+                self.read_locked(lba, in_block, out, !sequential_tail)?;
+            }
+            done += len;
+        }
+        bump(&self.counters().bytes_read, buf.len() as u64);
+        Ok(())
+    }
+
+    /// The lock-free hit path. Returns false on a miss or after repeated interference.
+    fn read_hit(&mut self, lba: u64, in_block: usize, out: &mut [u8]) -> bool {
+        let engine = self.engine;
+        for _ in 0..READ_ATTEMPTS {
+            let Some(found) = engine.index.lookup(lba) else {
+                return false;
+            };
+            let seen = engine.slots.load(found.slot);
+            if seen.is_valid() && engine.index.still_holds(&found) {
+                engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
+                fence(Ordering::Acquire);
+                let after = engine.slots.load(found.slot);
+                if after.same_incarnation(seen) {
+                    if engine.eviction == EvictionKind::Clock {
+                        engine.slots.touch(found.slot, after);
+                    }
+                    bump(&self.counters().read_hits, 1);
+                    return true;
+                }
+            }
+            bump(&self.counters().read_retries, 1);
+        }
+        false
+    }
+
+    /// The locked read path: a hit that raced with writers, or a miss (admitted or not).
+    fn read_locked(
+        &mut self,
+        lba: u64,
+        in_block: usize,
+        out: &mut [u8],
+        may_admit: bool,
+    ) -> Result<()> {
+        let engine = self.engine;
+        let admit = may_admit && engine.mode().admits_reads() && engine.admission.admit_block(lba);
+        let reserved = if admit { Some(self.alloc()?) } else { None };
+        let guard = engine.lock_stripe(lba);
+        if let Some(found) = engine.index.lookup(lba) {
+            engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
+            drop(guard);
+            if let Some(slot) = reserved {
+                self.give_back(slot);
+            }
+            bump(&self.counters().read_hits, 1);
+            return Ok(());
+        }
+        let block = self.block_bytes();
+        let Some(slot) = reserved else {
+            engine.backing.read_at(out, lba * block + in_block as u64)?;
+            bump(&self.counters().read_misses_bypassed, 1);
+            return Ok(());
+        };
+        if let Err(err) = engine.backing.read_at(&mut self.block, lba * block) {
+            drop(guard);
+            self.give_back(slot);
+            return Err(err.into());
+        }
+        if let Err(err) = self.index_insert(lba, slot) {
+            drop(guard);
+            self.give_back(slot);
+            return Err(err);
+        }
+        // The sequence number is taken after the backing read completed (the synced rule).
+        let seq = engine.issue_seq();
+        let data = std::mem::take(&mut self.block);
+        self.write_data(slot, &data);
+        self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
+        engine.slots.publish(slot, SlotState::Clean);
+        out.copy_from_slice(&data[in_block..in_block + out.len()]);
+        self.block = data;
+        drop(guard);
+        bump(&self.counters().read_misses_admitted, 1);
+        Ok(())
+    }
+
+    /// Fills the scratch block with `lba`'s current contents (cache or backing). Stripe held.
+    fn load_block(&mut self, lba: u64, cached: Option<&Found>) -> Result<()> {
+        let engine = self.engine;
+        match cached {
+            Some(found) => {
+                engine.medium.read(engine.geometry.data_offset(found.slot), &mut self.block)
+            }
+            None => {
+                let offset = lba * self.block_bytes();
+                engine.backing.read_at(&mut self.block, offset)?
+            }
+        }
+        Ok(())
+    }
+
+    // ----- writes -----
+
+    /// Writes `data` at byte `offset`. With `fua`, the data is durable on return in every mode
+    /// (in write-back and write-only modes it always is).
+    pub fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.engine.check_range("write", offset, data.len() as u64)?;
+        let mut done = 0;
+        for (lba, in_block, len) in pieces(offset, data.len() as u64, self.block_bytes()) {
+            self.write_block(lba, in_block, Payload::Data(&data[done..done + len]))?;
+            done += len;
+        }
+        bump(&self.counters().bytes_written, data.len() as u64);
+        if fua && !self.engine.mode().writes_back() {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes zeroes over `len` bytes at `offset` (durable on return with `fua`, as `write`).
+    pub fn write_zeroes(&mut self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.engine.check_range("write_zeroes", offset, len)?;
+        for (lba, in_block, n) in pieces(offset, len, self.block_bytes()) {
+            self.write_block(lba, in_block, Payload::Zeroes(n))?;
+        }
+        if fua && !self.engine.mode().writes_back() {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_block(&mut self, lba: u64, in_block: usize, payload: Payload<'_>) -> Result<()> {
+        bump(&self.counters().writes, 1);
+        let mode = self.engine.mode();
+        if mode.writes_back() {
+            self.write_block_cached(lba, in_block, payload)
+        } else {
+            self.write_block_backing(lba, in_block, payload, mode == CacheMode::WriteThrough)
+        }
+    }
+
+    /// Write-back: the new block goes to a free slot, is persisted, then its entry, then the
+    /// index switches and the old slot is freed.
+    fn write_block_cached(
+        &mut self,
+        lba: u64,
+        in_block: usize,
+        payload: Payload<'_>,
+    ) -> Result<()> {
+        let engine = self.engine;
+        let slot = self.alloc()?;
+        let full = in_block == 0 && payload.len() as u64 == self.block_bytes();
+        if full {
+            match payload {
+                Payload::Data(data) => self.write_data(slot, data),
+                Payload::Zeroes(_) => {
+                    self.block.fill(0);
+                    let zeroes = std::mem::take(&mut self.block);
+                    self.write_data(slot, &zeroes);
+                    self.block = zeroes;
+                }
+            }
+        }
+        let guard = engine.lock_stripe(lba);
+        let old = engine.index.lookup(lba);
+        if !full {
+            if let Err(err) = self.load_block(lba, old.as_ref()) {
+                drop(guard);
+                self.give_back(slot);
+                return Err(err);
+            }
+            payload.apply(&mut self.block, in_block);
+            let merged = std::mem::take(&mut self.block);
+            self.write_data(slot, &merged);
+            self.block = merged;
+        }
+        if old.is_none() {
+            if let Err(err) = self.index_insert(lba, slot) {
+                drop(guard);
+                self.give_back(slot);
+                return Err(err);
+            }
+        }
+        let seq = engine.issue_seq();
+        self.persist_entry(slot, SlotEntry { lba, state: BlockState::Dirty, seq });
+        let counters = self.counters();
+        match old {
+            Some(found) => {
+                let old_state = engine.slots.load(found.slot).state();
+                engine.index.replace(&found, slot);
+                engine.slots.publish(slot, SlotState::Dirty);
+                self.free_slot(found.slot);
+                if old_state != SlotState::Dirty {
+                    bump(&counters.dirty_delta, 1);
+                }
+                bump(&counters.write_hits, 1);
+            }
+            None => {
+                engine.slots.publish(slot, SlotState::Dirty);
+                bump(&counters.dirty_delta, 1);
+            }
+        }
+        drop(guard);
+        Ok(())
+    }
+
+    /// Write-through, write-around and pass-through: the backing store is written under the
+    /// block's stripe; a clean cached copy is invalidated durably *before* it changes, a dirty
+    /// one only *after* (so a crash never exposes data older than what was acknowledged).
+    fn write_block_backing(
+        &mut self,
+        lba: u64,
+        in_block: usize,
+        payload: Payload<'_>,
+        admit: bool,
+    ) -> Result<()> {
+        let engine = self.engine;
+        let block = self.block_bytes();
+        let full = in_block == 0 && payload.len() as u64 == block;
+        let reserved = if admit { Some(self.alloc()?) } else { None };
+        let guard = engine.lock_stripe(lba);
+        let old = engine.index.lookup(lba);
+        let old_dirty = old.is_some_and(|f| engine.slots.load(f.slot).state() == SlotState::Dirty);
+        let fail = |lane: &mut Self, err: Error| {
+            if let Some(slot) = reserved {
+                lane.give_back(slot);
+            }
+            Err(err)
+        };
+        if !full {
+            if let Err(err) = self.load_block(lba, old.as_ref()) {
+                drop(guard);
+                return fail(self, err);
+            }
+            payload.apply(&mut self.block, in_block);
+        } else if admit {
+            self.block.fill(0);
+            payload.apply(&mut self.block, 0);
+        }
+        if let (Some(found), false) = (old, old_dirty) {
+            engine.index.remove(&found);
+            self.free_slot(found.slot);
+            self.fence();
+        }
+        let written = match (full, payload) {
+            (true, Payload::Zeroes(_)) => engine.backing_write_zeroes(lba * block, block),
+            (true, Payload::Data(data)) => engine.backing_write(data, lba * block),
+            (false, _) => engine.backing_write(&self.block, lba * block),
+        };
+        if let Err(err) = written {
+            drop(guard);
+            return fail(self, err);
+        }
+        let counters = self.counters();
+        match (reserved, old.filter(|_| old_dirty)) {
+            (Some(slot), dirty_old) => {
+                if dirty_old.is_none() {
+                    if let Err(err) = self.index_insert(lba, slot) {
+                        drop(guard);
+                        // The write itself is done; it is just not cached.
+                        let _ = fail(self, err);
+                        return Ok(());
+                    }
+                }
+                let seq = engine.issue_seq();
+                let data = std::mem::take(&mut self.block);
+                self.write_data(slot, &data);
+                self.block = data;
+                self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
+                if let Some(found) = dirty_old {
+                    engine.index.replace(&found, slot);
+                    engine.slots.publish(slot, SlotState::Clean);
+                    self.free_slot(found.slot);
+                    bump(&counters.dirty_delta, 1u64.wrapping_neg());
+                } else {
+                    engine.slots.publish(slot, SlotState::Clean);
+                }
+            }
+            (None, Some(found)) => {
+                engine.index.remove(&found);
+                self.free_slot(found.slot);
+                self.fence();
+                bump(&counters.dirty_delta, 1u64.wrapping_neg());
+            }
+            (None, None) => {}
+        }
+        if old.is_some() {
+            bump(&counters.write_hits, 1);
+        }
+        drop(guard);
+        Ok(())
+    }
+
+    // ----- trim, flush, drain -----
+
+    /// Discards the whole blocks inside `offset..offset + len` (partial blocks are left as
+    /// they are): cached copies are dropped and the range is discarded on the backing store.
+    /// Their contents are unspecified until written again.
+    pub fn trim(&mut self, offset: u64, len: u64) -> Result<()> {
+        let engine = self.engine;
+        engine.check_range("trim", offset, len)?;
+        let block = self.block_bytes();
+        let first = offset.div_ceil(block);
+        let end = (offset + len) / block;
+        if first >= end {
+            return Ok(());
+        }
+        // Discard first, then drop cached copies: a write racing with the trim then either
+        // lands after the discard (and its cached copy is dropped, the backing keeps it) or
+        // before (and both are discarded) — never a clean cached copy the backing lacks.
+        engine.backing.discard(first * block, (end - first) * block)?;
+        engine.backing_writes.fetch_add(1, Ordering::SeqCst);
+        let mut dropped_dirty = 0u64;
+        for lba in first..end {
+            let guard = engine.lock_stripe(lba);
+            if let Some(found) = engine.index.lookup(lba) {
+                if engine.slots.load(found.slot).state() == SlotState::Dirty {
+                    dropped_dirty += 1;
+                }
+                engine.index.remove(&found);
+                self.free_slot(found.slot);
+            }
+            drop(guard);
+        }
+        self.fence();
+        let counters = self.counters();
+        bump(&counters.trims, end - first);
+        bump(&counters.dirty_delta, dropped_dirty.wrapping_neg());
+        Ok(())
+    }
+
+    /// Makes every acknowledged write durable: syncs the backing store if anything reached it
+    /// since the last sync, and records the synced sequence number.
+    pub fn flush(&mut self) -> Result<()> {
+        let engine = self.engine;
+        self.fence();
+        let sample = engine.last_issued_seq();
+        let writes = engine.backing_writes.load(Ordering::SeqCst);
+        if writes != engine.backing_writes_synced.load(Ordering::SeqCst) {
+            engine.backing.flush()?;
+            engine.backing_writes_synced.fetch_max(writes, Ordering::SeqCst);
+        }
+        self.advance_synced_seq(sample);
+        bump(&self.counters().flushes, 1);
+        Ok(())
+    }
+
+    /// Writes back every dirty block and marks it clean; the backing store then holds every
+    /// acknowledged write.
+    pub fn drain(&mut self) -> Result<()> {
+        let engine = self.engine;
+        let mut batch = Vec::with_capacity(DRAIN_BATCH);
+        for slot in 0..engine.slots.len() {
+            if engine.slots.load(slot).state() == SlotState::Dirty {
+                batch.push(slot);
+                if batch.len() == DRAIN_BATCH {
+                    self.write_back(&batch, None)?;
+                    batch.clear();
+                }
+            }
+        }
+        if !batch.is_empty() {
+            self.write_back(&batch, None)?;
+        }
+        self.flush()
+    }
+}
+
+/// Reads the superblock words that recovery needs.
+pub(crate) fn read_shutdown_state<M: Medium>(medium: &M) -> Result<(bool, u64)> {
+    let shutdown = medium.load_u64(SHUTDOWN_WORD_OFFSET);
+    let clean = match shutdown {
+        SHUTDOWN_CLEAN => true,
+        SHUTDOWN_DIRTY => false,
+        other => return Err(format::FormatError::BadShutdownWord(other).into()),
+    };
+    Ok((clean, medium.load_u64(SYNCED_SEQ_OFFSET)))
+}
+
+impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
+    /// Marks the medium as attached (a crash from now on is an unclean shutdown).
+    pub(crate) fn mark_attached(&self) {
+        self.medium.store_u64(SHUTDOWN_WORD_OFFSET, SHUTDOWN_DIRTY);
+        self.medium.persist(SHUTDOWN_WORD_OFFSET, 8);
+    }
+}

@@ -1,0 +1,456 @@
+//! The on-medium format: superblock, slot metadata entries, geometry (see docs/FORMAT.md).
+//!
+//! Everything here is pure encoding and validation; bytes read from a medium are validated and
+//! turned into [`FormatError`]s, never asserted.
+
+use pmcache_backing::BackingIdentity;
+
+/// Magic bytes at offset 0 of a pmcache medium.
+pub const MAGIC: [u8; 8] = *b"PMCACHE\0";
+/// The format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Bytes reserved for the superblock at the start of the medium.
+pub const SUPERBLOCK_BYTES: u64 = 4096;
+/// Length of the immutable, checksummed superblock header.
+pub const HEADER_BYTES: usize = 128;
+/// Offset of the 8-byte shutdown-state word.
+pub const SHUTDOWN_WORD_OFFSET: u64 = 256;
+/// Offset of the 8-byte synced-sequence word.
+pub const SYNCED_SEQ_OFFSET: u64 = 264;
+/// Bytes of one slot metadata entry.
+pub const ENTRY_BYTES: u64 = 16;
+/// Largest backing store in blocks: block numbers have 40 bits.
+pub const MAX_BACKING_BLOCKS: u64 = 1 << 40;
+/// Shutdown word after a clean shutdown.
+pub const SHUTDOWN_CLEAN: u64 = u64::from_le_bytes(*b"CLEAN\0\0\x01");
+/// Shutdown word while attached (or after a crash).
+pub const SHUTDOWN_DIRTY: u64 = u64::from_le_bytes(*b"ATTACHED");
+
+const CRC_OFFSET: usize = 124;
+const LBA_BITS: u32 = 40;
+const LBA_MASK: u64 = (1 << LBA_BITS) - 1;
+const STATE_SHIFT: u32 = 40;
+const SEQ_LOW_SHIFT: u32 = 44;
+const CHECK_SHIFT: u32 = 52;
+
+/// The medium is not a pmcache of this build, or does not fit what it is used with.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FormatError {
+    /// No pmcache superblock (all zeroes, or foreign magic).
+    #[error("no pmcache superblock on the medium (magic {found:02x?})")]
+    BadMagic {
+        /// The first 8 bytes found.
+        found: [u8; 8],
+    },
+    /// Written by another format version.
+    #[error("the medium has pmcache format version {found}; this build reads version {supported}")]
+    UnsupportedVersion {
+        /// Version on the medium.
+        found: u32,
+        /// Version this build supports.
+        supported: u32,
+    },
+    /// The superblock header's checksum does not match.
+    #[error(
+        "superblock checksum mismatch (stored {stored:#010x}, computed {computed:#010x}): the superblock is corrupt"
+    )]
+    BadChecksum {
+        /// Checksum stored on the medium.
+        stored: u32,
+        /// Checksum computed over the header.
+        computed: u32,
+    },
+    /// The superblock's geometry is impossible or does not fit the medium.
+    #[error("superblock geometry is invalid: {0}")]
+    BadGeometry(String),
+    /// The cache belongs to another backing store.
+    #[error(
+        "this cache belongs to another backing store: it records {recorded_bytes} bytes with fingerprint {recorded_fingerprint}, the backing given is {given_bytes} bytes with fingerprint {given_fingerprint}"
+    )]
+    BackingMismatch {
+        /// Size recorded in the superblock.
+        recorded_bytes: u64,
+        /// Fingerprint recorded (hex).
+        recorded_fingerprint: String,
+        /// Size of the backing given.
+        given_bytes: u64,
+        /// Fingerprint of the backing given (hex).
+        given_fingerprint: String,
+    },
+    /// The shutdown-state word holds neither known value.
+    #[error("superblock shutdown word is corrupt ({0:#018x})")]
+    BadShutdownWord(u64),
+    /// Format parameters rejected before writing anything.
+    #[error("cannot format: {0}")]
+    Invalid(String),
+}
+
+/// Where things are on the medium.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Total medium length in bytes.
+    pub medium_bytes: u64,
+    /// Cache block (slot) size in bytes: a power of two, 512..=1 MiB.
+    pub block_size: u32,
+    /// Number of slots.
+    pub slot_count: u64,
+    /// Offset of the slot metadata table.
+    pub meta_offset: u64,
+    /// Offset of slot 0's data; block-aligned.
+    pub data_offset: u64,
+}
+
+impl Geometry {
+    /// The largest geometry that fits a medium of `medium_bytes` with `block_size` blocks.
+    pub fn for_medium(medium_bytes: u64, block_size: u32) -> Result<Self, FormatError> {
+        if !block_size.is_power_of_two() || !(512..=1 << 20).contains(&block_size) {
+            return Err(FormatError::Invalid(format!(
+                "block size {block_size} is not a power of two between 512 and 1048576"
+            )));
+        }
+        let block = u64::from(block_size);
+        let align = block.max(4096);
+        let meta_offset = SUPERBLOCK_BYTES;
+        let usable = medium_bytes.saturating_sub(meta_offset);
+        let mut slot_count = usable / (block + ENTRY_BYTES);
+        let data_offset_for =
+            |slots: u64| (meta_offset + slots * ENTRY_BYTES).next_multiple_of(align);
+        while slot_count > 0 && data_offset_for(slot_count) + slot_count * block > medium_bytes {
+            slot_count -= 1;
+        }
+        let slot_count = slot_count.min(u64::from(u32::MAX - 1));
+        if slot_count < 16 {
+            return Err(FormatError::Invalid(format!(
+                "a medium of {medium_bytes} bytes holds {slot_count} blocks of {block_size} bytes; at least 16 are needed"
+            )));
+        }
+        Ok(Self {
+            medium_bytes,
+            block_size,
+            slot_count,
+            meta_offset,
+            data_offset: data_offset_for(slot_count),
+        })
+    }
+
+    /// Byte offset of `slot`'s metadata entry.
+    pub fn entry_offset(&self, slot: u32) -> u64 {
+        assert!(u64::from(slot) < self.slot_count, "slot {slot} out of range");
+        self.meta_offset + u64::from(slot) * ENTRY_BYTES
+    }
+
+    /// Byte offset of `slot`'s data block.
+    pub fn data_offset(&self, slot: u32) -> u64 {
+        assert!(u64::from(slot) < self.slot_count, "slot {slot} out of range");
+        self.data_offset + u64::from(slot) * u64::from(self.block_size)
+    }
+
+    fn validate(&self, actual_medium_bytes: u64) -> Result<(), FormatError> {
+        let bad = |why: String| Err(FormatError::BadGeometry(why));
+        if self.medium_bytes != actual_medium_bytes {
+            return bad(format!(
+                "superblock says the medium is {} bytes, it is {actual_medium_bytes} (truncated or resized?)",
+                self.medium_bytes
+            ));
+        }
+        let Ok(expected) = Self::for_medium(self.medium_bytes, self.block_size) else {
+            return bad(format!("block size {} is not valid", self.block_size));
+        };
+        if expected != *self {
+            return bad(format!("recorded {self:?}, expected {expected:?} for this medium size"));
+        }
+        Ok(())
+    }
+}
+
+/// The immutable superblock header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    /// Identifies this cache instance.
+    pub uuid: [u8; 16],
+    /// Layout of the medium.
+    pub geometry: Geometry,
+    /// The backing store this cache belongs to.
+    pub backing: BackingIdentity,
+    /// When it was formatted (seconds since the Unix epoch).
+    pub created_unix_secs: u64,
+}
+
+fn put_u32(buf: &mut [u8], at: usize, v: u32) {
+    buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put_u64(buf: &mut [u8], at: usize, v: u64) {
+    buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+fn get_u32(buf: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes"))
+}
+fn get_u64(buf: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(buf[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Hex rendering of a fingerprint, for messages.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Superblock {
+    /// Encodes the header (layout in docs/FORMAT.md).
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut buf = [0u8; HEADER_BYTES];
+        buf[0..8].copy_from_slice(&MAGIC);
+        put_u32(&mut buf, 8, FORMAT_VERSION);
+        put_u32(&mut buf, 12, HEADER_BYTES as u32);
+        buf[16..32].copy_from_slice(&self.uuid);
+        put_u64(&mut buf, 32, self.geometry.medium_bytes);
+        put_u32(&mut buf, 40, self.geometry.block_size);
+        put_u64(&mut buf, 48, self.geometry.slot_count);
+        put_u64(&mut buf, 56, self.geometry.meta_offset);
+        put_u64(&mut buf, 64, self.geometry.data_offset);
+        put_u64(&mut buf, 72, self.backing.size_bytes);
+        buf[80..96].copy_from_slice(&self.backing.fingerprint);
+        put_u64(&mut buf, 96, self.created_unix_secs);
+        let crc = crc32c::crc32c(&buf[..CRC_OFFSET]);
+        put_u32(&mut buf, CRC_OFFSET, crc);
+        buf
+    }
+
+    /// Decodes and validates a header read from a medium of `medium_bytes`.
+    pub fn decode(buf: &[u8], medium_bytes: u64) -> Result<Self, FormatError> {
+        if buf.len() < HEADER_BYTES {
+            return Err(FormatError::BadGeometry(format!(
+                "medium of {} bytes is too small for a superblock",
+                buf.len()
+            )));
+        }
+        let magic: [u8; 8] = buf[0..8].try_into().expect("8 bytes");
+        if magic != MAGIC {
+            return Err(FormatError::BadMagic { found: magic });
+        }
+        let version = get_u32(buf, 8);
+        if version != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let stored = get_u32(buf, CRC_OFFSET);
+        let computed = crc32c::crc32c(&buf[..CRC_OFFSET]);
+        if stored != computed {
+            return Err(FormatError::BadChecksum { stored, computed });
+        }
+        if get_u32(buf, 12) as usize != HEADER_BYTES {
+            return Err(FormatError::BadGeometry(format!("header length {}", get_u32(buf, 12))));
+        }
+        let geometry = Geometry {
+            medium_bytes: get_u64(buf, 32),
+            block_size: get_u32(buf, 40),
+            slot_count: get_u64(buf, 48),
+            meta_offset: get_u64(buf, 56),
+            data_offset: get_u64(buf, 64),
+        };
+        geometry.validate(medium_bytes)?;
+        Ok(Self {
+            uuid: buf[16..32].try_into().expect("16 bytes"),
+            geometry,
+            backing: BackingIdentity {
+                size_bytes: get_u64(buf, 72),
+                fingerprint: buf[80..96].try_into().expect("16 bytes"),
+            },
+            created_unix_secs: get_u64(buf, 96),
+        })
+    }
+
+    /// Checks that `given` is the backing store this cache was formatted for.
+    pub fn check_backing(&self, given: &BackingIdentity) -> Result<(), FormatError> {
+        if self.backing == *given {
+            return Ok(());
+        }
+        Err(FormatError::BackingMismatch {
+            recorded_bytes: self.backing.size_bytes,
+            recorded_fingerprint: hex(&self.backing.fingerprint),
+            given_bytes: given.size_bytes,
+            given_fingerprint: hex(&given.fingerprint),
+        })
+    }
+}
+
+/// Whether a cached block matches the backing store (clean) or is newer (dirty).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// The backing store holds the same data (subject to the synced-sequence rule).
+    Clean,
+    /// Only the cache holds this data.
+    Dirty,
+}
+
+/// A valid slot metadata entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotEntry {
+    /// Backing block number.
+    pub lba: u64,
+    /// Clean or dirty.
+    pub state: BlockState,
+    /// Sequence number: larger is newer. Never 0, never a multiple of 256.
+    pub seq: u64,
+}
+
+/// What a metadata entry read from the medium holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodedEntry {
+    /// No block.
+    Free,
+    /// A block.
+    Valid(SlotEntry),
+    /// The two words come from different updates (a torn update cut by power loss).
+    Torn,
+    /// The words do not form any entry this build writes.
+    Corrupt,
+}
+
+/// A sequence number the engine may issue: not 0 and not a multiple of 256, so that a freed
+/// entry's zero second word never matches an entry's sequence low byte.
+pub fn is_issuable_seq(seq: u64) -> bool {
+    seq & 0xff != 0
+}
+
+fn entry_check(word0_without_check: u64, seq: u64) -> u64 {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&word0_without_check.to_le_bytes());
+    bytes[8..].copy_from_slice(&seq.to_le_bytes());
+    u64::from(crc32c::crc32c(&bytes) & 0xfff)
+}
+
+impl SlotEntry {
+    /// Encodes as (word0, word1); see docs/FORMAT.md.
+    pub fn encode(&self) -> (u64, u64) {
+        assert!(self.lba <= LBA_MASK, "block number {} does not fit 40 bits", self.lba);
+        assert!(is_issuable_seq(self.seq), "sequence {} may not be issued", self.seq);
+        let state = match self.state {
+            BlockState::Clean => 1u64,
+            BlockState::Dirty => 2u64,
+        };
+        let word0 = self.lba | state << STATE_SHIFT | (self.seq & 0xff) << SEQ_LOW_SHIFT;
+        (word0 | entry_check(word0, self.seq) << CHECK_SHIFT, self.seq)
+    }
+
+    /// Decodes two words read from the medium.
+    pub fn decode(word0: u64, word1: u64) -> DecodedEntry {
+        if word0 == 0 {
+            return DecodedEntry::Free;
+        }
+        let state = match (word0 >> STATE_SHIFT) & 0xf {
+            1 => BlockState::Clean,
+            2 => BlockState::Dirty,
+            _ => return DecodedEntry::Corrupt,
+        };
+        if (word0 >> SEQ_LOW_SHIFT) & 0xff != word1 & 0xff {
+            return DecodedEntry::Torn;
+        }
+        let without_check = word0 & ((1 << CHECK_SHIFT) - 1);
+        if word0 >> CHECK_SHIFT != entry_check(without_check, word1) || !is_issuable_seq(word1) {
+            return DecodedEntry::Corrupt;
+        }
+        DecodedEntry::Valid(SlotEntry { lba: word0 & LBA_MASK, state, seq: word1 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn superblock() -> Superblock {
+        Superblock {
+            uuid: [9; 16],
+            geometry: Geometry::for_medium(1 << 24, 4096).unwrap(),
+            backing: BackingIdentity { size_bytes: 1 << 30, fingerprint: [3; 16] },
+            created_unix_secs: 1_700_000_000,
+        }
+    }
+
+    #[test]
+    fn geometry_fits_the_medium() {
+        for (len, block) in [(1u64 << 24, 4096u32), (1 << 20, 512), ((1 << 24) + 12345, 65536)] {
+            let g = Geometry::for_medium(len, block).unwrap();
+            assert!(g.data_offset + g.slot_count * u64::from(block) <= len);
+            assert!(g.meta_offset + g.slot_count * ENTRY_BYTES <= g.data_offset);
+            assert_eq!(g.data_offset % u64::from(block.max(4096)), 0);
+            // One more slot would not fit.
+            let more = g.slot_count + 1;
+            let off =
+                (g.meta_offset + more * ENTRY_BYTES).next_multiple_of(u64::from(block.max(4096)));
+            assert!(off + more * u64::from(block) > len);
+        }
+        assert!(Geometry::for_medium(1 << 20, 3000).is_err());
+        assert!(Geometry::for_medium(8192, 4096).is_err());
+    }
+
+    #[test]
+    fn superblock_round_trips_and_every_corruption_is_refused() {
+        let sb = superblock();
+        let bytes = sb.encode();
+        assert_eq!(Superblock::decode(&bytes, 1 << 24), Ok(sb));
+        for at in 0..HEADER_BYTES {
+            let mut bad = bytes;
+            bad[at] ^= 0x10;
+            assert!(Superblock::decode(&bad, 1 << 24).is_err(), "flip at byte {at} accepted");
+        }
+        let truncated = Superblock::decode(&bytes, (1 << 24) - 4096).unwrap_err();
+        assert!(truncated.to_string().contains("truncated"), "{truncated}");
+        assert!(matches!(
+            Superblock::decode(&[0u8; 128], 1 << 24),
+            Err(FormatError::BadMagic { .. })
+        ));
+        let mut v2 = bytes;
+        put_u32(&mut v2, 8, 2);
+        assert_eq!(
+            Superblock::decode(&v2, 1 << 24),
+            Err(FormatError::UnsupportedVersion { found: 2, supported: 1 })
+        );
+        assert!(Superblock::decode(&bytes[..64], 1 << 24).is_err());
+    }
+
+    #[test]
+    fn backing_identity_is_checked() {
+        let sb = superblock();
+        assert!(sb.check_backing(&sb.backing).is_ok());
+        let other = BackingIdentity { size_bytes: 1 << 30, fingerprint: [4; 16] };
+        let err = sb.check_backing(&other).unwrap_err();
+        assert!(err.to_string().contains("another backing store"), "{err}");
+    }
+
+    #[test]
+    fn a_torn_entry_over_a_freed_slot_is_always_detected() {
+        let entry = SlotEntry { lba: 77, state: BlockState::Dirty, seq: 0x1234_5601 };
+        let (w0, w1) = entry.encode();
+        assert_eq!(SlotEntry::decode(w0, w1), DecodedEntry::Valid(entry));
+        // A freed slot holds (0, 0); either word alone reaching the medium is not an entry.
+        assert_eq!(SlotEntry::decode(w0, 0), DecodedEntry::Torn);
+        assert_eq!(SlotEntry::decode(0, w1), DecodedEntry::Free);
+        // A state change rewrites word 0 only.
+        let clean = SlotEntry { state: BlockState::Clean, ..entry };
+        assert_eq!(SlotEntry::decode(clean.encode().0, w1), DecodedEntry::Valid(clean));
+    }
+
+    proptest! {
+        #[test]
+        fn entries_round_trip(lba in 0u64..MAX_BACKING_BLOCKS, seq in 1u64..u64::MAX, dirty: bool) {
+            prop_assume!(is_issuable_seq(seq));
+            let state = if dirty { BlockState::Dirty } else { BlockState::Clean };
+            let entry = SlotEntry { lba, state, seq };
+            let (w0, w1) = entry.encode();
+            prop_assert_eq!(SlotEntry::decode(w0, w1), DecodedEntry::Valid(entry));
+        }
+
+        #[test]
+        fn decoding_arbitrary_words_never_panics(w0: u64, w1: u64) {
+            let _ = SlotEntry::decode(w0, w1);
+        }
+
+        #[test]
+        fn decoding_arbitrary_superblocks_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200), len: u64) {
+            let _ = Superblock::decode(&bytes, len);
+        }
+    }
+}

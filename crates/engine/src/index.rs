@@ -1,0 +1,229 @@
+//! The DRAM index from backing block to slot: lock-free lookups, updates under the block's
+//! stripe lock, fixed capacity.
+//!
+//! Layout: buckets of eight 8-byte entries (one cache line). A block number is mixed by a
+//! bijection on 40 bits into `h`; its two candidate buckets are `b1 = h % buckets` and a second
+//! one derived from `b1` and `tag = h / buckets`. An entry stores `tag`, which of the two
+//! buckets it is in, and the slot — so bucket and entry together *are* the block number, and no
+//! block number is kept per slot in DRAM. Inserts go to the emptier bucket ("two choices"),
+//! which keeps overflow negligible at the 75 % load the table is sized for; when both buckets
+//! are full the caller evicts one of their blocks.
+//!
+//! Entries never move: an insert fills an empty entry, an overwrite replaces the slot in place
+//! with one compare-and-swap, a removal empties it. A reader therefore never misses a block
+//! that is present for the whole duration of its lookup.
+
+use crate::sync::{AtomicU64, Ordering};
+
+const WAYS: usize = 8;
+const EMPTY: u64 = u64::MAX;
+const LBA_MASK: u64 = (1 << 40) - 1;
+/// Fraction of index entries in use when the cache is full.
+const LOAD_FACTOR: f64 = 0.75;
+const MIN_BUCKETS: u64 = 512;
+
+#[repr(align(64))]
+struct Bucket([AtomicU64; WAYS]);
+
+/// Where a block's entry was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Found {
+    pub(crate) slot: u32,
+    bucket: usize,
+    way: usize,
+    value: u64,
+}
+
+/// Both candidate buckets are full: these slots occupy them.
+pub(crate) struct IndexFull {
+    pub(crate) occupants: Vec<u32>,
+}
+
+#[derive(Clone, Copy)]
+struct Key {
+    buckets: [usize; 2],
+    tag: u64,
+}
+
+impl Key {
+    fn entry(&self, choice: usize, slot: u32) -> u64 {
+        (self.tag << 33) | (choice as u64) << 32 | u64::from(slot)
+    }
+    fn matches(&self, choice: usize, value: u64) -> bool {
+        value != EMPTY && value >> 32 == (self.tag << 1 | choice as u64)
+    }
+}
+
+/// A bijection on 40-bit integers that spreads consecutive block numbers.
+fn mix40(lba: u64) -> u64 {
+    let mut x = lba & LBA_MASK;
+    x = x.wrapping_mul(0x9E37_79B9_7F4A_7C15 | 1) & LBA_MASK;
+    x ^= x >> 20;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9 | 1) & LBA_MASK;
+    x ^= x >> 19;
+    x
+}
+
+pub(crate) struct Index {
+    buckets: Box<[Bucket]>,
+}
+
+impl Index {
+    /// An empty index for `slot_count` slots.
+    pub(crate) fn new(slot_count: u32) -> Self {
+        let wanted = (f64::from(slot_count) / (WAYS as f64 * LOAD_FACTOR)).ceil() as u64;
+        let count = wanted.max(MIN_BUCKETS) as usize;
+        let buckets =
+            (0..count).map(|_| Bucket(std::array::from_fn(|_| AtomicU64::new(EMPTY)))).collect();
+        Self { buckets }
+    }
+
+    /// DRAM bytes used.
+    pub(crate) fn bytes(&self) -> usize {
+        self.buckets.len() * std::mem::size_of::<Bucket>()
+    }
+
+    fn key(&self, lba: u64) -> Key {
+        assert!(lba <= LBA_MASK, "block {lba} exceeds 40 bits");
+        let n = self.buckets.len() as u64;
+        let h = mix40(lba);
+        let b1 = h % n;
+        let tag = h / n;
+        let b2 = (b1 + 1 + tag % (n - 1)) % n;
+        Key { buckets: [b1 as usize, b2 as usize], tag }
+    }
+
+    /// Finds the slot holding `lba`, without locks.
+    pub(crate) fn lookup(&self, lba: u64) -> Option<Found> {
+        let key = self.key(lba);
+        for (choice, &bucket) in key.buckets.iter().enumerate() {
+            for (way, entry) in self.buckets[bucket].0.iter().enumerate() {
+                let value = entry.load(Ordering::Acquire);
+                if key.matches(choice, value) {
+                    return Some(Found { slot: value as u32, bucket, way, value });
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether the entry found earlier is still in place, unchanged.
+    pub(crate) fn still_holds(&self, found: &Found) -> bool {
+        self.buckets[found.bucket].0[found.way].load(Ordering::Acquire) == found.value
+    }
+
+    /// Adds `lba -> slot`. The caller holds `lba`'s stripe lock and `lba` is not present.
+    pub(crate) fn insert(&self, lba: u64, slot: u32) -> Result<(), IndexFull> {
+        let key = self.key(lba);
+        loop {
+            let used = key.buckets.map(|b| {
+                self.buckets[b].0.iter().filter(|e| e.load(Ordering::Relaxed) != EMPTY).count()
+            });
+            if used.iter().all(|&u| u == WAYS) {
+                let occupants = key
+                    .buckets
+                    .iter()
+                    .flat_map(|&b| self.buckets[b].0.iter())
+                    .map(|e| e.load(Ordering::Acquire))
+                    .filter(|&v| v != EMPTY)
+                    .map(|v| v as u32)
+                    .collect();
+                return Err(IndexFull { occupants });
+            }
+            let choice = usize::from(used[1] < used[0]);
+            let bucket = &self.buckets[key.buckets[choice]];
+            for entry in &bucket.0 {
+                if entry
+                    .compare_exchange(
+                        EMPTY,
+                        key.entry(choice, slot),
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+                {
+                    return Ok(());
+                }
+            }
+            // Another block took the last empty entry meanwhile: look again.
+        }
+    }
+
+    /// Replaces the slot of a present entry in one atomic step. The caller holds the stripe.
+    pub(crate) fn replace(&self, found: &Found, new_slot: u32) {
+        let new_value = (found.value & !0xffff_ffff) | u64::from(new_slot);
+        let swapped = self.buckets[found.bucket].0[found.way].compare_exchange(
+            found.value,
+            new_value,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+        assert!(swapped.is_ok(), "index entry changed under its stripe lock");
+    }
+
+    /// Removes a present entry. The caller holds the stripe.
+    pub(crate) fn remove(&self, found: &Found) {
+        let removed = self.buckets[found.bucket].0[found.way].compare_exchange(
+            found.value,
+            EMPTY,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+        assert!(removed.is_ok(), "index entry changed under its stripe lock");
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn mix40_is_a_bijection_on_a_sample() {
+        let mut seen = std::collections::HashSet::new();
+        for lba in (0..1u64 << 40).step_by((1 << 40) / 200_003).chain(0..100_000) {
+            assert!(seen.insert(mix40(lba)), "collision at {lba}");
+        }
+    }
+
+    #[test]
+    fn holds_a_full_cache_of_random_blocks_with_few_overflows() {
+        let slots = 200_000u32;
+        let index = Index::new(slots);
+        let mut rng = 0x1234_5678_u64;
+        let mut present = HashMap::new();
+        let mut overflows = 0;
+        while present.len() < slots as usize {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let lba = rng & LBA_MASK;
+            if present.contains_key(&lba) {
+                continue;
+            }
+            let slot = present.len() as u32;
+            match index.insert(lba, slot) {
+                Ok(()) => {
+                    present.insert(lba, slot);
+                }
+                Err(_) => overflows += 1,
+            }
+            if overflows > 0 {
+                break;
+            }
+        }
+        assert_eq!(overflows, 0, "overflow before the cache was full ({} blocks)", present.len());
+        for (&lba, &slot) in &present {
+            assert_eq!(index.lookup(lba).map(|f| f.slot), Some(slot));
+        }
+        assert!(index.bytes() as f64 / f64::from(slots) <= 11.0, "{} B/slot", index.bytes());
+        // Replace and remove keep every other block findable.
+        let (&lba, &slot) = present.iter().next().unwrap();
+        let found = index.lookup(lba).unwrap();
+        index.replace(&found, slot + 1_000_000);
+        assert_eq!(index.lookup(lba).unwrap().slot, slot + 1_000_000);
+        index.remove(&index.lookup(lba).unwrap());
+        assert!(index.lookup(lba).is_none());
+        assert!(present.keys().filter(|&&l| l != lba).all(|&l| index.lookup(l).is_some()));
+    }
+}

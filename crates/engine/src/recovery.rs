@@ -1,0 +1,200 @@
+//! Attaching an existing cache: the index, free space and dirty set are rebuilt from the
+//! medium alone (the cache is its own journal; there is no separate log).
+//!
+//! Rules (docs/DURABILITY.md, "Recovery"):
+//! - the newest entry (largest sequence number) of each block wins; older ones are freed;
+//! - torn and corrupt entries are dropped, counted and reported — never trusted;
+//! - a clean entry newer than the synced sequence number may be newer than what the backing
+//!   store durably holds, so it becomes dirty (and is written back later);
+//! - everything else that was clean stays cached and clean.
+
+use pmcache_backing::BackingStore;
+use pmcache_media::Medium;
+
+use crate::cache::{Engine, first_seq_after, read_shutdown_state};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::error::Result;
+use crate::format::{BlockState, DecodedEntry, HEADER_BYTES, SlotEntry, Superblock};
+use crate::slots::SlotState;
+use crate::sync::Ordering;
+
+/// What recovery found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Slots scanned.
+    pub slots: u64,
+    /// Blocks kept clean.
+    pub clean: u64,
+    /// Blocks kept dirty (including those made dirty by the synced rule).
+    pub dirty: u64,
+    /// Clean entries newer than the synced sequence, now dirty.
+    pub clean_made_dirty: u64,
+    /// Older copies of a block dropped in favour of a newer one.
+    pub superseded: u64,
+    /// Entries torn by a power cut (dropped).
+    pub torn: u64,
+    /// Entries that fail validation (dropped).
+    pub corrupt: u64,
+    /// Whether the previous shutdown was clean.
+    pub was_clean_shutdown: bool,
+    /// Time taken, in nanoseconds.
+    pub duration_ns: u64,
+}
+
+impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
+    /// Attaches the cache on `medium`: validates the superblock against the medium and
+    /// `backing`, rebuilds all DRAM state from the medium, and returns what it found.
+    pub fn open(
+        medium: M,
+        backing: B,
+        clock: C,
+        config: &Config,
+    ) -> Result<(Self, RecoveryReport)> {
+        let started_ns = clock.now_ns();
+        let mut header = [0u8; HEADER_BYTES];
+        if medium.len_bytes() < HEADER_BYTES as u64 {
+            return Err(crate::format::FormatError::BadGeometry(format!(
+                "the medium is {} bytes, smaller than a superblock",
+                medium.len_bytes()
+            ))
+            .into());
+        }
+        medium.read(0, &mut header);
+        let superblock = Superblock::decode(&header, medium.len_bytes())?;
+        superblock.check_backing(&backing.identity())?;
+        let (was_clean_shutdown, synced_seq) = read_shutdown_state(&medium)?;
+        let mut engine = Self::assemble(medium, backing, clock, config, superblock, synced_seq)?;
+        let mut report = engine.rebuild(synced_seq)?;
+        report.was_clean_shutdown = was_clean_shutdown;
+        engine.recovered_dirty = report.dirty;
+        engine.mark_attached();
+        report.duration_ns = engine.clock.now_ns().saturating_sub(started_ns);
+        Ok((engine, report))
+    }
+
+    fn rebuild(&mut self, synced_seq: u64) -> Result<RecoveryReport> {
+        let slot_count = self.slots.len();
+        let mut report = RecoveryReport { slots: u64::from(slot_count), ..Default::default() };
+        let mut free = Vec::new();
+        let mut max_seq = synced_seq;
+        for slot in 0..slot_count {
+            let mut entry = match self.read_entry(slot) {
+                DecodedEntry::Free => {
+                    free.push(slot);
+                    continue;
+                }
+                DecodedEntry::Torn => {
+                    report.torn += 1;
+                    self.clear_entry(slot);
+                    free.push(slot);
+                    continue;
+                }
+                DecodedEntry::Corrupt => {
+                    report.corrupt += 1;
+                    self.clear_entry(slot);
+                    free.push(slot);
+                    continue;
+                }
+                DecodedEntry::Valid(entry) if entry.lba >= self.backing_blocks => {
+                    report.corrupt += 1;
+                    self.clear_entry(slot);
+                    free.push(slot);
+                    continue;
+                }
+                DecodedEntry::Valid(entry) => entry,
+            };
+            max_seq = max_seq.max(entry.seq);
+            if let Some(found) = self.index.lookup(entry.lba) {
+                report.superseded += 1;
+                let DecodedEntry::Valid(other) = self.read_entry(found.slot) else {
+                    unreachable!("an indexed slot holds a valid entry")
+                };
+                if other.seq >= entry.seq {
+                    self.clear_entry(slot);
+                    free.push(slot);
+                    continue;
+                }
+                self.index.replace(&found, slot);
+                self.clear_entry(found.slot);
+                self.slots.free(found.slot);
+                free.push(found.slot);
+            } else if self.index.insert(entry.lba, slot).is_err() {
+                // Both index buckets full (vanishingly rare at the index's load factor): a
+                // clean block is dropped; a dirty one takes the place of a clean occupant.
+                if !self.make_room_at_recovery(&entry, slot, &mut free)? {
+                    continue;
+                }
+            }
+            if entry.state == BlockState::Clean && entry.seq > synced_seq {
+                entry.state = BlockState::Dirty;
+                let at = self.geometry.entry_offset(slot);
+                self.medium.store_u64(at, entry.encode().0);
+                self.medium.flush(at, 8);
+                report.clean_made_dirty += 1;
+            }
+            self.slots.publish(
+                slot,
+                match entry.state {
+                    BlockState::Clean => SlotState::Clean,
+                    BlockState::Dirty => SlotState::Dirty,
+                },
+            );
+        }
+        self.medium.drain();
+        for slot in 0..slot_count {
+            match self.slots.load(slot).state() {
+                SlotState::Clean => report.clean += 1,
+                SlotState::Dirty => report.dirty += 1,
+                SlotState::Free => {}
+            }
+        }
+        self.next_seq.store(first_seq_after(max_seq), Ordering::SeqCst);
+        self.pool.put(free);
+        Ok(report)
+    }
+
+    /// Frees a clean occupant of `entry`'s index buckets (or drops `entry` if it is clean).
+    /// Returns whether `entry` is now indexed.
+    fn make_room_at_recovery(
+        &mut self,
+        entry: &SlotEntry,
+        slot: u32,
+        free: &mut Vec<u32>,
+    ) -> Result<bool> {
+        if entry.state == BlockState::Clean {
+            self.clear_entry(slot);
+            free.push(slot);
+            return Ok(false);
+        }
+        loop {
+            let Err(full) = self.index.insert(entry.lba, slot) else {
+                return Ok(true);
+            };
+            let victim = full
+                .occupants
+                .iter()
+                .copied()
+                .find(|&s| self.slots.load(s).state() == SlotState::Clean);
+            let Some(victim) = victim else {
+                // Sixteen dirty neighbours: write this block back and let it go.
+                let mut data = vec![0u8; self.geometry.block_size as usize];
+                self.medium.read(self.geometry.data_offset(slot), &mut data);
+                let offset = entry.lba * u64::from(self.geometry.block_size);
+                self.backing.write_at(&data, offset)?;
+                self.backing.flush()?;
+                self.clear_entry(slot);
+                free.push(slot);
+                return Ok(false);
+            };
+            let DecodedEntry::Valid(victim_entry) = self.read_entry(victim) else {
+                unreachable!("an indexed slot holds a valid entry")
+            };
+            let found = self.index.lookup(victim_entry.lba).expect("victim is indexed");
+            self.index.remove(&found);
+            self.clear_entry(victim);
+            self.slots.free(victim);
+            free.push(victim);
+        }
+    }
+}

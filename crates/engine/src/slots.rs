@@ -1,0 +1,143 @@
+//! The DRAM slot table: one 32-bit word per slot holding its state, a CLOCK reference bit and
+//! a generation that changes every time the slot is freed.
+//!
+//! Protocol: every change of a slot's state or generation happens under the stripe lock of the
+//! block it holds (or, for a free slot, by the one lane that owns it through a free list). The
+//! reference bit is set by lock-free readers and cleared by the evictor; it is not part of a
+//! slot's identity. Readers validate a copy by seeing the same generation and a valid state
+//! before and after it.
+
+use crate::sync::{AtomicU32, Ordering};
+
+const STATE_MASK: u32 = 0b11;
+const REF_BIT: u32 = 0b100;
+const GEN_SHIFT: u32 = 8;
+
+/// A slot's state in DRAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SlotState {
+    /// In a free list (or being filled by the lane that took it).
+    Free,
+    /// Holds a block the backing store also has.
+    Clean,
+    /// Holds a block only the cache has.
+    Dirty,
+}
+
+/// A snapshot of a slot word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SlotWord(u32);
+
+impl SlotWord {
+    pub(crate) fn state(self) -> SlotState {
+        match self.0 & STATE_MASK {
+            0 => SlotState::Free,
+            1 => SlotState::Clean,
+            2 => SlotState::Dirty,
+            other => panic!("slot word with state {other}"),
+        }
+    }
+    pub(crate) fn is_valid(self) -> bool {
+        self.state() != SlotState::Free
+    }
+    pub(crate) fn referenced(self) -> bool {
+        self.0 & REF_BIT != 0
+    }
+    pub(crate) fn generation(self) -> u32 {
+        self.0 >> GEN_SHIFT
+    }
+    /// Same block in the same slot incarnation (ignores the reference bit and clean/dirty).
+    pub(crate) fn same_incarnation(self, other: SlotWord) -> bool {
+        self.generation() == other.generation() && self.is_valid() && other.is_valid()
+    }
+    fn with_state(self, state: SlotState) -> SlotWord {
+        let bits = match state {
+            SlotState::Free => 0,
+            SlotState::Clean => 1,
+            SlotState::Dirty => 2,
+        };
+        SlotWord((self.0 & !(STATE_MASK | REF_BIT)) | bits)
+    }
+}
+
+/// One word per slot.
+pub(crate) struct SlotTable {
+    words: Box<[AtomicU32]>,
+}
+
+impl SlotTable {
+    pub(crate) fn new(slot_count: u32) -> Self {
+        Self { words: (0..slot_count).map(|_| AtomicU32::new(0)).collect() }
+    }
+
+    pub(crate) fn len(&self) -> u32 {
+        self.words.len() as u32
+    }
+
+    pub(crate) fn load(&self, slot: u32) -> SlotWord {
+        SlotWord(self.words[slot as usize].load(Ordering::Acquire))
+    }
+
+    /// Makes a free slot valid (its data and metadata entry are already durable).
+    pub(crate) fn publish(&self, slot: u32, state: SlotState) {
+        let word = self.load(slot);
+        assert_eq!(word.state(), SlotState::Free, "publishing slot {slot} that is not free");
+        assert_ne!(state, SlotState::Free);
+        self.words[slot as usize].store(word.with_state(state).0, Ordering::Release);
+    }
+
+    /// Dirty to clean, same incarnation.
+    pub(crate) fn set_clean(&self, slot: u32) {
+        let word = self.load(slot);
+        assert_eq!(word.state(), SlotState::Dirty, "cleaning slot {slot} that is not dirty");
+        self.words[slot as usize].store(word.with_state(SlotState::Clean).0, Ordering::Release);
+    }
+
+    /// Frees a valid slot: new generation, so every reader holding the old one retries.
+    pub(crate) fn free(&self, slot: u32) {
+        let word = self.load(slot);
+        assert!(word.is_valid(), "freeing slot {slot} that is already free");
+        let next_generation = (word.generation() + 1) & ((1 << (32 - GEN_SHIFT)) - 1);
+        self.words[slot as usize].store(next_generation << GEN_SHIFT, Ordering::Release);
+    }
+
+    /// Sets the reference bit (CLOCK) if it is not set; never changes anything else.
+    pub(crate) fn touch(&self, slot: u32, seen: SlotWord) {
+        if !seen.referenced() {
+            self.words[slot as usize].fetch_or(REF_BIT, Ordering::Relaxed);
+        }
+    }
+
+    /// Clears the reference bit if the word is still `seen`.
+    pub(crate) fn clear_reference(&self, slot: u32, seen: SlotWord) {
+        let _ = self.words[slot as usize].compare_exchange(
+            seen.0,
+            seen.0 & !REF_BIT,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_bumps_the_generation_and_reference_bits_do_not_change_identity() {
+        let table = SlotTable::new(4);
+        table.publish(1, SlotState::Dirty);
+        let before = table.load(1);
+        table.touch(1, before);
+        let touched = table.load(1);
+        assert!(touched.referenced() && touched.same_incarnation(before));
+        table.set_clean(1);
+        assert!(table.load(1).same_incarnation(before));
+        table.free(1);
+        let freed = table.load(1);
+        assert_eq!(freed.state(), SlotState::Free);
+        assert_eq!(freed.generation(), before.generation() + 1);
+        table.publish(1, SlotState::Clean);
+        assert!(!table.load(1).same_incarnation(before));
+    }
+}

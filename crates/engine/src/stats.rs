@@ -1,0 +1,80 @@
+//! Statistics: per-lane counters written only by their lane (plain load + store, no locked
+//! instructions on the hot path) and summed when read.
+
+use crossbeam_utils::CachePadded;
+
+use crate::sync::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Counters of one lane.
+        #[derive(Default)]
+        pub(crate) struct LaneCounters { $(pub(crate) $name: AtomicU64,)* }
+
+        /// Engine statistics, summed over lanes.
+        #[derive(Clone, Debug, Default, PartialEq)]
+        pub struct Stats {
+            $($(#[$doc])* pub $name: u64,)*
+            /// Slots holding dirty blocks.
+            pub dirty_slots: u64,
+            /// Slots in the cache.
+            pub slot_count: u64,
+            /// Cache block size in bytes.
+            pub block_size: u32,
+            /// DRAM bytes the engine uses per slot (slot table + index + fixed tables).
+            pub dram_bytes_per_slot: f64,
+        }
+
+        impl LaneCounters {
+            pub(crate) fn add_to(&self, stats: &mut Stats) {
+                $(stats.$name += self.$name.load(Ordering::Relaxed);)*
+            }
+        }
+
+        impl Stats {
+            /// `(name, value)` pairs of every counter, for tables and exporters.
+            pub fn counters(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name),)* ("dirty_slots", self.dirty_slots), ("slot_count", self.slot_count)]
+            }
+        }
+    };
+}
+
+counters! {
+    /// Blocks read from the cache.
+    read_hits,
+    /// Blocks read from the backing store and admitted.
+    read_misses_admitted,
+    /// Blocks read from the backing store and not admitted (mode, policy, or sequential cutoff).
+    read_misses_bypassed,
+    /// Lock-free read attempts that saw a slot change under them and retried.
+    read_retries,
+    /// Blocks written.
+    writes,
+    /// Blocks written that were already cached (overwritten out of place).
+    write_hits,
+    /// Blocks trimmed.
+    trims,
+    /// Bytes returned to readers.
+    bytes_read,
+    /// Bytes accepted from writers.
+    bytes_written,
+    /// Flush requests.
+    flushes,
+    /// Clean blocks evicted.
+    evictions,
+    /// Dirty blocks written back.
+    writebacks,
+    /// Evictions forced by both index buckets of a block being full.
+    index_conflicts,
+    /// Dirty-slot increments minus decrements made by this lane (wrapping).
+    dirty_delta,
+}
+
+/// A lane's counters on their own cache line.
+pub(crate) type PaddedCounters = CachePadded<LaneCounters>;
+
+/// Adds `n` to a counter only this lane writes.
+pub(crate) fn bump(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}

@@ -1,0 +1,200 @@
+//! Test doubles and harnesses that run the production engine: a simulated backing store with a volatile
+//! write cache that loses un-flushed writes at a power cut, and fault injection.
+
+pub mod model;
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pmcache_backing::{BackingError, BackingIdentity, BackingStore};
+use pmcache_media::CrashSwitch;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// Sector size of the simulated device: its unit of failure atomicity.
+pub const SIM_SECTOR_BYTES: usize = 512;
+
+struct Inner {
+    volatile: Mutex<Vec<u8>>,
+    durable: Mutex<Vec<u8>>,
+    /// Writes since the last flush, in order: (offset, data).
+    unflushed: Mutex<Vec<(u64, Vec<u8>)>>,
+    crash_image: Mutex<Option<Vec<u8>>>,
+    rng: Mutex<SmallRng>,
+    switch: Arc<CrashSwitch>,
+    fingerprint: [u8; 16],
+    fail_writes_from: AtomicU64,
+    fail_reads_from: AtomicU64,
+    writes: AtomicU64,
+    reads: AtomicU64,
+}
+
+impl Inner {
+    /// Durable image plus a random subset of un-flushed sector writes, applied in order.
+    fn power_cut_image(&self) -> Vec<u8> {
+        let mut image = self.durable.lock().expect("poisoned").clone();
+        let unflushed = self.unflushed.lock().expect("poisoned");
+        let mut rng = self.rng.lock().expect("poisoned");
+        for (offset, data) in unflushed.iter() {
+            for (i, sector) in data.chunks(SIM_SECTOR_BYTES).enumerate() {
+                if rng.gen_bool(0.5) {
+                    let at = *offset as usize + i * SIM_SECTOR_BYTES;
+                    image[at..at + sector.len()].copy_from_slice(sector);
+                }
+            }
+        }
+        image
+    }
+}
+
+/// An in-memory backing store with a volatile write cache (flush makes writes durable), cut
+/// by the same [`CrashSwitch`] as a crash-simulating medium. Cloning shares the device.
+#[derive(Clone)]
+pub struct SimBacking {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SimBacking {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimBacking").field("size_bytes", &self.size_bytes()).finish()
+    }
+}
+
+impl SimBacking {
+    /// A zeroed device of `size_bytes`.
+    pub fn new(size_bytes: u64, switch: Arc<CrashSwitch>, seed: u64) -> Self {
+        Self::from_image(vec![0; size_bytes as usize], switch, seed)
+    }
+
+    /// A device holding `image` durably (what a power cut left).
+    pub fn from_image(image: Vec<u8>, switch: Arc<CrashSwitch>, seed: u64) -> Self {
+        let inner = Arc::new(Inner {
+            volatile: Mutex::new(image.clone()),
+            durable: Mutex::new(image),
+            unflushed: Mutex::new(Vec::new()),
+            crash_image: Mutex::new(None),
+            rng: Mutex::new(SmallRng::seed_from_u64(seed)),
+            switch: switch.clone(),
+            fingerprint: [0x5a; 16],
+            fail_writes_from: AtomicU64::new(u64::MAX),
+            fail_reads_from: AtomicU64::new(u64::MAX),
+            writes: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+        });
+        let weak = Arc::downgrade(&inner);
+        switch.on_crash(Box::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                let image = inner.power_cut_image();
+                *inner.crash_image.lock().expect("poisoned") = Some(image);
+            }
+        }));
+        Self { inner }
+    }
+
+    /// The image captured when power was cut.
+    pub fn crash_image(&self) -> Option<Vec<u8>> {
+        self.inner.crash_image.lock().expect("poisoned").clone()
+    }
+
+    /// What the device holds now (volatile view).
+    pub fn contents(&self) -> Vec<u8> {
+        self.inner.volatile.lock().expect("poisoned").clone()
+    }
+
+    /// From the `n`-th write on (0-based, counting writes, discards and zeroings), fail with EIO.
+    pub fn fail_writes_from(&self, n: u64) {
+        self.inner.fail_writes_from.store(n, Ordering::SeqCst);
+    }
+
+    /// From the `n`-th read on, fail with EIO.
+    pub fn fail_reads_from(&self, n: u64) {
+        self.inner.fail_reads_from.store(n, Ordering::SeqCst);
+    }
+
+    /// Stops injecting faults.
+    pub fn heal(&self) {
+        self.fail_writes_from(u64::MAX);
+        self.fail_reads_from(u64::MAX);
+    }
+
+    /// Writes and reads served so far.
+    pub fn io_counts(&self) -> (u64, u64) {
+        (self.inner.writes.load(Ordering::SeqCst), self.inner.reads.load(Ordering::SeqCst))
+    }
+
+    fn eio(op: &'static str, offset: u64, len: u64) -> BackingError {
+        BackingError::Io { op, offset, len, source: io::Error::from_raw_os_error(5) }
+    }
+
+    fn check(&self, op: &'static str, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        let size = self.size_bytes();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(BackingError::OutOfRange { op, offset, len, size });
+        }
+        Ok(())
+    }
+
+    fn store(&self, op: &'static str, offset: u64, data: &[u8]) -> pmcache_backing::Result<()> {
+        self.check(op, offset, data.len() as u64)?;
+        let n = self.inner.writes.fetch_add(1, Ordering::SeqCst);
+        if n >= self.inner.fail_writes_from.load(Ordering::SeqCst) {
+            return Err(Self::eio(op, offset, data.len() as u64));
+        }
+        let crashed = self.inner.switch.persist_point();
+        let mut volatile = self.inner.volatile.lock().expect("poisoned");
+        volatile[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        if !crashed {
+            self.inner.unflushed.lock().expect("poisoned").push((offset, data.to_vec()));
+        }
+        Ok(())
+    }
+}
+
+impl BackingStore for SimBacking {
+    fn size_bytes(&self) -> u64 {
+        self.inner.volatile.lock().expect("poisoned").len() as u64
+    }
+
+    fn logical_block_size(&self) -> u32 {
+        SIM_SECTOR_BYTES as u32
+    }
+
+    fn identity(&self) -> BackingIdentity {
+        BackingIdentity { size_bytes: self.size_bytes(), fingerprint: self.inner.fingerprint }
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
+        self.check("read", offset, buf.len() as u64)?;
+        let n = self.inner.reads.fetch_add(1, Ordering::SeqCst);
+        if n >= self.inner.fail_reads_from.load(Ordering::SeqCst) {
+            return Err(Self::eio("read", offset, buf.len() as u64));
+        }
+        let volatile = self.inner.volatile.lock().expect("poisoned");
+        buf.copy_from_slice(&volatile[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&self, data: &[u8], offset: u64) -> pmcache_backing::Result<()> {
+        self.store("write", offset, data)
+    }
+
+    fn flush(&self) -> pmcache_backing::Result<()> {
+        if self.inner.switch.persist_point() {
+            return Ok(());
+        }
+        let volatile = self.inner.volatile.lock().expect("poisoned");
+        let mut unflushed = self.inner.unflushed.lock().expect("poisoned");
+        *self.inner.durable.lock().expect("poisoned") = volatile.clone();
+        unflushed.clear();
+        Ok(())
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        self.store("discard", offset, &vec![0u8; len as usize])
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        self.store("write_zeroes", offset, &vec![0u8; len as usize])
+    }
+}

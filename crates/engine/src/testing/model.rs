@@ -1,0 +1,466 @@
+//! A reference model of a block device and a harness that runs random or scripted operations
+//! against the production engine, with power cuts, and checks every read against the model.
+
+use std::sync::Arc;
+
+use pmcache_backing::BackingStore;
+use pmcache_media::{CrashMedium, CrashSwitch, Medium};
+
+use super::SimBacking;
+use crate::{
+    AdmissionConfig, CacheMode, Clock, Config, Engine, Error, EvictionKind, Lane, ManualClock,
+};
+
+/// Cache block size used by the model runs.
+pub const BLOCK: usize = 512;
+/// Blocks on the simulated device.
+pub const BLOCKS: usize = 48;
+/// Bytes on the simulated device.
+pub const DEVICE_BYTES: u64 = (BLOCK * BLOCKS) as u64;
+/// 4 KiB superblock + 4 KiB metadata + 20 slots of 512 B.
+pub const MEDIUM_BYTES: u64 = 8192 + 20 * BLOCK as u64;
+
+/// One operation of a workload.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// Read a byte range.
+    Read {
+        /// Byte offset.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+    /// Write fresh data.
+    Write {
+        /// Byte offset.
+        offset: u64,
+        /// Length.
+        len: u64,
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Trim.
+    Trim {
+        /// Byte offset.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+    /// Write zeroes.
+    WriteZeroes {
+        /// Byte offset.
+        offset: u64,
+        /// Length.
+        len: u64,
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Flush.
+    Flush,
+    /// Write back everything.
+    Drain,
+    /// Cut power between operations.
+    PowerCut,
+}
+
+/// What a block may hold.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expect {
+    /// One of these contents.
+    OneOf(Vec<Vec<u8>>),
+    /// Anything (after a trim, until written again).
+    Any,
+}
+
+impl Expect {
+    fn union(&self, other: &Expect) -> Expect {
+        match (self, other) {
+            (Expect::OneOf(a), Expect::OneOf(b)) => {
+                let mut all = a.clone();
+                for value in b {
+                    if !all.contains(value) {
+                        all.push(value.clone());
+                    }
+                }
+                Expect::OneOf(all)
+            }
+            _ => Expect::Any,
+        }
+    }
+
+    fn map(&self, f: impl Fn(&[u8]) -> Vec<u8>) -> Expect {
+        match self {
+            Expect::OneOf(values) => {
+                let mut out: Vec<Vec<u8>> = Vec::new();
+                for v in values {
+                    let mapped = f(v);
+                    if !out.contains(&mapped) {
+                        out.push(mapped);
+                    }
+                }
+                Expect::OneOf(out)
+            }
+            Expect::Any => Expect::Any,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct BlockModel {
+    current: Expect,
+    /// What a power cut may leave.
+    durable: Expect,
+}
+
+/// The reference model.
+pub struct Model {
+    blocks: Vec<BlockModel>,
+    durable_at_ack: bool,
+    writes: u64,
+}
+
+/// Bytes of the `id`-th write: unique per write and position.
+pub fn pattern(id: u64, offset: u64, len: u64) -> Vec<u8> {
+    (0..len).map(|i| ((id.wrapping_mul(131) + (offset + i) * 7) % 251) as u8 + 1).collect()
+}
+
+fn block_pieces(offset: u64, len: u64) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = offset;
+    while at < offset + len {
+        let block = (at / BLOCK as u64) as usize;
+        let in_block = (at % BLOCK as u64) as usize;
+        let n = (BLOCK - in_block).min((offset + len - at) as usize);
+        out.push((block, in_block, n));
+        at += n as u64;
+    }
+    out
+}
+
+impl Model {
+    /// All zeroes, for a device used in `mode`.
+    pub fn new(mode: CacheMode) -> Self {
+        let zero = Expect::OneOf(vec![vec![0u8; BLOCK]]);
+        Self {
+            blocks: vec![BlockModel { current: zero.clone(), durable: zero }; BLOCKS],
+            durable_at_ack: mode.writes_back(),
+            writes: 0,
+        }
+    }
+
+    /// The data the next write op will carry.
+    pub fn next_write_data(&mut self, offset: u64, len: u64) -> Vec<u8> {
+        self.writes += 1;
+        pattern(self.writes, offset, len)
+    }
+
+    fn write_blocks(&mut self, offset: u64, data: &[u8], fua: bool, certain: bool) {
+        let mut done = 0;
+        for (block, in_block, n) in block_pieces(offset, data.len() as u64) {
+            let piece = data[done..done + n].to_vec();
+            done += n;
+            let model = &mut self.blocks[block];
+            let new = if n == BLOCK {
+                Expect::OneOf(vec![piece])
+            } else {
+                model.current.map(|old| {
+                    let mut merged = old.to_vec();
+                    merged[in_block..in_block + n].copy_from_slice(&piece);
+                    merged
+                })
+            };
+            if certain {
+                model.durable = if self.durable_at_ack || fua {
+                    new.clone()
+                } else {
+                    model.durable.union(&new)
+                };
+                model.current = new;
+            } else {
+                model.durable = model.durable.union(&new);
+                model.current = model.current.union(&new);
+            }
+        }
+    }
+
+    fn trim_blocks(&mut self, offset: u64, len: u64) {
+        let first = offset.div_ceil(BLOCK as u64);
+        let end = (offset + len) / BLOCK as u64;
+        for block in first..end {
+            self.blocks[block as usize] = BlockModel { current: Expect::Any, durable: Expect::Any };
+        }
+    }
+
+    /// Applies a completed operation; `data` is what a write carried.
+    pub fn apply(&mut self, op: &Op, data: &[u8]) {
+        match *op {
+            Op::Write { offset, fua, .. } => self.write_blocks(offset, data, fua, true),
+            Op::WriteZeroes { offset, len, fua } => {
+                self.write_blocks(offset, &vec![0u8; len as usize], fua, true)
+            }
+            Op::Trim { offset, len } => self.trim_blocks(offset, len),
+            Op::Flush | Op::Drain => {
+                for block in &mut self.blocks {
+                    block.durable = block.current.clone();
+                }
+            }
+            Op::Read { .. } | Op::PowerCut => {}
+        }
+    }
+
+    /// Applies an operation that a power cut interrupted: each block is old or new.
+    pub fn apply_uncertain(&mut self, op: &Op, data: &[u8]) {
+        match *op {
+            Op::Write { offset, fua, .. } => self.write_blocks(offset, data, fua, false),
+            Op::WriteZeroes { offset, len, fua } => {
+                self.write_blocks(offset, &vec![0u8; len as usize], fua, false)
+            }
+            Op::Trim { offset, len } => self.trim_blocks(offset, len),
+            _ => {}
+        }
+    }
+
+    /// Power is lost: each block now holds one of its durable candidates.
+    pub fn power_cut(&mut self) {
+        for block in &mut self.blocks {
+            block.current = block.durable.clone();
+        }
+    }
+
+    /// Checks a read of `offset..offset + data.len()` and narrows the candidates.
+    pub fn check_read(&mut self, offset: u64, data: &[u8]) -> Result<(), String> {
+        let mut done = 0;
+        for (block, in_block, n) in block_pieces(offset, data.len() as u64) {
+            let got = &data[done..done + n];
+            done += n;
+            let model = &mut self.blocks[block];
+            if let Expect::OneOf(values) = &model.current {
+                let matching: Vec<Vec<u8>> =
+                    values.iter().filter(|v| &v[in_block..in_block + n] == got).cloned().collect();
+                if matching.is_empty() {
+                    return Err(format!(
+                        "block {block} bytes {in_block}..{}: read {:?}..., expected one of {} candidates starting {:?}",
+                        in_block + n,
+                        &got[..got.len().min(8)],
+                        values.len(),
+                        values
+                            .iter()
+                            .map(|v| v[in_block..in_block + n.min(8)].to_vec())
+                            .collect::<Vec<_>>()
+                    ));
+                }
+                model.current = Expect::OneOf(matching);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the backing store after a drain: every block with one known value holds it.
+    pub fn check_backing(&self, backing: &[u8]) -> Result<(), String> {
+        for (block, model) in self.blocks.iter().enumerate() {
+            if let Expect::OneOf(values) = &model.current {
+                if values.len() == 1 && backing[block * BLOCK..(block + 1) * BLOCK] != values[0][..]
+                {
+                    return Err(format!(
+                        "after drain, backing block {block} does not hold the data"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The engine on simulated parts.
+pub type SimEngine = Engine<CrashMedium, SimBacking, Arc<ManualClock>>;
+
+/// A medium and a backing store cut by one switch.
+pub struct World {
+    /// The switch.
+    pub switch: Arc<CrashSwitch>,
+    /// The cache medium.
+    pub medium: CrashMedium,
+    /// The backing store.
+    pub backing: SimBacking,
+}
+
+impl World {
+    /// New, zeroed parts.
+    pub fn fresh(seed: u64) -> Self {
+        let switch = CrashSwitch::new();
+        Self {
+            medium: CrashMedium::new(MEDIUM_BYTES, switch.clone(), seed),
+            backing: SimBacking::new(DEVICE_BYTES, switch.clone(), seed ^ 0xabc),
+            switch,
+        }
+    }
+
+    /// The world a power cut leaves behind (the switch must have cut power).
+    pub fn after_power_cut(&self, seed: u64) -> Self {
+        let switch = CrashSwitch::new();
+        let medium_image = self.medium.crash_image().expect("power was cut");
+        let backing_image = self.backing.crash_image().expect("power was cut");
+        Self {
+            medium: CrashMedium::from_image(medium_image, switch.clone(), seed),
+            backing: SimBacking::from_image(backing_image, switch.clone(), seed ^ 0xabc),
+            switch,
+        }
+    }
+}
+
+/// A configuration for the model runs.
+pub fn config(mode: CacheMode, eviction: EvictionKind, admission: AdmissionConfig) -> Config {
+    Config { mode, block_size: BLOCK as u32, max_lanes: 2, admission, eviction }
+}
+
+/// Runs one operation on a lane. Returns the data a write carried.
+pub fn run_op<M: Medium, B: BackingStore, C: Clock>(
+    lane: &mut Lane<'_, M, B, C>,
+    model: &mut Model,
+    op: &Op,
+) -> Result<(Vec<u8>, Option<Vec<u8>>), String> {
+    let fail = |e: Error| format!("{op:?} failed: {e}");
+    match *op {
+        Op::Read { offset, len } => {
+            let mut buf = vec![0u8; len as usize];
+            lane.read(offset, &mut buf).map_err(fail)?;
+            Ok((Vec::new(), Some(buf)))
+        }
+        Op::Write { offset, len, fua } => {
+            let data = model.next_write_data(offset, len);
+            lane.write(offset, &data, fua).map_err(fail)?;
+            Ok((data, None))
+        }
+        Op::Trim { offset, len } => {
+            lane.trim(offset, len).map(|_| (Vec::new(), None)).map_err(fail)
+        }
+        Op::WriteZeroes { offset, len, fua } => {
+            lane.write_zeroes(offset, len, fua).map(|_| (Vec::new(), None)).map_err(fail)
+        }
+        Op::Flush => lane.flush().map(|_| (Vec::new(), None)).map_err(fail),
+        Op::Drain => lane.drain().map(|_| (Vec::new(), None)).map_err(fail),
+        Op::PowerCut => Ok((Vec::new(), None)),
+    }
+}
+
+/// Reads every block and checks it against the model.
+pub fn verify_all<M: Medium, B: BackingStore, C: Clock>(
+    lane: &mut Lane<'_, M, B, C>,
+    model: &mut Model,
+) -> Result<(), String> {
+    for block in 0..BLOCKS as u64 {
+        let mut buf = vec![0u8; BLOCK];
+        lane.read(block * BLOCK as u64, &mut buf).map_err(|e| format!("verify read: {e}"))?;
+        model.check_read(block * BLOCK as u64, &buf).map_err(|e| format!("after recovery: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Settings of one crash run.
+#[derive(Clone, Debug)]
+pub struct CrashRun {
+    /// Cache mode.
+    pub mode: CacheMode,
+    /// Eviction policy.
+    pub eviction: EvictionKind,
+    /// Admission policy.
+    pub admission: AdmissionConfig,
+    /// Cut power at this persist point of the first segment (None: only explicit cuts).
+    pub cut_at_point: Option<u64>,
+    /// Cut power again at this point during the recovery that follows the first cut.
+    pub cut_during_recovery_at: Option<u64>,
+    /// Seed of every random choice of the simulated parts.
+    pub seed: u64,
+}
+
+/// What a run did, for the enumeration tests.
+#[derive(Debug, Default)]
+pub struct RunOutcome {
+    /// Persist points counted before the first power cut (or the end).
+    pub persist_points_first_segment: u64,
+    /// Power cuts that happened.
+    pub power_cuts: u64,
+}
+
+/// Runs `ops` against the engine on the crash medium, cutting power as asked, checking every
+/// read, every recovery and (at the end) a drained backing store against the model.
+pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> {
+    let cfg = config(run.mode, run.eviction, run.admission);
+    let clock = Arc::new(ManualClock::default());
+    let mut world = World::fresh(run.seed);
+    let mut model = Model::new(run.mode);
+    let mut outcome = RunOutcome::default();
+    let mut engine: SimEngine =
+        Engine::format(world.medium.clone(), world.backing.clone(), clock.clone(), &cfg)
+            .map_err(|e| format!("format: {e}"))?;
+    let format_points = world.switch.points();
+    if let Some(point) = run.cut_at_point {
+        world.switch.arm(format_points + point);
+    }
+    let mut next = 0;
+    let mut segment = 0;
+    loop {
+        {
+            let mut lane = engine.lane().map_err(|e| e.to_string())?;
+            while next < ops.len() {
+                let op = &ops[next];
+                next += 1;
+                clock.advance_ns(1_000);
+                if let Op::PowerCut = op {
+                    world.switch.cut_now();
+                    break;
+                }
+                let result = run_op(&mut lane, &mut model, op);
+                if world.switch.has_crashed() {
+                    if let Ok((data, _)) = &result {
+                        model.apply_uncertain(op, data);
+                    }
+                    break;
+                }
+                let (data, read) = result?;
+                if let Some(read) = read {
+                    if let Op::Read { offset, .. } = op {
+                        model.check_read(*offset, &read).map_err(|e| format!("op {next}: {e}"))?;
+                    }
+                }
+                model.apply(op, &data);
+            }
+            if segment == 0 {
+                outcome.persist_points_first_segment = world.switch.points() - format_points;
+            }
+            if !world.switch.has_crashed() {
+                lane.drain().map_err(|e| format!("final drain: {e}"))?;
+                model.apply(&Op::Drain, &[]);
+                verify_all(&mut lane, &mut model)?;
+                model.check_backing(&world.backing.contents())?;
+                return Ok(outcome);
+            }
+        }
+        drop(engine);
+        outcome.power_cuts += 1;
+        model.power_cut();
+        world = world.after_power_cut(run.seed + outcome.power_cuts);
+        if segment == 0 {
+            if let Some(point) = run.cut_during_recovery_at {
+                world.switch.arm(point);
+            }
+        }
+        let opened = Engine::open(world.medium.clone(), world.backing.clone(), clock.clone(), &cfg);
+        engine = if world.switch.has_crashed() {
+            // Power was lost again during recovery: recover from what that left.
+            drop(opened);
+            outcome.power_cuts += 1;
+            world = world.after_power_cut(run.seed + 1000 + outcome.power_cuts);
+            Engine::open(world.medium.clone(), world.backing.clone(), clock.clone(), &cfg)
+                .map_err(|e| format!("second recovery: {e}"))?
+                .0
+        } else {
+            opened.map_err(|e| format!("recovery: {e}"))?.0
+        };
+        {
+            let mut lane = engine.lane().map_err(|e| e.to_string())?;
+            verify_all(&mut lane, &mut model)?;
+        }
+        segment += 1;
+    }
+}

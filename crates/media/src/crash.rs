@@ -1,0 +1,359 @@
+//! [`CrashMedium`]: a medium that can lose power.
+//!
+//! It keeps two images at 8-byte granularity: the *volatile* one every load and store sees, and
+//! the *durable* one that survives a power cut. `flush` snapshots the covered cache lines into
+//! the calling thread's pending set; `drain` makes that thread's pending lines durable. A power
+//! cut yields the durable image plus a random subset of the words that were stored but not yet
+//! durable (arbitrary cache-line eviction, 8-byte failure atomicity, no ordering between lines).
+//!
+//! A [`CrashSwitch`] shared by every participant (this medium, a simulated backing store)
+//! counts persist points (each `drain`, each backing write and flush) and cuts power at the
+//! N-th: from then on nothing more becomes durable, and each participant's crash image is
+//! captured at that instant.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::ThreadId;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::{Medium, check_bounds};
+
+type CrashHook = Box<dyn Fn() + Send + Sync>;
+
+/// Counts persist points and cuts power at a chosen one.
+pub struct CrashSwitch {
+    points: AtomicU64,
+    crash_at_point: AtomicU64,
+    crashed: AtomicBool,
+    hooks: Mutex<Vec<CrashHook>>,
+}
+
+impl std::fmt::Debug for CrashSwitch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CrashSwitch")
+            .field("points", &self.points())
+            .field("crashed", &self.has_crashed())
+            .finish()
+    }
+}
+
+impl CrashSwitch {
+    /// A switch that never cuts power until armed.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            points: AtomicU64::new(0),
+            crash_at_point: AtomicU64::new(u64::MAX),
+            crashed: AtomicBool::new(false),
+            hooks: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Cuts power when persist point number `point` (1-based) is reached: its effects and all
+    /// later ones are lost.
+    pub fn arm(&self, point: u64) {
+        self.crash_at_point.store(point.max(1), Ordering::SeqCst);
+    }
+
+    /// Cuts power now.
+    pub fn cut_now(&self) {
+        self.trigger();
+    }
+
+    /// Persist points counted so far.
+    pub fn points(&self) -> u64 {
+        self.points.load(Ordering::SeqCst)
+    }
+
+    /// Whether power has been cut.
+    pub fn has_crashed(&self) -> bool {
+        self.crashed.load(Ordering::SeqCst)
+    }
+
+    /// Registers a hook run once, at the instant power is cut.
+    pub fn on_crash(&self, hook: CrashHook) {
+        self.hooks.lock().expect("crash hooks poisoned").push(hook);
+    }
+
+    /// Counts one persist point. Returns `true` when its effects must be dropped (power is off).
+    pub fn persist_point(&self) -> bool {
+        if self.has_crashed() {
+            return true;
+        }
+        let point = self.points.fetch_add(1, Ordering::SeqCst) + 1;
+        if point >= self.crash_at_point.load(Ordering::SeqCst) {
+            self.trigger();
+            return true;
+        }
+        false
+    }
+
+    fn trigger(&self) {
+        if self.crashed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for hook in self.hooks.lock().expect("crash hooks poisoned").iter() {
+            hook();
+        }
+    }
+}
+
+struct Inner {
+    volatile: Box<[AtomicU64]>,
+    durable: Mutex<Box<[u64]>>,
+    pending: Mutex<HashMap<ThreadId, Vec<(usize, [u64; 8])>>>,
+    crash_image: Mutex<Option<Vec<u64>>>,
+    rng: Mutex<SmallRng>,
+    switch: Arc<CrashSwitch>,
+}
+
+impl Inner {
+    /// Durable image plus a random subset of the not-yet-durable words.
+    fn power_cut_image(&self) -> Vec<u64> {
+        let durable = self.durable.lock().expect("durable image poisoned");
+        let mut rng = self.rng.lock().expect("crash rng poisoned");
+        let keep_bias = rng.gen_range(0.0..=1.0);
+        durable
+            .iter()
+            .zip(self.volatile.iter())
+            .map(|(&durable, volatile)| {
+                let volatile = volatile.load(Ordering::SeqCst);
+                if volatile != durable && rng.gen_bool(keep_bias) { volatile } else { durable }
+            })
+            .collect()
+    }
+}
+
+/// A crash-simulating medium. Cloning shares the same images.
+#[derive(Clone)]
+pub struct CrashMedium {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for CrashMedium {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CrashMedium").field("len_bytes", &self.len_bytes()).finish()
+    }
+}
+
+impl CrashMedium {
+    /// A zeroed medium of `len_bytes` (rounded up to 8), cut by `switch`, with eviction choices
+    /// drawn from `seed`.
+    pub fn new(len_bytes: u64, switch: Arc<CrashSwitch>, seed: u64) -> Self {
+        Self::from_image(vec![0; len_bytes.div_ceil(8) as usize], switch, seed)
+    }
+
+    /// A medium whose volatile and durable images both equal `words` (what a power cut left).
+    pub fn from_image(words: Vec<u64>, switch: Arc<CrashSwitch>, seed: u64) -> Self {
+        let volatile = words.iter().map(|&w| AtomicU64::new(w)).collect();
+        let inner = Arc::new(Inner {
+            volatile,
+            durable: Mutex::new(words.into_boxed_slice()),
+            pending: Mutex::new(HashMap::new()),
+            crash_image: Mutex::new(None),
+            rng: Mutex::new(SmallRng::seed_from_u64(seed)),
+            switch: switch.clone(),
+        });
+        let weak: Weak<Inner> = Arc::downgrade(&inner);
+        switch.on_crash(Box::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                let image = inner.power_cut_image();
+                *inner.crash_image.lock().expect("crash image poisoned") = Some(image);
+            }
+        }));
+        Self { inner }
+    }
+
+    /// The image captured when the switch cut power, if it has.
+    pub fn crash_image(&self) -> Option<Vec<u64>> {
+        self.inner.crash_image.lock().expect("crash image poisoned").clone()
+    }
+
+    /// What a power cut right now would leave (does not stop this medium).
+    pub fn power_cut_image(&self) -> Vec<u64> {
+        self.inner.power_cut_image()
+    }
+
+    /// The durable image only (what a power cut with no lucky evictions leaves).
+    pub fn durable_image(&self) -> Vec<u64> {
+        self.inner.durable.lock().expect("durable image poisoned").to_vec()
+    }
+
+    fn word(&self, index: usize) -> &AtomicU64 {
+        &self.inner.volatile[index]
+    }
+}
+
+impl Medium for CrashMedium {
+    fn len_bytes(&self) -> u64 {
+        self.inner.volatile.len() as u64 * 8
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) {
+        check_bounds(offset, buf.len() as u64, self.len_bytes());
+        for (i, byte) in buf.iter_mut().enumerate() {
+            let at = offset as usize + i;
+            let word = self.word(at / 8).load(Ordering::Relaxed);
+            *byte = word.to_le_bytes()[at % 8];
+        }
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) {
+        check_bounds(offset, data.len() as u64, self.len_bytes());
+        let mut at = offset as usize;
+        let end = at + data.len();
+        while at < end {
+            let index = at / 8;
+            let in_word = at % 8;
+            let take = (8 - in_word).min(end - at);
+            let src = &data[at - offset as usize..at - offset as usize + take];
+            let word = self.word(index);
+            if take == 8 {
+                word.store(u64::from_le_bytes(src.try_into().expect("8 bytes")), Ordering::Relaxed);
+            } else {
+                let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    let mut bytes = old.to_le_bytes();
+                    bytes[in_word..in_word + take].copy_from_slice(src);
+                    Some(u64::from_le_bytes(bytes))
+                });
+            }
+            at += take;
+        }
+    }
+
+    fn load_u64(&self, offset: u64) -> u64 {
+        assert!(offset % 8 == 0, "unaligned word load at {offset}");
+        check_bounds(offset, 8, self.len_bytes());
+        self.word(offset as usize / 8).load(Ordering::Acquire)
+    }
+
+    fn store_u64(&self, offset: u64, value: u64) {
+        assert!(offset % 8 == 0, "unaligned word store at {offset}");
+        check_bounds(offset, 8, self.len_bytes());
+        self.word(offset as usize / 8).store(value, Ordering::Release)
+    }
+
+    fn flush(&self, offset: u64, len: u64) {
+        check_bounds(offset, len, self.len_bytes());
+        if len == 0 {
+            return;
+        }
+        let words = self.inner.volatile.len();
+        let first_line = offset as usize / 64;
+        let last_line = (offset + len - 1) as usize / 64;
+        let mut lines = Vec::with_capacity(last_line - first_line + 1);
+        for line in first_line..=last_line {
+            let mut values = [0u64; 8];
+            for (i, value) in values.iter_mut().enumerate() {
+                let index = line * 8 + i;
+                if index < words {
+                    *value = self.word(index).load(Ordering::SeqCst);
+                }
+            }
+            lines.push((line, values));
+        }
+        let mut pending = self.inner.pending.lock().expect("pending flushes poisoned");
+        pending.entry(std::thread::current().id()).or_default().extend(lines);
+    }
+
+    fn drain(&self) {
+        let lines = {
+            let mut pending = self.inner.pending.lock().expect("pending flushes poisoned");
+            pending.remove(&std::thread::current().id()).unwrap_or_default()
+        };
+        if self.inner.switch.persist_point() {
+            return;
+        }
+        let mut durable = self.inner.durable.lock().expect("durable image poisoned");
+        let words = durable.len();
+        for (line, values) in lines {
+            for (i, value) in values.into_iter().enumerate() {
+                if line * 8 + i < words {
+                    durable[line * 8 + i] = value;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(image: &[u64], offset: usize, len: usize) -> Vec<u8> {
+        image.iter().flat_map(|w| w.to_le_bytes()).skip(offset).take(len).collect()
+    }
+
+    #[test]
+    fn persisted_data_survives_every_power_cut() {
+        let switch = CrashSwitch::new();
+        let medium = CrashMedium::new(4096, switch.clone(), 1);
+        medium.write(100, b"persisted");
+        medium.persist(100, 9);
+        medium.write(2000, b"volatile only");
+        for _ in 0..50 {
+            let image = medium.power_cut_image();
+            assert_eq!(bytes(&image, 100, 9), b"persisted");
+        }
+        // With enough cuts, the unpersisted words are sometimes kept and sometimes lost.
+        let outcomes: std::collections::HashSet<Vec<u8>> =
+            (0..200).map(|_| bytes(&medium.power_cut_image(), 2000, 13)).collect();
+        assert!(outcomes.len() > 1, "eviction of unpersisted words is never random");
+        assert!(outcomes.contains(&vec![0u8; 13]));
+    }
+
+    #[test]
+    fn flush_without_drain_is_not_durable_and_drain_is_per_thread() {
+        let switch = CrashSwitch::new();
+        let medium = CrashMedium::new(4096, switch, 2);
+        medium.store_u64(0, 42);
+        medium.flush(0, 8);
+        assert_eq!(medium.durable_image()[0], 0);
+        let other = medium.clone();
+        std::thread::spawn(move || other.drain()).join().unwrap();
+        assert_eq!(medium.durable_image()[0], 0, "another thread's fence made my flush durable");
+        medium.drain();
+        assert_eq!(medium.durable_image()[0], 42);
+    }
+
+    #[test]
+    fn a_store_after_flush_is_not_made_durable_by_the_drain() {
+        let medium = CrashMedium::new(64, CrashSwitch::new(), 3);
+        medium.store_u64(8, 1);
+        medium.flush(8, 8);
+        medium.store_u64(8, 2);
+        medium.drain();
+        assert_eq!(medium.durable_image()[1], 1);
+    }
+
+    #[test]
+    fn armed_switch_freezes_durability_and_captures_an_image() {
+        let switch = CrashSwitch::new();
+        let medium = CrashMedium::new(256, switch.clone(), 4);
+        switch.arm(2);
+        medium.store_u64(0, 1);
+        medium.persist(0, 8); // point 1: durable
+        medium.store_u64(8, 2);
+        medium.persist(8, 8); // point 2: power cut, lost
+        medium.store_u64(16, 3);
+        medium.persist(16, 8); // after the cut: lost, and not in the image
+        assert!(switch.has_crashed());
+        let image = medium.crash_image().expect("image captured at the cut");
+        assert_eq!(image[0], 1);
+        assert!(image[1] == 0 || image[1] == 2);
+        assert_eq!(image[2], 0, "a store made after the power cut reached the crash image");
+        assert_eq!(medium.durable_image()[2], 0);
+    }
+
+    #[test]
+    fn unaligned_reads_and_writes_round_trip() {
+        let medium = CrashMedium::new(128, CrashSwitch::new(), 5);
+        let data: Vec<u8> = (0..37).collect();
+        medium.write(3, &data);
+        let mut out = vec![0u8; 37];
+        medium.read(3, &mut out);
+        assert_eq!(out, data);
+    }
+}

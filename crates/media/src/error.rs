@@ -1,0 +1,48 @@
+//! Operating errors of the cache media.
+
+use std::io;
+
+/// A medium could not be opened or mapped.
+#[derive(Debug, thiserror::Error)]
+pub enum MediaError {
+    /// Opening, creating or sizing the file failed.
+    #[error("cache medium {path}: {action}: {source}")]
+    Io {
+        /// The path given.
+        path: String,
+        /// What was being done.
+        action: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The file is empty and no size was given to create it with.
+    #[error("cache medium {path} is empty; give a size to create it")]
+    Empty {
+        /// The path given.
+        path: String,
+    },
+    /// The medium is too small to hold even a superblock.
+    #[error("cache medium {path} is {len_bytes} bytes; at least {min_bytes} are needed")]
+    TooSmall {
+        /// The path given.
+        path: String,
+        /// Its length.
+        len_bytes: u64,
+        /// The minimum.
+        min_bytes: u64,
+    },
+}
+
+impl MediaError {
+    /// The errno a frontend reports for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            MediaError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            MediaError::Empty { .. } | MediaError::TooSmall { .. } => libc::EINVAL,
+        }
+    }
+}
+
+/// Result of a media operation.
+pub type Result<T> = std::result::Result<T, MediaError>;

@@ -1,0 +1,290 @@
+//! [`PmemFile`]: a file mapped into the address space as the cache medium.
+//!
+//! On a DAX file system (or a device-dax node) the mapping is made with
+//! `MAP_SHARED_VALIDATE | MAP_SYNC`, so flushed cache lines are durable without msync. On any
+//! other file — `/dev/shm` is how pmcache emulates PM on machines without it — a plain
+//! `MAP_SHARED` mapping is used with the same flush and fence instructions: the contents then
+//! survive a crash of the process (they live in the page cache), but not a reboot or power loss.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::persist::{PersistPrimitives, store_fence};
+use crate::{MediaError, Medium, Result, check_bounds};
+
+/// Smallest medium accepted: room for a superblock, one metadata block and one data block.
+const MIN_MEDIUM_BYTES: u64 = 3 * 4096;
+
+/// A mapped cache medium.
+#[derive(Debug)]
+pub struct PmemFile {
+    base: NonNull<u8>,
+    len_bytes: u64,
+    primitives: PersistPrimitives,
+    map_sync: bool,
+    _file: File,
+}
+
+// SAFETY: the mapping is plain shared memory; every access goes through raw pointers with
+// explicit bounds checks, and concurrent access is the caller's protocol (see `Medium`).
+unsafe impl Send for PmemFile {}
+// SAFETY: as above; `&PmemFile` only hands out copies and atomic word accesses.
+unsafe impl Sync for PmemFile {}
+
+impl PmemFile {
+    /// Opens (or, when `create_len_bytes` is given and the file is missing or empty, creates)
+    /// the medium at `path` and maps all of it.
+    pub fn open(path: &Path, create_len_bytes: Option<u64>) -> Result<Self> {
+        let err = |action: &'static str| {
+            move |source: io::Error| MediaError::Io {
+                path: path.display().to_string(),
+                action,
+                source,
+            }
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create_len_bytes.is_some())
+            .truncate(false)
+            .open(path)
+            .map_err(err("open"))?;
+        let mut len_bytes = crate_file_len(&file).map_err(err("stat"))?;
+        if len_bytes == 0 {
+            let Some(create_len) = create_len_bytes else {
+                return Err(MediaError::Empty { path: path.display().to_string() });
+            };
+            file.set_len(create_len).map_err(err("set length"))?;
+            len_bytes = create_len;
+        }
+        if len_bytes < MIN_MEDIUM_BYTES {
+            return Err(MediaError::TooSmall {
+                path: path.display().to_string(),
+                len_bytes,
+                min_bytes: MIN_MEDIUM_BYTES,
+            });
+        }
+        let (base, map_sync) = map(&file, len_bytes).map_err(err("mmap"))?;
+        let mut medium = Self {
+            base,
+            len_bytes,
+            primitives: PersistPrimitives::detect(),
+            map_sync,
+            _file: file,
+        };
+        medium.primitives.nt_block_copy = medium.nontemporal_is_faster();
+        Ok(medium)
+    }
+
+    /// Whether the mapping is synchronous (DAX): flushed lines are durable across power loss.
+    pub fn is_dax(&self) -> bool {
+        self.map_sync
+    }
+
+    /// The persistence primitives in use.
+    pub fn primitives(&self) -> PersistPrimitives {
+        self.primitives
+    }
+
+    fn ptr(&self, offset: u64, len: u64) -> *mut u8 {
+        check_bounds(offset, len, self.len_bytes);
+        // SAFETY: `offset + len <= len_bytes`, so the result stays inside the mapping.
+        unsafe { self.base.as_ptr().add(offset as usize) }
+    }
+
+    /// Times copy+flush+fence against non-temporal copy+fence for 4 KiB blocks on the first
+    /// data pages of the medium (contents are restored) and keeps the faster.
+    fn nontemporal_is_faster(&self) -> bool {
+        const BLOCK: usize = 4096;
+        const ROUNDS: usize = 64;
+        let span = (self.len_bytes as usize).min(16 * BLOCK) / BLOCK * BLOCK;
+        if span < BLOCK {
+            return false;
+        }
+        let mut saved = vec![0u8; span];
+        self.read(0, &mut saved);
+        let src = vec![0x5au8; BLOCK];
+        let time = |nontemporal: bool| {
+            let start = Instant::now();
+            for round in 0..ROUNDS {
+                let at = (round * BLOCK) % span;
+                let dst = self.ptr(at as u64, BLOCK as u64);
+                if nontemporal {
+                    // SAFETY: `dst` is 4096-aligned inside the mapping, valid for BLOCK bytes.
+                    unsafe { PersistPrimitives::copy_nontemporal(dst, &src) };
+                } else {
+                    // SAFETY: `dst` is valid for BLOCK bytes and does not overlap `src`.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, BLOCK);
+                        self.primitives.flush_range(dst, BLOCK);
+                    }
+                }
+                store_fence();
+            }
+            start.elapsed()
+        };
+        let mut cached = Vec::new();
+        let mut nontemporal = Vec::new();
+        for _ in 0..5 {
+            cached.push(time(false));
+            nontemporal.push(time(true));
+        }
+        cached.sort();
+        nontemporal.sort();
+        self.write(0, &saved);
+        self.persist(0, span as u64);
+        nontemporal[2] < cached[2]
+    }
+}
+
+fn crate_file_len(file: &File) -> io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let meta = file.metadata()?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    let mut handle = file;
+    let len = handle.seek(SeekFrom::End(0))?;
+    handle.seek(SeekFrom::Start(0))?;
+    Ok(len)
+}
+
+/// Maps `len` bytes of `file`, synchronously (DAX) if the file system supports it.
+fn map(file: &File, len: u64) -> io::Result<(NonNull<u8>, bool)> {
+    let fd = file.as_raw_fd();
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    let len = usize::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    for (flags, map_sync) in
+        [(libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC, true), (libc::MAP_SHARED, false)]
+    {
+        // SAFETY: a fresh mapping at an address of the kernel's choosing; `fd` is open and owned
+        // by `file`, which the returned `PmemFile` keeps alive as long as the mapping.
+        let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+        if addr != libc::MAP_FAILED {
+            let base = NonNull::new(addr as *mut u8).expect("mmap returned null");
+            return Ok((base, map_sync));
+        }
+        let error = io::Error::last_os_error();
+        // MAP_SYNC on a non-DAX file fails with EOPNOTSUPP (or EINVAL on older kernels).
+        let unsupported = matches!(error.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL));
+        if !(map_sync && unsupported) {
+            return Err(error);
+        }
+    }
+    unreachable!("the plain MAP_SHARED attempt returns")
+}
+
+impl Drop for PmemFile {
+    fn drop(&mut self) {
+        // SAFETY: `base` and `len_bytes` describe the mapping made in `open`, unmapped once here.
+        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.len_bytes as usize) };
+    }
+}
+
+impl Medium for PmemFile {
+    fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) {
+        let src = self.ptr(offset, buf.len() as u64);
+        // SAFETY: `src` is valid for `buf.len()` bytes (bounds checked) and cannot overlap the
+        // caller's buffer. Another thread may be writing these bytes concurrently; the engine's
+        // read path treats the copy as untrusted until it has validated the slot's generation.
+        unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) {
+        let dst = self.ptr(offset, data.len() as u64);
+        // SAFETY: `dst` is valid for `data.len()` bytes and does not overlap `data`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+    }
+
+    fn load_u64(&self, offset: u64) -> u64 {
+        assert!(offset % 8 == 0, "unaligned word load at {offset}");
+        let ptr = self.ptr(offset, 8) as *const AtomicU64;
+        // SAFETY: 8-byte aligned (mapping is page aligned), in bounds, and only ever accessed
+        // atomically by the engine's metadata code.
+        unsafe { (*ptr).load(Ordering::Acquire) }
+    }
+
+    fn store_u64(&self, offset: u64, value: u64) {
+        assert!(offset % 8 == 0, "unaligned word store at {offset}");
+        let ptr = self.ptr(offset, 8) as *const AtomicU64;
+        // SAFETY: as in `load_u64`.
+        unsafe { (*ptr).store(value, Ordering::Release) }
+    }
+
+    fn flush(&self, offset: u64, len: u64) {
+        let start = self.ptr(offset, len);
+        // SAFETY: the range is inside the mapping (bounds checked by `ptr`).
+        unsafe { self.primitives.flush_range(start, len as usize) };
+    }
+
+    fn drain(&self) {
+        store_fence();
+    }
+
+    fn write_persist(&self, offset: u64, data: &[u8]) {
+        let dst = self.ptr(offset, data.len() as u64);
+        let whole_lines = dst as usize % 64 == 0 && data.len() % 64 == 0;
+        if self.primitives.nt_block_copy && whole_lines {
+            // SAFETY: `dst` is valid for `data.len()` bytes, 64-byte aligned, length a multiple
+            // of 16. Non-temporal stores bypass the cache, so a fence makes them durable.
+            unsafe { PersistPrimitives::copy_nontemporal(dst, data) };
+            store_fence();
+        } else {
+            self.write(offset, data);
+            self.persist(offset, data.len() as u64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pm");
+        let medium = PmemFile::open(&path, Some(1 << 20)).unwrap();
+        assert_eq!(medium.len_bytes(), 1 << 20);
+        medium.write_persist(4096, &[7u8; 4096]);
+        medium.store_u64(64, 0xdead_beef);
+        medium.persist(64, 8);
+        drop(medium);
+        let medium = PmemFile::open(&path, None).unwrap();
+        let mut buf = [0u8; 4096];
+        medium.read(4096, &mut buf);
+        assert_eq!(buf, [7u8; 4096]);
+        assert_eq!(medium.load_u64(64), 0xdead_beef);
+    }
+
+    #[test]
+    fn refuses_missing_empty_and_tiny_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = PmemFile::open(&dir.path().join("nope"), None).unwrap_err();
+        assert!(matches!(missing, MediaError::Io { action: "open", .. }), "{missing}");
+        let empty = dir.path().join("empty");
+        File::create(&empty).unwrap();
+        assert!(matches!(PmemFile::open(&empty, None), Err(MediaError::Empty { .. })));
+        let tiny = dir.path().join("tiny");
+        File::create(&tiny).unwrap().set_len(100).unwrap();
+        let err = PmemFile::open(&tiny, None).unwrap_err();
+        assert!(err.to_string().contains("100 bytes"), "{err}");
+    }
+
+    #[test]
+    #[should_panic(expected = "outside a medium")]
+    fn out_of_bounds_access_is_a_bug() {
+        let dir = tempfile::tempdir().unwrap();
+        let medium = PmemFile::open(&dir.path().join("pm"), Some(1 << 16)).unwrap();
+        medium.write((1 << 16) - 4, &[0u8; 8]);
+    }
+}

@@ -1,0 +1,139 @@
+//! Persistence primitives: cache-line write-back (clwb, else clflushopt, else clflush), the
+//! store fence, and non-temporal block copies — chosen at run time from CPUID.
+
+/// The cache-line write-back instruction in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlushInstruction {
+    /// `clwb`: write back, keep the line cached.
+    Clwb,
+    /// `clflushopt`: write back and invalidate, weakly ordered.
+    Clflushopt,
+    /// `clflush`: write back and invalidate, strongly ordered (no fence needed, but slow).
+    Clflush,
+    /// Not x86-64: no cache-line control; the mapping's own persistence (msync-free DRAM) only.
+    None,
+}
+
+/// The primitives a mapped medium uses, detected once.
+#[derive(Clone, Copy, Debug)]
+pub struct PersistPrimitives {
+    /// Which write-back instruction `flush` issues.
+    pub flush: FlushInstruction,
+    /// Whether whole-block copies use non-temporal stores (then no flush is needed for them).
+    pub nt_block_copy: bool,
+}
+
+impl PersistPrimitives {
+    /// Detects the best available write-back instruction; non-temporal copies off.
+    pub fn detect() -> Self {
+        Self { flush: detect_flush(), nt_block_copy: false }
+    }
+
+    /// Writes back every cache line in `start..start + len`.
+    ///
+    /// # Safety
+    /// `start..start + len` must lie inside one live mapping.
+    pub unsafe fn flush_range(&self, start: *const u8, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let line = crate::CACHE_LINE_BYTES as usize;
+        let first = start as usize & !(line - 1);
+        let end = start as usize + len;
+        let mut at = first;
+        while at < end {
+            // SAFETY: `at` is inside (or at the line start of) the caller's live mapping.
+            unsafe { flush_line(self.flush, at as *const u8) };
+            at += line;
+        }
+    }
+
+    /// Copies `src` to `dst` with non-temporal stores, 16 bytes at a time.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `src.len()` bytes of writes, 16-byte aligned, and `src.len()` a
+    /// multiple of 16.
+    pub unsafe fn copy_nontemporal(dst: *mut u8, src: &[u8]) {
+        assert!(dst as usize % 16 == 0 && src.len() % 16 == 0, "unaligned non-temporal copy");
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+            let mut at = 0;
+            while at < src.len() {
+                // SAFETY: `at + 16 <= src.len()`; the caller guarantees `dst + at` is writable
+                // and 16-byte aligned. SSE2 is part of the x86-64 baseline.
+                unsafe {
+                    let value = _mm_loadu_si128(src.as_ptr().add(at) as *const __m128i);
+                    _mm_stream_si128(dst.add(at) as *mut __m128i, value);
+                }
+                at += 16;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        // SAFETY: the caller guarantees `dst` is valid for `src.len()` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len())
+        };
+    }
+}
+
+/// A store fence: every earlier flush and non-temporal store of this thread is complete after it.
+pub fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: sfence has no memory operands; SSE is part of the x86-64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_flush() -> FlushInstruction {
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
+    let max_leaf = __cpuid(0).eax;
+    if max_leaf >= 7 {
+        let leaf7 = __cpuid_count(7, 0);
+        if leaf7.ebx & (1 << 24) != 0 {
+            return FlushInstruction::Clwb;
+        }
+        if leaf7.ebx & (1 << 23) != 0 {
+            return FlushInstruction::Clflushopt;
+        }
+    }
+    if __cpuid(1).edx & (1 << 19) != 0 {
+        return FlushInstruction::Clflush;
+    }
+    FlushInstruction::None
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_flush() -> FlushInstruction {
+    FlushInstruction::None
+}
+
+/// Writes back the cache line holding `addr`.
+///
+/// # Safety
+/// `addr` must point into a live mapping.
+#[inline]
+unsafe fn flush_line(kind: FlushInstruction, addr: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller guarantees `addr` is mapped; each instruction only writes back (and
+    // maybe invalidates) the line, it does not change memory contents. The instruction was
+    // detected through CPUID before being chosen.
+    unsafe {
+        match kind {
+            FlushInstruction::Clwb => {
+                std::arch::asm!("clwb [{0}]", in(reg) addr, options(nostack, preserves_flags))
+            }
+            FlushInstruction::Clflushopt => {
+                std::arch::asm!("clflushopt [{0}]", in(reg) addr, options(nostack, preserves_flags))
+            }
+            FlushInstruction::Clflush => std::arch::x86_64::_mm_clflush(addr),
+            FlushInstruction::None => {}
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (kind, addr);
+}
