@@ -81,7 +81,8 @@ impl Admission {
             word.fetch_sub(1 << shift, Ordering::Relaxed);
         }
         // Age the counters: halve them all every 8 misses per counter.
-        if misses.fetch_add(1, Ordering::Relaxed) % (NHIT_COUNTERS as u64 * 8) == 0 {
+        let seen = misses.fetch_add(1, Ordering::Relaxed) + 1;
+        if seen % (NHIT_COUNTERS as u64 * 8) == 0 {
             for word in counters.iter() {
                 let value = word.load(Ordering::Relaxed);
                 word.store((value >> 1) & 0x7f7f_7f7f_7f7f_7f7f, Ordering::Relaxed);
