@@ -546,15 +546,22 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         if self.scratch_slots.is_empty() {
             // Every slot is free in another lane's list or being filled: let them progress.
-            std::thread::yield_now();
+            crate::sync::yield_now();
             return Ok(());
         }
         let mut dirty = std::mem::take(&mut self.scratch_slots);
-        dirty.sort_by_key(|&slot| match engine.read_entry(slot) {
-            DecodedEntry::Valid(entry) => entry.seq,
-            _ => u64::MAX,
-        });
-        dirty.truncate(want);
+        // Oldest first. Sequence numbers are read once: other lanes rewrite entries meanwhile,
+        // and a sort whose keys change under it has no consistent order.
+        let mut by_age: Vec<(u64, u32)> = dirty
+            .iter()
+            .map(|&slot| match engine.read_entry(slot) {
+                DecodedEntry::Valid(entry) => (entry.seq, slot),
+                _ => (u64::MAX, slot),
+            })
+            .collect();
+        by_age.sort_unstable();
+        dirty.clear();
+        dirty.extend(by_age.iter().take(want).map(|&(_, slot)| slot));
         let result = self.write_back(&dirty, None);
         for &slot in &dirty {
             let word = engine.slots.load(slot);
@@ -678,7 +685,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 self.write_back(&dirty, held)?;
                 continue;
             }
-            std::thread::yield_now();
+            crate::sync::yield_now();
         }
     }
 

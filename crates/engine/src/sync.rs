@@ -18,3 +18,11 @@ pub(crate) use std::sync::atomic::{Ordering, fence};
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// Lets other threads run (a scheduling point under shuttle).
+pub(crate) fn yield_now() {
+    #[cfg(feature = "shuttle")]
+    shuttle::thread::yield_now();
+    #[cfg(not(feature = "shuttle"))]
+    std::thread::yield_now();
+}
