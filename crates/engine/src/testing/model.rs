@@ -17,7 +17,7 @@ pub const BLOCK: usize = 512;
 pub const BLOCKS: usize = 48;
 /// Bytes on the simulated device.
 pub const DEVICE_BYTES: u64 = (BLOCK * BLOCKS) as u64;
-/// 4 KiB superblock + 4 KiB metadata + 20 slots of 512 B.
+/// Medium size: 4 KiB superblock + 4 KiB metadata + 20 slots of 512 B.
 pub const MEDIUM_BYTES: u64 = 8192 + 20 * BLOCK as u64;
 
 /// One operation of a workload.
