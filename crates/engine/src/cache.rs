@@ -141,7 +141,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         let geometry = superblock.geometry;
         let block = u64::from(geometry.block_size);
         let backing_bytes = backing.size_bytes();
-        if backing_bytes % block != 0 || backing_bytes == 0 {
+        if !backing_bytes.is_multiple_of(block) || backing_bytes == 0 {
             return Err(Error::Config(format!(
                 "the backing store is {backing_bytes} bytes, not a non-zero multiple of the {block}-byte cache block"
             )));
@@ -513,7 +513,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     fn reclaim(&mut self) -> Result<()> {
         let engine = self.engine;
         let slot_count = u64::from(engine.slots.len());
-        let budget = (2 * slot_count).min(8192).max(HAND_CHUNK);
+        let budget = (2 * slot_count).clamp(HAND_CHUNK, 8192);
         let want = engine.refill_batch;
         let mut evicted = 0;
         let mut scanned = 0;
@@ -874,12 +874,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.write_data(slot, &merged);
             self.block = merged;
         }
-        if old.is_none() {
-            if let Err(err) = self.index_insert(lba, slot) {
-                drop(guard);
-                self.give_back(slot);
-                return Err(err);
-            }
+        if old.is_none()
+            && let Err(err) = self.index_insert(lba, slot)
+        {
+            drop(guard);
+            self.give_back(slot);
+            return Err(err);
         }
         let seq = engine.issue_seq();
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Dirty, seq });
@@ -954,13 +954,13 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let counters = self.counters();
         match (reserved, old.filter(|_| old_dirty)) {
             (Some(slot), dirty_old) => {
-                if dirty_old.is_none() {
-                    if let Err(err) = self.index_insert(lba, slot) {
-                        drop(guard);
-                        // The write itself is done; it is just not cached.
-                        let _ = fail(self, err);
-                        return Ok(());
-                    }
+                if dirty_old.is_none()
+                    && let Err(err) = self.index_insert(lba, slot)
+                {
+                    drop(guard);
+                    // The write itself is done; it is just not cached.
+                    let _ = fail(self, err);
+                    return Ok(());
                 }
                 let seq = engine.issue_seq();
                 let data = std::mem::take(&mut self.block);

@@ -25,14 +25,14 @@ impl Medium for ShuttleMedium {
         self.words.len() as u64 * 8
     }
     fn read(&self, offset: u64, buf: &mut [u8]) {
-        assert!(offset % 8 == 0 && buf.len() % 8 == 0);
+        assert!(offset.is_multiple_of(8) && buf.len().is_multiple_of(8));
         for (i, chunk) in buf.chunks_mut(8).enumerate() {
             let word = self.words[offset as usize / 8 + i].load(Ordering::Relaxed);
             chunk.copy_from_slice(&word.to_le_bytes());
         }
     }
     fn write(&self, offset: u64, data: &[u8]) {
-        assert!(offset % 8 == 0 && data.len() % 8 == 0);
+        assert!(offset.is_multiple_of(8) && data.len().is_multiple_of(8));
         for (i, chunk) in data.chunks(8).enumerate() {
             let word = u64::from_le_bytes(chunk.try_into().unwrap());
             self.words[offset as usize / 8 + i].store(word, Ordering::Relaxed);

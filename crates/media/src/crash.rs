@@ -22,6 +22,8 @@ use rand::{Rng, SeedableRng};
 use crate::{Medium, check_bounds};
 
 type CrashHook = Box<dyn Fn() + Send + Sync>;
+/// Cache lines flushed but not yet drained, per thread: (line index, its eight words).
+type PendingLines = HashMap<ThreadId, Vec<(usize, [u64; 8])>>;
 
 /// Counts persist points and cuts power at a chosen one.
 pub struct CrashSwitch {
@@ -103,7 +105,7 @@ impl CrashSwitch {
 struct Inner {
     volatile: Box<[AtomicU64]>,
     durable: Mutex<Box<[u64]>>,
-    pending: Mutex<HashMap<ThreadId, Vec<(usize, [u64; 8])>>>,
+    pending: Mutex<PendingLines>,
     crash_image: Mutex<Option<Vec<u64>>>,
     rng: Mutex<SmallRng>,
     switch: Arc<CrashSwitch>,
@@ -224,13 +226,13 @@ impl Medium for CrashMedium {
     }
 
     fn load_u64(&self, offset: u64) -> u64 {
-        assert!(offset % 8 == 0, "unaligned word load at {offset}");
+        assert!(offset.is_multiple_of(8), "unaligned word load at {offset}");
         check_bounds(offset, 8, self.len_bytes());
         self.word(offset as usize / 8).load(Ordering::Acquire)
     }
 
     fn store_u64(&self, offset: u64, value: u64) {
-        assert!(offset % 8 == 0, "unaligned word store at {offset}");
+        assert!(offset.is_multiple_of(8), "unaligned word store at {offset}");
         check_bounds(offset, 8, self.len_bytes());
         self.word(offset as usize / 8).store(value, Ordering::Release)
     }

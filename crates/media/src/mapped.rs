@@ -206,7 +206,7 @@ impl Medium for PmemFile {
     }
 
     fn load_u64(&self, offset: u64) -> u64 {
-        assert!(offset % 8 == 0, "unaligned word load at {offset}");
+        assert!(offset.is_multiple_of(8), "unaligned word load at {offset}");
         let ptr = self.ptr(offset, 8) as *const AtomicU64;
         // SAFETY: 8-byte aligned (mapping is page aligned), in bounds, and only ever accessed
         // atomically by the engine's metadata code.
@@ -214,7 +214,7 @@ impl Medium for PmemFile {
     }
 
     fn store_u64(&self, offset: u64, value: u64) {
-        assert!(offset % 8 == 0, "unaligned word store at {offset}");
+        assert!(offset.is_multiple_of(8), "unaligned word store at {offset}");
         let ptr = self.ptr(offset, 8) as *const AtomicU64;
         // SAFETY: as in `load_u64`.
         unsafe { (*ptr).store(value, Ordering::Release) }
@@ -232,7 +232,7 @@ impl Medium for PmemFile {
 
     fn write_persist(&self, offset: u64, data: &[u8]) {
         let dst = self.ptr(offset, data.len() as u64);
-        let whole_lines = dst as usize % 64 == 0 && data.len() % 64 == 0;
+        let whole_lines = (dst as usize).is_multiple_of(64) && data.len().is_multiple_of(64);
         if self.primitives.nt_block_copy && whole_lines {
             // SAFETY: `dst` is valid for `data.len()` bytes, 64-byte aligned, length a multiple
             // of 16. Non-temporal stores bypass the cache, so a fence makes them durable.

@@ -54,7 +54,10 @@ impl PersistPrimitives {
     /// `dst` must be valid for `src.len()` bytes of writes, 16-byte aligned, and `src.len()` a
     /// multiple of 16.
     pub unsafe fn copy_nontemporal(dst: *mut u8, src: &[u8]) {
-        assert!(dst as usize % 16 == 0 && src.len() % 16 == 0, "unaligned non-temporal copy");
+        assert!(
+            (dst as usize).is_multiple_of(16) && src.len().is_multiple_of(16),
+            "unaligned non-temporal copy"
+        );
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};

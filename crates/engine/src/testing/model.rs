@@ -258,13 +258,11 @@ impl Model {
     /// Checks the backing store after a drain: every block with one known value holds it.
     pub fn check_backing(&self, backing: &[u8]) -> Result<(), String> {
         for (block, model) in self.blocks.iter().enumerate() {
-            if let Expect::OneOf(values) = &model.current {
-                if values.len() == 1 && backing[block * BLOCK..(block + 1) * BLOCK] != values[0][..]
-                {
-                    return Err(format!(
-                        "after drain, backing block {block} does not hold the data"
-                    ));
-                }
+            if let Expect::OneOf(values) = &model.current
+                && values.len() == 1
+                && backing[block * BLOCK..(block + 1) * BLOCK] != values[0][..]
+            {
+                return Err(format!("after drain, backing block {block} does not hold the data"));
             }
         }
         Ok(())
@@ -418,10 +416,10 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                     break;
                 }
                 let (data, read) = result?;
-                if let Some(read) = read {
-                    if let Op::Read { offset, .. } = op {
-                        model.check_read(*offset, &read).map_err(|e| format!("op {next}: {e}"))?;
-                    }
+                if let Some(read) = read
+                    && let Op::Read { offset, .. } = op
+                {
+                    model.check_read(*offset, &read).map_err(|e| format!("op {next}: {e}"))?;
                 }
                 model.apply(op, &data);
             }
@@ -440,10 +438,10 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
         outcome.power_cuts += 1;
         model.power_cut();
         world = world.after_power_cut(run.seed + outcome.power_cuts);
-        if segment == 0 {
-            if let Some(point) = run.cut_during_recovery_at {
-                world.switch.arm(point);
-            }
+        if segment == 0
+            && let Some(point) = run.cut_during_recovery_at
+        {
+            world.switch.arm(point);
         }
         let opened = Engine::open(world.medium.clone(), world.backing.clone(), clock.clone(), &cfg);
         engine = if world.switch.has_crashed() {
