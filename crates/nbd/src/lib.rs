@@ -1,1 +1,27 @@
-//! NBD protocol codec and server (stub; being written).
+//! NBD (Network Block Device) protocol codec and server for pmcache.
+//!
+//! - [`codec`]: the pure wire format — fixed newstyle handshake (`NBD_OPT_GO`, `INFO`,
+//!   `LIST`, `ABORT`, `EXPORT_NAME`, `STRUCTURED_REPLY`), request decoding and validation,
+//!   simple and structured reply encoding. No I/O; never panics on any input; fuzzed.
+//! - [`export`]: the [`Export`] / [`ExportConn`] traits the server serves, [`BlockSizes`] and
+//!   [`ExportError`] (an errno, mapped to NBD error codes).
+//! - [`server`]: TCP (loopback unless `allow_remote`) or unix-socket listener, one thread
+//!   per connection with pipelined requests, connection limit, bounded buffers, clean
+//!   shutdown through a [`ShutdownHandle`].
+//! - [`mem`]: [`MemExport`], a RAM-backed export for tests, examples and benchmarks.
+//!
+//! The protocol is documented in `docs/NBD.md` at the repository root.
+
+#![forbid(unsafe_code)]
+
+pub mod codec;
+pub mod export;
+pub mod mem;
+pub mod server;
+
+pub use export::{BlockSizes, Export, ExportConn, ExportError};
+pub use mem::{MemExport, MemStats};
+pub use server::{
+    ConnEnd, ConnError, ListenAddr, RunningServer, Server, ServerConfig, ServerError,
+    ShutdownHandle, Transport, serve_connection,
+};

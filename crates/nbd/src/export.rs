@@ -1,0 +1,132 @@
+//! The export abstraction: what the NBD server serves.
+//!
+//! An [`Export`] is shared by all connections; each client connection gets its own
+//! [`ExportConn`] from [`Export::open_conn`] (the cache engine gives each one its own lane).
+//! The server only calls an `ExportConn` from the one thread that serves that connection, and
+//! only with requests it has already validated: in range, aligned to
+//! [`BlockSizes::min_bytes`], and for reads and writes no longer than the advertised maximum.
+//! Failures are values: an [`ExportError`] carries an errno that the server maps to the NBD
+//! error the spec allows.
+
+/// Block size constraints advertised with `NBD_INFO_BLOCK_SIZE`.
+///
+/// `min_bytes` and `preferred_bytes` are powers of two, `min_bytes <= 64 KiB`,
+/// `min_bytes <= preferred_bytes`, and `max_bytes` is a multiple of `min_bytes`. The server
+/// rejects requests not aligned to `min_bytes` with `EINVAL` and clamps `max_bytes` to its
+/// configured maximum request size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockSizes {
+    /// Required alignment of offsets and lengths.
+    pub min_bytes: u32,
+    /// Size below which requests are inefficient (e.g. read-modify-write).
+    pub preferred_bytes: u32,
+    /// Largest read or write payload the export accepts.
+    pub max_bytes: u32,
+}
+
+impl BlockSizes {
+    /// Checks the invariants the NBD spec puts on block size constraints.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if !self.min_bytes.is_power_of_two() || self.min_bytes > 64 * 1024 {
+            return Err("minimum block size must be a power of two no larger than 64 KiB");
+        }
+        if !self.preferred_bytes.is_power_of_two() || self.preferred_bytes < self.min_bytes {
+            return Err("preferred block size must be a power of two >= the minimum");
+        }
+        if self.max_bytes < self.min_bytes || !self.max_bytes.is_multiple_of(self.min_bytes) {
+            return Err("maximum block size must be a multiple of the minimum");
+        }
+        Ok(())
+    }
+}
+
+impl Default for BlockSizes {
+    /// No alignment, 4 KiB preferred, 32 MiB maximum.
+    fn default() -> Self {
+        Self { min_bytes: 1, preferred_bytes: 4096, max_bytes: 32 << 20 }
+    }
+}
+
+/// An operating error from an export: an errno plus context for the log.
+///
+/// The errno is mapped to an NBD error code by
+/// [`codec::nbd_error_from_errno`](crate::codec::nbd_error_from_errno): `EIO`, `ENOSPC`
+/// (also `EDQUOT`, `EFBIG`), `EINVAL`, `EPERM` (also `EROFS`, `EACCES`), `ENOMEM`,
+/// `EOVERFLOW`, `ENOTSUP`, `ESHUTDOWN`; anything else becomes `EIO`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{context}: {}", errno_text(.errno))]
+pub struct ExportError {
+    errno: i32,
+    context: String,
+}
+
+impl ExportError {
+    /// An error with an errno (`libc::EIO`, ...) and a short description.
+    pub fn new(errno: i32, context: impl Into<String>) -> Self {
+        Self { errno, context: context.into() }
+    }
+
+    /// The errno.
+    pub fn errno(&self) -> i32 {
+        self.errno
+    }
+
+    /// The context given at construction.
+    pub fn context(&self) -> &str {
+        &self.context
+    }
+}
+
+fn errno_text(errno: &i32) -> std::io::Error {
+    std::io::Error::from_raw_os_error(*errno)
+}
+
+impl From<std::io::Error> for ExportError {
+    fn from(e: std::io::Error) -> Self {
+        Self { errno: e.raw_os_error().unwrap_or(libc::EIO), context: e.to_string() }
+    }
+}
+
+/// Something the NBD server can serve. Shared by all connections.
+pub trait Export: Send + Sync + 'static {
+    /// Per-connection state.
+    type Conn: ExportConn;
+
+    /// Opens the state for one new client connection. An error closes that connection only.
+    fn open_conn(&self) -> Result<Self::Conn, ExportError>;
+
+    /// Export size; a multiple of `block_sizes().min_bytes`. Constant while serving.
+    fn size_bytes(&self) -> u64;
+
+    /// Block size constraints. Constant while serving.
+    fn block_sizes(&self) -> BlockSizes;
+
+    /// True if a flush or FUA write on one connection makes every write that any connection
+    /// has completed durable and visible on all connections (`NBD_FLAG_CAN_MULTI_CONN`).
+    fn can_multi_conn(&self) -> bool;
+}
+
+/// One connection's view of an export. Called from one thread at a time, with requests that
+/// are in range and aligned. `fua` means: persist this write before returning.
+pub trait ExportConn: Send {
+    /// Fills `buf` with the bytes at `offset_bytes`.
+    fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), ExportError>;
+
+    /// Writes `data` at `offset_bytes`.
+    fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), ExportError>;
+
+    /// Makes every write completed before this call durable.
+    fn flush(&mut self) -> Result<(), ExportError>;
+
+    /// Discards a range; its contents are unspecified until rewritten.
+    fn trim(&mut self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<(), ExportError>;
+
+    /// Makes a range read as zeroes; `may_trim` allows deallocating it.
+    fn write_zeroes(
+        &mut self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fua: bool,
+        may_trim: bool,
+    ) -> Result<(), ExportError>;
+}

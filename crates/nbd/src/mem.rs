@@ -1,0 +1,285 @@
+//! `MemExport`: a RAM-backed [`Export`] for tests, examples and benchmarks.
+//!
+//! The bytes live in fixed 1 MiB stripes, each behind its own `RwLock`, so connections that
+//! touch different stripes do not contend. Allocation is zeroed and lazy (untouched pages
+//! cost nothing). Flush and FUA are no-ops (RAM has nothing to persist to), which makes the
+//! export safe for `NBD_FLAG_CAN_MULTI_CONN`. Counters record flushes and FUA writes so tests
+//! can check that those requests reach the export, and a fault range makes every operation
+//! touching it fail with a chosen errno.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::export::{BlockSizes, Export, ExportConn, ExportError};
+
+const STRIPE_BYTES: u64 = 1 << 20;
+
+/// Counts of the requests that reached a [`MemExport`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemStats {
+    /// Read calls.
+    pub reads: u64,
+    /// Write calls.
+    pub writes: u64,
+    /// Write, trim and write-zeroes calls with FUA set.
+    pub fua_ops: u64,
+    /// Flush calls.
+    pub flushes: u64,
+    /// Trim calls.
+    pub trims: u64,
+    /// Write-zeroes calls.
+    pub zero_writes: u64,
+    /// Connections opened.
+    pub conns_opened: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    fua_ops: AtomicU64,
+    flushes: AtomicU64,
+    trims: AtomicU64,
+    zero_writes: AtomicU64,
+    conns_opened: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Fault {
+    start_bytes: u64,
+    end_bytes: u64,
+    errno: i32,
+}
+
+#[derive(Debug)]
+struct Inner {
+    stripes: Box<[RwLock<Box<[u8]>>]>,
+    size_bytes: u64,
+    block_sizes: BlockSizes,
+    counters: Counters,
+    has_fault: AtomicBool,
+    fault: Mutex<Option<Fault>>,
+}
+
+/// A RAM-backed export. Cloning shares the same bytes.
+#[derive(Debug, Clone)]
+pub struct MemExport {
+    inner: Arc<Inner>,
+}
+
+impl MemExport {
+    /// A zero-filled export of `size_bytes` with the given block size constraints.
+    pub fn new(size_bytes: u64, block_sizes: BlockSizes) -> Result<Self, ExportError> {
+        block_sizes.validate().map_err(|m| ExportError::new(libc::EINVAL, m))?;
+        if !size_bytes.is_multiple_of(u64::from(block_sizes.min_bytes)) {
+            return Err(ExportError::new(libc::EINVAL, "size is not a multiple of min block"));
+        }
+        let stripe_count = size_bytes.div_ceil(STRIPE_BYTES);
+        let stripes = (0..stripe_count)
+            .map(|i| {
+                let len = (size_bytes - i * STRIPE_BYTES).min(STRIPE_BYTES);
+                // Bounded: len <= STRIPE_BYTES, which fits in usize.
+                RwLock::new(vec![0u8; len as usize].into_boxed_slice())
+            })
+            .collect();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                stripes,
+                size_bytes,
+                block_sizes,
+                counters: Counters::default(),
+                has_fault: AtomicBool::new(false),
+                fault: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> MemStats {
+        let c = &self.inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MemStats {
+            reads: get(&c.reads),
+            writes: get(&c.writes),
+            fua_ops: get(&c.fua_ops),
+            flushes: get(&c.flushes),
+            trims: get(&c.trims),
+            zero_writes: get(&c.zero_writes),
+            conns_opened: get(&c.conns_opened),
+        }
+    }
+
+    /// Makes every operation overlapping `[start_bytes, end_bytes)` fail with `errno`;
+    /// `None` clears the fault.
+    pub fn set_fault(&self, fault: Option<(u64, u64, i32)>) {
+        let f =
+            fault.map(|(start_bytes, end_bytes, errno)| Fault { start_bytes, end_bytes, errno });
+        *self.inner.fault.lock().unwrap_or_else(|p| p.into_inner()) = f;
+        self.inner.has_fault.store(f.is_some(), Ordering::Release);
+    }
+
+    /// Reads bytes directly (for tests); out-of-range reads fail with `EINVAL`.
+    pub fn read_at(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.inner.check(offset_bytes, buf.len() as u64)?;
+        self.inner.for_each_stripe(offset_bytes, buf.len(), |stripe, at, range| {
+            let s = stripe.read().unwrap_or_else(|p| p.into_inner());
+            buf[range.clone()].copy_from_slice(&s[at..at + range.len()]);
+        });
+        Ok(())
+    }
+
+    /// Writes bytes directly (for tests and preloading); out-of-range writes fail.
+    pub fn write_at(&self, offset_bytes: u64, data: &[u8]) -> Result<(), ExportError> {
+        self.inner.check(offset_bytes, data.len() as u64)?;
+        self.inner.for_each_stripe(offset_bytes, data.len(), |stripe, at, range| {
+            let mut s = stripe.write().unwrap_or_else(|p| p.into_inner());
+            s[at..at + range.len()].copy_from_slice(&data[range.clone()]);
+        });
+        Ok(())
+    }
+
+    fn zero(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), ExportError> {
+        self.inner.check(offset_bytes, len_bytes)?;
+        let len = usize::try_from(len_bytes).map_err(|_| ExportError::new(libc::EINVAL, "len"))?;
+        self.inner.for_each_stripe(offset_bytes, len, |stripe, at, range| {
+            let mut s = stripe.write().unwrap_or_else(|p| p.into_inner());
+            s[at..at + range.len()].fill(0);
+        });
+        Ok(())
+    }
+}
+
+impl Inner {
+    fn check(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), ExportError> {
+        let end = offset_bytes
+            .checked_add(len_bytes)
+            .filter(|&end| end <= self.size_bytes)
+            .ok_or_else(|| ExportError::new(libc::EINVAL, "range past the end of the export"))?;
+        if self.has_fault.load(Ordering::Acquire) {
+            let fault = *self.fault.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(f) = fault
+                && offset_bytes < f.end_bytes
+                && end > f.start_bytes
+            {
+                return Err(ExportError::new(f.errno, "injected fault"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls `f(stripe, offset within stripe, range within the caller's buffer)` for each
+    /// stripe overlapping `[offset_bytes, offset_bytes + len)`, which must be in range.
+    fn for_each_stripe(
+        &self,
+        offset_bytes: u64,
+        len: usize,
+        mut f: impl FnMut(&RwLock<Box<[u8]>>, usize, std::ops::Range<usize>),
+    ) {
+        let mut done = 0usize;
+        while done < len {
+            let pos = offset_bytes + done as u64;
+            let index = (pos / STRIPE_BYTES) as usize;
+            let at = (pos % STRIPE_BYTES) as usize;
+            let n = (len - done).min(STRIPE_BYTES as usize - at);
+            f(&self.stripes[index], at, done..done + n);
+            done += n;
+        }
+    }
+}
+
+impl Export for MemExport {
+    type Conn = MemConn;
+
+    fn open_conn(&self) -> Result<MemConn, ExportError> {
+        self.inner.counters.conns_opened.fetch_add(1, Ordering::Relaxed);
+        Ok(MemConn { export: self.clone() })
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes
+    }
+
+    fn block_sizes(&self) -> BlockSizes {
+        self.inner.block_sizes
+    }
+
+    fn can_multi_conn(&self) -> bool {
+        true
+    }
+}
+
+/// A connection to a [`MemExport`].
+#[derive(Debug)]
+pub struct MemConn {
+    export: MemExport,
+}
+
+impl MemConn {
+    fn count(&self, counter: impl Fn(&Counters) -> &AtomicU64, fua: bool) {
+        let c = &self.export.inner.counters;
+        counter(c).fetch_add(1, Ordering::Relaxed);
+        if fua {
+            c.fua_ops.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl ExportConn for MemConn {
+    fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.count(|c| &c.reads, false);
+        self.export.read_at(offset_bytes, buf)
+    }
+
+    fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.count(|c| &c.writes, fua);
+        self.export.write_at(offset_bytes, data)
+    }
+
+    fn flush(&mut self) -> Result<(), ExportError> {
+        self.count(|c| &c.flushes, false);
+        self.export.inner.check(0, 0)
+    }
+
+    fn trim(&mut self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<(), ExportError> {
+        self.count(|c| &c.trims, fua);
+        self.export.zero(offset_bytes, len_bytes)
+    }
+
+    fn write_zeroes(
+        &mut self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fua: bool,
+        _may_trim: bool,
+    ) -> Result<(), ExportError> {
+        self.count(|c| &c.zero_writes, fua);
+        self.export.zero(offset_bytes, len_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_stripes() {
+        let m = MemExport::new(3 * STRIPE_BYTES, BlockSizes::default()).expect("mem");
+        let data: Vec<u8> = (0..STRIPE_BYTES + 100).map(|i| i as u8).collect();
+        m.write_at(STRIPE_BYTES - 50, &data).expect("write");
+        let mut back = vec![0u8; data.len()];
+        m.read_at(STRIPE_BYTES - 50, &mut back).expect("read");
+        assert_eq!(back, data);
+        assert!(m.read_at(3 * STRIPE_BYTES - 1, &mut [0u8; 2]).is_err());
+    }
+
+    #[test]
+    fn fault_range() {
+        let m = MemExport::new(STRIPE_BYTES, BlockSizes::default()).expect("mem");
+        m.set_fault(Some((4096, 8192, libc::EIO)));
+        let mut c = m.open_conn().expect("conn");
+        assert_eq!(c.read(4000, &mut [0u8; 100]).map_err(|e| e.errno()), Err(libc::EIO));
+        assert!(c.read(0, &mut [0u8; 4096]).is_ok());
+        m.set_fault(None);
+        assert!(c.read(4000, &mut [0u8; 100]).is_ok());
+    }
+}

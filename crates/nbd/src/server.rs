@@ -1,0 +1,732 @@
+//! The NBD server: listener, connection threads, the per-connection protocol loop, shutdown.
+//!
+//! One thread per client connection, each with its own [`ExportConn`]. Requests on a
+//! connection are pipelined: the thread decodes requests from a read buffer and executes
+//! them in order, appending replies to an output buffer that it writes out whenever no
+//! further complete request header is buffered (so a burst of pipelined requests costs one
+//! `read` and one `write` system call, and a lone request is answered at once). All buffers
+//! are allocated when a connection enters transmission, sized from the configuration: a
+//! 256 KiB read buffer, a write-payload buffer and a reply buffer of the maximum request
+//! size. A connection that misbehaves is closed alone; bad requests get the spec's error
+//! and the connection keeps working (see [`codec::Session::validate`]).
+//!
+//! Shutdown ([`ShutdownHandle::shutdown`], callable from any thread) stops accepting, shuts
+//! down the read side of every connection (each finishes the request it is executing, writes
+//! its pending replies, flushes its `ExportConn`), and [`Server::run`] returns once all
+//! connection threads have exited.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use tracing::{debug, info, warn};
+
+use crate::codec::{
+    self, CLIENT_FLAGS_BYTES, ExportInfo, Negotiation, OPTION_DATA_BYTES_MAX, OPTION_HEADER_BYTES,
+    OptionOutcome, ProtocolError, REQUEST_HEADER_BYTES, Request, STRING_BYTES_MAX,
+    STRUCTURED_READ_HEADER_BYTES, Session,
+};
+use crate::export::{BlockSizes, Export, ExportConn, ExportError};
+
+/// The default NBD port.
+pub const DEFAULT_PORT: u16 = 10809;
+/// Default maximum read or write payload (32 MiB).
+pub const DEFAULT_MAX_REQUEST_BYTES: u32 = 32 << 20;
+/// Default maximum number of simultaneous client connections.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
+/// Largest accepted `max_request_bytes`.
+pub const MAX_REQUEST_BYTES_LIMIT: u32 = 256 << 20;
+
+const READ_BUFFER_BYTES: usize = 256 * 1024;
+const OUT_FLUSH_BYTES: usize = 256 * 1024;
+const SHUTDOWN_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A TCP address; port 0 picks an ephemeral port.
+    Tcp(SocketAddr),
+    /// A unix socket path (must not exist yet; removed when the server returns).
+    Unix(PathBuf),
+}
+
+impl ListenAddr {
+    /// The NBD URI for `export_name` at this address (`nbd://host:port/name` or
+    /// `nbd+unix:///name?socket=path`).
+    pub fn nbd_uri(&self, export_name: &str) -> String {
+        match self {
+            ListenAddr::Tcp(a) => format!("nbd://{a}/{export_name}"),
+            ListenAddr::Unix(p) => format!("nbd+unix:///{export_name}?socket={}", p.display()),
+        }
+    }
+}
+
+/// Server configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Name of the one export. The empty name (the default export) also selects it.
+    pub export_name: String,
+    /// Listener address. Default: `127.0.0.1:10809`.
+    pub listen: ListenAddr,
+    /// Allow a TCP listener on a non-loopback address. Default: false.
+    pub allow_remote: bool,
+    /// Simultaneous connections; further connections are closed at once. Default: 16.
+    pub max_connections: usize,
+    /// Largest read/write payload (advertised as the maximum block size, clamped to the
+    /// export's). Larger requests get `EOVERFLOW`. Default: 32 MiB.
+    pub max_request_bytes: u32,
+    /// A client must finish the handshake within this time. Default: 10 s.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            export_name: String::new(),
+            listen: ListenAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))),
+            allow_remote: false,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Errors that stop the server (as opposed to a single connection).
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Listening on a non-loopback address needs `allow_remote`.
+    #[error("refusing to listen on non-loopback address {0} without allow_remote")]
+    RemoteNotAllowed(SocketAddr),
+    /// The configuration or the export's geometry is invalid.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// Binding the listener failed.
+    #[error("cannot listen on {addr:?}: {source}")]
+    Bind {
+        /// The address.
+        addr: ListenAddr,
+        /// The cause.
+        source: io::Error,
+    },
+}
+
+/// Why a connection ended badly. Logged; never stops the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    /// The socket failed.
+    #[error("socket: {0}")]
+    Io(#[from] io::Error),
+    /// The client violated the protocol; the connection was closed.
+    #[error("protocol violation: {0}")]
+    Protocol(#[from] ProtocolError),
+    /// The export could not open a connection.
+    #[error("export: {0}")]
+    Export(#[from] ExportError),
+}
+
+/// How a connection ended without error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnEnd {
+    /// The client sent `NBD_OPT_ABORT` during the handshake.
+    Aborted,
+    /// The client sent `NBD_CMD_DISC`.
+    Disconnected,
+    /// The client closed the socket (or the server shut the read side down).
+    Closed,
+}
+
+/// A byte stream a connection is served over. Implemented for the server's sockets; tests
+/// and fuzzers can implement it for in-memory streams.
+pub trait Transport: Read + Write {
+    /// Called when the handshake is over (the server uses it to lift the handshake timeout).
+    fn end_handshake(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Computes what the negotiation advertises, validating the export's geometry.
+pub fn export_info<E: Export>(
+    export: &E,
+    export_name: &str,
+    max_request_bytes: u32,
+) -> Result<ExportInfo, ServerError> {
+    let bad = |m: &str| ServerError::InvalidConfig(m.to_owned());
+    let bs = export.block_sizes();
+    bs.validate().map_err(bad)?;
+    if export_name.len() > STRING_BYTES_MAX {
+        return Err(bad("export name longer than 4096 bytes"));
+    }
+    if !export.size_bytes().is_multiple_of(u64::from(bs.min_bytes)) {
+        return Err(bad("export size is not a multiple of the minimum block size"));
+    }
+    if !(1..=MAX_REQUEST_BYTES_LIMIT).contains(&max_request_bytes) {
+        return Err(bad("max_request_bytes must be between 1 and 256 MiB"));
+    }
+    let max = bs.max_bytes.min(max_request_bytes);
+    let max_bytes = max - max % bs.min_bytes;
+    if max_bytes < bs.min_bytes {
+        return Err(bad("max_request_bytes is smaller than the minimum block size"));
+    }
+    Ok(ExportInfo {
+        name: export_name.to_owned(),
+        size_bytes: export.size_bytes(),
+        block_sizes: BlockSizes { max_bytes, ..bs },
+        can_multi_conn: export.can_multi_conn(),
+    })
+}
+
+/// Buffered reads and writes over one transport.
+struct Wire<T> {
+    t: T,
+    rbuf: Box<[u8]>,
+    rpos: usize,
+    rend: usize,
+    out: Vec<u8>,
+}
+
+impl<T: Transport> Wire<T> {
+    fn new(t: T, read_buffer_bytes: usize) -> Self {
+        Self {
+            t,
+            rbuf: vec![0u8; read_buffer_bytes].into_boxed_slice(),
+            rpos: 0,
+            rend: 0,
+            out: Vec::new(),
+        }
+    }
+
+    fn buffered(&self) -> usize {
+        self.rend - self.rpos
+    }
+
+    fn take_buffered(&mut self, dst: &mut [u8]) -> usize {
+        let n = self.buffered().min(dst.len());
+        dst[..n].copy_from_slice(&self.rbuf[self.rpos..self.rpos + n]);
+        self.rpos += n;
+        n
+    }
+
+    fn fill(&mut self) -> io::Result<()> {
+        self.rpos = 0;
+        self.rend = 0;
+        let n = read_some(&mut self.t, &mut self.rbuf)?;
+        self.rend = n;
+        Ok(())
+    }
+
+    fn read_exact(&mut self, dst: &mut [u8]) -> io::Result<()> {
+        let mut filled = self.take_buffered(dst);
+        while filled < dst.len() {
+            if dst.len() - filled >= self.rbuf.len() {
+                filled += read_some(&mut self.t, &mut dst[filled..])?;
+            } else {
+                self.fill()?;
+                filled += self.take_buffered(&mut dst[filled..]);
+            }
+        }
+        Ok(())
+    }
+
+    fn discard(&mut self, len_bytes: u64) -> io::Result<()> {
+        let mut left = len_bytes;
+        loop {
+            let n = (self.buffered() as u64).min(left);
+            // n <= buffered(), a usize.
+            self.rpos += n as usize;
+            left -= n;
+            if left == 0 {
+                return Ok(());
+            }
+            self.fill()?;
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.out.is_empty() {
+            self.t.write_all(&self.out)?;
+            self.out.clear();
+        }
+        self.t.flush()
+    }
+
+    /// Writes out pending replies if `more` bytes would push the buffer past its flush size.
+    fn make_room(&mut self, more: usize) -> io::Result<()> {
+        if !self.out.is_empty() && self.out.len() + more > OUT_FLUSH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// One `read`, retrying `EINTR`; zero bytes is `UnexpectedEof`.
+fn read_some(t: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match t.read(buf) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn is_eof(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+    )
+}
+
+/// Serves one client connection over `transport`: handshake, then requests until the client
+/// disconnects or the read side is shut down. On leaving transmission, flushes the export.
+///
+/// This is the whole per-connection protocol, independent of sockets, so it can be driven
+/// by in-memory streams (the fuzz target does).
+pub fn serve_connection<E: Export, T: Transport>(
+    transport: T,
+    export: &E,
+    info: &ExportInfo,
+) -> Result<ConnEnd, ConnError> {
+    let mut wire = Wire::new(transport, READ_BUFFER_BYTES);
+    let session = match handshake(&mut wire, info) {
+        Ok(Some(s)) => s,
+        Ok(None) => return Ok(ConnEnd::Aborted),
+        Err(ConnError::Io(e)) if is_eof(&e) => return Ok(ConnEnd::Closed),
+        Err(e) => return Err(e),
+    };
+    wire.t.end_handshake()?;
+    let mut conn = export.open_conn()?;
+    let max_payload = session.max_payload_bytes as usize;
+    wire.out = Vec::with_capacity(max_payload + OUT_FLUSH_BYTES + STRUCTURED_READ_HEADER_BYTES);
+    let mut payload = vec![0u8; max_payload];
+    let result = transmission(&mut wire, &session, &mut conn, &mut payload);
+    let flushed = wire.flush();
+    if let Err(e) = conn.flush() {
+        warn!(error = %e, "export flush at end of connection failed");
+    }
+    match result {
+        Ok(end) => {
+            flushed.map(|()| end).or_else(|e| if is_eof(&e) { Ok(end) } else { Err(e.into()) })
+        }
+        Err(ConnError::Io(e)) if is_eof(&e) => Ok(ConnEnd::Closed),
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs option haggling; `None` means the client aborted.
+fn handshake<T: Transport>(
+    wire: &mut Wire<T>,
+    info: &ExportInfo,
+) -> Result<Option<Session>, ConnError> {
+    wire.out.extend_from_slice(&codec::greeting());
+    wire.flush()?;
+    let mut flags = [0u8; CLIENT_FLAGS_BYTES];
+    wire.read_exact(&mut flags)?;
+    let mut negotiation = Negotiation::new(info, flags)?;
+    let mut data = vec![0u8; OPTION_DATA_BYTES_MAX as usize];
+    loop {
+        let mut hb = [0u8; OPTION_HEADER_BYTES];
+        wire.read_exact(&mut hb)?;
+        let header = codec::decode_option_header(&hb)?;
+        let data = &mut data[..header.data_len_bytes as usize];
+        wire.read_exact(data)?;
+        let outcome = negotiation.handle_option(header, data, &mut wire.out);
+        wire.flush()?;
+        match outcome {
+            OptionOutcome::Continue => {}
+            OptionOutcome::Abort => return Ok(None),
+            OptionOutcome::Transmission(s) => return Ok(Some(s)),
+            OptionOutcome::Close(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn transmission<T: Transport, C: ExportConn>(
+    wire: &mut Wire<T>,
+    session: &Session,
+    conn: &mut C,
+    payload: &mut [u8],
+) -> Result<ConnEnd, ConnError> {
+    let structured = session.structured_replies;
+    loop {
+        if wire.buffered() < REQUEST_HEADER_BYTES {
+            wire.flush()?;
+        }
+        let mut hb = [0u8; REQUEST_HEADER_BYTES];
+        if let Err(e) = wire.read_exact(&mut hb) {
+            return if is_eof(&e) { Ok(ConnEnd::Closed) } else { Err(e.into()) };
+        }
+        let h = codec::decode_request_header(&hb)?;
+        let cookie = h.cookie;
+        let request = match session.validate(&h) {
+            Ok(r) => r,
+            Err(refused) => {
+                wire.discard(u64::from(h.payload_len_bytes()))?;
+                debug!(?h, %refused, "request refused");
+                wire.make_room(STRUCTURED_READ_HEADER_BYTES + codec::ERROR_MESSAGE_BYTES_MAX)?;
+                let structured_read = structured && h.command == codec::CMD_READ;
+                codec::encode_error(
+                    &mut wire.out,
+                    structured_read,
+                    cookie,
+                    refused.nbd_error,
+                    refused.reason,
+                );
+                continue;
+            }
+        };
+        let result = match request {
+            Request::Read { offset_bytes, len_bytes } => {
+                let len = len_bytes as usize;
+                wire.make_room(STRUCTURED_READ_HEADER_BYTES + len)?;
+                let mark = wire.out.len();
+                codec::encode_read_ok(&mut wire.out, structured, cookie, offset_bytes, len_bytes);
+                let start = wire.out.len();
+                wire.out.resize(start + len, 0);
+                match conn.read(offset_bytes, &mut wire.out[start..]) {
+                    Ok(()) => continue,
+                    Err(e) => {
+                        wire.out.truncate(mark);
+                        Err(e)
+                    }
+                }
+            }
+            Request::Write { offset_bytes, len_bytes, fua } => {
+                let data = &mut payload[..len_bytes as usize];
+                wire.read_exact(data)?;
+                conn.write(offset_bytes, data, fua)
+            }
+            Request::Flush => conn.flush(),
+            Request::Trim { offset_bytes, len_bytes, fua } => {
+                conn.trim(offset_bytes, u64::from(len_bytes), fua)
+            }
+            Request::WriteZeroes { offset_bytes, len_bytes, fua, may_trim } => {
+                conn.write_zeroes(offset_bytes, u64::from(len_bytes), fua, may_trim)
+            }
+            Request::Disconnect => return Ok(ConnEnd::Disconnected),
+        };
+        wire.make_room(STRUCTURED_READ_HEADER_BYTES + codec::ERROR_MESSAGE_BYTES_MAX)?;
+        match result {
+            Ok(()) => codec::encode_simple_reply(&mut wire.out, cookie, 0),
+            Err(e) => {
+                debug!(?h, error = %e, "export error");
+                let structured_read = structured && h.command == codec::CMD_READ;
+                let nbd_error = codec::nbd_error_from_errno(e.errno());
+                codec::encode_error(&mut wire.out, structured_read, cookie, nbd_error, e.context());
+            }
+        }
+    }
+}
+
+/// A connected socket.
+#[derive(Debug)]
+enum Sock {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Sock {
+    fn try_clone(&self) -> io::Result<Sock> {
+        match self {
+            Sock::Tcp(s) => s.try_clone().map(Sock::Tcp),
+            Sock::Unix(s) => s.try_clone().map(Sock::Unix),
+        }
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.shutdown(how),
+            Sock::Unix(s) => s.shutdown(how),
+        }
+    }
+
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.set_read_timeout(t),
+            Sock::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.set_write_timeout(t),
+            Sock::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+}
+
+impl Read for Sock {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => s.read(buf),
+            Sock::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Sock {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => s.write(buf),
+            Sock::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Transport for Sock {
+    fn end_handshake(&mut self) -> io::Result<()> {
+        self.set_read_timeout(None)
+    }
+}
+
+#[derive(Debug)]
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    fn accept(&self) -> io::Result<Sock> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept()?;
+                s.set_nodelay(true)?;
+                Ok(Sock::Tcp(s))
+            }
+            Listener::Unix(l, _) => l.accept().map(|(s, _)| Sock::Unix(s)),
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<ListenAddr> {
+        match self {
+            Listener::Tcp(l) => l.local_addr().map(ListenAddr::Tcp),
+            Listener::Unix(_, p) => Ok(ListenAddr::Unix(p.clone())),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    stop: AtomicBool,
+    wake_addr: ListenAddr,
+    conns: Mutex<HashMap<u64, Sock>>,
+}
+
+impl Shared {
+    fn shut_conns(&self) {
+        let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        for sock in conns.values() {
+            // Best effort: the socket may already be closed by its peer.
+            let _ = sock.set_write_timeout(Some(SHUTDOWN_WRITE_TIMEOUT));
+            let _ = sock.shutdown(Shutdown::Read);
+        }
+    }
+}
+
+/// Stops a running [`Server`]. Cheap to clone; usable from any thread (e.g. a signal thread).
+#[derive(Debug, Clone)]
+pub struct ShutdownHandle {
+    shared: Arc<Shared>,
+}
+
+impl ShutdownHandle {
+    /// Stops accepting, lets every connection finish its current request and pending replies,
+    /// and makes [`Server::run`] return after flushing each connection's export state.
+    /// Returns immediately; idempotent.
+    pub fn shutdown(&self) {
+        if self.shared.stop.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.shared.shut_conns();
+        // Wake the accept loop with a connection of our own.
+        match &self.shared.wake_addr {
+            ListenAddr::Tcp(a) => {
+                let mut a = *a;
+                if a.ip().is_unspecified() {
+                    a.set_ip(if a.is_ipv4() {
+                        [127, 0, 0, 1].into()
+                    } else {
+                        std::net::Ipv6Addr::LOCALHOST.into()
+                    });
+                }
+                let _ = TcpStream::connect_timeout(&a, Duration::from_secs(1));
+            }
+            ListenAddr::Unix(p) => {
+                let _ = UnixStream::connect(p);
+            }
+        }
+    }
+
+    /// True once shutdown was requested.
+    pub fn is_shutdown(&self) -> bool {
+        self.shared.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// An NBD server for one export.
+#[derive(Debug)]
+pub struct Server<E: Export> {
+    listener: Listener,
+    export: Arc<E>,
+    info: Arc<ExportInfo>,
+    config: ServerConfig,
+    shared: Arc<Shared>,
+}
+
+impl<E: Export> Server<E> {
+    /// Validates the configuration and the export's geometry and binds the listener.
+    pub fn bind(config: ServerConfig, export: Arc<E>) -> Result<Self, ServerError> {
+        if config.max_connections == 0 {
+            return Err(ServerError::InvalidConfig("max_connections must be at least 1".into()));
+        }
+        let info = export_info(&*export, &config.export_name, config.max_request_bytes)?;
+        let bind_err = |source| ServerError::Bind { addr: config.listen.clone(), source };
+        let listener = match &config.listen {
+            ListenAddr::Tcp(a) => {
+                if !a.ip().is_loopback() && !config.allow_remote {
+                    return Err(ServerError::RemoteNotAllowed(*a));
+                }
+                Listener::Tcp(TcpListener::bind(a).map_err(bind_err)?)
+            }
+            ListenAddr::Unix(p) => {
+                Listener::Unix(UnixListener::bind(p).map_err(bind_err)?, p.clone())
+            }
+        };
+        let wake_addr = listener.local_addr().map_err(bind_err)?;
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            wake_addr,
+            conns: Mutex::new(HashMap::new()),
+        });
+        Ok(Self { listener, export, info: Arc::new(info), config, shared })
+    }
+
+    /// The bound address (with the real port if port 0 was requested).
+    pub fn local_addr(&self) -> ListenAddr {
+        self.shared.wake_addr.clone()
+    }
+
+    /// What the handshake advertises.
+    pub fn export_info(&self) -> &ExportInfo {
+        &self.info
+    }
+
+    /// A handle that stops this server.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle { shared: self.shared.clone() }
+    }
+
+    /// Runs [`Server::run`] on a new thread.
+    pub fn spawn(self) -> io::Result<RunningServer> {
+        let handle = self.shutdown_handle();
+        let addr = self.local_addr();
+        let thread = thread::Builder::new().name("nbd-accept".into()).spawn(move || self.run())?;
+        Ok(RunningServer { handle, addr, thread })
+    }
+
+    /// Accepts and serves connections until shut down; then waits for every connection.
+    pub fn run(self) -> Result<(), ServerError> {
+        info!(addr = ?self.shared.wake_addr, "NBD server listening");
+        let mut workers: Vec<JoinHandle<()>> = Vec::new();
+        let mut next_id = 0u64;
+        while !self.shared.stop.load(Ordering::SeqCst) {
+            let accepted = self.listener.accept();
+            if self.shared.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let sock = match accepted {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            workers.retain(|w| !w.is_finished());
+            if workers.len() >= self.config.max_connections {
+                warn!(
+                    max = self.config.max_connections,
+                    "connection limit reached; closing new connection"
+                );
+                continue;
+            }
+            let id = next_id;
+            next_id += 1;
+            match self.start_conn(id, sock) {
+                Ok(w) => workers.push(w),
+                Err(e) => warn!(error = %e, "cannot start connection"),
+            }
+        }
+        self.shared.shut_conns();
+        for w in workers {
+            if w.join().is_err() {
+                warn!("a connection thread panicked");
+            }
+        }
+        if let Listener::Unix(_, p) = &self.listener {
+            let _ = std::fs::remove_file(p);
+        }
+        info!("NBD server stopped");
+        Ok(())
+    }
+
+    fn start_conn(&self, id: u64, sock: Sock) -> io::Result<JoinHandle<()>> {
+        sock.set_read_timeout(Some(self.config.handshake_timeout))?;
+        let registered = sock.try_clone()?;
+        self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(id, registered);
+        let export = self.export.clone();
+        let info = self.info.clone();
+        let shared = self.shared.clone();
+        let spawned = thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
+            debug!(id, "connection opened");
+            match serve_connection(sock, &*export, &info) {
+                Ok(end) => debug!(id, ?end, "connection ended"),
+                Err(e) => warn!(id, error = %e, "connection closed"),
+            }
+            shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        });
+        if spawned.is_err() {
+            self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        }
+        spawned
+    }
+}
+
+/// A server running on its own thread (from [`Server::spawn`]).
+#[derive(Debug)]
+pub struct RunningServer {
+    handle: ShutdownHandle,
+    addr: ListenAddr,
+    thread: JoinHandle<Result<(), ServerError>>,
+}
+
+impl RunningServer {
+    /// The bound address.
+    pub fn addr(&self) -> &ListenAddr {
+        &self.addr
+    }
+
+    /// A handle that stops the server.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.handle.clone()
+    }
+
+    /// Shuts down and waits for the server to return.
+    pub fn stop(self) -> Result<(), ServerError> {
+        self.handle.shutdown();
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(ServerError::InvalidConfig("server thread panicked".into())))
+    }
+}

@@ -1,0 +1,428 @@
+//! A raw-socket client sending malformed handshakes and requests: error replies where the
+//! spec names one, only the offending connection closed otherwise, and the server keeps
+//! serving well-behaved clients.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use pmcache_nbd::codec::*;
+use pmcache_nbd::{BlockSizes, ListenAddr, MemExport, Server, ServerConfig, ServerError};
+
+use crate::common::{NAME, TestServer, Via};
+
+const MIB: u64 = 1 << 20;
+
+struct Client {
+    s: TcpStream,
+}
+
+struct OptReply {
+    option: u32,
+    reply_type: u32,
+    data: Vec<u8>,
+}
+
+impl Client {
+    /// Connects and reads the greeting.
+    fn connect(addr: SocketAddr) -> Client {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        s.set_nodelay(true).expect("nodelay");
+        let mut c = Client { s };
+        let g = c.read_n(18);
+        assert_eq!(&g[..16], b"NBDMAGICIHAVEOPT");
+        c
+    }
+
+    /// Connects and negotiates with `NBD_OPT_GO` (block sizes requested).
+    fn ready(addr: SocketAddr, structured: bool) -> Client {
+        let mut c = Client::connect(addr);
+        c.send(&3u32.to_be_bytes());
+        if structured {
+            c.option(OPT_STRUCTURED_REPLY, &[]);
+            assert_eq!(c.opt_reply().reply_type, REP_ACK);
+        }
+        c.option(OPT_GO, &go_data(NAME, &[INFO_BLOCK_SIZE]));
+        loop {
+            let r = c.opt_reply();
+            match r.reply_type {
+                REP_INFO => {}
+                REP_ACK => return c,
+                t => panic!("GO failed with reply type {t:#x}"),
+            }
+        }
+    }
+
+    fn send(&mut self, b: &[u8]) {
+        self.s.write_all(b).expect("send");
+    }
+
+    fn read_n(&mut self, n: usize) -> Vec<u8> {
+        let mut b = vec![0u8; n];
+        self.s.read_exact(&mut b).expect("read");
+        b
+    }
+
+    fn option(&mut self, option: u32, data: &[u8]) {
+        let mut b = IHAVEOPT.to_be_bytes().to_vec();
+        b.extend_from_slice(&option.to_be_bytes());
+        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        b.extend_from_slice(data);
+        self.send(&b);
+    }
+
+    fn opt_reply(&mut self) -> OptReply {
+        let h = self.read_n(20);
+        assert_eq!(h[..8], OPTION_REPLY_MAGIC.to_be_bytes());
+        let len = u32::from_be_bytes(h[16..20].try_into().expect("4")) as usize;
+        OptReply {
+            option: u32::from_be_bytes(h[8..12].try_into().expect("4")),
+            reply_type: u32::from_be_bytes(h[12..16].try_into().expect("4")),
+            data: self.read_n(len),
+        }
+    }
+
+    fn request(
+        &mut self,
+        command: u16,
+        flags: u16,
+        cookie: u64,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) {
+        let mut b = REQUEST_MAGIC.to_be_bytes().to_vec();
+        b.extend_from_slice(&flags.to_be_bytes());
+        b.extend_from_slice(&command.to_be_bytes());
+        b.extend_from_slice(&cookie.to_be_bytes());
+        b.extend_from_slice(&offset.to_be_bytes());
+        b.extend_from_slice(&len.to_be_bytes());
+        b.extend_from_slice(payload);
+        self.send(&b);
+    }
+
+    /// Reads a simple reply: (error, cookie).
+    fn simple_reply(&mut self) -> (u32, u64) {
+        let h = self.read_n(16);
+        assert_eq!(h[..4], SIMPLE_REPLY_MAGIC.to_be_bytes(), "not a simple reply: {h:?}");
+        (
+            u32::from_be_bytes(h[4..8].try_into().expect("4")),
+            u64::from_be_bytes(h[8..16].try_into().expect("8")),
+        )
+    }
+
+    /// Reads a structured chunk: (flags, type, cookie, payload).
+    fn chunk(&mut self) -> (u16, u16, u64, Vec<u8>) {
+        let h = self.read_n(20);
+        assert_eq!(h[..4], STRUCTURED_REPLY_MAGIC.to_be_bytes(), "not a structured chunk: {h:?}");
+        let len = u32::from_be_bytes(h[16..20].try_into().expect("4")) as usize;
+        (
+            u16::from_be_bytes([h[4], h[5]]),
+            u16::from_be_bytes([h[6], h[7]]),
+            u64::from_be_bytes(h[8..16].try_into().expect("8")),
+            self.read_n(len),
+        )
+    }
+
+    /// True if the server closed the connection (EOF or reset) within the read timeout.
+    fn is_closed(&mut self) -> bool {
+        let mut b = [0u8; 1024];
+        loop {
+            match self.s.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// A write then a read-back on this connection must work.
+    fn assert_works(&mut self, offset: u64, cookie: u64) {
+        let data: Vec<u8> = (0..4096u32).map(|i| (i as u64 ^ cookie) as u8).collect();
+        self.request(CMD_WRITE, 0, cookie, offset, 4096, &data);
+        assert_eq!(self.simple_reply(), (0, cookie));
+        self.request(CMD_READ, 0, cookie + 1, offset, 4096, &[]);
+        assert_eq!(self.simple_reply(), (0, cookie + 1));
+        assert_eq!(self.read_n(4096), data);
+    }
+}
+
+fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+    for i in infos {
+        d.extend_from_slice(&i.to_be_bytes());
+    }
+    d
+}
+
+fn aligned_server() -> TestServer {
+    let bs = BlockSizes { min_bytes: 512, preferred_bytes: 4096, max_bytes: 1 << 20 };
+    TestServer::start_with(MIB, bs, Via::Tcp, |c| c.max_request_bytes = 64 * 1024)
+}
+
+#[test]
+fn malformed_requests_get_spec_errors_and_connection_keeps_working() {
+    let server = aligned_server();
+    server.export.set_fault(Some((512 * 1024, 516 * 1024, libc::EIO)));
+    let mut c = Client::ready(server.tcp_addr(), false);
+    let big = vec![0xcc; 128 * 1024];
+    // All pipelined in one burst; replies come back in order.
+    c.request(CMD_READ, 0, 1, MIB, 512, &[]); // past the end
+    c.request(CMD_WRITE, 0, 2, MIB - 512, 1024, &[1; 1024]); // past the end, payload follows
+    c.request(CMD_READ, 0, 3, 1, 512, &[]); // misaligned offset
+    c.request(CMD_WRITE, 0, 4, 0, 100, &[2; 100]); // misaligned length, payload follows
+    c.request(CMD_READ, 0, 5, 0, 1 << 20, &[]); // oversize (max 64 KiB)
+    c.request(CMD_WRITE, 0, 6, 0, big.len() as u32, &big); // oversize, payload follows
+    c.request(42, 0, 7, 0, 512, &[]); // unknown command
+    c.request(CMD_READ, 1 << 9, 8, 0, 512, &[]); // unknown flag
+    c.request(CMD_FLUSH, 0, 9, 512, 0, &[]); // flush with an offset
+    c.request(CMD_BLOCK_STATUS, 0, 10, 0, 512, &[]); // not negotiated
+    c.request(CMD_READ, CMD_FLAG_DF, 11, 0, 512, &[]); // DF without structured replies
+    c.request(CMD_TRIM, 0, 12, MIB - 512, 1024, &[]); // trim past the end
+    c.request(CMD_WRITE_ZEROES, 0, 13, MIB, 512, &[]); // zeroes past the end
+    c.request(CMD_READ, 0, 14, 512 * 1024, 4096, &[]); // export fails with EIO
+    c.request(CMD_WRITE, 0, 15, 512 * 1024, 512, &[3; 512]); // export fails with EIO
+    let want = [
+        NBD_EINVAL,
+        NBD_ENOSPC,
+        NBD_EINVAL,
+        NBD_EINVAL,
+        NBD_EOVERFLOW,
+        NBD_EOVERFLOW,
+        NBD_EINVAL,
+        NBD_EINVAL,
+        NBD_EINVAL,
+        NBD_EINVAL,
+        NBD_EINVAL,
+        NBD_EINVAL,
+        NBD_ENOSPC,
+        NBD_EIO,
+        NBD_EIO,
+    ];
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(c.simple_reply(), (*w, i as u64 + 1), "request {}", i + 1);
+    }
+    // Nothing was written by the refused writes.
+    let mut head = [0u8; 1024];
+    server.export.read_at(0, &mut head).expect("read");
+    assert_eq!(head, [0u8; 1024]);
+    // The connection still works, at the largest allowed size too.
+    c.assert_works(8192, 100);
+    let max = vec![0x77; 64 * 1024];
+    c.request(CMD_WRITE, CMD_FLAG_FUA, 200, 0, max.len() as u32, &max);
+    c.request(CMD_FLUSH, 0, 201, 0, 0, &[]);
+    c.request(CMD_READ, 0, 202, 0, max.len() as u32, &[]);
+    assert_eq!(c.simple_reply(), (0, 200));
+    assert_eq!(c.simple_reply(), (0, 201));
+    assert_eq!(c.simple_reply(), (0, 202));
+    assert_eq!(c.read_n(max.len()), max);
+    // Soft disconnect closes the connection.
+    c.request(CMD_DISC, 0, 300, 0, 0, &[]);
+    assert!(c.is_closed());
+    let stats = server.export.stats();
+    assert_eq!(stats.fua_ops, 1, "{stats:?}");
+    assert!(stats.flushes >= 1, "{stats:?}");
+    server.stop();
+}
+
+#[test]
+fn structured_replies_for_reads() {
+    let server = aligned_server();
+    server.export.write_at(4096, &[0xab; 4096]).expect("preload");
+    let mut c = Client::ready(server.tcp_addr(), true);
+    c.request(CMD_READ, CMD_FLAG_DF, 1, 4096, 4096, &[]);
+    let (flags, ty, cookie, payload) = c.chunk();
+    assert_eq!((flags, ty, cookie), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 1));
+    assert_eq!(payload[..8], 4096u64.to_be_bytes());
+    assert!(payload[8..].iter().all(|&b| b == 0xab) && payload.len() == 8 + 4096);
+
+    c.request(CMD_READ, 0, 2, MIB, 512, &[]);
+    let (flags, ty, cookie, payload) = c.chunk();
+    assert_eq!((flags, ty, cookie), (REPLY_FLAG_DONE, REPLY_TYPE_ERROR, 2));
+    assert_eq!(payload[..4], NBD_EINVAL.to_be_bytes());
+    let msg_len = u16::from_be_bytes([payload[4], payload[5]]) as usize;
+    assert_eq!(payload.len(), 6 + msg_len);
+
+    c.request(CMD_READ, 0, 3, 0, 0, &[]);
+    assert_eq!(c.chunk(), (REPLY_FLAG_DONE, REPLY_TYPE_NONE, 3, vec![]));
+    // Non-read commands keep simple replies.
+    c.request(CMD_WRITE, 0, 4, MIB, 512, &[0; 512]);
+    assert_eq!(c.simple_reply(), (NBD_ENOSPC, 4));
+    server.stop();
+}
+
+#[test]
+fn option_errors_keep_the_handshake_going() {
+    let server = aligned_server();
+    let mut c = Client::connect(server.tcp_addr());
+    c.send(&1u32.to_be_bytes()); // fixed newstyle, zeroes wanted
+    let cases: [(u32, Vec<u8>, u32); 7] = [
+        (OPT_LIST, vec![1], REP_ERR_INVALID),
+        (99, vec![1, 2, 3], REP_ERR_UNSUP),
+        (OPT_STARTTLS, vec![], REP_ERR_UNSUP),
+        (OPT_GO, go_data("nope", &[INFO_BLOCK_SIZE]), REP_ERR_UNKNOWN),
+        (OPT_GO, vec![0, 0, 0, 9, 1], REP_ERR_INVALID),
+        (OPT_GO, go_data(NAME, &[]), REP_ERR_BLOCK_SIZE_REQD),
+        (OPT_SET_META_CONTEXT, vec![0; 8], REP_ERR_INVALID),
+    ];
+    for (opt, data, want) in cases {
+        c.option(opt, &data);
+        let r = c.opt_reply();
+        assert_eq!((r.option, r.reply_type), (opt, want), "option {opt}");
+    }
+    c.option(OPT_LIST, &[]);
+    let r = c.opt_reply();
+    assert_eq!(r.reply_type, REP_SERVER);
+    assert_eq!(&r.data[4..], NAME.as_bytes());
+    assert_eq!(c.opt_reply().reply_type, REP_ACK);
+    c.option(OPT_INFO, &go_data("", &[INFO_NAME]));
+    let mut infos = Vec::new();
+    loop {
+        let r = c.opt_reply();
+        if r.reply_type == REP_ACK {
+            break;
+        }
+        assert_eq!(r.reply_type, REP_INFO);
+        infos.push(u16::from_be_bytes([r.data[0], r.data[1]]));
+    }
+    assert_eq!(infos, [INFO_EXPORT, INFO_NAME, INFO_BLOCK_SIZE]);
+    // Old-style entry into transmission: size, flags, then 124 zeroes.
+    c.option(OPT_EXPORT_NAME, NAME.as_bytes());
+    let reply = c.read_n(8 + 2 + 124);
+    assert_eq!(reply[..8], MIB.to_be_bytes());
+    let flags = u16::from_be_bytes([reply[8], reply[9]]);
+    let want = FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA;
+    assert_eq!(flags & want, want);
+    assert!(reply[10..].iter().all(|&b| b == 0));
+    c.assert_works(0, 1);
+
+    let mut a = Client::connect(server.tcp_addr());
+    a.send(&3u32.to_be_bytes());
+    a.option(OPT_ABORT, &[]);
+    assert_eq!(a.opt_reply().reply_type, REP_ACK);
+    assert!(a.is_closed());
+    server.stop();
+}
+
+#[test]
+fn garbage_handshakes_close_only_their_connection() {
+    let server = aligned_server();
+    let addr = server.tcp_addr();
+    let mut good = Client::ready(addr, false);
+
+    let mut bad = Vec::new();
+    let mut c = Client::connect(addr); // garbage instead of flags and options
+    c.send(&[0x17; 64]);
+    bad.push(c);
+    let mut c = Client::connect(addr); // bad option magic
+    c.send(&3u32.to_be_bytes());
+    c.send(b"NOTMAGIC\0\0\0\x07\0\0\0\0");
+    bad.push(c);
+    let mut c = Client::connect(addr); // oversized option
+    c.send(&3u32.to_be_bytes());
+    c.send(&IHAVEOPT.to_be_bytes());
+    c.send(&[0, 0, 0, 7, 0x40, 0, 0, 0]);
+    bad.push(c);
+    let mut c = Client::connect(addr); // unknown export via NBD_OPT_EXPORT_NAME
+    c.send(&3u32.to_be_bytes());
+    c.option(OPT_EXPORT_NAME, b"nope");
+    bad.push(c);
+    let mut c = Client::ready(addr, false); // bad request magic in transmission
+    c.send(&[0xde; 28]);
+    bad.push(c);
+    for (i, c) in bad.iter_mut().enumerate() {
+        assert!(c.is_closed(), "connection {i} not closed");
+    }
+    good.assert_works(0, 10);
+    Client::ready(addr, true);
+    let mut fresh = Client::ready(addr, false);
+    fresh.assert_works(4096, 20);
+    server.stop();
+}
+
+#[test]
+fn connection_limit_and_handshake_timeout() {
+    let server = TestServer::start_with(MIB, BlockSizes::default(), Via::Tcp, |c| {
+        c.max_connections = 2;
+        c.handshake_timeout = Duration::from_millis(300);
+    });
+    let addr = server.tcp_addr();
+    let mut a = Client::ready(addr, false);
+    let idle = Client::connect(addr); // never finishes its handshake
+    let mut third = Client::connect_raw(addr);
+    assert!(third.is_closed(), "third connection should be refused");
+    a.assert_works(0, 1);
+    // The idle one times out, freeing its slot.
+    drop(idle);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut c = Client::connect_raw(addr);
+        let mut g = [0u8; 18];
+        if c.s.read_exact(&mut g).is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "slot never freed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.stop();
+}
+
+impl Client {
+    /// Connects without reading the greeting.
+    fn connect_raw(addr: SocketAddr) -> Client {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        Client { s }
+    }
+}
+
+#[test]
+fn shutdown_finishes_requests_and_flushes() {
+    let server = aligned_server();
+    let export = server.export.clone();
+    let mut c = Client::ready(server.tcp_addr(), false);
+    let mut idle = Client::ready(server.tcp_addr(), false);
+    c.request(CMD_WRITE, 0, 1, 0, 4096, &[9; 4096]);
+    assert_eq!(c.simple_reply(), (0, 1));
+    let flushes_before = export.stats().flushes;
+    let started = Instant::now();
+    server.stop();
+    assert!(started.elapsed() < Duration::from_secs(3), "shutdown took {:?}", started.elapsed());
+    assert!(c.is_closed());
+    assert!(idle.is_closed());
+    assert_eq!(export.stats().flushes, flushes_before + 2, "each connection flushed once");
+    let mut b = [0u8; 4096];
+    export.read_at(0, &mut b).expect("read");
+    assert_eq!(b, [9; 4096]);
+}
+
+#[test]
+fn unix_socket_serves_and_is_removed() {
+    let server = TestServer::start(MIB, BlockSizes::default(), Via::Unix);
+    let ListenAddr::Unix(path) = server.addr.clone() else { panic!("unix") };
+    assert!(path.exists());
+    let mut s = std::os::unix::net::UnixStream::connect(&path).expect("connect");
+    let mut g = [0u8; 18];
+    s.read_exact(&mut g).expect("greeting");
+    assert_eq!(&g[..8], b"NBDMAGIC");
+    drop(s);
+    server.stop();
+    assert!(!path.exists(), "socket file left behind");
+}
+
+#[test]
+fn remote_listen_needs_explicit_flag() {
+    let export = std::sync::Arc::new(MemExport::new(MIB, BlockSizes::default()).expect("mem"));
+    let any = ListenAddr::Tcp(SocketAddr::from(([0, 0, 0, 0], 0)));
+    let config = ServerConfig { listen: any.clone(), ..ServerConfig::default() };
+    let err = Server::bind(config, export.clone()).expect_err("must refuse");
+    assert!(matches!(err, ServerError::RemoteNotAllowed(_)), "{err}");
+    let config = ServerConfig { listen: any, allow_remote: true, ..ServerConfig::default() };
+    let server = Server::bind(config, export).expect("allowed");
+    let running = server.spawn().expect("spawn");
+    running.stop().expect("stop");
+}
