@@ -1,4 +1,5 @@
 //! pmcache's experiment harness: each `pmcache bench` experiment lives in its own module and
 //! prints figures beside the baseline it is measured against, in the same run.
 
+pub mod engine_core;
 pub mod engines;

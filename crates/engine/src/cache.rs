@@ -695,13 +695,18 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let engine = self.engine;
         engine.check_range("read", offset, buf.len() as u64)?;
-        let sequential_tail =
-            engine.admission.note_request(offset, buf.len() as u64, engine.clock.now_ns());
+        // Sequential streams are tracked from the first miss on: hits need no admission
+        // decision, and tracking every hit would put shared stores on the hit path.
+        let mut sequential_tail = None;
+        let request_len = buf.len() as u64;
         let mut done = 0;
         for (lba, in_block, len) in pieces(offset, buf.len() as u64, self.block_bytes()) {
             let out = &mut buf[done..done + len];
             if !self.read_hit(lba, in_block, out) {
-                self.read_locked(lba, in_block, out, !sequential_tail)?;
+                let tail = *sequential_tail.get_or_insert_with(|| {
+                    engine.admission.note_request(offset, request_len, engine.clock.now_ns())
+                });
+                self.read_locked(lba, in_block, out, !tail)?;
             }
             done += len;
         }
@@ -716,12 +721,17 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let Some(found) = engine.index.lookup(lba) else {
                 return false;
             };
+            // The slot word and the data are loaded together (neither waits for the other);
+            // everything is validated after the copy: the slot kept one incarnation across
+            // the copy, and at a point inside that window the index still mapped `lba` to
+            // it — so the copy is `lba`'s data. A failed validation discards the copy.
             let seen = engine.slots.load(found.slot);
-            if seen.is_valid() && engine.index.still_holds(&found) {
-                engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
-                fence(Ordering::Acquire);
-                let after = engine.slots.load(found.slot);
-                if after.same_incarnation(seen) {
+            engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
+            fence(Ordering::Acquire);
+            let still_mapped = engine.index.still_holds(&found);
+            let after = engine.slots.load(found.slot);
+            {
+                if seen.is_valid() && still_mapped && after.same_incarnation(seen) {
                     if engine.eviction == EvictionKind::Clock {
                         engine.slots.touch(found.slot, after);
                     }

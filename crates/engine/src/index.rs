@@ -14,6 +14,8 @@
 //! with one compare-and-swap, a removal empties it. A reader therefore never misses a block
 //! that is present for the whole duration of its lookup.
 
+use strength_reduce::StrengthReducedU64;
+
 use crate::sync::{AtomicU64, Ordering};
 
 const WAYS: usize = 8;
@@ -68,6 +70,9 @@ fn mix40(lba: u64) -> u64 {
 
 pub(crate) struct Index {
     buckets: Box<[Bucket]>,
+    /// The bucket count and the bucket count less one, as fast divisors.
+    bucket_count: StrengthReducedU64,
+    bucket_count_less_one: StrengthReducedU64,
 }
 
 impl Index {
@@ -77,7 +82,11 @@ impl Index {
         let count = wanted.max(MIN_BUCKETS) as usize;
         let buckets =
             (0..count).map(|_| Bucket(std::array::from_fn(|_| AtomicU64::new(EMPTY)))).collect();
-        Self { buckets }
+        Self {
+            buckets,
+            bucket_count: StrengthReducedU64::new(count as u64),
+            bucket_count_less_one: StrengthReducedU64::new(count as u64 - 1),
+        }
     }
 
     /// DRAM bytes used.
@@ -89,11 +98,10 @@ impl Index {
         assert!(lba <= LBA_MASK, "block {lba} exceeds 40 bits");
         let n = self.buckets.len() as u64;
         let h = mix40(lba);
-        let b1 = h % n;
-        let tag = h / n;
+        let (tag, b1) = StrengthReducedU64::div_rem(h, self.bucket_count);
         // tag < 2^40 / 1024 = 2^30: with 2 choice bits and 32 slot bits it fills 64 bits,
         // and never all ones (choice 3 is unused), so it never equals EMPTY.
-        let step = 1 + tag % (n - 1);
+        let step = 1 + tag % self.bucket_count_less_one;
         let b2 = (b1 + step) % n;
         let b3 = (b1 + 2 * step + 1) % n;
         Key { buckets: [b1 as usize, b2 as usize, b3 as usize], tag }
@@ -102,6 +110,10 @@ impl Index {
     /// Finds the slot holding `lba`, without locks.
     pub(crate) fn lookup(&self, lba: u64) -> Option<Found> {
         let key = self.key(lba);
+        // Touch every candidate bucket before scanning any, so their cache misses overlap
+        // instead of queueing behind one another.
+        let heads = key.buckets.map(|b| self.buckets[b].0[0].load(Ordering::Relaxed));
+        std::hint::black_box(heads);
         for (choice, &bucket) in key.buckets.iter().enumerate() {
             for (way, entry) in self.buckets[bucket].0.iter().enumerate() {
                 let value = entry.load(Ordering::Acquire);

@@ -1,0 +1,494 @@
+//! `pmcache bench core`: the engine against the raw medium it runs on.
+//!
+//! Every engine figure is measured in the same run as its baseline — the same 4 KiB access
+//! pattern done directly on the same mapped medium (a copy out for reads, a copy plus persist
+//! for writes) — and reported as a ratio. Each configuration runs `runs` times with baseline
+//! and engine interleaved; the table shows medians (of throughputs and of per-run ratios).
+//! Recovery time and DRAM per slot are measured on a cache of `recovery_slots` slots.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use pmcache_backing::PsyncFile;
+use pmcache_engine::{AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MonotonicClock};
+use pmcache_media::{Medium, PmemFile};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+const BLOCK: u64 = 4096;
+/// A 4 KiB buffer aligned like a page, so that the baseline and the engine copy into
+/// identically aligned memory (`rep movsb` speed depends on the destination's alignment).
+#[repr(C, align(4096))]
+struct PageBuf([u8; BLOCK as usize]);
+
+fn page_buf(fill: u8) -> Box<PageBuf> {
+    Box::new(PageBuf([fill; BLOCK as usize]))
+}
+
+/// One operation in this many is timed for the latency percentiles.
+const LATENCY_SAMPLE_EVERY: u64 = 64;
+
+/// Options of `pmcache bench core`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CoreArgs {
+    /// Directory for the emulated PM medium and the backing file (DRAM-backed: /dev/shm).
+    #[arg(long, default_value = "/dev/shm")]
+    pub dir: PathBuf,
+    /// Cache medium size in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub cache_mib: u64,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 1.0)]
+    pub seconds: f64,
+    /// Runs per configuration (medians are reported).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Slots of the cache whose recovery is timed.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub recovery_slots: u64,
+    /// One JSON object per configuration (JSON lines) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Small and short: a smoke test of the harness (CI).
+    #[arg(long)]
+    pub quick: bool,
+    /// Run only the configurations whose name contains this (e.g. `read-hit`); skips recovery
+    /// unless it matches `recovery`.
+    #[arg(long)]
+    pub only: Option<String>,
+}
+
+/// One row of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct CoreResult {
+    /// Configuration name.
+    pub name: String,
+    /// Threads issuing requests.
+    pub threads: usize,
+    /// Engine operations per second (median over runs).
+    pub ops_per_sec: f64,
+    /// Baseline operations per second (median over runs).
+    pub baseline_ops_per_sec: f64,
+    /// What the baseline is.
+    pub baseline: String,
+    /// Median over runs of engine / baseline in the same run.
+    pub ratio_to_raw: f64,
+    /// The goal for the ratio, if the issue sets one.
+    pub goal_ratio: Option<f64>,
+    /// Engine latency percentiles (sampled), nanoseconds.
+    pub latency_ns_p50: u64,
+    /// 99th percentile.
+    pub latency_ns_p99: u64,
+    /// Runs measured.
+    pub runs: usize,
+    /// Seconds per run.
+    pub seconds: f64,
+    /// Machine and setup.
+    pub setup: String,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mix {
+    Reads,
+    Writes,
+    Half,
+}
+
+struct Bed {
+    _dir: tempfile::TempDir,
+    engine: Engine<Arc<PmemFile>, PsyncFile, MonotonicClock>,
+    medium: Arc<PmemFile>,
+    blocks: u64,
+    data_offset: u64,
+}
+
+fn setup_text(dir: &Path, medium: &PmemFile) -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    format!(
+        "{} cores ({cpu}); medium in {} (dax={}, flush={:?}, nt_copies={})",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        dir.display(),
+        medium.is_dax(),
+        medium.primitives().flush,
+        medium.primitives().nt_block_copy
+    )
+}
+
+fn bed(dir: &Path, cache_bytes: u64, lanes: usize) -> Result<Bed, String> {
+    let tmp = tempfile::tempdir_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let medium = Arc::new(
+        PmemFile::open(&tmp.path().join("medium"), Some(cache_bytes)).map_err(|e| e.to_string())?,
+    );
+    let config = Config {
+        mode: CacheMode::WriteBack,
+        block_size: BLOCK as u32,
+        max_lanes: lanes,
+        admission: AdmissionConfig::Always,
+        eviction: EvictionKind::Clock,
+    };
+    let slots = pmcache_engine::format::Geometry::for_medium(cache_bytes, BLOCK as u32)
+        .map_err(|e| e.to_string())?
+        .slot_count;
+    // The working set fills 90 % of the cache: every access hits, none evicts.
+    let blocks = slots * 9 / 10;
+    let backing_path = tmp.path().join("backing");
+    std::fs::File::create(&backing_path)
+        .and_then(|f| f.set_len(blocks * BLOCK))
+        .map_err(|e| e.to_string())?;
+    let backing = PsyncFile::open(&backing_path).map_err(|e| e.to_string())?;
+    let engine = Engine::format(medium.clone(), backing, MonotonicClock::default(), &config)
+        .map_err(|e| e.to_string())?;
+    let data_offset = engine.superblock().geometry.data_offset;
+    {
+        let mut lane = engine.lane().map_err(|e| e.to_string())?;
+        let data = vec![0xa5u8; BLOCK as usize];
+        for b in 0..blocks {
+            lane.write(b * BLOCK, &data, false).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(Bed { _dir: tmp, engine, medium, blocks, data_offset })
+}
+
+/// Runs `threads` workers for `seconds`; returns total ops/s and merged sampled latencies.
+fn drive<W>(
+    threads: usize,
+    seconds: f64,
+    make_worker: impl Fn(usize) -> W + Sync,
+) -> (f64, Histogram<u64>)
+where
+    W: FnMut(&mut SmallRng) + Send,
+{
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let results: Vec<(u64, Histogram<u64>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let stop = &stop;
+                let make_worker = &make_worker;
+                scope.spawn(move || {
+                    let mut worker = make_worker(t);
+                    let mut rng = SmallRng::seed_from_u64(t as u64 + 1);
+                    let mut histogram = Histogram::<u64>::new(3).expect("histogram");
+                    let mut ops = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..LATENCY_SAMPLE_EVERY - 1 {
+                            worker(&mut rng);
+                        }
+                        let timed = Instant::now();
+                        worker(&mut rng);
+                        let _ = histogram.record(timed.elapsed().as_nanos() as u64);
+                        ops += LATENCY_SAMPLE_EVERY;
+                    }
+                    (ops, histogram)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        stop.store(true, Ordering::Relaxed);
+        handles.into_iter().map(|h| h.join().expect("worker panicked")).collect()
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut merged = Histogram::<u64>::new(3).expect("histogram");
+    let mut total = 0;
+    for (ops, histogram) in results {
+        total += ops;
+        merged.add(histogram).expect("same histogram shape");
+    }
+    (total as f64 / elapsed, merged)
+}
+
+fn run_raw(bed: &Bed, mix: Mix, threads: usize, seconds: f64) -> f64 {
+    drive(threads, seconds, |_| {
+        let medium = bed.medium.clone();
+        let (blocks, data_offset) = (bed.blocks, bed.data_offset);
+        let mut buf = page_buf(0);
+        let data = page_buf(0x3c);
+        move |rng: &mut SmallRng| {
+            let at = data_offset + rng.gen_range(0..blocks) * BLOCK;
+            let write = match mix {
+                Mix::Reads => false,
+                Mix::Writes => true,
+                Mix::Half => rng.gen_bool(0.5),
+            };
+            if write {
+                medium.write_persist(at, &data.0);
+            } else {
+                medium.read(at, &mut buf.0);
+                std::hint::black_box(&buf);
+            }
+        }
+    })
+    .0
+}
+
+fn run_engine(bed: &Bed, mix: Mix, threads: usize, seconds: f64) -> (f64, Histogram<u64>) {
+    drive(threads, seconds, |_| {
+        let mut lane = bed.engine.lane().expect("enough lanes");
+        let blocks = bed.blocks;
+        let mut buf = page_buf(0);
+        let data = page_buf(0x3c);
+        move |rng: &mut SmallRng| {
+            let offset = rng.gen_range(0..blocks) * BLOCK;
+            let write = match mix {
+                Mix::Reads => false,
+                Mix::Writes => true,
+                Mix::Half => rng.gen_bool(0.5),
+            };
+            if write {
+                lane.write(offset, &data.0, false).expect("engine write");
+            } else {
+                lane.read(offset, &mut buf.0).expect("engine read");
+                std::hint::black_box(&buf);
+            }
+        }
+    })
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+struct Case {
+    name: &'static str,
+    mix: Mix,
+    threads: usize,
+    goal: Option<f64>,
+    baseline: &'static str,
+}
+
+/// Runs every configuration and returns the rows.
+pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
+    let (cache_bytes, seconds, runs, recovery_slots) = if args.quick {
+        (64 << 20, args.seconds.min(0.2), args.runs.min(3), args.recovery_slots.min(1 << 14))
+    } else {
+        (args.cache_mib << 20, args.seconds, args.runs, args.recovery_slots)
+    };
+    let bed = bed(&args.dir, cache_bytes, 32)?;
+    let setup = format!(
+        "{}; cache {} MiB, {} slots, working set {} blocks of 4 KiB",
+        setup_text(&args.dir, &bed.medium),
+        cache_bytes >> 20,
+        bed.engine.superblock().geometry.slot_count,
+        bed.blocks
+    );
+    let cases = [
+        Case {
+            name: "read-hit-4k",
+            mix: Mix::Reads,
+            threads: 1,
+            goal: Some(0.90),
+            baseline: "raw 4 KiB copy from the medium",
+        },
+        Case {
+            name: "read-hit-4k",
+            mix: Mix::Reads,
+            threads: 2,
+            goal: Some(0.90),
+            baseline: "raw 4 KiB copy from the medium",
+        },
+        Case {
+            name: "write-back-4k",
+            mix: Mix::Writes,
+            threads: 1,
+            goal: Some(0.70),
+            baseline: "raw 4 KiB copy + persist",
+        },
+        Case {
+            name: "write-back-4k",
+            mix: Mix::Writes,
+            threads: 2,
+            goal: Some(0.70),
+            baseline: "raw 4 KiB copy + persist",
+        },
+        Case {
+            name: "mix-50-50-4k",
+            mix: Mix::Half,
+            threads: 2,
+            goal: Some(0.80),
+            baseline: "raw copy / copy + persist, 50:50",
+        },
+    ];
+    let mut rows = Vec::new();
+    let selected = |name: &str| args.only.as_deref().is_none_or(|only| name.contains(only));
+    for case in cases.iter().filter(|c| selected(c.name)) {
+        let mut engine_ops = Vec::new();
+        let mut raw_ops = Vec::new();
+        let mut ratios = Vec::new();
+        let mut histogram = Histogram::<u64>::new(3).expect("histogram");
+        for _ in 0..runs {
+            let raw = run_raw(&bed, case.mix, case.threads, seconds);
+            let (ops, h) = run_engine(&bed, case.mix, case.threads, seconds);
+            histogram.add(h).expect("same shape");
+            ratios.push(ops / raw);
+            engine_ops.push(ops);
+            raw_ops.push(raw);
+        }
+        rows.push(CoreResult {
+            name: case.name.to_string(),
+            threads: case.threads,
+            ops_per_sec: median(&mut engine_ops),
+            baseline_ops_per_sec: median(&mut raw_ops),
+            baseline: case.baseline.to_string(),
+            ratio_to_raw: median(&mut ratios),
+            goal_ratio: case.goal,
+            latency_ns_p50: histogram.value_at_quantile(0.5),
+            latency_ns_p99: histogram.value_at_quantile(0.99),
+            runs,
+            seconds,
+            setup: setup.clone(),
+        });
+    }
+    // 16 threads on this machine's cores against 2 threads: no collapse under oversubscription.
+    if selected("mix-50-50-4k") {
+        let mut sixteen = Vec::new();
+        let mut two = Vec::new();
+        let mut ratios = Vec::new();
+        let mut histogram = Histogram::<u64>::new(3).expect("histogram");
+        for _ in 0..runs {
+            let (base, _) = run_engine(&bed, Mix::Half, 2, seconds);
+            let (ops, h) = run_engine(&bed, Mix::Half, 16, seconds);
+            histogram.add(h).expect("same shape");
+            two.push(base);
+            sixteen.push(ops);
+            ratios.push(ops / base);
+        }
+        rows.push(CoreResult {
+            name: "mix-50-50-4k".to_string(),
+            threads: 16,
+            ops_per_sec: median(&mut sixteen),
+            baseline_ops_per_sec: median(&mut two),
+            baseline: "the engine at 2 threads".to_string(),
+            ratio_to_raw: median(&mut ratios),
+            goal_ratio: Some(0.90),
+            latency_ns_p50: histogram.value_at_quantile(0.5),
+            latency_ns_p99: histogram.value_at_quantile(0.99),
+            runs,
+            seconds,
+            setup: setup.clone(),
+        });
+    }
+    let stats = bed.engine.stats();
+    if std::env::var_os("PMCACHE_BENCH_STATS").is_some() {
+        eprintln!("engine stats: {stats:?}");
+    }
+    let dram = stats.dram_bytes_per_slot;
+    drop(bed);
+    if selected("recovery") {
+        rows.push(recovery_row(&args.dir, recovery_slots, runs, dram)?);
+    }
+    Ok(rows)
+}
+
+/// Fills a cache of `slots` slots (two thirds dirty, one third clean), crashes it (drops it
+/// without shutdown) and times `Engine::open`.
+fn recovery_row(
+    dir: &Path,
+    slots: u64,
+    runs: usize,
+    dram_small: f64,
+) -> Result<CoreResult, String> {
+    let geometry_bytes = 4096 + (slots * 16).next_multiple_of(4096) + slots * BLOCK;
+    let bed = bed(dir, geometry_bytes, 2)?;
+    let slot_count = bed.engine.superblock().geometry.slot_count;
+    {
+        let mut lane = bed.engine.lane().map_err(|e| e.to_string())?;
+        // The bed wrote 90 % of the slots dirty: write them all back, then overwrite two thirds
+        // (each overwrite frees the old copy), leaving one third clean and two thirds dirty.
+        lane.drain().map_err(|e| e.to_string())?;
+        let data = vec![0x11u8; BLOCK as usize];
+        for b in 0..bed.blocks * 2 / 3 {
+            lane.write(b * BLOCK, &data, false).map_err(|e| e.to_string())?;
+        }
+    }
+    let dram = bed.engine.stats().dram_bytes_per_slot;
+    let Bed { _dir, engine, medium, .. } = bed;
+    let backing_path = _dir.path().join("backing");
+    drop(engine);
+    let config = Config { max_lanes: 2, ..Config::default() };
+    let mut times = Vec::new();
+    let mut report = None;
+    for _ in 0..runs {
+        let backing = PsyncFile::open(&backing_path).map_err(|e| e.to_string())?;
+        let started = Instant::now();
+        let (engine, r) = Engine::open(medium.clone(), backing, MonotonicClock::default(), &config)
+            .map_err(|e| e.to_string())?;
+        times.push(started.elapsed().as_secs_f64());
+        report = Some(r);
+        drop(engine);
+    }
+    let report = report.expect("at least one run");
+    let recovery_s = median(&mut times);
+    Ok(CoreResult {
+        name: format!(
+            "recovery ({slot_count} slots: {} clean, {} dirty; DRAM {dram:.2} B/slot here, {dram_small:.2} B/slot at the bench cache)",
+            report.clean, report.dirty
+        ),
+        threads: 1,
+        ops_per_sec: slot_count as f64 / recovery_s,
+        baseline_ops_per_sec: 0.0,
+        baseline: format!("time to recover: {:.1} ms (slots/s in ops_per_sec)", recovery_s * 1e3),
+        ratio_to_raw: 0.0,
+        goal_ratio: None,
+        latency_ns_p50: (recovery_s * 1e9) as u64,
+        latency_ns_p99: (times.iter().copied().fold(0.0, f64::max) * 1e9) as u64,
+        runs,
+        seconds: recovery_s,
+        setup: format!("medium {} MiB in {}", geometry_bytes >> 20, dir.display()),
+    })
+}
+
+/// `pmcache bench core`: prints the table (or JSON lines).
+pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
+    let rows = run(args)?;
+    if rows.is_empty() {
+        return Err(format!("no configuration matches --only {:?}", args.only));
+    }
+    if args.json {
+        for row in &rows {
+            println!("{}", serde_json::to_string(row).map_err(|e| e.to_string())?);
+        }
+        return Ok(());
+    }
+    println!("pmcache bench core — {}", rows[0].setup);
+    println!(
+        "medians of {} runs of {:.1} s; ratio = engine / baseline in the same run\n",
+        rows[0].runs, rows[0].seconds
+    );
+    println!(
+        "{:<16} {:>7} {:>14} {:>14} {:>8} {:>6} {:>9} {:>9}  baseline",
+        "config", "threads", "engine op/s", "baseline op/s", "ratio", "goal", "p50 ns", "p99 ns"
+    );
+    let last_is_recovery = rows.last().is_some_and(|r| r.name.starts_with("recovery"));
+    let table = if last_is_recovery { &rows[..rows.len() - 1] } else { &rows[..] };
+    for row in table {
+        println!(
+            "{:<16} {:>7} {:>14.0} {:>14.0} {:>7.3}x {:>6} {:>9} {:>9}  {}",
+            row.name,
+            row.threads,
+            row.ops_per_sec,
+            row.baseline_ops_per_sec,
+            row.ratio_to_raw,
+            row.goal_ratio.map(|g| format!("{g:.2}x")).unwrap_or_default(),
+            row.latency_ns_p50,
+            row.latency_ns_p99,
+            row.baseline
+        );
+    }
+    if last_is_recovery {
+        let recovery = &rows[rows.len() - 1];
+        println!("\n{}: {}", recovery.name, recovery.baseline);
+    }
+    Ok(())
+}
