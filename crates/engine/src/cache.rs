@@ -63,6 +63,8 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     backing_writes: AtomicU64,
     backing_writes_synced: AtomicU64,
     lanes: Box<[LaneSlot]>,
+    /// Set by `shutdown`: no new lanes.
+    closed: AtomicBool,
     mode: AtomicU8,
     admission: Admission,
     eviction: EvictionKind,
@@ -177,6 +179,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                     counters: CachePadded::new(LaneCounters::default()),
                 })
                 .collect(),
+            closed: AtomicBool::new(false),
             mode: AtomicU8::new(config.mode.to_u8()),
             admission: Admission::new(config.admission),
             eviction: config.eviction,
@@ -194,6 +197,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
 
     /// A handle for one thread or queue. At most `Config::max_lanes` exist at once.
     pub fn lane(&self) -> Result<Lane<'_, M, B, C>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::ShutDown);
+        }
         let id = self
             .lanes
             .iter()
@@ -270,9 +276,16 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             + self.lanes.len() * std::mem::size_of::<LaneSlot>()
     }
 
-    /// Marks the cache cleanly shut down (after syncing the backing store). Every lane must be
-    /// gone, which the borrow checker guarantees.
-    pub fn shutdown(self) -> Result<()> {
+    /// Marks the cache cleanly shut down (after syncing the backing store). Every lane must
+    /// have been dropped; afterwards the engine hands out no lanes.
+    pub fn shutdown(&self) -> Result<()> {
+        let open = self.lanes.iter().filter(|l| l.in_use.load(Ordering::Acquire)).count();
+        if open > 0 {
+            return Err(Error::LanesOpen { open });
+        }
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
         self.backing.flush()?;
         let last = self.last_issued_seq();
         let mut synced = lock(&self.synced_seq);

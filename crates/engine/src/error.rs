@@ -33,6 +33,15 @@ pub enum Error {
         /// The configured maximum.
         max_lanes: usize,
     },
+    /// The engine was shut down.
+    #[error("the cache is shut down")]
+    ShutDown,
+    /// Shutdown was asked for while lanes are still open.
+    #[error("cannot shut down: {open} lanes are still open")]
+    LanesOpen {
+        /// Lanes still open.
+        open: usize,
+    },
     /// The configuration cannot work.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -45,7 +54,8 @@ impl Error {
             Error::Backing(e) => e.errno(),
             Error::Format(_) => libc_eio(),
             Error::OutOfRange { .. } | Error::Config(_) => 22, // EINVAL
-            Error::TooManyLanes { .. } => 16,                  // EBUSY
+            Error::TooManyLanes { .. } | Error::LanesOpen { .. } => 16, // EBUSY
+            Error::ShutDown => 108,                            // ESHUTDOWN
         }
     }
 }
