@@ -166,12 +166,19 @@ fn entry_for(
     }
 }
 
-/// Waits on a ring, retrying the transient `io_uring_enter` errors. Any other error means the
-/// ring is unusable while the kernel may still own buffers: a broken invariant.
-fn enter(ring: &IoUring, want: usize) -> usize {
+/// How long one wait in `io_uring_enter` lasts before the caller looks at the rings again
+/// (a guard against a lost SQPOLL wake-up; completions normally end the wait much sooner).
+const ENTER_WAIT: types::Timespec = types::Timespec::new().sec(1);
+
+/// Submits what is queued and waits (up to [`ENTER_WAIT`]) for `want` completions, retrying
+/// the transient `io_uring_enter` errors. Any other error means the ring is unusable while
+/// the kernel may still own buffers: a broken invariant.
+fn enter(ring: &IoUring, want: usize) {
+    let args = types::SubmitArgs::new().timespec(&ENTER_WAIT);
     loop {
-        match ring.submit_and_wait(want) {
-            Ok(n) => return n,
+        match ring.submitter().submit_with_args(want, &args) {
+            Ok(_) => return,
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) => return,
             Err(e)
                 if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) =>
             {
