@@ -22,6 +22,6 @@ pub mod server;
 pub use export::{BlockSizes, Export, ExportConn, ExportError};
 pub use mem::{MemExport, MemStats};
 pub use server::{
-    ConnEnd, ConnError, ListenAddr, RunningServer, Server, ServerConfig, ServerError,
-    ShutdownHandle, Transport, serve_connection,
+    ConnEnd, ConnError, ListenAddr, ReplayTransport, RunningServer, Server, ServerConfig,
+    ServerError, ShutdownHandle, Transport, serve_connection,
 };

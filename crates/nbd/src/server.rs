@@ -151,6 +151,52 @@ pub trait Transport: Read + Write {
     }
 }
 
+impl<T: Transport + ?Sized> Transport for &mut T {
+    fn end_handshake(&mut self) -> io::Result<()> {
+        (**self).end_handshake()
+    }
+}
+
+/// An in-memory [`Transport`] for tests and fuzzing: reads come from a fixed byte string
+/// (then end of stream), writes are collected in [`ReplayTransport::output`].
+#[derive(Debug, Default, Clone)]
+pub struct ReplayTransport {
+    input: Vec<u8>,
+    pos: usize,
+    /// Everything the server wrote.
+    pub output: Vec<u8>,
+}
+
+impl ReplayTransport {
+    /// A transport whose reads return `input`.
+    pub fn new(input: Vec<u8>) -> Self {
+        Self { input, pos: 0, output: Vec::new() }
+    }
+}
+
+impl Read for ReplayTransport {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let rest = self.input.get(self.pos..).unwrap_or_default();
+        let n = rest.len().min(buf.len());
+        buf[..n].copy_from_slice(&rest[..n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+impl Write for ReplayTransport {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.output.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Transport for ReplayTransport {}
+
 /// Computes what the negotiation advertises, validating the export's geometry.
 pub fn export_info<E: Export>(
     export: &E,

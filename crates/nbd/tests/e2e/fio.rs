@@ -32,7 +32,7 @@ fn fio_verify(via: Via, extra: &[&str]) {
         "--do_verify=1",
         "--output-format=json",
     ]);
-    cmd.args(extra);
+    cmd.args(extra).arg("--verify_state_save=0").current_dir(server.dir.path());
     let out = run_ok(&mut cmd, Duration::from_secs(90));
     let json_start = out.find('{').expect("fio json");
     let v: Value = serde_json::from_str(&out[json_start..]).expect("fio json");
