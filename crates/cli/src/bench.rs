@@ -1,7 +1,7 @@
 //! `pmcache bench …`: the experiments of the papers, each beside its baseline.
 
 use clap::{Args, Subcommand};
-use pmcache_bench::engine_core;
+use pmcache_bench::{engine_core, engines};
 
 /// `pmcache bench`.
 #[derive(Args)]
@@ -15,10 +15,13 @@ enum Experiment {
     /// The engine against the raw medium: 4 KiB read hits, write-back writes, a 50:50 mix,
     /// 16 vs 2 threads, DRAM per slot and recovery time (emulated PM in /dev/shm).
     Core(engine_core::CoreArgs),
+    /// Backing-store I/O engines against fio with the same engine and settings (paper 004).
+    Engines(Box<engines::EnginesArgs>),
 }
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
     match args.experiment {
         Experiment::Core(args) => engine_core::run_cli(&args),
+        Experiment::Engines(args) => engines::run_cli(&args),
     }
 }

@@ -7,8 +7,12 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod cache;
+mod control;
+mod manage;
+mod serve;
 
-/// pmcache: a block cache on persistent memory.
+/// pmcache: a block cache on persistent memory, served over NBD.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
 struct Cli {
@@ -18,13 +22,33 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve a cache over NBD (with no options: a 1 GiB cache in /dev/shm in front of a sparse
+    /// 8 GiB file under ./pmcache-data, on 127.0.0.1:10809).
+    Serve(Box<serve::ServeArgs>),
+    /// Format a cache medium for a backing store.
+    Format(manage::FormatArgs),
+    /// Verify a cache medium's superblock and metadata (non-zero exit on corruption).
+    Check(manage::CheckArgs),
+    /// Statistics of a running server (table, --json or --prometheus).
+    Stats(manage::StatsArgs),
+    /// Write back every dirty block of a running server.
+    Flush(manage::ControlArgs),
+    /// Write back everything and mark the cache clean, so the backing store can be used alone.
+    Detach(manage::DetachArgs),
     /// Run an experiment and print its figures beside their baselines.
     Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => serve::run(*args),
+        Command::Format(args) => manage::format(args),
+        Command::Check(args) => manage::check(args),
+        Command::Stats(args) => manage::stats(args),
+        Command::Flush(args) => manage::flush(args),
+        Command::Detach(args) => manage::detach(args),
         Command::Bench(args) => bench::run(args),
     };
     match result {

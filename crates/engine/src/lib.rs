@@ -30,5 +30,5 @@ pub use cache::{Engine, Lane};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{AdmissionConfig, CacheMode, Config, EvictionKind};
 pub use error::{Error, Result};
-pub use recovery::RecoveryReport;
+pub use recovery::{CheckReport, RecoveryReport, check_medium};
 pub use stats::Stats;

@@ -34,7 +34,9 @@ macro_rules! counters {
         impl Stats {
             /// `(name, value)` pairs of every counter, for tables and exporters.
             pub fn counters(&self) -> Vec<(&'static str, u64)> {
-                vec![$((stringify!($name), self.$name),)* ("dirty_slots", self.dirty_slots), ("slot_count", self.slot_count)]
+                let all = [$((stringify!($name), self.$name),)* ("dirty_slots", self.dirty_slots), ("slot_count", self.slot_count)];
+                // `dirty_delta` is bookkeeping behind `dirty_slots`, not a figure.
+                all.into_iter().filter(|(name, _)| *name != "dirty_delta").collect()
             }
         }
     };

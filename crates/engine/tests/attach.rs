@@ -268,3 +268,32 @@ fn too_many_lanes_is_an_error_not_a_hang() {
     let _b = engine.lane().unwrap();
     assert!(matches!(engine.lane(), Err(Error::TooManyLanes { max_lanes: 2 })));
 }
+
+#[test]
+fn check_reports_what_recovery_will_find_without_changing_the_medium() {
+    let (medium, backing) = parts();
+    let engine =
+        Engine::format(medium.clone(), backing.clone(), clock(), &config(CacheMode::WriteBack))
+            .unwrap();
+    {
+        let mut lane = engine.lane().unwrap();
+        for b in 0..6u64 {
+            lane.write(b * BLOCK as u64, &block_of(1), false).unwrap();
+        }
+        lane.drain().unwrap();
+        for b in 0..2u64 {
+            lane.write(b * BLOCK as u64, &block_of(2), false).unwrap();
+        }
+    }
+    drop(engine);
+    let at = SUPERBLOCK_BYTES + 10 * 16;
+    medium.store_u64(at, 0xdead_beef_0000_0001);
+    let before = medium.durable_image();
+    let report = pmcache_engine::check_medium(&medium).unwrap();
+    assert_eq!((report.clean, report.dirty, report.corrupt), (4, 2, 1), "{report:?}");
+    assert!(!report.was_clean_shutdown);
+    assert_eq!(medium.durable_image(), before, "check changed the medium");
+    let (_, recovered) =
+        Engine::open(medium, backing, clock(), &config(CacheMode::WriteBack)).unwrap();
+    assert_eq!((recovered.clean, recovered.dirty, recovered.corrupt), (4, 2, 1));
+}

@@ -1,0 +1,169 @@
+//! Opening a cache from the command line: the medium, the backing store, and the decision to
+//! format, attach (recover) or refuse.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pmcache_backing::{BackingStore, EngineKind, EngineOptions, open_backing};
+use pmcache_engine::format::{FormatError, MAGIC};
+use pmcache_engine::{
+    AdmissionConfig, CacheMode, Config, Engine, Error, EvictionKind, MonotonicClock, RecoveryReport,
+};
+use pmcache_media::{Medium, PmemFile};
+
+/// The backing store as the CLI opens it: any engine.
+pub type Backing = Arc<dyn BackingStore>;
+/// The engine as the CLI runs it.
+pub type CacheEngine = Engine<PmemFile, Backing, MonotonicClock>;
+
+/// Options shared by the commands that open a cache.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CacheArgs {
+    /// The cache medium: a file on a DAX file system, a device-dax node, or a file in
+    /// /dev/shm (emulated PM). Created with --cache-size when missing or empty.
+    #[arg(long)]
+    pub cache: PathBuf,
+    /// The backing store: a file or block device.
+    #[arg(long)]
+    pub backing: PathBuf,
+    /// Size of a new cache medium (K, M, G, T suffixes; powers of 1024).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub cache_size: u64,
+    /// Cache block size in bytes, for a new cache.
+    #[arg(long, default_value_t = 4096)]
+    pub block_size: u32,
+    /// Cache mode.
+    #[arg(long, default_value = "writeback")]
+    pub mode: CacheMode,
+    /// Backing-store I/O engine: psync, pvsync2, pvsync2-hipri, libaio, io_uring,
+    /// io_uring-iopoll, io_uring-sqpoll (default: io_uring; see docs/ENGINES.md).
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// Eviction policy: clock or fifo.
+    #[arg(long, default_value = "clock")]
+    pub eviction: EvictionKind,
+}
+
+/// Parses `512`, `64K`, `1G`, `8GiB`, `2T`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim().trim_end_matches("iB").trim_end_matches('B');
+    let (digits, shift) = match trimmed.chars().last() {
+        Some('K' | 'k') => (&trimmed[..trimmed.len() - 1], 10),
+        Some('M' | 'm') => (&trimmed[..trimmed.len() - 1], 20),
+        Some('G' | 'g') => (&trimmed[..trimmed.len() - 1], 30),
+        Some('T' | 't') => (&trimmed[..trimmed.len() - 1], 40),
+        _ => (trimmed, 0),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("{text:?} is not a size (examples: 4096, 64M, 1G)"))
+}
+
+/// Human-readable bytes.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+fn engine_options(name: Option<&str>) -> Result<EngineOptions, String> {
+    let engine = match name {
+        None => None,
+        Some(name) => {
+            Some(EngineKind::ALL.into_iter().find(|e| e.name() == name).ok_or_else(|| {
+                let names: Vec<&str> = EngineKind::ALL.iter().map(|e| e.name()).collect();
+                format!("unknown engine {name:?}; expected one of {}", names.join(", "))
+            })?)
+        }
+    };
+    Ok(EngineOptions { engine, ..EngineOptions::default() })
+}
+
+/// Opens the backing store with the engine asked for.
+pub fn open_backing_store(path: &Path, engine: Option<&str>) -> Result<Backing, String> {
+    open_backing(path, &engine_options(engine)?).map_err(|e| e.to_string())
+}
+
+/// Engine configuration from the command line.
+pub fn engine_config(args: &CacheArgs, max_lanes: usize) -> Config {
+    Config {
+        mode: args.mode,
+        block_size: args.block_size,
+        max_lanes,
+        admission: AdmissionConfig::default(),
+        eviction: args.eviction,
+    }
+}
+
+/// What was on the medium.
+pub enum Opened {
+    /// A new cache was formatted.
+    Formatted,
+    /// An existing cache was attached.
+    Attached(RecoveryReport),
+}
+
+/// Whether the medium's first bytes are all zero (new or never formatted).
+fn is_blank(medium: &PmemFile) -> bool {
+    let mut head = [0u8; 4096];
+    medium.read(0, &mut head);
+    head.iter().all(|&b| b == 0)
+}
+
+/// Formats a new or blank medium, attaches (recovering) one that holds a pmcache of this
+/// backing store, and refuses anything else with a precise message.
+pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine, Opened), String> {
+    let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
+    let medium = PmemFile::open(&args.cache, Some(args.cache_size)).map_err(|e| e.to_string())?;
+    let config = engine_config(args, max_lanes);
+    let describe = |e: Error| format!("{}: {e}", args.cache.display());
+    if is_blank(&medium) {
+        let engine = Engine::format(medium, backing, MonotonicClock::default(), &config)
+            .map_err(describe)?;
+        return Ok((engine, Opened::Formatted));
+    }
+    match Engine::open(medium, backing, MonotonicClock::default(), &config) {
+        Ok((engine, report)) => Ok((engine, Opened::Attached(report))),
+        Err(Error::Format(FormatError::BadMagic { found })) if found != MAGIC => Err(format!(
+            "{} holds data that is not a pmcache cache; refusing to overwrite it (use `pmcache format --force` to reformat)",
+            args.cache.display()
+        )),
+        Err(e) => Err(describe(e)),
+    }
+}
+
+/// Formats the medium, refusing to overwrite a non-blank one unless `force`.
+pub fn format(args: &CacheArgs, force: bool) -> Result<CacheEngine, String> {
+    let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
+    let medium = PmemFile::open(&args.cache, Some(args.cache_size)).map_err(|e| e.to_string())?;
+    if !force && !is_blank(&medium) {
+        return Err(format!(
+            "{} is not blank (it may hold a cache with dirty data); pass --force to reformat it",
+            args.cache.display()
+        ));
+    }
+    Engine::format(medium, backing, MonotonicClock::default(), &engine_config(args, 4))
+        .map_err(|e| format!("{}: {e}", args.cache.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("8GiB"), Ok(8 << 30));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

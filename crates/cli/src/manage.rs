@@ -1,0 +1,277 @@
+//! `pmcache format`, `check`, `stats`, `flush` and `detach`.
+
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use pmcache_engine::check_medium;
+use pmcache_media::PmemFile;
+
+use crate::cache::{CacheArgs, Opened, human, open_or_format};
+use crate::control;
+use crate::serve::default_control_path;
+
+/// `pmcache format`.
+#[derive(Debug, clap::Args)]
+pub struct FormatArgs {
+    #[command(flatten)]
+    cache: CacheArgs,
+    /// Reformat a medium that is not blank (destroys its contents, dirty blocks included).
+    #[arg(long)]
+    force: bool,
+}
+
+/// `pmcache check`.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// The cache medium.
+    #[arg(long)]
+    cache: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Where to find a running server.
+#[derive(Debug, clap::Args)]
+pub struct ControlArgs {
+    /// The cache medium the server runs on (its control socket is this path + ".ctl").
+    #[arg(long, required_unless_present = "control")]
+    cache: Option<PathBuf>,
+    /// The control socket, if not the default.
+    #[arg(long)]
+    control: Option<PathBuf>,
+}
+
+impl ControlArgs {
+    fn path(&self) -> PathBuf {
+        self.control.clone().unwrap_or_else(|| {
+            default_control_path(self.cache.as_deref().expect("clap requires --cache"))
+        })
+    }
+}
+
+/// `pmcache stats`.
+#[derive(Debug, clap::Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    server: ControlArgs,
+    /// JSON instead of a table.
+    #[arg(long, conflicts_with = "prometheus")]
+    json: bool,
+    /// Prometheus text exposition format.
+    #[arg(long)]
+    prometheus: bool,
+}
+
+/// `pmcache detach`.
+#[derive(Debug, clap::Args)]
+pub struct DetachArgs {
+    /// The cache medium.
+    #[arg(long)]
+    cache: PathBuf,
+    /// The backing store (needed when no server is running on the cache).
+    #[arg(long)]
+    backing: Option<PathBuf>,
+    /// Backing-store I/O engine (when no server is running).
+    #[arg(long)]
+    engine: Option<String>,
+    /// The control socket, if not the default.
+    #[arg(long)]
+    control: Option<PathBuf>,
+}
+
+pub fn format(args: FormatArgs) -> Result<(), String> {
+    let engine = crate::cache::format(&args.cache, args.force)?;
+    let geometry = engine.superblock().geometry;
+    println!(
+        "formatted {}: {} slots of {} B ({}) caching {} ({})",
+        args.cache.cache.display(),
+        geometry.slot_count,
+        geometry.block_size,
+        human(geometry.slot_count * u64::from(geometry.block_size)),
+        args.cache.backing.display(),
+        human(engine.size_bytes())
+    );
+    engine.shutdown().map_err(|e| e.to_string())
+}
+
+pub fn check(args: CheckArgs) -> Result<(), String> {
+    let medium = PmemFile::open(&args.cache, None).map_err(|e| e.to_string())?;
+    let report = check_medium(&medium).map_err(|e| format!("{}: {e}", args.cache.display()))?;
+    let superblock = report.superblock.expect("a decoded superblock");
+    if args.json {
+        let json = serde_json::json!({
+            "cache": args.cache.display().to_string(),
+            "slots": superblock.geometry.slot_count,
+            "block_size": superblock.geometry.block_size,
+            "backing_bytes": superblock.backing.size_bytes,
+            "clean_shutdown": report.was_clean_shutdown,
+            "free": report.free, "clean": report.clean, "dirty": report.dirty,
+            "superseded": report.superseded, "torn": report.torn, "corrupt": report.corrupt,
+        });
+        println!("{json}");
+    } else {
+        println!(
+            "{}: pmcache format version {}",
+            args.cache.display(),
+            pmcache_engine::format::FORMAT_VERSION
+        );
+        println!(
+            "  {} slots of {} B, caching a backing store of {}",
+            superblock.geometry.slot_count,
+            superblock.geometry.block_size,
+            human(superblock.backing.size_bytes)
+        );
+        println!(
+            "  last shutdown: {}",
+            if report.was_clean_shutdown { "clean" } else { "unclean (or still attached)" }
+        );
+        println!(
+            "  blocks: {} clean, {} dirty; {} slots free; {} superseded copies",
+            report.clean, report.dirty, report.free, report.superseded
+        );
+        println!(
+            "  entries dropped on attach: {} torn (power cut mid-update), {} corrupt",
+            report.torn, report.corrupt
+        );
+    }
+    if report.corrupt > 0 {
+        return Err(format!("{} corrupt metadata entries", report.corrupt));
+    }
+    Ok(())
+}
+
+pub fn stats(args: StatsArgs) -> Result<(), String> {
+    let mut reply = String::new();
+    control::request(&args.server.path(), "stats", |line| reply = line.to_string())?;
+    let value: serde_json::Value =
+        serde_json::from_str(&reply).map_err(|e| format!("bad reply {reply:?}: {e}"))?;
+    let object = value.as_object().ok_or("the server's reply is not an object")?;
+    let mut text = String::new();
+    if args.json {
+        text = format!("{value}\n");
+    } else if args.prometheus {
+        for (name, value) in object {
+            if let Some(number) = value.as_f64() {
+                let gauge = name.ends_with("slots")
+                    || name == "block_size"
+                    || name.starts_with("dram")
+                    || name == "size_bytes";
+                let kind = if gauge { "gauge" } else { "counter" };
+                text += &format!("# TYPE pmcache_{name} {kind}\npmcache_{name} {number}\n");
+            }
+        }
+        if let Some(mode) = object.get("mode").and_then(|m| m.as_str()) {
+            text += &format!(
+                "# TYPE pmcache_mode_info gauge\npmcache_mode_info{{mode=\"{mode}\"}} 1\n"
+            );
+        }
+    } else {
+        for (name, value) in object {
+            text += &format!("{name:<24} {value}\n");
+        }
+    }
+    print_all(&text)
+}
+
+/// Prints to stdout; a reader that went away (`| head`) is not an error.
+fn print_all(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.to_string()),
+        _ => Ok(()),
+    }
+}
+
+fn progress_bar(total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total.max(1));
+    bar.set_style(
+        ProgressStyle::with_template("writing back {bar:40} {pos}/{len} dirty blocks ({eta})")
+            .expect("valid template"),
+    );
+    bar
+}
+
+pub fn flush(args: ControlArgs) -> Result<(), String> {
+    let mut bar: Option<ProgressBar> = None;
+    control::request(&args.path(), "flush", |line| {
+        let mut parts = line.split_whitespace();
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("progress"), Some(left), Some(total)) => {
+                let (left, total) = (left.parse().unwrap_or(0u64), total.parse().unwrap_or(0u64));
+                let bar = bar.get_or_insert_with(|| progress_bar(total));
+                bar.set_position(total.saturating_sub(left));
+            }
+            (Some("done"), Some(total), _) => {
+                if let Some(bar) = &bar {
+                    bar.finish();
+                }
+                println!("all dirty blocks written back ({total} were dirty)");
+            }
+            _ => {}
+        }
+    })
+}
+
+pub fn detach(args: DetachArgs) -> Result<(), String> {
+    let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&args.cache));
+    if std::os::unix::net::UnixStream::connect(&control_path).is_ok() {
+        control::request(&control_path, "detach", |line| println!("server: {line}"))?;
+        return wait_for_exit(&control_path);
+    }
+    let backing = args.backing.clone().ok_or_else(|| {
+        format!(
+            "no server runs on {}; give --backing to detach the cache offline",
+            args.cache.display()
+        )
+    })?;
+    let medium_len =
+        std::fs::metadata(&args.cache).map_err(|e| format!("{}: {e}", args.cache.display()))?.len();
+    let cache_args = CacheArgs {
+        cache: args.cache.clone(),
+        backing,
+        cache_size: medium_len,
+        block_size: 4096,
+        mode: pmcache_engine::CacheMode::WriteBack,
+        engine: args.engine.clone(),
+        eviction: pmcache_engine::EvictionKind::Clock,
+    };
+    let (engine, opened) = open_or_format(&cache_args, 2)?;
+    if let Opened::Formatted = opened {
+        return Err(format!("{} held no cache; nothing to detach", args.cache.display()));
+    }
+    let dirty = engine.stats().dirty_slots;
+    let bar = progress_bar(dirty);
+    {
+        let mut lane = engine.lane().map_err(|e| e.to_string())?;
+        std::thread::scope(|scope| {
+            let drain = scope.spawn(|| lane.drain());
+            while !drain.is_finished() {
+                bar.set_position(dirty.saturating_sub(engine.stats().dirty_slots));
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            drain.join().expect("drain thread panicked")
+        })
+        .map_err(|e| format!("write-back failed: {e}"))?;
+    }
+    bar.finish();
+    engine.shutdown().map_err(|e| e.to_string())?;
+    println!(
+        "detached {}: {dirty} dirty blocks written back, cache marked clean",
+        args.cache.display()
+    );
+    Ok(())
+}
+
+fn wait_for_exit(control: &Path) -> Result<(), String> {
+    for _ in 0..600 {
+        if !control.exists() {
+            println!(
+                "detached: the server wrote every block back, marked the cache clean and stopped"
+            );
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Err("the server did not stop within 60 s".into())
+}

@@ -1,0 +1,304 @@
+//! `pmcache serve`: the cache as an NBD export, one engine lane per client connection, a
+//! control socket for `pmcache stats`, `flush` and `detach`, and a clean shutdown on SIGINT or
+//! SIGTERM (in-flight requests finish, the backing store is synced, the cache marked clean).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use pmcache_engine::{Error, Lane, MonotonicClock};
+use pmcache_media::PmemFile;
+use pmcache_nbd::{BlockSizes, Export, ExportConn, ExportError, ListenAddr, Server, ServerConfig};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use crate::cache::{Backing, CacheArgs, CacheEngine, Opened, human, open_or_format, parse_size};
+use crate::control;
+
+/// Default cache medium of `pmcache serve` with no arguments.
+pub const DEFAULT_CACHE: &str = "/dev/shm/pmcache-default.pm";
+/// Default backing file of `pmcache serve` with no arguments.
+pub const DEFAULT_BACKING: &str = "./pmcache-data/backing.img";
+const DEFAULT_BACKING_BYTES: u64 = 8 << 30;
+
+/// Options of `pmcache serve`. With none, it runs on the embedded default.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// The cache medium (default: a 1 GiB file in /dev/shm, emulated PM).
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// The backing store (default: a sparse 8 GiB file under ./pmcache-data, created if missing).
+    #[arg(long)]
+    pub backing: Option<PathBuf>,
+    /// Size of a new cache medium.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub cache_size: u64,
+    /// Cache block size in bytes, for a new cache.
+    #[arg(long, default_value_t = 4096)]
+    pub block_size: u32,
+    /// Cache mode: writeback, writethrough, writearound, passthrough, writeonly.
+    #[arg(long, default_value = "writeback")]
+    pub mode: pmcache_engine::CacheMode,
+    /// Backing-store I/O engine (default: io_uring).
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// Eviction policy: clock or fifo.
+    #[arg(long, default_value = "clock")]
+    pub eviction: pmcache_engine::EvictionKind,
+    /// TCP address to listen on (loopback unless --allow-remote).
+    #[arg(long, default_value = "127.0.0.1:10809", conflicts_with = "socket")]
+    pub listen: SocketAddr,
+    /// Listen on a unix socket instead of TCP.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Allow listening on a non-loopback address.
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Export name.
+    #[arg(long, default_value = "pmcache")]
+    pub export: String,
+    /// Most simultaneous client connections.
+    #[arg(long, default_value_t = 16)]
+    pub max_connections: usize,
+    /// Control socket for `pmcache stats/flush/detach` (default: the cache path + ".ctl").
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+}
+
+/// The control socket path of a cache.
+pub fn default_control_path(cache: &Path) -> PathBuf {
+    let mut name = cache.as_os_str().to_owned();
+    name.push(".ctl");
+    PathBuf::from(name)
+}
+
+struct CacheExport {
+    engine: &'static CacheEngine,
+}
+
+struct CacheConn {
+    lane: Lane<'static, PmemFile, Backing, MonotonicClock>,
+}
+
+fn export_error(err: Error) -> ExportError {
+    ExportError::new(err.errno(), err.to_string())
+}
+
+impl Export for CacheExport {
+    type Conn = CacheConn;
+
+    fn open_conn(&self) -> Result<CacheConn, ExportError> {
+        self.engine.lane().map(|lane| CacheConn { lane }).map_err(export_error)
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.engine.size_bytes()
+    }
+
+    fn block_sizes(&self) -> BlockSizes {
+        let preferred = self.engine.block_size();
+        BlockSizes { min_bytes: 512, preferred_bytes: preferred, max_bytes: 32 << 20 }
+    }
+
+    /// Safe in every mode: write-back writes are durable at acknowledgement, and a FLUSH on any
+    /// connection syncs the backing store for every write any connection completed.
+    fn can_multi_conn(&self) -> bool {
+        true
+    }
+}
+
+impl ExportConn for CacheConn {
+    fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        self.lane.read(offset_bytes, buf).map_err(export_error)
+    }
+
+    fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.lane.write(offset_bytes, data, fua).map_err(export_error)
+    }
+
+    fn flush(&mut self) -> Result<(), ExportError> {
+        self.lane.flush().map_err(export_error)
+    }
+
+    fn trim(&mut self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<(), ExportError> {
+        self.lane.trim(offset_bytes, len_bytes).map_err(export_error)?;
+        if fua { self.flush() } else { Ok(()) }
+    }
+
+    fn write_zeroes(
+        &mut self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fua: bool,
+        _may_trim: bool,
+    ) -> Result<(), ExportError> {
+        self.lane.write_zeroes(offset_bytes, len_bytes, fua).map_err(export_error)
+    }
+}
+
+fn ensure_default_backing(path: &Path) -> Result<(), String> {
+    if path.exists() {
+        return Ok(());
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    std::fs::File::create(path)
+        .and_then(|f| f.set_len(DEFAULT_BACKING_BYTES))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Runs the server until SIGINT, SIGTERM or `pmcache detach`.
+pub fn run(args: ServeArgs) -> Result<(), String> {
+    let embedded = args.backing.is_none();
+    let backing = args.backing.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_BACKING));
+    if embedded {
+        ensure_default_backing(&backing)?;
+    }
+    let cache = args.cache.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE));
+    let cache_args = CacheArgs {
+        cache: cache.clone(),
+        backing: backing.clone(),
+        cache_size: args.cache_size,
+        block_size: args.block_size,
+        mode: args.mode,
+        engine: args.engine.clone(),
+        eviction: args.eviction,
+    };
+    // One lane per connection, plus the control socket's and the final drain's.
+    let max_lanes = args.max_connections + 2;
+    let (engine, opened) = open_or_format(&cache_args, max_lanes)?;
+    match &opened {
+        Opened::Formatted => eprintln!("pmcache: formatted {} as a new cache", cache.display()),
+        Opened::Attached(report) => eprintln!(
+            "pmcache: attached {} ({} shutdown): {} clean and {} dirty blocks, {} made dirty by the synced rule, {} torn and {} corrupt entries dropped, in {:.1} ms",
+            cache.display(),
+            if report.was_clean_shutdown { "clean" } else { "unclean" },
+            report.clean,
+            report.dirty,
+            report.clean_made_dirty,
+            report.torn,
+            report.corrupt,
+            report.duration_ns as f64 / 1e6
+        ),
+    }
+    // The engine lives as long as the process; lanes borrow it from the connection threads.
+    let engine: &'static CacheEngine = Box::leak(Box::new(engine));
+    let listen = match &args.socket {
+        Some(path) => ListenAddr::Unix(path.clone()),
+        None => ListenAddr::Tcp(args.listen),
+    };
+    let config = ServerConfig {
+        export_name: args.export.clone(),
+        listen,
+        allow_remote: args.allow_remote,
+        max_connections: args.max_connections,
+        ..ServerConfig::default()
+    };
+    let server =
+        Server::bind(config, Arc::new(CacheExport { engine })).map_err(|e| e.to_string())?;
+    let shutdown = server.shutdown_handle();
+    let detach = Arc::new(AtomicBool::new(false));
+
+    let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&cache));
+    let control_listener = control::bind(&control_path)?;
+    {
+        let shutdown = shutdown.clone();
+        let detach = detach.clone();
+        std::thread::Builder::new()
+            .name("pmcache-control".into())
+            .spawn(move || control::serve(control_listener, engine, shutdown, detach))
+            .map_err(|e| e.to_string())?;
+    }
+    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
+    {
+        let shutdown = shutdown.clone();
+        std::thread::Builder::new()
+            .name("pmcache-signals".into())
+            .spawn(move || {
+                if signals.forever().next().is_some() {
+                    shutdown.shutdown();
+                }
+            })
+            .map_err(|e| e.to_string())?;
+    }
+
+    let uri = server.local_addr().nbd_uri(&args.export);
+    print_how_to_connect(
+        &server.local_addr(),
+        &args.export,
+        &uri,
+        &cache,
+        &backing,
+        engine,
+        &control_path,
+    );
+    let served = server.run().map_err(|e| e.to_string());
+    let _ = std::fs::remove_file(&control_path);
+    if detach.load(Ordering::SeqCst) {
+        let mut lane = engine.lane().map_err(|e| e.to_string())?;
+        lane.drain().map_err(|e| format!("write-back before detach failed: {e}"))?;
+    }
+    // Connection threads have ended and dropped their lanes; a control request may still
+    // hold one for a moment.
+    let mut attempts = 0;
+    loop {
+        match engine.shutdown() {
+            Err(Error::LanesOpen { .. }) if attempts < 600 => {
+                attempts += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            result => break result.map_err(|e| format!("clean shutdown failed: {e}"))?,
+        }
+    }
+    eprintln!(
+        "pmcache: {}: cache marked clean{}",
+        cache.display(),
+        if detach.load(Ordering::SeqCst) { " and detached (every block written back)" } else { "" }
+    );
+    served
+}
+
+fn print_how_to_connect(
+    addr: &ListenAddr,
+    export: &str,
+    uri: &str,
+    cache: &Path,
+    backing: &Path,
+    engine: &CacheEngine,
+    control: &Path,
+) {
+    let slots = engine.superblock().geometry.slot_count;
+    println!(
+        "pmcache: serving {} ({} cache, {} slots of {} B, {}) in front of {} ({})",
+        cache.display(),
+        human(engine.superblock().geometry.medium_bytes),
+        slots,
+        engine.block_size(),
+        engine.mode(),
+        backing.display(),
+        human(engine.size_bytes())
+    );
+    println!("  NBD URI:     {uri}");
+    println!("  qemu-io:     qemu-io -f raw {uri}");
+    println!("  nbdinfo:     nbdinfo {uri}");
+    println!("  nbdfuse:     mkdir -p mnt && nbdfuse mnt/disk {uri} &");
+    match addr {
+        ListenAddr::Tcp(sock) => println!(
+            "  nbd-client:  nbd-client {} {} /dev/nbd0 -N {export}   (needs the kernel nbd module)",
+            sock.ip(),
+            sock.port()
+        ),
+        ListenAddr::Unix(path) => println!(
+            "  nbd-client:  nbd-client -u {} /dev/nbd0 -N {export}   (needs the kernel nbd module)",
+            path.display()
+        ),
+    }
+    println!("  stats:       pmcache stats --control {}", control.display());
+    println!(
+        "  stop:        Ctrl-C (clean shutdown), or `pmcache detach --cache {}`",
+        cache.display()
+    );
+}
