@@ -10,6 +10,7 @@
 //! (`/sys/block/*/queue/io_poll` = 0, e.g. a virtio disk without `virtio_blk.poll_queues`), so
 //! such a disk is refused at open too, the same way fio's `hipri` fails on it.
 
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
@@ -264,6 +265,7 @@ impl BackingStore for UringFile {
             ring,
             slots: Slots::new(depth),
             cqes: Vec::with_capacity(depth),
+            backlog: VecDeque::with_capacity(depth),
         }))
     }
 }
@@ -275,18 +277,34 @@ struct UringQueue {
     slots: Slots,
     /// Completions copied out of the CQ before they are processed: `(slot, result)`.
     cqes: Vec<(usize, i32)>,
+    /// Slots issued but not yet in the SQ (it was full), in order.
+    backlog: VecDeque<usize>,
 }
 
 impl UringQueue {
+    /// Queues a slot's (remaining) transfer for the SQ.
     fn issue(&mut self, slot: usize) {
-        let rem = self.slots.remaining(slot);
-        let entry = entry_for(self.shared.file.fd(), rem.op, rem.ptr, rem.len, rem.offset)
-            .user_data(slot as u64);
-        // SAFETY: the buffer belongs to the request held in `slot`, which stays in the slot
-        // table (its heap allocation unmoved) until this entry's completion is processed; `Drop`
-        // waits for every entry in the kernel. The SQ has at least `depth` entries and at most
-        // `depth` requests are in flight, so there is room.
-        unsafe { self.ring.submission().push(&entry) }.expect("SQ has room for every slot");
+        assert!(self.backlog.len() < self.slots.depth(), "backlog holds each slot at most once");
+        self.backlog.push_back(slot);
+        self.fill_sq();
+    }
+
+    /// Moves backlogged transfers into the SQ while it has room. The SQ can be full although
+    /// fewer than `depth` requests are in flight: an SQPOLL thread posts completions for the
+    /// first entries of a batch before it publishes the new SQ head.
+    fn fill_sq(&mut self) {
+        while let Some(&slot) = self.backlog.front() {
+            let rem = self.slots.remaining(slot);
+            let entry = entry_for(self.shared.file.fd(), rem.op, rem.ptr, rem.len, rem.offset)
+                .user_data(slot as u64);
+            // SAFETY: the buffer belongs to the request held in `slot`, which stays in the slot
+            // table (its heap allocation unmoved) until this entry's completion is processed;
+            // `Drop` waits for every request in the kernel.
+            if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                return;
+            }
+            self.backlog.pop_front();
+        }
     }
 
     /// Processes every CQE available now; short transfers are issued again.
@@ -342,6 +360,7 @@ impl IoQueue for UringQueue {
     }
 
     fn submit(&mut self) -> Result<usize> {
+        self.fill_sq();
         loop {
             match self.ring.submit() {
                 Ok(n) => return Ok(n),
@@ -364,6 +383,7 @@ impl IoQueue for UringQueue {
             if got >= min || self.slots.in_kernel() == 0 {
                 return Ok(got);
             }
+            self.fill_sq();
             enter(&self.ring, 1);
         }
     }

@@ -164,6 +164,9 @@ pub fn run_cli(args: &EnginesArgs) -> Result<(), String> {
         ));
     }
     let files = prepare_files(args, &plan)?;
+    if !args.json {
+        print!("{}", table_header(&machine, &plan));
+    }
     let mut rows = Vec::new();
     let total = count_points(&plan, &engines, &files);
     let mut done = 0;
@@ -181,7 +184,13 @@ pub fn run_cli(args: &EnginesArgs) -> Result<(), String> {
                             file.label
                         );
                         let _ = std::io::stderr().flush();
-                        rows.push(measure_point(args, &plan, file, rw, engine, jobs, qd));
+                        let row = measure_point(args, &plan, file, rw, engine, jobs, qd);
+                        if !args.json {
+                            eprint!("\r");
+                            print!("{}", table_row(&row));
+                            let _ = std::io::stdout().flush();
+                        }
+                        rows.push(row);
                     }
                 }
             }
@@ -201,7 +210,7 @@ pub fn run_cli(args: &EnginesArgs) -> Result<(), String> {
     if args.json {
         println!("{json}");
     } else {
-        print!("{}", render_table(&report));
+        print!("{}", table_summary(&report.rows));
     }
     plot(&report, &args.plot)?;
     eprintln!("plot written to {}", args.plot.display());
@@ -590,19 +599,19 @@ fn run_fio(
     })
 }
 
-fn render_table(report: &Report) -> String {
+fn table_header(m: &Machine, plan: &Plan) -> String {
     let mut out = String::new();
-    let m = &report.machine;
     let _ = writeln!(
         out,
-        "# pmcache bench engines — kernel {}, {} CPUs ({}), {}; 4 KiB, {} runs of {:.2} s per point (median); file {} MiB",
+        "# pmcache bench engines — kernel {}, {} CPUs ({}), {}; 4 KiB, median of {} runs of \
+         {:.2} s per point; files of {} MiB",
         m.kernel,
         m.cpus,
         m.cpu_model,
         m.fio_version.as_deref().unwrap_or("no fio"),
-        report.plan.runs,
-        report.plan.runtime_secs,
-        report.plan.file_bytes >> 20
+        plan.runs,
+        plan.runtime_secs,
+        plan.file_bytes >> 20
     );
     let _ = writeln!(
         out,
@@ -620,45 +629,51 @@ fn render_table(report: &Report) -> String {
         "fio µs",
         "ratio"
     );
-    for r in &report.rows {
-        let mode = if r.direct { "O_DIRECT" } else { "buffered" };
-        let us = |ns: f64| ns / 1000.0;
-        let (iops, mean, p99) = r.ours.map_or(("-".into(), "-".into(), "-".into()), |s| {
-            (
-                format!("{:.0}", s.iops),
-                format!("{:.1}", us(s.latency_ns_mean)),
-                format!("{:.1}", us(s.latency_ns_p99)),
-            )
-        });
-        let (fio_iops, fio_mean) = r.fio.map_or(("-".into(), "-".into()), |s| {
-            (format!("{:.0}", s.iops), format!("{:.1}", us(s.latency_ns_mean)))
-        });
-        let ratio = r.ratio.map_or("-".into(), |x| format!("{x:.2}"));
-        let _ = writeln!(
-            out,
-            "{:<5} {:<8} {:<9} {:<16} {:>4} {:>3} {:>10} {:>9} {:>9} {:>10} {:>9} {:>6}",
-            r.file, mode, r.rw, r.engine, r.jobs, r.qd, iops, mean, p99, fio_iops, fio_mean, ratio
-        );
-        if let Some(e) = &r.error {
-            let _ = writeln!(out, "      ours: {e}");
-        }
-        if let Some(e) = &r.fio_error {
-            let _ = writeln!(out, "      fio:  {e}");
-        }
+    out
+}
+
+fn table_row(r: &Row) -> String {
+    let mut out = String::new();
+    let mode = if r.direct { "O_DIRECT" } else { "buffered" };
+    let us = |ns: f64| ns / 1000.0;
+    let (iops, mean, p99) = r.ours.map_or(("-".into(), "-".into(), "-".into()), |s| {
+        (
+            format!("{:.0}", s.iops),
+            format!("{:.1}", us(s.latency_ns_mean)),
+            format!("{:.1}", us(s.latency_ns_p99)),
+        )
+    });
+    let (fio_iops, fio_mean) = r.fio.map_or(("-".into(), "-".into()), |s| {
+        (format!("{:.0}", s.iops), format!("{:.1}", us(s.latency_ns_mean)))
+    });
+    let ratio = r.ratio.map_or("-".into(), |x| format!("{x:.2}"));
+    let _ = writeln!(
+        out,
+        "{:<5} {:<8} {:<9} {:<16} {:>4} {:>3} {:>10} {:>9} {:>9} {:>10} {:>9} {:>6}",
+        r.file, mode, r.rw, r.engine, r.jobs, r.qd, iops, mean, p99, fio_iops, fio_mean, ratio
+    );
+    if let Some(e) = &r.error {
+        let _ = writeln!(out, "      ours: {e}");
     }
-    let ratios: Vec<f64> = report.rows.iter().filter_map(|r| r.ratio).collect();
-    if !ratios.is_empty() {
-        let below = ratios.iter().filter(|&&x| x < 0.90).count();
-        let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        let _ = writeln!(
-            out,
-            "# {} points with a fio baseline; {} below 0.90x; lowest ratio {:.2}",
-            ratios.len(),
-            below,
-            min
-        );
+    if let Some(e) = &r.fio_error {
+        let _ = writeln!(out, "      fio:  {e}");
     }
     out
+}
+
+fn table_summary(rows: &[Row]) -> String {
+    let ratios: Vec<f64> = rows.iter().filter_map(|r| r.ratio).collect();
+    if ratios.is_empty() {
+        return String::new();
+    }
+    let below = ratios.iter().filter(|&&x| x < 0.90).count();
+    let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    format!(
+        "# {} points with a fio baseline; {} below 0.90x; lowest ratio {:.2}\n",
+        ratios.len(),
+        below,
+        min
+    )
 }
 
 /// One panel per (file, workload, queue depth): IOPS vs jobs, a solid line per engine (ours)
