@@ -3,7 +3,7 @@
 //! An [`Export`] is shared by all connections; each client connection gets its own
 //! [`ExportConn`] from [`Export::open_conn`] (the cache engine gives each one its own lane).
 //! The server only calls an `ExportConn` from the one thread that serves that connection, and
-//! only with requests it has already validated: in range, aligned to
+//! only with requests it has already validated: non-empty, in range, aligned to
 //! [`BlockSizes::min_bytes`], and for reads and writes no longer than the advertised maximum.
 //! Failures are values: an [`ExportError`] carries an errno that the server maps to the NBD
 //! error the spec allows.
@@ -107,7 +107,7 @@ pub trait Export: Send + Sync + 'static {
 }
 
 /// One connection's view of an export. Called from one thread at a time, with requests that
-/// are in range and aligned. `fua` means: persist this write before returning.
+/// are non-empty, in range and aligned. `fua` means: persist this write before returning.
 pub trait ExportConn: Send {
     /// Fills `buf` with the bytes at `offset_bytes`.
     fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), ExportError>;

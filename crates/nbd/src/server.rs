@@ -434,6 +434,9 @@ fn transmission<T: Transport, C: ExportConn>(
                 wire.make_room(STRUCTURED_READ_HEADER_BYTES + len)?;
                 let mark = wire.out.len();
                 codec::encode_read_ok(&mut wire.out, structured, cookie, offset_bytes, len_bytes);
+                if len == 0 {
+                    continue;
+                }
                 let start = wire.out.len();
                 wire.out.resize(start + len, 0);
                 match conn.read(offset_bytes, &mut wire.out[start..]) {
@@ -447,9 +450,12 @@ fn transmission<T: Transport, C: ExportConn>(
             Request::Write { offset_bytes, len_bytes, fua } => {
                 let data = &mut payload[..len_bytes as usize];
                 wire.read_exact(data)?;
-                conn.write(offset_bytes, data, fua)
+                if data.is_empty() { Ok(()) } else { conn.write(offset_bytes, data, fua) }
             }
             Request::Flush => conn.flush(),
+            Request::Trim { len_bytes: 0, .. } | Request::WriteZeroes { len_bytes: 0, .. } => {
+                Ok(())
+            }
             Request::Trim { offset_bytes, len_bytes, fua } => {
                 conn.trim(offset_bytes, u64::from(len_bytes), fua)
             }
