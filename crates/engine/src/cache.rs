@@ -212,6 +212,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             id,
             free: Vec::with_capacity(self.lane_free_max * 2),
             pending_free: Vec::with_capacity(64),
+            unflushed_frees: Vec::with_capacity(64),
             fences: 0,
             block: vec![0u8; self.geometry.block_size as usize],
             scratch_slots: Vec::with_capacity(DRAIN_BATCH),
@@ -352,6 +353,14 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         Ok(result?)
     }
 
+    /// `fdatasync`s the backing store, noting which writes it covered.
+    fn sync_backing(&self) -> Result<()> {
+        let writes = self.backing_writes.load(Ordering::SeqCst);
+        self.backing.flush()?;
+        self.backing_writes_synced.fetch_max(writes, Ordering::SeqCst);
+        Ok(())
+    }
+
     fn check_range(&self, op: &'static str, offset: u64, len: u64) -> Result<()> {
         let size_bytes = self.size_bytes();
         match offset.checked_add(len) {
@@ -391,6 +400,9 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     free: Vec<u32>,
     /// Slots freed by this lane, with the fence count at the time; usable after a later fence.
     pending_free: Vec<(u32, u64)>,
+    /// Freed slots whose zeroed entries still need a cache-line write-back; it is issued just
+    /// before this lane's next fence (so no locked instruction waits on it meanwhile).
+    unflushed_frees: Vec<u32>,
     fences: u64,
     block: Vec<u8>,
     scratch_slots: Vec<u32>,
@@ -434,11 +446,20 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     // ----- persistence helpers (every fence this lane issues goes through here) -----
 
     fn fence(&mut self) {
+        self.flush_freed_entries();
         self.engine.medium.drain();
         self.fences += 1;
     }
 
+    /// Issues the write-backs of freed slots' zeroed entries (made durable by the next fence).
+    fn flush_freed_entries(&mut self) {
+        for slot in self.unflushed_frees.drain(..) {
+            self.engine.medium.flush(self.engine.geometry.entry_offset(slot), 16);
+        }
+    }
+
     fn write_data(&mut self, slot: u32, data: &[u8]) {
+        self.flush_freed_entries();
         let at = self.engine.geometry.data_offset(slot);
         self.engine.medium.write_persist(at, data);
         self.fences += 1;
@@ -514,10 +535,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         self.free.push(slot);
     }
 
-    /// Frees a slot whose block is superseded or dropped; reusable after this lane's next fence.
+    /// Frees a slot whose block is superseded or dropped; reusable after this lane's next fence
+    /// (which first writes back the zeroed entry).
     fn free_slot(&mut self, slot: u32) {
-        self.engine.clear_entry(slot);
+        let at = self.engine.geometry.entry_offset(slot);
+        self.engine.medium.store_u64(at, 0);
+        self.engine.medium.store_u64(at + 8, 0);
         self.engine.slots.free(slot);
+        self.unflushed_frees.push(slot);
         self.pending_free.push((slot, self.fences));
     }
 
@@ -641,9 +666,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             return Ok(0);
         }
         let sample = engine.last_issued_seq();
-        let writes = engine.backing_writes.load(Ordering::SeqCst);
-        engine.backing.flush()?;
-        engine.backing_writes_synced.fetch_max(writes, Ordering::SeqCst);
+        engine.sync_backing()?;
         let written = std::mem::take(&mut self.written);
         let mut cleaned = 0;
         for &(slot, seen, entry) in &written {
@@ -873,6 +896,11 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         let slot = self.alloc()?;
         let full = in_block == 0 && payload.len() as u64 == self.block_bytes();
+        // The stripe lock and the sequence number are taken before the data is copied: a
+        // locked instruction waits for every outstanding non-temporal store and write-back,
+        // so this way the only one that waits is the index switch after the entry's fence.
+        let guard = engine.lock_stripe(lba);
+        let seq = engine.issue_seq();
         if full {
             match payload {
                 Payload::Data(data) => self.write_data(slot, data),
@@ -884,7 +912,6 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 }
             }
         }
-        let guard = engine.lock_stripe(lba);
         let old = engine.index.lookup(lba);
         if !full {
             if let Err(err) = self.load_block(lba, old.as_ref()) {
@@ -904,7 +931,6 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.give_back(slot);
             return Err(err);
         }
-        let seq = engine.issue_seq();
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Dirty, seq });
         let counters = self.counters();
         match old {
@@ -971,6 +997,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             (false, _) => engine.backing_write(&self.block, lba * block),
         };
         if let Err(err) = written {
+            drop(guard);
+            return fail(self, err);
+        }
+        // A dirty cached copy is the only durable copy of the block's current data: it may be
+        // dropped only once the new data is durable on the backing store.
+        if old_dirty && let Err(err) = engine.sync_backing() {
             drop(guard);
             return fail(self, err);
         }
@@ -1058,10 +1090,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         self.fence();
         let sample = engine.last_issued_seq();
-        let writes = engine.backing_writes.load(Ordering::SeqCst);
-        if writes != engine.backing_writes_synced.load(Ordering::SeqCst) {
-            engine.backing.flush()?;
-            engine.backing_writes_synced.fetch_max(writes, Ordering::SeqCst);
+        if engine.backing_writes.load(Ordering::SeqCst)
+            != engine.backing_writes_synced.load(Ordering::SeqCst)
+        {
+            engine.sync_backing()?;
         }
         self.advance_synced_seq(sample);
         bump(&self.counters().flushes, 1);

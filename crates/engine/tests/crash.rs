@@ -54,7 +54,10 @@ fn run_strategy() -> impl Strategy<Value = CrashRun> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1500, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1500),
+        ..ProptestConfig::default()
+    })]
 
     /// Random workloads in every mode and policy, with power cuts between and inside operations
     /// (and inside the recovery that follows).

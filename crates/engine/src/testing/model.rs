@@ -409,6 +409,14 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                     break;
                 }
                 let result = run_op(&mut lane, &mut model, op);
+                if std::env::var_os("PMCACHE_MODEL_TRACE").is_some() {
+                    eprintln!(
+                        "segment {segment} op {} {op:?}: points {} crashed {}",
+                        next - 1,
+                        world.switch.points(),
+                        world.switch.has_crashed()
+                    );
+                }
                 if world.switch.has_crashed() {
                     if let Ok((data, _)) = &result {
                         model.apply_uncertain(op, data);
