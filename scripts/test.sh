@@ -20,3 +20,12 @@ cargo test --release -p pmcache-engine --features shuttle --test shuttle
 echo "== bench smoke runs"
 cargo build --release -p pmcache-cli
 ./target/release/pmcache bench core --quick
+./target/release/pmcache bench engines --quick --plot target/bench-engines-smoke.svg
+
+echo "== fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"
+if cargo +nightly fuzz --version >/dev/null 2>&1; then
+  (cd fuzz && cargo +nightly fuzz run -O connection -- -max_total_time=20 \
+    && cargo +nightly fuzz run -O codec -- -max_total_time=10)
+else
+  echo "fuzz smoke skipped: no nightly toolchain with cargo-fuzz on this machine"
+fi
