@@ -21,8 +21,9 @@ use rand::RngCore;
 
 use crate::admission::Admission;
 use crate::clock::Clock;
-use crate::config::{CacheMode, Config, EvictionKind};
+use crate::config::{CacheMode, Config};
 use crate::error::{Error, Result};
+use crate::eviction::{EvictionPolicy, Sweep};
 use crate::format::{
     self, BlockState, DecodedEntry, Geometry, SHUTDOWN_CLEAN, SHUTDOWN_DIRTY, SHUTDOWN_WORD_OFFSET,
     SUPERBLOCK_BYTES, SYNCED_SEQ_OFFSET, SlotEntry, Superblock,
@@ -67,7 +68,7 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     closed: AtomicBool,
     mode: AtomicU8,
     admission: Admission,
-    eviction: EvictionKind,
+    eviction: &'static dyn EvictionPolicy,
     pub(crate) recovered_dirty: u64,
     lane_free_max: usize,
     refill_batch: usize,
@@ -182,7 +183,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             closed: AtomicBool::new(false),
             mode: AtomicU8::new(config.mode.to_u8()),
             admission: Admission::new(config.admission),
-            eviction: config.eviction,
+            eviction: config.eviction.policy(),
             recovered_dirty: 0,
             lane_free_max,
             refill_batch: (lane_free_max / 2).clamp(1, 64),
@@ -562,13 +563,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 let slot = ((start + i) % slot_count) as u32;
                 let word = engine.slots.load(slot);
                 match word.state() {
-                    SlotState::Clean => {
-                        if engine.eviction == EvictionKind::Clock && word.referenced() {
-                            engine.slots.clear_reference(slot, word);
-                        } else if evicted < want && self.try_evict(slot, word, None) {
-                            evicted += 1;
+                    SlotState::Clean => match engine.eviction.sweep(word.referenced()) {
+                        Sweep::SecondChance => engine.slots.clear_reference(slot, word),
+                        Sweep::Evict => {
+                            if evicted < want && self.try_evict(slot, word, None) {
+                                evicted += 1;
+                            }
                         }
-                    }
+                    },
                     SlotState::Dirty => {
                         if self.scratch_slots.len() < self.scratch_slots.capacity() {
                             self.scratch_slots.push(slot);
@@ -768,7 +770,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let after = engine.slots.load(found.slot);
             {
                 if seen.is_valid() && still_mapped && after.same_incarnation(seen) {
-                    if engine.eviction == EvictionKind::Clock {
+                    if engine.eviction.marks_hits() {
                         engine.slots.touch(found.slot, after);
                     }
                     bump(&self.counters().read_hits, 1);

@@ -108,6 +108,16 @@ pub enum EvictionKind {
     Fifo,
 }
 
+impl EvictionKind {
+    /// The policy implementing this kind.
+    pub fn policy(self) -> &'static dyn crate::eviction::EvictionPolicy {
+        match self {
+            EvictionKind::Clock => &crate::eviction::Clock,
+            EvictionKind::Fifo => &crate::eviction::Fifo,
+        }
+    }
+}
+
 impl FromStr for EvictionKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

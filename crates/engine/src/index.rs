@@ -102,8 +102,10 @@ impl Index {
         // tag < 2^40 / 1024 = 2^30: with 2 choice bits and 32 slot bits it fills 64 bits,
         // and never all ones (choice 3 is unused), so it never equals EMPTY.
         let step = 1 + tag % self.bucket_count_less_one;
-        let b2 = (b1 + step) % n;
-        let b3 = (b1 + 2 * step + 1) % n;
+        // b1 < n and step < n: reduce by subtraction, not division.
+        let wrap = |x: u64| if x >= n { x - n } else { x };
+        let b2 = wrap(b1 + step);
+        let b3 = wrap(wrap(b2 + step) + 1);
         Key { buckets: [b1 as usize, b2 as usize, b3 as usize], tag }
     }
 
@@ -167,27 +169,27 @@ impl Index {
         }
     }
 
-    /// Replaces the slot of a present entry in one atomic step. The caller holds the stripe.
+    /// Replaces the slot of a present entry in one atomic store. The caller holds the block's
+    /// stripe lock, and only holders of that lock write an entry holding the block, so no
+    /// compare-and-swap (a locked instruction, which would wait for outstanding persists) is
+    /// needed; inserts of other blocks only ever claim *empty* entries.
     pub(crate) fn replace(&self, found: &Found, new_slot: u32) {
-        let new_value = (found.value & !0xffff_ffff) | u64::from(new_slot);
-        let swapped = self.buckets[found.bucket].0[found.way].compare_exchange(
-            found.value,
-            new_value,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
-        assert!(swapped.is_ok(), "index entry changed under its stripe lock");
+        self.store_over(found, (found.value & !0xffff_ffff) | u64::from(new_slot));
     }
 
-    /// Removes a present entry. The caller holds the stripe.
+    /// Removes a present entry. The caller holds the stripe (see `replace`).
     pub(crate) fn remove(&self, found: &Found) {
-        let removed = self.buckets[found.bucket].0[found.way].compare_exchange(
+        self.store_over(found, EMPTY);
+    }
+
+    fn store_over(&self, found: &Found, value: u64) {
+        let entry = &self.buckets[found.bucket].0[found.way];
+        assert_eq!(
+            entry.load(Ordering::Relaxed),
             found.value,
-            EMPTY,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
+            "index entry changed under its stripe lock"
         );
-        assert!(removed.is_ok(), "index entry changed under its stripe lock");
+        entry.store(value, Ordering::Release);
     }
 }
 

@@ -17,6 +17,7 @@ mod cache;
 mod clock;
 mod config;
 mod error;
+pub mod eviction;
 pub mod format;
 mod freepool;
 mod index;
