@@ -401,8 +401,8 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     free: Vec<u32>,
     /// Slots freed by this lane, with the fence count at the time; usable after a later fence.
     pending_free: Vec<(u32, u64)>,
-    /// Freed slots whose zeroed entries still need a cache-line write-back; it is issued just
-    /// before this lane's next fence (so no locked instruction waits on it meanwhile).
+    /// Freed slots whose entries are still to be zeroed and written back; both happen just
+    /// before this lane's next fence (so no locked instruction waits on them meanwhile).
     unflushed_frees: Vec<u32>,
     fences: u64,
     block: Vec<u8>,
@@ -452,10 +452,16 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         self.fences += 1;
     }
 
-    /// Issues the write-backs of freed slots' zeroed entries (made durable by the next fence).
+    /// Zeroes the entries of slots this lane freed and issues their write-backs (made durable
+    /// by the fence that follows). Until then a freed slot's entry still shows its old block:
+    /// recovery either finds a newer entry for that block or (for an eviction) a clean copy
+    /// that is still correct. Nobody else writes the entry: the slot is this lane's.
     fn flush_freed_entries(&mut self) {
         for slot in self.unflushed_frees.drain(..) {
-            self.engine.medium.flush(self.engine.geometry.entry_offset(slot), 16);
+            let at = self.engine.geometry.entry_offset(slot);
+            self.engine.medium.store_u64(at, 0);
+            self.engine.medium.store_u64(at + 8, 0);
+            self.engine.medium.flush(at, 16);
         }
     }
 
@@ -536,12 +542,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         self.free.push(slot);
     }
 
-    /// Frees a slot whose block is superseded or dropped; reusable after this lane's next fence
-    /// (which first writes back the zeroed entry).
+    /// Frees a slot whose block is superseded or dropped. Its entry is zeroed before this lane's
+    /// next fence, and the slot is reusable after that fence.
     fn free_slot(&mut self, slot: u32) {
-        let at = self.engine.geometry.entry_offset(slot);
-        self.engine.medium.store_u64(at, 0);
-        self.engine.medium.store_u64(at + 8, 0);
         self.engine.slots.free(slot);
         self.unflushed_frees.push(slot);
         self.pending_free.push((slot, self.fences));
