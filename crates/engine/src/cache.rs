@@ -809,7 +809,15 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let block = self.block_bytes();
         let Some(slot) = reserved else {
             engine.backing.read_at(out, lba * block + in_block as u64)?;
-            bump(&self.counters().read_misses_bypassed, 1);
+            let counters = self.counters();
+            bump(
+                if may_admit {
+                    &counters.read_misses_bypassed
+                } else {
+                    &counters.read_misses_sequential
+                },
+                1,
+            );
             return Ok(());
         };
         if let Err(err) = engine.backing.read_at(&mut self.block, lba * block) {

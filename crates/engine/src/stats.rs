@@ -47,8 +47,11 @@ counters! {
     read_hits,
     /// Blocks read from the backing store and admitted.
     read_misses_admitted,
-    /// Blocks read from the backing store and not admitted (mode, policy, or sequential cutoff).
+    /// Blocks read from the backing store and not admitted: the mode does not admit reads, or
+    /// the admission policy (n-hit) said no.
     read_misses_bypassed,
+    /// Blocks read from the backing store and not admitted: beyond the sequential cutoff.
+    read_misses_sequential,
     /// Lock-free read attempts that saw a slot change under them and retried.
     read_retries,
     /// Blocks written.

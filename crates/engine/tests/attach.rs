@@ -297,3 +297,26 @@ fn check_reports_what_recovery_will_find_without_changing_the_medium() {
         Engine::open(medium, backing, clock(), &config(CacheMode::WriteBack)).unwrap();
     assert_eq!((recovered.clean, recovered.dirty, recovered.corrupt), (4, 2, 1));
 }
+
+#[test]
+fn misses_are_counted_by_kind() {
+    let (medium, backing) = parts();
+    let mut cfg = config(CacheMode::WriteBack);
+    cfg.admission = AdmissionConfig::SequentialCutoff { cutoff_bytes: 4 * BLOCK as u64 };
+    let engine = Engine::format(medium, backing, clock(), &cfg).unwrap();
+    let mut lane = engine.lane().unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    // A sequential stream of 16 blocks: the first 4 are admitted, the rest bypass.
+    for b in 0..16u64 {
+        lane.read(b * BLOCK as u64, &mut buf).unwrap();
+    }
+    let stats = engine.stats();
+    assert_eq!((stats.read_misses_admitted, stats.read_misses_sequential), (4, 12), "{stats:?}");
+    // Pass-through does not admit.
+    engine.set_mode(CacheMode::PassThrough);
+    lane.read(40 * BLOCK as u64, &mut buf).unwrap();
+    assert_eq!(engine.stats().read_misses_bypassed, 1);
+    // The admitted blocks now hit.
+    lane.read(0, &mut buf).unwrap();
+    assert_eq!(engine.stats().read_hits, 1);
+}
