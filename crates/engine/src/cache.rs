@@ -56,7 +56,9 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     pub(crate) backing_blocks: u64,
     pub(crate) slots: SlotTable,
     pub(crate) index: Index,
-    stripes: Box<[CachePadded<Mutex<()>>]>,
+    /// Stripe locks; each holds the last sequence number issued to a block of its stripe, so
+    /// that a block's sequence numbers grow in lock order whichever lane issues them.
+    stripes: Box<[CachePadded<Mutex<u64>>]>,
     pub(crate) pool: FreePool,
     hand: AtomicU64,
     pub(crate) next_seq: AtomicU64,
@@ -99,7 +101,7 @@ impl Payload<'_> {
 /// A stripe lock, or the knowledge that the caller already holds it.
 enum StripeGuard<'a> {
     AlreadyHeld,
-    Locked(#[expect(dead_code, reason = "held for its Drop")] MutexGuard<'a, ()>),
+    Locked(#[expect(dead_code, reason = "held for its Drop")] MutexGuard<'a, u64>),
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
@@ -167,7 +169,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         Ok(Self {
             slots: SlotTable::new(slot_count),
             index: Index::new(slot_count),
-            stripes: (0..stripe_count).map(|_| CachePadded::new(Mutex::new(()))).collect(),
+            stripes: (0..stripe_count).map(|_| CachePadded::new(Mutex::new(0))).collect(),
             pool: FreePool::new(slot_count),
             hand: AtomicU64::new(0),
             next_seq: AtomicU64::new(first_seq_after(synced_seq)),
@@ -215,6 +217,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             pending_free: Vec::with_capacity(64),
             unflushed_frees: Vec::with_capacity(64),
             fences: 0,
+            seq_next: 0,
+            seq_end: 0,
             block: vec![0u8; self.geometry.block_size as usize],
             scratch_slots: Vec::with_capacity(DRAIN_BATCH),
             written: Vec::with_capacity(DRAIN_BATCH),
@@ -274,7 +278,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         self.slots.len() as usize * 4
             + self.index.bytes()
             + self.pool.bytes()
-            + self.stripes.len() * std::mem::size_of::<CachePadded<Mutex<()>>>()
+            + self.stripes.len() * std::mem::size_of::<CachePadded<Mutex<u64>>>()
             + self.lanes.len() * std::mem::size_of::<LaneSlot>()
     }
 
@@ -302,7 +306,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         (lba.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & (self.stripes.len() - 1)
     }
 
-    fn lock_stripe(&self, lba: u64) -> MutexGuard<'_, ()> {
+    fn lock_stripe(&self, lba: u64) -> MutexGuard<'_, u64> {
         lock(&self.stripes[self.stripe_index(lba)])
     }
 
@@ -315,14 +319,22 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         self.stripes[stripe].try_lock().ok().map(StripeGuard::Locked)
     }
 
-    /// Issues the next sequence number (never 0 or a multiple of 256; see format.rs).
-    fn issue_seq(&self) -> u64 {
-        loop {
+    /// Issues a sequence number from the global counter, for an entry whose backing I/O has
+    /// completed (clean entries: the synced rule needs the global order), above every number
+    /// issued to the stripe (`stripe_last`, held under the stripe lock).
+    fn global_seq(&self, stripe_last: &mut u64) -> u64 {
+        let fetched = loop {
             let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
             if format::is_issuable_seq(seq) {
-                return seq;
+                break seq;
             }
+        };
+        let seq = first_seq_after(fetched.max(*stripe_last + 1) - 1);
+        if seq != fetched {
+            self.next_seq.fetch_max(seq + 1, Ordering::SeqCst);
         }
+        *stripe_last = seq;
+        seq
     }
 
     fn last_issued_seq(&self) -> u64 {
@@ -405,6 +417,9 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     /// before this lane's next fence (so no locked instruction waits on them meanwhile).
     unflushed_frees: Vec<u32>,
     fences: u64,
+    /// This lane's range of sequence numbers for write-back entries: `seq_next..seq_end`.
+    seq_next: u64,
+    seq_end: u64,
     block: Vec<u8>,
     scratch_slots: Vec<u32>,
     written: Vec<(u32, SlotWord, SlotEntry)>,
@@ -497,6 +512,21 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.fence();
             *synced = sample;
         }
+    }
+
+    /// A sequence number for a write-back entry, from this lane's range (refilled from the
+    /// global counter 1024 at a time, so writers share no counter), above every number issued
+    /// to the stripe. Write-back entries are dirty: the synced rule does not look at them.
+    fn local_seq(&mut self, stripe_last: &mut u64) -> u64 {
+        const RANGE: u64 = 1024;
+        if self.seq_next >= self.seq_end {
+            self.seq_next = self.engine.next_seq.fetch_add(RANGE, Ordering::SeqCst);
+            self.seq_end = self.seq_next + RANGE;
+        }
+        let seq = first_seq_after(self.seq_next.max(*stripe_last + 1) - 1);
+        self.seq_next = seq + 1;
+        *stripe_last = seq;
+        seq
     }
 
     // ----- slot allocation -----
@@ -796,7 +826,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         let admit = may_admit && engine.mode().admits_reads() && engine.admission.admit_block(lba);
         let reserved = if admit { Some(self.alloc()?) } else { None };
-        let guard = engine.lock_stripe(lba);
+        let mut guard = engine.lock_stripe(lba);
         if let Some(found) = engine.index.lookup(lba) {
             engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
             drop(guard);
@@ -831,7 +861,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             return Err(err);
         }
         // The sequence number is taken after the backing read completed (the synced rule).
-        let seq = engine.issue_seq();
+        let seq = engine.global_seq(&mut guard);
         let data = std::mem::take(&mut self.block);
         self.write_data(slot, &data);
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
@@ -912,8 +942,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // The stripe lock and the sequence number are taken before the data is copied: a
         // locked instruction waits for every outstanding non-temporal store and write-back,
         // so this way the only one that waits is the index switch after the entry's fence.
-        let guard = engine.lock_stripe(lba);
-        let seq = engine.issue_seq();
+        let mut guard = engine.lock_stripe(lba);
+        let seq = self.local_seq(&mut guard);
         if full {
             match payload {
                 Payload::Data(data) => self.write_data(slot, data),
@@ -980,7 +1010,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let block = self.block_bytes();
         let full = in_block == 0 && payload.len() as u64 == block;
         let reserved = if admit { Some(self.alloc()?) } else { None };
-        let guard = engine.lock_stripe(lba);
+        let mut guard = engine.lock_stripe(lba);
         let old = engine.index.lookup(lba);
         let old_dirty = old.is_some_and(|f| engine.slots.load(f.slot).state() == SlotState::Dirty);
         let fail = |lane: &mut Self, err: Error| {
@@ -1030,7 +1060,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                     let _ = fail(self, err);
                     return Ok(());
                 }
-                let seq = engine.issue_seq();
+                let seq = engine.global_seq(&mut guard);
                 let data = std::mem::take(&mut self.block);
                 self.write_data(slot, &data);
                 self.block = data;

@@ -399,7 +399,12 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
     let mut segment = 0;
     loop {
         {
-            let mut lane = engine.lane().map_err(|e| e.to_string())?;
+            // Two lanes, used alternately: a block's versions come from different lanes, so
+            // recovery's "newest wins" depends on cross-lane sequence order.
+            let mut lanes = [
+                engine.lane().map_err(|e| e.to_string())?,
+                engine.lane().map_err(|e| e.to_string())?,
+            ];
             while next < ops.len() {
                 let op = &ops[next];
                 next += 1;
@@ -408,7 +413,7 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                     world.switch.cut_now();
                     break;
                 }
-                let result = run_op(&mut lane, &mut model, op);
+                let result = run_op(&mut lanes[next % 2], &mut model, op);
                 if std::env::var_os("PMCACHE_MODEL_TRACE").is_some() {
                     eprintln!(
                         "segment {segment} op {} {op:?}: points {} crashed {}",
@@ -435,9 +440,10 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                 outcome.persist_points_first_segment = world.switch.points() - format_points;
             }
             if !world.switch.has_crashed() {
+                let lane = &mut lanes[0];
                 lane.drain().map_err(|e| format!("final drain: {e}"))?;
                 model.apply(&Op::Drain, &[]);
-                verify_all(&mut lane, &mut model)?;
+                verify_all(lane, &mut model)?;
                 model.check_backing(&world.backing.contents())?;
                 return Ok(outcome);
             }
