@@ -52,16 +52,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         config: &Config,
     ) -> Result<(Self, RecoveryReport)> {
         let started_ns = clock.now_ns();
-        let mut header = [0u8; HEADER_BYTES];
-        if medium.len_bytes() < HEADER_BYTES as u64 {
-            return Err(crate::format::FormatError::BadGeometry(format!(
-                "the medium is {} bytes, smaller than a superblock",
-                medium.len_bytes()
-            ))
-            .into());
-        }
-        medium.read(0, &mut header);
-        let superblock = Superblock::decode(&header, medium.len_bytes())?;
+        let superblock = read_superblock(&medium)?;
         superblock.check_backing(&backing.identity())?;
         let (was_clean_shutdown, synced_seq) = read_shutdown_state(&medium)?;
         let mut engine = Self::assemble(medium, backing, clock, config, superblock, synced_seq)?;
@@ -226,16 +217,7 @@ pub struct CheckReport {
 /// Verifies a cache medium without changing it: the superblock (as `Engine::open` would) and
 /// every metadata entry. A corrupt superblock is an error; corrupt entries are counted.
 pub fn check_medium<M: Medium>(medium: &M) -> Result<CheckReport> {
-    let mut header = [0u8; HEADER_BYTES];
-    if medium.len_bytes() < HEADER_BYTES as u64 {
-        return Err(crate::format::FormatError::BadGeometry(format!(
-            "the medium is {} bytes, smaller than a superblock",
-            medium.len_bytes()
-        ))
-        .into());
-    }
-    medium.read(0, &mut header);
-    let superblock = Superblock::decode(&header, medium.len_bytes())?;
+    let superblock = read_superblock(medium)?;
     let (was_clean_shutdown, synced_seq) = read_shutdown_state(medium)?;
     let geometry = superblock.geometry;
     let backing_blocks = superblock.backing.size_bytes / u64::from(geometry.block_size);
@@ -280,4 +262,18 @@ pub fn check_medium<M: Medium>(medium: &M) -> Result<CheckReport> {
         }
     }
     Ok(report)
+}
+
+/// Reads and validates the superblock header of a medium.
+fn read_superblock<M: Medium>(medium: &M) -> Result<Superblock> {
+    if medium.len_bytes() < HEADER_BYTES as u64 {
+        return Err(crate::format::FormatError::BadGeometry(format!(
+            "the medium is {} bytes, smaller than a superblock",
+            medium.len_bytes()
+        ))
+        .into());
+    }
+    let mut header = [0u8; HEADER_BYTES];
+    medium.read(0, &mut header);
+    Ok(Superblock::decode(&header, medium.len_bytes())?)
 }
