@@ -167,6 +167,15 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         engine: args.engine.clone(),
         eviction: args.eviction,
     };
+    // The control socket first: a second server on a live cache is refused before it opens
+    // (and so touches) the medium. It is removed only when the cache is marked clean, which is
+    // what an online `pmcache detach` waits for.
+    let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&cache));
+    let control_listener = control::bind(&control_path)?;
+    let _control_file = RemoveOnDrop(control_path.clone());
+    if let Some(socket) = &args.socket {
+        remove_stale_socket(socket)?;
+    }
     // One lane per connection, plus the control socket's and the final drain's.
     let max_lanes = args.max_connections + 2;
     let (engine, opened) = open_or_format(&cache_args, max_lanes)?;
@@ -202,8 +211,6 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let shutdown = server.shutdown_handle();
     let detach = Arc::new(AtomicBool::new(false));
 
-    let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&cache));
-    let control_listener = control::bind(&control_path)?;
     {
         let shutdown = shutdown.clone();
         let detach = detach.clone();
@@ -236,7 +243,6 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         &control_path,
     );
     let served = server.run().map_err(|e| e.to_string());
-    let _ = std::fs::remove_file(&control_path);
     if detach.load(Ordering::SeqCst) {
         let mut lane = engine.lane().map_err(|e| e.to_string())?;
         lane.drain().map_err(|e| format!("write-back before detach failed: {e}"))?;
@@ -259,6 +265,32 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         if detach.load(Ordering::SeqCst) { " and detached (every block written back)" } else { "" }
     );
     served
+}
+
+/// Removes a file when dropped (the control socket, on every way out of `run`).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Removes a unix socket left behind by a server that was killed (nothing answers on it), so
+/// a restart after a crash can listen again; refuses if a server still answers.
+fn remove_stale_socket(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(()) };
+    if !meta.file_type().is_socket() {
+        return Err(format!(
+            "{} exists and is not a socket; refusing to replace it",
+            path.display()
+        ));
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(format!("{} is in use: another server listens on it", path.display()));
+    }
+    std::fs::remove_file(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn print_how_to_connect(

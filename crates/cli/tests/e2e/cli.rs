@@ -1,0 +1,240 @@
+//! The `pmcache` command's behaviour around `serve`: refusals that leave the medium
+//! untouched (a cache of another backing store, foreign data, a cache already served),
+//! `check` on a healthy and a corrupted cache, `stats --json` / `--prometheus`, `flush`,
+//! SIGTERM shutdown, and `detach` online and offline.
+
+use std::process::Command;
+use std::time::Duration;
+
+use pmcache_nbd::codec::CMD_FLAG_FUA;
+
+use crate::common::*;
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn serve_refused(setup: &Setup, backing: &std::path::Path) -> std::process::Output {
+    run(
+        Command::new(PMCACHE).args([
+            "serve",
+            "--cache",
+            &setup.cache_arg(),
+            "--backing",
+            &backing.display().to_string(),
+            "--cache-size",
+            &setup.cache_bytes.to_string(),
+            "--control",
+            &setup.control_arg(),
+            "--listen",
+            "127.0.0.1:0",
+        ]),
+        Duration::from_secs(30),
+    )
+}
+
+#[test]
+fn serve_refuses_a_cache_of_another_backing_store_without_touching_it() {
+    let setup = Setup::new("other", 64 * MIB, 4 * MIB);
+    let server = setup.serve(Via::Tcp, &[]);
+    let mut c = NbdClient::connect(server.addr());
+    c.write_at(0, &[7; 8192], 0); // dirty blocks in the cache
+    server.kill9();
+    let before = read_file(&setup.cache);
+    // Same size, another file.
+    let other = setup.disk.path().join("other.img");
+    std::fs::File::create(&other).and_then(|f| f.set_len(64 * MIB)).expect("other backing");
+    let out = serve_refused(&setup, &other);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains(&setup.cache_arg())
+            && err.contains("this cache belongs to another backing store")
+            && err.contains("67108864 bytes with fingerprint"),
+        "{err}"
+    );
+    assert!(read_file(&setup.cache) == before, "a refused serve changed the medium");
+    assert!(read_file_at(&other, 0, 8192) == vec![0u8; 8192]);
+    // The right backing store still attaches and has the data.
+    let server = setup.serve(Via::Tcp, &[]);
+    assert_eq!(NbdClient::connect(server.addr()).read_at(0, 8192), vec![7u8; 8192]);
+    server.terminate();
+}
+
+#[test]
+fn serve_refuses_foreign_data_and_a_cache_already_served() {
+    let setup = Setup::new("foreign", 64 * MIB, 4 * MIB);
+    let foreign = pseudo_random(4 * MIB as usize, 99);
+    std::fs::write(&setup.cache, &foreign).expect("foreign medium");
+    let out = serve_refused(&setup, &setup.backing);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("holds data that is not a pmcache cache; refusing to overwrite it"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(read_file(&setup.cache) == foreign, "a refused serve changed foreign data");
+    let out = setup.pmcache(&["check", "--cache", &setup.cache_arg()]);
+    assert!(!out.status.success(), "check accepted foreign data");
+
+    // A second server on a cache that is being served is refused, and the first is unharmed.
+    std::fs::remove_file(&setup.cache).expect("rm");
+    let server = setup.serve(Via::Tcp, &[]);
+    let mut c = NbdClient::connect(server.addr());
+    let data = pseudo_random(64 * 1024, 5);
+    c.write_at(0, &data, 0);
+    let out = serve_refused(&setup, &setup.backing);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("another pmcache server runs on this cache"), "{}", stderr(&out));
+    assert!(c.read_at(0, 64 * 1024) == data);
+    let stats = setup.stats();
+    assert_eq!(stats["bytes_written"], 64 * 1024, "{stats}");
+    server.terminate();
+}
+
+#[test]
+fn check_flags_a_corrupted_metadata_entry() {
+    let setup = Setup::new("check", 64 * MIB, 4 * MIB);
+    let server = setup.serve(Via::Tcp, &[]);
+    let mut c = NbdClient::connect(server.addr());
+    c.write_at(0, &pseudo_random(256 * 1024, 1), CMD_FLAG_FUA);
+    drop(c);
+    server.terminate();
+    let out = setup.pmcache(&["check", "--json", "--cache", &setup.cache_arg()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("check json");
+    assert_eq!(
+        (v["clean_shutdown"].clone(), v["dirty"].clone(), v["corrupt"].clone()),
+        (true.into(), 64.into(), 0.into()),
+        "{v}"
+    );
+    // Flip a bit of the 12-bit check field of the first used entry (meta_offset 4096, 16
+    // bytes per slot): the entry no longer matches its checksum.
+    let mut medium = read_file(&setup.cache);
+    let slot = (0..v["slots"].as_u64().expect("slots") as usize)
+        .find(|s| medium[4096 + 16 * s..4096 + 16 * s + 8] != [0; 8])
+        .expect("a used entry");
+    medium[4096 + 16 * slot + 6] ^= 0x10; // bit 52 of word 0
+    std::fs::write(&setup.cache, &medium).expect("corrupt");
+    let out = setup.pmcache(&["check", "--cache", &setup.cache_arg()]);
+    assert!(!out.status.success(), "check passed a corrupt entry");
+    assert!(stderr(&out).contains("1 corrupt metadata entries"), "{}", stderr(&out));
+    // Serving drops the corrupt entry (counted), never trusts it.
+    let server = setup.serve(Via::Tcp, &[]);
+    assert!(server.logs().contains("0 torn and 1 corrupt entries dropped"), "{}", server.logs());
+    server.terminate();
+}
+
+#[test]
+fn stats_flush_sigterm_and_detach() {
+    let setup = Setup::new("stats", 64 * MIB, 4 * MIB);
+    let server = setup.serve(Via::Tcp, &["--mode", "writeback"]);
+    let mut c = NbdClient::connect(server.addr());
+    let data = pseudo_random(2 * MIB as usize, 8);
+    c.write_at(MIB, &data, 0);
+    assert_eq!(c.read_at(MIB, 4096), data[..4096]);
+    let stats = setup.stats();
+    assert_eq!(stats["mode"], "writeback", "{stats}");
+    assert_eq!(stats["size_bytes"], 64 * MIB, "{stats}");
+    assert_eq!(stats["dirty_slots"], 512, "{stats}");
+    assert_eq!(stats["bytes_written"], 2 * MIB, "{stats}");
+    assert!(stats["read_hits"].as_u64() >= Some(1), "{stats}");
+
+    let out = run_ok(
+        Command::new(PMCACHE).args(["stats", "--prometheus", "--control", &setup.control_arg()]),
+        Duration::from_secs(10),
+    );
+    let mut samples = std::collections::HashMap::new();
+    for line in out.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let kind = rest.split_whitespace().nth(1);
+            assert!(matches!(kind, Some("counter" | "gauge")), "{line}");
+            continue;
+        }
+        let (name, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {line:?}"));
+        let value: f64 = value.parse().unwrap_or_else(|e| panic!("{line:?}: {e}"));
+        assert!(name.starts_with("pmcache_"), "{line}");
+        samples.insert(name.to_string(), value);
+    }
+    assert_eq!(samples.get("pmcache_dirty_slots"), Some(&512.0), "{out}");
+    assert_eq!(samples.get("pmcache_mode_info{mode=\"writeback\"}"), Some(&1.0), "{out}");
+    let table = run_ok(
+        Command::new(PMCACHE).args(["stats", "--control", &setup.control_arg()]),
+        Duration::from_secs(10),
+    );
+    assert!(table.lines().any(|l| l.starts_with("dirty_slots") && l.ends_with(" 512")), "{table}");
+
+    // flush: everything written back, nothing dirty, the backing file has the data.
+    let out = run_ok(
+        Command::new(PMCACHE).args(["flush", "--control", &setup.control_arg()]),
+        Duration::from_secs(30),
+    );
+    assert!(out.contains("all dirty blocks written back (512 were dirty)"), "{out}");
+    assert_eq!(setup.stats()["dirty_slots"], 0);
+    assert!(read_file_at(&setup.backing, MIB, data.len()) == data);
+
+    // SIGTERM: a clean shutdown, with a client still connected.
+    c.write_at(8 * MIB, &[3; 4096], 0);
+    let logs = server.terminate();
+    assert!(logs.contains("cache marked clean"), "{logs}");
+    assert!(!setup.control.exists(), "control socket left behind");
+    let out = setup.pmcache(&["check", "--cache", &setup.cache_arg()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("last shutdown: clean"), "{text}");
+    assert!(text.contains("1 dirty"), "{text}");
+
+    // Offline detach with no server: needs --backing, then writes back the dirty block.
+    let out = setup.pmcache(&[
+        "detach",
+        "--cache",
+        &setup.cache_arg(),
+        "--control",
+        &setup.control_arg(),
+    ]);
+    assert!(!out.status.success() && stderr(&out).contains("give --backing"), "{}", stderr(&out));
+    let out = setup.pmcache(&[
+        "detach",
+        "--cache",
+        &setup.cache_arg(),
+        "--backing",
+        &setup.backing_arg(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 dirty blocks written back"));
+    assert!(read_file_at(&setup.backing, 8 * MIB, 4096) == vec![3u8; 4096]);
+
+    // Online detach after a kill -9 and a recovery: the server exits by itself, having
+    // written everything back.
+    let server = setup.serve(Via::Unix, &[]);
+    let uri_sock = setup.shm.path().join("nbd.sock");
+    assert!(uri_sock.exists());
+    require_tool("qemu-io", "qemu-utils");
+    let uri = format!("nbd+unix:///{EXPORT}?socket={}", uri_sock.display());
+    run_ok(
+        Command::new("qemu-io").args(["-f", "raw", &uri, "-c", "write -P 4 16M 1M"]),
+        Duration::from_secs(30),
+    );
+    server.kill9();
+    assert!(uri_sock.exists(), "the killed server's socket stays behind");
+    let server = setup.serve(Via::Unix, &[]); // replaces the stale socket
+    assert!(
+        server.logs().contains("(unclean shutdown): 513 clean and 256 dirty blocks"),
+        "{}",
+        server.logs()
+    );
+    let out = setup.pmcache(&[
+        "detach",
+        "--cache",
+        &setup.cache_arg(),
+        "--control",
+        &setup.control_arg(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(read_file_at(&setup.backing, 16 * MIB, MIB as usize) == vec![4u8; MIB as usize]);
+    let (status, logs) = server.wait(Duration::from_secs(30));
+    assert!(status.success(), "{logs}");
+    assert!(!uri_sock.exists(), "socket left behind after detach");
+    let out = setup.pmcache(&["check", "--json", "--cache", &setup.cache_arg()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("check json");
+    assert_eq!((v["clean_shutdown"].clone(), v["dirty"].clone()), (true.into(), 0.into()), "{v}");
+}

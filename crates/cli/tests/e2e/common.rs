@@ -1,0 +1,496 @@
+//! Shared helpers: unique temp dirs (the cache medium in /dev/shm, the sparse backing file in
+//! the system temp dir), the real `pmcache` binary as a child process that is killed when the
+//! test ends (pass or fail), external clients run with a timeout, and a small synchronous
+//! NBD client over TCP.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use pmcache_nbd::codec::*;
+
+/// Export name `pmcache serve` uses by default.
+pub const EXPORT: &str = "pmcache";
+/// The binary under test.
+pub const PMCACHE: &str = env!("CARGO_BIN_EXE_pmcache");
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+
+/// A directory removed when dropped.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// A new unique directory under `parent`.
+    pub fn new_in(parent: &Path, tag: &str) -> TempDir {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").subsec_nanos();
+        let name = format!(
+            "pmcache-e2e-{tag}-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = parent.join(name);
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        TempDir { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// How the server listens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// 127.0.0.1, an ephemeral port (a new one after every restart).
+    Tcp,
+    /// `--socket` in the temp dir.
+    Unix,
+}
+
+/// A cache medium in /dev/shm, a sparse backing file, and the control socket path: what a
+/// `pmcache serve` runs on, kept across restarts of the server.
+pub struct Setup {
+    pub shm: TempDir,
+    pub disk: TempDir,
+    pub cache: PathBuf,
+    pub backing: PathBuf,
+    pub control: PathBuf,
+    pub cache_bytes: u64,
+}
+
+impl Setup {
+    /// A new setup: the backing file is created sparse; the cache medium does not exist yet.
+    pub fn new(tag: &str, backing_bytes: u64, cache_bytes: u64) -> Setup {
+        let shm = TempDir::new_in(Path::new("/dev/shm"), tag);
+        let disk = TempDir::new_in(&std::env::temp_dir(), tag);
+        let backing = disk.path().join("backing.img");
+        std::fs::File::create(&backing)
+            .and_then(|f| f.set_len(backing_bytes))
+            .expect("create sparse backing file");
+        Setup {
+            cache: shm.path().join("cache.pm"),
+            control: shm.path().join("pmcache.ctl"),
+            backing,
+            shm,
+            disk,
+            cache_bytes,
+        }
+    }
+
+    /// `pmcache serve` on this setup with `extra` arguments (e.g. `--mode`), waiting until it
+    /// listens.
+    pub fn serve(&self, via: Via, extra: &[&str]) -> Server {
+        let mut cmd = Command::new(PMCACHE);
+        cmd.arg("serve")
+            .arg("--cache")
+            .arg(&self.cache)
+            .arg("--cache-size")
+            .arg(self.cache_bytes.to_string())
+            .arg("--backing")
+            .arg(&self.backing)
+            .arg("--control")
+            .arg(&self.control)
+            .args(extra);
+        match via {
+            Via::Tcp => cmd.args(["--listen", "127.0.0.1:0"]),
+            Via::Unix => cmd.arg("--socket").arg(self.shm.path().join("nbd.sock")),
+        };
+        Server::spawn(cmd, self.shm.path())
+    }
+
+    /// Runs `pmcache <args>` to completion.
+    pub fn pmcache(&self, args: &[&str]) -> Output {
+        run(Command::new(PMCACHE).args(args), Duration::from_secs(60))
+    }
+
+    /// `--control <path>` for the management commands.
+    pub fn control_arg(&self) -> String {
+        self.control.display().to_string()
+    }
+
+    pub fn cache_arg(&self) -> String {
+        self.cache.display().to_string()
+    }
+
+    pub fn backing_arg(&self) -> String {
+        self.backing.display().to_string()
+    }
+
+    /// `pmcache stats --json` of the running server.
+    pub fn stats(&self) -> serde_json::Value {
+        let out = run_ok(
+            Command::new(PMCACHE).args(["stats", "--json", "--control", &self.control_arg()]),
+            Duration::from_secs(30),
+        );
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("stats --json: {e}: {out}"))
+    }
+}
+
+/// A running `pmcache serve`, SIGKILLed when dropped unless it already exited.
+pub struct Server {
+    child: Option<Child>,
+    /// The NBD URI the server printed.
+    pub uri: String,
+    /// The TCP address, when listening on TCP.
+    pub tcp: Option<SocketAddr>,
+    stdout_path: PathBuf,
+    stderr_path: PathBuf,
+}
+
+impl Server {
+    fn spawn(mut cmd: Command, log_dir: &Path) -> Server {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let stdout_path = log_dir.join(format!("serve-{n}.out"));
+        let stderr_path = log_dir.join(format!("serve-{n}.err"));
+        let out = std::fs::File::create(&stdout_path).expect("stdout log");
+        let err = std::fs::File::create(&stderr_path).expect("stderr log");
+        let desc = format!("{cmd:?}");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {desc}: {e}"));
+        let mut server =
+            Server { child: Some(child), uri: String::new(), tcp: None, stdout_path, stderr_path };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(&server.stdout_path).unwrap_or_default();
+            if let Some(line) = text.lines().find(|l| l.trim_start().starts_with("NBD URI:")) {
+                server.uri = line.trim_start().trim_start_matches("NBD URI:").trim().to_string();
+                break;
+            }
+            if let Some(status) = server.child_mut().try_wait().expect("try_wait") {
+                panic!("{desc} exited with {status} before listening:\n{}", server.logs());
+            }
+            assert!(Instant::now() < deadline, "{desc} did not start:\n{}", server.logs());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Some(rest) = server.uri.strip_prefix("nbd://") {
+            let hostport = rest.split('/').next().expect("host:port");
+            server.tcp = Some(hostport.parse().expect("a TCP address in the URI"));
+        }
+        server
+    }
+
+    fn child_mut(&mut self) -> &mut Child {
+        self.child.as_mut().expect("server already reaped")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// The TCP address (panics for a unix socket).
+    pub fn addr(&self) -> SocketAddr {
+        self.tcp.expect("a TCP server")
+    }
+
+    /// What the server printed so far (stdout, then stderr).
+    pub fn logs(&self) -> String {
+        format!(
+            "--- stdout\n{}--- stderr\n{}",
+            std::fs::read_to_string(&self.stdout_path).unwrap_or_default(),
+            std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+        )
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill9(mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+    }
+
+    /// Sends `signal` (e.g. "TERM") with kill(1).
+    pub fn signal(&self, signal: &str) {
+        run_ok(
+            Command::new("kill").arg(format!("-{signal}")).arg(self.pid().to_string()),
+            Duration::from_secs(10),
+        );
+    }
+
+    /// Waits for the server to exit by itself; panics (and kills it) after `timeout`.
+    pub fn wait(mut self, timeout: Duration) -> (ExitStatus, String) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child_mut().try_wait().expect("try_wait") {
+                self.child = None;
+                return (status, self.logs());
+            }
+            assert!(Instant::now() < deadline, "server did not exit in {timeout:?}:\n{}", {
+                self.logs()
+            });
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGTERM, then waits for a successful exit (clean shutdown).
+    pub fn terminate(self) -> String {
+        self.signal("TERM");
+        let (status, logs) = self.wait(Duration::from_secs(60));
+        assert!(status.success(), "pmcache serve exited with {status} on SIGTERM:\n{logs}");
+        logs
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Fails the test unless `bin` is on PATH, naming the apt package that provides it.
+pub fn require_tool(bin: &str, apt_package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+        .unwrap_or(false);
+    assert!(found, "`{bin}` not found on PATH: install it with `apt-get install -y {apt_package}`");
+}
+
+/// Fails unless fio is installed and has its nbd engine.
+pub fn require_fio_nbd() {
+    require_tool("fio", "fio");
+    let engines = run_ok(Command::new("fio").arg("--enghelp"), Duration::from_secs(10));
+    assert!(
+        engines.lines().any(|l| l.trim() == "nbd"),
+        "this fio has no nbd engine (install Debian's `fio` package, built with libnbd)"
+    );
+}
+
+/// Runs a command to completion, killing it after `timeout`; panics on timeout.
+pub fn run(cmd: &mut Command, timeout: Duration) -> Output {
+    let desc = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {desc}: {e}"));
+    let deadline = Instant::now() + timeout;
+    // Drain pipes on threads so a chatty child cannot block on a full pipe.
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = stdout.read_to_end(&mut v);
+        v
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = stderr.read_to_end(&mut v);
+        v
+    });
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("timed out after {timeout:?}: {desc}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Output { status, stdout: out_t.join().expect("stdout"), stderr: err_t.join().expect("stderr") }
+}
+
+/// Runs a command and asserts it succeeded; returns stdout.
+pub fn run_ok(cmd: &mut Command, timeout: Duration) -> String {
+    let desc = format!("{cmd:?}");
+    let out = run(cmd, timeout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{desc} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    stdout
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Reads a whole file.
+pub fn read_file(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+}
+
+/// Reads `len` bytes of a file at `offset`.
+pub fn read_file_at(p: &Path, offset: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, offset).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+    buf
+}
+
+/// A minimal synchronous NBD client over TCP (fixed newstyle, `NBD_OPT_GO`, simple replies).
+pub struct NbdClient {
+    pub s: TcpStream,
+    /// The export size from the handshake.
+    pub size_bytes: u64,
+    /// Transmission flags from the handshake.
+    pub flags: u16,
+}
+
+impl NbdClient {
+    /// Connects and reads the greeting only.
+    pub fn greet(addr: SocketAddr) -> NbdClient {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        s.set_write_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        s.set_nodelay(true).expect("nodelay");
+        let mut c = NbdClient { s, size_bytes: 0, flags: 0 };
+        let g = c.read_n(18).expect("greeting");
+        assert_eq!(&g[..16], b"NBDMAGICIHAVEOPT");
+        c
+    }
+
+    /// Connects and negotiates the export with `NBD_OPT_GO` (block sizes requested).
+    pub fn connect(addr: SocketAddr) -> NbdClient {
+        let mut c = NbdClient::greet(addr);
+        c.send(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes()).expect("flags");
+        c.option(OPT_GO, &go_data(EXPORT, &[INFO_BLOCK_SIZE])).expect("GO");
+        loop {
+            let (reply_type, data) = c.opt_reply().expect("option reply");
+            match reply_type {
+                REP_INFO if u16::from_be_bytes([data[0], data[1]]) == INFO_EXPORT => {
+                    c.size_bytes = u64::from_be_bytes(data[2..10].try_into().expect("8"));
+                    c.flags = u16::from_be_bytes([data[10], data[11]]);
+                }
+                REP_INFO => {}
+                REP_ACK => return c,
+                t => panic!("GO failed with reply type {t:#x}"),
+            }
+        }
+    }
+
+    pub fn send(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.s.write_all(b)
+    }
+
+    pub fn read_n(&mut self, n: usize) -> std::io::Result<Vec<u8>> {
+        let mut b = vec![0u8; n];
+        self.s.read_exact(&mut b)?;
+        Ok(b)
+    }
+
+    pub fn option(&mut self, option: u32, data: &[u8]) -> std::io::Result<()> {
+        let mut b = IHAVEOPT.to_be_bytes().to_vec();
+        b.extend_from_slice(&option.to_be_bytes());
+        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        b.extend_from_slice(data);
+        self.send(&b)
+    }
+
+    /// (reply type, data) of the next option reply.
+    pub fn opt_reply(&mut self) -> std::io::Result<(u32, Vec<u8>)> {
+        let h = self.read_n(20)?;
+        assert_eq!(h[..8], OPTION_REPLY_MAGIC.to_be_bytes());
+        let len = u32::from_be_bytes(h[16..20].try_into().expect("4")) as usize;
+        let reply_type = u32::from_be_bytes(h[12..16].try_into().expect("4"));
+        Ok((reply_type, self.read_n(len)?))
+    }
+
+    /// Sends one request (header plus `payload`).
+    pub fn request(
+        &mut self,
+        command: u16,
+        flags: u16,
+        cookie: u64,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) -> std::io::Result<()> {
+        let mut b = Vec::with_capacity(28 + payload.len());
+        b.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        b.extend_from_slice(&flags.to_be_bytes());
+        b.extend_from_slice(&command.to_be_bytes());
+        b.extend_from_slice(&cookie.to_be_bytes());
+        b.extend_from_slice(&offset.to_be_bytes());
+        b.extend_from_slice(&len.to_be_bytes());
+        b.extend_from_slice(payload);
+        self.send(&b)
+    }
+
+    /// Reads a simple reply header: (error, cookie).
+    pub fn simple_reply(&mut self) -> std::io::Result<(u32, u64)> {
+        let h = self.read_n(16)?;
+        assert_eq!(h[..4], SIMPLE_REPLY_MAGIC.to_be_bytes(), "not a simple reply: {h:?}");
+        Ok((
+            u32::from_be_bytes(h[4..8].try_into().expect("4")),
+            u64::from_be_bytes(h[8..16].try_into().expect("8")),
+        ))
+    }
+
+    /// Reads `len` bytes at `offset`, asserting success.
+    pub fn read_at(&mut self, offset: u64, len: u32) -> Vec<u8> {
+        self.request(CMD_READ, 0, 1, offset, len, &[]).expect("send read");
+        assert_eq!(self.simple_reply().expect("read reply"), (0, 1), "read {offset}+{len}");
+        self.read_n(len as usize).expect("read data")
+    }
+
+    /// Writes `data` at `offset`, asserting success.
+    pub fn write_at(&mut self, offset: u64, data: &[u8], flags: u16) {
+        self.request(CMD_WRITE, flags, 2, offset, data.len() as u32, data).expect("send write");
+        assert_eq!(self.simple_reply().expect("write reply"), (0, 2), "write {offset}");
+    }
+
+    /// True if the server closed the connection (EOF or reset) within the read timeout.
+    pub fn is_closed(&mut self) -> bool {
+        let mut b = [0u8; 1024];
+        loop {
+            match self.s.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// `NBD_OPT_GO` / `NBD_OPT_INFO` option data.
+pub fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+    for i in infos {
+        d.extend_from_slice(&i.to_be_bytes());
+    }
+    d
+}
+
+/// The fio JSON document in `out` (fio may print warnings before it).
+pub fn fio_json(out: &str) -> serde_json::Value {
+    let start = out.find('{').unwrap_or_else(|| panic!("no fio json in:\n{out}"));
+    serde_json::from_str(&out[start..]).unwrap_or_else(|e| panic!("fio json: {e}:\n{out}"))
+}

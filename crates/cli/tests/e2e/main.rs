@@ -1,0 +1,15 @@
+//! End-to-end tests of `pmcache serve` and the management commands: the real `pmcache`
+//! binary as a child process (cache medium in /dev/shm, sparse backing file in a temp dir,
+//! ephemeral TCP port or unix socket, control socket in the temp dir), driven by real NBD
+//! clients (qemu-io, qemu-img, nbdinfo, nbdcopy, fio) and by raw-socket clients, including
+//! kill -9 of the server mid-write and recovery on restart.
+//!
+//! A missing client binary fails the test with the apt package to install.
+
+mod cli;
+mod common;
+mod crash;
+mod fio;
+mod libnbd;
+mod qemu;
+mod raw_socket;
