@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pmcache_engine::check_medium;
-use pmcache_media::PmemFile;
+use pmcache_media::Medium;
 
 use crate::cache::{CacheArgs, Opened, human, open_or_format};
 use crate::control;
@@ -96,7 +96,10 @@ pub fn format(args: FormatArgs) -> Result<(), String> {
 }
 
 pub fn check(args: CheckArgs) -> Result<(), String> {
-    let medium = PmemFile::open(&args.cache, None).map_err(|e| e.to_string())?;
+    // A snapshot read with read(2), not `PmemFile::open`: opening a mapping probes the medium
+    // by writing to its first 64 KiB and restoring them, which rolls back entries a live
+    // server persisted meanwhile (found by `check_on_a_live_cache_leaves_it_intact`).
+    let medium = MetadataSnapshot::read(&args.cache)?;
     let report = check_medium(&medium).map_err(|e| format!("{}: {e}", args.cache.display()))?;
     let superblock = report.superblock.expect("a decoded superblock");
     if args.json {
@@ -274,4 +277,66 @@ fn wait_for_exit(control: &Path) -> Result<(), String> {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     Err("the server did not stop within 60 s".into())
+}
+
+/// A read-only copy of a medium's superblock and metadata table (everything before the data
+/// area), for `check`: it never writes to the medium, so it is safe on a live cache. Reads
+/// past the copy (the data area, which `check_medium` does not read) return zeros; writes
+/// are refused.
+struct MetadataSnapshot {
+    head: Vec<u8>,
+    len_bytes: u64,
+}
+
+impl MetadataSnapshot {
+    fn read(path: &Path) -> Result<Self, String> {
+        use std::io::Read;
+        let describe = |e: std::io::Error| format!("{}: {e}", path.display());
+        let mut file = std::fs::File::open(path).map_err(describe)?;
+        let len_bytes = file.metadata().map_err(describe)?.len();
+        let mut header = vec![0u8; len_bytes.min(4096) as usize];
+        file.read_exact(&mut header).map_err(describe)?;
+        // data_offset (superblock bytes 64..72); a corrupt header is refused by the check.
+        let data_offset = header
+            .get(64..72)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .unwrap_or(0)
+            .clamp(header.len() as u64, len_bytes);
+        let mut head = header;
+        head.resize(data_offset as usize, 0);
+        let at = 4096.min(data_offset as usize);
+        file.read_exact(&mut head[at..]).map_err(describe)?;
+        Ok(Self { head, len_bytes })
+    }
+}
+
+impl Medium for MetadataSnapshot {
+    fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) {
+        buf.fill(0);
+        let start = (offset as usize).min(self.head.len());
+        let end = (offset as usize).saturating_add(buf.len()).min(self.head.len());
+        buf[..end - start].copy_from_slice(&self.head[start..end]);
+    }
+
+    fn write(&self, _offset: u64, _data: &[u8]) {
+        panic!("pmcache check never writes to the medium");
+    }
+
+    fn load_u64(&self, offset: u64) -> u64 {
+        let mut word = [0u8; 8];
+        self.read(offset, &mut word);
+        u64::from_le_bytes(word)
+    }
+
+    fn store_u64(&self, _offset: u64, _value: u64) {
+        panic!("pmcache check never writes to the medium");
+    }
+
+    fn flush(&self, _offset: u64, _len: u64) {}
+
+    fn drain(&self) {}
 }

@@ -328,3 +328,46 @@ fn wait_written(setup: &Setup, bytes: u64, min_wait: Duration) -> serde_json::Va
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `pmcache check` is run against the medium of a live server (monitoring does that) while it
+/// takes writes, and the server is killed right after each check: every acknowledged write
+/// must survive (a check must not change the medium under the server).
+#[test]
+fn check_on_a_live_cache_leaves_it_intact() {
+    let setup = Setup::new("livecheck", 256 * MIB, 16 * MIB);
+    let span_bytes = 96 * MIB;
+    let mut log: HashMap<u64, Sector> = HashMap::new();
+    let mut server = setup.serve(Via::Tcp, &["--mode", "writeback"]);
+    for round in 1..=ROUNDS_LIVE_CHECK {
+        let addr = server.addr();
+        let mut parts: Vec<HashMap<u64, Sector>> = (0..CONNS).map(|_| HashMap::new()).collect();
+        for (s, sector) in log.drain() {
+            parts[((s * SECTOR / REGION) % CONNS) as usize].insert(s, sector);
+        }
+        let clients: Vec<_> = parts
+            .into_iter()
+            .enumerate()
+            .map(|(conn, part)| {
+                std::thread::spawn(move || {
+                    write_until_killed(addr, conn as u64, round, span_bytes, part)
+                })
+            })
+            .collect();
+        wait_written(&setup, setup.cache_bytes, Duration::from_millis(100));
+        let out = setup.pmcache(&["check", "--cache", &setup.cache_arg()]);
+        server.kill9();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        for client in clients {
+            log.extend(client.join().expect("client thread").0);
+        }
+        server = setup.serve(Via::Tcp, &["--mode", "writeback"]);
+        verify(
+            server.addr(),
+            &mut log,
+            &format!("after `pmcache check` on the live cache and kill -9 #{round}"),
+        );
+    }
+    server.terminate();
+}
+
+const ROUNDS_LIVE_CHECK: u64 = 6;
