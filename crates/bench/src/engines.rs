@@ -5,7 +5,7 @@
 //! same run, fio drives the same file with the same engine and settings, so every figure sits
 //! next to its baseline: the table reports each engine's IOPS, mean and p99 latency, fio's
 //! IOPS and mean latency, and the ratio ours/fio. Each point is the median of `--runs` runs,
-//! ours and fio interleaved (the machine is shared and noisy). Output: a table, `--json`, and
+//! ours and fio interleaved, alternating which goes first (the machine is shared and noisy). Output: a table, `--json`, and
 //! an SVG plot with paper 004's axes (IOPS vs jobs, one line per engine).
 //!
 //! A job is a thread with its own queue of `--qd` requests ([`pmcache_backing::IoQueue`]),
@@ -399,19 +399,20 @@ fn measure_point(
         }
     };
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    for _ in 0..plan.runs {
-        if let Some(store) = &store {
-            match run_ours(store, rw == "randwrite", jobs, qd, runtime) {
-                Ok(s) => ours.push(s),
-                Err(e) => row.error = Some(e),
-            }
-        }
-        if !args.no_fio {
-            match run_fio(args, file, rw, engine, jobs, qd, plan) {
-                Ok(s) => theirs.push(s),
-                Err(e) => {
-                    row.fio_error = Some(e);
-                    break;
+    // Ours and fio alternate which goes first, so drift in the machine's load hits both.
+    for run in 0..plan.runs {
+        for side in [run % 2, 1 - run % 2] {
+            if side == 0 {
+                if let Some(store) = &store {
+                    match run_ours(store, rw == "randwrite", jobs, qd, runtime) {
+                        Ok(s) => ours.push(s),
+                        Err(e) => row.error = Some(e),
+                    }
+                }
+            } else if !args.no_fio && row.fio_error.is_none() {
+                match run_fio(args, file, rw, engine, jobs, qd, plan) {
+                    Ok(s) => theirs.push(s),
+                    Err(e) => row.fio_error = Some(e),
                 }
             }
         }
@@ -718,6 +719,11 @@ fn plot(report: &Report, path: &Path) -> Result<(), String> {
             .configure_mesh()
             .x_desc("jobs")
             .y_desc("IOPS")
+            .x_labels(max_jobs as usize + 2)
+            .x_label_formatter(&|x| {
+                if (x - x.round()).abs() < 1e-6 { format!("{x:.0}") } else { String::new() }
+            })
+            .disable_x_mesh()
             .y_label_formatter(&|y| format!("{:.0}K", y / 1000.0))
             .draw()
             .map_err(|e| e.to_string())?;
@@ -764,7 +770,7 @@ fn plot(report: &Report, path: &Path) -> Result<(), String> {
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .label_font(("sans-serif", 11))
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::UpperLeft)
             .draw()
             .map_err(|e| e.to_string())?;
     }
