@@ -4,15 +4,20 @@
 # against `nbdkit memory` measured the same way in the same run. Prints the median IOPS of
 # RUNS runs per cell and the ratio target / nbdkit.
 #
-# Usage: scripts/nbd-bench.sh [TARGET_URI]
+# Usage: scripts/nbd-bench.sh [TARGET_URI | pmcache]
 #   TARGET_URI   NBD URI to measure (e.g. nbd+unix:///pm?socket=/run/pmcache.sock). Default:
 #                start crates/nbd/examples/memserve (MemExport) on a unix socket.
+#   pmcache      build and start `pmcache serve` (write-back, a CACHE_SIZE cache medium in
+#                /dev/shm, a sparse SIZE backing file in a temp dir). The prefill writes the
+#                whole working set through the cache before the read runs, so every read is a
+#                hit (the script prints the server's read_hits / read misses at the end).
 # Environment:
 #   RUNS=5         runs per cell (median reported)
 #   RUNTIME=5      seconds per fio run
 #   SIZE=256M      export size for memserve / nbdkit, and the fio working set
 #   TRANSPORT=unix unix or tcp, for the servers this script starts
-#   CARGO_TARGET_DIR (default /work/target-nbd) where memserve is built
+#   CACHE_SIZE=512M  cache medium size for `pmcache` (must exceed SIZE for all-hit reads)
+#   CARGO_TARGET_DIR (default /work/target-nbd) where memserve / pmcache are built
 # Needs: fio (with the nbd engine), nbdkit, python3, cargo.
 set -euo pipefail
 
@@ -21,6 +26,7 @@ RUNTIME=${RUNTIME:-5}
 SIZE=${SIZE:-256M}
 TRANSPORT=${TRANSPORT:-unix}
 TARGET_URI=${1:-}
+CACHE_SIZE=${CACHE_SIZE:-512M}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-nbd}
 
 for tool in fio nbdkit python3; do
@@ -56,7 +62,24 @@ else
   mem_wait=10911; kit_wait=10912
 fi
 
-if [[ -z $TARGET_URI ]]; then
+pm_control=""
+if [[ $TARGET_URI == pmcache ]]; then
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  (cd "$root" && cargo build -q --release -p pmcache-cli)
+  shm=$(mktemp -d /dev/shm/nbd-bench.XXXXXX)
+  pm_control=$shm/pmcache.ctl
+  truncate -s "$SIZE" "$tmp/backing.img"
+  if [[ $TRANSPORT == unix ]]; then pm_listen=(--socket "$tmp/pmcache.sock"); pm_wait=$tmp/pmcache.sock
+    TARGET_URI="nbd+unix:///pmcache?socket=$tmp/pmcache.sock"
+  else pm_listen=(--listen 127.0.0.1:10913); pm_wait=10913; TARGET_URI="nbd://127.0.0.1:10913/pmcache"; fi
+  "$CARGO_TARGET_DIR/release/pmcache" serve --cache "$shm/cache.pm" --cache-size "$CACHE_SIZE" \
+    --backing "$tmp/backing.img" --mode writeback --control "$pm_control" "${pm_listen[@]}" \
+    >"$tmp/pmcache.log" 2>&1 &
+  pids+=($!)
+  trap 'cleanup; rm -rf "$shm"' EXIT
+  wait_for "$pm_wait"
+  target_name="pmcache serve (write-back, $CACHE_SIZE cache in /dev/shm, $SIZE sparse backing file)"
+elif [[ -z $TARGET_URI ]]; then
   root=$(cd "$(dirname "$0")/.." && pwd)
   (cd "$root" && cargo build -q --release -p pmcache-nbd --example memserve)
   "$CARGO_TARGET_DIR/release/examples/memserve" "$SIZE" "$mem_listen" --name pm >"$tmp/memserve.log" 2>&1 &
@@ -109,3 +132,6 @@ for rw in randread randwrite; do
     done
   done
 done
+if [[ -n $pm_control ]]; then
+  "$CARGO_TARGET_DIR/release/pmcache" stats --json --control "$pm_control" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("# pmcache: read_hits=%d read_misses=%d writebacks=%d evictions=%d" % (j["read_hits"], j["read_misses_admitted"]+j["read_misses_bypassed"], j["writebacks"], j["evictions"]))'
+fi
