@@ -97,25 +97,27 @@ impl PmemFile {
         unsafe { self.base.as_ptr().add(offset as usize) }
     }
 
-    /// Times copy+flush+fence against non-temporal copy+fence for 4 KiB blocks on the first
-    /// data pages of the medium (contents are restored) and keeps the faster.
+    /// Whether whole-block copies should use non-temporal stores. On DAX (real PM) they do, as
+    /// PMDK's do for large copies. Otherwise (DRAM emulation) copy+flush+fence and
+    /// non-temporal copy+fence are timed on a private anonymous mapping — never on the medium,
+    /// whose contents must not change just because it was opened.
     fn nontemporal_is_faster(&self) -> bool {
-        const BLOCK: usize = 4096;
-        const ROUNDS: usize = 64;
-        let span = (self.len_bytes as usize).min(16 * BLOCK) / BLOCK * BLOCK;
-        if span < BLOCK {
-            return false;
+        if self.map_sync {
+            return true;
         }
-        let mut saved = vec![0u8; span];
-        self.read(0, &mut saved);
+        const BLOCK: usize = 4096;
+        const BLOCKS: usize = 16;
+        const ROUNDS: usize = 64;
+        let Ok(scratch) = Scratch::new(BLOCK * BLOCKS) else {
+            return false;
+        };
         let src = vec![0x5au8; BLOCK];
         let time = |nontemporal: bool| {
             let start = Instant::now();
             for round in 0..ROUNDS {
-                let at = (round * BLOCK) % span;
-                let dst = self.ptr(at as u64, BLOCK as u64);
+                let dst = scratch.block(round % BLOCKS, BLOCK);
                 if nontemporal {
-                    // SAFETY: `dst` is 4096-aligned inside the mapping, valid for BLOCK bytes.
+                    // SAFETY: `dst` is page-aligned and valid for BLOCK bytes of the scratch map.
                     unsafe { PersistPrimitives::copy_nontemporal(dst, &src) };
                 } else {
                     // SAFETY: `dst` is valid for BLOCK bytes and does not overlap `src`.
@@ -136,9 +138,39 @@ impl PmemFile {
         }
         cached.sort();
         nontemporal.sort();
-        self.write(0, &saved);
-        self.persist(0, span as u64);
         nontemporal[2] < cached[2]
+    }
+}
+
+/// A private anonymous mapping used for calibration.
+struct Scratch {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+impl Scratch {
+    fn new(len: usize) -> io::Result<Self> {
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing.
+        let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, -1, 0) };
+        if addr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { base: NonNull::new(addr as *mut u8).expect("mmap returned null"), len })
+    }
+
+    fn block(&self, index: usize, block_len: usize) -> *mut u8 {
+        assert!((index + 1) * block_len <= self.len, "scratch block out of range");
+        // SAFETY: in bounds (asserted above).
+        unsafe { self.base.as_ptr().add(index * block_len) }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`, once.
+        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.len) };
     }
 }
 
@@ -264,6 +296,18 @@ mod tests {
         medium.read(4096, &mut buf);
         assert_eq!(buf, [7u8; 4096]);
         assert_eq!(medium.load_u64(64), 0xdead_beef);
+    }
+
+    #[test]
+    fn opening_a_medium_changes_none_of_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pm");
+        let contents: Vec<u8> =
+            (0..(1u32 << 18)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        std::fs::write(&path, &contents).unwrap();
+        let medium = PmemFile::open(&path, None).unwrap();
+        drop(medium);
+        assert!(std::fs::read(&path).unwrap() == contents, "open() modified the medium");
     }
 
     #[test]
