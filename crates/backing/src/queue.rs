@@ -101,7 +101,9 @@ pub trait IoQueue: Send {
     /// Passes every pushed request to the kernel; returns how many were passed.
     fn submit(&mut self) -> Result<usize>;
     /// Submits anything pending, then appends completions to `out` until at least `min` were
-    /// appended (fewer only if fewer are in flight). Returns the number appended.
+    /// appended (fewer only if fewer are in flight). Returns the number appended. `min = 0`
+    /// never blocks and returns only completions the kernel has already posted; a poller that
+    /// never waits should call [`IoQueue::submit`] between polls so the kernel can post more.
     fn reap(&mut self, min: usize, out: &mut Vec<IoCompletion>) -> Result<usize>;
 }
 

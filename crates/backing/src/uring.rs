@@ -73,20 +73,34 @@ pub struct UringFile {
 }
 
 fn build_ring(mode: UringMode, entries: u32, attach_wq: Option<RawFd>) -> io::Result<IoUring> {
-    let mut builder = IoUring::builder();
-    match mode {
-        UringMode::Interrupt => {}
-        UringMode::Iopoll => {
-            builder.setup_iopoll();
-        }
-        UringMode::Sqpoll => {
-            builder.setup_sqpoll(SQPOLL_IDLE_MS);
-            if let Some(fd) = attach_wq {
-                builder.setup_attach_wq(fd);
+    let entries = entries.next_power_of_two().max(2);
+    let build = |coop_taskrun: bool| {
+        let mut builder = IoUring::builder();
+        match mode {
+            UringMode::Interrupt => {}
+            UringMode::Iopoll => {
+                builder.setup_iopoll();
+            }
+            UringMode::Sqpoll => {
+                builder.setup_sqpoll(SQPOLL_IDLE_MS);
+                if let Some(fd) = attach_wq {
+                    builder.setup_attach_wq(fd);
+                }
             }
         }
+        if coop_taskrun {
+            // Completions do not interrupt the owning thread; it runs their task work when it
+            // next enters the kernel, which `reap` does whenever it waits (Linux 5.19+).
+            builder.setup_coop_taskrun().setup_taskrun_flag();
+        }
+        builder.build(entries)
+    };
+    match build(mode != UringMode::Sqpoll) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) && mode != UringMode::Sqpoll => {
+            build(false)
+        }
+        other => other,
     }
-    builder.build(entries.next_power_of_two().max(2))
 }
 
 impl UringFile {
@@ -151,19 +165,36 @@ fn probe_iopoll(shared: &Shared) -> Result<()> {
     }
 }
 
+/// Which file an entry names: a plain descriptor, or slot 0 of the ring's registered files
+/// (no per-request reference counting on the shared `struct file`).
+#[derive(Clone, Copy, Debug)]
+enum FileRef {
+    Fd(RawFd),
+    Registered,
+}
+
 fn entry_for(
-    fd: RawFd,
+    file: FileRef,
     op: IoOp,
     ptr: *mut u8,
     len: usize,
     offset: u64,
 ) -> io_uring::squeue::Entry {
-    let fd = types::Fd(fd);
-    let len = len.min(MAX_TRANSFER_BYTES) as u32;
-    match op {
-        IoOp::Read => opcode::Read::new(fd, ptr, len).offset(offset).build(),
-        IoOp::Write => opcode::Write::new(fd, ptr, len).offset(offset).build(),
-        IoOp::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),
+    macro_rules! build {
+        ($target:expr) => {{
+            let len = len.min(MAX_TRANSFER_BYTES) as u32;
+            match op {
+                IoOp::Read => opcode::Read::new($target, ptr, len).offset(offset).build(),
+                IoOp::Write => opcode::Write::new($target, ptr, len).offset(offset).build(),
+                IoOp::Flush => {
+                    opcode::Fsync::new($target).flags(types::FsyncFlags::DATASYNC).build()
+                }
+            }
+        }};
+    }
+    match file {
+        FileRef::Fd(fd) => build!(types::Fd(fd)),
+        FileRef::Registered => build!(types::Fixed(0)),
     }
 }
 
@@ -206,7 +237,7 @@ fn ring_transfer(
     len: usize,
     offset: u64,
 ) -> io::Result<usize> {
-    let entry = entry_for(fd, op, ptr, len, offset).user_data(0);
+    let entry = entry_for(FileRef::Fd(fd), op, ptr, len, offset).user_data(0);
     // SAFETY: the buffer `ptr..ptr+len` is valid (borrowed by our caller) until this function
     // returns, and it returns only after reaping this entry's completion below. The ring is
     // idle (pooled rings are returned with nothing in flight), so the SQ has room.
@@ -267,9 +298,16 @@ impl BackingStore for UringFile {
                 reason: format!("cannot create a ring of depth {depth}: {e}"),
             }
         })?;
+        // Register the file with the ring when the kernel allows; otherwise name it by fd.
+        let fd = self.shared.file.fd();
+        let file_ref = match ring.submitter().register_files(&[fd]) {
+            Ok(()) => FileRef::Registered,
+            Err(_) => FileRef::Fd(fd),
+        };
         Ok(Box::new(UringQueue {
             shared: self.shared.clone(),
             ring,
+            file_ref,
             slots: Slots::new(depth),
             cqes: Vec::with_capacity(depth),
             backlog: VecDeque::with_capacity(depth),
@@ -281,6 +319,8 @@ impl BackingStore for UringFile {
 struct UringQueue {
     shared: Arc<Shared>,
     ring: IoUring,
+    /// How entries name the file.
+    file_ref: FileRef,
     slots: Slots,
     /// Completions copied out of the CQ before they are processed: `(slot, result)`.
     cqes: Vec<(usize, i32)>,
@@ -302,7 +342,7 @@ impl UringQueue {
     fn fill_sq(&mut self) {
         while let Some(&slot) = self.backlog.front() {
             let rem = self.slots.remaining(slot);
-            let entry = entry_for(self.shared.file.fd(), rem.op, rem.ptr, rem.len, rem.offset)
+            let entry = entry_for(self.file_ref, rem.op, rem.ptr, rem.len, rem.offset)
                 .user_data(slot as u64);
             // SAFETY: the buffer belongs to the request held in `slot`, which stays in the slot
             // table (its heap allocation unmoved) until this entry's completion is processed;
