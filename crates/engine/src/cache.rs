@@ -214,9 +214,6 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             engine: self,
             id,
             free: Vec::with_capacity(self.lane_free_max * 2),
-            pending_free: Vec::with_capacity(64),
-            unflushed_frees: Vec::with_capacity(64),
-            fences: 0,
             seq_next: 0,
             seq_end: 0,
             block: vec![0u8; self.geometry.block_size as usize],
@@ -411,12 +408,6 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     id: usize,
     /// Free slots whose cleared entries are durable.
     free: Vec<u32>,
-    /// Slots freed by this lane, with the fence count at the time; usable after a later fence.
-    pending_free: Vec<(u32, u64)>,
-    /// Freed slots whose entries are still to be zeroed and written back; both happen just
-    /// before this lane's next fence (so no locked instruction waits on them meanwhile).
-    unflushed_frees: Vec<u32>,
-    fences: u64,
     /// This lane's range of sequence numbers for write-back entries: `seq_next..seq_end`.
     seq_next: u64,
     seq_end: u64,
@@ -427,9 +418,8 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
 
 impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
     fn drop(&mut self) {
-        self.fence();
         let engine = self.engine;
-        engine.pool.put(self.free.drain(..).chain(self.pending_free.drain(..).map(|(s, _)| s)));
+        engine.pool.put(self.free.drain(..));
         engine.lanes[self.id].in_use.store(false, Ordering::Release);
     }
 }
@@ -461,33 +451,16 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     // ----- persistence helpers (every fence this lane issues goes through here) -----
 
-    fn fence(&mut self) {
-        self.flush_freed_entries();
+    fn fence(&self) {
         self.engine.medium.drain();
-        self.fences += 1;
     }
 
-    /// Zeroes the entries of slots this lane freed and issues their write-backs (made durable
-    /// by the fence that follows). Until then a freed slot's entry still shows its old block:
-    /// recovery either finds a newer entry for that block or (for an eviction) a clean copy
-    /// that is still correct. Nobody else writes the entry: the slot is this lane's.
-    fn flush_freed_entries(&mut self) {
-        for slot in self.unflushed_frees.drain(..) {
-            let at = self.engine.geometry.entry_offset(slot);
-            self.engine.medium.store_u64(at, 0);
-            self.engine.medium.store_u64(at + 8, 0);
-            self.engine.medium.flush(at, 16);
-        }
-    }
-
-    fn write_data(&mut self, slot: u32, data: &[u8]) {
-        self.flush_freed_entries();
+    fn write_data(&self, slot: u32, data: &[u8]) {
         let at = self.engine.geometry.data_offset(slot);
         self.engine.medium.write_persist(at, data);
-        self.fences += 1;
     }
 
-    fn persist_entry(&mut self, slot: u32, entry: SlotEntry) {
+    fn persist_entry(&self, slot: u32, entry: SlotEntry) {
         let at = self.engine.geometry.entry_offset(slot);
         let (word0, word1) = entry.encode();
         self.engine.medium.store_u64(at + 8, word1);
@@ -534,13 +507,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// A free slot, evicting or writing back if needed. Never called with a stripe lock held.
     fn alloc(&mut self) -> Result<u32> {
         loop {
-            self.promote_pending();
             if let Some(slot) = self.free.pop() {
                 return Ok(slot);
-            }
-            if !self.pending_free.is_empty() {
-                self.fence();
-                continue;
             }
             if self.engine.pool.take(self.engine.refill_batch, &mut self.free) > 0 {
                 continue;
@@ -549,35 +517,24 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
     }
 
-    /// Moves slots whose cleared entries have been fenced since into the free list.
-    fn promote_pending(&mut self) {
-        let fences = self.fences;
-        let mut i = 0;
-        while i < self.pending_free.len() {
-            if self.pending_free[i].1 < fences {
-                let (slot, _) = self.pending_free.swap_remove(i);
-                self.free.push(slot);
-            } else {
-                i += 1;
-            }
-        }
-        if self.free.len() > self.engine.lane_free_max * 2 {
-            let keep = self.engine.lane_free_max;
-            self.engine.pool.put(self.free.drain(keep..));
-        }
-    }
-
     /// Returns a slot this lane took but did not use (nothing was written to its entry).
     fn give_back(&mut self, slot: u32) {
         self.free.push(slot);
     }
 
-    /// Frees a slot whose block is superseded or dropped. Its entry is zeroed before this lane's
-    /// next fence, and the slot is reusable after that fence.
+    /// Frees a slot whose block is superseded or dropped: new generation in DRAM, entry zeroed
+    /// and made durable *before the block's stripe lock is released* (the caller holds it).
+    /// Any later removal of a newer copy of the block needs that lock, so it can never become
+    /// durable before this free and let a power cut resurrect this older entry.
     fn free_slot(&mut self, slot: u32) {
         self.engine.slots.free(slot);
-        self.unflushed_frees.push(slot);
-        self.pending_free.push((slot, self.fences));
+        self.engine.clear_entry(slot);
+        self.fence();
+        self.free.push(slot);
+        if self.free.len() > self.engine.lane_free_max * 2 {
+            let keep = self.engine.lane_free_max;
+            self.engine.pool.put(self.free.drain(keep..));
+        }
     }
 
     /// Evicts clean blocks under the CLOCK (or FIFO) hand; when it finds none, writes back the
@@ -1032,7 +989,6 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         if let (Some(found), false) = (old, old_dirty) {
             engine.index.remove(&found);
             self.free_slot(found.slot);
-            self.fence();
         }
         let written = match (full, payload) {
             (true, Payload::Zeroes(_)) => engine.backing_write_zeroes(lba * block, block),
@@ -1077,7 +1033,6 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             (None, Some(found)) => {
                 engine.index.remove(&found);
                 self.free_slot(found.slot);
-                self.fence();
                 bump(&counters.dirty_delta, 1u64.wrapping_neg());
             }
             (None, None) => {}
@@ -1120,7 +1075,6 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
             drop(guard);
         }
-        self.fence();
         let counters = self.counters();
         bump(&counters.trims, end - first);
         bump(&counters.dirty_delta, dropped_dirty.wrapping_neg());
@@ -1131,7 +1085,6 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// since the last sync, and records the synced sequence number.
     pub fn flush(&mut self) -> Result<()> {
         let engine = self.engine;
-        self.fence();
         let sample = engine.last_issued_seq();
         if engine.backing_writes.load(Ordering::SeqCst)
             != engine.backing_writes_synced.load(Ordering::SeqCst)
