@@ -316,6 +316,15 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         self.stripes[stripe].try_lock().ok().map(StripeGuard::Locked)
     }
 
+    /// The stripe lock of `lba` for a write-back: waited for when the caller holds no stripe,
+    /// only tried when it holds `held` (so two write-backs never wait on each other).
+    fn lock_stripe_for_write_back(&self, lba: u64, held: Option<usize>) -> Option<StripeGuard<'_>> {
+        match held {
+            None => Some(StripeGuard::Locked(self.lock_stripe(lba))),
+            Some(_) => self.try_lock_stripe(lba, held),
+        }
+    }
+
     /// Issues a sequence number from the global counter, for an entry whose backing I/O has
     /// completed (clean entries: the synced rule needs the global order), above every number
     /// issued to the stripe (`stripe_last`, held under the stripe lock).
@@ -638,12 +647,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let DecodedEntry::Valid(entry) = engine.read_entry(slot) else {
                 continue;
             };
-            let guard = match held {
-                None => StripeGuard::Locked(engine.lock_stripe(entry.lba)),
-                Some(_) => match engine.try_lock_stripe(entry.lba, held) {
-                    Some(guard) => guard,
-                    None => continue,
-                },
+            let Some(guard) = engine.lock_stripe_for_write_back(entry.lba, held) else {
+                continue;
             };
             let now = engine.slots.load(slot);
             if !(now.same_incarnation(seen) && now.state() == SlotState::Dirty) {
@@ -662,12 +667,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let written = std::mem::take(&mut self.written);
         let mut cleaned = 0;
         for &(slot, seen, entry) in &written {
-            let _guard = match held {
-                None => StripeGuard::Locked(engine.lock_stripe(entry.lba)),
-                Some(_) => match engine.try_lock_stripe(entry.lba, held) {
-                    Some(guard) => guard,
-                    None => continue,
-                },
+            let Some(_guard) = engine.lock_stripe_for_write_back(entry.lba, held) else {
+                continue;
             };
             let now = engine.slots.load(slot);
             if now.same_incarnation(seen) && now.state() == SlotState::Dirty {
