@@ -28,8 +28,8 @@ cargo build --release -p pmcache-cli
 
 echo "== fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"
 if cargo +nightly fuzz --version >/dev/null 2>&1; then
-  (cd fuzz && cargo +nightly fuzz run -O connection -- -max_total_time=20 \
-    && cargo +nightly fuzz run -O codec -- -max_total_time=10)
+  (cd fuzz && cargo +nightly fuzz run -O connection -- -seed=20261122 -max_total_time=20 \
+    && cargo +nightly fuzz run -O codec -- -seed=20261122 -max_total_time=10)
 else
   echo "fuzz smoke skipped: no nightly toolchain with cargo-fuzz on this machine"
 fi
