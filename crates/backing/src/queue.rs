@@ -174,6 +174,17 @@ impl Slots {
         });
     }
 
+    /// Accepts a request that passed (or failed) validation: a failed or empty one completes at
+    /// once, anything else takes a slot, which the caller issues to the kernel.
+    pub fn admit(&mut self, req: IoRequest, check: Result<()>) -> Option<usize> {
+        match check {
+            Err(e) => self.complete_now(req, Err(e)),
+            Ok(()) if req.buf.is_empty() && req.op != IoOp::Flush => self.complete_now(req, Ok(())),
+            Ok(()) => return Some(self.insert(req)),
+        }
+        None
+    }
+
     /// Takes a slot for `req`; the caller issues it to the kernel.
     pub fn insert(&mut self, req: IoRequest) -> usize {
         let index = self.free.pop().expect("insert into a full queue");

@@ -393,15 +393,8 @@ impl IoQueue for UringQueue {
                 file.check_rw(req.op.name(), req.offset, req.buf.len() as u64)
             }
         };
-        match check {
-            Err(e) => self.slots.complete_now(req, Err(e)),
-            Ok(()) if req.buf.is_empty() && req.op != IoOp::Flush => {
-                self.slots.complete_now(req, Ok(()));
-            }
-            Ok(()) => {
-                let slot = self.slots.insert(req);
-                self.issue(slot);
-            }
+        if let Some(slot) = self.slots.admit(req, check) {
+            self.issue(slot);
         }
         Ok(())
     }
