@@ -63,6 +63,29 @@ impl Rng {
     }
 }
 
+/// Starts one writer per connection, each with the part of `log` in its own sectors
+/// (connections own disjoint sectors, so their logs merge back without conflicts).
+fn spawn_writers(
+    addr: std::net::SocketAddr,
+    round: u64,
+    span_bytes: u64,
+    log: &mut HashMap<u64, Sector>,
+) -> Vec<std::thread::JoinHandle<(HashMap<u64, Sector>, u64)>> {
+    let mut parts: Vec<HashMap<u64, Sector>> = (0..CONNS).map(|_| HashMap::new()).collect();
+    for (s, sector) in log.drain() {
+        parts[((s * SECTOR / REGION) % CONNS) as usize].insert(s, sector);
+    }
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(conn, part)| {
+            std::thread::spawn(move || {
+                write_until_killed(addr, conn as u64, round, span_bytes, part)
+            })
+        })
+        .collect()
+}
+
 /// One connection's write stream until the connection dies: writes of 512 B to 32 KiB (half
 /// of them 4 KiB-aligned whole blocks, the rest 512-byte aligned and often partial blocks)
 /// inside this connection's 64 KiB regions of the first `span_bytes`, `QUEUE_DEPTH`
@@ -180,21 +203,7 @@ fn kill_9_mid_stream_loses_no_acknowledged_write() {
     let mut log: HashMap<u64, Sector> = HashMap::new();
     let mut server = setup.serve(Via::Tcp, &["--mode", "writeback"]);
     for (round, delay_ms) in [(1u64, 900u64), (2, 600), (3, 1300)] {
-        let addr = server.addr();
-        // Each connection owns disjoint sectors, so the per-connection logs merge.
-        let mut parts: Vec<HashMap<u64, Sector>> = (0..CONNS).map(|_| HashMap::new()).collect();
-        for (s, sector) in log.drain() {
-            parts[((s * SECTOR / REGION) % CONNS) as usize].insert(s, sector);
-        }
-        let clients: Vec<_> = parts
-            .into_iter()
-            .enumerate()
-            .map(|(conn, part)| {
-                std::thread::spawn(move || {
-                    write_until_killed(addr, conn as u64, round, span_bytes, part)
-                })
-            })
-            .collect();
+        let clients = spawn_writers(server.addr(), round, span_bytes, &mut log);
         // At least `delay_ms`, and until the round wrote twice the cache's size.
         let stats = wait_written(&setup, 2 * setup.cache_bytes, Duration::from_millis(delay_ms));
         server.kill9();
@@ -339,20 +348,7 @@ fn check_on_a_live_cache_leaves_it_intact() {
     let mut log: HashMap<u64, Sector> = HashMap::new();
     let mut server = setup.serve(Via::Tcp, &["--mode", "writeback"]);
     for round in 1..=ROUNDS_LIVE_CHECK {
-        let addr = server.addr();
-        let mut parts: Vec<HashMap<u64, Sector>> = (0..CONNS).map(|_| HashMap::new()).collect();
-        for (s, sector) in log.drain() {
-            parts[((s * SECTOR / REGION) % CONNS) as usize].insert(s, sector);
-        }
-        let clients: Vec<_> = parts
-            .into_iter()
-            .enumerate()
-            .map(|(conn, part)| {
-                std::thread::spawn(move || {
-                    write_until_killed(addr, conn as u64, round, span_bytes, part)
-                })
-            })
-            .collect();
+        let clients = spawn_writers(server.addr(), round, span_bytes, &mut log);
         wait_written(&setup, setup.cache_bytes, Duration::from_millis(100));
         let out = setup.pmcache(&["check", "--cache", &setup.cache_arg()]);
         server.kill9();
