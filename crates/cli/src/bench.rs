@@ -13,7 +13,10 @@ pub struct BenchArgs {
 #[derive(Subcommand)]
 enum Experiment {
     /// The engine against the raw medium: 4 KiB read hits, write-back writes, a 50:50 mix,
-    /// 16 vs 2 threads, DRAM per slot and recovery time (emulated PM in /dev/shm).
+    /// 16 vs 2 threads, DRAM per slot and recovery time (emulated PM in /dev/shm). Beside each
+    /// ratio, the floor: raw + the least any design with the engine's contract must add (reads:
+    /// one dependent load from a DRAM table of the engine's metadata size; writes: a 16-byte
+    /// entry persisted after the data).
     Core(engine_core::CoreArgs),
     /// Backing-store I/O engines against fio with the same engine and settings (paper 004).
     Engines(Box<engines::EnginesArgs>),

@@ -167,8 +167,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         let lane_free_max = (slot_count as usize / (4 * config.max_lanes)).clamp(1, 256);
         let stripe_count = (config.max_lanes * 64).next_power_of_two().max(1024);
         Ok(Self {
-            slots: SlotTable::new(slot_count),
-            index: Index::new(slot_count),
+            slots: SlotTable::new(slot_count)?,
+            index: Index::new(slot_count)?,
             stripes: (0..stripe_count).map(|_| CachePadded::new(Mutex::new(0))).collect(),
             pool: FreePool::new(slot_count),
             hand: AtomicU64::new(0),

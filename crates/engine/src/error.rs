@@ -42,6 +42,9 @@ pub enum Error {
         /// Lanes still open.
         open: usize,
     },
+    /// The engine's DRAM tables could not be allocated.
+    #[error("allocating the cache's DRAM tables: {0}")]
+    Memory(#[from] pmcache_media::MediaError),
     /// The configuration cannot work.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -56,6 +59,7 @@ impl Error {
             Error::OutOfRange { .. } | Error::Config(_) => 22, // EINVAL
             Error::TooManyLanes { .. } | Error::LanesOpen { .. } => 16, // EBUSY
             Error::ShutDown => 108,                            // ESHUTDOWN
+            Error::Memory(_) => 12,                            // ENOMEM
         }
     }
 }

@@ -16,18 +16,17 @@
 
 use strength_reduce::StrengthReducedU64;
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::error::Result;
+use crate::sync::{AtomicU64, Ordering, Table, zeroed_table};
 
 const WAYS: usize = 8;
-const EMPTY: u64 = u64::MAX;
+/// An empty entry. Real entries never are zero: their choice field is 1..=3.
+const EMPTY: u64 = 0;
 const LBA_MASK: u64 = (1 << 40) - 1;
 /// Fraction of index entries in use when the cache is full.
 const LOAD_FACTOR: f64 = 0.75;
 const MIN_BUCKETS: u64 = 1024;
 const CHOICES: usize = 3;
-
-#[repr(align(64))]
-struct Bucket([AtomicU64; WAYS]);
 
 /// Where a block's entry was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,10 +50,10 @@ struct Key {
 
 impl Key {
     fn entry(&self, choice: usize, slot: u32) -> u64 {
-        (self.tag << 34) | (choice as u64) << 32 | u64::from(slot)
+        (self.tag << 34) | (choice as u64 + 1) << 32 | u64::from(slot)
     }
     fn matches(&self, choice: usize, value: u64) -> bool {
-        value != EMPTY && value >> 32 == (self.tag << 2 | choice as u64)
+        value >> 32 == (self.tag << 2 | (choice as u64 + 1))
     }
 }
 
@@ -69,7 +68,10 @@ fn mix40(lba: u64) -> u64 {
 }
 
 pub(crate) struct Index {
-    buckets: Box<[Bucket]>,
+    /// `WAYS` entries per bucket, bucket after bucket; a bucket is one cache line (the table
+    /// starts on a page boundary).
+    words: Table<AtomicU64>,
+    bucket_total: usize,
     /// The bucket count and the bucket count less one, as fast divisors.
     bucket_count: StrengthReducedU64,
     bucket_count_less_one: StrengthReducedU64,
@@ -77,30 +79,34 @@ pub(crate) struct Index {
 
 impl Index {
     /// An empty index for `slot_count` slots.
-    pub(crate) fn new(slot_count: u32) -> Self {
+    pub(crate) fn new(slot_count: u32) -> Result<Self> {
         let wanted = (f64::from(slot_count) / (WAYS as f64 * LOAD_FACTOR)).ceil() as u64;
         let count = wanted.max(MIN_BUCKETS) as usize;
-        let buckets =
-            (0..count).map(|_| Bucket(std::array::from_fn(|_| AtomicU64::new(EMPTY)))).collect();
-        Self {
-            buckets,
+        Ok(Self {
+            words: zeroed_table(count * WAYS)?,
+            bucket_total: count,
             bucket_count: StrengthReducedU64::new(count as u64),
             bucket_count_less_one: StrengthReducedU64::new(count as u64 - 1),
-        }
+        })
     }
 
     /// DRAM bytes used.
     pub(crate) fn bytes(&self) -> usize {
-        self.buckets.len() * std::mem::size_of::<Bucket>()
+        self.words.len() * std::mem::size_of::<AtomicU64>()
     }
 
+    fn bucket(&self, bucket: usize) -> &[AtomicU64; WAYS] {
+        self.words[bucket * WAYS..][..WAYS].try_into().expect("a bucket is WAYS entries")
+    }
+
+    #[inline]
     fn key(&self, lba: u64) -> Key {
         assert!(lba <= LBA_MASK, "block {lba} exceeds 40 bits");
-        let n = self.buckets.len() as u64;
+        let n = self.bucket_total as u64;
         let h = mix40(lba);
         let (tag, b1) = StrengthReducedU64::div_rem(h, self.bucket_count);
-        // tag < 2^40 / 1024 = 2^30: with 2 choice bits and 32 slot bits it fills 64 bits,
-        // and never all ones (choice 3 is unused), so it never equals EMPTY.
+        // tag < 2^40 / 1024 = 2^30: with 2 choice bits (1..=3, never 0) and 32 slot bits it
+        // fills 64 bits and never equals EMPTY.
         let step = 1 + tag % self.bucket_count_less_one;
         // b1 < n and step < n: reduce by subtraction, not division.
         let wrap = |x: u64| if x >= n { x - n } else { x };
@@ -110,14 +116,15 @@ impl Index {
     }
 
     /// Finds the slot holding `lba`, without locks.
+    #[inline]
     pub(crate) fn lookup(&self, lba: u64) -> Option<Found> {
         let key = self.key(lba);
         // Touch every candidate bucket before scanning any, so their cache misses overlap
         // instead of queueing behind one another.
-        let heads = key.buckets.map(|b| self.buckets[b].0[0].load(Ordering::Relaxed));
+        let heads = key.buckets.map(|b| self.bucket(b)[0].load(Ordering::Relaxed));
         std::hint::black_box(heads);
         for (choice, &bucket) in key.buckets.iter().enumerate() {
-            for (way, entry) in self.buckets[bucket].0.iter().enumerate() {
+            for (way, entry) in self.bucket(bucket).iter().enumerate() {
                 let value = entry.load(Ordering::Acquire);
                 if key.matches(choice, value) {
                     return Some(Found { slot: value as u32, bucket, way, value });
@@ -128,22 +135,23 @@ impl Index {
     }
 
     /// Whether the entry found earlier is still in place, unchanged.
+    #[inline]
     pub(crate) fn still_holds(&self, found: &Found) -> bool {
-        self.buckets[found.bucket].0[found.way].load(Ordering::Acquire) == found.value
+        self.bucket(found.bucket)[found.way].load(Ordering::Acquire) == found.value
     }
 
     /// Adds `lba -> slot`. The caller holds `lba`'s stripe lock and `lba` is not present.
-    pub(crate) fn insert(&self, lba: u64, slot: u32) -> Result<(), IndexFull> {
+    pub(crate) fn insert(&self, lba: u64, slot: u32) -> std::result::Result<(), IndexFull> {
         let key = self.key(lba);
         loop {
             let used = key.buckets.map(|b| {
-                self.buckets[b].0.iter().filter(|e| e.load(Ordering::Relaxed) != EMPTY).count()
+                self.bucket(b).iter().filter(|e| e.load(Ordering::Relaxed) != EMPTY).count()
             });
             if used.iter().all(|&u| u == WAYS) {
                 let occupants = key
                     .buckets
                     .iter()
-                    .flat_map(|&b| self.buckets[b].0.iter())
+                    .flat_map(|&b| self.bucket(b).iter())
                     .map(|e| e.load(Ordering::Acquire))
                     .filter(|&v| v != EMPTY)
                     .map(|v| v as u32)
@@ -151,8 +159,7 @@ impl Index {
                 return Err(IndexFull { occupants });
             }
             let choice = (0..CHOICES).min_by_key(|&c| used[c]).expect("choices");
-            let bucket = &self.buckets[key.buckets[choice]];
-            for entry in &bucket.0 {
+            for entry in self.bucket(key.buckets[choice]) {
                 if entry
                     .compare_exchange(
                         EMPTY,
@@ -183,7 +190,7 @@ impl Index {
     }
 
     fn store_over(&self, found: &Found, value: u64) {
-        let entry = &self.buckets[found.bucket].0[found.way];
+        let entry = &self.bucket(found.bucket)[found.way];
         assert_eq!(
             entry.load(Ordering::Relaxed),
             found.value,
@@ -209,7 +216,7 @@ mod tests {
     }
 
     fn fill(slots: u32, mut next_lba: impl FnMut() -> u64) -> (Index, HashMap<u64, u32>, u32) {
-        let index = Index::new(slots);
+        let index = Index::new(slots).unwrap();
         let mut present = HashMap::new();
         let mut overflows = 0;
         while present.len() < slots as usize {

@@ -7,7 +7,8 @@
 //! slot's identity. Readers validate a copy by seeing the same generation and a valid state
 //! before and after it.
 
-use crate::sync::{AtomicU32, Ordering};
+use crate::error::Result;
+use crate::sync::{AtomicU32, Ordering, Table, zeroed_table};
 
 const STATE_MASK: u32 = 0b11;
 const REF_BIT: u32 = 0b100;
@@ -62,18 +63,20 @@ impl SlotWord {
 
 /// One word per slot.
 pub(crate) struct SlotTable {
-    words: Box<[AtomicU32]>,
+    words: Table<AtomicU32>,
 }
 
 impl SlotTable {
-    pub(crate) fn new(slot_count: u32) -> Self {
-        Self { words: (0..slot_count).map(|_| AtomicU32::new(0)).collect() }
+    /// Every slot free, generation 0 (the all-zero word).
+    pub(crate) fn new(slot_count: u32) -> Result<Self> {
+        Ok(Self { words: zeroed_table(slot_count as usize)? })
     }
 
     pub(crate) fn len(&self) -> u32 {
         self.words.len() as u32
     }
 
+    #[inline]
     pub(crate) fn load(&self, slot: u32) -> SlotWord {
         SlotWord(self.words[slot as usize].load(Ordering::Acquire))
     }
@@ -125,7 +128,7 @@ mod tests {
 
     #[test]
     fn free_bumps_the_generation_and_reference_bits_do_not_change_identity() {
-        let table = SlotTable::new(4);
+        let table = SlotTable::new(4).unwrap();
         table.publish(1, SlotState::Dirty);
         let before = table.load(1);
         table.touch(1, before);

@@ -26,3 +26,42 @@ pub(crate) fn yield_now() {
     #[cfg(not(feature = "shuttle"))]
     std::thread::yield_now();
 }
+
+/// A fixed array of atomics for the engine's DRAM tables: zeroed, in huge pages where the
+/// kernel gives them (see `pmcache_media::DramTable`); a plain boxed slice under shuttle.
+#[cfg(not(feature = "shuttle"))]
+pub(crate) type Table<T> = pmcache_media::DramTable<T>;
+#[cfg(feature = "shuttle")]
+pub(crate) type Table<T> = Box<[T]>;
+
+/// `len` atomics, each zero.
+#[cfg(not(feature = "shuttle"))]
+pub(crate) fn zeroed_table<T: pmcache_media::ZeroValid>(
+    len: usize,
+) -> crate::error::Result<Table<T>> {
+    Ok(pmcache_media::DramTable::zeroed(len)?)
+}
+
+/// `len` atomics, each zero.
+#[cfg(feature = "shuttle")]
+pub(crate) fn zeroed_table<T: ZeroedAtomic>(len: usize) -> crate::error::Result<Table<T>> {
+    Ok((0..len).map(|_| T::zero()).collect())
+}
+
+/// Atomics a shuttle table can hold.
+#[cfg(feature = "shuttle")]
+pub(crate) trait ZeroedAtomic {
+    fn zero() -> Self;
+}
+#[cfg(feature = "shuttle")]
+impl ZeroedAtomic for AtomicU64 {
+    fn zero() -> Self {
+        AtomicU64::new(0)
+    }
+}
+#[cfg(feature = "shuttle")]
+impl ZeroedAtomic for AtomicU32 {
+    fn zero() -> Self {
+        AtomicU32::new(0)
+    }
+}

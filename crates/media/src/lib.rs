@@ -12,13 +12,18 @@
 //!   reboot). The only cache-side `unsafe` in pmcache lives in this crate.
 //! - [`CrashMedium`]: a test medium that keeps a volatile and a durable image at 8-byte
 //!   granularity and can simulate a power cut at any persist point.
+//!
+//! [`DramTable`] is the engine's volatile counterpart: zeroed arrays of atomics in their own
+//! anonymous mappings, aligned and advised for transparent huge pages.
 
 mod crash;
+mod dram;
 mod error;
 mod mapped;
 mod persist;
 
 pub use crash::{CrashMedium, CrashSwitch};
+pub use dram::{DramTable, ZeroValid};
 pub use error::{MediaError, Result};
 pub use mapped::PmemFile;
 pub use persist::{FlushInstruction, PersistPrimitives};
