@@ -5,8 +5,10 @@
 //! same run, fio drives the same file with the same engine and settings, so every figure sits
 //! next to its baseline: the table reports each engine's IOPS, mean and p99 latency, fio's
 //! IOPS and mean latency, and the ratio ours/fio. Each point is the median of `--runs` runs,
-//! ours and fio interleaved, alternating which goes first (the machine is shared and noisy). Output: a table, `--json`, and
-//! an SVG plot with paper 004's axes (IOPS vs jobs, one line per engine).
+//! ours and fio interleaved, alternating which goes first (the machine is shared and noisy);
+//! the ratio is the median of the per-run ratios, each between two measurements taken back
+//! to back. Output: a table, `--json`, and an SVG plot with paper 004's axes (IOPS vs jobs,
+//! one line per engine).
 //!
 //! A job is a thread with its own queue of `--qd` requests ([`pmcache_backing::IoQueue`]),
 //! as a fio job with `thread=1` and `iodepth` is. Synchronous engines (psync, pvsync2) run at
@@ -122,7 +124,7 @@ struct Row {
     ours: Option<Sample>,
     /// Median of fio's runs.
     fio: Option<Sample>,
-    /// ours.iops / fio.iops.
+    /// Median over runs of ours.iops / fio.iops within the run.
     ratio: Option<f64>,
     /// Why ours did not run.
     error: Option<String>,
@@ -398,29 +400,36 @@ fn measure_point(
             None
         }
     };
-    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     // Ours and fio alternate which goes first, so drift in the machine's load hits both.
     for run in 0..plan.runs {
+        let (mut ours_now, mut fio_now) = (None, None);
         for side in [run % 2, 1 - run % 2] {
             if side == 0 {
                 if let Some(store) = &store {
                     match run_ours(store, rw == "randwrite", jobs, qd, runtime) {
-                        Ok(s) => ours.push(s),
+                        Ok(s) => ours_now = Some(s),
                         Err(e) => row.error = Some(e),
                     }
                 }
             } else if !args.no_fio && row.fio_error.is_none() {
                 match run_fio(args, file, rw, engine, jobs, qd, plan) {
-                    Ok(s) => theirs.push(s),
+                    Ok(s) => fio_now = Some(s),
                     Err(e) => row.fio_error = Some(e),
                 }
             }
         }
+        if let (Some(o), Some(f)) = (ours_now, fio_now) {
+            ratios.push(o.iops / f.iops);
+        }
+        ours.extend(ours_now);
+        theirs.extend(fio_now);
     }
     row.ours = median(ours);
     row.fio = median(theirs);
-    if let (Some(o), Some(f)) = (row.ours, row.fio) {
-        row.ratio = Some(o.iops / f.iops);
+    if !ratios.is_empty() {
+        ratios.sort_by(f64::total_cmp);
+        row.ratio = Some(ratios[ratios.len() / 2]);
     }
     row
 }

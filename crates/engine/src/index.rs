@@ -115,6 +115,12 @@ impl Index {
         Key { buckets: [b1 as usize, b2 as usize, b3 as usize], tag }
     }
 
+    /// The candidate buckets of `lba` (tests build colliding block sets with it).
+    #[cfg(test)]
+    pub(crate) fn candidate_buckets(&self, lba: u64) -> [usize; CHOICES] {
+        self.key(lba).buckets
+    }
+
     /// Finds the slot holding `lba`, without locks.
     #[inline]
     pub(crate) fn lookup(&self, lba: u64) -> Option<Found> {

@@ -68,6 +68,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         let slot_count = self.slots.len();
         let mut report = RecoveryReport { slots: u64::from(slot_count), ..Default::default() };
         let mut free = Vec::new();
+        // Blocks whose newest copy so far was let go to make room: block -> its sequence.
+        let mut dropped = std::collections::HashMap::new();
         let mut max_seq = synced_seq;
         for slot in 0..slot_count {
             let mut entry = match self.read_entry(slot) {
@@ -96,6 +98,22 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 DecodedEntry::Valid(entry) => entry,
             };
             max_seq = max_seq.max(entry.seq);
+            // The synced rule first, so that everything below (which entry wins, which may be
+            // dropped to make room) sees the state the block is really in.
+            let made_dirty = entry.state == BlockState::Clean && entry.seq > synced_seq;
+            if made_dirty {
+                entry.state = BlockState::Dirty;
+            }
+            if !dropped.is_empty()
+                && dropped.get(&entry.lba).is_some_and(|&newer| newer >= entry.seq)
+            {
+                // A newer copy of this block was already let go to make room (its data is on
+                // the backing store): this older one must not come back in its place.
+                report.superseded += 1;
+                self.clear_entry(slot);
+                free.push(slot);
+                continue;
+            }
             if let Some(found) = self.index.lookup(entry.lba) {
                 report.superseded += 1;
                 let DecodedEntry::Valid(other) = self.read_entry(found.slot) else {
@@ -111,14 +129,14 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 self.slots.free(found.slot);
                 free.push(found.slot);
             } else if self.index.insert(entry.lba, slot).is_err() {
-                // Both index buckets full (vanishingly rare at the index's load factor): a
-                // clean block is dropped; a dirty one takes the place of a clean occupant.
-                if !self.make_room_at_recovery(&entry, slot, &mut free)? {
+                // Every candidate index bucket is full (vanishingly rare at the index's load
+                // factor): a clean block is dropped; a dirty one takes the place of a clean
+                // occupant.
+                if !self.make_room_at_recovery(&entry, slot, &mut free, &mut dropped)? {
                     continue;
                 }
             }
-            if entry.state == BlockState::Clean && entry.seq > synced_seq {
-                entry.state = BlockState::Dirty;
+            if made_dirty {
                 let at = self.geometry.entry_offset(slot);
                 self.medium.store_u64(at, entry.encode().0);
                 self.medium.flush(at, 8);
@@ -152,10 +170,12 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         entry: &SlotEntry,
         slot: u32,
         free: &mut Vec<u32>,
+        dropped: &mut std::collections::HashMap<u64, u64>,
     ) -> Result<bool> {
         if entry.state == BlockState::Clean {
             self.clear_entry(slot);
             free.push(slot);
+            dropped.insert(entry.lba, entry.seq);
             return Ok(false);
         }
         loop {
@@ -176,6 +196,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 self.backing.flush()?;
                 self.clear_entry(slot);
                 free.push(slot);
+                dropped.insert(entry.lba, entry.seq);
                 return Ok(false);
             };
             let DecodedEntry::Valid(victim_entry) = self.read_entry(victim) else {
@@ -183,6 +204,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             };
             let found = self.index.lookup(victim_entry.lba).expect("victim is indexed");
             self.index.remove(&found);
+            dropped.insert(victim_entry.lba, victim_entry.seq);
             self.clear_entry(victim);
             self.slots.free(victim);
             free.push(victim);
@@ -276,4 +298,85 @@ fn read_superblock<M: Medium>(medium: &M) -> Result<Superblock> {
     let mut header = [0u8; HEADER_BYTES];
     medium.read(0, &mut header);
     Ok(Superblock::decode(&header, medium.len_bytes())?)
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use std::sync::Arc;
+
+    use pmcache_backing::{BackingStore, PsyncFile};
+    use pmcache_media::{CrashMedium, CrashSwitch, Medium};
+
+    use crate::MonotonicClock;
+    use crate::cache::Engine;
+    use crate::config::{CacheMode, Config};
+    use crate::format::{BlockState, SUPERBLOCK_BYTES, SYNCED_SEQ_OFFSET, SlotEntry};
+    use crate::index::Index;
+
+    const BLOCK: u64 = 4096;
+
+    /// Recovery that must drop a block's newest (clean) copy for want of index room must not
+    /// let an older dirty copy of that block, scanned later, take its place: the backing store
+    /// holds the newer data.
+    #[test]
+    fn an_older_copy_does_not_replace_a_newer_one_dropped_for_room() {
+        let slots = 64u64;
+        let medium_bytes = (SUPERBLOCK_BYTES + slots * 16).next_multiple_of(4096) + slots * BLOCK;
+        let medium = Arc::new(CrashMedium::new(medium_bytes, CrashSwitch::new(), 1));
+        // 3 x 8 + 1 blocks sharing their three candidate index buckets: one more than fit.
+        let slot_count = pmcache_engine_slot_count(medium_bytes);
+        let index = Index::new(slot_count).unwrap();
+        let target = index.candidate_buckets(0);
+        let colliding: Vec<u64> = (0..1u64 << 36)
+            .filter(|&lba| index.candidate_buckets(lba) == target)
+            .take(25)
+            .collect();
+        let (fillers, x) = (&colliding[..24], colliding[24]);
+        let dir = tempfile::tempdir().unwrap();
+        let backing_path = dir.path().join("backing");
+        std::fs::File::create(&backing_path).unwrap().set_len((x + 1) * BLOCK).unwrap();
+        let config = Config { mode: CacheMode::WriteBack, max_lanes: 2, ..Config::default() };
+        let engine = Engine::format(
+            medium.clone(),
+            PsyncFile::open(&backing_path).unwrap(),
+            MonotonicClock::default(),
+            &config,
+        )
+        .expect("format");
+        let geometry = engine.superblock().geometry;
+        assert_eq!(geometry.slot_count, u64::from(slot_count));
+        // The backing store holds x's newest data (0x22), which the cache had as clean.
+        engine.backing().write_at(&[0x22; BLOCK as usize], x * BLOCK).unwrap();
+        drop(engine);
+        let put = |slot: u32, lba: u64, state: BlockState, seq: u64, fill: u8| {
+            medium.write(geometry.data_offset(slot), &[fill; BLOCK as usize]);
+            let (word0, word1) = SlotEntry { lba, state, seq }.encode();
+            let at = geometry.entry_offset(slot);
+            medium.store_u64(at + 8, word1);
+            medium.store_u64(at, word0);
+        };
+        for (slot, &lba) in fillers.iter().enumerate() {
+            put(slot as u32, lba, BlockState::Clean, 100 + slot as u64, 0x11);
+        }
+        put(24, x, BlockState::Clean, 300, 0x22); // x's newest copy: clean, dropped for room
+        put(25, x, BlockState::Dirty, 200, 0x33); // an older dirty copy a power cut left behind
+        medium.store_u64(SYNCED_SEQ_OFFSET, 1000);
+        medium.persist(0, medium.len_bytes());
+        let (engine, report) = Engine::open(
+            medium.clone(),
+            PsyncFile::open(&backing_path).unwrap(),
+            MonotonicClock::default(),
+            &config,
+        )
+        .expect("recovery");
+        assert!(report.superseded >= 1, "{report:?}");
+        let mut lane = engine.lane().unwrap();
+        let mut got = vec![0u8; BLOCK as usize];
+        lane.read(x * BLOCK, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 0x22), "block {x} rolled back to {:#x}", got[0]);
+    }
+
+    fn pmcache_engine_slot_count(medium_bytes: u64) -> u32 {
+        crate::format::Geometry::for_medium(medium_bytes, BLOCK as u32).unwrap().slot_count as u32
+    }
 }
