@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check pmcache's CI runs: format, lints, the whole test suite (release build, with
-# assertions on), the shuttle concurrency tests, and smoke runs of the benches.
+# assertions on), the shuttle concurrency tests, the io_uring IOPOLL conformance tests in a
+# QEMU (TCG) guest whose NVMe drive has poll queues, and smoke runs of the benches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,9 @@ cargo test --workspace --release
 
 echo "== shuttle: reader / writer / evictor interleavings"
 cargo test --release -p pmcache-engine --features shuttle --test shuttle
+
+echo "== io_uring IOPOLL conformance in a QEMU guest (NVMe with poll queues; this host has none)"
+scripts/guest/iopoll-conformance.sh
 
 echo "== bench smoke runs"
 cargo build --release -p pmcache-cli
