@@ -77,7 +77,31 @@ missing=()
 need() { # need COMMAND PACKAGE
   command -v "$1" >/dev/null 2>&1 || missing+=("$2")
 }
-need qemu-system-x86_64 qemu-system-x86
+# QEMU's system emulator must match an installed qemu-utils: Debian 12 machines may carry
+# qemu-utils from bookworm-backports (10.x), and installing bookworm's qemu-system-x86 (7.2)
+# next to it makes apt *remove* qemu-utils (qemu-img, qemu-io). So the emulator is installed at
+# qemu-utils' exact version, from the suites that have it, through a private apt state
+# directory (the host's apt sources stay as they are).
+install_matching_qemu() {
+  local ver adir
+  ver=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
+  if [[ -z "$ver" || "$ver" != *bpo12* ]]; then
+    missing+=(qemu-system-x86)
+    return
+  fi
+  adir="${PMCACHE_GUEST_CACHE:-$HOME/.cache/pmcache-guest}/apt-host-qemu"
+  mkdir -p "$adir/lists/partial"
+  local mirror="${PMCACHE_GUEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+  printf 'deb %s bookworm main\ndeb %s bookworm-updates main\ndeb %s bookworm-backports main\n' \
+    "$mirror" "$mirror" "$mirror" > "$adir/sources.list"
+  local opts=(-o "Dir::Etc::SourceList=$adir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+    -o "Dir::State::Lists=$adir/lists")
+  say "installing qemu-system-x86=$ver to match qemu-utils $ver (bookworm-backports)"
+  as_root apt-get "${opts[@]}" update -q >&2
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get "${opts[@]}" install -y -q \
+    --no-install-recommends -t bookworm-backports "qemu-system-x86=$ver" "qemu-utils=$ver" >&2
+}
+command -v qemu-system-x86_64 >/dev/null 2>&1 || install_matching_qemu
 need mkfs.ext4 e2fsprogs
 need cpio cpio
 need gzip gzip

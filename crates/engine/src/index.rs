@@ -116,7 +116,7 @@ impl Index {
     }
 
     /// The candidate buckets of `lba` (tests build colliding block sets with it).
-    #[cfg(test)]
+    #[cfg(all(test, not(feature = "shuttle")))]
     pub(crate) fn candidate_buckets(&self, lba: u64) -> [usize; CHOICES] {
         self.key(lba).buckets
     }
