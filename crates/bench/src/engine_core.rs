@@ -114,7 +114,7 @@ enum Mix {
 }
 
 struct Bed {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     engine: Engine<Arc<PmemFile>, PsyncFile, MonotonicClock>,
     medium: Arc<PmemFile>,
     blocks: u64,
@@ -136,7 +136,7 @@ fn floor_for(bed: &Bed) -> Result<Floor, String> {
     let mut rng = SmallRng::seed_from_u64(0xf100);
     let table = (0..(dram_bytes / 8).max(1)).map(|_| rng.gen_range(0..bed.blocks)).collect();
     let entries =
-        PmemFile::open(&bed._dir.path().join("floor-entries"), Some((slots * 16).max(4096)))
+        PmemFile::open(&bed.dir.path().join("floor-entries"), Some((slots * 16).max(4096)))
             .map_err(|e| e.to_string())?;
     Ok(Floor { table, entries, slots })
 }
@@ -192,7 +192,7 @@ fn bed(dir: &Path, cache_bytes: u64, lanes: usize) -> Result<Bed, String> {
             lane.write(b * BLOCK, &data, false).map_err(|e| e.to_string())?;
         }
     }
-    Ok(Bed { _dir: tmp, engine, medium, blocks, data_offset })
+    Ok(Bed { dir: tmp, engine, medium, blocks, data_offset })
 }
 
 /// Runs `threads` workers for `seconds`; returns total ops/s and merged sampled latencies.
@@ -488,8 +488,8 @@ fn recovery_row(
         }
     }
     let dram = bed.engine.stats().dram_bytes_per_slot;
-    let Bed { _dir, engine, medium, .. } = bed;
-    let backing_path = _dir.path().join("backing");
+    let Bed { dir: tmp, engine, medium, .. } = bed;
+    let backing_path = tmp.path().join("backing");
     drop(engine);
     let config = Config { max_lanes: 2, ..Config::default() };
     let mut times = Vec::new();

@@ -71,7 +71,6 @@ pub(crate) struct Index {
     /// `WAYS` entries per bucket, bucket after bucket; a bucket is one cache line (the table
     /// starts on a page boundary).
     words: Table<AtomicU64>,
-    bucket_total: usize,
     /// The bucket count and the bucket count less one, as fast divisors.
     bucket_count: StrengthReducedU64,
     bucket_count_less_one: StrengthReducedU64,
@@ -84,7 +83,6 @@ impl Index {
         let count = wanted.max(MIN_BUCKETS) as usize;
         Ok(Self {
             words: zeroed_table(count * WAYS)?,
-            bucket_total: count,
             bucket_count: StrengthReducedU64::new(count as u64),
             bucket_count_less_one: StrengthReducedU64::new(count as u64 - 1),
         })
@@ -102,7 +100,7 @@ impl Index {
     #[inline]
     fn key(&self, lba: u64) -> Key {
         assert!(lba <= LBA_MASK, "block {lba} exceeds 40 bits");
-        let n = self.bucket_total as u64;
+        let n = (self.words.len() / WAYS) as u64;
         let h = mix40(lba);
         let (tag, b1) = StrengthReducedU64::div_rem(h, self.bucket_count);
         // tag < 2^40 / 1024 = 2^30: with 2 choice bits (1..=3, never 0) and 32 slot bits it

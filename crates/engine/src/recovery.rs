@@ -324,7 +324,9 @@ mod tests {
         let medium_bytes = (SUPERBLOCK_BYTES + slots * 16).next_multiple_of(4096) + slots * BLOCK;
         let medium = Arc::new(CrashMedium::new(medium_bytes, CrashSwitch::new(), 1));
         // 3 x 8 + 1 blocks sharing their three candidate index buckets: one more than fit.
-        let slot_count = pmcache_engine_slot_count(medium_bytes);
+        let slot_count = crate::format::Geometry::for_medium(medium_bytes, BLOCK as u32)
+            .unwrap()
+            .slot_count as u32;
         let index = Index::new(slot_count).unwrap();
         let target = index.candidate_buckets(0);
         let colliding: Vec<u64> = (0..1u64 << 36)
@@ -374,9 +376,5 @@ mod tests {
         let mut got = vec![0u8; BLOCK as usize];
         lane.read(x * BLOCK, &mut got).unwrap();
         assert!(got.iter().all(|&b| b == 0x22), "block {x} rolled back to {:#x}", got[0]);
-    }
-
-    fn pmcache_engine_slot_count(medium_bytes: u64) -> u32 {
-        crate::format::Geometry::for_medium(medium_bytes, BLOCK as u32).unwrap().slot_count as u32
     }
 }

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pmcache_nbd::codec::*;
 
+pub use pmcache_testkit::{pseudo_random, read_file, require_tool, run, run_ok};
+
 /// Export name `pmcache serve` uses by default.
 pub const EXPORT: &str = "pmcache";
 /// The binary under test.
@@ -256,14 +258,6 @@ impl Drop for Server {
     }
 }
 
-/// Fails the test unless `bin` is on PATH, naming the apt package that provides it.
-pub fn require_tool(bin: &str, apt_package: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
-        .unwrap_or(false);
-    assert!(found, "`{bin}` not found on PATH: install it with `apt-get install -y {apt_package}`");
-}
-
 /// Fails unless fio is installed and has its nbd engine.
 pub fn require_fio_nbd() {
     require_tool("fio", "fio");
@@ -272,75 +266,6 @@ pub fn require_fio_nbd() {
         engines.lines().any(|l| l.trim() == "nbd"),
         "this fio has no nbd engine (install Debian's `fio` package, built with libnbd)"
     );
-}
-
-/// Runs a command to completion, killing it after `timeout`; panics on timeout.
-pub fn run(cmd: &mut Command, timeout: Duration) -> Output {
-    let desc = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {desc}: {e}"));
-    let deadline = Instant::now() + timeout;
-    // Drain pipes on threads so a chatty child cannot block on a full pipe.
-    let mut stdout = child.stdout.take().expect("stdout");
-    let mut stderr = child.stderr.take().expect("stderr");
-    let out_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = stdout.read_to_end(&mut v);
-        v
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = stderr.read_to_end(&mut v);
-        v
-    });
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("timed out after {timeout:?}: {desc}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    Output { status, stdout: out_t.join().expect("stdout"), stderr: err_t.join().expect("stderr") }
-}
-
-/// Runs a command and asserts it succeeded; returns stdout.
-pub fn run_ok(cmd: &mut Command, timeout: Duration) -> String {
-    let desc = format!("{cmd:?}");
-    let out = run(cmd, timeout);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{desc} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    stdout
-}
-
-/// Deterministic pseudo-random bytes.
-pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-/// Reads a whole file.
-pub fn read_file(p: &Path) -> Vec<u8> {
-    std::fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
 }
 
 /// Reads `len` bytes of a file at `offset`.

@@ -11,22 +11,9 @@ use crate::common::*;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
-/// Runs qemu-io with `cmds` against `uri`, failing on any failed command or pattern mismatch.
+/// Runs qemu-io with `cmds` against `uri` (see `pmcache_testkit::qemu_io`).
 fn qemu_io(uri: &str, cmds: &[String]) -> String {
-    require_tool("qemu-io", "qemu-utils");
-    let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw", uri]);
-    for c in cmds {
-        cmd.args(["-c", c]);
-    }
-    let out = run(&mut cmd, TIMEOUT);
-    let text =
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "qemu-io failed ({}):\n{text}", out.status);
-    for bad in ["failed", "error", "Error", "invalid", "Pattern verification"] {
-        assert!(!text.contains(bad), "qemu-io reported `{bad}`:\n{text}");
-    }
-    text
+    pmcache_testkit::qemu_io(uri, cmds, TIMEOUT)
 }
 
 fn patterns(mode: &str, via: Via) {

@@ -1,13 +1,14 @@
 //! Shared helpers for the integration tests: an in-process server on an ephemeral port or a
-//! unix socket, and running external clients with a timeout.
+//! unix socket; running external clients with a timeout comes from `pmcache_testkit`.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pmcache_nbd::{BlockSizes, ListenAddr, MemExport, RunningServer, Server, ServerConfig};
+
+pub use pmcache_testkit::{pseudo_random, read_file, require_tool, run_ok};
 
 /// Export name used by the tests.
 pub const NAME: &str = "pm";
@@ -94,81 +95,4 @@ impl Drop for TestServer {
             let _ = r.stop();
         }
     }
-}
-
-/// Fails the test unless `bin` is on PATH, naming the apt package that provides it.
-pub fn require_tool(bin: &str, apt_package: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
-        .unwrap_or(false);
-    assert!(found, "`{bin}` not found on PATH: install it with `apt-get install -y {apt_package}`");
-}
-
-/// Runs a command to completion, killing it after `timeout`; panics on timeout.
-pub fn run(cmd: &mut Command, timeout: Duration) -> Output {
-    let desc = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {desc}: {e}"));
-    let deadline = Instant::now() + timeout;
-    // Drain pipes on threads so a chatty child cannot block on a full pipe.
-    let mut stdout = child.stdout.take().expect("stdout");
-    let mut stderr = child.stderr.take().expect("stderr");
-    let out_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut stdout, &mut v);
-        v
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut stderr, &mut v);
-        v
-    });
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("timed out after {timeout:?}: {desc}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    Output { status, stdout: out_t.join().expect("stdout"), stderr: err_t.join().expect("stderr") }
-}
-
-/// Runs a command and asserts it succeeded; returns stdout.
-pub fn run_ok(cmd: &mut Command, timeout: Duration) -> String {
-    let desc = format!("{cmd:?}");
-    let out = run(cmd, timeout);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{desc} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    stdout
-}
-
-/// Deterministic pseudo-random bytes.
-pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-/// Reads a whole file.
-pub fn read_file(p: &Path) -> Vec<u8> {
-    std::fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
 }

@@ -5,26 +5,13 @@ use std::time::Duration;
 
 use pmcache_nbd::BlockSizes;
 
-use crate::common::{TestServer, Via, pseudo_random, read_file, require_tool, run, run_ok};
+use crate::common::{TestServer, Via, pseudo_random, read_file, require_tool, run_ok};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Runs qemu-io with `cmds` against `uri`, failing on any failed command or pattern mismatch.
+/// Runs qemu-io with `cmds` against `uri` (see `pmcache_testkit::qemu_io`).
 fn qemu_io(uri: &str, cmds: &[String]) -> String {
-    require_tool("qemu-io", "qemu-utils");
-    let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw", uri]);
-    for c in cmds {
-        cmd.args(["-c", c]);
-    }
-    let out = run(&mut cmd, TIMEOUT);
-    let text =
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "qemu-io failed ({}):\n{text}", out.status);
-    for bad in ["failed", "error", "Error", "invalid"] {
-        assert!(!text.contains(bad), "qemu-io reported `{bad}`:\n{text}");
-    }
-    text
+    pmcache_testkit::qemu_io(uri, cmds, TIMEOUT)
 }
 
 /// Writes a pattern at many offsets and sizes, reading each back with pattern verification,
