@@ -24,7 +24,10 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use pmcache_backing::PsyncFile;
-use pmcache_engine::{AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MonotonicClock};
+use pmcache_engine::{
+    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MonotonicClock, ReadRequest,
+    WriteRequest,
+};
 use pmcache_media::{Medium, PmemFile};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -39,6 +42,9 @@ struct PageBuf([u8; BLOCK as usize]);
 fn page_buf(fill: u8) -> Box<PageBuf> {
     Box::new(PageBuf([fill; BLOCK as usize]))
 }
+
+/// Requests per call in the batched configurations (`-qd16`).
+const QUEUE_DEPTH: usize = 16;
 
 /// One operation in this many is timed for the latency percentiles.
 const LATENCY_SAMPLE_EVERY: u64 = 64;
@@ -195,10 +201,12 @@ fn bed(dir: &Path, cache_bytes: u64, lanes: usize) -> Result<Bed, String> {
     Ok(Bed { dir: tmp, engine, medium, blocks, data_offset })
 }
 
-/// Runs `threads` workers for `seconds`; returns total ops/s and merged sampled latencies.
+/// Runs `threads` workers for `seconds`, each call of a worker doing `ops_per_call`
+/// operations; returns total ops/s and merged sampled latencies (of whole calls).
 fn drive<W>(
     threads: usize,
     seconds: f64,
+    ops_per_call: usize,
     make_worker: impl Fn(usize) -> W + Sync,
 ) -> (f64, Histogram<u64>)
 where
@@ -223,7 +231,7 @@ where
                         let timed = Instant::now();
                         worker(&mut rng);
                         let _ = histogram.record(timed.elapsed().as_nanos() as u64);
-                        ops += LATENCY_SAMPLE_EVERY;
+                        ops += LATENCY_SAMPLE_EVERY * ops_per_call as u64;
                     }
                     (ops, histogram)
                 })
@@ -244,7 +252,7 @@ where
 }
 
 fn run_raw(bed: &Bed, mix: Mix, threads: usize, seconds: f64) -> f64 {
-    drive(threads, seconds, |_| {
+    drive(threads, seconds, 1, |_| {
         let medium = bed.medium.clone();
         let (blocks, data_offset) = (bed.blocks, bed.data_offset);
         let mut buf = page_buf(0);
@@ -267,27 +275,50 @@ fn run_raw(bed: &Bed, mix: Mix, threads: usize, seconds: f64) -> f64 {
     .0
 }
 
-fn run_floor(bed: &Bed, floor: &Floor, mix: Mix, threads: usize, seconds: f64) -> f64 {
-    drive(threads, seconds, |_| {
+fn run_floor(bed: &Bed, floor: &Floor, case: &Case, seconds: f64) -> f64 {
+    let batch = case.batch;
+    drive(case.threads, seconds, batch, |_| {
         let medium = bed.medium.clone();
         let data_offset = bed.data_offset;
-        let mut buf = page_buf(0);
+        let mut bufs: Vec<Box<PageBuf>> = (0..batch).map(|_| page_buf(0)).collect();
         let data = page_buf(0x3c);
+        let mut writes: Vec<(u64, u64)> = Vec::with_capacity(batch);
+        let mut reads: Vec<u64> = Vec::with_capacity(batch);
         move |rng: &mut SmallRng| {
-            let write = match mix {
-                Mix::Reads => false,
-                Mix::Writes => true,
-                Mix::Half => rng.gen_bool(0.5),
-            };
-            if write {
-                let block = rng.gen_range(0..bed.blocks);
-                medium.write_persist(data_offset + block * BLOCK, &data.0);
-                let at = rng.gen_range(0..floor.slots) * 16;
+            writes.clear();
+            reads.clear();
+            for _ in 0..batch {
+                let write = match case.mix {
+                    Mix::Reads => false,
+                    Mix::Writes => true,
+                    Mix::Half => rng.gen_bool(0.5),
+                };
+                if write {
+                    writes.push((rng.gen_range(0..bed.blocks), rng.gen_range(0..floor.slots) * 16));
+                } else {
+                    reads.push(rng.gen_range(0..floor.table.len() as u64));
+                }
+            }
+            // Writes: every block's data durable, then every entry (one fence each when
+            // batched, the persist order of a group commit).
+            for &(block, _) in &writes {
+                medium.write_flush(data_offset + block * BLOCK, &data.0);
+                if batch == 1 {
+                    medium.drain();
+                }
+            }
+            medium.drain();
+            for &(block, at) in &writes {
                 floor.entries.store_u64(at + 8, block);
                 floor.entries.store_u64(at, block | 1 << 40);
-                floor.entries.persist(at, 16);
-            } else {
-                let block = std::hint::black_box(floor.table[rng.gen_range(0..floor.table.len())]);
+                floor.entries.flush(at, 16);
+            }
+            floor.entries.drain();
+            // Reads: the table loads first (they overlap), then the copies.
+            for r in reads.iter_mut() {
+                *r = std::hint::black_box(floor.table[*r as usize]);
+            }
+            for (&block, buf) in reads.iter().zip(bufs.iter_mut()) {
                 medium.read(data_offset + block * BLOCK, &mut buf.0);
                 std::hint::black_box(&buf);
             }
@@ -296,24 +327,61 @@ fn run_floor(bed: &Bed, floor: &Floor, mix: Mix, threads: usize, seconds: f64) -
     .0
 }
 
-fn run_engine(bed: &Bed, mix: Mix, threads: usize, seconds: f64) -> (f64, Histogram<u64>) {
-    drive(threads, seconds, |_| {
+fn run_engine(
+    bed: &Bed,
+    mix: Mix,
+    threads: usize,
+    batch: usize,
+    seconds: f64,
+) -> (f64, Histogram<u64>) {
+    drive(threads, seconds, batch, |_| {
         let mut lane = bed.engine.lane().expect("enough lanes");
         let blocks = bed.blocks;
-        let mut buf = page_buf(0);
+        let mut bufs: Vec<Box<PageBuf>> = (0..batch).map(|_| page_buf(0)).collect();
         let data = page_buf(0x3c);
+        let mut write_offsets: Vec<u64> = Vec::with_capacity(batch);
+        let mut read_offsets: Vec<u64> = Vec::with_capacity(batch);
+        let mut outcomes = Vec::with_capacity(batch);
         move |rng: &mut SmallRng| {
-            let offset = rng.gen_range(0..blocks) * BLOCK;
-            let write = match mix {
-                Mix::Reads => false,
-                Mix::Writes => true,
-                Mix::Half => rng.gen_bool(0.5),
-            };
-            if write {
-                lane.write(offset, &data.0, false).expect("engine write");
-            } else {
-                lane.read(offset, &mut buf.0).expect("engine read");
-                std::hint::black_box(&buf);
+            write_offsets.clear();
+            read_offsets.clear();
+            for _ in 0..batch {
+                let offset = rng.gen_range(0..blocks) * BLOCK;
+                let write = match mix {
+                    Mix::Reads => false,
+                    Mix::Writes => true,
+                    Mix::Half => rng.gen_bool(0.5),
+                };
+                if write { write_offsets.push(offset) } else { read_offsets.push(offset) }
+            }
+            if batch == 1 {
+                match (write_offsets.first(), read_offsets.first()) {
+                    (Some(&offset), _) => lane.write(offset, &data.0, false).expect("engine write"),
+                    (_, Some(&offset)) => {
+                        lane.read(offset, &mut bufs[0].0).expect("engine read");
+                        std::hint::black_box(&bufs[0]);
+                    }
+                    _ => unreachable!("one operation per call"),
+                }
+                return;
+            }
+            if !write_offsets.is_empty() {
+                let requests: Vec<WriteRequest<'_>> = write_offsets
+                    .iter()
+                    .map(|&offset| WriteRequest { offset, data: &data.0, fua: false })
+                    .collect();
+                lane.write_batch(&requests, &mut outcomes);
+                outcomes.drain(..).for_each(|o| o.expect("engine write"));
+            }
+            if !read_offsets.is_empty() {
+                let mut requests: Vec<ReadRequest<'_>> = read_offsets
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    .map(|(&offset, buf)| ReadRequest { offset, buf: &mut buf.0 })
+                    .collect();
+                lane.read_batch(&mut requests, &mut outcomes);
+                outcomes.drain(..).for_each(|o| o.expect("engine read"));
+                std::hint::black_box(&requests);
             }
         }
     })
@@ -328,6 +396,9 @@ struct Case {
     name: &'static str,
     mix: Mix,
     threads: usize,
+    /// Requests handed to the engine per call (1: `read`/`write`; more: `read_batch` /
+    /// `write_batch`, as a frontend with that many requests queued does).
+    batch: usize,
     goal: Option<f64>,
     baseline: &'static str,
 }
@@ -348,42 +419,30 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
         bed.engine.superblock().geometry.slot_count,
         bed.blocks
     );
+    const READ: &str = "raw 4 KiB copy from the medium";
+    const WRITE: &str = "raw 4 KiB copy + persist";
+    const MIX: &str = "raw copy / copy + persist, 50:50";
+    let case = |name, mix, threads, batch, goal, baseline| Case {
+        name,
+        mix,
+        threads,
+        batch,
+        goal: Some(goal),
+        baseline,
+    };
+    // One request per call, then QUEUE_DEPTH requests per call (batches); the baseline is the
+    // raw access one request at a time in both.
     let cases = [
-        Case {
-            name: "read-hit-4k",
-            mix: Mix::Reads,
-            threads: 1,
-            goal: Some(0.90),
-            baseline: "raw 4 KiB copy from the medium",
-        },
-        Case {
-            name: "read-hit-4k",
-            mix: Mix::Reads,
-            threads: 2,
-            goal: Some(0.90),
-            baseline: "raw 4 KiB copy from the medium",
-        },
-        Case {
-            name: "write-back-4k",
-            mix: Mix::Writes,
-            threads: 1,
-            goal: Some(0.70),
-            baseline: "raw 4 KiB copy + persist",
-        },
-        Case {
-            name: "write-back-4k",
-            mix: Mix::Writes,
-            threads: 2,
-            goal: Some(0.70),
-            baseline: "raw 4 KiB copy + persist",
-        },
-        Case {
-            name: "mix-50-50-4k",
-            mix: Mix::Half,
-            threads: 2,
-            goal: Some(0.80),
-            baseline: "raw copy / copy + persist, 50:50",
-        },
+        case("read-hit-4k", Mix::Reads, 1, 1, 0.90, READ),
+        case("read-hit-4k", Mix::Reads, 2, 1, 0.90, READ),
+        case("write-back-4k", Mix::Writes, 1, 1, 0.70, WRITE),
+        case("write-back-4k", Mix::Writes, 2, 1, 0.70, WRITE),
+        case("mix-50-50-4k", Mix::Half, 2, 1, 0.80, MIX),
+        case("read-hit-4k-qd16", Mix::Reads, 1, QUEUE_DEPTH, 0.90, READ),
+        case("read-hit-4k-qd16", Mix::Reads, 2, QUEUE_DEPTH, 0.90, READ),
+        case("write-back-4k-qd16", Mix::Writes, 1, QUEUE_DEPTH, 0.70, WRITE),
+        case("write-back-4k-qd16", Mix::Writes, 2, QUEUE_DEPTH, 0.70, WRITE),
+        case("mix-50-50-4k-qd16", Mix::Half, 2, QUEUE_DEPTH, 0.80, MIX),
     ];
     let mut rows = Vec::new();
     let selected = |name: &str| args.only.as_deref().is_none_or(|only| name.contains(only));
@@ -396,8 +455,8 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
         let mut histogram = Histogram::<u64>::new(3).expect("histogram");
         for _ in 0..runs {
             let raw = run_raw(&bed, case.mix, case.threads, seconds);
-            let floor_ops = run_floor(&bed, &floor, case.mix, case.threads, seconds);
-            let (ops, h) = run_engine(&bed, case.mix, case.threads, seconds);
+            let floor_ops = run_floor(&bed, &floor, case, seconds);
+            let (ops, h) = run_engine(&bed, case.mix, case.threads, case.batch, seconds);
             histogram.add(h).expect("same shape");
             ratios.push(ops / raw);
             floor_ratios.push(floor_ops / raw);
@@ -423,14 +482,14 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
         });
     }
     // 16 threads on this machine's cores against 2 threads: no collapse under oversubscription.
-    if selected("mix-50-50-4k") {
+    if selected("mix-50-50-4k-16-threads") {
         let mut sixteen = Vec::new();
         let mut two = Vec::new();
         let mut ratios = Vec::new();
         let mut histogram = Histogram::<u64>::new(3).expect("histogram");
         for _ in 0..runs {
-            let (base, _) = run_engine(&bed, Mix::Half, 2, seconds);
-            let (ops, h) = run_engine(&bed, Mix::Half, 16, seconds);
+            let (base, _) = run_engine(&bed, Mix::Half, 2, 1, seconds);
+            let (ops, h) = run_engine(&bed, Mix::Half, 16, 1, seconds);
             histogram.add(h).expect("same shape");
             two.push(base);
             sixteen.push(ops);
@@ -546,7 +605,7 @@ pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
         rows[0].runs, rows[0].seconds
     );
     println!(
-        "{:<16} {:>7} {:>14} {:>14} {:>8} {:>6} {:>7} {:>12} {:>9} {:>9}  baseline",
+        "{:<20} {:>7} {:>14} {:>14} {:>8} {:>6} {:>7} {:>12} {:>9} {:>9}  baseline",
         "config",
         "threads",
         "engine op/s",
@@ -563,7 +622,7 @@ pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
     for row in table {
         let ratio = |r: Option<f64>| r.map(|r| format!("{r:.3}x")).unwrap_or_default();
         println!(
-            "{:<16} {:>7} {:>14.0} {:>14.0} {:>7.3}x {:>6} {:>7} {:>12} {:>9} {:>9}  {}",
+            "{:<20} {:>7} {:>14.0} {:>14.0} {:>7.3}x {:>6} {:>7} {:>12} {:>9} {:>9}  {}",
             row.name,
             row.threads,
             row.ops_per_sec,

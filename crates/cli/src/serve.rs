@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use pmcache_engine::{Error, Lane, MonotonicClock};
+use pmcache_engine::{Error, Lane, MonotonicClock, WriteRequest};
 use pmcache_media::PmemFile;
-use pmcache_nbd::{BlockSizes, Export, ExportConn, ExportError, ListenAddr, Server, ServerConfig};
+use pmcache_nbd::{
+    BatchWrite, BlockSizes, Export, ExportConn, ExportError, ListenAddr, Server, ServerConfig,
+};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -116,6 +118,21 @@ impl ExportConn for CacheConn {
 
     fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         self.lane.write(offset_bytes, data, fua).map_err(export_error)
+    }
+
+    /// The writes a client had in flight, group-committed by the engine (`Lane::write_batch`).
+    fn write_batch(
+        &mut self,
+        writes: &[BatchWrite<'_>],
+        outcomes: &mut Vec<Result<(), ExportError>>,
+    ) {
+        let requests: Vec<WriteRequest<'_>> = writes
+            .iter()
+            .map(|w| WriteRequest { offset: w.offset_bytes, data: w.data, fua: w.fua })
+            .collect();
+        let mut results = Vec::with_capacity(writes.len());
+        self.lane.write_batch(&requests, &mut results);
+        outcomes.extend(results.into_iter().map(|r| r.map_err(export_error)));
     }
 
     fn flush(&mut self) -> Result<(), ExportError> {

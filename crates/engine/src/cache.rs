@@ -34,6 +34,9 @@ use crate::slots::{SlotState, SlotTable, SlotWord};
 use crate::stats::{LaneCounters, PaddedCounters, Stats, bump};
 use crate::sync::{AtomicBool, AtomicU8, AtomicU64, Mutex, MutexGuard, Ordering, fence, lock};
 
+mod batch;
+pub use batch::{ReadRequest, WriteRequest};
+
 /// Slots a lane examines per claim of the CLOCK hand.
 const HAND_CHUNK: u64 = 32;
 /// Lock-free read attempts before a reader takes the stripe lock.
@@ -74,6 +77,9 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     pub(crate) recovered_dirty: u64,
     lane_free_max: usize,
     refill_batch: usize,
+    /// Writes a lane commits as one group at most: a lane holds this many allocated slots at
+    /// once, so all lanes together never hold more than half the cache.
+    group_max: usize,
 }
 
 /// The unit of data a write carries.
@@ -189,6 +195,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             recovered_dirty: 0,
             lane_free_max,
             refill_batch: (lane_free_max / 2).clamp(1, 64),
+            group_max: (slot_count as usize / (2 * config.max_lanes)).clamp(1, batch::GROUP_MAX),
             medium,
             backing,
             clock,
@@ -301,6 +308,17 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
 
     fn stripe_index(&self, lba: u64) -> usize {
         (lba.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & (self.stripes.len() - 1)
+    }
+
+    /// Starts loading `lba`'s stripe lock into the CPU cache (a hint).
+    fn prefetch_stripe(&self, lba: u64) {
+        pmcache_media::prefetch(&*self.stripes[self.stripe_index(lba)] as *const Mutex<u64>);
+    }
+
+    /// Starts loading a slot's DRAM word and metadata entry into the CPU cache (a hint).
+    fn prefetch_slot(&self, slot: u32) {
+        self.slots.prefetch(slot);
+        self.medium.prefetch(self.geometry.entry_offset(slot), 16);
     }
 
     fn lock_stripe(&self, lba: u64) -> MutexGuard<'_, u64> {
@@ -539,6 +557,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         self.engine.slots.free(slot);
         self.engine.clear_entry(slot);
         self.fence();
+        self.keep_free(slot);
+    }
+
+    /// Adds a freed slot whose cleared entry is durable to this lane's free list (spilling
+    /// to the shared pool past its bound).
+    fn keep_free(&mut self, slot: u32) {
         self.free.push(slot);
         if self.free.len() > self.engine.lane_free_max * 2 {
             let keep = self.engine.lane_free_max;
@@ -897,11 +921,20 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         let slot = self.alloc()?;
         let full = in_block == 0 && payload.len() as u64 == self.block_bytes();
+        // Every metadata line this write touches is a cache miss at a random place. They are
+        // all started before the data copy, so that they load while it runs.
+        engine.prefetch_stripe(lba);
+        engine.index.prefetch(lba);
+        engine.prefetch_slot(slot);
         // The stripe lock and the sequence number are taken before the data is copied: a
         // locked instruction waits for every outstanding non-temporal store and write-back,
         // so this way the only one that waits is the index switch after the entry's fence.
         let mut guard = engine.lock_stripe(lba);
         let seq = self.local_seq(&mut guard);
+        let old = engine.index.lookup(lba);
+        if let Some(found) = old {
+            engine.prefetch_slot(found.slot);
+        }
         if full {
             match payload {
                 Payload::Data(data) => self.write_data(slot, data),
@@ -913,7 +946,6 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 }
             }
         }
-        let old = engine.index.lookup(lba);
         if !full {
             if let Err(err) = self.load_block(lba, old.as_ref()) {
                 drop(guard);

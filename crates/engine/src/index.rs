@@ -119,6 +119,14 @@ impl Index {
         self.key(lba).buckets
     }
 
+    /// Starts loading `lba`'s candidate buckets into the CPU cache (a hint; see `lookup`).
+    #[inline]
+    pub(crate) fn prefetch(&self, lba: u64) {
+        for bucket in self.key(lba).buckets {
+            pmcache_media::prefetch(&self.bucket(bucket)[0] as *const AtomicU64);
+        }
+    }
+
     /// Finds the slot holding `lba`, without locks.
     #[inline]
     pub(crate) fn lookup(&self, lba: u64) -> Option<Found> {

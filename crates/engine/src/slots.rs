@@ -81,6 +81,12 @@ impl SlotTable {
         SlotWord(self.words[slot as usize].load(Ordering::Acquire))
     }
 
+    /// Starts loading the slot's word into the CPU cache (a hint).
+    #[inline]
+    pub(crate) fn prefetch(&self, slot: u32) {
+        pmcache_media::prefetch(&self.words[slot as usize] as *const AtomicU32);
+    }
+
     /// Makes a free slot valid (its data and metadata entry are already durable).
     pub(crate) fn publish(&self, slot: u32, state: SlotState) {
         let word = self.load(slot);

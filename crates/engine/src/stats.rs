@@ -58,6 +58,9 @@ counters! {
     writes,
     /// Blocks written that were already cached (overwritten out of place).
     write_hits,
+    /// Blocks written by group commits (`Lane::write_batch`: writes a frontend had in flight
+    /// together, sharing their fences); also counted in `writes`.
+    group_writes,
     /// Blocks trimmed.
     trims,
     /// Bytes returned to readers.

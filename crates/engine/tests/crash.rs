@@ -18,7 +18,15 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         let n = n.min(BLOCKS as u64 - b);
         (b * BLOCK as u64, n * BLOCK as u64)
     });
+    // Batches: mostly whole blocks (group commits), some partial, repeats of a block likely.
+    let batch_item = prop_oneof![
+        4 => (0..BLOCKS as u64).prop_map(|b| (b * BLOCK as u64, BLOCK as u64)),
+        1 => range.clone(),
+    ];
     prop_oneof![
+        2 => (prop::collection::vec(batch_item.clone(), 1..8), any::<bool>())
+            .prop_map(|(writes, fua)| Op::WriteBatch { writes, fua }),
+        1 => prop::collection::vec(batch_item, 1..8).prop_map(|reads| Op::ReadBatch { reads }),
         6 => aligned.clone().prop_map(|(offset, len)| Op::Read { offset, len }),
         2 => range.clone().prop_map(|(offset, len)| Op::Read { offset, len }),
         6 => (aligned, any::<bool>()).prop_map(|((offset, len), fua)| Op::Write { offset, len, fua }),
@@ -76,7 +84,18 @@ fn random_ops(rng: &mut SmallRng, count: usize) -> Vec<Op> {
             let offset = rng.gen_range(0..DEVICE_BYTES);
             let len = rng.gen_range(1..=(DEVICE_BYTES - offset).min(3 * block));
             let aligned_offset = rng.gen_range(0..BLOCKS as u64) * block;
-            match rng.gen_range(0..20) {
+            match rng.gen_range(0..22) {
+                19 => Op::WriteBatch {
+                    writes: (0..rng.gen_range(2..8))
+                        .map(|_| (rng.gen_range(0..BLOCKS as u64) * block, block))
+                        .collect(),
+                    fua: false,
+                },
+                20 => Op::ReadBatch {
+                    reads: (0..rng.gen_range(2..8))
+                        .map(|_| (rng.gen_range(0..BLOCKS as u64) * block, block))
+                        .collect(),
+                },
                 0..=4 => Op::Write { offset: aligned_offset, len: block, fua: rng.gen_bool(0.2) },
                 5..=7 => Op::Write { offset, len, fua: rng.gen_bool(0.2) },
                 8..=12 => Op::Read { offset: aligned_offset, len: block },
@@ -142,6 +161,22 @@ fn crash_point_enumeration() {
     for b in 0..8 {
         ops.push(Op::Write { offset: b * block, len: block, fua: false });
     }
+    // Group commits: new blocks, overwrites, a repeated block, a partial write in the batch.
+    ops.push(Op::WriteBatch {
+        writes: [40, 41, 42, 0, 1].iter().map(|&b| (b * block, block)).collect(),
+        fua: false,
+    });
+    ops.push(Op::WriteBatch {
+        writes: vec![
+            (2 * block, block),
+            (3 * block, block),
+            (2 * block, block),
+            (5 * block + 7, 100),
+            (5 * block, block),
+        ],
+        fua: false,
+    });
+    ops.push(Op::ReadBatch { reads: (0..6).map(|b| (b * block, block)).collect() });
     for mode in CacheMode::ALL {
         let base = CrashRun {
             mode,

@@ -14,7 +14,14 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     let device = DEVICE_BYTES;
     let range = (0..device)
         .prop_flat_map(move |offset| (Just(offset), 1..=(device - offset).min(3 * BLOCK as u64)));
+    let batch_item = prop_oneof![
+        3 => (0..(DEVICE_BYTES / BLOCK as u64)).prop_map(|b| (b * BLOCK as u64, BLOCK as u64)),
+        1 => range.clone(),
+    ];
     prop_oneof![
+        2 => prop::collection::vec(batch_item.clone(), 1..8)
+            .prop_map(|writes| Op::WriteBatch { writes, fua: false }),
+        1 => prop::collection::vec(batch_item, 1..8).prop_map(|reads| Op::ReadBatch { reads }),
         4 => range.clone().prop_map(|(offset, len)| Op::Read { offset, len }),
         4 => (range.clone(), any::<bool>()).prop_map(|((offset, len), fua)| Op::Write { offset, len, fua }),
         1 => range.clone().prop_map(|(offset, len)| Op::Trim { offset, len }),
@@ -52,11 +59,9 @@ proptest! {
                 continue;
             }
             let mut lane = engine.lane().unwrap();
-            let (data, read) = run_op(&mut lane, &mut model, op).map_err(TestCaseError::fail)?;
-            if let (Some(read), Op::Read { offset, .. }) = (read, op) {
-                model.check_read(*offset, &read).map_err(TestCaseError::fail)?;
-            }
-            model.apply(op, &data);
+            let done = run_op(&mut lane, &mut model, op).map_err(TestCaseError::fail)?;
+            done.check_reads(&mut model).map_err(TestCaseError::fail)?;
+            model.apply(op, &done.data);
         }
         let mut lane = engine.lane().unwrap();
         lane.drain().unwrap();

@@ -7,7 +7,10 @@
 use std::sync::Arc;
 
 use pmcache_backing::{BackingIdentity, BackingStore};
-use pmcache_engine::{AdmissionConfig, CacheMode, Config, Engine, EvictionKind, ManualClock};
+use pmcache_engine::{
+    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, ManualClock, ReadRequest,
+    WriteRequest,
+};
 use pmcache_media::Medium;
 use shuttle::sync::Mutex;
 use shuttle::sync::atomic::{AtomicU64, Ordering};
@@ -98,6 +101,12 @@ fn version_of(block: &[u8]) -> u64 {
 }
 
 fn scenario(mode: CacheMode) {
+    scenario_with(mode, false)
+}
+
+/// With `batched`, the writer group-commits block 0 together with block 40, the evictor fills
+/// the cache in batches of four, and the reader reads blocks 0 and 40 as one batch.
+fn scenario_with(mode: CacheMode, batched: bool) {
     let medium = ShuttleMedium { words: (0..SLOTS_BYTES / 8).map(|_| AtomicU64::new(0)).collect() };
     let backing = ShuttleBacking { bytes: Mutex::new(vec![0; 64 * BLOCK]) };
     let config = Config {
@@ -118,7 +127,19 @@ fn scenario(mode: CacheMode) {
         shuttle::thread::spawn(move || {
             let mut lane = engine.lane().unwrap();
             for version in 2..=3 {
-                lane.write(0, &stamp(version), false).unwrap();
+                if batched {
+                    let data = stamp(version);
+                    let writes = [0, 40 * BLOCK as u64].map(|offset| WriteRequest {
+                        offset,
+                        data: &data,
+                        fua: false,
+                    });
+                    let mut outcomes = Vec::new();
+                    lane.write_batch(&writes, &mut outcomes);
+                    outcomes.into_iter().for_each(|o| o.unwrap());
+                } else {
+                    lane.write(0, &stamp(version), false).unwrap();
+                }
             }
         })
     };
@@ -128,17 +149,50 @@ fn scenario(mode: CacheMode) {
             // Fill the cache with other blocks so block 0's slots are evicted and recycled,
             // and write everything back.
             let mut lane = engine.lane().unwrap();
-            for lba in 1..20u64 {
-                lane.write(lba * BLOCK as u64, &stamp(100 + lba), false).unwrap();
+            if batched {
+                for first in (1..21u64).step_by(4) {
+                    let datas: Vec<Vec<u8>> = (first..first + 4).map(|l| stamp(100 + l)).collect();
+                    let writes: Vec<WriteRequest<'_>> = (first..first + 4)
+                        .zip(&datas)
+                        .map(|(lba, data)| WriteRequest {
+                            offset: lba * BLOCK as u64,
+                            data,
+                            fua: false,
+                        })
+                        .collect();
+                    let mut outcomes = Vec::new();
+                    lane.write_batch(&writes, &mut outcomes);
+                    outcomes.into_iter().for_each(|o| o.unwrap());
+                }
+            } else {
+                for lba in 1..20u64 {
+                    lane.write(lba * BLOCK as u64, &stamp(100 + lba), false).unwrap();
+                }
             }
             lane.drain().unwrap();
         })
     };
     let mut lane = engine.lane().unwrap();
     let mut last = 0;
+    let mut last_40 = 0;
     for _ in 0..4 {
         let mut buf = vec![0u8; BLOCK];
-        lane.read(0, &mut buf).unwrap();
+        if batched {
+            let mut buf_40 = vec![0u8; BLOCK];
+            let mut reads = [
+                ReadRequest { offset: 0, buf: &mut buf },
+                ReadRequest { offset: 40 * BLOCK as u64, buf: &mut buf_40 },
+            ];
+            let mut outcomes = Vec::new();
+            lane.read_batch(&mut reads, &mut outcomes);
+            outcomes.into_iter().for_each(|o| o.unwrap());
+            let version = version_of(&buf_40);
+            assert!([0, 2, 3].contains(&version), "block 40: version {version}");
+            assert!(version >= last_40, "block 40 went back in time: {last_40} then {version}");
+            last_40 = version;
+        } else {
+            lane.read(0, &mut buf).unwrap();
+        }
         let version = version_of(&buf);
         assert!((1..=3).contains(&version), "read a recycled slot: version {version}");
         assert!(version >= last, "went back in time: {last} then {version}");
@@ -150,6 +204,10 @@ fn scenario(mode: CacheMode) {
     let mut buf = vec![0u8; BLOCK];
     engine.lane().unwrap().read(0, &mut buf).unwrap();
     assert_eq!(version_of(&buf), 3);
+    if batched {
+        engine.lane().unwrap().read(40 * BLOCK as u64, &mut buf).unwrap();
+        assert_eq!(version_of(&buf), 3);
+    }
 }
 
 #[test]
@@ -165,4 +223,14 @@ fn reader_writer_evictor_write_through() {
 #[test]
 fn reader_writer_evictor_write_back_pct() {
     shuttle::check_pct(|| scenario(CacheMode::WriteBack), 3000, 3);
+}
+
+#[test]
+fn batched_reader_writer_evictor_write_back() {
+    shuttle::check_random(|| scenario_with(CacheMode::WriteBack, true), 3000);
+}
+
+#[test]
+fn batched_reader_writer_evictor_write_back_pct() {
+    shuttle::check_pct(|| scenario_with(CacheMode::WriteBack, true), 3000, 3);
 }

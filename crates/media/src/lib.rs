@@ -26,7 +26,7 @@ pub use crash::{CrashMedium, CrashSwitch};
 pub use dram::{DramTable, ZeroValid};
 pub use error::{MediaError, Result};
 pub use mapped::PmemFile;
-pub use persist::{FlushInstruction, PersistPrimitives};
+pub use persist::{FlushInstruction, PersistPrimitives, prefetch};
 
 /// Size of a CPU cache line, the unit of [`Medium::flush`].
 pub const CACHE_LINE_BYTES: u64 = 64;
@@ -56,11 +56,22 @@ pub trait Medium: Send + Sync {
         self.flush(offset, len);
         self.drain();
     }
-    /// Copies `data` to `offset` and makes it durable before returning. Implementations may use
-    /// non-temporal stores for whole, aligned blocks.
-    fn write_persist(&self, offset: u64, data: &[u8]) {
+    /// Copies `data` to `offset` and starts making it durable: durable after this thread's
+    /// next [`drain`](Medium::drain). Implementations may use non-temporal stores for whole,
+    /// aligned blocks. Several of these followed by one drain is a group commit.
+    fn write_flush(&self, offset: u64, data: &[u8]) {
         self.write(offset, data);
-        self.persist(offset, data.len() as u64);
+        self.flush(offset, data.len() as u64);
+    }
+    /// A hint that `offset..offset + len` will be read soon (starts loading its first cache
+    /// lines; the hardware prefetcher follows a stream from there). No visible effect.
+    fn prefetch(&self, offset: u64, len: u64) {
+        let _ = (offset, len);
+    }
+    /// Copies `data` to `offset` and makes it durable before returning.
+    fn write_persist(&self, offset: u64, data: &[u8]) {
+        self.write_flush(offset, data);
+        self.drain();
     }
 }
 
@@ -88,6 +99,12 @@ impl<M: Medium + ?Sized> Medium for std::sync::Arc<M> {
     }
     fn persist(&self, offset: u64, len: u64) {
         (**self).persist(offset, len)
+    }
+    fn write_flush(&self, offset: u64, data: &[u8]) {
+        (**self).write_flush(offset, data)
+    }
+    fn prefetch(&self, offset: u64, len: u64) {
+        (**self).prefetch(offset, len)
     }
     fn write_persist(&self, offset: u64, data: &[u8]) {
         (**self).write_persist(offset, data)

@@ -262,17 +262,25 @@ impl Medium for PmemFile {
         store_fence();
     }
 
-    fn write_persist(&self, offset: u64, data: &[u8]) {
+    fn prefetch(&self, offset: u64, len: u64) {
+        /// Lines hinted: enough for the hardware prefetcher to take over the stream.
+        const LINES_MAX: u64 = 2;
+        let start = self.ptr(offset, len);
+        for line in 0..len.div_ceil(crate::CACHE_LINE_BYTES).min(LINES_MAX) {
+            crate::prefetch(start.wrapping_add((line * crate::CACHE_LINE_BYTES) as usize));
+        }
+    }
+
+    fn write_flush(&self, offset: u64, data: &[u8]) {
         let dst = self.ptr(offset, data.len() as u64);
         let whole_lines = (dst as usize).is_multiple_of(64) && data.len().is_multiple_of(64);
         if self.primitives.nt_block_copy && whole_lines {
             // SAFETY: `dst` is valid for `data.len()` bytes, 64-byte aligned, length a multiple
-            // of 16. Non-temporal stores bypass the cache, so a fence makes them durable.
+            // of 16. Non-temporal stores bypass the cache, so the next fence makes them durable.
             unsafe { PersistPrimitives::copy_nontemporal(dst, data) };
-            store_fence();
         } else {
             self.write(offset, data);
-            self.persist(offset, data.len() as u64);
+            self.flush(offset, data.len() as u64);
         }
     }
 }

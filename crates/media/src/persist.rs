@@ -91,6 +91,21 @@ pub fn store_fence() {
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
 
+/// Asks the CPU to start loading the cache line holding `at` into all cache levels: a hint with
+/// no visible effect, for software pipelining (the miss overlaps the caller's other work). The
+/// pointer is never dereferenced, so any address is allowed.
+#[inline]
+pub fn prefetch<T>(at: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch never faults and has no architectural effect, whatever the address; SSE
+    // is part of the x86-64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast::<i8>())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
+
 #[cfg(target_arch = "x86_64")]
 fn detect_flush() -> FlushInstruction {
     use std::arch::x86_64::{__cpuid, __cpuid_count};

@@ -106,6 +106,17 @@ pub trait Export: Send + Sync + 'static {
     fn can_multi_conn(&self) -> bool;
 }
 
+/// One write of a batch (see [`ExportConn::write_batch`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchWrite<'a> {
+    /// Offset into the export.
+    pub offset_bytes: u64,
+    /// The payload.
+    pub data: &'a [u8],
+    /// Persist this write before returning.
+    pub fua: bool,
+}
+
 /// One connection's view of an export. Called from one thread at a time, with requests that
 /// are non-empty, in range and aligned. `fua` means: persist this write before returning.
 pub trait ExportConn: Send {
@@ -114,6 +125,21 @@ pub trait ExportConn: Send {
 
     /// Writes `data` at `offset_bytes`.
     fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), ExportError>;
+
+    /// Writes several requests the client had in flight together (the server gathers the
+    /// writes whose payloads have all arrived), pushing one result per write, in order, onto
+    /// `outcomes` (which the server passes in empty). Writes to the same bytes take effect in
+    /// batch order. The default writes them one by one; an export that can share work between
+    /// them (the cache's group commit) overrides it.
+    fn write_batch(
+        &mut self,
+        writes: &[BatchWrite<'_>],
+        outcomes: &mut Vec<Result<(), ExportError>>,
+    ) {
+        for w in writes {
+            outcomes.push(self.write(w.offset_bytes, w.data, w.fua));
+        }
+    }
 
     /// Makes every write completed before this call durable.
     fn flush(&mut self) -> Result<(), ExportError>;

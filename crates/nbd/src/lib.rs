@@ -19,7 +19,7 @@ pub mod export;
 pub mod mem;
 pub mod server;
 
-pub use export::{BlockSizes, Export, ExportConn, ExportError};
+pub use export::{BatchWrite, BlockSizes, Export, ExportConn, ExportError};
 pub use mem::{MemExport, MemStats};
 pub use server::{
     ConnEnd, ConnError, ListenAddr, ReplayTransport, RunningServer, Server, ServerConfig,

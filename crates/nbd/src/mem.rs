@@ -21,6 +21,8 @@ pub struct MemStats {
     pub reads: u64,
     /// Write calls.
     pub writes: u64,
+    /// Writes that arrived in a batch of two or more (also counted in `writes`).
+    pub batched_writes: u64,
     /// Write, trim and write-zeroes calls with FUA set.
     pub fua_ops: u64,
     /// Flush calls.
@@ -37,6 +39,7 @@ pub struct MemStats {
 struct Counters {
     reads: AtomicU64,
     writes: AtomicU64,
+    batched_writes: AtomicU64,
     fua_ops: AtomicU64,
     flushes: AtomicU64,
     trims: AtomicU64,
@@ -101,6 +104,7 @@ impl MemExport {
         MemStats {
             reads: get(&c.reads),
             writes: get(&c.writes),
+            batched_writes: get(&c.batched_writes),
             fua_ops: get(&c.fua_ops),
             flushes: get(&c.flushes),
             trims: get(&c.trims),
@@ -233,6 +237,20 @@ impl ExportConn for MemConn {
     fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         self.count(|c| &c.writes, fua);
         self.export.write_at(offset_bytes, data)
+    }
+
+    fn write_batch(
+        &mut self,
+        writes: &[crate::export::BatchWrite<'_>],
+        outcomes: &mut Vec<Result<(), ExportError>>,
+    ) {
+        if writes.len() > 1 {
+            let batched = &self.export.inner.counters.batched_writes;
+            batched.fetch_add(writes.len() as u64, Ordering::Relaxed);
+        }
+        for w in writes {
+            outcomes.push(self.write(w.offset_bytes, w.data, w.fua));
+        }
     }
 
     fn flush(&mut self) -> Result<(), ExportError> {

@@ -32,7 +32,7 @@ use crate::codec::{
     OptionOutcome, ProtocolError, REQUEST_HEADER_BYTES, Request, STRING_BYTES_MAX,
     STRUCTURED_READ_HEADER_BYTES, Session,
 };
-use crate::export::{BlockSizes, Export, ExportConn, ExportError};
+use crate::export::{BatchWrite, BlockSizes, Export, ExportConn, ExportError};
 
 /// The default NBD port.
 pub const DEFAULT_PORT: u16 = 10809;
@@ -45,6 +45,8 @@ pub const MAX_REQUEST_BYTES_LIMIT: u32 = 256 << 20;
 
 const READ_BUFFER_BYTES: usize = 256 * 1024;
 const OUT_FLUSH_BYTES: usize = 256 * 1024;
+/// Writes handed to the export together at most.
+const WRITE_BATCH_MAX: usize = 32;
 const SHUTDOWN_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the server listens.
@@ -401,6 +403,8 @@ fn transmission<T: Transport, C: ExportConn>(
     payload: &mut [u8],
 ) -> Result<ConnEnd, ConnError> {
     let structured = session.structured_replies;
+    let mut queued = Vec::with_capacity(WRITE_BATCH_MAX);
+    let mut outcomes = Vec::with_capacity(WRITE_BATCH_MAX);
     loop {
         if wire.buffered() < REQUEST_HEADER_BYTES {
             wire.flush()?;
@@ -447,6 +451,19 @@ fn transmission<T: Transport, C: ExportConn>(
                     }
                 }
             }
+            Request::Write { offset_bytes, len_bytes, fua }
+                if len_bytes > 0 && wire.buffered() >= len_bytes as usize =>
+            {
+                let first = QueuedWrite {
+                    cookie,
+                    offset_bytes,
+                    start: wire.rpos,
+                    len: len_bytes as usize,
+                    fua,
+                };
+                write_buffered_batch(wire, session, conn, first, &mut queued, &mut outcomes)?;
+                continue;
+            }
             Request::Write { offset_bytes, len_bytes, fua } => {
                 let data = &mut payload[..len_bytes as usize];
                 wire.read_exact(data)?;
@@ -475,6 +492,73 @@ fn transmission<T: Transport, C: ExportConn>(
             }
         }
     }
+}
+
+/// A write whose payload sits in the read buffer at `start..start + len`.
+struct QueuedWrite {
+    cookie: u64,
+    offset_bytes: u64,
+    start: usize,
+    len: usize,
+    fua: bool,
+}
+
+/// Serves `first` (a validated write whose payload is wholly buffered) together with the
+/// valid, wholly buffered writes that follow it in the read buffer: one `write_batch` call
+/// (payloads passed in place, no copy), then one reply per write, in order. Anything else —
+/// another command, an invalid or partial request — ends the batch and is left in the buffer
+/// for the ordinary path.
+fn write_buffered_batch<T: Transport, C: ExportConn>(
+    wire: &mut Wire<T>,
+    session: &Session,
+    conn: &mut C,
+    first: QueuedWrite,
+    queued: &mut Vec<QueuedWrite>,
+    outcomes: &mut Vec<Result<(), ExportError>>,
+) -> io::Result<()> {
+    queued.clear();
+    wire.rpos += first.len;
+    queued.push(first);
+    while queued.len() < WRITE_BATCH_MAX && wire.buffered() >= REQUEST_HEADER_BYTES {
+        let mut hb = [0u8; REQUEST_HEADER_BYTES];
+        hb.copy_from_slice(&wire.rbuf[wire.rpos..wire.rpos + REQUEST_HEADER_BYTES]);
+        let Ok(h) = codec::decode_request_header(&hb) else { break };
+        let Ok(Request::Write { offset_bytes, len_bytes, fua }) = session.validate(&h) else {
+            break;
+        };
+        let len = len_bytes as usize;
+        if len == 0 || wire.buffered() < REQUEST_HEADER_BYTES + len {
+            break;
+        }
+        wire.rpos += REQUEST_HEADER_BYTES;
+        queued.push(QueuedWrite { cookie: h.cookie, offset_bytes, start: wire.rpos, len, fua });
+        wire.rpos += len;
+    }
+    outcomes.clear();
+    {
+        let writes: Vec<BatchWrite<'_>> = queued
+            .iter()
+            .map(|q| BatchWrite {
+                offset_bytes: q.offset_bytes,
+                data: &wire.rbuf[q.start..q.start + q.len],
+                fua: q.fua,
+            })
+            .collect();
+        conn.write_batch(&writes, outcomes);
+    }
+    assert_eq!(outcomes.len(), queued.len(), "the export gave one result per write");
+    for (q, outcome) in queued.iter().zip(outcomes.drain(..)) {
+        wire.make_room(STRUCTURED_READ_HEADER_BYTES + codec::ERROR_MESSAGE_BYTES_MAX)?;
+        match outcome {
+            Ok(()) => codec::encode_simple_reply(&mut wire.out, q.cookie, 0),
+            Err(e) => {
+                debug!(cookie = q.cookie, error = %e, "export error");
+                let nbd_error = codec::nbd_error_from_errno(e.errno());
+                codec::encode_error(&mut wire.out, false, q.cookie, nbd_error, e.context());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A connected socket.

@@ -9,6 +9,7 @@ use pmcache_media::{CrashMedium, CrashSwitch, Medium};
 use super::SimBacking;
 use crate::{
     AdmissionConfig, CacheMode, Clock, Config, Engine, Error, EvictionKind, Lane, ManualClock,
+    ReadRequest, WriteRequest,
 };
 
 /// Cache block size used by the model runs.
@@ -54,6 +55,18 @@ pub enum Op {
         len: u64,
         /// Force unit access.
         fua: bool,
+    },
+    /// Several writes handed over as one batch (`Lane::write_batch`): `(offset, len)` each.
+    WriteBatch {
+        /// The writes, in batch order.
+        writes: Vec<(u64, u64)>,
+        /// Force unit access on every write.
+        fua: bool,
+    },
+    /// Several reads handed over as one batch (`Lane::read_batch`): `(offset, len)` each.
+    ReadBatch {
+        /// The reads, in batch order.
+        reads: Vec<(u64, u64)>,
     },
     /// Flush.
     Flush,
@@ -191,10 +204,18 @@ impl Model {
         }
     }
 
-    /// Applies a completed operation; `data` is what a write carried.
+    /// Applies a completed operation; `data` is what a write carried (a batch's writes'
+    /// data one after another).
     pub fn apply(&mut self, op: &Op, data: &[u8]) {
         match *op {
             Op::Write { offset, fua, .. } => self.write_blocks(offset, data, fua, true),
+            Op::WriteBatch { ref writes, fua } => {
+                let mut done = 0;
+                for &(offset, len) in writes {
+                    self.write_blocks(offset, &data[done..done + len as usize], fua, true);
+                    done += len as usize;
+                }
+            }
             Op::WriteZeroes { offset, len, fua } => {
                 self.write_blocks(offset, &vec![0u8; len as usize], fua, true)
             }
@@ -204,7 +225,7 @@ impl Model {
                     block.durable = block.current.clone();
                 }
             }
-            Op::Read { .. } | Op::PowerCut => {}
+            Op::Read { .. } | Op::ReadBatch { .. } | Op::PowerCut => {}
         }
     }
 
@@ -212,6 +233,13 @@ impl Model {
     pub fn apply_uncertain(&mut self, op: &Op, data: &[u8]) {
         match *op {
             Op::Write { offset, fua, .. } => self.write_blocks(offset, data, fua, false),
+            Op::WriteBatch { ref writes, fua } => {
+                let mut done = 0;
+                for &(offset, len) in writes {
+                    self.write_blocks(offset, &data[done..done + len as usize], fua, false);
+                    done += len as usize;
+                }
+            }
             Op::WriteZeroes { offset, len, fua } => {
                 self.write_blocks(offset, &vec![0u8; len as usize], fua, false)
             }
@@ -311,33 +339,80 @@ pub fn config(mode: CacheMode, eviction: EvictionKind, admission: AdmissionConfi
     Config { mode, block_size: BLOCK as u32, max_lanes: 2, admission, eviction }
 }
 
-/// Runs one operation on a lane. Returns the data a write carried.
+/// What one operation did.
+#[derive(Default)]
+pub struct Done {
+    /// The data its writes carried, one after another.
+    pub data: Vec<u8>,
+    /// What its reads returned: (offset, bytes).
+    pub reads: Vec<(u64, Vec<u8>)>,
+}
+
+impl Done {
+    /// Checks every read against the model (narrowing its candidates).
+    pub fn check_reads(&self, model: &mut Model) -> Result<(), String> {
+        self.reads.iter().try_for_each(|(offset, bytes)| model.check_read(*offset, bytes))
+    }
+}
+
+/// Runs one operation on a lane.
 pub fn run_op<M: Medium, B: BackingStore, C: Clock>(
     lane: &mut Lane<'_, M, B, C>,
     model: &mut Model,
     op: &Op,
-) -> Result<(Vec<u8>, Option<Vec<u8>>), String> {
+) -> Result<Done, String> {
     let fail = |e: Error| format!("{op:?} failed: {e}");
+    let nothing = |_| Done::default();
     match *op {
         Op::Read { offset, len } => {
             let mut buf = vec![0u8; len as usize];
             lane.read(offset, &mut buf).map_err(fail)?;
-            Ok((Vec::new(), Some(buf)))
+            Ok(Done { data: Vec::new(), reads: vec![(offset, buf)] })
         }
         Op::Write { offset, len, fua } => {
             let data = model.next_write_data(offset, len);
             lane.write(offset, &data, fua).map_err(fail)?;
-            Ok((data, None))
+            Ok(Done { data, reads: Vec::new() })
         }
-        Op::Trim { offset, len } => {
-            lane.trim(offset, len).map(|_| (Vec::new(), None)).map_err(fail)
+        Op::WriteBatch { ref writes, fua } => {
+            let datas: Vec<Vec<u8>> =
+                writes.iter().map(|&(offset, len)| model.next_write_data(offset, len)).collect();
+            let requests: Vec<WriteRequest<'_>> = writes
+                .iter()
+                .zip(&datas)
+                .map(|(&(offset, _), data)| WriteRequest { offset, data, fua })
+                .collect();
+            let mut outcomes = Vec::new();
+            lane.write_batch(&requests, &mut outcomes);
+            assert_eq!(outcomes.len(), writes.len(), "one outcome per write");
+            outcomes.into_iter().try_for_each(|o| o.map_err(fail))?;
+            Ok(Done { data: datas.concat(), reads: Vec::new() })
         }
+        Op::ReadBatch { ref reads } => {
+            let mut bufs: Vec<Vec<u8>> =
+                reads.iter().map(|&(_, len)| vec![0u8; len as usize]).collect();
+            let mut requests: Vec<ReadRequest<'_>> = reads
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|(&(offset, _), buf)| ReadRequest { offset, buf })
+                .collect();
+            let mut outcomes = Vec::new();
+            lane.read_batch(&mut requests, &mut outcomes);
+            drop(requests);
+            assert_eq!(outcomes.len(), reads.len(), "one outcome per read");
+            outcomes.into_iter().try_for_each(|o| o.map_err(fail))?;
+            Ok(Done {
+                data: Vec::new(),
+                reads: reads.iter().map(|&(offset, _)| offset).zip(bufs).collect(),
+            })
+        }
+        Op::Trim { offset, len } => lane.trim(offset, len).map(nothing).map_err(fail),
         Op::WriteZeroes { offset, len, fua } => {
-            lane.write_zeroes(offset, len, fua).map(|_| (Vec::new(), None)).map_err(fail)
+            lane.write_zeroes(offset, len, fua).map(nothing).map_err(fail)
         }
-        Op::Flush => lane.flush().map(|_| (Vec::new(), None)).map_err(fail),
-        Op::Drain => lane.drain().map(|_| (Vec::new(), None)).map_err(fail),
-        Op::PowerCut => Ok((Vec::new(), None)),
+        Op::Flush => lane.flush().map(nothing).map_err(fail),
+        Op::Drain => lane.drain().map(nothing).map_err(fail),
+        Op::PowerCut => Ok(Done::default()),
     }
 }
 
@@ -423,18 +498,14 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                     );
                 }
                 if world.switch.has_crashed() {
-                    if let Ok((data, _)) = &result {
-                        model.apply_uncertain(op, data);
+                    if let Ok(done) = &result {
+                        model.apply_uncertain(op, &done.data);
                     }
                     break;
                 }
-                let (data, read) = result?;
-                if let Some(read) = read
-                    && let Op::Read { offset, .. } = op
-                {
-                    model.check_read(*offset, &read).map_err(|e| format!("op {next}: {e}"))?;
-                }
-                model.apply(op, &data);
+                let done = result?;
+                done.check_reads(&mut model).map_err(|e| format!("op {next}: {e}"))?;
+                model.apply(op, &done.data);
             }
             if segment == 0 {
                 outcome.persist_points_first_segment = world.switch.points() - format_points;

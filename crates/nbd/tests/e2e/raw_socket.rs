@@ -426,3 +426,53 @@ fn remote_listen_needs_explicit_flag() {
     let running = server.spawn().expect("spawn");
     running.stop().expect("stop");
 }
+
+/// Writes sent back to back (one `send`) reach the export as one batch; an invalid request in
+/// the middle ends the batch and gets its own error; every write gets its reply, in order,
+/// and the data is what the writes one by one leave (a repeated offset: the later one wins).
+#[test]
+fn pipelined_writes_are_batched_and_each_answered() {
+    let server = aligned_server();
+    let export = server.export.clone();
+    let mut c = Client::ready(server.tcp_addr(), false);
+    let request = |command: u16, cookie: u64, offset: u64, payload: &[u8]| {
+        let mut b = REQUEST_MAGIC.to_be_bytes().to_vec();
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b.extend_from_slice(&command.to_be_bytes());
+        b.extend_from_slice(&cookie.to_be_bytes());
+        b.extend_from_slice(&offset.to_be_bytes());
+        b.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        b.extend_from_slice(payload);
+        b
+    };
+    let mut burst = Vec::new();
+    for i in 0..6u64 {
+        burst.extend(request(CMD_WRITE, 10 + i, i * 4096, &[i as u8 + 1; 4096]));
+    }
+    burst.extend(request(CMD_WRITE, 16, 0, &[0xee; 4096])); // the same offset again
+    burst.extend(request(CMD_WRITE, 17, MIB, &[7; 512])); // past the end: ENOSPC
+    for i in 0..4u64 {
+        burst.extend(request(CMD_WRITE, 20 + i, (8 + i) * 4096, &[i as u8 + 50; 4096]));
+    }
+    c.send(&burst);
+    for cookie in (10..18).chain(20..24) {
+        let expected = if cookie == 17 { NBD_ENOSPC } else { 0 };
+        assert_eq!(c.simple_reply(), (expected, cookie), "reply for cookie {cookie}");
+    }
+    let stats = export.stats();
+    assert_eq!(stats.writes, 11, "{stats:?}");
+    assert!(stats.batched_writes >= 2, "no batch reached the export: {stats:?}");
+    let mut b = vec![0u8; 4096];
+    export.read_at(0, &mut b).expect("read");
+    assert_eq!(b, [0xee; 4096], "the later write of offset 0 wins");
+    for i in 1..6u64 {
+        export.read_at(i * 4096, &mut b).expect("read");
+        assert_eq!(b, [i as u8 + 1; 4096], "block {i}");
+    }
+    for i in 0..4u64 {
+        export.read_at((8 + i) * 4096, &mut b).expect("read");
+        assert_eq!(b, [i as u8 + 50; 4096], "block {}", 8 + i);
+    }
+    c.assert_works(64 * 4096, 100);
+    server.stop();
+}

@@ -1,0 +1,274 @@
+//! Batches: several requests handed over at once, as a frontend with a queue (an NBD
+//! connection with requests in flight, a ublk or io_uring queue) has them.
+//!
+//! - Reads are software-pipelined: the index buckets of every read in the batch are prefetched
+//!   first, and while one block is copied the next one's slot word loads.
+//!   Each read then runs the ordinary lock-free hit path, so nothing about its protocol changes.
+//! - Whole-block writes in write-back mode are group-committed: the data of up to
+//!   [`GROUP_MAX`] writes to distinct blocks is copied and made durable with one fence, then
+//!   their metadata entries with one fence, then the entries of the copies they replace are
+//!   cleared with one fence — three fences for the group instead of three per write. Every
+//!   write goes through the same persist steps in the same order as alone (docs/DURABILITY.md,
+//!   "Group commit"), so a crash anywhere leaves each write of the group wholly old or wholly
+//!   new, and none of them was acknowledged yet.
+//!
+//! Requests keep their order where it matters: a group only holds writes to distinct blocks,
+//! and a request that cannot join it (a partial block, another mode, a block already in the
+//! group) first commits the group, then runs alone.
+
+use pmcache_backing::BackingStore;
+use pmcache_media::Medium;
+
+use super::Lane;
+use crate::clock::Clock;
+use crate::error::Result;
+use crate::format::{BlockState, SlotEntry};
+use crate::index::Found;
+use crate::slots::SlotState;
+use crate::stats::bump;
+use crate::sync::MutexGuard;
+
+/// Writes committed together at most.
+pub(crate) const GROUP_MAX: usize = 32;
+
+/// One read of a batch.
+pub struct ReadRequest<'a> {
+    /// Byte offset on the device.
+    pub offset: u64,
+    /// Where the bytes go; its length is the read's length.
+    pub buf: &'a mut [u8],
+}
+
+/// One write of a batch.
+pub struct WriteRequest<'a> {
+    /// Byte offset on the device.
+    pub offset: u64,
+    /// The bytes to write.
+    pub data: &'a [u8],
+    /// Durable on return in every mode (see `Lane::write`).
+    pub fua: bool,
+}
+
+/// A write in the group being assembled.
+#[derive(Clone, Copy)]
+pub(crate) struct GroupWrite {
+    /// Its position in the batch.
+    request: usize,
+    lba: u64,
+    stripe: usize,
+    slot: u32,
+    seq: u64,
+    /// The copy it replaces (looked up once the stripe is held).
+    old: Option<Found>,
+}
+
+impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
+    /// Reads every request of `reads`, pipelining their cache misses; `outcomes` receives one
+    /// result per request, in order.
+    pub fn read_batch(&mut self, reads: &mut [ReadRequest<'_>], outcomes: &mut Vec<Result<()>>) {
+        let engine = self.engine;
+        let block = self.block_bytes();
+        outcomes.clear();
+        let single_block = |r: &ReadRequest<'_>| {
+            let len = r.buf.len() as u64;
+            r.offset.checked_add(len).is_some_and(|end| end <= engine.size_bytes())
+                && len > 0
+                && r.offset / block == (r.offset + len - 1) / block
+        };
+        for r in reads.iter().filter(|r| single_block(r)) {
+            engine.index.prefetch(r.offset / block);
+        }
+        for i in 0..reads.len() {
+            if let Some(next) = reads.get(i + 1).filter(|r| single_block(r))
+                && let Some(found) = engine.index.lookup(next.offset / block)
+            {
+                // Only the slot word: a software prefetch of the data would wait for a line
+                // fill buffer while the current copy streams (measured slower).
+                engine.slots.prefetch(found.slot);
+            }
+            let r = &mut reads[i];
+            outcomes.push(self.read(r.offset, r.buf));
+        }
+    }
+
+    /// Writes every request of `writes`, group-committing whole-block writes in write-back
+    /// mode; `outcomes` receives one result per request, in order. Each write is durable (in
+    /// write-back mode, or with `fua`) when this returns, as with `write`.
+    pub fn write_batch(&mut self, writes: &[WriteRequest<'_>], outcomes: &mut Vec<Result<()>>) {
+        let block = self.block_bytes();
+        let group_max = self.engine.group_max;
+        outcomes.clear();
+        outcomes.extend(writes.iter().map(|_| Ok(())));
+        let mut group: Vec<GroupWrite> = Vec::with_capacity(group_max);
+        for (i, w) in writes.iter().enumerate() {
+            let joins = self.engine.mode().writes_back()
+                && w.offset.is_multiple_of(block)
+                && w.data.len() as u64 == block
+                && w.offset / block < self.engine.backing_blocks;
+            let lba = w.offset / block;
+            if joins && group.len() < group_max && group.iter().all(|g| g.lba != lba) {
+                let stripe = self.engine.stripe_index(lba);
+                group.push(GroupWrite { request: i, lba, stripe, slot: 0, seq: 0, old: None });
+                continue;
+            }
+            self.commit_group(&mut group, writes, outcomes);
+            if joins {
+                let stripe = self.engine.stripe_index(lba);
+                group.push(GroupWrite { request: i, lba, stripe, slot: 0, seq: 0, old: None });
+            } else {
+                outcomes[i] = self.write(w.offset, w.data, w.fua);
+            }
+        }
+        self.commit_group(&mut group, writes, outcomes);
+    }
+
+    /// Commits the group (see the module docs) and empties it. Writes that cannot be
+    /// committed with it (their stripe is busy, their block finds no room in the index, no
+    /// slot could be allocated) run alone afterwards, before any later request.
+    fn commit_group(
+        &mut self,
+        group: &mut Vec<GroupWrite>,
+        writes: &[WriteRequest<'_>],
+        outcomes: &mut [Result<()>],
+    ) {
+        if group.is_empty() {
+            return;
+        }
+        let engine = self.engine;
+        let mut alone: Vec<usize> = Vec::new();
+        // 1. Slots first: allocation may evict or write back, which takes stripe locks.
+        let mut allocated = 0;
+        for g in group.iter_mut() {
+            match self.alloc() {
+                Ok(slot) => {
+                    g.slot = slot;
+                    allocated += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        if allocated < group.len() {
+            // The writes that got no slot run alone (and report the error if it persists).
+            alone.extend(group.drain(allocated..).map(|g| g.request));
+        }
+        // Every metadata line the group will touch is a cache miss at a random place: start
+        // them all now, so that they overlap each other and the data copies.
+        for g in group.iter() {
+            engine.prefetch_stripe(g.lba);
+            engine.index.prefetch(g.lba);
+            engine.prefetch_slot(g.slot);
+        }
+        // 2. Stripes in ascending order. Only the first is waited for (nothing is held then);
+        // the others are only tried, so a group never waits while holding a stripe — the
+        // engine's deadlock rule. A write whose stripe is busy runs alone.
+        group.sort_unstable_by_key(|g| g.stripe);
+        let mut guards: Vec<(usize, MutexGuard<'e, u64>)> = Vec::with_capacity(group.len());
+        let mut kept = 0;
+        for i in 0..group.len() {
+            let g = group[i];
+            let held = guards.last().is_some_and(|(stripe, _)| *stripe == g.stripe);
+            if !held {
+                let guard = if guards.is_empty() {
+                    Some(engine.lock_stripe(g.lba))
+                } else {
+                    engine.stripes[g.stripe].try_lock().ok()
+                };
+                match guard {
+                    Some(guard) => guards.push((g.stripe, guard)),
+                    None => {
+                        self.give_back(g.slot);
+                        alone.push(g.request);
+                        continue;
+                    }
+                }
+            }
+            group[kept] = g;
+            kept += 1;
+        }
+        group.truncate(kept);
+        // The copies being replaced are known now (the stripes are held): start loading their
+        // slot words and entries too.
+        for g in group.iter_mut() {
+            g.old = engine.index.lookup(g.lba);
+            if let Some(found) = g.old {
+                engine.prefetch_slot(found.slot);
+            }
+        }
+        // 3. Sequence numbers and data; one fence makes every block durable.
+        let mut guard_at = 0;
+        for g in group.iter_mut() {
+            while guards[guard_at].0 != g.stripe {
+                guard_at += 1;
+            }
+            g.seq = self.local_seq(&mut guards[guard_at].1);
+            let at = engine.geometry.data_offset(g.slot);
+            engine.medium.write_flush(at, writes[g.request].data);
+        }
+        self.fence();
+        // 4. Entries; one fence makes every entry durable. A block new to the cache needs an
+        // index entry first; if its buckets are full it runs alone (which evicts for room).
+        let mut kept = 0;
+        for i in 0..group.len() {
+            let g = group[i];
+            if g.old.is_none() && engine.index.insert(g.lba, g.slot).is_err() {
+                self.give_back(g.slot);
+                alone.push(g.request);
+                continue;
+            }
+            let at = engine.geometry.entry_offset(g.slot);
+            let (word0, word1) =
+                SlotEntry { lba: g.lba, state: BlockState::Dirty, seq: g.seq }.encode();
+            engine.medium.store_u64(at + 8, word1);
+            engine.medium.store_u64(at, word0);
+            engine.medium.flush(at, 16);
+            group[kept] = g;
+            kept += 1;
+        }
+        group.truncate(kept);
+        self.fence();
+        // 5. Visible: switch the index, publish, clear the replaced copies' entries; one
+        // fence makes the clears durable before any stripe is released (see `free_slot`).
+        let counters = self.counters();
+        let mut freed = 0;
+        for g in group.iter() {
+            match g.old {
+                Some(found) => {
+                    let old_state = engine.slots.load(found.slot).state();
+                    engine.index.replace(&found, g.slot);
+                    engine.slots.publish(g.slot, SlotState::Dirty);
+                    engine.slots.free(found.slot);
+                    engine.clear_entry(found.slot);
+                    freed += 1;
+                    if old_state != SlotState::Dirty {
+                        bump(&counters.dirty_delta, 1);
+                    }
+                    bump(&counters.write_hits, 1);
+                }
+                None => {
+                    engine.slots.publish(g.slot, SlotState::Dirty);
+                    bump(&counters.dirty_delta, 1);
+                }
+            }
+        }
+        if freed > 0 {
+            self.fence();
+        }
+        drop(guards);
+        for g in group.iter() {
+            if let Some(found) = g.old {
+                self.keep_free(found.slot);
+            }
+        }
+        let block = self.block_bytes();
+        bump(&counters.writes, group.len() as u64);
+        bump(&counters.group_writes, group.len() as u64);
+        bump(&counters.bytes_written, group.len() as u64 * block);
+        group.clear();
+        // 6. The rest, alone, in their batch order.
+        alone.sort_unstable();
+        for request in alone {
+            let w = &writes[request];
+            outcomes[request] = self.write(w.offset, w.data, w.fua);
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! Batches: group commit really shares fences, keeps per-request results and order, and
+//! leaves the same data as the writes done one by one.
+
+use std::sync::Arc;
+
+use pmcache_engine::testing::SimBacking;
+use pmcache_engine::{
+    AdmissionConfig, CacheMode, Config, Engine, Error, EvictionKind, ManualClock, ReadRequest,
+    WriteRequest,
+};
+use pmcache_media::{CrashMedium, CrashSwitch};
+
+const BLOCK: usize = 512;
+const BLOCKS: u64 = 256;
+/// 4 KiB superblock + 4 KiB metadata + 128 slots.
+const MEDIUM_BYTES: u64 = 8192 + 128 * BLOCK as u64;
+
+type SimEngine = Engine<CrashMedium, SimBacking, Arc<ManualClock>>;
+
+fn engine(mode: CacheMode) -> (SimEngine, Arc<CrashSwitch>) {
+    let switch = CrashSwitch::new();
+    let config = Config {
+        mode,
+        block_size: BLOCK as u32,
+        max_lanes: 2,
+        admission: AdmissionConfig::Always,
+        eviction: EvictionKind::Clock,
+    };
+    let engine = Engine::format(
+        CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1),
+        SimBacking::new(BLOCKS * BLOCK as u64, switch.clone(), 2),
+        Arc::new(ManualClock::default()),
+        &config,
+    )
+    .unwrap();
+    (engine, switch)
+}
+
+fn block_of(byte: u8) -> Vec<u8> {
+    vec![byte; BLOCK]
+}
+
+fn write_batch(engine: &SimEngine, writes: &[(u64, Vec<u8>)]) -> Vec<pmcache_engine::Result<()>> {
+    let requests: Vec<WriteRequest<'_>> = writes
+        .iter()
+        .map(|(offset, data)| WriteRequest { offset: *offset, data, fua: false })
+        .collect();
+    let mut outcomes = Vec::new();
+    engine.lane().unwrap().write_batch(&requests, &mut outcomes);
+    outcomes
+}
+
+fn read_block(engine: &SimEngine, lba: u64) -> Vec<u8> {
+    let mut buf = block_of(0);
+    engine.lane().unwrap().read(lba * BLOCK as u64, &mut buf).unwrap();
+    buf
+}
+
+/// 16 new blocks: 2 fences for the group (data, entries); 16 overwrites: 3 (data, entries,
+/// the replaced entries' clears). One at a time costs 2 and 3 fences per write.
+#[test]
+fn a_group_shares_its_fences() {
+    let (engine, switch) = engine(CacheMode::WriteBack);
+    let fresh: Vec<(u64, Vec<u8>)> =
+        (0..16).map(|b| (b * BLOCK as u64, block_of(b as u8 + 1))).collect();
+    let before = switch.points();
+    assert!(write_batch(&engine, &fresh).iter().all(Result::is_ok));
+    assert_eq!(switch.points() - before, 2, "fences for a group of 16 new blocks");
+
+    let over: Vec<(u64, Vec<u8>)> =
+        (0..16).map(|b| (b * BLOCK as u64, block_of(b as u8 + 100))).collect();
+    let before = switch.points();
+    assert!(write_batch(&engine, &over).iter().all(Result::is_ok));
+    assert_eq!(switch.points() - before, 3, "fences for a group of 16 overwrites");
+
+    let before = switch.points();
+    let mut lane = engine.lane().unwrap();
+    for (offset, data) in &over {
+        lane.write(*offset, data, false).unwrap();
+    }
+    assert_eq!(switch.points() - before, 3 * 16, "fences for 16 overwrites one at a time");
+    drop(lane);
+    for b in 0..16 {
+        assert_eq!(read_block(&engine, b), block_of(b as u8 + 100), "block {b}");
+    }
+    let stats = engine.stats();
+    assert_eq!(stats.writes, 48);
+    assert_eq!(stats.write_hits, 32);
+    assert_eq!(stats.dirty_slots, 16);
+}
+
+/// A repeated block, a partial write and an out-of-range write inside one batch: each gets its
+/// own result, and the data is what the writes one by one would leave.
+#[test]
+fn order_and_results_are_per_request() {
+    let (engine, _switch) = engine(CacheMode::WriteBack);
+    let mut partial = block_of(7);
+    partial.truncate(100);
+    let writes = vec![
+        (0, block_of(1)),
+        (BLOCK as u64, block_of(2)),
+        (0, block_of(3)),
+        (BLOCKS * BLOCK as u64, block_of(9)),
+        (BLOCK as u64 + 10, partial.clone()),
+        (2 * BLOCK as u64, block_of(4)),
+    ];
+    let outcomes = write_batch(&engine, &writes);
+    assert_eq!(outcomes.len(), writes.len());
+    for (i, outcome) in outcomes.iter().enumerate() {
+        match i {
+            3 => assert!(matches!(outcome, Err(Error::OutOfRange { .. })), "{outcome:?}"),
+            _ => assert!(outcome.is_ok(), "write {i}: {outcome:?}"),
+        }
+    }
+    assert_eq!(read_block(&engine, 0), block_of(3), "the later write of a block wins");
+    let mut expected = block_of(2);
+    expected[10..110].copy_from_slice(&partial);
+    assert_eq!(read_block(&engine, 1), expected, "the partial write lands on the earlier one");
+    assert_eq!(read_block(&engine, 2), block_of(4));
+
+    let mut bufs = [block_of(0), block_of(0), block_of(0), vec![0u8; 10]];
+    let [a, b, c, d] = &mut bufs;
+    let mut reads = [
+        ReadRequest { offset: 2 * BLOCK as u64, buf: a },
+        ReadRequest { offset: 0, buf: b },
+        ReadRequest { offset: BLOCKS * BLOCK as u64, buf: c },
+        ReadRequest { offset: BLOCK as u64 + 10, buf: d },
+    ];
+    let mut outcomes = Vec::new();
+    engine.lane().unwrap().read_batch(&mut reads, &mut outcomes);
+    assert!(outcomes[0].is_ok() && outcomes[1].is_ok() && outcomes[3].is_ok(), "{outcomes:?}");
+    assert!(matches!(outcomes[2], Err(Error::OutOfRange { .. })), "{:?}", outcomes[2]);
+    assert_eq!(bufs[0], block_of(4));
+    assert_eq!(bufs[1], block_of(3));
+    assert_eq!(bufs[3], partial[..10]);
+}
+
+/// Other modes write through to the backing store one request at a time, with the same
+/// results as `write`.
+#[test]
+fn other_modes_run_each_write_alone() {
+    for mode in [CacheMode::WriteThrough, CacheMode::WriteAround, CacheMode::PassThrough] {
+        let (engine, _switch) = engine(mode);
+        let writes: Vec<(u64, Vec<u8>)> =
+            (0..8).map(|b| (b * BLOCK as u64, block_of(b as u8 + 1))).collect();
+        assert!(write_batch(&engine, &writes).iter().all(Result::is_ok), "{mode}");
+        let backing = engine.backing().contents();
+        for b in 0..8usize {
+            assert_eq!(backing[b * BLOCK..(b + 1) * BLOCK], block_of(b as u8 + 1), "{mode} {b}");
+        }
+    }
+}
+
+/// A batch larger than the cache: groups are bounded, the lane evicts and writes back between
+/// them, and every block reads back.
+#[test]
+fn a_batch_larger_than_the_cache() {
+    let (engine, _switch) = engine(CacheMode::WriteBack);
+    let writes: Vec<(u64, Vec<u8>)> =
+        (0..BLOCKS).map(|b| (b * BLOCK as u64, block_of((b % 250) as u8 + 1))).collect();
+    assert!(write_batch(&engine, &writes).iter().all(Result::is_ok));
+    for b in 0..BLOCKS {
+        assert_eq!(read_block(&engine, b), block_of((b % 250) as u8 + 1), "block {b}");
+    }
+    engine.lane().unwrap().drain().unwrap();
+    let backing = engine.backing().contents();
+    for b in 0..BLOCKS as usize {
+        assert_eq!(backing[b * BLOCK..(b + 1) * BLOCK], block_of((b % 250) as u8 + 1));
+    }
+}
