@@ -769,31 +769,39 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     /// The lock-free hit path. Returns false on a miss or after repeated interference.
     fn read_hit(&mut self, lba: u64, in_block: usize, out: &mut [u8]) -> bool {
-        let engine = self.engine;
         for _ in 0..READ_ATTEMPTS {
-            let Some(found) = engine.index.lookup(lba) else {
+            let Some(found) = self.engine.index.lookup(lba) else {
                 return false;
             };
-            // The slot word and the data are loaded together (neither waits for the other);
-            // everything is validated after the copy: the slot kept one incarnation across
-            // the copy, and at a point inside that window the index still mapped `lba` to
-            // it — so the copy is `lba`'s data. A failed validation discards the copy.
-            let seen = engine.slots.load(found.slot);
-            engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
-            fence(Ordering::Acquire);
-            let still_mapped = engine.index.still_holds(&found);
-            let after = engine.slots.load(found.slot);
-            {
-                if seen.is_valid() && still_mapped && after.same_incarnation(seen) {
-                    if engine.eviction.marks_hits() {
-                        engine.slots.touch(found.slot, after);
-                    }
-                    bump(&self.counters().read_hits, 1);
-                    return true;
-                }
+            if self.copy_validated(&found, in_block, out) {
+                return true;
             }
-            bump(&self.counters().read_retries, 1);
         }
+        false
+    }
+
+    /// Copies out of the slot `found` (an index lookup) and validates the copy; counts a hit,
+    /// or a retry if the copy must be discarded.
+    #[inline]
+    fn copy_validated(&mut self, found: &Found, in_block: usize, out: &mut [u8]) -> bool {
+        let engine = self.engine;
+        // The slot word and the data are loaded together (neither waits for the other);
+        // everything is validated after the copy: the slot kept one incarnation across the
+        // copy, and at a point inside that window the index still mapped the block to it — so
+        // the copy is the block's data. A failed validation discards the copy.
+        let seen = engine.slots.load(found.slot);
+        engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
+        fence(Ordering::Acquire);
+        let still_mapped = engine.index.still_holds(found);
+        let after = engine.slots.load(found.slot);
+        if seen.is_valid() && still_mapped && after.same_incarnation(seen) {
+            if engine.eviction.marks_hits() {
+                engine.slots.touch(found.slot, after);
+            }
+            bump(&self.counters().read_hits, 1);
+            return true;
+        }
+        bump(&self.counters().read_retries, 1);
         false
     }
 

@@ -28,6 +28,9 @@ use crate::slots::SlotState;
 use crate::stats::bump;
 use crate::sync::MutexGuard;
 
+/// Reads pipelined together at most.
+const READ_CHUNK: usize = 32;
+
 /// Writes committed together at most.
 pub(crate) const GROUP_MAX: usize = 32;
 
@@ -66,28 +69,48 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Reads every request of `reads`, pipelining their cache misses; `outcomes` receives one
     /// result per request, in order.
     pub fn read_batch(&mut self, reads: &mut [ReadRequest<'_>], outcomes: &mut Vec<Result<()>>) {
+        outcomes.clear();
+        for chunk in reads.chunks_mut(READ_CHUNK) {
+            self.read_chunk(chunk, outcomes);
+        }
+    }
+
+    /// Up to [`READ_CHUNK`] reads in three passes, as a hand-pipelined loop: prefetch every
+    /// read's index buckets; look every block up and prefetch its slot word; then copy and
+    /// validate each. The misses of one pass overlap each other instead of each read waiting
+    /// for its own in turn. A read that is not a lock-free hit of one block (a miss, a raced
+    /// copy, a read across blocks or out of range) takes the ordinary `read` path.
+    fn read_chunk(&mut self, reads: &mut [ReadRequest<'_>], outcomes: &mut Vec<Result<()>>) {
         let engine = self.engine;
         let block = self.block_bytes();
-        outcomes.clear();
+        let size_bytes = engine.size_bytes();
         let single_block = |r: &ReadRequest<'_>| {
             let len = r.buf.len() as u64;
-            r.offset.checked_add(len).is_some_and(|end| end <= engine.size_bytes())
+            r.offset.checked_add(len).is_some_and(|end| end <= size_bytes)
                 && len > 0
                 && r.offset / block == (r.offset + len - 1) / block
         };
         for r in reads.iter().filter(|r| single_block(r)) {
             engine.index.prefetch(r.offset / block);
         }
-        for i in 0..reads.len() {
-            if let Some(next) = reads.get(i + 1).filter(|r| single_block(r))
-                && let Some(found) = engine.index.lookup(next.offset / block)
-            {
-                // Only the slot word: a software prefetch of the data would wait for a line
-                // fill buffer while the current copy streams (measured slower).
-                engine.slots.prefetch(found.slot);
+        let mut found = [None; READ_CHUNK];
+        for (r, f) in reads.iter().zip(found.iter_mut()) {
+            if single_block(r) {
+                *f = engine.index.lookup(r.offset / block);
+                if let Some(hit) = f {
+                    engine.slots.prefetch(hit.slot);
+                }
             }
-            let r = &mut reads[i];
-            outcomes.push(self.read(r.offset, r.buf));
+        }
+        for (r, f) in reads.iter_mut().zip(found) {
+            let hit =
+                f.is_some_and(|hit| self.copy_validated(&hit, (r.offset % block) as usize, r.buf));
+            if hit {
+                bump(&self.counters().bytes_read, r.buf.len() as u64);
+                outcomes.push(Ok(()));
+            } else {
+                outcomes.push(self.read(r.offset, r.buf));
+            }
         }
     }
 
