@@ -15,6 +15,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use io_uring::{IoUring, opcode, types};
 
@@ -54,6 +55,10 @@ struct Shared {
     file: BackingFile,
     mode: UringMode,
     pool: Pool<IoUring>,
+    /// Queue waiters may poll the CQ before sleeping (see [`SpinWait`]): SQPOLL rings on files
+    /// whose I/O completes from the device, not from an io-wq worker. (Synchronous calls on
+    /// pooled rings always sleep.)
+    spin_waits: bool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -62,6 +67,7 @@ impl std::fmt::Debug for Shared {
             .field("file", &self.file)
             .field("mode", &self.mode)
             .field("pool", &self.pool)
+            .field("spin_waits", &self.spin_waits)
             .finish()
     }
 }
@@ -138,7 +144,8 @@ impl UringFile {
         for _ in 1..sync_rings.max(1) {
             rings.push(build_ring(mode, 2, attach).map_err(unsupported)?);
         }
-        let shared = Arc::new(Shared { file, mode, pool: Pool::new(rings) });
+        let spin_waits = mode == UringMode::Sqpoll && !always_punted(&file);
+        let shared = Arc::new(Shared { file, mode, pool: Pool::new(rings), spin_waits });
         if mode == UringMode::Iopoll {
             probe_iopoll(&shared)?;
         }
@@ -150,7 +157,8 @@ impl UringFile {
 fn probe_iopoll(shared: &Shared) -> Result<()> {
     let mut buf = IoBuf::new(shared.file.block_bytes as usize);
     let mut ring = shared.pool.take();
-    match ring_transfer(&mut ring, shared.file.fd(), IoOp::Read, buf.as_mut_ptr(), buf.len(), 0) {
+    let fd = shared.file.fd();
+    match ring_transfer(&mut ring, fd, IoOp::Read, buf.as_mut_ptr(), buf.len(), 0) {
         Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Err(BackingError::Unsupported {
             engine: shared.file.engine,
             option: "IOPOLL",
@@ -228,6 +236,78 @@ fn enter(ring: &IoUring, want: usize) {
     }
 }
 
+/// How long a thread waiting on an SQPOLL ring polls the completion queue from user space
+/// before it sleeps in `io_uring_enter`. SQPOLL trades CPU for latency: with a kernel thread
+/// submitting, the waiting side can poll too and skip the sleep and wake-up of every request
+/// (fio's SQPOLL mode polls without bound). The bound keeps an oversubscribed machine usable:
+/// a waiter that never sleeps takes the CPU from the SQ threads it waits for.
+const SQPOLL_SPIN: Duration = Duration::from_micros(250);
+/// CQ polls between looks at the clock while spinning.
+const SQPOLL_SPINS_PER_CLOCK: u32 = 64;
+
+/// Whether io_uring hands every read and write on `file` to an io-wq worker: the file lacks
+/// `FMODE_NOWAIT` (tmpfs, for one), which a one-block `preadv2(RWF_NOWAIT)` reports as
+/// `EOPNOTSUPP`. Completions then come from a kernel thread that needs a CPU, so a waiter must
+/// not spin on one.
+fn always_punted(file: &BackingFile) -> bool {
+    let mut buf = IoBuf::new(file.block_bytes as usize);
+    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: `iov` describes `buf`, an aligned allocation valid for writes of its length for
+    // the whole (synchronous) call, and the descriptor is open.
+    let n = unsafe { libc::preadv2(file.fd(), &iov, 1, 0, libc::RWF_NOWAIT) };
+    n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP)
+}
+
+/// Waits after a spin that found nothing, before a waiter spins again (see [`SpinWait`]).
+const SQPOLL_SPIN_BACKOFF_WAITS: u32 = 64;
+
+/// Waits until the ring has a completion to reap (or [`ENTER_WAIT`] passes). With `spin` the
+/// CQ is polled first for up to [`SQPOLL_SPIN`], waking the SQ thread if it went to sleep;
+/// then the thread waits in `io_uring_enter`. Returns false if a spin ran out of time.
+fn await_completion(ring: &mut IoUring, spin: bool) -> bool {
+    if spin {
+        let started = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if !ring.completion().is_empty() {
+                return true;
+            }
+            if ring.submission().need_wakeup() {
+                // Only enters the kernel to wake the SQ thread; EAGAIN/EBUSY leave it to the
+                // next look, and the final `enter` reports anything lasting.
+                let _ = ring.submit();
+            }
+            spins += 1;
+            if spins.is_multiple_of(SQPOLL_SPINS_PER_CLOCK) && started.elapsed() >= SQPOLL_SPIN {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    enter(ring, 1);
+    !spin
+}
+
+/// A queue's choice between spinning and sleeping while it waits, adapted to what spinning
+/// achieves: when a spin runs out of time (completions come slower than [`SQPOLL_SPIN`], as
+/// they do once SQ threads and spinning waiters outnumber the CPUs), the next
+/// [`SQPOLL_SPIN_BACKOFF_WAITS`] waits sleep at once, then spinning is tried again.
+#[derive(Debug)]
+struct SpinWait {
+    allowed: bool,
+    skip_waits: u32,
+}
+
+impl SpinWait {
+    fn wait(&mut self, ring: &mut IoUring) {
+        let spin = self.allowed && self.skip_waits == 0;
+        self.skip_waits = self.skip_waits.saturating_sub(1);
+        if !await_completion(ring, spin) && spin {
+            self.skip_waits = SQPOLL_SPIN_BACKOFF_WAITS;
+        }
+    }
+}
+
 /// Issues one transfer on an idle ring and waits for it.
 fn ring_transfer(
     ring: &mut IoUring,
@@ -246,7 +326,7 @@ fn ring_transfer(
         if let Some(cqe) = ring.completion().next() {
             return kernel_result(i64::from(cqe.result()));
         }
-        enter(ring, 1);
+        await_completion(ring, false);
     }
 }
 
@@ -311,6 +391,7 @@ impl BackingStore for UringFile {
             slots: Slots::new(depth),
             cqes: Vec::with_capacity(depth),
             backlog: VecDeque::with_capacity(depth),
+            spin: SpinWait { allowed: self.shared.spin_waits, skip_waits: 0 },
         }))
     }
 }
@@ -326,6 +407,8 @@ struct UringQueue {
     cqes: Vec<(usize, i32)>,
     /// Slots issued but not yet in the SQ (it was full), in order.
     backlog: VecDeque<usize>,
+    /// How this queue waits for completions.
+    spin: SpinWait,
 }
 
 impl UringQueue {
@@ -424,7 +507,7 @@ impl IoQueue for UringQueue {
                 return Ok(got);
             }
             self.fill_sq();
-            enter(&self.ring, 1);
+            self.spin.wait(&mut self.ring);
         }
     }
 }
@@ -436,6 +519,39 @@ impl Drop for UringQueue {
         while self.slots.in_kernel() > 0 {
             let _ = self.reap(1, &mut sink);
             sink.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_in(dir: &str) -> (tempfile::TempDir, BackingFile) {
+        let dir = tempfile::tempdir_in(dir).expect("temp dir");
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 8192]).expect("write");
+        let mode = OpenMode { direct: false, read_only: true };
+        (dir, BackingFile::open(&path, "io_uring-sqpoll", mode).expect("open"))
+    }
+
+    /// tmpfs cannot do non-blocking reads (io_uring hands them to io-wq), ext4 can: only the
+    /// latter lets SQPOLL waiters spin.
+    #[test]
+    fn tmpfs_is_always_punted_and_a_disk_file_system_is_not() {
+        let (_dir, shm) = file_in("/dev/shm");
+        assert!(always_punted(&shm), "a tmpfs file accepted RWF_NOWAIT");
+        const EXT4_SUPER_MAGIC: i64 = 0xEF53;
+        let (dir, disk) = file_in("/var/tmp");
+        let path = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: `path` is a NUL-terminated string and `fs` a writable statfs for the call.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::statfs(path.as_ptr(), &mut fs) }, 0, "statfs /var/tmp");
+        if fs.f_type == EXT4_SUPER_MAGIC {
+            assert!(!always_punted(&disk), "an ext4 file refused RWF_NOWAIT");
+        } else {
+            eprintln!("/var/tmp is not ext4 (f_type {:#x}): its answer is not checked", fs.f_type);
         }
     }
 }
