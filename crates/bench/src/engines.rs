@@ -87,6 +87,13 @@ pub struct EnginesArgs {
     /// Keep the test files afterwards.
     #[arg(long)]
     pub keep_files: bool,
+    /// Let idle CPUs enter idle states while measuring. By default the bench holds the
+    /// CPU wake-up latency at 0 µs through PM QoS (`/dev/cpu_dma_latency`, as tuned's
+    /// latency-performance profile does): otherwise every request that hands work to a kernel
+    /// thread on another CPU (io_uring on tmpfs: every one) pays that CPU's wake-up from idle,
+    /// which on a VM swings such points by 10x between runs, for fio and for us alike.
+    #[arg(long)]
+    pub allow_cpu_idle: bool,
 }
 
 /// The resolved plan of one invocation.
@@ -145,6 +152,38 @@ struct Machine {
     cpus: usize,
     cpu_model: String,
     fio_version: Option<String>,
+    /// How CPU idle states were handled while measuring.
+    cpu_idle: String,
+}
+
+/// Holds the PM QoS CPU wake-up latency request while it lives (the kernel drops the request
+/// when the file is closed).
+struct CpuIdleHold {
+    _file: Option<std::fs::File>,
+    description: String,
+}
+
+/// Asks the kernel for 0 µs CPU wake-up latency (no idle states deeper than polling) unless
+/// `allowed`; reports what it got.
+fn hold_cpus_awake(allowed: bool) -> CpuIdleHold {
+    const PM_QOS: &str = "/dev/cpu_dma_latency";
+    if allowed {
+        return CpuIdleHold { _file: None, description: "CPU idle states allowed".into() };
+    }
+    let held = std::fs::OpenOptions::new()
+        .write(true)
+        .open(PM_QOS)
+        .and_then(|mut f| f.write_all(&0i32.to_ne_bytes()).map(|()| f));
+    match held {
+        Ok(file) => CpuIdleHold {
+            _file: Some(file),
+            description: format!("CPU wake-up latency held at 0 µs ({PM_QOS})"),
+        },
+        Err(e) => CpuIdleHold {
+            _file: None,
+            description: format!("CPU idle states allowed ({PM_QOS}: {e})"),
+        },
+    }
 }
 
 struct TestFile {
@@ -158,7 +197,9 @@ pub fn run_cli(args: &EnginesArgs) -> Result<(), String> {
     let plan = make_plan(args)?;
     let engines: Vec<EngineKind> =
         plan.engines.iter().map(|e| e.parse()).collect::<Result<_, _>>()?;
-    let machine = machine(args);
+    let idle_hold = hold_cpus_awake(args.allow_cpu_idle);
+    let mut machine = machine(args);
+    machine.cpu_idle = idle_hold.description.clone();
     if !args.no_fio && machine.fio_version.is_none() {
         return Err(format!(
             "fio ({}) not found; install it (apt-get install -y fio) or pass --no-fio",
@@ -302,6 +343,7 @@ fn machine(args: &EnginesArgs) -> Machine {
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cpu_model,
         fio_version,
+        cpu_idle: String::new(),
     }
 }
 
@@ -613,12 +655,13 @@ fn table_header(m: &Machine, plan: &Plan) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "# pmcache bench engines — kernel {}, {} CPUs ({}), {}; 4 KiB, median of {} runs of \
-         {:.2} s per point; files of {} MiB",
+        "# pmcache bench engines — kernel {}, {} CPUs ({}), {}; {}; 4 KiB, median of {} runs \
+         of {:.2} s per point; files of {} MiB",
         m.kernel,
         m.cpus,
         m.cpu_model,
         m.fio_version.as_deref().unwrap_or("no fio"),
+        m.cpu_idle,
         plan.runs,
         plan.runtime_secs,
         plan.file_bytes >> 20
