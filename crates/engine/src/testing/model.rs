@@ -355,11 +355,33 @@ impl Done {
     }
 }
 
+/// The data a write operation will carry (one buffer per write; none for other operations),
+/// drawn from the model's sequence of unique patterns.
+pub fn write_data_for(model: &mut Model, op: &Op) -> Vec<Vec<u8>> {
+    match *op {
+        Op::Write { offset, len, .. } => vec![model.next_write_data(offset, len)],
+        Op::WriteBatch { ref writes, .. } => {
+            writes.iter().map(|&(offset, len)| model.next_write_data(offset, len)).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Runs one operation on a lane.
 pub fn run_op<M: Medium, B: BackingStore, C: Clock>(
     lane: &mut Lane<'_, M, B, C>,
     model: &mut Model,
     op: &Op,
+) -> Result<Done, String> {
+    let datas = write_data_for(model, op);
+    execute_op(lane, op, datas)
+}
+
+/// Runs one operation on a lane with the data `write_data_for` drew for it.
+pub fn execute_op<M: Medium, B: BackingStore, C: Clock>(
+    lane: &mut Lane<'_, M, B, C>,
+    op: &Op,
+    datas: Vec<Vec<u8>>,
 ) -> Result<Done, String> {
     let fail = |e: Error| format!("{op:?} failed: {e}");
     let nothing = |_| Done::default();
@@ -369,14 +391,12 @@ pub fn run_op<M: Medium, B: BackingStore, C: Clock>(
             lane.read(offset, &mut buf).map_err(fail)?;
             Ok(Done { data: Vec::new(), reads: vec![(offset, buf)] })
         }
-        Op::Write { offset, len, fua } => {
-            let data = model.next_write_data(offset, len);
+        Op::Write { offset, fua, .. } => {
+            let data = datas.concat();
             lane.write(offset, &data, fua).map_err(fail)?;
             Ok(Done { data, reads: Vec::new() })
         }
         Op::WriteBatch { ref writes, fua } => {
-            let datas: Vec<Vec<u8>> =
-                writes.iter().map(|&(offset, len)| model.next_write_data(offset, len)).collect();
             let requests: Vec<WriteRequest<'_>> = writes
                 .iter()
                 .zip(&datas)
@@ -473,13 +493,28 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
     let mut next = 0;
     let mut segment = 0;
     loop {
-        {
-            // Two lanes, used alternately: a block's versions come from different lanes, so
-            // recovery's "newest wins" depends on cross-lane sequence order.
-            let mut lanes = [
-                engine.lane().map_err(|e| e.to_string())?,
-                engine.lane().map_err(|e| e.to_string())?,
-            ];
+        // Two lanes, used alternately, each on a thread of its own: a block's versions come
+        // from different lanes, so recovery's "newest wins" depends on cross-lane sequence
+        // order; and the crash medium keeps unfenced flushes per thread, so a lane that relied
+        // on another lane's fence would lose data here.
+        let segment_result: Result<Option<RunOutcome>, String> = std::thread::scope(|scope| {
+            let mut to_lanes = Vec::new();
+            let mut from_lanes = Vec::new();
+            let mut workers = Vec::new();
+            for _ in 0..2 {
+                let mut lane = engine.lane().map_err(|e| e.to_string())?;
+                let (op_tx, op_rx) = std::sync::mpsc::channel::<(Op, Vec<Vec<u8>>)>();
+                let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<Done, String>>();
+                workers.push(scope.spawn(move || {
+                    while let Ok((op, datas)) = op_rx.recv() {
+                        if done_tx.send(execute_op(&mut lane, &op, datas)).is_err() {
+                            break;
+                        }
+                    }
+                }));
+                to_lanes.push(op_tx);
+                from_lanes.push(done_rx);
+            }
             while next < ops.len() {
                 let op = &ops[next];
                 next += 1;
@@ -488,7 +523,10 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                     world.switch.cut_now();
                     break;
                 }
-                let result = run_op(&mut lanes[next % 2], &mut model, op);
+                let datas = write_data_for(&mut model, op);
+                let lane = next % 2;
+                to_lanes[lane].send((op.clone(), datas)).map_err(|e| e.to_string())?;
+                let result = from_lanes[lane].recv().map_err(|e| e.to_string())?;
                 if std::env::var_os("PMCACHE_MODEL_TRACE").is_some() {
                     eprintln!(
                         "segment {segment} op {} {op:?}: points {} crashed {}",
@@ -507,17 +545,28 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                 done.check_reads(&mut model).map_err(|e| format!("op {next}: {e}"))?;
                 model.apply(op, &done.data);
             }
+            drop(to_lanes);
+            for worker in workers {
+                worker.join().map_err(|_| "a lane thread panicked".to_string())?;
+            }
             if segment == 0 {
                 outcome.persist_points_first_segment = world.switch.points() - format_points;
             }
-            if !world.switch.has_crashed() {
-                let lane = &mut lanes[0];
-                lane.drain().map_err(|e| format!("final drain: {e}"))?;
-                model.apply(&Op::Drain, &[]);
-                verify_all(lane, &mut model)?;
-                model.check_backing(&world.backing.contents())?;
-                return Ok(outcome);
+            if world.switch.has_crashed() {
+                return Ok(None);
             }
+            let mut lane = engine.lane().map_err(|e| e.to_string())?;
+            lane.drain().map_err(|e| format!("final drain: {e}"))?;
+            model.apply(&Op::Drain, &[]);
+            verify_all(&mut lane, &mut model)?;
+            model.check_backing(&world.backing.contents())?;
+            Ok(Some(RunOutcome {
+                persist_points_first_segment: outcome.persist_points_first_segment,
+                power_cuts: outcome.power_cuts,
+            }))
+        });
+        if let Some(finished) = segment_result? {
+            return Ok(finished);
         }
         drop(engine);
         outcome.power_cuts += 1;
