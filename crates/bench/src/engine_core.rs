@@ -301,19 +301,18 @@ fn run_floor(bed: &Bed, floor: &Floor, case: &Case, seconds: f64) -> f64 {
             }
             // Writes: every block's data durable, then every entry (one fence each when
             // batched, the persist order of a group commit).
-            for &(block, _) in &writes {
-                medium.write_flush(data_offset + block * BLOCK, &data.0);
-                if batch == 1 {
-                    medium.drain();
+            if !writes.is_empty() {
+                for &(block, _) in &writes {
+                    medium.write_flush(data_offset + block * BLOCK, &data.0);
                 }
+                medium.drain();
+                for &(block, at) in &writes {
+                    floor.entries.store_u64(at + 8, block);
+                    floor.entries.store_u64(at, block | 1 << 40);
+                    floor.entries.flush(at, 16);
+                }
+                floor.entries.drain();
             }
-            medium.drain();
-            for &(block, at) in &writes {
-                floor.entries.store_u64(at + 8, block);
-                floor.entries.store_u64(at, block | 1 << 40);
-                floor.entries.flush(at, 16);
-            }
-            floor.entries.drain();
             // Reads: the table loads first (they overlap), then the copies.
             for r in reads.iter_mut() {
                 *r = std::hint::black_box(floor.table[*r as usize]);

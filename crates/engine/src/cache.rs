@@ -488,12 +488,18 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     }
 
     fn persist_entry(&self, slot: u32, entry: SlotEntry) {
+        self.store_entry(slot, entry);
+        self.fence();
+    }
+
+    /// Stores a slot's entry (word 1 first: a torn pair fails its check) and starts its
+    /// write-back; durable after a fence.
+    fn store_entry(&self, slot: u32, entry: SlotEntry) {
         let at = self.engine.geometry.entry_offset(slot);
         let (word0, word1) = entry.encode();
         self.engine.medium.store_u64(at + 8, word1);
         self.engine.medium.store_u64(at, word0);
         self.engine.medium.flush(at, 16);
-        self.fence();
     }
 
     /// Rewrites word 0 of a live entry (state change); flushed, durable after a fence.
@@ -554,10 +560,16 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Any later removal of a newer copy of the block needs that lock, so it can never become
     /// durable before this free and let a power cut resurrect this older entry.
     fn free_slot(&mut self, slot: u32) {
-        self.engine.slots.free(slot);
-        self.engine.clear_entry(slot);
+        self.start_free(slot);
         self.fence();
         self.keep_free(slot);
+    }
+
+    /// The first half of `free_slot`: new generation in DRAM, entry zeroed and flushed. The
+    /// caller fences before releasing the block's stripe, then calls `keep_free`.
+    fn start_free(&self, slot: u32) {
+        self.engine.slots.free(slot);
+        self.engine.clear_entry(slot);
     }
 
     /// Adds a freed slot whose cleared entry is durable to this lane's free list (spilling
@@ -929,10 +941,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         let slot = self.alloc()?;
         let full = in_block == 0 && payload.len() as u64 == self.block_bytes();
-        // Every metadata line this write touches is a cache miss at a random place. They are
-        // all started before the data copy, so that they load while it runs.
-        engine.prefetch_stripe(lba);
-        engine.index.prefetch(lba);
+        // The new and old slots' metadata lines are cache misses at random places: they are
+        // started before the data copy, so that they load while it runs.
         engine.prefetch_slot(slot);
         // The stripe lock and the sequence number are taken before the data is copied: a
         // locked instruction waits for every outstanding non-temporal store and write-back,

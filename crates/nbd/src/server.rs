@@ -481,17 +481,30 @@ fn transmission<T: Transport, C: ExportConn>(
             }
             Request::Disconnect => return Ok(ConnEnd::Disconnected),
         };
-        wire.make_room(STRUCTURED_READ_HEADER_BYTES + codec::ERROR_MESSAGE_BYTES_MAX)?;
-        match result {
-            Ok(()) => codec::encode_simple_reply(&mut wire.out, cookie, 0),
-            Err(e) => {
-                debug!(?h, error = %e, "export error");
-                let structured_read = structured && h.command == codec::CMD_READ;
-                let nbd_error = codec::nbd_error_from_errno(e.errno());
-                codec::encode_error(&mut wire.out, structured_read, cookie, nbd_error, e.context());
-            }
+        if let Err(e) = &result {
+            debug!(?h, error = %e, "export error");
+        }
+        let structured_read = structured && h.command == codec::CMD_READ;
+        reply(wire, cookie, structured_read, result)?;
+    }
+}
+
+/// Queues the reply to a request that carries no data back (or a failed read).
+fn reply<T: Transport>(
+    wire: &mut Wire<T>,
+    cookie: u64,
+    structured_read: bool,
+    result: Result<(), ExportError>,
+) -> io::Result<()> {
+    wire.make_room(STRUCTURED_READ_HEADER_BYTES + codec::ERROR_MESSAGE_BYTES_MAX)?;
+    match result {
+        Ok(()) => codec::encode_simple_reply(&mut wire.out, cookie, 0),
+        Err(e) => {
+            let nbd_error = codec::nbd_error_from_errno(e.errno());
+            codec::encode_error(&mut wire.out, structured_read, cookie, nbd_error, e.context());
         }
     }
+    Ok(())
 }
 
 /// A write whose payload sits in the read buffer at `start..start + len`.
@@ -548,15 +561,10 @@ fn write_buffered_batch<T: Transport, C: ExportConn>(
     }
     assert_eq!(outcomes.len(), queued.len(), "the export gave one result per write");
     for (q, outcome) in queued.iter().zip(outcomes.drain(..)) {
-        wire.make_room(STRUCTURED_READ_HEADER_BYTES + codec::ERROR_MESSAGE_BYTES_MAX)?;
-        match outcome {
-            Ok(()) => codec::encode_simple_reply(&mut wire.out, q.cookie, 0),
-            Err(e) => {
-                debug!(cookie = q.cookie, error = %e, "export error");
-                let nbd_error = codec::nbd_error_from_errno(e.errno());
-                codec::encode_error(&mut wire.out, false, q.cookie, nbd_error, e.context());
-            }
+        if let Err(e) = &outcome {
+            debug!(cookie = q.cookie, error = %e, "export error");
         }
+        reply(wire, q.cookie, false, outcome)?;
     }
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! Batches: several requests handed over at once, as a frontend with a queue (an NBD
 //! connection with requests in flight, a ublk or io_uring queue) has them.
 //!
-//! - Reads are software-pipelined: the index buckets of every read in the batch are prefetched
-//!   first, and while one block is copied the next one's slot word loads.
-//!   Each read then runs the ordinary lock-free hit path, so nothing about its protocol changes.
+//! - Reads are software-pipelined in three passes over up to [`READ_CHUNK`] of them: prefetch
+//!   every index bucket, look every block up and prefetch its slot word, then copy and
+//!   validate each exactly as a single lock-free hit does.
 //! - Whole-block writes in write-back mode are group-committed: the data of up to
 //!   [`GROUP_MAX`] writes to distinct blocks is copied and made durable with one fence, then
 //!   their metadata entries with one fence, then the entries of the copies they replace are
@@ -129,12 +129,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 && w.data.len() as u64 == block
                 && w.offset / block < self.engine.backing_blocks;
             let lba = w.offset / block;
-            if joins && group.len() < group_max && group.iter().all(|g| g.lba != lba) {
-                let stripe = self.engine.stripe_index(lba);
-                group.push(GroupWrite { request: i, lba, stripe, slot: 0, seq: 0, old: None });
-                continue;
+            if !joins || group.len() == group_max || group.iter().any(|g| g.lba == lba) {
+                self.commit_group(&mut group, writes, outcomes);
             }
-            self.commit_group(&mut group, writes, outcomes);
             if joins {
                 let stripe = self.engine.stripe_index(lba);
                 group.push(GroupWrite { request: i, lba, stripe, slot: 0, seq: 0, old: None });
@@ -238,12 +235,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 alone.push(g.request);
                 continue;
             }
-            let at = engine.geometry.entry_offset(g.slot);
-            let (word0, word1) =
-                SlotEntry { lba: g.lba, state: BlockState::Dirty, seq: g.seq }.encode();
-            engine.medium.store_u64(at + 8, word1);
-            engine.medium.store_u64(at, word0);
-            engine.medium.flush(at, 16);
+            self.store_entry(
+                g.slot,
+                SlotEntry { lba: g.lba, state: BlockState::Dirty, seq: g.seq },
+            );
             group[kept] = g;
             kept += 1;
         }
@@ -259,8 +254,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                     let old_state = engine.slots.load(found.slot).state();
                     engine.index.replace(&found, g.slot);
                     engine.slots.publish(g.slot, SlotState::Dirty);
-                    engine.slots.free(found.slot);
-                    engine.clear_entry(found.slot);
+                    self.start_free(found.slot);
                     freed += 1;
                     if old_state != SlotState::Dirty {
                         bump(&counters.dirty_delta, 1);

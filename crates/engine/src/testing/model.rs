@@ -497,7 +497,8 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
         // from different lanes, so recovery's "newest wins" depends on cross-lane sequence
         // order; and the crash medium keeps unfenced flushes per thread, so a lane that relied
         // on another lane's fence would lose data here.
-        let segment_result: Result<Option<RunOutcome>, String> = std::thread::scope(|scope| {
+        // Whether the run finished (no power cut in this segment).
+        let finished: Result<bool, String> = std::thread::scope(|scope| {
             let mut to_lanes = Vec::new();
             let mut from_lanes = Vec::new();
             let mut workers = Vec::new();
@@ -553,20 +554,17 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                 outcome.persist_points_first_segment = world.switch.points() - format_points;
             }
             if world.switch.has_crashed() {
-                return Ok(None);
+                return Ok(false);
             }
             let mut lane = engine.lane().map_err(|e| e.to_string())?;
             lane.drain().map_err(|e| format!("final drain: {e}"))?;
             model.apply(&Op::Drain, &[]);
             verify_all(&mut lane, &mut model)?;
             model.check_backing(&world.backing.contents())?;
-            Ok(Some(RunOutcome {
-                persist_points_first_segment: outcome.persist_points_first_segment,
-                power_cuts: outcome.power_cuts,
-            }))
+            Ok(true)
         });
-        if let Some(finished) = segment_result? {
-            return Ok(finished);
+        if finished? {
+            return Ok(outcome);
         }
         drop(engine);
         outcome.power_cuts += 1;
