@@ -3,9 +3,10 @@
 //! A thread opens an [`IoQueue`] of a fixed depth ([`crate::BackingStore::open_queue`]), pushes
 //! [`IoRequest`]s (each owns its [`IoBuf`]; the engine keeps it until the completion hands it
 //! back), calls [`IoQueue::submit`] once per batch and [`IoQueue::reap`]s [`IoCompletion`]s on
-//! the same thread. A queue is `Send` but not shared: each submitting thread (or poller) owns one,
-//! and moves it to another thread only while it is idle (`in_flight() == 0`): io_uring runs a
-//! request's completion work on the thread that submitted it.
+//! the same thread. A queue is `Send` but not shared: it may be opened on one thread and handed
+//! to another, and then stays with the thread that first submits on it. io_uring runs a
+//! request's completion work on the thread that submitted it, and its queues are single-issuer
+//! rings: another thread's submit or reap gets [`BackingError::Unsupported`].
 //!
 //! Every request's result is final: short transfers are resubmitted for their remainder by the
 //! engine, and a read that meets end-of-file completes with [`BackingError::ShortRead`].

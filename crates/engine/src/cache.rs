@@ -47,6 +47,32 @@ const DRAIN_BATCH: usize = 256;
 pub(crate) struct LaneSlot {
     in_use: AtomicBool,
     counters: PaddedCounters,
+    /// Fences the lane has completed. Other lanes read it to tell whether an entry this lane
+    /// zeroed (and flushed) is durable yet: see [`Stripe`].
+    fences: CachePadded<AtomicU64>,
+}
+
+/// A lock over a set of blocks, and the one superseded entry of them that may not be durably
+/// zeroed yet.
+///
+/// A write that replaces a block's copy zeroes the old copy's entry and flushes it, but does
+/// not fence: the new entry is durable, so if the old one survives a power cut, recovery
+/// discards it as older. That stays true only while the new entry exists. Whoever removes a
+/// block's newest entry without writing a newer one (eviction, trim, invalidation) holds the
+/// stripe and first makes the pending zeroing durable: it flushes that entry's line again, and
+/// its own fence covers it. The pending entry is known to be durable once the lane that zeroed
+/// it has fenced since (its [`LaneSlot::fences`] moved past the recorded count): a fence makes
+/// the issuing thread's flushes durable, and a lane is driven by one thread at a time.
+pub(crate) struct Stripe {
+    /// Held while one of the stripe's blocks changes. It holds the last sequence number issued
+    /// to a block of the stripe, so that a block's sequence numbers grow in lock order
+    /// whichever lane issues them.
+    lock: Mutex<u64>,
+    /// The superseded slot whose zeroed entry may not be durable: `(lane + 1) << 32 | slot`,
+    /// 0 for none. Read and written under `lock` only.
+    pending_free: AtomicU64,
+    /// The zeroing lane's fence count when it recorded `pending_free`. Under `lock` only.
+    pending_free_fences: AtomicU64,
 }
 
 /// The cache engine, generic over its medium, backing store and clock.
@@ -59,9 +85,8 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     pub(crate) backing_blocks: u64,
     pub(crate) slots: SlotTable,
     pub(crate) index: Index,
-    /// Stripe locks; each holds the last sequence number issued to a block of its stripe, so
-    /// that a block's sequence numbers grow in lock order whichever lane issues them.
-    stripes: Box<[CachePadded<Mutex<u64>>]>,
+    /// Block locks (a block's stripe is a hash of its number), with their pending frees.
+    stripes: Box<[CachePadded<Stripe>]>,
     pub(crate) pool: FreePool,
     hand: AtomicU64,
     pub(crate) next_seq: AtomicU64,
@@ -175,7 +200,15 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         Ok(Self {
             slots: SlotTable::new(slot_count)?,
             index: Index::new(slot_count)?,
-            stripes: (0..stripe_count).map(|_| CachePadded::new(Mutex::new(0))).collect(),
+            stripes: (0..stripe_count)
+                .map(|_| {
+                    CachePadded::new(Stripe {
+                        lock: Mutex::new(0),
+                        pending_free: AtomicU64::new(0),
+                        pending_free_fences: AtomicU64::new(0),
+                    })
+                })
+                .collect(),
             pool: FreePool::new(slot_count),
             hand: AtomicU64::new(0),
             next_seq: AtomicU64::new(first_seq_after(synced_seq)),
@@ -186,6 +219,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 .map(|_| LaneSlot {
                     in_use: AtomicBool::new(false),
                     counters: CachePadded::new(LaneCounters::default()),
+                    fences: CachePadded::new(AtomicU64::new(0)),
                 })
                 .collect(),
             closed: AtomicBool::new(false),
@@ -226,6 +260,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             block: vec![0u8; self.geometry.block_size as usize],
             scratch_slots: Vec::with_capacity(DRAIN_BATCH),
             written: Vec::with_capacity(DRAIN_BATCH),
+            pending_free_fences: None,
+            unflushed_frees: Vec::with_capacity(2 * batch::GROUP_MAX),
         })
     }
 
@@ -282,7 +318,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         self.slots.len() as usize * 4
             + self.index.bytes()
             + self.pool.bytes()
-            + self.stripes.len() * std::mem::size_of::<CachePadded<Mutex<u64>>>()
+            + self.stripes.len() * std::mem::size_of::<CachePadded<Stripe>>()
             + self.lanes.len() * std::mem::size_of::<LaneSlot>()
     }
 
@@ -312,7 +348,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
 
     /// Starts loading `lba`'s stripe lock into the CPU cache (a hint).
     fn prefetch_stripe(&self, lba: u64) {
-        pmcache_media::prefetch(&*self.stripes[self.stripe_index(lba)] as *const Mutex<u64>);
+        pmcache_media::prefetch(&*self.stripes[self.stripe_index(lba)] as *const Stripe);
     }
 
     /// Starts loading a slot's DRAM word and metadata entry into the CPU cache (a hint).
@@ -322,7 +358,25 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     }
 
     fn lock_stripe(&self, lba: u64) -> MutexGuard<'_, u64> {
-        lock(&self.stripes[self.stripe_index(lba)])
+        lock(&self.stripes[self.stripe_index(lba)].lock)
+    }
+
+    /// The slot of `stripe`'s pending free if its zeroed entry may not be durable yet: the
+    /// lane that zeroed it has not fenced since. The caller holds the stripe.
+    fn unfenced_free(&self, stripe: usize) -> Option<u32> {
+        let stripe = &self.stripes[stripe];
+        let tagged = stripe.pending_free.load(Ordering::Relaxed);
+        if tagged == 0 {
+            return None;
+        }
+        let lane = (tagged >> 32) as usize - 1;
+        let recorded = stripe.pending_free_fences.load(Ordering::Relaxed);
+        (self.lanes[lane].fences.load(Ordering::Acquire) == recorded).then_some(tagged as u32)
+    }
+
+    /// Starts writing a slot's entry back to the medium again (durable at the caller's fence).
+    fn reflush_entry(&self, slot: u32) {
+        self.medium.flush(self.geometry.entry_offset(slot), 16);
     }
 
     /// Locks `lba`'s stripe without waiting, unless it is the stripe `held` by the caller.
@@ -331,7 +385,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         if held == Some(stripe) {
             return Some(StripeGuard::AlreadyHeld);
         }
-        self.stripes[stripe].try_lock().ok().map(StripeGuard::Locked)
+        self.stripes[stripe].lock.try_lock().ok().map(StripeGuard::Locked)
     }
 
     /// The stripe lock of `lba` for a write-back: waited for when the caller holds no stripe,
@@ -372,10 +426,15 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
 
     /// Stores a cleared (free) entry and starts its write-back; durable after a fence.
     pub(crate) fn clear_entry(&self, slot: u32) {
+        self.zero_entry(slot);
+        self.medium.flush(self.geometry.entry_offset(slot), 16);
+    }
+
+    /// Zeroes a slot's entry (not flushed).
+    fn zero_entry(&self, slot: u32) {
         let at = self.geometry.entry_offset(slot);
         self.medium.store_u64(at, 0);
         self.medium.store_u64(at + 8, 0);
-        self.medium.flush(at, 16);
     }
 
     fn backing_write(&self, data: &[u8], offset: u64) -> Result<()> {
@@ -429,11 +488,15 @@ pub(crate) fn first_seq_after(seq: u64) -> u64 {
     next
 }
 
-/// One thread's (or queue's) handle on the engine.
+/// One thread's (or queue's) handle on the engine. A lane's fences make the flushes it issued
+/// durable, and other lanes rely on that (see [`Stripe`]), so a lane is driven by one thread at
+/// a time; handing it to another thread goes through a synchronizing hand-off (on x86 a locked
+/// instruction, which orders cache-line write-backs like a fence).
 pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     engine: &'e Engine<M, B, C>,
     id: usize,
-    /// Free slots whose cleared entries are durable.
+    /// Free slots. Their entries are zeroed; a superseded slot's zeroing may still wait for
+    /// this lane's next fence (see [`Stripe`]), which is safe to reuse it under.
     free: Vec<u32>,
     /// This lane's range of sequence numbers for write-back entries: `seq_next..seq_end`.
     seq_next: u64,
@@ -441,11 +504,21 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     block: Vec<u8>,
     scratch_slots: Vec<u32>,
     written: Vec<(u32, SlotWord, SlotEntry)>,
+    /// This lane's fence count when it last left a superseded entry zeroed but not fenced
+    /// (see [`Stripe`]): if it has not fenced since, dropping the lane fences.
+    pending_free_fences: Option<u64>,
+    /// Superseded slots whose zeroed entries this lane's next fence writes back first.
+    unflushed_frees: Vec<u32>,
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
     fn drop(&mut self) {
         let engine = self.engine;
+        // Zeroed entries this lane left pending become durable on this thread before another
+        // thread can drive the lane (and count its fences).
+        if self.pending_free_fences == Some(engine.lanes[self.id].fences.load(Ordering::Relaxed)) {
+            self.fence();
+        }
         engine.pool.put(self.free.drain(..));
         engine.lanes[self.id].in_use.store(false, Ordering::Release);
     }
@@ -478,16 +551,25 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     // ----- persistence helpers (every fence this lane issues goes through here) -----
 
-    fn fence(&self) {
+    fn fence(&mut self) {
+        // Zeroed entries of superseded slots are written back with this fence, which waits for
+        // them together with whatever it was issued for (see `free_superseded`).
+        for slot in self.unflushed_frees.drain(..) {
+            self.engine.reflush_entry(slot);
+        }
         self.engine.medium.drain();
+        // Counted after the drain: another lane that sees the count knows the drain is done.
+        let fences = &self.engine.lanes[self.id].fences;
+        fences.store(fences.load(Ordering::Relaxed) + 1, Ordering::Release);
     }
 
-    fn write_data(&self, slot: u32, data: &[u8]) {
+    fn write_data(&mut self, slot: u32, data: &[u8]) {
         let at = self.engine.geometry.data_offset(slot);
-        self.engine.medium.write_persist(at, data);
+        self.engine.medium.write_flush(at, data);
+        self.fence();
     }
 
-    fn persist_entry(&self, slot: u32, entry: SlotEntry) {
+    fn persist_entry(&mut self, slot: u32, entry: SlotEntry) {
         self.store_entry(slot, entry);
         self.fence();
     }
@@ -555,25 +637,63 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         self.free.push(slot);
     }
 
-    /// Frees a slot whose block is superseded or dropped: new generation in DRAM, entry zeroed
-    /// and made durable *before the block's stripe lock is released* (the caller holds it).
-    /// Any later removal of a newer copy of the block needs that lock, so it can never become
-    /// durable before this free and let a power cut resurrect this older entry.
-    fn free_slot(&mut self, slot: u32) {
+    /// Frees the slot of block `lba`'s newest copy, which is being dropped (no newer entry
+    /// replaces it): new generation in DRAM, entry zeroed and made durable before the stripe
+    /// lock (held by the caller) is released — together with the stripe's pending free (see
+    /// [`Stripe`]), so that no older entry of the block can outlive this one and come back.
+    fn free_slot(&mut self, lba: u64, slot: u32) {
+        let engine = self.engine;
+        let stripe = engine.stripe_index(lba);
+        if let Some(pending) = engine.unfenced_free(stripe) {
+            engine.reflush_entry(pending);
+        }
         self.start_free(slot);
         self.fence();
+        engine.stripes[stripe].pending_free.store(0, Ordering::Relaxed);
         self.keep_free(slot);
     }
 
-    /// The first half of `free_slot`: new generation in DRAM, entry zeroed and flushed. The
-    /// caller fences before releasing the block's stripe, then calls `keep_free`.
+    /// Frees a slot whose block `lba` now has a newer, durable entry elsewhere: new generation
+    /// in DRAM, entry zeroed — it becomes the stripe's pending free (see [`Stripe`]). The
+    /// zeroed entry is written back by this lane's next fence, not now: a cache-line
+    /// write-back still in flight would make the stripe's unlock (a locked instruction) wait
+    /// for it, which costs as much as the fence saved. Returns true if the caller must fence
+    /// before releasing the stripe: when the stripe already had a pending free that is not
+    /// yet durable, its entry is flushed again and this lane's fence makes both durable.
+    #[must_use = "a true result asks for a fence before the stripe is released"]
+    fn free_superseded(&mut self, lba: u64, slot: u32) -> bool {
+        let engine = self.engine;
+        let stripe = engine.stripe_index(lba);
+        let earlier = engine.unfenced_free(stripe);
+        if let Some(pending) = earlier {
+            engine.reflush_entry(pending);
+        }
+        engine.slots.free(slot);
+        engine.zero_entry(slot);
+        if self.unflushed_frees.len() == self.unflushed_frees.capacity() {
+            // Bounded: past it, write back at once (and wait at the unlock).
+            engine.reflush_entry(slot);
+        } else {
+            self.unflushed_frees.push(slot);
+        }
+        let record = &engine.stripes[stripe];
+        record.pending_free.store((self.id as u64 + 1) << 32 | u64::from(slot), Ordering::Relaxed);
+        let fences = engine.lanes[self.id].fences.load(Ordering::Relaxed);
+        record.pending_free_fences.store(fences, Ordering::Relaxed);
+        self.pending_free_fences = Some(fences);
+        earlier.is_some()
+    }
+
+    /// New generation in DRAM, entry zeroed and flushed (durable at a fence); the caller then
+    /// calls `keep_free`.
     fn start_free(&self, slot: u32) {
         self.engine.slots.free(slot);
         self.engine.clear_entry(slot);
     }
 
-    /// Adds a freed slot whose cleared entry is durable to this lane's free list (spilling
-    /// to the shared pool past its bound).
+    /// Adds a freed slot to this lane's free list (spilling to the shared pool past its
+    /// bound). Another lane may fill it before its zeroing is durable: the block it held has a
+    /// newer durable entry, and removing that one first makes the zeroing durable.
     fn keep_free(&mut self, slot: u32) {
         self.free.push(slot);
         if self.free.len() > self.engine.lane_free_max * 2 {
@@ -664,7 +784,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let found = engine.index.lookup(entry.lba);
         assert_eq!(found.map(|f| f.slot), Some(slot), "clean slot {slot} not indexed");
         engine.index.remove(&found.expect("checked"));
-        self.free_slot(slot);
+        self.free_slot(entry.lba, slot);
         bump(&self.counters().evictions, 1);
         true
     }
@@ -989,7 +1109,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 let old_state = engine.slots.load(found.slot).state();
                 engine.index.replace(&found, slot);
                 engine.slots.publish(slot, SlotState::Dirty);
-                self.free_slot(found.slot);
+                if self.free_superseded(lba, found.slot) {
+                    self.fence();
+                }
+                self.keep_free(found.slot);
                 if old_state != SlotState::Dirty {
                     bump(&counters.dirty_delta, 1);
                 }
@@ -1039,7 +1162,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         if let (Some(found), false) = (old, old_dirty) {
             engine.index.remove(&found);
-            self.free_slot(found.slot);
+            self.free_slot(lba, found.slot);
         }
         let written = match (full, payload) {
             (true, Payload::Zeroes(_)) => engine.backing_write_zeroes(lba * block, block),
@@ -1075,7 +1198,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 if let Some(found) = dirty_old {
                     engine.index.replace(&found, slot);
                     engine.slots.publish(slot, SlotState::Clean);
-                    self.free_slot(found.slot);
+                    self.free_slot(lba, found.slot);
                     bump(&counters.dirty_delta, 1u64.wrapping_neg());
                 } else {
                     engine.slots.publish(slot, SlotState::Clean);
@@ -1083,7 +1206,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
             (None, Some(found)) => {
                 engine.index.remove(&found);
-                self.free_slot(found.slot);
+                self.free_slot(lba, found.slot);
                 bump(&counters.dirty_delta, 1u64.wrapping_neg());
             }
             (None, None) => {}
@@ -1122,7 +1245,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                     dropped_dirty += 1;
                 }
                 engine.index.remove(&found);
-                self.free_slot(found.slot);
+                self.free_slot(lba, found.slot);
             }
             drop(guard);
         }

@@ -6,6 +6,12 @@
 //! cut yields the durable image plus a random subset of the words that were stored but not yet
 //! durable (arbitrary cache-line eviction, 8-byte failure atomicity, no ordering between lines).
 //!
+//! Snapshots are numbered in the order they are taken, and a drain never puts an older
+//! snapshot of a word over a newer one already durable: cache coherence writes a line's
+//! versions back in order, so one thread's late fence cannot roll back a line that another
+//! thread has since changed, flushed and fenced. (Without this, a lane that flushed a line and
+//! fenced only later would durably restore its stale copy of a neighbouring entry.)
+//!
 //! A [`CrashSwitch`] shared by every participant (this medium, a simulated backing store)
 //! counts persist points (each `drain`, each backing write and flush) and cuts power at the
 //! N-th: from then on nothing more becomes durable, and each participant's crash image is
@@ -22,8 +28,20 @@ use rand::{Rng, SeedableRng};
 use crate::{Medium, check_bounds};
 
 type CrashHook = Box<dyn Fn() + Send + Sync>;
-/// Cache lines flushed but not yet drained, per thread: (line index, its eight words).
-type PendingLines = HashMap<ThreadId, Vec<(usize, [u64; 8])>>;
+/// Cache lines flushed but not yet drained, per thread: (line index, snapshot number, its
+/// eight words), and the number of the next snapshot.
+#[derive(Default)]
+struct PendingLines {
+    by_thread: HashMap<ThreadId, Vec<(usize, u64, [u64; 8])>>,
+    next_snapshot: u64,
+}
+
+/// The durable image, and for each word the number of the snapshot it came from (0: the
+/// initial image).
+struct Durable {
+    words: Box<[u64]>,
+    snapshots: Box<[u64]>,
+}
 
 /// Counts persist points and cuts power at a chosen one.
 pub struct CrashSwitch {
@@ -104,7 +122,7 @@ impl CrashSwitch {
 
 struct Inner {
     volatile: Box<[AtomicU64]>,
-    durable: Mutex<Box<[u64]>>,
+    durable: Mutex<Durable>,
     pending: Mutex<PendingLines>,
     crash_image: Mutex<Option<Vec<u64>>>,
     rng: Mutex<SmallRng>,
@@ -118,6 +136,7 @@ impl Inner {
         let mut rng = self.rng.lock().expect("crash rng poisoned");
         let keep_bias = rng.gen_range(0.0..=1.0);
         durable
+            .words
             .iter()
             .zip(self.volatile.iter())
             .map(|(&durable, volatile)| {
@@ -152,8 +171,11 @@ impl CrashMedium {
         let volatile = words.iter().map(|&w| AtomicU64::new(w)).collect();
         let inner = Arc::new(Inner {
             volatile,
-            durable: Mutex::new(words.into_boxed_slice()),
-            pending: Mutex::new(HashMap::new()),
+            durable: Mutex::new(Durable {
+                snapshots: vec![0; words.len()].into_boxed_slice(),
+                words: words.into_boxed_slice(),
+            }),
+            pending: Mutex::new(PendingLines::default()),
             crash_image: Mutex::new(None),
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
             switch: switch.clone(),
@@ -180,7 +202,7 @@ impl CrashMedium {
 
     /// The durable image only (what a power cut with no lucky evictions leaves).
     pub fn durable_image(&self) -> Vec<u64> {
-        self.inner.durable.lock().expect("durable image poisoned").to_vec()
+        self.inner.durable.lock().expect("durable image poisoned").words.to_vec()
     }
 
     fn word(&self, index: usize) -> &AtomicU64 {
@@ -245,8 +267,11 @@ impl Medium for CrashMedium {
         let words = self.inner.volatile.len();
         let first_line = offset as usize / 64;
         let last_line = (offset + len - 1) as usize / 64;
-        let mut lines = Vec::with_capacity(last_line - first_line + 1);
-        for line in first_line..=last_line {
+        // Snapshots are taken under the lock, so their numbers follow the order of their loads.
+        let mut pending = self.inner.pending.lock().expect("pending flushes poisoned");
+        pending.next_snapshot += 1;
+        let snapshot = pending.next_snapshot;
+        let lines = (first_line..=last_line).map(|line| {
             let mut values = [0u64; 8];
             for (i, value) in values.iter_mut().enumerate() {
                 let index = line * 8 + i;
@@ -254,26 +279,28 @@ impl Medium for CrashMedium {
                     *value = self.word(index).load(Ordering::SeqCst);
                 }
             }
-            lines.push((line, values));
-        }
-        let mut pending = self.inner.pending.lock().expect("pending flushes poisoned");
-        pending.entry(std::thread::current().id()).or_default().extend(lines);
+            (line, snapshot, values)
+        });
+        let lines: Vec<_> = lines.collect();
+        pending.by_thread.entry(std::thread::current().id()).or_default().extend(lines);
     }
 
     fn drain(&self) {
         let lines = {
             let mut pending = self.inner.pending.lock().expect("pending flushes poisoned");
-            pending.remove(&std::thread::current().id()).unwrap_or_default()
+            pending.by_thread.remove(&std::thread::current().id()).unwrap_or_default()
         };
         if self.inner.switch.persist_point() {
             return;
         }
         let mut durable = self.inner.durable.lock().expect("durable image poisoned");
-        let words = durable.len();
-        for (line, values) in lines {
+        let Durable { words, snapshots } = &mut *durable;
+        for (line, snapshot, values) in lines {
             for (i, value) in values.into_iter().enumerate() {
-                if line * 8 + i < words {
-                    durable[line * 8 + i] = value;
+                let index = line * 8 + i;
+                if index < words.len() && snapshots[index] < snapshot {
+                    words[index] = value;
+                    snapshots[index] = snapshot;
                 }
             }
         }
@@ -304,6 +331,27 @@ mod tests {
             (0..200).map(|_| bytes(&medium.power_cut_image(), 2000, 13)).collect();
         assert!(outcomes.len() > 1, "eviction of unpersisted words is never random");
         assert!(outcomes.contains(&vec![0u8; 13]));
+    }
+
+    /// Thread A flushes a line and fences late; meanwhile thread B changes another word of the
+    /// line, flushes and fences. A's fence must not put A's older copy of B's word back.
+    #[test]
+    fn a_late_fence_never_rolls_back_a_newer_durable_word() {
+        let switch = CrashSwitch::new();
+        let medium = CrashMedium::new(4096, switch, 3);
+        medium.store_u64(0, 1);
+        medium.flush(0, 8); // A's snapshot: word 0 = 1, word 1 = 0
+        let other = medium.clone();
+        std::thread::spawn(move || {
+            other.store_u64(8, 7);
+            other.flush(8, 8);
+            other.drain();
+        })
+        .join()
+        .unwrap();
+        assert_eq!(medium.durable_image()[1], 7);
+        medium.drain();
+        assert_eq!(medium.durable_image()[..2], [1, 7], "the late fence rolled word 1 back");
     }
 
     #[test]

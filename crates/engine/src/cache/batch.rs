@@ -191,7 +191,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 let guard = if guards.is_empty() {
                     Some(engine.lock_stripe(g.lba))
                 } else {
-                    engine.stripes[g.stripe].try_lock().ok()
+                    engine.stripes[g.stripe].lock.try_lock().ok()
                 };
                 match guard {
                     Some(guard) => guards.push((g.stripe, guard)),
@@ -244,18 +244,18 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         group.truncate(kept);
         self.fence();
-        // 5. Visible: switch the index, publish, clear the replaced copies' entries; one
-        // fence makes the clears durable before any stripe is released (see `free_slot`).
+        // 5. Visible: switch the index, publish, zero the replaced copies' entries — not
+        // fenced: each becomes its stripe's pending free (see `Stripe`); a fence only if one
+        // of those stripes still had an earlier pending free that was not durable.
         let counters = self.counters();
-        let mut freed = 0;
+        let mut must_fence = false;
         for g in group.iter() {
             match g.old {
                 Some(found) => {
                     let old_state = engine.slots.load(found.slot).state();
                     engine.index.replace(&found, g.slot);
                     engine.slots.publish(g.slot, SlotState::Dirty);
-                    self.start_free(found.slot);
-                    freed += 1;
+                    must_fence |= self.free_superseded(g.lba, found.slot);
                     if old_state != SlotState::Dirty {
                         bump(&counters.dirty_delta, 1);
                     }
@@ -267,7 +267,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 }
             }
         }
-        if freed > 0 {
+        if must_fence {
             self.fence();
         }
         drop(guards);
