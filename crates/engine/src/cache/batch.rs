@@ -6,8 +6,9 @@
 //!   validate each exactly as a single lock-free hit does.
 //! - Whole-block writes in write-back mode are group-committed: the data of up to
 //!   [`GROUP_MAX`] writes to distinct blocks is copied and made durable with one fence, then
-//!   their metadata entries with one fence, then the entries of the copies they replace are
-//!   cleared with one fence — three fences for the group instead of three per write. Every
+//!   their metadata entries with one fence; the entries of the copies they replace are
+//!   zeroed and left to the lane's next fence (their stripes record them: see `Stripe`) —
+//!   two fences for the group instead of two per write. Every
 //!   write goes through the same persist steps in the same order as alone (docs/DURABILITY.md,
 //!   "Group commit"), so a crash anywhere leaves each write of the group wholly old or wholly
 //!   new, and none of them was acknowledged yet.
