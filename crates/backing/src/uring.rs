@@ -261,23 +261,29 @@ const ENTER_WAIT: types::Timespec = types::Timespec::new().sec(1);
 /// the transient `io_uring_enter` errors. Any other error means the ring is unusable while
 /// the kernel may still own buffers: a broken invariant.
 fn enter(ring: &IoUring, want: usize) {
+    // Only SQPOLL needs the timed wait; a plain wait saves copying the extra arguments.
     let args = types::SubmitArgs::new().timespec(&ENTER_WAIT);
-    let sqpoll = ring.params().is_setup_sqpoll();
+    let args = ring.params().is_setup_sqpoll().then_some(&args);
+    enter_with(ring, want, args).expect("only a single-issuer ring refuses a thread");
+}
+
+/// `enter` with the given extended arguments (or none: an untimed wait). Fails only with
+/// `EEXIST`: a single-issuer ring entered by a thread other than its owner.
+fn enter_with(ring: &IoUring, want: usize, args: Option<&types::SubmitArgs>) -> io::Result<()> {
     loop {
-        // Only SQPOLL needs the timed wait; a plain wait saves copying the extra arguments.
-        let entered = if sqpoll {
-            ring.submitter().submit_with_args(want, &args)
-        } else {
-            ring.submit_and_wait(want)
+        let entered = match args {
+            Some(args) => ring.submitter().submit_with_args(want, args),
+            None => ring.submit_and_wait(want),
         };
         match entered {
-            Ok(_) => return,
-            Err(e) if e.raw_os_error() == Some(libc::ETIME) => return,
+            Ok(_) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) => return Ok(()),
             Err(e)
                 if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) =>
             {
                 std::thread::yield_now();
             }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return Err(e),
             Err(e) => panic!("io_uring_enter failed with I/O in flight: {e}"),
         }
     }
@@ -441,7 +447,6 @@ impl BackingStore for UringFile {
             cqes: Vec::with_capacity(depth),
             backlog: VecDeque::with_capacity(depth),
             spin: SpinWait { allowed: self.shared.spin_waits, skip_waits: 0 },
-            deferred: task_run == TaskRun::Deferred,
             enabled: task_run != TaskRun::Deferred,
             batch_waits,
         }))
@@ -461,8 +466,6 @@ struct UringQueue {
     backlog: VecDeque<usize>,
     /// How this queue waits for completions.
     spin: SpinWait,
-    /// The ring is `SINGLE_ISSUER | DEFER_TASKRUN` (see [`TaskRun::Deferred`]).
-    deferred: bool,
     /// The ring has been enabled (a deferred ring is created disabled, and enabled by the
     /// first thread that enters it).
     enabled: bool,
@@ -529,24 +532,8 @@ impl UringQueue {
         } else {
             (1, types::SubmitArgs::new().timespec(&ENTER_WAIT))
         };
-        loop {
-            match self.ring.submitter().submit_with_args(want, &args) {
-                Ok(_) => return Ok(()),
-                Err(e) if e.raw_os_error() == Some(libc::ETIME) => return Ok(()),
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                    ) =>
-                {
-                    std::thread::yield_now();
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                    return Err(second_thread(self.shared.file.engine));
-                }
-                Err(e) => panic!("io_uring_enter failed with I/O in flight: {e}"),
-            }
-        }
+        enter_with(&self.ring, want, Some(&args))
+            .map_err(|_| second_thread(self.shared.file.engine))
     }
 
     /// Queues a slot's (remaining) transfer for the SQ.
@@ -655,7 +642,8 @@ impl IoQueue for UringQueue {
             }
             self.fill_sq();
             self.enable()?;
-            if self.deferred {
+            // Only deferred rings (see `TaskRun::Deferred`) are single-issuer.
+            if self.ring.params().is_setup_single_issuer() {
                 self.wait_deferred()?;
             } else {
                 self.spin.wait(&mut self.ring);

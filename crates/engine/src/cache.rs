@@ -48,16 +48,16 @@ pub(crate) struct LaneSlot {
     in_use: AtomicBool,
     counters: PaddedCounters,
     /// Fences the lane has completed. Other lanes read it to tell whether an entry this lane
-    /// zeroed (and flushed) is durable yet: see [`Stripe`].
+    /// zeroed is durable yet: see [`Stripe`].
     fences: CachePadded<AtomicU64>,
 }
 
 /// A lock over a set of blocks, and the one superseded entry of them that may not be durably
 /// zeroed yet.
 ///
-/// A write that replaces a block's copy zeroes the old copy's entry and flushes it, but does
-/// not fence: the new entry is durable, so if the old one survives a power cut, recovery
-/// discards it as older. That stays true only while the new entry exists. Whoever removes a
+/// A write that replaces a block's copy zeroes the old copy's entry and leaves its write-back
+/// to the lane's next fence: the new entry is durable, so if the old one survives a power cut,
+/// recovery discards it as older. That stays true only while the new entry exists. Whoever removes a
 /// block's newest entry without writing a newer one (eviction, trim, invalidation) holds the
 /// stripe and first makes the pending zeroing durable: it flushes that entry's line again, and
 /// its own fence covers it. The pending entry is known to be durable once the lane that zeroed
@@ -260,7 +260,6 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             block: vec![0u8; self.geometry.block_size as usize],
             scratch_slots: Vec::with_capacity(DRAIN_BATCH),
             written: Vec::with_capacity(DRAIN_BATCH),
-            pending_free_fences: None,
             unflushed_frees: Vec::with_capacity(2 * batch::GROUP_MAX),
         })
     }
@@ -504,10 +503,8 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     block: Vec<u8>,
     scratch_slots: Vec<u32>,
     written: Vec<(u32, SlotWord, SlotEntry)>,
-    /// This lane's fence count when it last left a superseded entry zeroed but not fenced
-    /// (see [`Stripe`]): if it has not fenced since, dropping the lane fences.
-    pending_free_fences: Option<u64>,
-    /// Superseded slots whose zeroed entries this lane's next fence writes back first.
+    /// Superseded slots whose zeroed entries this lane's next fence writes back first (see
+    /// [`Stripe`]); dropping the lane fences if any are left.
     unflushed_frees: Vec<u32>,
 }
 
@@ -516,7 +513,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
         let engine = self.engine;
         // Zeroed entries this lane left pending become durable on this thread before another
         // thread can drive the lane (and count its fences).
-        if self.pending_free_fences == Some(engine.lanes[self.id].fences.load(Ordering::Relaxed)) {
+        if !self.unflushed_frees.is_empty() {
             self.fence();
         }
         engine.pool.put(self.free.drain(..));
@@ -647,7 +644,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         if let Some(pending) = engine.unfenced_free(stripe) {
             engine.reflush_entry(pending);
         }
-        self.start_free(slot);
+        engine.slots.free(slot);
+        engine.clear_entry(slot);
         self.fence();
         engine.stripes[stripe].pending_free.store(0, Ordering::Relaxed);
         self.keep_free(slot);
@@ -668,27 +666,18 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         if let Some(pending) = earlier {
             engine.reflush_entry(pending);
         }
+        if self.unflushed_frees.len() == self.unflushed_frees.capacity() {
+            // Bounded (a group frees at most `GROUP_MAX` between fences): past it, fence now.
+            self.fence();
+        }
         engine.slots.free(slot);
         engine.zero_entry(slot);
-        if self.unflushed_frees.len() == self.unflushed_frees.capacity() {
-            // Bounded: past it, write back at once (and wait at the unlock).
-            engine.reflush_entry(slot);
-        } else {
-            self.unflushed_frees.push(slot);
-        }
+        self.unflushed_frees.push(slot);
         let record = &engine.stripes[stripe];
         record.pending_free.store((self.id as u64 + 1) << 32 | u64::from(slot), Ordering::Relaxed);
         let fences = engine.lanes[self.id].fences.load(Ordering::Relaxed);
         record.pending_free_fences.store(fences, Ordering::Relaxed);
-        self.pending_free_fences = Some(fences);
         earlier.is_some()
-    }
-
-    /// New generation in DRAM, entry zeroed and flushed (durable at a fence); the caller then
-    /// calls `keep_free`.
-    fn start_free(&self, slot: u32) {
-        self.engine.slots.free(slot);
-        self.engine.clear_entry(slot);
     }
 
     /// Adds a freed slot to this lane's free list (spilling to the shared pool past its

@@ -281,7 +281,6 @@ impl Medium for CrashMedium {
             }
             (line, snapshot, values)
         });
-        let lines: Vec<_> = lines.collect();
         pending.by_thread.entry(std::thread::current().id()).or_default().extend(lines);
     }
 
