@@ -35,7 +35,7 @@ use crate::stats::{LaneCounters, PaddedCounters, Stats, bump};
 use crate::sync::{AtomicBool, AtomicU8, AtomicU64, Mutex, MutexGuard, Ordering, fence, lock};
 
 mod batch;
-pub use batch::{ReadRequest, WriteRequest};
+pub use batch::{READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest};
 
 /// Slots a lane examines per claim of the CLOCK hand.
 const HAND_CHUNK: u64 = 32;

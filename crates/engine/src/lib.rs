@@ -27,7 +27,7 @@ mod stats;
 mod sync;
 pub mod testing;
 
-pub use cache::{Engine, Lane, ReadRequest, WriteRequest};
+pub use cache::{Engine, Lane, READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{AdmissionConfig, CacheMode, Config, EvictionKind};
 pub use error::{Error, Result};

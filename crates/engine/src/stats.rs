@@ -61,6 +61,9 @@ counters! {
     /// Blocks written by group commits (`Lane::write_batch`: writes a frontend had in flight
     /// together, sharing their fences); also counted in `writes`.
     group_writes,
+    /// Group-commit writes that found their stripe held by another lane and committed in a
+    /// later round of their group (a measure of write contention).
+    group_stripe_waits,
     /// Blocks trimmed.
     trims,
     /// Bytes returned to readers.

@@ -3,10 +3,12 @@
 //!
 //! - Reads are software-pipelined in three passes over up to [`READ_CHUNK`] of them: prefetch
 //!   every index bucket, look every block up and prefetch its slot word, then copy and
-//!   validate each exactly as a single lock-free hit does.
+//!   validate each exactly as a single lock-free hit does, starting the data of the read
+//!   [`READ_DATA_PREFETCH_AHEAD`] places further on.
 //! - Whole-block writes in write-back mode are group-committed: the data of up to
-//!   [`GROUP_MAX`] writes to distinct blocks is copied and made durable with one fence, then
-//!   their metadata entries with one fence; the entries of the copies they replace are
+//!   [`GROUP_MAX`] writes to distinct blocks is copied and made durable with one fence
+//!   (before any stripe is locked), then their metadata entries with one fence, in rounds
+//!   when another lane holds some of their stripes; the entries of the copies they replace are
 //!   zeroed and left to the lane's next fence (their stripes record them: see `Stripe`) —
 //!   two fences for the group instead of two per write. Every
 //!   write goes through the same persist steps in the same order as alone (docs/DURABILITY.md,
@@ -31,6 +33,10 @@ use crate::sync::MutexGuard;
 
 /// Reads pipelined together at most.
 const READ_CHUNK: usize = 32;
+
+/// How many reads ahead of the one being copied a batch starts loading its data (measured
+/// best on DRAM-emulated PM; `pmcache bench core`'s batched floor uses the same distance).
+pub const READ_DATA_PREFETCH_AHEAD: usize = 2;
 
 /// Writes committed together at most.
 pub(crate) const GROUP_MAX: usize = 32;
@@ -78,7 +84,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     /// Up to [`READ_CHUNK`] reads in three passes, as a hand-pipelined loop: prefetch every
     /// read's index buckets; look every block up and prefetch its slot word; then copy and
-    /// validate each. The misses of one pass overlap each other instead of each read waiting
+    /// validate each, prefetching the data of a read a little further on. The misses of one pass overlap each other instead of each read waiting
     /// for its own in turn. A read that is not a lock-free hit of one block (a miss, a raced
     /// copy, a read across blocks or out of range) takes the ordinary `read` path.
     fn read_chunk(&mut self, reads: &mut [ReadRequest<'_>], outcomes: &mut Vec<Result<()>>) {
@@ -103,7 +109,18 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 }
             }
         }
-        for (r, f) in reads.iter_mut().zip(found) {
+        // Each copy starts at a random page of the medium: a TLB miss and a cache miss before
+        // the hardware prefetcher takes the stream over. Starting the block of the read
+        // `READ_DATA_PREFETCH_AHEAD` places further on overlaps those with the copies between.
+        let found = &found[..reads.len()];
+        let prefetch_data = |at: usize| {
+            if let Some(Some(hit)) = found.get(at) {
+                engine.medium.prefetch(engine.geometry.data_offset(hit.slot), block);
+            }
+        };
+        (0..READ_DATA_PREFETCH_AHEAD).for_each(prefetch_data);
+        for (i, (r, f)) in reads.iter_mut().zip(found).enumerate() {
+            prefetch_data(i + READ_DATA_PREFETCH_AHEAD);
             let hit =
                 f.is_some_and(|hit| self.copy_validated(&hit, (r.offset % block) as usize, r.buf));
             if hit {
@@ -144,8 +161,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     }
 
     /// Commits the group (see the module docs) and empties it. Writes that cannot be
-    /// committed with it (their stripe is busy, their block finds no room in the index, no
-    /// slot could be allocated) run alone afterwards, before any later request.
+    /// committed with it (their block finds no room in the index, no slot could be allocated)
+    /// run alone afterwards, before any later request.
     fn commit_group(
         &mut self,
         group: &mut Vec<GroupWrite>,
@@ -179,10 +196,42 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             engine.index.prefetch(g.lba);
             engine.prefetch_slot(g.slot);
         }
-        // 2. Stripes in ascending order. Only the first is waited for (nothing is held then);
-        // the others are only tried, so a group never waits while holding a stripe — the
-        // engine's deadlock rule. A write whose stripe is busy runs alone.
+        // 2. Data, before any stripe is taken: the slots are this lane's alone and nothing
+        // refers to them yet. One fence makes every block durable — and leaves no write-back
+        // outstanding for the stripes' locked instructions to wait for.
+        for g in group.iter() {
+            engine.medium.write_flush(engine.geometry.data_offset(g.slot), writes[g.request].data);
+        }
+        self.fence();
+        // 3. Entries, in rounds: stripes in ascending order, the first waited for (nothing is
+        // held then), the others only tried, so a group never waits while holding a stripe —
+        // the engine's deadlock rule. A write whose stripe is busy waits for the next round,
+        // which starts with it; every round commits at least its first write.
         group.sort_unstable_by_key(|g| g.stripe);
+        let mut next: Vec<GroupWrite> = Vec::with_capacity(group.len());
+        while !group.is_empty() {
+            self.commit_entries(group, &mut next, &mut alone);
+            std::mem::swap(group, &mut next);
+        }
+        // 4. The rest, alone, in their batch order.
+        alone.sort_unstable();
+        for request in alone {
+            let w = &writes[request];
+            outcomes[request] = self.write(w.offset, w.data, w.fua);
+        }
+    }
+
+    /// One round of a group commit (its data already durable): locks what it can of
+    /// `group`'s stripes (sorted), persists those writes' entries with one fence and switches
+    /// them in; writes whose stripe was busy go to `busy`, writes whose block found no room in
+    /// the index to `alone`. Empties `group`.
+    fn commit_entries(
+        &mut self,
+        group: &mut Vec<GroupWrite>,
+        busy: &mut Vec<GroupWrite>,
+        alone: &mut Vec<usize>,
+    ) {
+        let engine = self.engine;
         let mut guards: Vec<(usize, MutexGuard<'e, u64>)> = Vec::with_capacity(group.len());
         let mut kept = 0;
         for i in 0..group.len() {
@@ -197,8 +246,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 match guard {
                     Some(guard) => guards.push((g.stripe, guard)),
                     None => {
-                        self.give_back(g.slot);
-                        alone.push(g.request);
+                        bump(&self.counters().group_stripe_waits, 1);
+                        busy.push(g);
                         continue;
                     }
                 }
@@ -207,26 +256,20 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             kept += 1;
         }
         group.truncate(kept);
-        // The copies being replaced are known now (the stripes are held): start loading their
-        // slot words and entries too.
-        for g in group.iter_mut() {
-            g.old = engine.index.lookup(g.lba);
-            if let Some(found) = g.old {
-                engine.prefetch_slot(found.slot);
-            }
-        }
-        // 3. Sequence numbers and data; one fence makes every block durable.
+        // Sequence numbers under the stripes; the copies being replaced are known now: start
+        // loading their slot words and entries too.
         let mut guard_at = 0;
         for g in group.iter_mut() {
             while guards[guard_at].0 != g.stripe {
                 guard_at += 1;
             }
             g.seq = self.local_seq(&mut guards[guard_at].1);
-            let at = engine.geometry.data_offset(g.slot);
-            engine.medium.write_flush(at, writes[g.request].data);
+            g.old = engine.index.lookup(g.lba);
+            if let Some(found) = g.old {
+                engine.prefetch_slot(found.slot);
+            }
         }
-        self.fence();
-        // 4. Entries; one fence makes every entry durable. A block new to the cache needs an
+        // Entries; one fence makes every entry durable. A block new to the cache needs an
         // index entry first; if its buckets are full it runs alone (which evicts for room).
         let mut kept = 0;
         for i in 0..group.len() {
@@ -244,10 +287,13 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             kept += 1;
         }
         group.truncate(kept);
+        if group.is_empty() {
+            return;
+        }
         self.fence();
-        // 5. Visible: switch the index, publish, zero the replaced copies' entries — not
-        // fenced: each becomes its stripe's pending free (see `Stripe`); a fence only if one
-        // of those stripes still had an earlier pending free that was not durable.
+        // Visible: switch the index, publish, zero the replaced copies' entries — not fenced:
+        // each becomes its stripe's pending free (see `Stripe`); a fence only if one of those
+        // stripes still had an earlier pending free that was not durable.
         let counters = self.counters();
         let mut must_fence = false;
         for g in group.iter() {
@@ -282,11 +328,5 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         bump(&counters.group_writes, group.len() as u64);
         bump(&counters.bytes_written, group.len() as u64 * block);
         group.clear();
-        // 6. The rest, alone, in their batch order.
-        alone.sort_unstable();
-        for request in alone {
-            let w = &writes[request];
-            outcomes[request] = self.write(w.offset, w.data, w.fua);
-        }
     }
 }
