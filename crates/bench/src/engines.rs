@@ -7,7 +7,8 @@
 //! IOPS and mean latency, and the ratio ours/fio. Each point is the median of `--runs` runs,
 //! ours and fio interleaved, alternating which goes first (the machine is shared and noisy);
 //! the ratio is the median of the per-run ratios, each between two measurements taken back
-//! to back. Output: a table, `--json`, and an SVG plot with paper 004's axes (IOPS vs jobs,
+//! to back, and the table's `runs` column shows the lowest and highest of them (on a shared
+//! VM disk one point's per-run ratio can swing from 0.8 to 1.3 within minutes). Output: a table, `--json`, and an SVG plot with paper 004's axes (IOPS vs jobs,
 //! one line per engine).
 //!
 //! A job is a thread with its own queue of `--qd` requests ([`pmcache_backing::IoQueue`]),
@@ -133,6 +134,8 @@ struct Row {
     fio: Option<Sample>,
     /// Median over runs of ours.iops / fio.iops within the run.
     ratio: Option<f64>,
+    /// Every run's ours.iops / fio.iops, in run order: the spread the median came from.
+    run_ratios: Vec<f64>,
     /// Why ours did not run.
     error: Option<String>,
     /// Why fio did not run or failed.
@@ -430,6 +433,7 @@ fn measure_point(
         ours: None,
         fio: None,
         ratio: None,
+        run_ratios: Vec::new(),
         error: None,
         fio_error: None,
     };
@@ -470,6 +474,7 @@ fn measure_point(
     row.ours = median(ours);
     row.fio = median(theirs);
     if !ratios.is_empty() {
+        row.run_ratios = ratios.clone();
         ratios.sort_by(f64::total_cmp);
         row.ratio = Some(ratios[ratios.len() / 2]);
     }
@@ -668,7 +673,7 @@ fn table_header(m: &Machine, plan: &Plan) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<5} {:<8} {:<9} {:<16} {:>4} {:>3} {:>10} {:>9} {:>9} {:>10} {:>9} {:>6}",
+        "{:<5} {:<8} {:<9} {:<16} {:>4} {:>3} {:>10} {:>9} {:>9} {:>10} {:>9} {:>6} {:>11}",
         "file",
         "mode",
         "rw",
@@ -680,7 +685,8 @@ fn table_header(m: &Machine, plan: &Plan) -> String {
         "p99 µs",
         "fio IOPS",
         "fio µs",
-        "ratio"
+        "ratio",
+        "runs"
     );
     out
 }
@@ -700,10 +706,28 @@ fn table_row(r: &Row) -> String {
         (format!("{:.0}", s.iops), format!("{:.1}", us(s.latency_ns_mean)))
     });
     let ratio = r.ratio.map_or("-".into(), |x| format!("{x:.2}"));
+    let lowest = r.run_ratios.iter().copied().reduce(f64::min);
+    let highest = r.run_ratios.iter().copied().reduce(f64::max);
+    let spread = match (lowest, highest) {
+        (Some(low), Some(high)) => format!("{low:.2}–{high:.2}"),
+        _ => "-".into(),
+    };
     let _ = writeln!(
         out,
-        "{:<5} {:<8} {:<9} {:<16} {:>4} {:>3} {:>10} {:>9} {:>9} {:>10} {:>9} {:>6}",
-        r.file, mode, r.rw, r.engine, r.jobs, r.qd, iops, mean, p99, fio_iops, fio_mean, ratio
+        "{:<5} {:<8} {:<9} {:<16} {:>4} {:>3} {:>10} {:>9} {:>9} {:>10} {:>9} {:>6} {:>11}",
+        r.file,
+        mode,
+        r.rw,
+        r.engine,
+        r.jobs,
+        r.qd,
+        iops,
+        mean,
+        p99,
+        fio_iops,
+        fio_mean,
+        ratio,
+        spread
     );
     if let Some(e) = &r.error {
         let _ = writeln!(out, "      ours: {e}");

@@ -61,8 +61,8 @@ counters! {
     /// Blocks written by group commits (`Lane::write_batch`: writes a frontend had in flight
     /// together, sharing their fences); also counted in `writes`.
     group_writes,
-    /// Group-commit writes that found their stripe held by another lane and committed in a
-    /// later round of their group (a measure of write contention).
+    /// Times a group-commit write found its stripe held by another lane and was put off to a
+    /// later round of its group (a measure of write contention).
     group_stripe_waits,
     /// Blocks trimmed.
     trims,

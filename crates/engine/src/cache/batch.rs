@@ -10,7 +10,7 @@
 //!   (before any stripe is locked), then their metadata entries with one fence, in rounds
 //!   when another lane holds some of their stripes; the entries of the copies they replace are
 //!   zeroed and left to the lane's next fence (their stripes record them: see `Stripe`) —
-//!   two fences for the group instead of two per write. Every
+//!   two fences for the group (one more per extra round) instead of two per write. Every
 //!   write goes through the same persist steps in the same order as alone (docs/DURABILITY.md,
 //!   "Group commit"), so a crash anywhere leaves each write of the group wholly old or wholly
 //!   new, and none of them was acknowledged yet.
@@ -197,8 +197,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             engine.prefetch_slot(g.slot);
         }
         // 2. Data, before any stripe is taken: the slots are this lane's alone and nothing
-        // refers to them yet. One fence makes every block durable — and leaves no write-back
-        // outstanding for the stripes' locked instructions to wait for.
+        // refers to them yet (no index entry, no live entry). One fence makes every block
+        // durable — and leaves no write-back outstanding for the stripes' locked
+        // instructions to wait for.
         for g in group.iter() {
             engine.medium.write_flush(engine.geometry.data_offset(g.slot), writes[g.request].data);
         }
@@ -206,7 +207,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // 3. Entries, in rounds: stripes in ascending order, the first waited for (nothing is
         // held then), the others only tried, so a group never waits while holding a stripe —
         // the engine's deadlock rule. A write whose stripe is busy waits for the next round,
-        // which starts with it; every round commits at least its first write.
+        // which starts with it; every round takes at least its first write out of the group
+        // (committed, or sent to run alone).
         group.sort_unstable_by_key(|g| g.stripe);
         let mut next: Vec<GroupWrite> = Vec::with_capacity(group.len());
         while !group.is_empty() {
