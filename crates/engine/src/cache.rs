@@ -1050,19 +1050,16 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         let slot = self.alloc()?;
         let full = in_block == 0 && payload.len() as u64 == self.block_bytes();
-        // The new and old slots' metadata lines are cache misses at random places: they are
-        // started before the data copy, so that they load while it runs.
+        // The new slot's metadata lines are cache misses at random places: they are started
+        // before the data copy, so that they load while it runs.
         engine.prefetch_slot(slot);
-        // The stripe lock and the sequence number are taken before the data is copied: a
-        // locked instruction waits for every outstanding non-temporal store and write-back,
-        // so this way the only one that waits is the index switch after the entry's fence.
-        let mut guard = engine.lock_stripe(lba);
-        let seq = self.local_seq(&mut guard);
-        let old = engine.index.lookup(lba);
-        if let Some(found) = old {
-            engine.prefetch_slot(found.slot);
-        }
         if full {
+            // A whole block is copied and made durable before the stripe is taken: the slot
+            // is this lane's alone and nothing refers to it, the stripe and index lines load
+            // while it is copied, and the lock's locked instruction then finds no write-back
+            // outstanding to wait for (docs/DURABILITY.md, write-back steps 1–2).
+            engine.prefetch_stripe(lba);
+            engine.index.prefetch(lba);
             match payload {
                 Payload::Data(data) => self.write_data(slot, data),
                 Payload::Zeroes(_) => {
@@ -1072,6 +1069,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                     self.block = zeroes;
                 }
             }
+        }
+        let mut guard = engine.lock_stripe(lba);
+        let seq = self.local_seq(&mut guard);
+        let old = engine.index.lookup(lba);
+        if let Some(found) = old {
+            engine.prefetch_slot(found.slot);
         }
         if !full {
             if let Err(err) = self.load_block(lba, old.as_ref()) {
