@@ -1095,28 +1095,38 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             return Err(err);
         }
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Dirty, seq });
-        let counters = self.counters();
-        match old {
-            Some(found) => {
-                let old_state = engine.slots.load(found.slot).state();
-                engine.index.replace(&found, slot);
-                engine.slots.publish(slot, SlotState::Dirty);
-                if self.free_superseded(lba, found.slot) {
-                    self.fence();
-                }
-                self.keep_free(found.slot);
-                if old_state != SlotState::Dirty {
-                    bump(&counters.dirty_delta, 1);
-                }
-                bump(&counters.write_hits, 1);
-            }
-            None => {
-                engine.slots.publish(slot, SlotState::Dirty);
-                bump(&counters.dirty_delta, 1);
-            }
+        if self.switch_in_dirty(lba, slot, old) {
+            self.fence();
+        }
+        if let Some(found) = old {
+            self.keep_free(found.slot);
         }
         drop(guard);
         Ok(())
+    }
+
+    /// Makes the dirty copy of `lba` in `slot` (its entry durable) the visible one: switches
+    /// the index from `old` to `slot` (a block new to the cache has its index entry already),
+    /// publishes `slot`, and frees `old` as superseded. Shared by single and group writes. The caller holds the stripe, fences before releasing it if this returns
+    /// true (see `free_superseded`), and hands `old`'s slot to `keep_free`.
+    #[must_use = "a true result asks for a fence before the stripe is released"]
+    fn switch_in_dirty(&mut self, lba: u64, slot: u32, old: Option<Found>) -> bool {
+        let engine = self.engine;
+        let counters = self.counters();
+        let Some(found) = old else {
+            engine.slots.publish(slot, SlotState::Dirty);
+            bump(&counters.dirty_delta, 1);
+            return false;
+        };
+        let old_state = engine.slots.load(found.slot).state();
+        engine.index.replace(&found, slot);
+        engine.slots.publish(slot, SlotState::Dirty);
+        let must_fence = self.free_superseded(lba, found.slot);
+        if old_state != SlotState::Dirty {
+            bump(&counters.dirty_delta, 1);
+        }
+        bump(&counters.write_hits, 1);
+        must_fence
     }
 
     /// Write-through, write-around and pass-through: the backing store is written under the

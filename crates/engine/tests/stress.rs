@@ -33,6 +33,20 @@ fn config(mode: CacheMode, lanes: usize) -> Config {
     }
 }
 
+type ShmEngine = Engine<PmemFile, PsyncFile, MonotonicClock>;
+
+/// Attaches the cache in `dir` again after a process crash (the engine was dropped without
+/// shutdown): recovery must see an unclean shutdown and no torn or corrupt entry.
+fn reattach_after_crash(dir: &Path, mode: CacheMode, lanes: usize) -> ShmEngine {
+    let medium = PmemFile::open(&dir.join("pm"), None).unwrap();
+    let backing = PsyncFile::open(&dir.join("backing")).unwrap();
+    let (engine, report) =
+        Engine::open(medium, backing, MonotonicClock::default(), &config(mode, lanes)).unwrap();
+    assert!(!report.was_clean_shutdown, "{report:?}");
+    assert_eq!((report.torn, report.corrupt), (0, 0), "{report:?}");
+    engine
+}
+
 /// Each thread owns `BLOCKS_PER_THREAD` blocks and checks every read against its own model.
 #[test]
 fn threads_with_their_own_blocks_match_their_models_in_every_mode() {
@@ -108,14 +122,8 @@ fn threads_with_their_own_blocks_match_their_models_in_every_mode() {
             assert!(stats.writebacks > 0, "{mode}: no write-backs: {stats:?}");
         }
         engine.lane().unwrap().drain().unwrap();
-        // A process crash: drop without shutdown, attach again from the same files.
         drop(engine);
-        let medium = PmemFile::open(&dir.path().join("pm"), None).unwrap();
-        let backing = PsyncFile::open(&dir.path().join("backing")).unwrap();
-        let (engine, report) =
-            Engine::open(medium, backing, MonotonicClock::default(), &config(mode, 8)).unwrap();
-        assert!(!report.was_clean_shutdown);
-        assert_eq!((report.torn, report.corrupt), (0, 0), "{report:?}");
+        let engine = reattach_after_crash(dir.path(), mode, 8);
         let mut lane = engine.lane().unwrap();
         for (t, model) in models.iter().enumerate() {
             for (b, expected) in model.iter().enumerate() {
@@ -269,7 +277,7 @@ fn batches_over_the_same_blocks_commit_in_rounds() {
     let stats = engine.stats();
     assert!(stats.group_stripe_waits > 0, "no write waited for a stripe: {stats:?}");
     assert_eq!(stats.group_writes, (batches_done[0] + batches_done[1]) * BLOCKS, "{stats:?}");
-    let check = |engine: &Engine<PmemFile, PsyncFile, MonotonicClock>, when: &str| {
+    let check = |engine: &ShmEngine, when: &str| {
         let mut lane = engine.lane().unwrap();
         for lba in 0..BLOCKS {
             let mut buf = vec![0u8; BLOCK as usize];
@@ -280,10 +288,5 @@ fn batches_over_the_same_blocks_commit_in_rounds() {
     };
     check(&engine, "live");
     drop(engine);
-    let medium = PmemFile::open(&dir.path().join("pm"), None).unwrap();
-    let backing = PsyncFile::open(&dir.path().join("backing")).unwrap();
-    let (engine, report) =
-        Engine::open(medium, backing, MonotonicClock::default(), &config(mode, 4)).unwrap();
-    assert_eq!((report.torn, report.corrupt), (0, 0), "{report:?}");
-    check(&engine, "after reattach");
+    check(&reattach_after_crash(dir.path(), mode, 4), "after reattach");
 }

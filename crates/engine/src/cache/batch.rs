@@ -27,7 +27,6 @@ use crate::clock::Clock;
 use crate::error::Result;
 use crate::format::{BlockState, SlotEntry};
 use crate::index::Found;
-use crate::slots::SlotState;
 use crate::stats::bump;
 use crate::sync::MutexGuard;
 
@@ -296,25 +295,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // Visible: switch the index, publish, zero the replaced copies' entries — not fenced:
         // each becomes its stripe's pending free (see `Stripe`); a fence only if one of those
         // stripes still had an earlier pending free that was not durable.
-        let counters = self.counters();
         let mut must_fence = false;
         for g in group.iter() {
-            match g.old {
-                Some(found) => {
-                    let old_state = engine.slots.load(found.slot).state();
-                    engine.index.replace(&found, g.slot);
-                    engine.slots.publish(g.slot, SlotState::Dirty);
-                    must_fence |= self.free_superseded(g.lba, found.slot);
-                    if old_state != SlotState::Dirty {
-                        bump(&counters.dirty_delta, 1);
-                    }
-                    bump(&counters.write_hits, 1);
-                }
-                None => {
-                    engine.slots.publish(g.slot, SlotState::Dirty);
-                    bump(&counters.dirty_delta, 1);
-                }
-            }
+            must_fence |= self.switch_in_dirty(g.lba, g.slot, g.old);
         }
         if must_fence {
             self.fence();
@@ -326,6 +309,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
         }
         let block = self.block_bytes();
+        let counters = self.counters();
         bump(&counters.writes, group.len() as u64);
         bump(&counters.group_writes, group.len() as u64);
         bump(&counters.bytes_written, group.len() as u64 * block);
