@@ -323,6 +323,13 @@ impl IoQueue for LibaioQueue {
         };
         if let Some(slot) = self.slots.admit(req, check) {
             self.issue(slot);
+            // Into the kernel at once, as fio submits with its default `iodepth_batch_submit=1`:
+            // a request held back while the caller prepares the rest of its batch is device
+            // queue depth lost (the disk at 1 job, QD32 measured 0.81-0.89x fio batching its
+            // refills, 0.97-1.10x submitting each). A file the kernel cannot queue to (tmpfs,
+            // buffered) runs the transfer inside `io_submit` either way. A refusal (EAGAIN)
+            // leaves the iocb for the next `submit` or `reap`.
+            self.submit_pending();
         }
         Ok(())
     }

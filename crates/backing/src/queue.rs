@@ -98,8 +98,10 @@ pub trait IoQueue: Send {
     fn depth(&self) -> usize;
     /// Requests pushed and not yet reaped.
     fn in_flight(&self) -> usize;
-    /// Queues a request for the next [`IoQueue::submit`]. Hands the request back when the
-    /// queue already holds [`IoQueue::depth`] requests (reap first).
+    /// Queues a request for the next [`IoQueue::submit`] — or passes it to the kernel at once,
+    /// where the engine measured that to keep the device busier (io_uring and libaio on files
+    /// the device completes by interrupt). Hands the request back when the queue already holds
+    /// [`IoQueue::depth`] requests (reap first).
     fn push(&mut self, req: IoRequest) -> std::result::Result<(), IoRequest>;
     /// Passes every pushed request to the kernel; returns how many were passed.
     fn submit(&mut self) -> Result<usize>;
