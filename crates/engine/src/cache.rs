@@ -1050,25 +1050,30 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         let slot = self.alloc()?;
         let full = in_block == 0 && payload.len() as u64 == self.block_bytes();
-        // The new slot's metadata lines are cache misses at random places: they are started
-        // before the data copy, so that they load while it runs.
-        engine.prefetch_slot(slot);
-        if full {
-            // A whole block is copied and made durable before the stripe is taken: the slot
-            // is this lane's alone and nothing refers to it, the stripe and index lines load
-            // while it is copied, and the lock's locked instruction then finds no write-back
-            // outstanding to wait for (docs/DURABILITY.md, write-back steps 1–2).
+        // The metadata lines this write touches are cache misses at random places.
+        let prefetch_metadata = || {
+            engine.prefetch_slot(slot);
             engine.prefetch_stripe(lba);
             engine.index.prefetch(lba);
+        };
+        if full {
+            // A whole block is copied and made durable before the stripe is taken: the slot
+            // is this lane's alone and nothing refers to it, and the lock's locked instruction
+            // then finds no write-back outstanding to wait for (docs/DURABILITY.md, write-back
+            // steps 1–2). The metadata lines load while the fence waits for the copy's stores
+            // (started before the copy, they slowed it).
+            let at = engine.geometry.data_offset(slot);
             match payload {
-                Payload::Data(data) => self.write_data(slot, data),
+                Payload::Data(data) => engine.medium.write_flush(at, data),
                 Payload::Zeroes(_) => {
                     self.block.fill(0);
-                    let zeroes = std::mem::take(&mut self.block);
-                    self.write_data(slot, &zeroes);
-                    self.block = zeroes;
+                    engine.medium.write_flush(at, &self.block);
                 }
             }
+            prefetch_metadata();
+            self.fence();
+        } else {
+            prefetch_metadata();
         }
         let mut guard = engine.lock_stripe(lba);
         let seq = self.local_seq(&mut guard);

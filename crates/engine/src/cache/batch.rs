@@ -69,6 +69,8 @@ pub(crate) struct GroupWrite {
     seq: u64,
     /// The copy it replaces (looked up once the stripe is held).
     old: Option<Found>,
+    /// Where its stripe's guard is in the round's guards.
+    guard: usize,
 }
 
 impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
@@ -151,7 +153,15 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
             if joins {
                 let stripe = self.engine.stripe_index(lba);
-                group.push(GroupWrite { request: i, lba, stripe, slot: 0, seq: 0, old: None });
+                group.push(GroupWrite {
+                    request: i,
+                    lba,
+                    stripe,
+                    slot: 0,
+                    seq: 0,
+                    old: None,
+                    guard: 0,
+                });
             } else {
                 outcomes[i] = self.write(w.offset, w.data, w.fua);
             }
@@ -188,13 +198,6 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             // The writes that got no slot run alone (and report the error if it persists).
             alone.extend(group.drain(allocated..).map(|g| g.request));
         }
-        // Every metadata line the group will touch is a cache miss at a random place: start
-        // them all now, so that they overlap each other and the data copies.
-        for g in group.iter() {
-            engine.prefetch_stripe(g.lba);
-            engine.index.prefetch(g.lba);
-            engine.prefetch_slot(g.slot);
-        }
         // 2. Data, before any stripe is taken: the slots are this lane's alone and nothing
         // refers to them yet (no index entry, no live entry). One fence makes every block
         // durable — and leaves no write-back outstanding for the stripes' locked
@@ -202,14 +205,20 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         for g in group.iter() {
             engine.medium.write_flush(engine.geometry.data_offset(g.slot), writes[g.request].data);
         }
+        // Every metadata line the group will touch is a cache miss at a random place: start
+        // them all while the fence waits for the data's stores to drain (loads pass it).
+        for g in group.iter() {
+            engine.prefetch_stripe(g.lba);
+            engine.index.prefetch(g.lba);
+            engine.prefetch_slot(g.slot);
+        }
         self.fence();
-        // 3. Entries, in rounds: stripes in ascending order, the first waited for (nothing is
-        // held then), the others only tried, so a group never waits while holding a stripe —
-        // the engine's deadlock rule. A write whose stripe is busy waits for the next round,
-        // which starts with it; every round takes at least its first write out of the group
-        // (committed, or sent to run alone).
-        group.sort_unstable_by_key(|g| g.stripe);
-        let mut next: Vec<GroupWrite> = Vec::with_capacity(group.len());
+        // 3. Entries, in rounds: the first stripe waited for (nothing is held then), the
+        // others only tried, so a group never waits while holding a stripe — the engine's
+        // deadlock rule. A write whose stripe is busy waits for the next round, which starts
+        // with it; every round takes at least its first write out of the group (committed, or
+        // sent to run alone).
+        let mut next: Vec<GroupWrite> = Vec::new();
         while !group.is_empty() {
             self.commit_entries(group, &mut next, &mut alone);
             std::mem::swap(group, &mut next);
@@ -223,7 +232,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     }
 
     /// One round of a group commit (its data already durable): locks what it can of
-    /// `group`'s stripes (sorted), persists those writes' entries with one fence and switches
+    /// `group`'s stripes, persists those writes' entries with one fence and switches
     /// them in; writes whose stripe was busy go to `busy`, writes whose block found no room in
     /// the index to `alone`. Empties `group`.
     fn commit_entries(
@@ -236,35 +245,33 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let mut guards: Vec<(usize, MutexGuard<'e, u64>)> = Vec::with_capacity(group.len());
         let mut kept = 0;
         for i in 0..group.len() {
-            let g = group[i];
-            let held = guards.last().is_some_and(|(stripe, _)| *stripe == g.stripe);
-            if !held {
-                let guard = if guards.is_empty() {
-                    Some(engine.lock_stripe(g.lba))
-                } else {
-                    engine.stripes[g.stripe].lock.try_lock().ok()
-                };
-                match guard {
-                    Some(guard) => guards.push((g.stripe, guard)),
-                    None => {
+            let mut g = group[i];
+            let held = guards.iter().position(|(stripe, _)| *stripe == g.stripe);
+            g.guard = match held {
+                Some(at) => at,
+                None => {
+                    let guard = if guards.is_empty() {
+                        Some(engine.lock_stripe(g.lba))
+                    } else {
+                        engine.stripes[g.stripe].lock.try_lock().ok()
+                    };
+                    let Some(guard) = guard else {
                         bump(&self.counters().group_stripe_waits, 1);
                         busy.push(g);
                         continue;
-                    }
+                    };
+                    guards.push((g.stripe, guard));
+                    guards.len() - 1
                 }
-            }
+            };
             group[kept] = g;
             kept += 1;
         }
         group.truncate(kept);
         // Sequence numbers under the stripes; the copies being replaced are known now: start
         // loading their slot words and entries too.
-        let mut guard_at = 0;
         for g in group.iter_mut() {
-            while guards[guard_at].0 != g.stripe {
-                guard_at += 1;
-            }
-            g.seq = self.local_seq(&mut guards[guard_at].1);
+            g.seq = self.local_seq(&mut guards[g.guard].1);
             g.old = engine.index.lookup(g.lba);
             if let Some(found) = g.old {
                 engine.prefetch_slot(found.slot);
