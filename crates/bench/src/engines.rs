@@ -8,8 +8,8 @@
 //! ours and fio interleaved, alternating which goes first (the machine is shared and noisy);
 //! the ratio is the median of the per-run ratios, each between two measurements taken back
 //! to back, and the table's `runs` column shows the lowest and highest of them (on a shared
-//! VM disk one point's per-run ratio can swing from 0.8 to 1.3 within minutes). Output: a table, `--json`, and an SVG plot with paper 004's axes (IOPS vs jobs,
-//! one line per engine).
+//! VM disk one point's per-run ratio can swing from 0.8 to 1.3 within minutes). Output: a
+//! table, `--json`, and an SVG plot with paper 004's axes (IOPS vs jobs, one line per engine).
 //!
 //! A job is a thread with its own queue of `--qd` requests ([`pmcache_backing::IoQueue`]),
 //! as a fio job with `thread=1` and `iodepth` is. Synchronous engines (psync, pvsync2) run at

@@ -1050,18 +1050,13 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         let slot = self.alloc()?;
         let full = in_block == 0 && payload.len() as u64 == self.block_bytes();
-        // The metadata lines this write touches are cache misses at random places.
-        let prefetch_metadata = || {
-            engine.prefetch_slot(slot);
-            engine.prefetch_stripe(lba);
-            engine.index.prefetch(lba);
-        };
+        // A whole block is copied and made durable before the stripe is taken: the slot is
+        // this lane's alone and nothing refers to it, and the lock's locked instruction then
+        // finds no write-back outstanding to wait for (docs/DURABILITY.md, write-back steps
+        // 1–2). The metadata lines this write touches are cache misses at random places: they
+        // load while the fence waits for the copy's stores (started before the copy, they
+        // slowed it).
         if full {
-            // A whole block is copied and made durable before the stripe is taken: the slot
-            // is this lane's alone and nothing refers to it, and the lock's locked instruction
-            // then finds no write-back outstanding to wait for (docs/DURABILITY.md, write-back
-            // steps 1–2). The metadata lines load while the fence waits for the copy's stores
-            // (started before the copy, they slowed it).
             let at = engine.geometry.data_offset(slot);
             match payload {
                 Payload::Data(data) => engine.medium.write_flush(at, data),
@@ -1070,10 +1065,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                     engine.medium.write_flush(at, &self.block);
                 }
             }
-            prefetch_metadata();
+        }
+        engine.prefetch_slot(slot);
+        engine.prefetch_stripe(lba);
+        engine.index.prefetch(lba);
+        if full {
             self.fence();
-        } else {
-            prefetch_metadata();
         }
         let mut guard = engine.lock_stripe(lba);
         let seq = self.local_seq(&mut guard);
@@ -1112,8 +1109,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     /// Makes the dirty copy of `lba` in `slot` (its entry durable) the visible one: switches
     /// the index from `old` to `slot` (a block new to the cache has its index entry already),
-    /// publishes `slot`, and frees `old` as superseded. Shared by single and group writes. The caller holds the stripe, fences before releasing it if this returns
-    /// true (see `free_superseded`), and hands `old`'s slot to `keep_free`.
+    /// publishes `slot`, and frees `old` as superseded. Shared by single and group writes.
+    /// The caller holds the stripe, fences before releasing it if this returns true (see
+    /// `free_superseded`), and hands `old`'s slot to `keep_free`.
     #[must_use = "a true result asks for a fence before the stripe is released"]
     fn switch_in_dirty(&mut self, lba: u64, slot: u32, old: Option<Found>) -> bool {
         let engine = self.engine;
