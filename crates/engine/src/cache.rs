@@ -3,8 +3,8 @@
 //! and counters. All data paths are methods of `Lane`.
 //!
 //! Concurrency protocol (docs/ARCHITECTURE.md has the long form):
-//! - Read hits take no lock: index lookup, slot word, copy, slot word again (a seqlock on the
-//!   slot's generation).
+//! - Read hits take no lock: index lookup, copy, index entry again (it carries the slot's
+//!   generation: a seqlock on the mapping, with no other DRAM line read).
 //! - Every change to which slot holds block `b`, and every state change of that slot, happens
 //!   under `b`'s stripe lock. Slot allocation never holds a stripe lock (it may evict and write
 //!   back other blocks), so the data paths allocate first and lock second.
@@ -707,8 +707,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 let slot = ((start + i) % slot_count) as u32;
                 let word = engine.slots.load(slot);
                 match word.state() {
-                    SlotState::Clean => match engine.eviction.sweep(word.referenced()) {
-                        Sweep::SecondChance => engine.slots.clear_reference(slot, word),
+                    SlotState::Clean => match engine.eviction.sweep(self.referenced(slot)) {
+                        Sweep::SecondChance => {}
                         Sweep::Evict => {
                             if evicted < want && self.try_evict(slot, word, None) {
                                 evicted += 1;
@@ -755,6 +755,27 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         self.scratch_slots = dirty;
         result.map(|_| ())
+    }
+
+    /// CLOCK's second chance, for the hand passing a clean `slot`: whether its block's index
+    /// entry has the reference bit set — in which case the bit is cleared. Lock-free; the
+    /// entry is found through the slot's metadata entry, and a slot that changes meanwhile
+    /// reads as unreferenced (`try_evict` checks it again under its stripe).
+    fn referenced(&self, slot: u32) -> bool {
+        let engine = self.engine;
+        if !engine.eviction.marks_hits() {
+            return false;
+        }
+        let DecodedEntry::Valid(entry) = engine.read_entry(slot) else {
+            return false;
+        };
+        match engine.index.lookup(entry.lba) {
+            Some(found) if found.slot == slot && found.referenced => {
+                engine.index.clear_reference(&found);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Evicts a clean slot if its stripe can be taken without waiting and it is unchanged.
@@ -891,7 +912,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// The lock-free hit path. Returns false on a miss or after repeated interference.
     fn read_hit(&mut self, lba: u64, in_block: usize, out: &mut [u8]) -> bool {
         for _ in 0..READ_ATTEMPTS {
-            let Some(found) = self.engine.index.lookup(lba) else {
+            // Absent, or hidden (being filled under its stripe): the locked path.
+            let Some(found) = self.engine.index.lookup(lba).filter(|f| !f.hidden) else {
                 return false;
             };
             if self.copy_validated(&found, in_block, out) {
@@ -901,23 +923,22 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         false
     }
 
-    /// Copies out of the slot `found` (an index lookup) and validates the copy; counts a hit,
-    /// or a retry if the copy must be discarded.
+    /// Copies out of the slot `found` (a visible index entry) and validates the copy; counts a
+    /// hit, or a retry if the copy must be discarded.
     #[inline]
     fn copy_validated(&mut self, found: &Found, in_block: usize, out: &mut [u8]) -> bool {
         let engine = self.engine;
-        // The slot word and the data are loaded together (neither waits for the other);
-        // everything is validated after the copy: the slot kept one incarnation across the
-        // copy, and at a point inside that window the index still mapped the block to it — so
-        // the copy is the block's data. A failed validation discards the copy.
-        let seen = engine.slots.load(found.slot);
+        assert!(!found.hidden, "lock-free copy from a hidden index entry");
+        // The copy is validated after it is made: the block's index entry still holds the same
+        // slot *and the same slot generation*. A slot's data never changes while an entry
+        // points at it with its current generation (writes go out of place; a slot is freed —
+        // a new generation — before it is reused), so the copy is the block's data at a point
+        // inside the copy. A failed validation discards the copy. No other DRAM line is read.
         engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
         fence(Ordering::Acquire);
-        let still_mapped = engine.index.still_holds(found);
-        let after = engine.slots.load(found.slot);
-        if seen.is_valid() && still_mapped && after.same_incarnation(seen) {
+        if engine.index.still_holds(found) {
             if engine.eviction.marks_hits() {
-                engine.slots.touch(found.slot, after);
+                engine.index.touch(found);
             }
             bump(&self.counters().read_hits, 1);
             return true;
@@ -976,6 +997,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let data = std::mem::take(&mut self.block);
         self.write_data(slot, &data);
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
+        engine.index.reveal(lba, engine.slots.generation(slot));
         engine.slots.publish(slot, SlotState::Clean);
         out.copy_from_slice(&data[in_block..in_block + out.len()]);
         self.block = data;
@@ -1116,13 +1138,15 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     fn switch_in_dirty(&mut self, lba: u64, slot: u32, old: Option<Found>) -> bool {
         let engine = self.engine;
         let counters = self.counters();
+        let generation = engine.slots.generation(slot);
         let Some(found) = old else {
+            engine.index.reveal(lba, generation);
             engine.slots.publish(slot, SlotState::Dirty);
             bump(&counters.dirty_delta, 1);
             return false;
         };
         let old_state = engine.slots.load(found.slot).state();
-        engine.index.replace(&found, slot);
+        engine.index.replace(&found, slot, generation);
         engine.slots.publish(slot, SlotState::Dirty);
         let must_fence = self.free_superseded(lba, found.slot);
         if old_state != SlotState::Dirty {
@@ -1200,12 +1224,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 self.write_data(slot, &data);
                 self.block = data;
                 self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
+                let generation = engine.slots.generation(slot);
                 if let Some(found) = dirty_old {
-                    engine.index.replace(&found, slot);
+                    engine.index.replace(&found, slot, generation);
                     engine.slots.publish(slot, SlotState::Clean);
                     self.free_slot(lba, found.slot);
                     bump(&counters.dirty_delta, 1u64.wrapping_neg());
                 } else {
+                    engine.index.reveal(lba, generation);
                     engine.slots.publish(slot, SlotState::Clean);
                 }
             }

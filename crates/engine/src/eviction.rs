@@ -3,8 +3,8 @@
 //! The engine owns the mechanism — one shared hand (an atomic counter each lane claims slots
 //! from, 32 at a time; no list and no list lock), the stripe locks, the metadata updates — and
 //! asks the policy two questions: what a hit does to a slot, and what the hand does with a
-//! clean slot it passes. Policies are stateless apart from the slot's reference bit, so they
-//! cost no DRAM per slot.
+//! clean slot it passes. Policies are stateless apart from the reference bit in each block's
+//! index entry, so they cost no DRAM per slot.
 
 /// What the hand does with a clean slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,7 +19,7 @@ pub enum Sweep {
 pub trait EvictionPolicy: Send + Sync + std::fmt::Debug {
     /// Policy name, as `--eviction` takes it.
     fn name(&self) -> &'static str;
-    /// Whether a read hit sets the slot's reference bit.
+    /// Whether a read hit sets the reference bit of its block's index entry.
     fn marks_hits(&self) -> bool;
     /// What the hand does with a clean slot whose reference bit is `referenced`.
     fn sweep(&self, referenced: bool) -> Sweep;

@@ -10,9 +10,23 @@
 //! overflow negligible at the 75 % load the table is sized for; when all three are full the
 //! caller evicts one of their blocks.
 //!
+//! An entry also carries what a lock-free reader needs, so that a read hit touches no other
+//! DRAM line: the low bits of the slot's generation (an entry that comes back with the same
+//! slot after the slot was recycled differs in them), a *hidden* flag (inserted, but the slot's
+//! data and metadata entry are not durable yet: readers take the locked path) and the CLOCK
+//! reference bit (set by readers, cleared by the sweeping hand; not part of the entry's
+//! identity). From the least significant bit:
+//!
+//! ```text
+//! | slot: slot_bits | ref: 1 | hidden: 1 | generation: generation_bits | choice: 2 | tag |
+//! ```
+//!
+//! `slot_bits` holds the slot count, the tag's width follows from the bucket count (a 40-bit
+//! `h` divided by it), and the generation takes the rest: at least [`GENERATION_BITS_MIN`].
+//!
 //! Entries never move: an insert fills an empty entry, an overwrite replaces the slot in place
-//! with one compare-and-swap, a removal empties it. A reader therefore never misses a block
-//! that is present for the whole duration of its lookup.
+//! with one store, a removal empties it. A reader therefore never misses a block that is
+//! present for the whole duration of its lookup.
 
 use strength_reduce::StrengthReducedU64;
 
@@ -22,16 +36,25 @@ use crate::sync::{AtomicU64, Ordering, Table, zeroed_table};
 const WAYS: usize = 8;
 /// An empty entry. Real entries never are zero: their choice field is 1..=3.
 const EMPTY: u64 = 0;
-const LBA_MASK: u64 = (1 << 40) - 1;
+const LBA_BITS: u32 = 40;
+const LBA_MASK: u64 = (1 << LBA_BITS) - 1;
 /// Fraction of index entries in use when the cache is full.
 const LOAD_FACTOR: f64 = 0.75;
 const MIN_BUCKETS: u64 = 1024;
 const CHOICES: usize = 3;
+/// The fewest slot-generation bits an entry keeps, whatever the geometry (it keeps 17 or 18).
+/// A reader's copy is wrongly accepted only if its slot was recycled a multiple of
+/// 2^generation_bits times during the copy, back to the same block.
+pub(crate) const GENERATION_BITS_MIN: u32 = 16;
 
-/// Where a block's entry was found.
+/// Where a block's entry was found, and what it held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Found {
     pub(crate) slot: u32,
+    /// Inserted, not yet revealed: the slot's data or entry may not be durable.
+    pub(crate) hidden: bool,
+    /// The CLOCK reference bit.
+    pub(crate) referenced: bool,
     bucket: usize,
     way: usize,
     value: u64,
@@ -48,13 +71,61 @@ struct Key {
     tag: u64,
 }
 
-impl Key {
-    fn entry(&self, choice: usize, slot: u32) -> u64 {
-        (self.tag << 34) | (choice as u64 + 1) << 32 | u64::from(slot)
+/// The bit layout of an entry (see the module docs).
+#[derive(Clone, Copy)]
+struct Layout {
+    slot_bits: u32,
+    generation_bits: u32,
+}
+
+impl Layout {
+    fn new(slot_count: u32, bucket_count: u64) -> Self {
+        let bits = |max: u64| u64::BITS - max.leading_zeros();
+        // Every slot number fits, with room to spare: `slot_count` itself fits.
+        let slot_bits = bits(u64::from(slot_count)).max(1);
+        let tag_bits = bits(LBA_MASK / bucket_count);
+        let generation_bits = u64::BITS - tag_bits - 2 - 2 - slot_bits;
+        assert!(
+            generation_bits >= GENERATION_BITS_MIN,
+            "index entry has {generation_bits} generation bits for {slot_count} slots"
+        );
+        Self { slot_bits, generation_bits }
     }
-    fn matches(&self, choice: usize, value: u64) -> bool {
-        value >> 32 == (self.tag << 2 | (choice as u64 + 1))
+    fn ref_bit(self) -> u64 {
+        1 << self.slot_bits
     }
+    fn hidden_bit(self) -> u64 {
+        1 << (self.slot_bits + 1)
+    }
+    fn generation_shift(self) -> u32 {
+        self.slot_bits + 2
+    }
+    fn identity_shift(self) -> u32 {
+        self.generation_shift() + self.generation_bits
+    }
+    fn entry(self, key: &Key, choice: usize, slot: u32, generation: u32, hidden: bool) -> u64 {
+        let generation = u64::from(generation) & ((1 << self.generation_bits) - 1);
+        (key.tag << 2 | (choice as u64 + 1)) << self.identity_shift()
+            | generation << self.generation_shift()
+            | if hidden { self.hidden_bit() } else { 0 }
+            | u64::from(slot)
+    }
+    fn matches(self, key: &Key, choice: usize, value: u64) -> bool {
+        value >> self.identity_shift() == (key.tag << 2 | (choice as u64 + 1))
+    }
+    fn slot(self, value: u64) -> u32 {
+        (value & ((1 << self.slot_bits) - 1)) as u32
+    }
+    /// The entry without its reference bit: what identifies one incarnation of the mapping.
+    fn identity(self, value: u64) -> u64 {
+        value & !self.ref_bit()
+    }
+}
+
+/// Buckets for `slot_count` slots: a full cache fills [`LOAD_FACTOR`] of the entries.
+fn bucket_count(slot_count: u32) -> u64 {
+    let wanted = (f64::from(slot_count) / (WAYS as f64 * LOAD_FACTOR)).ceil() as u64;
+    wanted.max(MIN_BUCKETS)
 }
 
 /// A bijection on 40-bit integers that spreads consecutive block numbers.
@@ -74,23 +145,30 @@ pub(crate) struct Index {
     /// The bucket count and the bucket count less one, as fast divisors.
     bucket_count: StrengthReducedU64,
     bucket_count_less_one: StrengthReducedU64,
+    layout: Layout,
 }
 
 impl Index {
     /// An empty index for `slot_count` slots.
     pub(crate) fn new(slot_count: u32) -> Result<Self> {
-        let wanted = (f64::from(slot_count) / (WAYS as f64 * LOAD_FACTOR)).ceil() as u64;
-        let count = wanted.max(MIN_BUCKETS) as usize;
+        let count = bucket_count(slot_count);
         Ok(Self {
-            words: zeroed_table(count * WAYS)?,
-            bucket_count: StrengthReducedU64::new(count as u64),
-            bucket_count_less_one: StrengthReducedU64::new(count as u64 - 1),
+            words: zeroed_table(count as usize * WAYS)?,
+            bucket_count: StrengthReducedU64::new(count),
+            bucket_count_less_one: StrengthReducedU64::new(count - 1),
+            layout: Layout::new(slot_count, count),
         })
     }
 
     /// DRAM bytes used.
     pub(crate) fn bytes(&self) -> usize {
         self.words.len() * std::mem::size_of::<AtomicU64>()
+    }
+
+    /// Slot-generation bits each entry keeps.
+    #[cfg(all(test, not(feature = "shuttle")))]
+    pub(crate) fn generation_bits(&self) -> u32 {
+        self.layout.generation_bits
     }
 
     fn bucket(&self, bucket: usize) -> &[AtomicU64; WAYS] {
@@ -103,8 +181,6 @@ impl Index {
         let n = (self.words.len() / WAYS) as u64;
         let h = mix40(lba);
         let (tag, b1) = StrengthReducedU64::div_rem(h, self.bucket_count);
-        // tag < 2^40 / 1024 = 2^30: with 2 choice bits (1..=3, never 0) and 32 slot bits it
-        // fills 64 bits and never equals EMPTY.
         let step = 1 + tag % self.bucket_count_less_one;
         // b1 < n and step < n: reduce by subtraction, not division.
         let wrap = |x: u64| if x >= n { x - n } else { x };
@@ -127,10 +203,11 @@ impl Index {
         }
     }
 
-    /// Finds the slot holding `lba`, without locks.
+    /// Finds the entry of `lba`, without locks. It may be hidden (see [`Found::hidden`]).
     #[inline]
     pub(crate) fn lookup(&self, lba: u64) -> Option<Found> {
         let key = self.key(lba);
+        let layout = self.layout;
         // Touch every candidate bucket before scanning any, so their cache misses overlap
         // instead of queueing behind one another.
         let heads = key.buckets.map(|b| self.bucket(b)[0].load(Ordering::Relaxed));
@@ -138,21 +215,31 @@ impl Index {
         for (choice, &bucket) in key.buckets.iter().enumerate() {
             for (way, entry) in self.bucket(bucket).iter().enumerate() {
                 let value = entry.load(Ordering::Acquire);
-                if key.matches(choice, value) {
-                    return Some(Found { slot: value as u32, bucket, way, value });
+                if layout.matches(&key, choice, value) {
+                    return Some(Found {
+                        slot: layout.slot(value),
+                        hidden: value & layout.hidden_bit() != 0,
+                        referenced: value & layout.ref_bit() != 0,
+                        bucket,
+                        way,
+                        value,
+                    });
                 }
             }
         }
         None
     }
 
-    /// Whether the entry found earlier is still in place, unchanged.
+    /// Whether the entry found earlier is still in place: the same slot, the same slot
+    /// generation (its reference bit may have changed).
     #[inline]
     pub(crate) fn still_holds(&self, found: &Found) -> bool {
-        self.bucket(found.bucket)[found.way].load(Ordering::Acquire) == found.value
+        let now = self.bucket(found.bucket)[found.way].load(Ordering::Acquire);
+        self.layout.identity(now) == self.layout.identity(found.value)
     }
 
-    /// Adds `lba -> slot`. The caller holds `lba`'s stripe lock and `lba` is not present.
+    /// Adds `lba -> slot`, hidden from lock-free readers until [`Index::reveal`]. The caller
+    /// holds `lba`'s stripe lock and `lba` is not present.
     pub(crate) fn insert(&self, lba: u64, slot: u32) -> std::result::Result<(), IndexFull> {
         let key = self.key(lba);
         loop {
@@ -166,7 +253,7 @@ impl Index {
                     .flat_map(|&b| self.bucket(b).iter())
                     .map(|e| e.load(Ordering::Acquire))
                     .filter(|&v| v != EMPTY)
-                    .map(|v| v as u32)
+                    .map(|v| self.layout.slot(v))
                     .collect();
                 return Err(IndexFull { occupants });
             }
@@ -175,7 +262,7 @@ impl Index {
                 if entry
                     .compare_exchange(
                         EMPTY,
-                        key.entry(choice, slot),
+                        self.layout.entry(&key, choice, slot, 0, true),
                         Ordering::AcqRel,
                         Ordering::Relaxed,
                     )
@@ -188,12 +275,33 @@ impl Index {
         }
     }
 
-    /// Replaces the slot of a present entry in one atomic store. The caller holds the block's
-    /// stripe lock, and only holders of that lock write an entry holding the block, so no
-    /// compare-and-swap (a locked instruction, which would wait for outstanding persists) is
-    /// needed; inserts of other blocks only ever claim *empty* entries.
-    pub(crate) fn replace(&self, found: &Found, new_slot: u32) {
-        self.store_over(found, (found.value & !0xffff_ffff) | u64::from(new_slot));
+    /// Makes the hidden entry of `lba` visible to lock-free readers, with its slot's
+    /// `generation`: the slot's data and metadata entry are durable. The caller holds the
+    /// stripe (see `replace`).
+    pub(crate) fn reveal(&self, lba: u64, generation: u32) {
+        let found = self.lookup(lba).expect("revealing a block that is not indexed");
+        assert!(found.hidden, "revealing block {lba}, which is visible already");
+        self.set_slot(&found, found.slot, generation);
+    }
+
+    /// Points a present entry at `new_slot` (durable, like its entry), with that slot's
+    /// `generation`, in one atomic store. The caller holds the block's stripe lock, and only
+    /// holders of that lock write an entry holding the block, so no compare-and-swap (a locked
+    /// instruction, which would wait for outstanding persists) is needed: inserts of other
+    /// blocks only ever claim *empty* entries, and readers only set the reference bit (which
+    /// this store may drop: the new incarnation starts unreferenced).
+    pub(crate) fn replace(&self, found: &Found, new_slot: u32, generation: u32) {
+        self.set_slot(found, new_slot, generation);
+    }
+
+    fn set_slot(&self, found: &Found, slot: u32, generation: u32) {
+        let layout = self.layout;
+        let identity = found.value >> layout.identity_shift();
+        let value = identity << layout.identity_shift()
+            | (u64::from(generation) & ((1 << layout.generation_bits) - 1))
+                << layout.generation_shift()
+            | u64::from(slot);
+        self.store_over(found, value);
     }
 
     /// Removes a present entry. The caller holds the stripe (see `replace`).
@@ -204,11 +312,29 @@ impl Index {
     fn store_over(&self, found: &Found, value: u64) {
         let entry = &self.bucket(found.bucket)[found.way];
         assert_eq!(
-            entry.load(Ordering::Relaxed),
-            found.value,
+            self.layout.identity(entry.load(Ordering::Relaxed)),
+            self.layout.identity(found.value),
             "index entry changed under its stripe lock"
         );
         entry.store(value, Ordering::Release);
+    }
+
+    /// Sets the entry's reference bit (CLOCK) if the lookup saw it clear.
+    #[inline]
+    pub(crate) fn touch(&self, found: &Found) {
+        if !found.referenced {
+            self.bucket(found.bucket)[found.way].fetch_or(self.layout.ref_bit(), Ordering::Relaxed);
+        }
+    }
+
+    /// Clears the reference bit if the entry is still exactly what `found` saw.
+    pub(crate) fn clear_reference(&self, found: &Found) {
+        let _ = self.bucket(found.bucket)[found.way].compare_exchange(
+            found.value,
+            found.value & !self.layout.ref_bit(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 }
 
@@ -271,10 +397,58 @@ mod tests {
         // Replace and remove keep every other block findable.
         let (&lba, &slot) = present.iter().next().unwrap();
         let found = index.lookup(lba).unwrap();
-        index.replace(&found, slot + 1_000_000);
-        assert_eq!(index.lookup(lba).unwrap().slot, slot + 1_000_000);
+        let other_slot = (slot + 1) % slots;
+        index.replace(&found, other_slot, 3);
+        assert_eq!(index.lookup(lba).unwrap().slot, other_slot);
         index.remove(&index.lookup(lba).unwrap());
         assert!(index.lookup(lba).is_none());
         assert!(present.keys().filter(|&&l| l != lba).all(|&l| index.lookup(l).is_some()));
+    }
+
+    #[test]
+    fn an_entry_tells_a_recycled_slot_apart_by_its_generation() {
+        let index = Index::new(1000).unwrap();
+        let (lba, slot) = (77, 5);
+        index.insert(lba, slot).map_err(|_| "full").unwrap();
+        let hidden = index.lookup(lba).unwrap();
+        assert!(hidden.hidden && hidden.slot == slot, "an inserted entry starts hidden");
+        index.reveal(lba, 7);
+        let first = index.lookup(lba).unwrap();
+        assert!(!first.hidden && !first.referenced && first.slot == slot);
+        assert!(!index.still_holds(&hidden), "revealing changes the entry");
+        // A reader's reference bit is not part of the entry's identity.
+        index.touch(&first);
+        let touched = index.lookup(lba).unwrap();
+        assert!(touched.referenced && index.still_holds(&first));
+        index.clear_reference(&touched);
+        assert!(!index.lookup(lba).unwrap().referenced);
+        // The block moves away and comes back to the same slot, which was freed (a new
+        // generation) meanwhile: a reader holding the first entry must not validate.
+        index.replace(&index.lookup(lba).unwrap(), 6, 0);
+        index.replace(&index.lookup(lba).unwrap(), slot, 8);
+        assert_eq!(index.lookup(lba).unwrap().slot, slot);
+        assert!(!index.still_holds(&first));
+        // Only a generation that wrapped around all its bits looks the same.
+        let wrapped = 7 + (1u32 << index.generation_bits());
+        index.replace(&index.lookup(lba).unwrap(), slot, wrapped);
+        assert!(index.still_holds(&first));
+        // A replacement starts unreferenced.
+        index.touch(&index.lookup(lba).unwrap());
+        index.replace(&index.lookup(lba).unwrap(), 6, 1);
+        assert!(!index.lookup(lba).unwrap().referenced);
+    }
+
+    #[test]
+    fn every_geometry_keeps_enough_generation_bits() {
+        for slot_count in [1, 16, 6144, 6145, 1 << 20, 1 << 28, u32::MAX] {
+            let layout = Layout::new(slot_count, bucket_count(slot_count));
+            assert!(layout.generation_bits >= GENERATION_BITS_MIN, "{slot_count} slots");
+            // The largest slot number and the largest tag fit beside it.
+            let key = Key { buckets: [0; CHOICES], tag: LBA_MASK / bucket_count(slot_count) };
+            let value = layout.entry(&key, 2, slot_count - 1, u32::MAX, false);
+            assert_eq!(layout.slot(value), slot_count - 1);
+            assert!(layout.matches(&key, 2, value));
+            assert_eq!(value & layout.hidden_bit(), 0);
+        }
     }
 }

@@ -1,17 +1,17 @@
-//! The DRAM slot table: one 32-bit word per slot holding its state, a CLOCK reference bit and
-//! a generation that changes every time the slot is freed.
+//! The DRAM slot table: one 32-bit word per slot holding its state and a generation that
+//! changes every time the slot is freed.
 //!
 //! Protocol: every change of a slot's state or generation happens under the stripe lock of the
-//! block it holds (or, for a free slot, by the one lane that owns it through a free list). The
-//! reference bit is set by lock-free readers and cleared by the evictor; it is not part of a
-//! slot's identity. Readers validate a copy by seeing the same generation and a valid state
-//! before and after it.
+//! block it holds (or, for a free slot, by the one lane that owns it through a free list).
+//! Writers, write-back and eviction check a slot kept its incarnation (generation and a valid
+//! state) across the time they did not hold its stripe. Lock-free readers never load a slot
+//! word: the index entry that maps a block to a slot carries the slot's generation when it was
+//! published (`index.rs`).
 
 use crate::error::Result;
 use crate::sync::{AtomicU32, Ordering, Table, zeroed_table};
 
 const STATE_MASK: u32 = 0b11;
-const REF_BIT: u32 = 0b100;
 const GEN_SHIFT: u32 = 8;
 
 /// A slot's state in DRAM.
@@ -41,13 +41,10 @@ impl SlotWord {
     pub(crate) fn is_valid(self) -> bool {
         self.state() != SlotState::Free
     }
-    pub(crate) fn referenced(self) -> bool {
-        self.0 & REF_BIT != 0
-    }
     pub(crate) fn generation(self) -> u32 {
         self.0 >> GEN_SHIFT
     }
-    /// Same block in the same slot incarnation (ignores the reference bit and clean/dirty).
+    /// Same block in the same slot incarnation (ignores clean/dirty).
     pub(crate) fn same_incarnation(self, other: SlotWord) -> bool {
         self.generation() == other.generation() && self.is_valid() && other.is_valid()
     }
@@ -57,7 +54,7 @@ impl SlotWord {
             SlotState::Clean => 1,
             SlotState::Dirty => 2,
         };
-        SlotWord((self.0 & !(STATE_MASK | REF_BIT)) | bits)
+        SlotWord((self.0 & !STATE_MASK) | bits)
     }
 }
 
@@ -87,6 +84,12 @@ impl SlotTable {
         pmcache_media::prefetch(&self.words[slot as usize] as *const AtomicU32);
     }
 
+    /// The generation of a slot: a free slot keeps it when published, so the index entry that
+    /// will point at the slot can carry it.
+    pub(crate) fn generation(&self, slot: u32) -> u32 {
+        self.load(slot).generation()
+    }
+
     /// Makes a free slot valid (its data and metadata entry are already durable).
     pub(crate) fn publish(&self, slot: u32, state: SlotState) {
         let word = self.load(slot);
@@ -102,29 +105,13 @@ impl SlotTable {
         self.words[slot as usize].store(word.with_state(SlotState::Clean).0, Ordering::Release);
     }
 
-    /// Frees a valid slot: new generation, so every reader holding the old one retries.
+    /// Frees a valid slot: new generation, so every holder of the old incarnation (a writer
+    /// or evictor between lock holds; a reader through its index entry) tells it changed.
     pub(crate) fn free(&self, slot: u32) {
         let word = self.load(slot);
         assert!(word.is_valid(), "freeing slot {slot} that is already free");
         let next_generation = (word.generation() + 1) & ((1 << (32 - GEN_SHIFT)) - 1);
         self.words[slot as usize].store(next_generation << GEN_SHIFT, Ordering::Release);
-    }
-
-    /// Sets the reference bit (CLOCK) if it is not set; never changes anything else.
-    pub(crate) fn touch(&self, slot: u32, seen: SlotWord) {
-        if !seen.referenced() {
-            self.words[slot as usize].fetch_or(REF_BIT, Ordering::Relaxed);
-        }
-    }
-
-    /// Clears the reference bit if the word is still `seen`.
-    pub(crate) fn clear_reference(&self, slot: u32, seen: SlotWord) {
-        let _ = self.words[slot as usize].compare_exchange(
-            seen.0,
-            seen.0 & !REF_BIT,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
     }
 }
 
@@ -133,19 +120,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn free_bumps_the_generation_and_reference_bits_do_not_change_identity() {
+    fn free_bumps_the_generation_and_cleaning_keeps_the_incarnation() {
         let table = SlotTable::new(4).unwrap();
+        assert_eq!(table.generation(1), 0);
         table.publish(1, SlotState::Dirty);
         let before = table.load(1);
-        table.touch(1, before);
-        let touched = table.load(1);
-        assert!(touched.referenced() && touched.same_incarnation(before));
+        assert_eq!(before.generation(), 0, "publishing keeps the free slot's generation");
         table.set_clean(1);
         assert!(table.load(1).same_incarnation(before));
         table.free(1);
         let freed = table.load(1);
         assert_eq!(freed.state(), SlotState::Free);
         assert_eq!(freed.generation(), before.generation() + 1);
+        assert_eq!(table.generation(1), 1);
         table.publish(1, SlotState::Clean);
         assert!(!table.load(1).same_incarnation(before));
     }

@@ -2,9 +2,9 @@
 //! connection with requests in flight, a ublk or io_uring queue) has them.
 //!
 //! - Reads are software-pipelined in three passes over up to [`READ_CHUNK`] of them: prefetch
-//!   every index bucket, look every block up and prefetch its slot word, then copy and
-//!   validate each exactly as a single lock-free hit does, starting the data of the read
-//!   [`READ_DATA_PREFETCH_AHEAD`] places further on.
+//!   every index bucket, look every block up, then copy and validate each exactly as a single
+//!   lock-free hit does, starting the data of the read [`READ_DATA_PREFETCH_AHEAD`] places
+//!   further on.
 //! - Whole-block writes in write-back mode are group-committed: the data of up to
 //!   [`GROUP_MAX`] writes to distinct blocks is copied and made durable with one fence
 //!   (before any stripe is locked), then their metadata entries with one fence, in rounds
@@ -84,8 +84,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     }
 
     /// Up to [`READ_CHUNK`] reads in three passes, as a hand-pipelined loop: prefetch every
-    /// read's index buckets; look every block up and prefetch its slot word; then copy and
-    /// validate each, prefetching the data of a read a little further on. The misses of one pass overlap each other instead of each read waiting
+    /// read's index buckets; look every block up; then copy and validate each, prefetching the
+    /// data of a read a little further on. The misses of one pass overlap each other instead of each read waiting
     /// for its own in turn. A read that is not a lock-free hit of one block (a miss, a raced
     /// copy, a read across blocks or out of range) takes the ordinary `read` path.
     fn read_chunk(&mut self, reads: &mut [ReadRequest<'_>], outcomes: &mut Vec<Result<()>>) {
@@ -104,10 +104,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let mut found = [None; READ_CHUNK];
         for (r, f) in reads.iter().zip(found.iter_mut()) {
             if single_block(r) {
-                *f = engine.index.lookup(r.offset / block);
-                if let Some(hit) = f {
-                    engine.slots.prefetch(hit.slot);
-                }
+                *f = engine.index.lookup(r.offset / block).filter(|found| !found.hidden);
             }
         }
         // Each copy starts at a random page of the medium: a TLB miss and a cache miss before
