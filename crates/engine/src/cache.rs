@@ -261,6 +261,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             scratch_slots: Vec::with_capacity(DRAIN_BATCH),
             written: Vec::with_capacity(DRAIN_BATCH),
             unflushed_frees: Vec::with_capacity(2 * batch::GROUP_MAX),
+            frees_unfenced: false,
         })
     }
 
@@ -506,6 +507,9 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     /// Superseded slots whose zeroed entries this lane's next fence writes back first (see
     /// [`Stripe`]); dropping the lane fences if any are left.
     unflushed_frees: Vec<u32>,
+    /// Zeroed entries whose write-back was started once their stripes were released
+    /// (`start_freed_write_backs`): the next fence waits for them.
+    frees_unfenced: bool,
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
@@ -513,7 +517,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
         let engine = self.engine;
         // Zeroed entries this lane left pending become durable on this thread before another
         // thread can drive the lane (and count its fences).
-        if !self.unflushed_frees.is_empty() {
+        if !self.unflushed_frees.is_empty() || self.frees_unfenced {
             self.fence();
         }
         engine.pool.put(self.free.drain(..));
@@ -555,9 +559,21 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.engine.reflush_entry(slot);
         }
         self.engine.medium.drain();
+        self.frees_unfenced = false;
         // Counted after the drain: another lane that sees the count knows the drain is done.
         let fences = &self.engine.lanes[self.id].fences;
         fences.store(fences.load(Ordering::Relaxed) + 1, Ordering::Release);
+    }
+
+    /// Starts writing back the entries zeroed for superseded slots, once the stripes they
+    /// were zeroed under are released (a write-back in flight would make a stripe's unlock, a
+    /// locked instruction, wait for it). They complete while the lane does other work; the
+    /// lane's next fence still makes them durable, as `Stripe` requires.
+    fn start_freed_write_backs(&mut self) {
+        for slot in self.unflushed_frees.drain(..) {
+            self.engine.reflush_entry(slot);
+            self.frees_unfenced = true;
+        }
     }
 
     fn write_data(&mut self, slot: u32, data: &[u8]) {
@@ -1126,6 +1142,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.keep_free(found.slot);
         }
         drop(guard);
+        self.start_freed_write_backs();
         Ok(())
     }
 

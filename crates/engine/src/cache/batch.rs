@@ -307,6 +307,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.fence();
         }
         drop(guards);
+        self.start_freed_write_backs();
         for g in group.iter() {
             if let Some(found) = g.old {
                 self.keep_free(found.slot);
