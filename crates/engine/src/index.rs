@@ -241,6 +241,27 @@ impl Index {
     /// Adds `lba -> slot`, hidden from lock-free readers until [`Index::reveal`]. The caller
     /// holds `lba`'s stripe lock and `lba` is not present.
     pub(crate) fn insert(&self, lba: u64, slot: u32) -> std::result::Result<(), IndexFull> {
+        self.insert_entry(lba, slot, 0, true)
+    }
+
+    /// Adds `lba -> slot` visible at once, with the slot's `generation`: for recovery, which
+    /// runs before any reader.
+    pub(crate) fn insert_visible(
+        &self,
+        lba: u64,
+        slot: u32,
+        generation: u32,
+    ) -> std::result::Result<(), IndexFull> {
+        self.insert_entry(lba, slot, generation, false)
+    }
+
+    fn insert_entry(
+        &self,
+        lba: u64,
+        slot: u32,
+        generation: u32,
+        hidden: bool,
+    ) -> std::result::Result<(), IndexFull> {
         let key = self.key(lba);
         loop {
             let used = key.buckets.map(|b| {
@@ -262,7 +283,7 @@ impl Index {
                 if entry
                     .compare_exchange(
                         EMPTY,
-                        self.layout.entry(&key, choice, slot, 0, true),
+                        self.layout.entry(&key, choice, slot, generation, hidden),
                         Ordering::AcqRel,
                         Ordering::Relaxed,
                     )

@@ -128,17 +128,17 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 self.clear_entry(found.slot);
                 self.slots.free(found.slot);
                 free.push(found.slot);
-            } else {
-                if self.index.insert(entry.lba, slot).is_err() {
-                    // Every candidate index bucket is full (vanishingly rare at the index's
-                    // load factor): a clean block is dropped; a dirty one takes the place of a
-                    // clean occupant.
-                    if !self.make_room_at_recovery(&entry, slot, &mut free, &mut dropped)? {
-                        continue;
-                    }
+            } else if self
+                .index
+                .insert_visible(entry.lba, slot, self.slots.generation(slot))
+                .is_err()
+            {
+                // Every candidate index bucket is full (vanishingly rare at the index's load
+                // factor): a clean block is dropped; a dirty one takes the place of a clean
+                // occupant.
+                if !self.make_room_at_recovery(&entry, slot, &mut free, &mut dropped)? {
+                    continue;
                 }
-                // Recovery is alone: the entry is visible at once.
-                self.index.reveal(entry.lba, self.slots.generation(slot));
             }
             if made_dirty {
                 let at = self.geometry.entry_offset(slot);
@@ -183,7 +183,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             return Ok(false);
         }
         loop {
-            let Err(full) = self.index.insert(entry.lba, slot) else {
+            let Err(full) = self.index.insert_visible(entry.lba, slot, self.slots.generation(slot))
+            else {
                 return Ok(true);
             };
             let victim = full
