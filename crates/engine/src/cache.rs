@@ -868,14 +868,16 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         Ok(cleaned as usize)
     }
 
-    /// Inserts `lba -> slot` into the index, evicting (or writing back) a block of the same
-    /// index buckets when both are full. The caller holds `lba`'s stripe.
-    fn index_insert(&mut self, lba: u64, slot: u32) -> Result<()> {
+    /// Inserts `lba -> slot` into the index, hidden (see `Index::insert`), evicting (or
+    /// writing back) a block of the same index buckets when they are full; returns the entry
+    /// to reveal with `Index::replace`. The caller holds `lba`'s stripe.
+    fn index_insert(&mut self, lba: u64, slot: u32) -> Result<Found> {
         let engine = self.engine;
         let held = Some(engine.stripe_index(lba));
         loop {
-            let Err(full) = engine.index.insert(lba, slot) else {
-                return Ok(());
+            let full = match engine.index.insert(lba, slot) {
+                Ok(inserted) => return Ok(inserted),
+                Err(full) => full,
             };
             bump(&self.counters().index_conflicts, 1);
             let clean = full.occupants.iter().copied().find(|&s| {
@@ -1003,17 +1005,20 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.give_back(slot);
             return Err(err.into());
         }
-        if let Err(err) = self.index_insert(lba, slot) {
-            drop(guard);
-            self.give_back(slot);
-            return Err(err);
-        }
+        let inserted = match self.index_insert(lba, slot) {
+            Ok(inserted) => inserted,
+            Err(err) => {
+                drop(guard);
+                self.give_back(slot);
+                return Err(err);
+            }
+        };
         // The sequence number is taken after the backing read completed (the synced rule).
         let seq = engine.global_seq(&mut guard);
         let data = std::mem::take(&mut self.block);
         self.write_data(slot, &data);
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
-        engine.index.reveal(lba, engine.slots.generation(slot));
+        engine.index.replace(&inserted, slot, engine.slots.generation(slot));
         engine.slots.publish(slot, SlotState::Clean);
         out.copy_from_slice(&data[in_block..in_block + out.len()]);
         self.block = data;
@@ -1127,45 +1132,47 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.write_data(slot, &merged);
             self.block = merged;
         }
-        if old.is_none()
-            && let Err(err) = self.index_insert(lba, slot)
-        {
-            drop(guard);
-            self.give_back(slot);
-            return Err(err);
-        }
+        let entry = match old {
+            Some(found) => found,
+            None => match self.index_insert(lba, slot) {
+                Ok(inserted) => inserted,
+                Err(err) => {
+                    drop(guard);
+                    self.give_back(slot);
+                    return Err(err);
+                }
+            },
+        };
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Dirty, seq });
-        if self.switch_in_dirty(lba, slot, old) {
+        if self.switch_in_dirty(lba, slot, entry) {
             self.fence();
         }
-        if let Some(found) = old {
-            self.keep_free(found.slot);
+        if !entry.hidden {
+            self.keep_free(entry.slot);
         }
         drop(guard);
         self.start_freed_write_backs();
         Ok(())
     }
 
-    /// Makes the dirty copy of `lba` in `slot` (its entry durable) the visible one: switches
-    /// the index from `old` to `slot` (a block new to the cache has its index entry already),
-    /// publishes `slot`, and frees `old` as superseded. Shared by single and group writes.
-    /// The caller holds the stripe, fences before releasing it if this returns true (see
-    /// `free_superseded`), and hands `old`'s slot to `keep_free`.
+    /// Makes the dirty copy of `lba` in `slot` (its entry durable) the visible one: points
+    /// `lba`'s index `entry` at `slot` — the entry of the copy it replaces, or the hidden one
+    /// inserted for a block new to the cache — publishes `slot`, and frees the replaced copy
+    /// as superseded. Shared by single and group writes. The caller holds the stripe, fences
+    /// before releasing it if this returns true (see `free_superseded`), and hands a replaced
+    /// copy's slot (`entry.slot` unless `entry.hidden`) to `keep_free`.
     #[must_use = "a true result asks for a fence before the stripe is released"]
-    fn switch_in_dirty(&mut self, lba: u64, slot: u32, old: Option<Found>) -> bool {
+    fn switch_in_dirty(&mut self, lba: u64, slot: u32, entry: Found) -> bool {
         let engine = self.engine;
         let counters = self.counters();
-        let generation = engine.slots.generation(slot);
-        let Some(found) = old else {
-            engine.index.reveal(lba, generation);
-            engine.slots.publish(slot, SlotState::Dirty);
+        engine.index.replace(&entry, slot, engine.slots.generation(slot));
+        engine.slots.publish(slot, SlotState::Dirty);
+        if entry.hidden {
             bump(&counters.dirty_delta, 1);
             return false;
-        };
-        let old_state = engine.slots.load(found.slot).state();
-        engine.index.replace(&found, slot, generation);
-        engine.slots.publish(slot, SlotState::Dirty);
-        let must_fence = self.free_superseded(lba, found.slot);
+        }
+        let old_state = engine.slots.load(entry.slot).state();
+        let must_fence = self.free_superseded(lba, entry.slot);
         if old_state != SlotState::Dirty {
             bump(&counters.dirty_delta, 1);
         }
@@ -1228,28 +1235,28 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let counters = self.counters();
         match (reserved, old.filter(|_| old_dirty)) {
             (Some(slot), dirty_old) => {
-                if dirty_old.is_none()
-                    && let Err(err) = self.index_insert(lba, slot)
-                {
-                    drop(guard);
-                    // The write itself is done; it is just not cached.
-                    let _ = fail(self, err);
-                    return Ok(());
-                }
+                let entry = match dirty_old {
+                    Some(found) => found,
+                    None => match self.index_insert(lba, slot) {
+                        Ok(inserted) => inserted,
+                        Err(err) => {
+                            drop(guard);
+                            // The write itself is done; it is just not cached.
+                            let _ = fail(self, err);
+                            return Ok(());
+                        }
+                    },
+                };
                 let seq = engine.global_seq(&mut guard);
                 let data = std::mem::take(&mut self.block);
                 self.write_data(slot, &data);
                 self.block = data;
                 self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
-                let generation = engine.slots.generation(slot);
-                if let Some(found) = dirty_old {
-                    engine.index.replace(&found, slot, generation);
-                    engine.slots.publish(slot, SlotState::Clean);
-                    self.free_slot(lba, found.slot);
+                engine.index.replace(&entry, slot, engine.slots.generation(slot));
+                engine.slots.publish(slot, SlotState::Clean);
+                if !entry.hidden {
+                    self.free_slot(lba, entry.slot);
                     bump(&counters.dirty_delta, 1u64.wrapping_neg());
-                } else {
-                    engine.index.reveal(lba, generation);
-                    engine.slots.publish(slot, SlotState::Clean);
                 }
             }
             (None, Some(found)) => {

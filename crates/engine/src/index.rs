@@ -104,9 +104,13 @@ impl Layout {
         self.generation_shift() + self.generation_bits
     }
     fn entry(self, key: &Key, choice: usize, slot: u32, generation: u32, hidden: bool) -> u64 {
-        let generation = u64::from(generation) & ((1 << self.generation_bits) - 1);
         (key.tag << 2 | (choice as u64 + 1)) << self.identity_shift()
-            | generation << self.generation_shift()
+            | self.mapping(slot, generation, hidden)
+    }
+    /// The bits below the block's identity: slot, generation, hidden (the reference bit clear).
+    fn mapping(self, slot: u32, generation: u32, hidden: bool) -> u64 {
+        let generation = u64::from(generation) & ((1 << self.generation_bits) - 1);
+        generation << self.generation_shift()
             | if hidden { self.hidden_bit() } else { 0 }
             | u64::from(slot)
     }
@@ -238,9 +242,9 @@ impl Index {
         self.layout.identity(now) == self.layout.identity(found.value)
     }
 
-    /// Adds `lba -> slot`, hidden from lock-free readers until [`Index::reveal`]. The caller
-    /// holds `lba`'s stripe lock and `lba` is not present.
-    pub(crate) fn insert(&self, lba: u64, slot: u32) -> std::result::Result<(), IndexFull> {
+    /// Adds `lba -> slot`, hidden from lock-free readers until [`Index::replace`] is called on
+    /// the entry it returns. The caller holds `lba`'s stripe lock and `lba` is not present.
+    pub(crate) fn insert(&self, lba: u64, slot: u32) -> std::result::Result<Found, IndexFull> {
         self.insert_entry(lba, slot, 0, true)
     }
 
@@ -252,7 +256,7 @@ impl Index {
         slot: u32,
         generation: u32,
     ) -> std::result::Result<(), IndexFull> {
-        self.insert_entry(lba, slot, generation, false)
+        self.insert_entry(lba, slot, generation, false).map(|_| ())
     }
 
     fn insert_entry(
@@ -261,7 +265,7 @@ impl Index {
         slot: u32,
         generation: u32,
         hidden: bool,
-    ) -> std::result::Result<(), IndexFull> {
+    ) -> std::result::Result<Found, IndexFull> {
         let key = self.key(lba);
         loop {
             let used = key.buckets.map(|b| {
@@ -279,50 +283,29 @@ impl Index {
                 return Err(IndexFull { occupants });
             }
             let choice = (0..CHOICES).min_by_key(|&c| used[c]).expect("choices");
-            for entry in self.bucket(key.buckets[choice]) {
-                if entry
-                    .compare_exchange(
-                        EMPTY,
-                        self.layout.entry(&key, choice, slot, generation, hidden),
-                        Ordering::AcqRel,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok()
+            let bucket = key.buckets[choice];
+            let value = self.layout.entry(&key, choice, slot, generation, hidden);
+            for (way, entry) in self.bucket(bucket).iter().enumerate() {
+                if entry.compare_exchange(EMPTY, value, Ordering::AcqRel, Ordering::Relaxed).is_ok()
                 {
-                    return Ok(());
+                    return Ok(Found { slot, hidden, referenced: false, bucket, way, value });
                 }
             }
             // Another block took the last empty entry meanwhile: look again.
         }
     }
 
-    /// Makes the hidden entry of `lba` visible to lock-free readers, with its slot's
-    /// `generation`: the slot's data and metadata entry are durable. The caller holds the
-    /// stripe (see `replace`).
-    pub(crate) fn reveal(&self, lba: u64, generation: u32) {
-        let found = self.lookup(lba).expect("revealing a block that is not indexed");
-        assert!(found.hidden, "revealing block {lba}, which is visible already");
-        self.set_slot(&found, found.slot, generation);
-    }
-
-    /// Points a present entry at `new_slot` (durable, like its entry), with that slot's
-    /// `generation`, in one atomic store. The caller holds the block's stripe lock, and only
-    /// holders of that lock write an entry holding the block, so no compare-and-swap (a locked
-    /// instruction, which would wait for outstanding persists) is needed: inserts of other
-    /// blocks only ever claim *empty* entries, and readers only set the reference bit (which
-    /// this store may drop: the new incarnation starts unreferenced).
+    /// Points a present entry at `new_slot` (durable, like its metadata entry), with that
+    /// slot's `generation`, in one atomic store. The entry is the block's current mapping, or
+    /// the hidden one `insert` returned, which this reveals. The caller holds the block's
+    /// stripe lock, and only holders of that lock write an entry holding the block, so no
+    /// compare-and-swap (a locked instruction, which would wait for outstanding persists) is
+    /// needed: inserts of other blocks only ever claim *empty* entries, and readers only set
+    /// the reference bit (which this store may drop: the new incarnation starts unreferenced).
     pub(crate) fn replace(&self, found: &Found, new_slot: u32, generation: u32) {
-        self.set_slot(found, new_slot, generation);
-    }
-
-    fn set_slot(&self, found: &Found, slot: u32, generation: u32) {
         let layout = self.layout;
-        let identity = found.value >> layout.identity_shift();
-        let value = identity << layout.identity_shift()
-            | (u64::from(generation) & ((1 << layout.generation_bits) - 1))
-                << layout.generation_shift()
-            | u64::from(slot);
-        self.store_over(found, value);
+        let identity = found.value >> layout.identity_shift() << layout.identity_shift();
+        self.store_over(found, identity | layout.mapping(new_slot, generation, false));
     }
 
     /// Removes a present entry. The caller holds the stripe (see `replace`).
@@ -385,7 +368,7 @@ mod tests {
             }
             let slot = present.len() as u32;
             match index.insert(lba, slot) {
-                Ok(()) => {
+                Ok(_) => {
                     present.insert(lba, slot);
                 }
                 Err(_) => overflows += 1,
@@ -430,10 +413,11 @@ mod tests {
     fn an_entry_tells_a_recycled_slot_apart_by_its_generation() {
         let index = Index::new(1000).unwrap();
         let (lba, slot) = (77, 5);
-        index.insert(lba, slot).map_err(|_| "full").unwrap();
+        let inserted = index.insert(lba, slot).map_err(|_| "full").unwrap();
         let hidden = index.lookup(lba).unwrap();
+        assert_eq!(hidden, inserted);
         assert!(hidden.hidden && hidden.slot == slot, "an inserted entry starts hidden");
-        index.reveal(lba, 7);
+        index.replace(&hidden, slot, 7);
         let first = index.lookup(lba).unwrap();
         assert!(!first.hidden && !first.referenced && first.slot == slot);
         assert!(!index.still_holds(&hidden), "revealing changes the entry");

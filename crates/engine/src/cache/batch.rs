@@ -67,8 +67,9 @@ pub(crate) struct GroupWrite {
     stripe: usize,
     slot: u32,
     seq: u64,
-    /// The copy it replaces (looked up once the stripe is held).
-    old: Option<Found>,
+    /// Its block's index entry, found once the stripe is held: the copy it replaces, or
+    /// (a block new to the cache) the hidden entry inserted for it.
+    entry: Option<Found>,
     /// Where its stripe's guard is in the round's guards.
     guard: usize,
 }
@@ -156,7 +157,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                     stripe,
                     slot: 0,
                     seq: 0,
-                    old: None,
+                    entry: None,
                     guard: 0,
                 });
             } else {
@@ -269,8 +270,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // loading their slot words and entries too.
         for g in group.iter_mut() {
             g.seq = self.local_seq(&mut guards[g.guard].1);
-            g.old = engine.index.lookup(g.lba);
-            if let Some(found) = g.old {
+            g.entry = engine.index.lookup(g.lba);
+            if let Some(found) = g.entry {
                 engine.prefetch_slot(found.slot);
             }
         }
@@ -278,11 +279,16 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // index entry first; if its buckets are full it runs alone (which evicts for room).
         let mut kept = 0;
         for i in 0..group.len() {
-            let g = group[i];
-            if g.old.is_none() && engine.index.insert(g.lba, g.slot).is_err() {
-                self.give_back(g.slot);
-                alone.push(g.request);
-                continue;
+            let mut g = group[i];
+            if g.entry.is_none() {
+                match engine.index.insert(g.lba, g.slot) {
+                    Ok(inserted) => g.entry = Some(inserted),
+                    Err(_) => {
+                        self.give_back(g.slot);
+                        alone.push(g.request);
+                        continue;
+                    }
+                }
             }
             self.store_entry(
                 g.slot,
@@ -301,7 +307,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // stripes still had an earlier pending free that was not durable.
         let mut must_fence = false;
         for g in group.iter() {
-            must_fence |= self.switch_in_dirty(g.lba, g.slot, g.old);
+            let entry = g.entry.expect("found or inserted under the stripe");
+            must_fence |= self.switch_in_dirty(g.lba, g.slot, entry);
         }
         if must_fence {
             self.fence();
@@ -309,8 +316,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         drop(guards);
         self.start_freed_write_backs();
         for g in group.iter() {
-            if let Some(found) = g.old {
-                self.keep_free(found.slot);
+            if let Some(replaced) = g.entry.filter(|e| !e.hidden) {
+                self.keep_free(replaced.slot);
             }
         }
         let block = self.block_bytes();
