@@ -16,11 +16,11 @@ echo "== cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p pmcache-engine --features shuttle --all-targets -- -D warnings
 
-echo "== cargo test (release)"
-cargo test --workspace --release
+echo "== cargo test (release optimisation: profile test-opt, release without LTO)"
+cargo test --workspace --profile test-opt
 
 echo "== shuttle: reader / writer / evictor interleavings"
-cargo test --release -p pmcache-engine --features shuttle --test shuttle
+cargo test --profile test-opt -p pmcache-engine --features shuttle --test shuttle
 
 echo "== io_uring IOPOLL conformance in a QEMU guest (NVMe with poll queues; this host has none)"
 scripts/guest/iopoll-conformance.sh

@@ -23,8 +23,8 @@ here=scripts/guest
 export PMCACHE_GUEST_KERNEL_SUITE="${PMCACHE_GUEST_KERNEL_SUITE-bookworm-backports}"
 start=$SECONDS
 
-echo "== building the conformance test binary (release)"
-json=$(cargo test --release -p pmcache-backing --test conformance --no-run \
+echo "== building the conformance test binary (profile test-opt: release without LTO)"
+json=$(cargo test --profile test-opt -p pmcache-backing --test conformance --no-run \
   --message-format=json-render-diagnostics)
 exe=$(grep -o '"executable":"[^"]*/conformance-[^"]*"' <<<"$json" | tail -n 1 | cut -d'"' -f4 || true)
 [[ -n "$exe" && -x "$exe" ]] || { echo "iopoll-conformance: no conformance test binary" >&2; exit 2; }

@@ -99,6 +99,8 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     mode: AtomicU8,
     admission: Admission,
     eviction: &'static dyn EvictionPolicy,
+    /// `eviction.marks_hits()`, read once: every read hit asks.
+    marks_hits: bool,
     pub(crate) recovered_dirty: u64,
     lane_free_max: usize,
     refill_batch: usize,
@@ -226,6 +228,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             mode: AtomicU8::new(config.mode.to_u8()),
             admission: Admission::new(config.admission),
             eviction: config.eviction.policy(),
+            marks_hits: config.eviction.policy().marks_hits(),
             recovered_dirty: 0,
             lane_free_max,
             refill_batch: (lane_free_max / 2).clamp(1, 64),
@@ -261,6 +264,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             scratch_slots: Vec::with_capacity(DRAIN_BATCH),
             written: Vec::with_capacity(DRAIN_BATCH),
             unflushed_frees: Vec::with_capacity(2 * batch::GROUP_MAX),
+            group: Vec::with_capacity(self.group_max),
+            group_next: Vec::with_capacity(self.group_max),
+            group_alone: Vec::with_capacity(self.group_max),
             frees_unfenced: false,
         })
     }
@@ -507,6 +513,11 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     /// Superseded slots whose zeroed entries this lane's next fence writes back first (see
     /// [`Stripe`]); dropping the lane fences if any are left.
     unflushed_frees: Vec<u32>,
+    /// A batch's group of writes, the writes a commit round defers to the next one, and the
+    /// requests that run alone (`batch.rs`): sized at start, reused by every batch.
+    group: Vec<batch::GroupWrite>,
+    group_next: Vec<batch::GroupWrite>,
+    group_alone: Vec<usize>,
     /// Zeroed entries whose write-back was started once their stripes were released
     /// (`start_freed_write_backs`): the next fence waits for them.
     frees_unfenced: bool,
@@ -955,7 +966,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
         fence(Ordering::Acquire);
         if engine.index.still_holds(found) {
-            if engine.eviction.marks_hits() {
+            if engine.marks_hits {
                 engine.index.touch(found);
             }
             bump(&self.counters().read_hits, 1);
@@ -1111,13 +1122,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         engine.prefetch_slot(slot);
         engine.prefetch_stripe(lba);
-        engine.index.prefetch(lba);
+        let key = engine.index.key(lba);
+        engine.index.prefetch_key(&key);
         if full {
             self.fence();
         }
         let mut guard = engine.lock_stripe(lba);
         let seq = self.local_seq(&mut guard);
-        let old = engine.index.lookup(lba);
+        let old = engine.index.lookup_key(&key);
         if let Some(found) = old {
             engine.prefetch_slot(found.slot);
         }

@@ -65,8 +65,10 @@ pub(crate) struct IndexFull {
     pub(crate) occupants: Vec<u32>,
 }
 
+/// Where a block's entry may be: its candidate buckets and its tag. Computing it mixes and
+/// divides the block number; a request that needs it more than once keeps it.
 #[derive(Clone, Copy)]
-struct Key {
+pub(crate) struct Key {
     buckets: [usize; CHOICES],
     tag: u64,
 }
@@ -179,8 +181,9 @@ impl Index {
         self.words[bucket * WAYS..][..WAYS].try_into().expect("a bucket is WAYS entries")
     }
 
+    /// `lba`'s candidate buckets and tag.
     #[inline]
-    fn key(&self, lba: u64) -> Key {
+    pub(crate) fn key(&self, lba: u64) -> Key {
         assert!(lba <= LBA_MASK, "block {lba} exceeds 40 bits");
         let n = (self.words.len() / WAYS) as u64;
         let h = mix40(lba);
@@ -199,10 +202,11 @@ impl Index {
         self.key(lba).buckets
     }
 
-    /// Starts loading `lba`'s candidate buckets into the CPU cache (a hint; see `lookup`).
+    /// Starts loading the candidate buckets of a block's `key` into the CPU cache (a hint;
+    /// see `lookup`).
     #[inline]
-    pub(crate) fn prefetch(&self, lba: u64) {
-        for bucket in self.key(lba).buckets {
+    pub(crate) fn prefetch_key(&self, key: &Key) {
+        for bucket in key.buckets {
             pmcache_media::prefetch(&self.bucket(bucket)[0] as *const AtomicU64);
         }
     }
@@ -210,7 +214,12 @@ impl Index {
     /// Finds the entry of `lba`, without locks. It may be hidden (see [`Found::hidden`]).
     #[inline]
     pub(crate) fn lookup(&self, lba: u64) -> Option<Found> {
-        let key = self.key(lba);
+        self.lookup_key(&self.key(lba))
+    }
+
+    /// [`Index::lookup`] with the key computed.
+    #[inline]
+    pub(crate) fn lookup_key(&self, key: &Key) -> Option<Found> {
         let layout = self.layout;
         // Touch every candidate bucket before scanning any, so their cache misses overlap
         // instead of queueing behind one another.
@@ -219,7 +228,7 @@ impl Index {
         for (choice, &bucket) in key.buckets.iter().enumerate() {
             for (way, entry) in self.bucket(bucket).iter().enumerate() {
                 let value = entry.load(Ordering::Acquire);
-                if layout.matches(&key, choice, value) {
+                if layout.matches(key, choice, value) {
                     return Some(Found {
                         slot: layout.slot(value),
                         hidden: value & layout.hidden_bit() != 0,
@@ -245,7 +254,12 @@ impl Index {
     /// Adds `lba -> slot`, hidden from lock-free readers until [`Index::replace`] is called on
     /// the entry it returns. The caller holds `lba`'s stripe lock and `lba` is not present.
     pub(crate) fn insert(&self, lba: u64, slot: u32) -> std::result::Result<Found, IndexFull> {
-        self.insert_entry(lba, slot, 0, true)
+        self.insert_entry(&self.key(lba), slot, 0, true)
+    }
+
+    /// [`Index::insert`] with the key computed.
+    pub(crate) fn insert_key(&self, key: &Key, slot: u32) -> std::result::Result<Found, IndexFull> {
+        self.insert_entry(key, slot, 0, true)
     }
 
     /// Adds `lba -> slot` visible at once, with the slot's `generation`: for recovery, which
@@ -256,17 +270,16 @@ impl Index {
         slot: u32,
         generation: u32,
     ) -> std::result::Result<(), IndexFull> {
-        self.insert_entry(lba, slot, generation, false).map(|_| ())
+        self.insert_entry(&self.key(lba), slot, generation, false).map(|_| ())
     }
 
     fn insert_entry(
         &self,
-        lba: u64,
+        key: &Key,
         slot: u32,
         generation: u32,
         hidden: bool,
     ) -> std::result::Result<Found, IndexFull> {
-        let key = self.key(lba);
         loop {
             let used = key.buckets.map(|b| {
                 self.bucket(b).iter().filter(|e| e.load(Ordering::Relaxed) != EMPTY).count()
@@ -284,7 +297,7 @@ impl Index {
             }
             let choice = (0..CHOICES).min_by_key(|&c| used[c]).expect("choices");
             let bucket = key.buckets[choice];
-            let value = self.layout.entry(&key, choice, slot, generation, hidden);
+            let value = self.layout.entry(key, choice, slot, generation, hidden);
             for (way, entry) in self.bucket(bucket).iter().enumerate() {
                 if entry.compare_exchange(EMPTY, value, Ordering::AcqRel, Ordering::Relaxed).is_ok()
                 {

@@ -26,9 +26,10 @@ use super::Lane;
 use crate::clock::Clock;
 use crate::error::Result;
 use crate::format::{BlockState, SlotEntry};
-use crate::index::Found;
+use crate::index::{Found, Key};
 use crate::stats::bump;
 use crate::sync::MutexGuard;
+use smallvec::SmallVec;
 
 /// Reads pipelined together at most.
 const READ_CHUNK: usize = 32;
@@ -64,6 +65,8 @@ pub(crate) struct GroupWrite {
     /// Its position in the batch.
     request: usize,
     lba: u64,
+    /// Its index key, computed once.
+    key: Key,
     stripe: usize,
     slot: u32,
     seq: u64,
@@ -99,13 +102,16 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 && len > 0
                 && r.offset / block == (r.offset + len - 1) / block
         };
-        for r in reads.iter().filter(|r| single_block(r)) {
-            engine.index.prefetch(r.offset / block);
+        let mut keys = [None; READ_CHUNK];
+        for (r, k) in reads.iter().zip(keys.iter_mut()).filter(|(r, _)| single_block(r)) {
+            let key = engine.index.key(r.offset / block);
+            engine.index.prefetch_key(&key);
+            *k = Some(key);
         }
         let mut found = [None; READ_CHUNK];
-        for (r, f) in reads.iter().zip(found.iter_mut()) {
-            if single_block(r) {
-                *f = engine.index.lookup(r.offset / block).filter(|found| !found.hidden);
+        for (k, f) in keys.iter().zip(found.iter_mut()) {
+            if let Some(key) = k {
+                *f = engine.index.lookup_key(key).filter(|found| !found.hidden);
             }
         }
         // Each copy starts at a random page of the medium: a TLB miss and a cache miss before
@@ -139,7 +145,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let group_max = self.engine.group_max;
         outcomes.clear();
         outcomes.extend(writes.iter().map(|_| Ok(())));
-        let mut group: Vec<GroupWrite> = Vec::with_capacity(group_max);
+        // The lane's group buffer (sized at start), taken for the call and given back.
+        let mut group = std::mem::take(&mut self.group);
+        group.clear();
         for (i, w) in writes.iter().enumerate() {
             let joins = self.engine.mode().writes_back()
                 && w.offset.is_multiple_of(block)
@@ -154,6 +162,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 group.push(GroupWrite {
                     request: i,
                     lba,
+                    key: self.engine.index.key(lba),
                     stripe,
                     slot: 0,
                     seq: 0,
@@ -165,6 +174,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
         }
         self.commit_group(&mut group, writes, outcomes);
+        self.group = group;
     }
 
     /// Commits the group (see the module docs) and empties it. Writes that cannot be
@@ -180,7 +190,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             return;
         }
         let engine = self.engine;
-        let mut alone: Vec<usize> = Vec::new();
+        let mut alone = std::mem::take(&mut self.group_alone);
+        alone.clear();
         // 1. Slots first: allocation may evict or write back, which takes stripe locks.
         let mut allocated = 0;
         for g in group.iter_mut() {
@@ -207,7 +218,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // them all while the fence waits for the data's stores to drain (loads pass it).
         for g in group.iter() {
             engine.prefetch_stripe(g.lba);
-            engine.index.prefetch(g.lba);
+            engine.index.prefetch_key(&g.key);
             engine.prefetch_slot(g.slot);
         }
         self.fence();
@@ -216,17 +227,20 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // deadlock rule. A write whose stripe is busy waits for the next round, which starts
         // with it; every round takes at least its first write out of the group (committed, or
         // sent to run alone).
-        let mut next: Vec<GroupWrite> = Vec::new();
+        let mut next = std::mem::take(&mut self.group_next);
+        next.clear();
         while !group.is_empty() {
             self.commit_entries(group, &mut next, &mut alone);
             std::mem::swap(group, &mut next);
         }
+        self.group_next = next;
         // 4. The rest, alone, in their batch order.
         alone.sort_unstable();
-        for request in alone {
+        for &request in &alone {
             let w = &writes[request];
             outcomes[request] = self.write(w.offset, w.data, w.fua);
         }
+        self.group_alone = alone;
     }
 
     /// One round of a group commit (its data already durable): locks what it can of
@@ -240,7 +254,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         alone: &mut Vec<usize>,
     ) {
         let engine = self.engine;
-        let mut guards: Vec<(usize, MutexGuard<'e, u64>)> = Vec::with_capacity(group.len());
+        // At most one guard per write of the group: never spills to the heap.
+        let mut guards: SmallVec<[(usize, MutexGuard<'e, u64>); GROUP_MAX]> = SmallVec::new();
         let mut kept = 0;
         for i in 0..group.len() {
             let mut g = group[i];
@@ -270,7 +285,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // loading their slot words and entries too.
         for g in group.iter_mut() {
             g.seq = self.local_seq(&mut guards[g.guard].1);
-            g.entry = engine.index.lookup(g.lba);
+            g.entry = engine.index.lookup_key(&g.key);
             if let Some(found) = g.entry {
                 engine.prefetch_slot(found.slot);
             }
@@ -281,7 +296,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         for i in 0..group.len() {
             let mut g = group[i];
             if g.entry.is_none() {
-                match engine.index.insert(g.lba, g.slot) {
+                match engine.index.insert_key(&g.key, g.slot) {
                     Ok(inserted) => g.entry = Some(inserted),
                     Err(_) => {
                         self.give_back(g.slot);
