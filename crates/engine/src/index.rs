@@ -314,11 +314,15 @@ impl Index {
     /// stripe lock, and only holders of that lock write an entry holding the block, so no
     /// compare-and-swap (a locked instruction, which would wait for outstanding persists) is
     /// needed: inserts of other blocks only ever claim *empty* entries, and readers only set
-    /// the reference bit (which this store may drop: the new incarnation starts unreferenced).
+    /// the reference bit. The new incarnation keeps the reference bit `found` saw: a block
+    /// that was read stays marked when it is overwritten, so its next hits find the bit set
+    /// and need no locked instruction (a bit a reader set after `found` was read may be
+    /// dropped, which only costs the block a chance; the hand clears bits the same way).
     pub(crate) fn replace(&self, found: &Found, new_slot: u32, generation: u32) {
         let layout = self.layout;
         let identity = found.value >> layout.identity_shift() << layout.identity_shift();
-        self.store_over(found, identity | layout.mapping(new_slot, generation, false));
+        let referenced = found.value & layout.ref_bit();
+        self.store_over(found, identity | referenced | layout.mapping(new_slot, generation, false));
     }
 
     /// Removes a present entry. The caller holds the stripe (see `replace`).
@@ -450,9 +454,13 @@ mod tests {
         let wrapped = 7 + (1u32 << index.generation_bits());
         index.replace(&index.lookup(lba).unwrap(), slot, wrapped);
         assert!(index.still_holds(&first));
-        // A replacement starts unreferenced.
+        // A replacement keeps the reference bit it replaced, set or clear.
         index.touch(&index.lookup(lba).unwrap());
         index.replace(&index.lookup(lba).unwrap(), 6, 1);
+        let kept = index.lookup(lba).unwrap();
+        assert!(kept.referenced && kept.slot == 6);
+        index.clear_reference(&kept);
+        index.replace(&index.lookup(lba).unwrap(), 7, 2);
         assert!(!index.lookup(lba).unwrap().referenced);
     }
 
