@@ -178,6 +178,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     ) -> Result<Self> {
         let geometry = superblock.geometry;
         let block = u64::from(geometry.block_size);
+        let eviction = config.eviction.policy();
         let backing_bytes = backing.size_bytes();
         if !backing_bytes.is_multiple_of(block) || backing_bytes == 0 {
             return Err(Error::Config(format!(
@@ -227,8 +228,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             closed: AtomicBool::new(false),
             mode: AtomicU8::new(config.mode.to_u8()),
             admission: Admission::new(config.admission),
-            eviction: config.eviction.policy(),
-            marks_hits: config.eviction.policy().marks_hits(),
+            eviction,
+            marks_hits: eviction.marks_hits(),
             recovered_dirty: 0,
             lane_free_max,
             refill_batch: (lane_free_max / 2).clamp(1, 64),
@@ -790,7 +791,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// reads as unreferenced (`try_evict` checks it again under its stripe).
     fn referenced(&self, slot: u32) -> bool {
         let engine = self.engine;
-        if !engine.eviction.marks_hits() {
+        if !engine.marks_hits {
             return false;
         }
         let DecodedEntry::Valid(entry) = engine.read_entry(slot) else {
@@ -1144,16 +1145,13 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.write_data(slot, &merged);
             self.block = merged;
         }
-        let entry = match old {
-            Some(found) => found,
-            None => match self.index_insert(lba, slot) {
-                Ok(inserted) => inserted,
-                Err(err) => {
-                    drop(guard);
-                    self.give_back(slot);
-                    return Err(err);
-                }
-            },
+        let entry = match old.map_or_else(|| self.index_insert(lba, slot), Ok) {
+            Ok(entry) => entry,
+            Err(err) => {
+                drop(guard);
+                self.give_back(slot);
+                return Err(err);
+            }
         };
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Dirty, seq });
         if self.switch_in_dirty(lba, slot, entry) {
@@ -1247,17 +1245,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let counters = self.counters();
         match (reserved, old.filter(|_| old_dirty)) {
             (Some(slot), dirty_old) => {
-                let entry = match dirty_old {
-                    Some(found) => found,
-                    None => match self.index_insert(lba, slot) {
-                        Ok(inserted) => inserted,
-                        Err(err) => {
-                            drop(guard);
-                            // The write itself is done; it is just not cached.
-                            let _ = fail(self, err);
-                            return Ok(());
-                        }
-                    },
+                let entry = match dirty_old.map_or_else(|| self.index_insert(lba, slot), Ok) {
+                    Ok(entry) => entry,
+                    Err(err) => {
+                        drop(guard);
+                        // The write itself is done; it is just not cached.
+                        let _ = fail(self, err);
+                        return Ok(());
+                    }
                 };
                 let seq = engine.global_seq(&mut guard);
                 let data = std::mem::take(&mut self.block);
