@@ -22,7 +22,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -31,7 +31,7 @@ use pmcache_engine::{
     AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MonotonicClock,
     READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest,
 };
-use pmcache_media::{Medium, PmemFile};
+use pmcache_media::{DramTable, Medium, PmemFile};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -134,7 +134,10 @@ struct Bed {
 /// metadata holding random block numbers, and a metadata table of one 16-byte entry per slot
 /// on a medium of its own.
 struct Floor {
-    table: Vec<u64>,
+    /// Random block numbers, as many bytes as the engine's DRAM tables, and in the same kind
+    /// of mapping (huge pages where the kernel gives them): the read's dependent load costs
+    /// what the engine's index load can at least cost, TLB included.
+    table: DramTable<AtomicU64>,
     entries: PmemFile,
     slots: u64,
 }
@@ -143,7 +146,9 @@ fn floor_for(bed: &Bed) -> Result<Floor, String> {
     let slots = bed.engine.superblock().geometry.slot_count;
     let dram_bytes = bed.engine.dram_bytes() as u64;
     let mut rng = SmallRng::seed_from_u64(0xf100);
-    let table = (0..(dram_bytes / 8).max(1)).map(|_| rng.gen_range(0..bed.blocks)).collect();
+    let table = DramTable::<AtomicU64>::zeroed((dram_bytes / 8).max(1) as usize)
+        .map_err(|e| e.to_string())?;
+    table.iter().for_each(|word| word.store(rng.gen_range(0..bed.blocks), Ordering::Relaxed));
     let entries =
         PmemFile::open(&bed.dir.path().join("floor-entries"), Some((slots * 16).max(4096)))
             .map_err(|e| e.to_string())?;
@@ -318,7 +323,7 @@ fn run_floor(bed: &Bed, floor: &Floor, case: &Case, seconds: f64) -> f64 {
             }
             // Reads: the table loads first (they overlap), then the copies.
             for r in reads.iter_mut() {
-                *r = std::hint::black_box(floor.table[*r as usize]);
+                *r = std::hint::black_box(floor.table[*r as usize].load(Ordering::Relaxed));
             }
             // Batched, the copies pipeline their data like the engine's batches do.
             let prefetch = |at: usize| {

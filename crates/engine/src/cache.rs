@@ -258,6 +258,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         Ok(Lane {
             engine: self,
             id,
+            shared: &self.lanes[id],
             free: Vec::with_capacity(self.lane_free_max * 2),
             seq_next: 0,
             seq_end: 0,
@@ -502,6 +503,8 @@ pub(crate) fn first_seq_after(seq: u64) -> u64 {
 pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     engine: &'e Engine<M, B, C>,
     id: usize,
+    /// `engine.lanes[id]`: this lane's counters and fence count, reached without an index.
+    shared: &'e LaneSlot,
     /// Free slots. Their entries are zeroed; a superseded slot's zeroing may still wait for
     /// this lane's next fence (see [`Stripe`]), which is safe to reuse it under.
     free: Vec<u32>,
@@ -533,7 +536,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
             self.fence();
         }
         engine.pool.put(self.free.drain(..));
-        engine.lanes[self.id].in_use.store(false, Ordering::Release);
+        self.shared.in_use.store(false, Ordering::Release);
     }
 }
 
@@ -555,7 +558,7 @@ fn pieces(offset: u64, len: u64, block: u64) -> impl Iterator<Item = (u64, usize
 
 impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     fn counters(&self) -> &'e LaneCounters {
-        &self.engine.lanes[self.id].counters
+        &self.shared.counters
     }
 
     fn block_bytes(&self) -> u64 {
@@ -573,7 +576,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         self.engine.medium.drain();
         self.frees_unfenced = false;
         // Counted after the drain: another lane that sees the count knows the drain is done.
-        let fences = &self.engine.lanes[self.id].fences;
+        let fences = &self.shared.fences;
         fences.store(fences.load(Ordering::Relaxed) + 1, Ordering::Release);
     }
 
@@ -703,7 +706,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         self.unflushed_frees.push(slot);
         let record = &engine.stripes[stripe];
         record.pending_free.store((self.id as u64 + 1) << 32 | u64::from(slot), Ordering::Relaxed);
-        let fences = engine.lanes[self.id].fences.load(Ordering::Relaxed);
+        let fences = self.shared.fences.load(Ordering::Relaxed);
         record.pending_free_fences.store(fences, Ordering::Relaxed);
         earlier.is_some()
     }

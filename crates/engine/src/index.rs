@@ -78,6 +78,10 @@ pub(crate) struct Key {
 struct Layout {
     slot_bits: u32,
     generation_bits: u32,
+    /// Ones from `identity_shift` up: a stored field, not a shift, so that the lookup's
+    /// per-entry test stays one AND with a register (a shift by a variable count costs
+    /// several micro-operations on x86 without BMI2).
+    identity_mask: u64,
 }
 
 impl Layout {
@@ -91,7 +95,8 @@ impl Layout {
             generation_bits >= GENERATION_BITS_MIN,
             "index entry has {generation_bits} generation bits for {slot_count} slots"
         );
-        Self { slot_bits, generation_bits }
+        let identity_mask = !0u64 << (slot_bits + 2 + generation_bits);
+        Self { slot_bits, generation_bits, identity_mask }
     }
     fn ref_bit(self) -> u64 {
         1 << self.slot_bits
@@ -106,8 +111,7 @@ impl Layout {
         self.generation_shift() + self.generation_bits
     }
     fn entry(self, key: &Key, choice: usize, slot: u32, generation: u32, hidden: bool) -> u64 {
-        (key.tag << 2 | (choice as u64 + 1)) << self.identity_shift()
-            | self.mapping(slot, generation, hidden)
+        self.identity_bits(key, choice) | self.mapping(slot, generation, hidden)
     }
     /// The bits below the block's identity: slot, generation, hidden (the reference bit clear).
     fn mapping(self, slot: u32, generation: u32, hidden: bool) -> u64 {
@@ -116,8 +120,9 @@ impl Layout {
             | if hidden { self.hidden_bit() } else { 0 }
             | u64::from(slot)
     }
-    fn matches(self, key: &Key, choice: usize, value: u64) -> bool {
-        value >> self.identity_shift() == (key.tag << 2 | (choice as u64 + 1))
+    /// The block's identity bits (tag and choice) in place, every bit below them clear.
+    fn identity_bits(self, key: &Key, choice: usize) -> u64 {
+        (key.tag << 2 | (choice as u64 + 1)) << self.identity_shift()
     }
     fn slot(self, value: u64) -> u32 {
         (value & ((1 << self.slot_bits) - 1)) as u32
@@ -145,9 +150,9 @@ fn mix40(lba: u64) -> u64 {
 }
 
 pub(crate) struct Index {
-    /// `WAYS` entries per bucket, bucket after bucket; a bucket is one cache line (the table
-    /// starts on a page boundary).
-    words: Table<AtomicU64>,
+    /// The buckets, `WAYS` entries each; a bucket is one cache line (the table starts on a
+    /// page boundary).
+    buckets: Table<[AtomicU64; WAYS]>,
     /// The bucket count and the bucket count less one, as fast divisors.
     bucket_count: StrengthReducedU64,
     bucket_count_less_one: StrengthReducedU64,
@@ -159,7 +164,7 @@ impl Index {
     pub(crate) fn new(slot_count: u32) -> Result<Self> {
         let count = bucket_count(slot_count);
         Ok(Self {
-            words: zeroed_table(count as usize * WAYS)?,
+            buckets: zeroed_table(count as usize)?,
             bucket_count: StrengthReducedU64::new(count),
             bucket_count_less_one: StrengthReducedU64::new(count - 1),
             layout: Layout::new(slot_count, count),
@@ -168,7 +173,7 @@ impl Index {
 
     /// DRAM bytes used.
     pub(crate) fn bytes(&self) -> usize {
-        self.words.len() * std::mem::size_of::<AtomicU64>()
+        self.buckets.len() * std::mem::size_of::<[AtomicU64; WAYS]>()
     }
 
     /// Slot-generation bits each entry keeps.
@@ -178,14 +183,14 @@ impl Index {
     }
 
     fn bucket(&self, bucket: usize) -> &[AtomicU64; WAYS] {
-        self.words[bucket * WAYS..][..WAYS].try_into().expect("a bucket is WAYS entries")
+        &self.buckets[bucket]
     }
 
     /// `lba`'s candidate buckets and tag.
     #[inline]
     pub(crate) fn key(&self, lba: u64) -> Key {
         assert!(lba <= LBA_MASK, "block {lba} exceeds 40 bits");
-        let n = (self.words.len() / WAYS) as u64;
+        let n = self.buckets.len() as u64;
         let h = mix40(lba);
         let (tag, b1) = StrengthReducedU64::div_rem(h, self.bucket_count);
         let step = 1 + tag % self.bucket_count_less_one;
@@ -221,14 +226,14 @@ impl Index {
     #[inline]
     pub(crate) fn lookup_key(&self, key: &Key) -> Option<Found> {
         let layout = self.layout;
-        // Touch every candidate bucket before scanning any, so their cache misses overlap
+        // Start every candidate bucket before scanning any, so their cache misses overlap
         // instead of queueing behind one another.
-        let heads = key.buckets.map(|b| self.bucket(b)[0].load(Ordering::Relaxed));
-        std::hint::black_box(heads);
+        self.prefetch_key(key);
         for (choice, &bucket) in key.buckets.iter().enumerate() {
+            let wanted = layout.identity_bits(key, choice);
             for (way, entry) in self.bucket(bucket).iter().enumerate() {
                 let value = entry.load(Ordering::Acquire);
-                if layout.matches(key, choice, value) {
+                if value & layout.identity_mask == wanted {
                     return Some(Found {
                         slot: layout.slot(value),
                         hidden: value & layout.hidden_bit() != 0,
@@ -320,7 +325,7 @@ impl Index {
     /// dropped, which only costs the block a chance; the hand clears bits the same way).
     pub(crate) fn replace(&self, found: &Found, new_slot: u32, generation: u32) {
         let layout = self.layout;
-        let identity = found.value >> layout.identity_shift() << layout.identity_shift();
+        let identity = found.value & layout.identity_mask;
         let referenced = found.value & layout.ref_bit();
         self.store_over(found, identity | referenced | layout.mapping(new_slot, generation, false));
     }
@@ -473,7 +478,7 @@ mod tests {
             let key = Key { buckets: [0; CHOICES], tag: LBA_MASK / bucket_count(slot_count) };
             let value = layout.entry(&key, 2, slot_count - 1, u32::MAX, false);
             assert_eq!(layout.slot(value), slot_count - 1);
-            assert!(layout.matches(&key, 2, value));
+            assert_eq!(value >> layout.identity_shift(), key.tag << 2 | 3, "the tag fits");
             assert_eq!(value & layout.hidden_bit(), 0);
         }
     }

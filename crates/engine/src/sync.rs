@@ -65,3 +65,9 @@ impl ZeroedAtomic for AtomicU32 {
         AtomicU32::new(0)
     }
 }
+#[cfg(feature = "shuttle")]
+impl<T: ZeroedAtomic, const N: usize> ZeroedAtomic for [T; N] {
+    fn zero() -> Self {
+        std::array::from_fn(|_| T::zero())
+    }
+}

@@ -21,6 +21,7 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for std::sync::atomic::AtomicU64 {}
     impl Sealed for std::sync::atomic::AtomicU32 {}
+    impl<T: Sealed, const N: usize> Sealed for [T; N] {}
 }
 
 /// A type for which all-zero bytes are a valid value and which needs no drop: what an
@@ -28,6 +29,8 @@ mod sealed {
 pub trait ZeroValid: sealed::Sealed + Sync + Send + 'static {}
 impl ZeroValid for AtomicU64 {}
 impl ZeroValid for AtomicU32 {}
+/// An array of zero-valid elements is zero-valid (an index bucket: a cache line of entries).
+impl<T: ZeroValid, const N: usize> ZeroValid for [T; N] {}
 
 /// A fixed-length, zero-initialised array of `T` in its own anonymous mapping, advised for
 /// transparent huge pages.
@@ -135,5 +138,10 @@ mod tests {
         assert_eq!(table.as_ptr() as usize % HUGE_PAGE_BYTES, 0, "not huge-page aligned");
         let small = DramTable::<AtomicU32>::zeroed(0).unwrap();
         assert!(small.is_empty());
+        let lines = DramTable::<[AtomicU64; 8]>::zeroed(1000).unwrap();
+        assert_eq!(lines.mapped_bytes(), (1000 * 64usize).next_multiple_of(4096));
+        assert!(lines.iter().flatten().all(|w| w.load(Ordering::Relaxed) == 0));
+        lines[999][7].store(9, Ordering::Relaxed);
+        assert_eq!(lines[999][7].load(Ordering::Relaxed), 9);
     }
 }

@@ -26,7 +26,7 @@ pub use crash::{CrashMedium, CrashSwitch};
 pub use dram::{DramTable, ZeroValid};
 pub use error::{MediaError, Result};
 pub use mapped::PmemFile;
-pub use persist::{FlushInstruction, PersistPrimitives, prefetch};
+pub use persist::{Crc32cInstruction, FlushInstruction, PersistPrimitives, prefetch};
 
 /// Size of a CPU cache line, the unit of [`Medium::flush`].
 pub const CACHE_LINE_BYTES: u64 = 64;

@@ -127,6 +127,39 @@ pub fn prefetch<T>(at: *const T) {
     let _ = at;
 }
 
+/// The CPU's CRC32C instruction (SSE4.2 `crc32`), for checksums computed on every write: a
+/// token that exists only where the instruction does.
+#[derive(Clone, Copy, Debug)]
+pub struct Crc32cInstruction(());
+
+impl Crc32cInstruction {
+    /// The instruction, if this CPU has it (the detection result is cached by `std`).
+    #[inline]
+    pub fn detect() -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("sse4.2") {
+            return Some(Self(()));
+        }
+        None
+    }
+
+    /// Folds the 8 little-endian bytes of `word` into a running CRC32C `crc` (no pre- or
+    /// post-inversion: the caller's, as with the table-driven form).
+    #[inline]
+    pub fn fold_u64(self, crc: u32, word: u64) -> u32 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `self` exists only if `detect` found SSE4.2 on this CPU; the instruction has
+        // no memory operands.
+        let folded = unsafe { std::arch::x86_64::_mm_crc32_u64(u64::from(crc), word) } as u32;
+        #[cfg(not(target_arch = "x86_64"))]
+        let folded = {
+            let _ = (crc, word);
+            unreachable!("no CRC32C instruction token off x86-64")
+        };
+        folded
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn detect_flush() -> FlushInstruction {
     use std::arch::x86_64::{__cpuid, __cpuid_count};

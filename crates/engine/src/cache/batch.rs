@@ -256,9 +256,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         // At most one guard per write of the group: never spills to the heap.
         let mut guards: SmallVec<[(usize, MutexGuard<'e, u64>); GROUP_MAX]> = SmallVec::new();
-        let mut kept = 0;
-        for i in 0..group.len() {
-            let mut g = group[i];
+        // In place (`retain_mut` moves a write only once an earlier one has left).
+        group.retain_mut(|g| {
             let held = guards.iter().position(|(stripe, _)| *stripe == g.stripe);
             g.guard = match held {
                 Some(at) => at,
@@ -270,17 +269,15 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                     };
                     let Some(guard) = guard else {
                         bump(&self.counters().group_stripe_waits, 1);
-                        busy.push(g);
-                        continue;
+                        busy.push(*g);
+                        return false;
                     };
                     guards.push((g.stripe, guard));
                     guards.len() - 1
                 }
             };
-            group[kept] = g;
-            kept += 1;
-        }
-        group.truncate(kept);
+            true
+        });
         // Sequence numbers under the stripes; the copies being replaced are known now: start
         // loading their slot words and entries too.
         for g in group.iter_mut() {
@@ -292,16 +289,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         // Entries; one fence makes every entry durable. A block new to the cache needs an
         // index entry first; if its buckets are full it runs alone (which evicts for room).
-        let mut kept = 0;
-        for i in 0..group.len() {
-            let mut g = group[i];
+        group.retain_mut(|g| {
             if g.entry.is_none() {
                 match engine.index.insert_key(&g.key, g.slot) {
                     Ok(inserted) => g.entry = Some(inserted),
                     Err(_) => {
                         self.give_back(g.slot);
                         alone.push(g.request);
-                        continue;
+                        return false;
                     }
                 }
             }
@@ -309,10 +304,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 g.slot,
                 SlotEntry { lba: g.lba, state: BlockState::Dirty, seq: g.seq },
             );
-            group[kept] = g;
-            kept += 1;
-        }
-        group.truncate(kept);
+            true
+        });
         if group.is_empty() {
             return;
         }
