@@ -355,8 +355,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     }
 
     /// Starts loading `lba`'s stripe lock into the CPU cache (a hint).
-    fn prefetch_stripe(&self, lba: u64) {
-        pmcache_media::prefetch(&*self.stripes[self.stripe_index(lba)] as *const Stripe);
+    fn prefetch_stripe(&self, stripe: usize) {
+        pmcache_media::prefetch(&*self.stripes[stripe] as *const Stripe);
     }
 
     /// Starts loading a slot's DRAM word and metadata entry into the CPU cache (a hint).
@@ -688,11 +688,11 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// write-back still in flight would make the stripe's unlock (a locked instruction) wait
     /// for it, which costs as much as the fence saved. Returns true if the caller must fence
     /// before releasing the stripe: when the stripe already had a pending free that is not
-    /// yet durable, its entry is flushed again and this lane's fence makes both durable.
+    /// yet durable, its entry is flushed again and this lane's fence makes both durable. Also
+    /// returns the state the slot had (clean or dirty).
     #[must_use = "a true result asks for a fence before the stripe is released"]
-    fn free_superseded(&mut self, lba: u64, slot: u32) -> bool {
+    fn free_superseded(&mut self, stripe: usize, slot: u32) -> (bool, SlotState) {
         let engine = self.engine;
-        let stripe = engine.stripe_index(lba);
         let earlier = engine.unfenced_free(stripe);
         if let Some(pending) = earlier {
             engine.reflush_entry(pending);
@@ -701,14 +701,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             // Bounded (a group frees at most `GROUP_MAX` between fences): past it, fence now.
             self.fence();
         }
-        engine.slots.free(slot);
+        let state = engine.slots.free(slot);
         engine.zero_entry(slot);
         self.unflushed_frees.push(slot);
         let record = &engine.stripes[stripe];
         record.pending_free.store((self.id as u64 + 1) << 32 | u64::from(slot), Ordering::Relaxed);
         let fences = self.shared.fences.load(Ordering::Relaxed);
         record.pending_free_fences.store(fences, Ordering::Relaxed);
-        earlier.is_some()
+        (earlier.is_some(), state)
     }
 
     /// Adds a freed slot to this lane's free list (spilling to the shared pool past its
@@ -1125,7 +1125,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
         }
         engine.prefetch_slot(slot);
-        engine.prefetch_stripe(lba);
+        engine.prefetch_stripe(engine.stripe_index(lba));
         let key = engine.index.key(lba);
         engine.index.prefetch_key(&key);
         if full {
@@ -1157,7 +1157,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
         };
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Dirty, seq });
-        if self.switch_in_dirty(lba, slot, entry) {
+        if self.switch_in_dirty(engine.stripe_index(lba), slot, entry) {
             self.fence();
         }
         if !entry.hidden {
@@ -1175,17 +1175,17 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// before releasing it if this returns true (see `free_superseded`), and hands a replaced
     /// copy's slot (`entry.slot` unless `entry.hidden`) to `keep_free`.
     #[must_use = "a true result asks for a fence before the stripe is released"]
-    fn switch_in_dirty(&mut self, lba: u64, slot: u32, entry: Found) -> bool {
+    fn switch_in_dirty(&mut self, stripe: usize, slot: u32, entry: Found) -> bool {
         let engine = self.engine;
         let counters = self.counters();
-        engine.index.replace(&entry, slot, engine.slots.generation(slot));
-        engine.slots.publish(slot, SlotState::Dirty);
+        let free_word = engine.slots.load(slot);
+        engine.index.replace(&entry, slot, free_word.generation());
+        engine.slots.publish_loaded(slot, free_word, SlotState::Dirty);
         if entry.hidden {
             bump(&counters.dirty_delta, 1);
             return false;
         }
-        let old_state = engine.slots.load(entry.slot).state();
-        let must_fence = self.free_superseded(lba, entry.slot);
+        let (must_fence, old_state) = self.free_superseded(stripe, entry.slot);
         if old_state != SlotState::Dirty {
             bump(&counters.dirty_delta, 1);
         }

@@ -153,9 +153,8 @@ pub(crate) struct Index {
     /// The buckets, `WAYS` entries each; a bucket is one cache line (the table starts on a
     /// page boundary).
     buckets: Table<[AtomicU64; WAYS]>,
-    /// The bucket count and the bucket count less one, as fast divisors.
+    /// The bucket count, as a fast divisor.
     bucket_count: StrengthReducedU64,
-    bucket_count_less_one: StrengthReducedU64,
     layout: Layout,
 }
 
@@ -166,7 +165,6 @@ impl Index {
         Ok(Self {
             buckets: zeroed_table(count as usize)?,
             bucket_count: StrengthReducedU64::new(count),
-            bucket_count_less_one: StrengthReducedU64::new(count - 1),
             layout: Layout::new(slot_count, count),
         })
     }
@@ -193,7 +191,10 @@ impl Index {
         let n = self.buckets.len() as u64;
         let h = mix40(lba);
         let (tag, b1) = StrengthReducedU64::div_rem(h, self.bucket_count);
-        let step = 1 + tag % self.bucket_count_less_one;
+        // The step to the other candidates, in 1..n, from the tag alone (so an entry's bucket
+        // and choice give back `b1`): the tag spread over 64 bits, scaled to n - 1.
+        let spread = tag.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let step = 1 + ((u128::from(spread) * u128::from(n - 1)) >> 64) as u64;
         // b1 < n and step < n: reduce by subtraction, not division.
         let wrap = |x: u64| if x >= n { x - n } else { x };
         let b2 = wrap(b1 + step);

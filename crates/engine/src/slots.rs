@@ -92,7 +92,12 @@ impl SlotTable {
 
     /// Makes a free slot valid (its data and metadata entry are already durable).
     pub(crate) fn publish(&self, slot: u32, state: SlotState) {
-        let word = self.load(slot);
+        self.publish_loaded(slot, self.load(slot), state);
+    }
+
+    /// [`SlotTable::publish`] with the slot's word already loaded (by the caller, who holds
+    /// the free slot: nobody else changes its word).
+    pub(crate) fn publish_loaded(&self, slot: u32, word: SlotWord, state: SlotState) {
         assert_eq!(word.state(), SlotState::Free, "publishing slot {slot} that is not free");
         assert_ne!(state, SlotState::Free);
         self.words[slot as usize].store(word.with_state(state).0, Ordering::Release);
@@ -107,11 +112,14 @@ impl SlotTable {
 
     /// Frees a valid slot: new generation, so every holder of the old incarnation (a writer
     /// or evictor between lock holds; a reader through its index entry) tells it changed.
-    pub(crate) fn free(&self, slot: u32) {
+    /// Returns the state it had.
+    pub(crate) fn free(&self, slot: u32) -> SlotState {
         let word = self.load(slot);
-        assert!(word.is_valid(), "freeing slot {slot} that is already free");
+        let state = word.state();
+        assert_ne!(state, SlotState::Free, "freeing slot {slot} that is already free");
         let next_generation = (word.generation() + 1) & ((1 << (32 - GEN_SHIFT)) - 1);
         self.words[slot as usize].store(next_generation << GEN_SHIFT, Ordering::Release);
+        state
     }
 }
 

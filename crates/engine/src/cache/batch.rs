@@ -148,16 +148,23 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // The lane's group buffer (sized at start), taken for the call and given back.
         let mut group = std::mem::take(&mut self.group);
         group.clear();
+        // Bit `lba % 64` of every block in the group: the group is searched for a block only
+        // when its bit is set.
+        let mut grouped_bits = 0u64;
         for (i, w) in writes.iter().enumerate() {
             let joins = self.engine.mode().writes_back()
                 && w.offset.is_multiple_of(block)
                 && w.data.len() as u64 == block
                 && w.offset / block < self.engine.backing_blocks;
             let lba = w.offset / block;
-            if !joins || group.len() == group_max || group.iter().any(|g| g.lba == lba) {
+            let bit = 1u64 << (lba % 64);
+            let in_group = grouped_bits & bit != 0 && group.iter().any(|g| g.lba == lba);
+            if !joins || group.len() == group_max || in_group {
                 self.commit_group(&mut group, writes, outcomes);
+                grouped_bits = 0;
             }
             if joins {
+                grouped_bits |= bit;
                 let stripe = self.engine.stripe_index(lba);
                 group.push(GroupWrite {
                     request: i,
@@ -217,7 +224,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // Every metadata line the group will touch is a cache miss at a random place: start
         // them all while the fence waits for the data's stores to drain (loads pass it).
         for g in group.iter() {
-            engine.prefetch_stripe(g.lba);
+            engine.prefetch_stripe(g.stripe);
             engine.index.prefetch_key(&g.key);
             engine.prefetch_slot(g.slot);
         }
@@ -316,7 +323,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let mut must_fence = false;
         for g in group.iter() {
             let entry = g.entry.expect("found or inserted under the stripe");
-            must_fence |= self.switch_in_dirty(g.lba, g.slot, entry);
+            must_fence |= self.switch_in_dirty(g.stripe, g.slot, entry);
         }
         if must_fence {
             self.fence();
