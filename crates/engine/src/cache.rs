@@ -540,6 +540,19 @@ impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
     }
 }
 
+/// The block holding byte `offset`, for `block`-byte blocks. Block sizes are powers of two
+/// (`Geometry::for_medium` refuses others): a shift, not a division, on every request.
+#[inline]
+pub(crate) fn block_of(offset: u64, block: u64) -> u64 {
+    offset >> block.trailing_zeros()
+}
+
+/// Where byte `offset` lies in its `block`-byte block (a power of two, as in [`block_of`]).
+#[inline]
+pub(crate) fn offset_in_block(offset: u64, block: u64) -> u64 {
+    offset & (block - 1)
+}
+
 /// Splits a byte range into per-block pieces: (block number, offset in block, length).
 fn pieces(offset: u64, len: u64, block: u64) -> impl Iterator<Item = (u64, usize, usize)> {
     let end = offset + len;
@@ -548,8 +561,8 @@ fn pieces(offset: u64, len: u64, block: u64) -> impl Iterator<Item = (u64, usize
         if at >= end {
             return None;
         }
-        let lba = at / block;
-        let in_block = at % block;
+        let lba = block_of(at, block);
+        let in_block = offset_in_block(at, block);
         let n = (block - in_block).min(end - at);
         at += n;
         Some((lba, in_block as usize, n as usize))

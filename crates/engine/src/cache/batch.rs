@@ -22,7 +22,7 @@
 use pmcache_backing::BackingStore;
 use pmcache_media::Medium;
 
-use super::Lane;
+use super::{Lane, block_of, offset_in_block};
 use crate::clock::Clock;
 use crate::error::Result;
 use crate::format::{BlockState, SlotEntry};
@@ -100,11 +100,11 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let len = r.buf.len() as u64;
             r.offset.checked_add(len).is_some_and(|end| end <= size_bytes)
                 && len > 0
-                && r.offset / block == (r.offset + len - 1) / block
+                && block_of(r.offset, block) == block_of(r.offset + len - 1, block)
         };
         let mut keys = [None; READ_CHUNK];
         for (r, k) in reads.iter().zip(keys.iter_mut()).filter(|(r, _)| single_block(r)) {
-            let key = engine.index.key(r.offset / block);
+            let key = engine.index.key(block_of(r.offset, block));
             engine.index.prefetch_key(&key);
             *k = Some(key);
         }
@@ -126,8 +126,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         (0..READ_DATA_PREFETCH_AHEAD).for_each(prefetch_data);
         for (i, (r, f)) in reads.iter_mut().zip(found).enumerate() {
             prefetch_data(i + READ_DATA_PREFETCH_AHEAD);
-            let hit =
-                f.is_some_and(|hit| self.copy_validated(&hit, (r.offset % block) as usize, r.buf));
+            let hit = f.is_some_and(|hit| {
+                self.copy_validated(&hit, offset_in_block(r.offset, block) as usize, r.buf)
+            });
             if hit {
                 bump(&self.counters().bytes_read, r.buf.len() as u64);
                 outcomes.push(Ok(()));
@@ -153,10 +154,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let mut grouped_bits = 0u64;
         for (i, w) in writes.iter().enumerate() {
             let joins = self.engine.mode().writes_back()
-                && w.offset.is_multiple_of(block)
+                && offset_in_block(w.offset, block) == 0
                 && w.data.len() as u64 == block
-                && w.offset / block < self.engine.backing_blocks;
-            let lba = w.offset / block;
+                && block_of(w.offset, block) < self.engine.backing_blocks;
+            let lba = block_of(w.offset, block);
             let bit = 1u64 << (lba % 64);
             let in_group = grouped_bits & bit != 0 && group.iter().any(|g| g.lba == lba);
             if !joins || group.len() == group_max || in_group {
