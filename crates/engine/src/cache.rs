@@ -366,7 +366,12 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     }
 
     fn lock_stripe(&self, lba: u64) -> MutexGuard<'_, u64> {
-        lock(&self.stripes[self.stripe_index(lba)].lock)
+        self.lock_stripe_index(self.stripe_index(lba))
+    }
+
+    /// Locks the stripe at `stripe` (a request that knows its stripe index already).
+    fn lock_stripe_index(&self, stripe: usize) -> MutexGuard<'_, u64> {
+        lock(&self.stripes[stripe].lock)
     }
 
     /// The slot of `stripe`'s pending free if its zeroed entry may not be durable yet: the
@@ -1137,14 +1142,15 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 }
             }
         }
+        let stripe = engine.stripe_index(lba);
         engine.prefetch_slot(slot);
-        engine.prefetch_stripe(engine.stripe_index(lba));
+        engine.prefetch_stripe(stripe);
         let key = engine.index.key(lba);
         engine.index.prefetch_key(&key);
         if full {
             self.fence();
         }
-        let mut guard = engine.lock_stripe(lba);
+        let mut guard = engine.lock_stripe_index(stripe);
         let seq = self.local_seq(&mut guard);
         let old = engine.index.lookup_key(&key);
         if let Some(found) = old {
@@ -1170,7 +1176,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
         };
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Dirty, seq });
-        if self.switch_in_dirty(engine.stripe_index(lba), slot, entry) {
+        if self.switch_in_dirty(stripe, slot, entry) {
             self.fence();
         }
         if !entry.hidden {

@@ -220,16 +220,19 @@ impl Index {
     /// Finds the entry of `lba`, without locks. It may be hidden (see [`Found::hidden`]).
     #[inline]
     pub(crate) fn lookup(&self, lba: u64) -> Option<Found> {
-        self.lookup_key(&self.key(lba))
+        let key = self.key(lba);
+        // Start every candidate bucket before scanning any, so their cache misses overlap
+        // instead of queueing behind one another.
+        self.prefetch_key(&key);
+        self.lookup_key(&key)
     }
 
-    /// [`Index::lookup`] with the key computed.
+    /// [`Index::lookup`] with the key computed and its buckets already started with
+    /// [`Index::prefetch_key`] (every caller does so well ahead, to overlap the misses with
+    /// other work).
     #[inline]
     pub(crate) fn lookup_key(&self, key: &Key) -> Option<Found> {
         let layout = self.layout;
-        // Start every candidate bucket before scanning any, so their cache misses overlap
-        // instead of queueing behind one another.
-        self.prefetch_key(key);
         for (choice, &bucket) in key.buckets.iter().enumerate() {
             let wanted = layout.identity_bits(key, choice);
             for (way, entry) in self.bucket(bucket).iter().enumerate() {

@@ -153,11 +153,11 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // when its bit is set.
         let mut grouped_bits = 0u64;
         for (i, w) in writes.iter().enumerate() {
+            let lba = block_of(w.offset, block);
             let joins = self.engine.mode().writes_back()
                 && offset_in_block(w.offset, block) == 0
                 && w.data.len() as u64 == block
-                && block_of(w.offset, block) < self.engine.backing_blocks;
-            let lba = block_of(w.offset, block);
+                && lba < self.engine.backing_blocks;
             let bit = 1u64 << (lba % 64);
             let in_group = grouped_bits & bit != 0 && group.iter().any(|g| g.lba == lba);
             if !joins || group.len() == group_max || in_group {
@@ -271,7 +271,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 Some(at) => at,
                 None => {
                     let guard = if guards.is_empty() {
-                        Some(engine.lock_stripe(g.lba))
+                        Some(engine.lock_stripe_index(g.stripe))
                     } else {
                         engine.stripes[g.stripe].lock.try_lock().ok()
                     };
