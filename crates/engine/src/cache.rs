@@ -270,6 +270,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             group_next: Vec::with_capacity(self.group_max),
             group_alone: Vec::with_capacity(self.group_max),
             frees_unfenced: false,
+            fences_seen: vec![0; self.lanes.len()].into_boxed_slice(),
         })
     }
 
@@ -372,19 +373,6 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// Locks the stripe at `stripe` (a request that knows its stripe index already).
     fn lock_stripe_index(&self, stripe: usize) -> MutexGuard<'_, u64> {
         lock(&self.stripes[stripe].lock)
-    }
-
-    /// The slot of `stripe`'s pending free if its zeroed entry may not be durable yet: the
-    /// lane that zeroed it has not fenced since. The caller holds the stripe.
-    fn unfenced_free(&self, stripe: usize) -> Option<u32> {
-        let stripe = &self.stripes[stripe];
-        let tagged = stripe.pending_free.load(Ordering::Relaxed);
-        if tagged == 0 {
-            return None;
-        }
-        let lane = (tagged >> 32) as usize - 1;
-        let recorded = stripe.pending_free_fences.load(Ordering::Relaxed);
-        (self.lanes[lane].fences.load(Ordering::Acquire) == recorded).then_some(tagged as u32)
     }
 
     /// Starts writing a slot's entry back to the medium again (durable at the caller's fence).
@@ -530,6 +518,8 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     /// Zeroed entries whose write-back was started once their stripes were released
     /// (`start_freed_write_backs`): the next fence waits for them.
     frees_unfenced: bool,
+    /// Each lane's fence count as this lane last read it (see `unfenced_free`).
+    fences_seen: Box<[u64]>,
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
@@ -607,6 +597,28 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.engine.reflush_entry(slot);
             self.frees_unfenced = true;
         }
+    }
+
+    /// The slot of `stripe`'s pending free if its zeroed entry may not be durable yet: the
+    /// lane that zeroed it has not fenced since. The caller holds the stripe.
+    ///
+    /// The zeroing lane's fence count is read only when this lane's last reading of it does
+    /// not already show a fence since: a count only grows, and the counter's line, which its
+    /// lane writes at every fence, would otherwise move between cores on most writes.
+    fn unfenced_free(&mut self, stripe: usize) -> Option<u32> {
+        let record = &self.engine.stripes[stripe];
+        let tagged = record.pending_free.load(Ordering::Relaxed);
+        if tagged == 0 {
+            return None;
+        }
+        let lane = (tagged >> 32) as usize - 1;
+        let recorded = record.pending_free_fences.load(Ordering::Relaxed);
+        if self.fences_seen[lane] > recorded {
+            return None;
+        }
+        let fences = self.engine.lanes[lane].fences.load(Ordering::Acquire);
+        self.fences_seen[lane] = fences;
+        (fences == recorded).then_some(tagged as u32)
     }
 
     fn write_data(&mut self, slot: u32, data: &[u8]) {
@@ -690,7 +702,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     fn free_slot(&mut self, lba: u64, slot: u32) {
         let engine = self.engine;
         let stripe = engine.stripe_index(lba);
-        if let Some(pending) = engine.unfenced_free(stripe) {
+        if let Some(pending) = self.unfenced_free(stripe) {
             engine.reflush_entry(pending);
         }
         engine.slots.free(slot);
@@ -711,7 +723,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     #[must_use = "a true result asks for a fence before the stripe is released"]
     fn free_superseded(&mut self, stripe: usize, slot: u32) -> (bool, SlotState) {
         let engine = self.engine;
-        let earlier = engine.unfenced_free(stripe);
+        let earlier = self.unfenced_free(stripe);
         if let Some(pending) = earlier {
             engine.reflush_entry(pending);
         }
