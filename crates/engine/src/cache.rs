@@ -48,7 +48,9 @@ pub(crate) struct LaneSlot {
     in_use: AtomicBool,
     counters: PaddedCounters,
     /// Fences the lane has completed. Other lanes read it to tell whether an entry this lane
-    /// zeroed is durable yet: see [`Stripe`].
+    /// zeroed is durable yet: see [`Stripe`]. It only ever grows, across every `Lane` that
+    /// holds this slot in turn, and is never reset: other lanes keep their readings of it
+    /// (`Lane::unfenced_free`), which stay proof of a fence only because of that.
     fences: CachePadded<AtomicU64>,
 }
 
