@@ -567,6 +567,11 @@ fn pieces(offset: u64, len: u64, block: u64) -> impl Iterator<Item = (u64, usize
 }
 
 impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
+    /// The engine this lane belongs to.
+    pub fn engine(&self) -> &'e Engine<M, B, C> {
+        self.engine
+    }
+
     fn counters(&self) -> &'e LaneCounters {
         &self.shared.counters
     }

@@ -74,6 +74,11 @@ pub enum Op {
     Drain,
     /// Cut power between operations.
     PowerCut,
+    /// Switch the cache mode (`Engine::set_mode`); dirty blocks stay dirty.
+    SetMode {
+        /// The new mode.
+        mode: CacheMode,
+    },
 }
 
 /// What a block may hold.
@@ -225,6 +230,11 @@ impl Model {
                     block.durable = block.current.clone();
                 }
             }
+            // Writes are durable at their acknowledgement in the modes that write back. In the
+            // others a write is durable after the next flush — or at once, where it replaced a
+            // dirty cached copy (the engine syncs the backing store first), which the model
+            // does not count on: it only keeps more candidates than the engine can show.
+            Op::SetMode { mode } => self.durable_at_ack = mode.writes_back(),
             Op::Read { .. } | Op::ReadBatch { .. } | Op::PowerCut => {}
         }
     }
@@ -433,6 +443,10 @@ pub fn execute_op<M: Medium, B: BackingStore, C: Clock>(
         Op::Flush => lane.flush().map(nothing).map_err(fail),
         Op::Drain => lane.drain().map(nothing).map_err(fail),
         Op::PowerCut => Ok(Done::default()),
+        Op::SetMode { mode } => {
+            lane.engine().set_mode(mode);
+            Ok(Done::default())
+        }
     }
 }
 
@@ -569,6 +583,8 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
         drop(engine);
         outcome.power_cuts += 1;
         model.power_cut();
+        // The engine attaches in the configured mode, whatever mode it was switched to.
+        model.apply(&Op::SetMode { mode: run.mode }, &[]);
         world = world.after_power_cut(run.seed + outcome.power_cuts);
         if segment == 0
             && let Some(point) = run.cut_during_recovery_at
