@@ -95,8 +95,8 @@ impl Layout {
             generation_bits >= GENERATION_BITS_MIN,
             "index entry has {generation_bits} generation bits for {slot_count} slots"
         );
-        let identity_mask = !0u64 << (slot_bits + 2 + generation_bits);
-        Self { slot_bits, generation_bits, identity_mask }
+        let layout = Self { slot_bits, generation_bits, identity_mask: 0 };
+        Self { identity_mask: !0u64 << layout.identity_shift(), ..layout }
     }
     fn ref_bit(self) -> u64 {
         1 << self.slot_bits
