@@ -77,8 +77,8 @@ pub struct CoreArgs {
     #[arg(long)]
     pub quick: bool,
     /// Run only the configurations whose name contains this (e.g. `read-hit`); skips recovery
-    /// unless it matches `recovery`.
-    #[arg(long)]
+    /// unless it matches `recovery`. May start with a hyphen (`--only -4k-qd16`).
+    #[arg(long, allow_hyphen_values = true)]
     pub only: Option<String>,
 }
 
@@ -656,4 +656,24 @@ pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
         println!("\n{}: {}", recovery.name, recovery.baseline);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Command {
+        #[command(flatten)]
+        core: CoreArgs,
+    }
+
+    #[test]
+    fn a_filter_may_start_with_a_hyphen() {
+        let parsed = Command::try_parse_from(["bench", "--only", "-4k-qd16", "--runs", "3"])
+            .expect("a filter starting with a hyphen is a value, not an option");
+        assert_eq!(parsed.core.only.as_deref(), Some("-4k-qd16"));
+        assert_eq!(parsed.core.runs, 3);
+    }
 }
