@@ -62,10 +62,13 @@ pub struct CoreArgs {
     #[arg(long, default_value_t = 1024)]
     pub cache_mib: u64,
     /// Seconds per measurement.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 0.2)]
     pub seconds: f64,
-    /// Runs per configuration (medians are reported).
-    #[arg(long, default_value_t = 5)]
+    /// Runs per configuration (medians are reported). Many short runs rather than a few long
+    /// ones: on a shared machine the load of other tenants drifts over seconds, and the
+    /// medians of 25 runs of 0.2 s varied far less between invocations than those of 5 runs
+    /// of 1 s (docs/PERFORMANCE.md, session 13).
+    #[arg(long, default_value_t = 25)]
     pub runs: usize,
     /// Slots of the cache whose recovery is timed.
     #[arg(long, default_value_t = 1 << 20)]
