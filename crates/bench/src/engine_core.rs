@@ -80,7 +80,8 @@ pub struct CoreArgs {
     #[arg(long)]
     pub quick: bool,
     /// Run only the configurations whose name contains this (e.g. `read-hit`); skips recovery
-    /// unless it matches `recovery`. May start with a hyphen (`--only -4k-qd16`).
+    /// unless it matches `recovery`. May start with a hyphen (`--only -4k-qd16`). A trailing
+    /// `$` matches the end of the name only (`--only 'write-back-4k$'`: not the `-qd16` rows).
     #[arg(long, allow_hyphen_values = true)]
     pub only: Option<String>,
 }
@@ -405,6 +406,15 @@ fn run_engine(
     })
 }
 
+/// Whether configuration `name` is selected by `--only`: it contains `only`, or ends with it
+/// when `only` ends with `$`.
+fn name_matches(name: &str, only: &str) -> bool {
+    match only.strip_suffix('$') {
+        Some(end) => name.ends_with(end),
+        None => name.contains(only),
+    }
+}
+
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values[values.len() / 2]
@@ -463,7 +473,7 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
         case("mix-50-50-4k-qd16", Mix::Half, 2, QUEUE_DEPTH, 0.80, MIX),
     ];
     let mut rows = Vec::new();
-    let selected = |name: &str| args.only.as_deref().is_none_or(|only| name.contains(only));
+    let selected = |name: &str| args.only.as_deref().is_none_or(|only| name_matches(name, only));
     for case in cases.iter().filter(|c| selected(c.name)) {
         let mut engine_ops = Vec::new();
         let mut raw_ops = Vec::new();
@@ -670,6 +680,15 @@ mod tests {
     struct Command {
         #[command(flatten)]
         core: CoreArgs,
+    }
+
+    #[test]
+    fn a_filter_ending_in_a_dollar_matches_the_end_of_the_name_only() {
+        assert!(name_matches("write-back-4k", "write-back-4k$"));
+        assert!(!name_matches("write-back-4k-qd16", "write-back-4k$"));
+        assert!(name_matches("write-back-4k-qd16", "write-back-4k"));
+        assert!(name_matches("mix-50-50-4k-qd16", "-qd16$"));
+        assert!(!name_matches("recovery", "4k$"));
     }
 
     #[test]
