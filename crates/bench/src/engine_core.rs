@@ -2,8 +2,11 @@
 //!
 //! Every engine figure is measured in the same run as its baseline — the same 4 KiB access
 //! pattern done directly on the same mapped medium (a copy out for reads, a copy plus persist
-//! for writes) — and reported as a ratio. Each configuration runs `runs` times with baseline
-//! and engine interleaved; the table shows medians (of throughputs and of per-run ratios).
+//! for writes) — and reported as a ratio. Each configuration runs `runs` times; within a run
+//! the baseline, the floor and the engine take turns every `INTERLEAVE_BLOCK_OPS` operations
+//! per thread (or, with `--separate`, each for the run's whole length). The table shows
+//! medians (of throughputs and of per-run ratios); the JSON also has the per-run ratios'
+//! quartiles.
 //! Recovery time and DRAM per slot are measured on a cache of `recovery_slots` slots.
 //!
 //! Beside each engine figure a *floor* is measured in the same run: the least work any design
@@ -61,7 +64,7 @@ pub struct CoreArgs {
     /// Cache medium size in MiB.
     #[arg(long, default_value_t = 1024)]
     pub cache_mib: u64,
-    /// Seconds per measurement.
+    /// Seconds per run of each of the baseline, the floor and the engine.
     #[arg(long, default_value_t = 0.2)]
     pub seconds: f64,
     /// Runs per configuration (medians are reported). Many short runs rather than a few long
@@ -79,6 +82,13 @@ pub struct CoreArgs {
     /// Small and short: a smoke test of the harness (CI).
     #[arg(long)]
     pub quick: bool,
+    /// Run the baseline, the floor and the engine each for the run's whole length in turn
+    /// (sessions 1–14's method) instead of alternating them every `INTERLEAVE_BLOCK_OPS`
+    /// operations per thread (about a millisecond). Alternating, the three see the same
+    /// moment of the machine's load, and the per-run ratios spread several times less
+    /// (docs/PERFORMANCE.md, session 15). The 16-thread row always runs in turn.
+    #[arg(long)]
+    pub separate: bool,
     /// Run only the configurations whose name contains this (e.g. `read-hit`); skips recovery
     /// unless it matches `recovery`. May start with a hyphen (`--only -4k-qd16`). A trailing
     /// `$` matches the end of the name only (`--only 'write-back-4k$'`: not the `-qd16` rows).
@@ -101,6 +111,8 @@ pub struct CoreResult {
     pub baseline: String,
     /// Median over runs of engine / baseline in the same run.
     pub ratio_to_raw: f64,
+    /// First and third quartiles over runs of engine / baseline: how far the runs spread.
+    pub ratio_to_raw_quartiles: (f64, f64),
     /// The goal for the ratio, if the issue sets one.
     pub goal_ratio: Option<f64>,
     /// The floor (see the module docs) over the baseline in the same run, median over runs.
@@ -263,87 +275,237 @@ where
     (total as f64 / elapsed, merged)
 }
 
+/// Operations each thread runs of one kind (baseline, floor or engine) before the next kind's
+/// turn in an interleaved run (the default; not with `--separate`).
+const INTERLEAVE_BLOCK_OPS: usize = 2048;
+
+/// Runs `threads` threads, each with its own baseline, floor and engine worker (made by
+/// `make_workers`, in that order), taking turns in blocks of `INTERLEAVE_BLOCK_OPS`
+/// operations — every thread on the same kind at once, a barrier between kinds — until each
+/// kind has run `seconds` on the first thread. Each thread times only its own blocks (not
+/// the barriers); a kind's throughput is the sum over threads of operations over that
+/// thread's time in the kind. Returns the three throughputs (ops/s) and the engine's sampled
+/// call latencies.
+fn drive_interleaved<R, F, E>(
+    threads: usize,
+    seconds: f64,
+    ops_per_call: usize,
+    make_workers: impl Fn(usize) -> (R, F, E) + Sync,
+) -> ([f64; 3], Histogram<u64>)
+where
+    R: FnMut(&mut SmallRng) + Send,
+    F: FnMut(&mut SmallRng) + Send,
+    E: FnMut(&mut SmallRng) + Send,
+{
+    let barrier = std::sync::Barrier::new(threads);
+    let stop = AtomicBool::new(false);
+    // The baseline does one operation per call, the floor and the engine `ops_per_call`.
+    let calls = [INTERLEAVE_BLOCK_OPS, (INTERLEAVE_BLOCK_OPS / ops_per_call).max(1)];
+    let ops_per_block = [calls[0], calls[1] * ops_per_call, calls[1] * ops_per_call];
+    let results: Vec<([f64; 3], Histogram<u64>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (barrier, stop, make_workers) = (&barrier, &stop, &make_workers);
+                scope.spawn(move || {
+                    let (mut raw, mut floor, mut engine) = make_workers(t);
+                    let mut rng = SmallRng::seed_from_u64(t as u64 + 1);
+                    let mut histogram = Histogram::<u64>::new(3).expect("histogram");
+                    let mut busy = [Duration::ZERO; 3];
+                    let mut blocks = 0u64;
+                    loop {
+                        barrier.wait();
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        for (kind, spent) in busy.iter_mut().enumerate() {
+                            barrier.wait();
+                            let started = Instant::now();
+                            match kind {
+                                0 => (0..calls[0]).for_each(|_| raw(&mut rng)),
+                                1 => (0..calls[1]).for_each(|_| floor(&mut rng)),
+                                _ => {
+                                    for call in 0..calls[1] as u64 {
+                                        if call % LATENCY_SAMPLE_EVERY == 0 {
+                                            let timed = Instant::now();
+                                            engine(&mut rng);
+                                            let ns = timed.elapsed().as_nanos() as u64;
+                                            let _ = histogram.record(ns);
+                                        } else {
+                                            engine(&mut rng);
+                                        }
+                                    }
+                                }
+                            }
+                            *spent += started.elapsed();
+                        }
+                        blocks += 1;
+                        // The first thread decides, before the next round's barrier, for all.
+                        if t == 0 && busy.iter().all(|spent| spent.as_secs_f64() >= seconds) {
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    let rates = std::array::from_fn(|kind| {
+                        (blocks * ops_per_block[kind] as u64) as f64 / busy[kind].as_secs_f64()
+                    });
+                    (rates, histogram)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("worker panicked")).collect()
+    });
+    let mut merged = Histogram::<u64>::new(3).expect("histogram");
+    let mut totals = [0.0; 3];
+    for (rates, histogram) in results {
+        for (total, rate) in totals.iter_mut().zip(rates) {
+            *total += rate;
+        }
+        merged.add(histogram).expect("same histogram shape");
+    }
+    (totals, merged)
+}
+
+/// One thread's raw accesses: a 4 KiB copy from (or copy + persist to) a random block.
+fn raw_worker(bed: &Bed, mix: Mix) -> impl FnMut(&mut SmallRng) + Send + '_ {
+    let medium = bed.medium.clone();
+    let (blocks, data_offset) = (bed.blocks, bed.data_offset);
+    let mut buf = page_buf(0);
+    let data = page_buf(0x3c);
+    move |rng: &mut SmallRng| {
+        let at = data_offset + rng.gen_range(0..blocks) * BLOCK;
+        let write = match mix {
+            Mix::Reads => false,
+            Mix::Writes => true,
+            Mix::Half => rng.gen_bool(0.5),
+        };
+        if write {
+            medium.write_persist(at, &data.0);
+        } else {
+            medium.read(at, &mut buf.0);
+            std::hint::black_box(&buf);
+        }
+    }
+}
+
 fn run_raw(bed: &Bed, mix: Mix, threads: usize, seconds: f64) -> f64 {
-    drive(threads, seconds, 1, |_| {
-        let medium = bed.medium.clone();
-        let (blocks, data_offset) = (bed.blocks, bed.data_offset);
-        let mut buf = page_buf(0);
-        let data = page_buf(0x3c);
-        move |rng: &mut SmallRng| {
-            let at = data_offset + rng.gen_range(0..blocks) * BLOCK;
-            let write = match mix {
+    drive(threads, seconds, 1, |_| raw_worker(bed, mix)).0
+}
+
+/// One thread's floor (see the module docs): `case.batch` requests per call.
+fn floor_worker<'a>(
+    bed: &'a Bed,
+    floor: &'a Floor,
+    case: &'a Case,
+) -> impl FnMut(&mut SmallRng) + Send + 'a {
+    let batch = case.batch;
+    let medium = bed.medium.clone();
+    let data_offset = bed.data_offset;
+    let mut bufs: Vec<Box<PageBuf>> = (0..batch).map(|_| page_buf(0)).collect();
+    let data = page_buf(0x3c);
+    let mut writes: Vec<(u64, u64)> = Vec::with_capacity(batch);
+    let mut reads: Vec<u64> = Vec::with_capacity(batch);
+    move |rng: &mut SmallRng| {
+        writes.clear();
+        reads.clear();
+        for _ in 0..batch {
+            let write = match case.mix {
                 Mix::Reads => false,
                 Mix::Writes => true,
                 Mix::Half => rng.gen_bool(0.5),
             };
             if write {
-                medium.write_persist(at, &data.0);
+                writes.push((rng.gen_range(0..bed.blocks), rng.gen_range(0..floor.slots) * 16));
             } else {
-                medium.read(at, &mut buf.0);
-                std::hint::black_box(&buf);
+                reads.push(rng.gen_range(0..floor.table.len() as u64));
             }
         }
-    })
-    .0
+        // Writes: every block's data durable, then every entry (one fence each when
+        // batched, the persist order of a group commit).
+        if !writes.is_empty() {
+            for &(block, _) in &writes {
+                medium.write_flush(data_offset + block * BLOCK, &data.0);
+            }
+            medium.drain();
+            for &(block, at) in &writes {
+                floor.entries.store_u64(at + 8, block);
+                floor.entries.store_u64(at, block | 1 << 40);
+                floor.entries.flush(at, 16);
+            }
+            floor.entries.drain();
+        }
+        // Reads: the table loads first (they overlap), then the copies.
+        for r in reads.iter_mut() {
+            *r = std::hint::black_box(floor.table[*r as usize].load(Ordering::Relaxed));
+        }
+        // Batched, the copies pipeline their data like the engine's batches do.
+        let prefetch = |at: usize| {
+            if let Some(&block) = reads.get(at).filter(|_| batch > 1) {
+                medium.prefetch(data_offset + block * BLOCK, BLOCK);
+            }
+        };
+        (0..READ_DATA_PREFETCH_AHEAD).for_each(prefetch);
+        for (i, (&block, buf)) in reads.iter().zip(bufs.iter_mut()).enumerate() {
+            prefetch(i + READ_DATA_PREFETCH_AHEAD);
+            medium.read(data_offset + block * BLOCK, &mut buf.0);
+            std::hint::black_box(&buf);
+        }
+    }
 }
 
 fn run_floor(bed: &Bed, floor: &Floor, case: &Case, seconds: f64) -> f64 {
-    let batch = case.batch;
-    drive(case.threads, seconds, batch, |_| {
-        let medium = bed.medium.clone();
-        let data_offset = bed.data_offset;
-        let mut bufs: Vec<Box<PageBuf>> = (0..batch).map(|_| page_buf(0)).collect();
-        let data = page_buf(0x3c);
-        let mut writes: Vec<(u64, u64)> = Vec::with_capacity(batch);
-        let mut reads: Vec<u64> = Vec::with_capacity(batch);
-        move |rng: &mut SmallRng| {
-            writes.clear();
-            reads.clear();
-            for _ in 0..batch {
-                let write = match case.mix {
-                    Mix::Reads => false,
-                    Mix::Writes => true,
-                    Mix::Half => rng.gen_bool(0.5),
-                };
-                if write {
-                    writes.push((rng.gen_range(0..bed.blocks), rng.gen_range(0..floor.slots) * 16));
-                } else {
-                    reads.push(rng.gen_range(0..floor.table.len() as u64));
-                }
-            }
-            // Writes: every block's data durable, then every entry (one fence each when
-            // batched, the persist order of a group commit).
-            if !writes.is_empty() {
-                for &(block, _) in &writes {
-                    medium.write_flush(data_offset + block * BLOCK, &data.0);
-                }
-                medium.drain();
-                for &(block, at) in &writes {
-                    floor.entries.store_u64(at + 8, block);
-                    floor.entries.store_u64(at, block | 1 << 40);
-                    floor.entries.flush(at, 16);
-                }
-                floor.entries.drain();
-            }
-            // Reads: the table loads first (they overlap), then the copies.
-            for r in reads.iter_mut() {
-                *r = std::hint::black_box(floor.table[*r as usize].load(Ordering::Relaxed));
-            }
-            // Batched, the copies pipeline their data like the engine's batches do.
-            let prefetch = |at: usize| {
-                if let Some(&block) = reads.get(at).filter(|_| batch > 1) {
-                    medium.prefetch(data_offset + block * BLOCK, BLOCK);
-                }
+    drive(case.threads, seconds, case.batch, |_| floor_worker(bed, floor, case)).0
+}
+
+/// One thread's requests to the engine, through a lane of its own: `batch` per call.
+fn engine_worker(bed: &Bed, mix: Mix, batch: usize) -> impl FnMut(&mut SmallRng) + Send + '_ {
+    let mut lane = bed.engine.lane().expect("enough lanes");
+    let blocks = bed.blocks;
+    let mut bufs: Vec<Box<PageBuf>> = (0..batch).map(|_| page_buf(0)).collect();
+    let data = page_buf(0x3c);
+    let mut write_offsets: Vec<u64> = Vec::with_capacity(batch);
+    let mut read_offsets: Vec<u64> = Vec::with_capacity(batch);
+    let mut outcomes = Vec::with_capacity(batch);
+    move |rng: &mut SmallRng| {
+        write_offsets.clear();
+        read_offsets.clear();
+        for _ in 0..batch {
+            let offset = rng.gen_range(0..blocks) * BLOCK;
+            let write = match mix {
+                Mix::Reads => false,
+                Mix::Writes => true,
+                Mix::Half => rng.gen_bool(0.5),
             };
-            (0..READ_DATA_PREFETCH_AHEAD).for_each(prefetch);
-            for (i, (&block, buf)) in reads.iter().zip(bufs.iter_mut()).enumerate() {
-                prefetch(i + READ_DATA_PREFETCH_AHEAD);
-                medium.read(data_offset + block * BLOCK, &mut buf.0);
-                std::hint::black_box(&buf);
-            }
+            if write { write_offsets.push(offset) } else { read_offsets.push(offset) }
         }
-    })
-    .0
+        if batch == 1 {
+            match (write_offsets.first(), read_offsets.first()) {
+                (Some(&offset), _) => lane.write(offset, &data.0, false).expect("engine write"),
+                (_, Some(&offset)) => {
+                    lane.read(offset, &mut bufs[0].0).expect("engine read");
+                    std::hint::black_box(&bufs[0]);
+                }
+                _ => unreachable!("one operation per call"),
+            }
+            return;
+        }
+        if !write_offsets.is_empty() {
+            let requests: Vec<WriteRequest<'_>> = write_offsets
+                .iter()
+                .map(|&offset| WriteRequest { offset, data: &data.0, fua: false })
+                .collect();
+            lane.write_batch(&requests, &mut outcomes);
+            outcomes.drain(..).for_each(|o| o.expect("engine write"));
+        }
+        if !read_offsets.is_empty() {
+            let mut requests: Vec<ReadRequest<'_>> = read_offsets
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|(&offset, buf)| ReadRequest { offset, buf: &mut buf.0 })
+                .collect();
+            lane.read_batch(&mut requests, &mut outcomes);
+            outcomes.drain(..).for_each(|o| o.expect("engine read"));
+            std::hint::black_box(&requests);
+        }
+    }
 }
 
 fn run_engine(
@@ -353,57 +515,7 @@ fn run_engine(
     batch: usize,
     seconds: f64,
 ) -> (f64, Histogram<u64>) {
-    drive(threads, seconds, batch, |_| {
-        let mut lane = bed.engine.lane().expect("enough lanes");
-        let blocks = bed.blocks;
-        let mut bufs: Vec<Box<PageBuf>> = (0..batch).map(|_| page_buf(0)).collect();
-        let data = page_buf(0x3c);
-        let mut write_offsets: Vec<u64> = Vec::with_capacity(batch);
-        let mut read_offsets: Vec<u64> = Vec::with_capacity(batch);
-        let mut outcomes = Vec::with_capacity(batch);
-        move |rng: &mut SmallRng| {
-            write_offsets.clear();
-            read_offsets.clear();
-            for _ in 0..batch {
-                let offset = rng.gen_range(0..blocks) * BLOCK;
-                let write = match mix {
-                    Mix::Reads => false,
-                    Mix::Writes => true,
-                    Mix::Half => rng.gen_bool(0.5),
-                };
-                if write { write_offsets.push(offset) } else { read_offsets.push(offset) }
-            }
-            if batch == 1 {
-                match (write_offsets.first(), read_offsets.first()) {
-                    (Some(&offset), _) => lane.write(offset, &data.0, false).expect("engine write"),
-                    (_, Some(&offset)) => {
-                        lane.read(offset, &mut bufs[0].0).expect("engine read");
-                        std::hint::black_box(&bufs[0]);
-                    }
-                    _ => unreachable!("one operation per call"),
-                }
-                return;
-            }
-            if !write_offsets.is_empty() {
-                let requests: Vec<WriteRequest<'_>> = write_offsets
-                    .iter()
-                    .map(|&offset| WriteRequest { offset, data: &data.0, fua: false })
-                    .collect();
-                lane.write_batch(&requests, &mut outcomes);
-                outcomes.drain(..).for_each(|o| o.expect("engine write"));
-            }
-            if !read_offsets.is_empty() {
-                let mut requests: Vec<ReadRequest<'_>> = read_offsets
-                    .iter()
-                    .zip(bufs.iter_mut())
-                    .map(|(&offset, buf)| ReadRequest { offset, buf: &mut buf.0 })
-                    .collect();
-                lane.read_batch(&mut requests, &mut outcomes);
-                outcomes.drain(..).for_each(|o| o.expect("engine read"));
-                std::hint::black_box(&requests);
-            }
-        }
-    })
+    drive(threads, seconds, batch, |_| engine_worker(bed, mix, batch))
 }
 
 /// Whether configuration `name` is selected by `--only`: it contains `only`, or ends with it
@@ -418,6 +530,13 @@ fn name_matches(name: &str, only: &str) -> bool {
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values[values.len() / 2]
+}
+
+/// The first and third quartiles (nearest rank) of `values`.
+fn quartiles(values: &mut [f64]) -> (f64, f64) {
+    values.sort_by(|a, b| a.total_cmp(b));
+    let last = values.len() - 1;
+    (values[last / 4], values[last - last / 4])
 }
 
 struct Case {
@@ -441,11 +560,18 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
     let bed = bed(&args.dir, cache_bytes, 32)?;
     let floor = floor_for(&bed)?;
     let setup = format!(
-        "{}; cache {} MiB, {} slots, working set {} blocks of 4 KiB",
+        "{}; cache {} MiB, {} slots, working set {} blocks of 4 KiB{}",
         setup_text(&args.dir, &bed.medium),
         cache_bytes >> 20,
         bed.engine.superblock().geometry.slot_count,
-        bed.blocks
+        bed.blocks,
+        if args.separate {
+            "; baseline, floor and engine each for a whole run in turn".to_string()
+        } else {
+            format!(
+                "; baseline, floor and engine alternated every {INTERLEAVE_BLOCK_OPS} operations"
+            )
+        }
     );
     const READ: &str = "raw 4 KiB copy from the medium";
     const WRITE: &str = "raw 4 KiB copy + persist";
@@ -482,9 +608,22 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
         let mut to_floor = Vec::new();
         let mut histogram = Histogram::<u64>::new(3).expect("histogram");
         for _ in 0..runs {
-            let raw = run_raw(&bed, case.mix, case.threads, seconds);
-            let floor_ops = run_floor(&bed, &floor, case, seconds);
-            let (ops, h) = run_engine(&bed, case.mix, case.threads, case.batch, seconds);
+            let (raw, floor_ops, ops, h) = if !args.separate {
+                let ([raw, floor_ops, ops], h) =
+                    drive_interleaved(case.threads, seconds, case.batch, |_| {
+                        (
+                            raw_worker(&bed, case.mix),
+                            floor_worker(&bed, &floor, case),
+                            engine_worker(&bed, case.mix, case.batch),
+                        )
+                    });
+                (raw, floor_ops, ops, h)
+            } else {
+                let raw = run_raw(&bed, case.mix, case.threads, seconds);
+                let floor_ops = run_floor(&bed, &floor, case, seconds);
+                let (ops, h) = run_engine(&bed, case.mix, case.threads, case.batch, seconds);
+                (raw, floor_ops, ops, h)
+            };
             histogram.add(h).expect("same shape");
             ratios.push(ops / raw);
             floor_ratios.push(floor_ops / raw);
@@ -499,6 +638,7 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
             baseline_ops_per_sec: median(&mut raw_ops),
             baseline: case.baseline.to_string(),
             ratio_to_raw: median(&mut ratios),
+            ratio_to_raw_quartiles: quartiles(&mut ratios),
             goal_ratio: case.goal,
             floor_ratio_to_raw: Some(median(&mut floor_ratios)),
             ratio_to_floor: Some(median(&mut to_floor)),
@@ -530,6 +670,7 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
             baseline_ops_per_sec: median(&mut two),
             baseline: "the engine at 2 threads".to_string(),
             ratio_to_raw: median(&mut ratios),
+            ratio_to_raw_quartiles: quartiles(&mut ratios),
             goal_ratio: Some(0.90),
             floor_ratio_to_raw: None,
             ratio_to_floor: None,
@@ -602,6 +743,7 @@ fn recovery_row(
         baseline_ops_per_sec: 0.0,
         baseline: format!("time to recover: {:.1} ms (slots/s in ops_per_sec)", recovery_s * 1e3),
         ratio_to_raw: 0.0,
+        ratio_to_raw_quartiles: (0.0, 0.0),
         goal_ratio: None,
         floor_ratio_to_raw: None,
         ratio_to_floor: None,
@@ -689,6 +831,53 @@ mod tests {
         assert!(name_matches("write-back-4k-qd16", "write-back-4k"));
         assert!(name_matches("mix-50-50-4k-qd16", "-qd16$"));
         assert!(!name_matches("recovery", "4k$"));
+    }
+
+    #[test]
+    fn quartiles_are_the_nearest_ranks() {
+        let mut runs = [9.0, 1.0, 5.0, 3.0, 7.0, 2.0, 8.0, 4.0, 6.0];
+        assert_eq!(quartiles(&mut runs), (3.0, 7.0));
+        assert_eq!(quartiles(&mut [4.0]), (4.0, 4.0));
+    }
+
+    #[test]
+    fn an_interleaved_run_gives_every_kind_the_same_operations_and_its_own_rate() {
+        const BATCH: usize = 16;
+        let ops = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+        let spin = |ns: u64| {
+            let until = Instant::now() + Duration::from_nanos(ns);
+            while Instant::now() < until {}
+        };
+        let ops_ref = &ops;
+        let ([raw, floor, engine], latencies) = drive_interleaved(2, 0.02, BATCH, |_| {
+            (
+                move |_: &mut SmallRng| {
+                    ops_ref[0].fetch_add(1, Ordering::Relaxed);
+                },
+                move |_: &mut SmallRng| {
+                    ops_ref[1].fetch_add(BATCH as u64, Ordering::Relaxed);
+                    spin(2_000);
+                },
+                move |_: &mut SmallRng| {
+                    ops_ref[2].fetch_add(BATCH as u64, Ordering::Relaxed);
+                    spin(8_000);
+                },
+            )
+        });
+        let done = ops.each_ref().map(|o| o.load(Ordering::Relaxed));
+        assert_eq!(done[0], done[1], "baseline and floor ran different operation counts");
+        assert_eq!(done[1], done[2], "floor and engine ran different operation counts");
+        assert_eq!(done[0] % (2 * INTERLEAVE_BLOCK_OPS as u64), 0, "whole blocks on both threads");
+        assert!(done[0] > 0);
+        // A call of 16 operations that spins 8 µs runs at about 2 M op/s per thread, 4 times
+        // slower than one that spins 2 µs; the baseline does no work at all.
+        assert!(raw > floor && floor > engine, "rates {raw} {floor} {engine}");
+        let per_thread_ns = 2.0 * 1e9 * BATCH as f64 / engine;
+        assert!(
+            (8_000.0..40_000.0).contains(&per_thread_ns),
+            "engine call took {per_thread_ns} ns"
+        );
+        assert!(!latencies.is_empty() && latencies.min() >= 7_900, "sampled engine call latencies");
     }
 
     #[test]
