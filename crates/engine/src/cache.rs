@@ -749,11 +749,17 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     }
 
     /// Adds a freed slot to this lane's free list (spilling to the shared pool past its
-    /// bound). Another lane may fill it before its zeroing is durable: the block it held has a
-    /// newer durable entry, and removing that one first makes the zeroing durable.
+    /// bound). This lane refills a slot only after a fence (every refill persists its data
+    /// first), which makes a pending zeroing durable; before a spill hands slots to other
+    /// lanes, it fences if a zeroing is pending. So no slot's new entry is ever written over an
+    /// old one that is still durable: a power cut could otherwise keep the old entry's word 0
+    /// beside the new entry's word 1, caught only by the entry's check, by chance.
     fn keep_free(&mut self, slot: u32) {
         self.free.push(slot);
         if self.free.len() > self.engine.lane_free_max * 2 {
+            if !self.unflushed_frees.is_empty() || self.frees_unfenced {
+                self.fence();
+            }
             let keep = self.engine.lane_free_max;
             self.engine.pool.put(self.free.drain(keep..));
         }
@@ -1410,5 +1416,54 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     pub(crate) fn mark_attached(&self) {
         self.medium.store_u64(SHUTDOWN_WORD_OFFSET, SHUTDOWN_DIRTY);
         self.medium.persist(SHUTDOWN_WORD_OFFSET, 8);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::WriteRequest;
+    use crate::format::{DecodedEntry, SlotEntry};
+    use crate::testing::model::{BLOCK, World, config};
+    use crate::{AdmissionConfig, CacheMode, Engine, EvictionKind, ManualClock};
+
+    /// A lane hands free slots to the shared pool (its list past its bound) only once their
+    /// zeroed entries are durable: another lane refilling such a slot would otherwise write its
+    /// new entry over an old one still durable, and a power cut could keep the old entry's
+    /// word 0 beside the new entry's word 1 — rejected only by the entry's check, by chance.
+    #[test]
+    fn slots_handed_to_the_pool_have_durably_zeroed_entries() {
+        let world = World::fresh(11);
+        let cfg = config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always);
+        let clock = Arc::new(ManualClock::default());
+        let engine = Engine::format(world.medium.clone(), world.backing.clone(), clock, &cfg)
+            .expect("format");
+        let mut lane = engine.lane().expect("lane");
+        let blocks = engine.group_max as u64;
+        assert!(blocks as usize > 2 * engine.lane_free_max, "a group's frees must spill");
+        let data = vec![0x5a; BLOCK];
+        for lba in 0..blocks {
+            lane.write(lba * BLOCK as u64, &data, false).expect("first copies");
+        }
+        let old: Vec<u32> =
+            (0..blocks).map(|lba| engine.index.lookup(lba).expect("cached").slot).collect();
+        let batch: Vec<WriteRequest<'_>> = (0..blocks)
+            .map(|lba| WriteRequest { offset: lba * BLOCK as u64, data: &data, fua: false })
+            .collect();
+        let mut outcomes = Vec::new();
+        lane.write_batch(&batch, &mut outcomes);
+        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+
+        let mut pooled = Vec::new();
+        engine.pool.take(usize::MAX, &mut pooled);
+        let spilled: Vec<u32> = old.iter().copied().filter(|s| pooled.contains(s)).collect();
+        assert!(!spilled.is_empty(), "no superseded slot reached the pool: {old:?} {pooled:?}");
+        let durable = world.medium.durable_image();
+        for slot in pooled {
+            let at = engine.geometry.entry_offset(slot) as usize / 8;
+            let entry = SlotEntry::decode(durable[at], durable[at + 1]);
+            assert_eq!(entry, DecodedEntry::Free, "slot {slot} reached the pool with {entry:?}");
+        }
     }
 }
