@@ -611,21 +611,19 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
         let mut to_floor = Vec::new();
         let mut histogram = Histogram::<u64>::new(3).expect("histogram");
         for _ in 0..runs {
-            let (raw, floor_ops, ops, h) = if !args.separate {
-                let ([raw, floor_ops, ops], h) =
-                    drive_interleaved(case.threads, seconds, case.batch, |_| {
-                        (
-                            raw_worker(&bed, case.mix),
-                            floor_worker(&bed, &floor, case),
-                            engine_worker(&bed, case.mix, case.batch),
-                        )
-                    });
-                (raw, floor_ops, ops, h)
+            let ([raw, floor_ops, ops], h) = if !args.separate {
+                drive_interleaved(case.threads, seconds, case.batch, |_| {
+                    (
+                        raw_worker(&bed, case.mix),
+                        floor_worker(&bed, &floor, case),
+                        engine_worker(&bed, case.mix, case.batch),
+                    )
+                })
             } else {
                 let raw = run_raw(&bed, case.mix, case.threads, seconds);
                 let floor_ops = run_floor(&bed, &floor, case, seconds);
                 let (ops, h) = run_engine(&bed, case.mix, case.threads, case.batch, seconds);
-                (raw, floor_ops, ops, h)
+                ([raw, floor_ops, ops], h)
             };
             histogram.add(h).expect("same shape");
             ratios.push(ops / raw);

@@ -529,7 +529,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
         let engine = self.engine;
         // Zeroed entries this lane left pending become durable on this thread before another
         // thread can drive the lane (and count its fences).
-        if !self.unflushed_frees.is_empty() || self.frees_unfenced {
+        if self.zeroings_pending() {
             self.fence();
         }
         engine.pool.put(self.free.drain(..));
@@ -604,6 +604,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.engine.reflush_entry(slot);
             self.frees_unfenced = true;
         }
+    }
+
+    /// Whether entries this lane zeroed for superseded slots may not be durable yet (their
+    /// write-back not started, or started and not fenced since): its next fence makes them so.
+    fn zeroings_pending(&self) -> bool {
+        !self.unflushed_frees.is_empty() || self.frees_unfenced
     }
 
     /// The slot of `stripe`'s pending free if its zeroed entry may not be durable yet: the
@@ -757,7 +763,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     fn keep_free(&mut self, slot: u32) {
         self.free.push(slot);
         if self.free.len() > self.engine.lane_free_max * 2 {
-            if !self.unflushed_frees.is_empty() || self.frees_unfenced {
+            if self.zeroings_pending() {
                 self.fence();
             }
             let keep = self.engine.lane_free_max;
