@@ -173,7 +173,10 @@ fn corrupt_metadata_entries_are_dropped_and_reported_never_trusted() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300),
+        ..ProptestConfig::default()
+    })]
 
     /// Random garbage anywhere in the metadata table never panics recovery, and the blocks
     /// whose entries survive read back correctly.

@@ -18,6 +18,12 @@ use shuttle::sync::atomic::{AtomicU64, Ordering};
 const BLOCK: usize = 512;
 const SLOTS_BYTES: u64 = 8192 + 16 * BLOCK as u64;
 
+/// Schedules explored per test: 3,000 in CI, `PMCACHE_SHUTTLE_ITERATIONS` for a longer
+/// campaign. A failing schedule is printed by shuttle for replay.
+fn iterations() -> usize {
+    std::env::var("PMCACHE_SHUTTLE_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(3000)
+}
+
 /// A medium whose every word access is a shuttle scheduling point.
 struct ShuttleMedium {
     words: Vec<AtomicU64>,
@@ -212,25 +218,25 @@ fn scenario_with(mode: CacheMode, batched: bool) {
 
 #[test]
 fn reader_writer_evictor_write_back() {
-    shuttle::check_random(|| scenario(CacheMode::WriteBack), 3000);
+    shuttle::check_random(|| scenario(CacheMode::WriteBack), iterations());
 }
 
 #[test]
 fn reader_writer_evictor_write_through() {
-    shuttle::check_random(|| scenario(CacheMode::WriteThrough), 3000);
+    shuttle::check_random(|| scenario(CacheMode::WriteThrough), iterations());
 }
 
 #[test]
 fn reader_writer_evictor_write_back_pct() {
-    shuttle::check_pct(|| scenario(CacheMode::WriteBack), 3000, 3);
+    shuttle::check_pct(|| scenario(CacheMode::WriteBack), iterations(), 3);
 }
 
 #[test]
 fn batched_reader_writer_evictor_write_back() {
-    shuttle::check_random(|| scenario_with(CacheMode::WriteBack, true), 3000);
+    shuttle::check_random(|| scenario_with(CacheMode::WriteBack, true), iterations());
 }
 
 #[test]
 fn batched_reader_writer_evictor_write_back_pct() {
-    shuttle::check_pct(|| scenario_with(CacheMode::WriteBack, true), 3000, 3);
+    shuttle::check_pct(|| scenario_with(CacheMode::WriteBack, true), iterations(), 3);
 }
