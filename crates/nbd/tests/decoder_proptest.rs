@@ -139,7 +139,10 @@ fn be64(b: &[u8], at: usize) -> u64 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(512),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn codec_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256), option_code in 0u32..16) {
