@@ -174,7 +174,7 @@ fn corrupt_metadata_entries_are_dropped_and_reported_never_trusted() {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300),
+        cases: pmcache_engine::testing::proptest_cases(300),
         ..ProptestConfig::default()
     })]
 

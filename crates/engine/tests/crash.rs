@@ -71,7 +71,7 @@ fn run_strategy() -> impl Strategy<Value = CrashRun> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1500),
+        cases: pmcache_engine::testing::proptest_cases(1500),
         ..ProptestConfig::default()
     })]
 

@@ -34,7 +34,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200),
+        cases: pmcache_engine::testing::proptest_cases(200),
         ..ProptestConfig::default()
     })]
 

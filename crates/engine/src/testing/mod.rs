@@ -12,6 +12,12 @@ use pmcache_media::CrashSwitch;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+/// Cases a property test runs: `default`, unless `PROPTEST_CASES` says otherwise (CI keeps the
+/// defaults; a longer campaign sets the variable, as proptest's own default config would).
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 /// Sector size of the simulated device: its unit of failure atomicity.
 pub const SIM_SECTOR_BYTES: usize = 512;
 
