@@ -133,6 +133,18 @@ impl Payload<'_> {
     }
 }
 
+/// What `Lane::switch_in_dirty` did, for its caller to act on and count.
+#[must_use = "a true `must_fence` asks for a fence before the stripe is released"]
+#[derive(Clone, Copy)]
+struct Switched {
+    /// The stripe's earlier pending free was not durable: fence before releasing the stripe.
+    must_fence: bool,
+    /// The block had no dirty copy before (a dirty slot more).
+    newly_dirty: bool,
+    /// The block had a copy (a write hit).
+    hit: bool,
+}
+
 /// A stripe lock, or the knowledge that the caller already holds it.
 enum StripeGuard<'a> {
     AlreadyHeld,
@@ -353,7 +365,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         Ok(())
     }
 
-    fn stripe_index(&self, lba: u64) -> usize {
+    pub(crate) fn stripe_index(&self, lba: u64) -> usize {
         (lba.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & (self.stripes.len() - 1)
     }
 
@@ -650,9 +662,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     fn store_entry(&self, slot: u32, entry: SlotEntry) {
         let at = self.engine.geometry.entry_offset(slot);
         let (word0, word1) = entry.encode();
-        self.engine.medium.store_u64(at + 8, word1);
-        self.engine.medium.store_u64(at, word0);
-        self.engine.medium.flush(at, 16);
+        self.engine.medium.store_pair_flush(at, word0, word1);
     }
 
     /// Rewrites word 0 of a live entry (state change); flushed, durable after a fence.
@@ -734,6 +744,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// yet durable, its entry is flushed again and this lane's fence makes both durable. Also
     /// returns the state the slot had (clean or dirty).
     #[must_use = "a true result asks for a fence before the stripe is released"]
+    #[inline(always)]
     fn free_superseded(&mut self, stripe: usize, slot: u32) -> (bool, SlotState) {
         let engine = self.engine;
         let earlier = self.unfenced_free(stripe);
@@ -1207,9 +1218,13 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
         };
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Dirty, seq });
-        if self.switch_in_dirty(stripe, slot, entry) {
+        let switched = self.switch_in_dirty(stripe, slot, entry);
+        if switched.must_fence {
             self.fence();
         }
+        let counters = self.counters();
+        bump(&counters.dirty_delta, u64::from(switched.newly_dirty));
+        bump(&counters.write_hits, u64::from(switched.hit));
         if !entry.hidden {
             self.keep_free(entry.slot);
         }
@@ -1222,25 +1237,20 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// `lba`'s index `entry` at `slot` — the entry of the copy it replaces, or the hidden one
     /// inserted for a block new to the cache — publishes `slot`, and frees the replaced copy
     /// as superseded. Shared by single and group writes. The caller holds the stripe, fences
-    /// before releasing it if this returns true (see `free_superseded`), and hands a replaced
-    /// copy's slot (`entry.slot` unless `entry.hidden`) to `keep_free`.
-    #[must_use = "a true result asks for a fence before the stripe is released"]
-    fn switch_in_dirty(&mut self, stripe: usize, slot: u32, entry: Found) -> bool {
+    /// before releasing it if `must_fence` comes back true (see `free_superseded`), hands a
+    /// replaced copy's slot (`entry.slot` unless `entry.hidden`) to `keep_free`, and counts
+    /// what this returns (a group counts once for all its writes).
+    #[inline(always)]
+    fn switch_in_dirty(&mut self, stripe: usize, slot: u32, entry: Found) -> Switched {
         let engine = self.engine;
-        let counters = self.counters();
         let free_word = engine.slots.load(slot);
         engine.index.replace(&entry, slot, free_word.generation());
         engine.slots.publish_loaded(slot, free_word, SlotState::Dirty);
         if entry.hidden {
-            bump(&counters.dirty_delta, 1);
-            return false;
+            return Switched { must_fence: false, newly_dirty: true, hit: false };
         }
         let (must_fence, old_state) = self.free_superseded(stripe, entry.slot);
-        if old_state != SlotState::Dirty {
-            bump(&counters.dirty_delta, 1);
-        }
-        bump(&counters.write_hits, 1);
-        must_fence
+        Switched { must_fence, newly_dirty: old_state != SlotState::Dirty, hit: true }
     }
 
     /// Write-through, write-around and pass-through: the backing store is written under the

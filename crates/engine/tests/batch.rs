@@ -18,6 +18,10 @@ const MEDIUM_BYTES: u64 = 8192 + 128 * BLOCK as u64;
 type SimEngine = Engine<CrashMedium, SimBacking, Arc<ManualClock>>;
 
 fn engine(mode: CacheMode) -> (SimEngine, Arc<CrashSwitch>) {
+    engine_over(mode, BLOCKS)
+}
+
+fn engine_over(mode: CacheMode, backing_blocks: u64) -> (SimEngine, Arc<CrashSwitch>) {
     let switch = CrashSwitch::new();
     let config = Config {
         mode,
@@ -28,7 +32,7 @@ fn engine(mode: CacheMode) -> (SimEngine, Arc<CrashSwitch>) {
     };
     let engine = Engine::format(
         CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1),
-        SimBacking::new(BLOCKS * BLOCK as u64, switch.clone(), 2),
+        SimBacking::new(backing_blocks * BLOCK as u64, switch.clone(), 2),
         Arc::new(ManualClock::default()),
         &config,
     )
@@ -99,6 +103,45 @@ fn a_group_shares_its_fences() {
     assert_eq!(stats.writes, 48);
     assert_eq!(stats.write_hits, 32);
     assert_eq!(stats.dirty_slots, 16);
+}
+
+/// Writes of one group whose blocks share stripes share the stripe's lock: still one round (no
+/// write counted as waiting, no extra entry fence) — new blocks and overwrites alike.
+#[test]
+fn writes_on_one_stripe_share_its_lock() {
+    // Consecutive blocks fall in distinct stripes (a multiplicative hash): look further.
+    const SPAN: u64 = 1 << 14;
+    let (engine, switch) = engine_over(CacheMode::WriteBack, SPAN);
+    let mut by_stripe = std::collections::HashMap::<usize, Vec<u64>>::new();
+    for lba in 0..SPAN {
+        by_stripe.entry(pmcache_engine::testing::stripe_of(&engine, lba)).or_default().push(lba);
+    }
+    // Pairs (and more) of blocks on one stripe, each stripe's blocks apart in the batch.
+    let mut shared: Vec<Vec<u64>> = by_stripe.into_values().filter(|b| b.len() > 1).collect();
+    shared.sort();
+    shared.truncate(8);
+    let lbas: Vec<u64> = (0..2).flat_map(|i| shared.iter().map(move |b| b[i])).collect();
+    assert_eq!(lbas.len(), 16, "16 Ki blocks on 1,024 stripes share every stripe");
+    let mut lane = engine.lane().unwrap();
+    for round in 1..=2u8 {
+        let writes: Vec<(u64, Vec<u8>)> =
+            lbas.iter().map(|&b| (b * BLOCK as u64, block_of(b as u8 ^ round))).collect();
+        let stripes: std::collections::HashSet<usize> =
+            lbas.iter().map(|&b| pmcache_engine::testing::stripe_of(&engine, b)).collect();
+        assert_eq!(stripes.len(), 8, "16 writes on 8 stripes");
+        let before = switch.points();
+        assert!(write_batch_on(&mut lane, &writes).iter().all(Result::is_ok));
+        // Overwrites: the second copy freed on a stripe finds the first one's zeroing still
+        // pending (one per stripe: see `Stripe`), so the group fences once more before it
+        // releases its stripes.
+        let fences = if round == 1 { 2 } else { 3 };
+        assert_eq!(switch.points() - before, fences, "fences for round {round}");
+    }
+    drop(lane);
+    assert_eq!(engine.stats().group_stripe_waits, 0);
+    for &b in &lbas {
+        assert_eq!(read_block(&engine, b), block_of(b as u8 ^ 2), "block {b}");
+    }
 }
 
 /// A repeated block, a partial write and an out-of-range write inside one batch: each gets its

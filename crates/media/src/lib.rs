@@ -73,6 +73,21 @@ pub trait Medium: Send + Sync {
         self.write_flush(offset, data);
         self.drain();
     }
+    /// Stores the 16-byte pair at `offset` (16-byte aligned, so one cache line holds it):
+    /// `word1` at `offset + 8` first, then `word0` at `offset` — each atomically, so a power
+    /// cut between them can tear the pair only that way. Not yet durable. One bounds check
+    /// for both words where the implementation can.
+    fn store_pair(&self, offset: u64, word0: u64, word1: u64) {
+        assert!(offset.is_multiple_of(16), "unaligned pair store at {offset}");
+        self.store_u64(offset + 8, word1);
+        self.store_u64(offset, word0);
+    }
+    /// [`store_pair`](Medium::store_pair), then starts the pair's write-back (durable after
+    /// this thread's next [`drain`](Medium::drain)).
+    fn store_pair_flush(&self, offset: u64, word0: u64, word1: u64) {
+        self.store_pair(offset, word0, word1);
+        self.flush(offset, 16);
+    }
 }
 
 impl<M: Medium + ?Sized> Medium for std::sync::Arc<M> {
@@ -108,6 +123,14 @@ impl<M: Medium + ?Sized> Medium for std::sync::Arc<M> {
     }
     fn write_persist(&self, offset: u64, data: &[u8]) {
         (**self).write_persist(offset, data)
+    }
+    #[inline]
+    fn store_pair(&self, offset: u64, word0: u64, word1: u64) {
+        (**self).store_pair(offset, word0, word1)
+    }
+    #[inline]
+    fn store_pair_flush(&self, offset: u64, word0: u64, word1: u64) {
+        (**self).store_pair_flush(offset, word0, word1)
     }
 }
 

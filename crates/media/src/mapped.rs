@@ -271,6 +271,26 @@ impl Medium for PmemFile {
         }
     }
 
+    #[inline]
+    fn store_pair(&self, offset: u64, word0: u64, word1: u64) {
+        assert!(offset.is_multiple_of(16), "unaligned pair store at {offset}");
+        let words = self.ptr(offset, 16) as *const AtomicU64;
+        // SAFETY: 16-byte aligned (the mapping is page aligned) and in bounds, so both words
+        // are; only ever accessed atomically by the engine's metadata code (as in `load_u64`).
+        unsafe {
+            (*words.add(1)).store(word1, Ordering::Release);
+            (*words).store(word0, Ordering::Release);
+        }
+    }
+
+    #[inline]
+    fn store_pair_flush(&self, offset: u64, word0: u64, word1: u64) {
+        self.store_pair(offset, word0, word1);
+        let start = self.base.as_ptr().wrapping_add(offset as usize);
+        // SAFETY: `store_pair` checked `offset..offset + 16` is inside the mapping.
+        unsafe { self.primitives.flush_range(start, 16) };
+    }
+
     fn write_flush(&self, offset: u64, data: &[u8]) {
         let dst = self.ptr(offset, data.len() as u64);
         let whole_lines = (dst as usize).is_multiple_of(64) && data.len().is_multiple_of(64);
@@ -330,6 +350,40 @@ mod tests {
         File::create(&tiny).unwrap().set_len(100).unwrap();
         let err = PmemFile::open(&tiny, None).unwrap_err();
         assert!(err.to_string().contains("100 bytes"), "{err}");
+    }
+
+    #[test]
+    fn a_pair_store_writes_both_words_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pm");
+        let medium = PmemFile::open(&path, Some(1 << 16)).unwrap();
+        medium.store_pair_flush(4096 + 16, 0x1111, 0x2222);
+        medium.store_pair((1 << 16) - 16, 0x3333, 0x4444);
+        medium.persist((1 << 16) - 16, 16);
+        medium.drain();
+        drop(medium);
+        let medium = PmemFile::open(&path, None).unwrap();
+        assert_eq!((medium.load_u64(4096 + 16), medium.load_u64(4096 + 24)), (0x1111, 0x2222));
+        assert_eq!(medium.load_u64(4096), 0, "the pair's neighbours are untouched");
+        assert_eq!(medium.load_u64(4096 + 32), 0);
+        let last = (1 << 16) - 16;
+        assert_eq!((medium.load_u64(last), medium.load_u64(last + 8)), (0x3333, 0x4444));
+    }
+
+    #[test]
+    #[should_panic(expected = "outside a medium")]
+    fn a_pair_store_past_the_end_is_a_bug() {
+        let dir = tempfile::tempdir().unwrap();
+        let medium = PmemFile::open(&dir.path().join("pm"), Some(1 << 16)).unwrap();
+        medium.store_pair_flush(1 << 16, 1, 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "unaligned pair store")]
+    fn an_unaligned_pair_store_is_a_bug() {
+        let dir = tempfile::tempdir().unwrap();
+        let medium = PmemFile::open(&dir.path().join("pm"), Some(1 << 16)).unwrap();
+        medium.store_pair(8, 1, 2);
     }
 
     #[test]

@@ -144,6 +144,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     pub fn write_batch(&mut self, writes: &[WriteRequest<'_>], outcomes: &mut Vec<Result<()>>) {
         let block = self.block_bytes();
         let group_max = self.engine.group_max;
+        // Read once for the batch: a mode change takes effect between requests either way.
+        let writes_back = self.engine.mode().writes_back();
+        let backing_blocks = self.engine.backing_blocks;
         outcomes.clear();
         outcomes.extend(writes.iter().map(|_| Ok(())));
         // The lane's group buffer (sized at start), taken for the call and given back.
@@ -154,10 +157,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let mut grouped_bits = 0u64;
         for (i, w) in writes.iter().enumerate() {
             let lba = block_of(w.offset, block);
-            let joins = self.engine.mode().writes_back()
+            let joins = writes_back
                 && offset_in_block(w.offset, block) == 0
                 && w.data.len() as u64 == block
-                && lba < self.engine.backing_blocks;
+                && lba < backing_blocks;
             let bit = 1u64 << (lba % 64);
             let in_group = grouped_bits & bit != 0 && group.iter().any(|g| g.lba == lba);
             if !joins || group.len() == group_max || in_group {
@@ -202,14 +205,16 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         alone.clear();
         // 1. Slots first: allocation may evict or write back, which takes stripe locks.
         let mut allocated = 0;
-        for g in group.iter_mut() {
-            match self.alloc() {
-                Ok(slot) => {
-                    g.slot = slot;
-                    allocated += 1;
-                }
-                Err(_) => break,
-            }
+        while allocated < group.len() {
+            let slot = match self.free.pop() {
+                Some(slot) => slot,
+                None => match self.alloc() {
+                    Ok(slot) => slot,
+                    Err(_) => break,
+                },
+            };
+            group[allocated].slot = slot;
+            allocated += 1;
         }
         if allocated < group.len() {
             // The writes that got no slot run alone (and report the error if it persists).
@@ -263,57 +268,75 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     ) {
         let engine = self.engine;
         // At most one guard per write of the group: never spills to the heap.
-        let mut guards: SmallVec<[(usize, MutexGuard<'e, u64>); GROUP_MAX]> = SmallVec::new();
-        // In place (`retain_mut` moves a write only once an earlier one has left).
-        group.retain_mut(|g| {
-            let held = guards.iter().position(|(stripe, _)| *stripe == g.stripe);
-            g.guard = match held {
-                Some(at) => at,
-                None => {
-                    let guard = if guards.is_empty() {
-                        Some(engine.lock_stripe_index(g.stripe))
-                    } else {
-                        engine.stripes[g.stripe].lock.try_lock().ok()
-                    };
-                    let Some(guard) = guard else {
-                        bump(&self.counters().group_stripe_waits, 1);
-                        busy.push(*g);
-                        return false;
-                    };
-                    guards.push((g.stripe, guard));
+        let mut guards: SmallVec<[MutexGuard<'e, u64>; GROUP_MAX]> = SmallVec::new();
+        // Two passes, each keeping the writes that stay in this round at the front, in batch
+        // order. First the stripes: no write-back may be outstanding while they are taken (a
+        // locked instruction waits for the cache-line write-backs before it), so no entry is
+        // stored and flushed until every stripe is held.
+        let mut kept = 0;
+        for at in 0..group.len() {
+            let (earlier, rest) = group.split_at_mut(at);
+            let g = &mut rest[0];
+            let guard = if guards.is_empty() {
+                Some(engine.lock_stripe_index(g.stripe))
+            } else {
+                engine.stripes[g.stripe].lock.try_lock().ok()
+            };
+            g.guard = match guard {
+                Some(guard) => {
+                    guards.push(guard);
                     guards.len() - 1
                 }
+                // Held by another lane, or by this round for an earlier write of the group
+                // (trying a mutex the thread holds fails too: searched only then).
+                None => match earlier[..kept].iter().find(|e| e.stripe == g.stripe) {
+                    Some(e) => e.guard,
+                    None => {
+                        bump(&self.counters().group_stripe_waits, 1);
+                        busy.push(*g);
+                        continue;
+                    }
+                },
             };
-            true
-        });
-        // Sequence numbers under the stripes; the copies being replaced are known now: start
-        // loading their slot words and entries too.
-        for g in group.iter_mut() {
-            g.seq = self.local_seq(&mut guards[g.guard].1);
-            g.entry = engine.index.lookup_key(&g.key);
-            if let Some(found) = g.entry {
-                engine.prefetch_slot(found.slot);
+            if kept != at {
+                group.swap(kept, at);
             }
+            kept += 1;
         }
-        // Entries; one fence makes every entry durable. A block new to the cache needs an
-        // index entry first; if its buckets are full it runs alone (which evicts for room).
-        group.retain_mut(|g| {
-            if g.entry.is_none() {
-                match engine.index.insert_key(&g.key, g.slot) {
-                    Ok(inserted) => g.entry = Some(inserted),
+        group.truncate(kept);
+        // Then, under the stripes: the sequence number, the index entry (the copy it replaces,
+        // or a hidden one inserted for a block new to the cache), the metadata entry.
+        let mut kept = 0;
+        for at in 0..group.len() {
+            let g = &mut group[at];
+            g.seq = self.local_seq(&mut guards[g.guard]);
+            let entry = match engine.index.lookup_key(&g.key) {
+                Some(found) => {
+                    // The replaced copy's slot word and entry are stored to after the fence.
+                    engine.prefetch_slot(found.slot);
+                    found
+                }
+                None => match engine.index.insert_key(&g.key, g.slot) {
+                    Ok(inserted) => inserted,
+                    // Its buckets are full: it runs alone (which evicts for room).
                     Err(_) => {
                         self.give_back(g.slot);
                         alone.push(g.request);
-                        return false;
+                        continue;
                     }
-                }
-            }
+                },
+            };
+            g.entry = Some(entry);
             self.store_entry(
                 g.slot,
                 SlotEntry { lba: g.lba, state: BlockState::Dirty, seq: g.seq },
             );
-            true
-        });
+            if kept != at {
+                group.swap(kept, at);
+            }
+            kept += 1;
+        }
+        group.truncate(kept);
         if group.is_empty() {
             return;
         }
@@ -322,9 +345,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // each becomes its stripe's pending free (see `Stripe`); a fence only if one of those
         // stripes still had an earlier pending free that was not durable.
         let mut must_fence = false;
+        let mut newly_dirty = 0;
+        let mut hits = 0;
         for g in group.iter() {
             let entry = g.entry.expect("found or inserted under the stripe");
-            must_fence |= self.switch_in_dirty(g.stripe, g.slot, entry);
+            let switched = self.switch_in_dirty(g.stripe, g.slot, entry);
+            must_fence |= switched.must_fence;
+            newly_dirty += u64::from(switched.newly_dirty);
+            hits += u64::from(switched.hit);
         }
         if must_fence {
             self.fence();
@@ -338,9 +366,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         let block = self.block_bytes();
         let counters = self.counters();
-        bump(&counters.writes, group.len() as u64);
-        bump(&counters.group_writes, group.len() as u64);
-        bump(&counters.bytes_written, group.len() as u64 * block);
+        let written = group.len() as u64;
+        bump(&counters.writes, written);
+        bump(&counters.group_writes, written);
+        bump(&counters.bytes_written, written * block);
+        bump(&counters.dirty_delta, newly_dirty);
+        bump(&counters.write_hits, hits);
         group.clear();
     }
 }

@@ -18,6 +18,15 @@ pub fn proptest_cases(default: u32) -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// The stripe (lock) that block `lba` of `engine` falls in: tests build groups whose writes
+/// share stripes with it.
+pub fn stripe_of<M: pmcache_media::Medium, B: BackingStore, C: crate::Clock>(
+    engine: &crate::Engine<M, B, C>,
+    lba: u64,
+) -> usize {
+    engine.stripe_index(lba)
+}
+
 /// Sector size of the simulated device: its unit of failure atomicity.
 pub const SIM_SECTOR_BYTES: usize = 512;
 
