@@ -122,13 +122,13 @@ fn writes_on_one_stripe_share_its_lock() {
     shared.truncate(8);
     let lbas: Vec<u64> = (0..2).flat_map(|i| shared.iter().map(move |b| b[i])).collect();
     assert_eq!(lbas.len(), 16, "16 Ki blocks on 1,024 stripes share every stripe");
+    let stripes: std::collections::HashSet<usize> =
+        lbas.iter().map(|&b| pmcache_engine::testing::stripe_of(&engine, b)).collect();
+    assert_eq!(stripes.len(), 8, "16 writes on 8 stripes");
     let mut lane = engine.lane().unwrap();
     for round in 1..=2u8 {
         let writes: Vec<(u64, Vec<u8>)> =
             lbas.iter().map(|&b| (b * BLOCK as u64, block_of(b as u8 ^ round))).collect();
-        let stripes: std::collections::HashSet<usize> =
-            lbas.iter().map(|&b| pmcache_engine::testing::stripe_of(&engine, b)).collect();
-        assert_eq!(stripes.len(), 8, "16 writes on 8 stripes");
         let before = switch.points();
         assert!(write_batch_on(&mut lane, &writes).iter().all(Result::is_ok));
         // Overwrites: the second copy freed on a stripe finds the first one's zeroing still

@@ -97,6 +97,22 @@ impl PmemFile {
         unsafe { self.base.as_ptr().add(offset as usize) }
     }
 
+    /// [`Medium::store_pair`]: one alignment and one bounds check for both words. Returns the
+    /// pair's address (checked to lie inside the mapping) for a flush.
+    #[inline]
+    fn store_pair_at(&self, offset: u64, word0: u64, word1: u64) -> *const u8 {
+        assert!(offset.is_multiple_of(16), "unaligned pair store at {offset}");
+        let start = self.ptr(offset, 16);
+        let words = start as *const AtomicU64;
+        // SAFETY: 16-byte aligned (the mapping is page aligned) and in bounds, so both words
+        // are; only ever accessed atomically by the engine's metadata code (as in `load_u64`).
+        unsafe {
+            (*words.add(1)).store(word1, Ordering::Release);
+            (*words).store(word0, Ordering::Release);
+        }
+        start
+    }
+
     /// Whether whole-block copies should use non-temporal stores. On DAX (real PM) they do, as
     /// PMDK's do for large copies. Otherwise (DRAM emulation) copy+flush+fence and
     /// non-temporal copy+fence are timed on a private anonymous mapping — never on the medium,
@@ -273,21 +289,13 @@ impl Medium for PmemFile {
 
     #[inline]
     fn store_pair(&self, offset: u64, word0: u64, word1: u64) {
-        assert!(offset.is_multiple_of(16), "unaligned pair store at {offset}");
-        let words = self.ptr(offset, 16) as *const AtomicU64;
-        // SAFETY: 16-byte aligned (the mapping is page aligned) and in bounds, so both words
-        // are; only ever accessed atomically by the engine's metadata code (as in `load_u64`).
-        unsafe {
-            (*words.add(1)).store(word1, Ordering::Release);
-            (*words).store(word0, Ordering::Release);
-        }
+        self.store_pair_at(offset, word0, word1);
     }
 
     #[inline]
     fn store_pair_flush(&self, offset: u64, word0: u64, word1: u64) {
-        self.store_pair(offset, word0, word1);
-        let start = self.base.as_ptr().wrapping_add(offset as usize);
-        // SAFETY: `store_pair` checked `offset..offset + 16` is inside the mapping.
+        let start = self.store_pair_at(offset, word0, word1);
+        // SAFETY: `store_pair_at` checked that `start..start + 16` lies inside the mapping.
         unsafe { self.primitives.flush_range(start, 16) };
     }
 

@@ -144,7 +144,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     pub fn write_batch(&mut self, writes: &[WriteRequest<'_>], outcomes: &mut Vec<Result<()>>) {
         let block = self.block_bytes();
         let group_max = self.engine.group_max;
-        // Read once for the batch: a mode change takes effect between requests either way.
+        // Read once per batch: a mode change made during a batch applies from the next one.
         let writes_back = self.engine.mode().writes_back();
         let backing_blocks = self.engine.backing_blocks;
         outcomes.clear();
