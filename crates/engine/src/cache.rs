@@ -277,6 +277,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             seq_next: 0,
             seq_end: 0,
             block: vec![0u8; self.geometry.block_size as usize],
+            write_back_block: vec![0u8; self.geometry.block_size as usize],
             scratch_slots: Vec::with_capacity(DRAIN_BATCH),
             written: Vec::with_capacity(DRAIN_BATCH),
             unflushed_frees: Vec::with_capacity(2 * batch::GROUP_MAX),
@@ -518,7 +519,12 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     /// This lane's range of sequence numbers for write-back entries: `seq_next..seq_end`.
     seq_next: u64,
     seq_end: u64,
+    /// One block: a read miss's data on its way to the caller and its slot, a partial write's
+    /// merge, a write-through's admitted copy. It may hold such a block while index room is
+    /// made, so `write_back` never uses it.
     block: Vec<u8>,
+    /// One block: what `write_back` copies from a dirty slot to the backing store.
+    write_back_block: Vec<u8>,
     scratch_slots: Vec<u32>,
     written: Vec<(u32, SlotWord, SlotEntry)>,
     /// Superseded slots whose zeroed entries this lane's next fence writes back first (see
@@ -911,8 +917,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             if !(now.same_incarnation(seen) && now.state() == SlotState::Dirty) {
                 continue;
             }
-            engine.medium.read(engine.geometry.data_offset(slot), &mut self.block);
-            engine.backing_write(&self.block, entry.lba * block)?;
+            engine.medium.read(engine.geometry.data_offset(slot), &mut self.write_back_block);
+            engine.backing_write(&self.write_back_block, entry.lba * block)?;
             drop(guard);
             self.written.push((slot, now, entry));
         }
@@ -1480,6 +1486,257 @@ mod tests {
             let at = engine.geometry.entry_offset(slot) as usize / 8;
             let entry = SlotEntry::decode(durable[at], durable[at + 1]);
             assert_eq!(entry, DecodedEntry::Free, "slot {slot} reached the pool with {entry:?}");
+        }
+    }
+
+    /// Making index room inside a read miss or a write-through (full buckets).
+    #[cfg(not(feature = "shuttle"))]
+    mod full_index {
+        use pmcache_backing::BackingStore;
+        use proptest::prelude::*;
+
+        use crate::testing::full_buckets::{self, BACKING_FILL, FullBuckets, assert_reads};
+        use crate::testing::proptest_cases;
+        use crate::{CacheMode, Lane, WriteRequest};
+
+        const BLOCK: usize = full_buckets::BLOCK as usize;
+
+        /// An operation on block `b` of the 25 that share three index buckets (24 fit).
+        #[derive(Clone, Debug)]
+        enum Op {
+            Write {
+                b: usize,
+                fill: u8,
+            },
+            /// Bytes 512..1536 of the block.
+            WritePartial {
+                b: usize,
+                fill: u8,
+            },
+            WriteZeroes {
+                b: usize,
+            },
+            Trim {
+                b: usize,
+            },
+            Read {
+                b: usize,
+            },
+            /// Whole-block writes handed over as one batch (group commit, and the writes that
+            /// find no index room run alone).
+            WriteBatch {
+                writes: Vec<(usize, u8)>,
+            },
+            /// Every block written, in this order, one by one: in a mode that writes back,
+            /// the buckets then hold only dirty blocks and the one left out must make room by
+            /// writing one back.
+            WriteAll {
+                order: Vec<usize>,
+                fill: u8,
+            },
+            /// Every block read, in this order.
+            ReadAll {
+                order: Vec<usize>,
+            },
+            SetMode(CacheMode),
+            /// Drop the engine and attach again (recovery rebuilds everything).
+            Reattach,
+            Drain,
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            let b = 0..25usize;
+            prop_oneof![
+                4 => (b.clone(), any::<u8>()).prop_map(|(b, fill)| Op::Write { b, fill }),
+                2 => (b.clone(), any::<u8>()).prop_map(|(b, fill)| Op::WritePartial { b, fill }),
+                1 => b.clone().prop_map(|b| Op::WriteZeroes { b }),
+                1 => b.clone().prop_map(|b| Op::Trim { b }),
+                4 => b.clone().prop_map(|b| Op::Read { b }),
+                2 => prop::collection::vec((b, any::<u8>()), 1..12)
+                    .prop_map(|writes| Op::WriteBatch { writes }),
+                1 => (Just((0..25).collect::<Vec<usize>>()).prop_shuffle(), any::<u8>())
+                    .prop_map(|(order, fill)| Op::WriteAll { order, fill }),
+                1 => Just((0..25).collect::<Vec<usize>>()).prop_shuffle()
+                    .prop_map(|order| Op::ReadAll { order }),
+                1 => prop::sample::select(CacheMode::ALL.to_vec()).prop_map(Op::SetMode),
+                1 => Just(Op::Reattach),
+                1 => Just(Op::Drain),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(proptest_cases(256)))]
+
+            /// Random operations in every mode on blocks that never all fit the index, so
+            /// nearly every admission and every new dirty block must make room (evict a clean
+            /// occupant, or write a dirty one back first): every read returns the block's
+            /// last data, across re-attachments, and a final drain leaves it on the backing
+            /// store.
+            #[test]
+            fn blocks_competing_for_index_room_keep_their_data(
+                ops in prop::collection::vec(op(), 1..80)
+            ) {
+                let cache = FullBuckets::new();
+                let lbas: Vec<u64> = cache.fillers.iter().copied().chain([cache.x]).collect();
+                // Each block's contents; `None` after a trim (unspecified until read).
+                let mut model: Vec<Option<Vec<u8>>> = vec![Some(vec![BACKING_FILL; BLOCK]); 25];
+                let (mut engine, _) = cache.cache.open();
+                let mut got = vec![0u8; BLOCK];
+                let read = |lane: &mut Lane<'_, _, _, _>,
+                            model: &mut [Option<Vec<u8>>],
+                            b: usize|
+                 -> Result<(), TestCaseError> {
+                    let mut got = vec![0u8; BLOCK];
+                    lane.read(lbas[b] * BLOCK as u64, &mut got).unwrap();
+                    match &model[b] {
+                        Some(data) => prop_assert!(
+                            got == *data,
+                            "block {b}: read {:#x}.., holds {:#x}..", got[0], data[0]
+                        ),
+                        None => model[b] = Some(got),
+                    }
+                    Ok(())
+                };
+                for op in ops {
+                    let mut lane = engine.lane().unwrap();
+                    match op {
+                        Op::Write { b, fill } => {
+                            lane.write(lbas[b] * BLOCK as u64, &[fill; BLOCK], false).unwrap();
+                            model[b] = Some(vec![fill; BLOCK]);
+                        }
+                        Op::WritePartial { b, fill } => {
+                            lane.write(lbas[b] * BLOCK as u64 + 512, &[fill; 1024], false)
+                                .unwrap();
+                            if let Some(data) = &mut model[b] {
+                                data[512..1536].fill(fill);
+                            }
+                        }
+                        Op::WriteZeroes { b } => {
+                            lane.write_zeroes(lbas[b] * BLOCK as u64, BLOCK as u64, false)
+                                .unwrap();
+                            model[b] = Some(vec![0; BLOCK]);
+                        }
+                        Op::Trim { b } => {
+                            lane.trim(lbas[b] * BLOCK as u64, BLOCK as u64).unwrap();
+                            model[b] = None;
+                        }
+                        Op::Read { b } => read(&mut lane, &mut model, b)?,
+                        Op::ReadAll { order } => {
+                            for b in order {
+                                read(&mut lane, &mut model, b)?;
+                            }
+                        }
+                        Op::WriteBatch { writes } => {
+                            // A block repeated in the batch is written in batch order.
+                            let data: Vec<[u8; BLOCK]> =
+                                writes.iter().map(|&(_, fill)| [fill; BLOCK]).collect();
+                            let requests: Vec<WriteRequest<'_>> = writes
+                                .iter()
+                                .zip(&data)
+                                .map(|(&(b, _), data)| WriteRequest {
+                                    offset: lbas[b] * BLOCK as u64,
+                                    data,
+                                    fua: false,
+                                })
+                                .collect();
+                            let mut outcomes = Vec::new();
+                            lane.write_batch(&requests, &mut outcomes);
+                            prop_assert!(outcomes.iter().all(|o| o.is_ok()), "{outcomes:?}");
+                            for &(b, fill) in &writes {
+                                model[b] = Some(vec![fill; BLOCK]);
+                            }
+                        }
+                        Op::WriteAll { order, fill } => {
+                            for b in order {
+                                lane.write(lbas[b] * BLOCK as u64, &[fill; BLOCK], false)
+                                    .unwrap();
+                                model[b] = Some(vec![fill; BLOCK]);
+                            }
+                        }
+                        Op::SetMode(mode) => engine.set_mode(mode),
+                        Op::Reattach => {
+                            drop(lane);
+                            drop(engine);
+                            engine = cache.cache.open().0;
+                            continue;
+                        }
+                        Op::Drain => lane.drain().unwrap(),
+                    }
+                }
+                engine.lane().unwrap().drain().unwrap();
+                for (b, data) in model.iter().enumerate() {
+                    if let Some(data) = data {
+                        engine.backing().read_at(&mut got, lbas[b] * BLOCK as u64).unwrap();
+                        prop_assert!(got == *data, "block {b} on the backing store: {:#x}..", got[0]);
+                    }
+                }
+            }
+        }
+
+        /// A read miss whose index buckets are full of dirty blocks writes one of them back to
+        /// make room. The block read must be its own data, returned and cached: the write-back
+        /// once copied the dirty block through the buffer that held it.
+        #[test]
+        fn a_read_miss_that_writes_back_for_index_room_keeps_its_own_data() {
+            let cache = FullBuckets::new();
+            let (engine, _) = cache.cache.open();
+            let mut lane = engine.lane().unwrap();
+            cache.write_fillers(&mut lane);
+            let mut got = vec![0u8; full_buckets::BLOCK as usize];
+            lane.read(cache.x * full_buckets::BLOCK, &mut got).unwrap();
+            assert!(got.iter().all(|&b| b == BACKING_FILL), "read {:#x}", got[0]);
+            let stats = engine.stats();
+            assert_eq!((stats.read_misses_admitted, stats.writebacks, stats.read_hits), (1, 1, 0));
+            // Served from the cache now.
+            got.fill(0);
+            lane.read(cache.x * full_buckets::BLOCK, &mut got).unwrap();
+            assert!(got.iter().all(|&b| b == BACKING_FILL), "read {:#x}", got[0]);
+            assert_eq!(engine.stats().read_hits, 1);
+            drop(lane);
+            // Every block (the fillers now miss in turn, each taking another's place), and again
+            // after attaching anew.
+            let fillers = cache
+                .fillers
+                .iter()
+                .enumerate()
+                .map(|(i, &lba)| (lba, FullBuckets::filler_fill(i)));
+            let expected: Vec<(u64, u8)> = fillers.chain([(cache.x, BACKING_FILL)]).collect();
+            assert_reads(&engine, expected.iter().copied());
+            drop(engine);
+            assert_reads(&cache.cache.open().0, expected);
+        }
+
+        /// The same for a write-through write (whole or partial) cached in place of a block
+        /// written back for room: the cached copy is the data written.
+        #[test]
+        fn a_write_through_that_writes_back_for_index_room_caches_its_own_data() {
+            for partial in [false, true] {
+                let cache = FullBuckets::new();
+                let (engine, _) = cache.cache.open();
+                let mut lane = engine.lane().unwrap();
+                cache.write_fillers(&mut lane);
+                engine.set_mode(CacheMode::WriteThrough);
+                let mut expected =
+                    vec![if partial { BACKING_FILL } else { 0x77 }; full_buckets::BLOCK as usize];
+                let (at, len) =
+                    if partial { (512, 1024) } else { (0, full_buckets::BLOCK as usize) };
+                expected[at..at + len].fill(0x77);
+                lane.write(
+                    cache.x * full_buckets::BLOCK + at as u64,
+                    &expected[at..at + len],
+                    false,
+                )
+                .unwrap();
+                assert_eq!(engine.stats().writebacks, 1, "partial: {partial}");
+                let mut got = vec![0u8; full_buckets::BLOCK as usize];
+                lane.read(cache.x * full_buckets::BLOCK, &mut got).unwrap();
+                assert!(got == expected, "partial: {partial}: read {:#x} at {at}", got[at]);
+                assert_eq!(
+                    engine.stats().read_hits,
+                    1,
+                    "partial: {partial}: not served from the cache"
+                );
+            }
         }
     }
 }

@@ -69,4 +69,12 @@ mod tests {
         assert_eq!(Fifo.sweep(true), Sweep::Evict);
         assert!(Clock.marks_hits() && !Fifo.marks_hits());
     }
+
+    #[test]
+    fn each_policy_is_named_as_its_option_value() {
+        use crate::EvictionKind;
+        for kind in [EvictionKind::Clock, EvictionKind::Fifo] {
+            assert_eq!(kind.policy().name().parse::<EvictionKind>(), Ok(kind));
+        }
+    }
 }

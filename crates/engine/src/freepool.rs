@@ -61,3 +61,43 @@ impl FreePool {
         taken
     }
 }
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bitmap_takes_one_bit_per_slot_in_whole_words() {
+        for (slots, bytes) in [(1, 8), (64, 8), (65, 16), (1 << 20, 1 << 17)] {
+            assert_eq!(FreePool::new(slots).bytes(), bytes, "{slots} slots");
+        }
+    }
+
+    #[test]
+    fn slots_come_back_lowest_first_from_the_cursor_at_most_max_at_a_time() {
+        let pool = FreePool::new(200);
+        pool.put([150, 3, 70, 199, 64]);
+        let mut out = vec![7];
+        // Popped from the end, the lowest comes first; what `out` held stays.
+        assert_eq!(pool.take(3, &mut out), 3);
+        assert_eq!(out, [7, 70, 64, 3]);
+        assert_eq!((out.pop(), out.pop(), out.pop()), (Some(3), Some(64), Some(70)));
+        // The cursor moved past the emptied words: the rest follow, then nothing.
+        out.clear();
+        assert_eq!(pool.take(10, &mut out), 2);
+        assert_eq!(out, [199, 150]);
+        assert_eq!(pool.take(10, &mut out), 0);
+        // Freed again below the cursor: found after wrapping around.
+        pool.put([5]);
+        out.clear();
+        assert_eq!(pool.take(10, &mut out), 1);
+        assert_eq!(out, [5]);
+    }
+
+    #[test]
+    #[should_panic(expected = "freed twice")]
+    fn a_slot_freed_twice_is_a_broken_invariant() {
+        let pool = FreePool::new(64);
+        pool.put([9, 9]);
+    }
+}

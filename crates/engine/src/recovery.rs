@@ -193,7 +193,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 .copied()
                 .find(|&s| self.slots.load(s).state() == SlotState::Clean);
             let Some(victim) = victim else {
-                // Sixteen dirty neighbours: write this block back and let it go.
+                // Every occupant is dirty: write this block back and let it go.
                 let mut data = vec![0u8; self.geometry.block_size as usize];
                 self.medium.read(self.geometry.data_offset(slot), &mut data);
                 let offset = entry.lba * u64::from(self.geometry.block_size);
@@ -307,79 +307,221 @@ fn read_superblock<M: Medium>(medium: &M) -> Result<Superblock> {
 
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests {
-    use std::sync::Arc;
+    use pmcache_backing::BackingStore;
+    use pmcache_media::Medium;
 
-    use pmcache_backing::{BackingStore, PsyncFile};
-    use pmcache_media::{CrashMedium, CrashSwitch, Medium};
+    use crate::format::{
+        BlockState, DecodedEntry, SHUTDOWN_DIRTY, SHUTDOWN_WORD_OFFSET, SYNCED_SEQ_OFFSET,
+        SlotEntry,
+    };
+    use crate::recovery::{CheckReport, RecoveryReport, check_medium};
+    use crate::testing::full_buckets::{
+        BACKING_FILL, BLOCK, FullBuckets, SLOTS, TestCache, assert_reads,
+    };
 
-    use crate::MonotonicClock;
-    use crate::cache::Engine;
-    use crate::config::{CacheMode, Config};
-    use crate::format::{BlockState, SUPERBLOCK_BYTES, SYNCED_SEQ_OFFSET, SlotEntry};
-    use crate::index::Index;
+    /// Every kind of metadata entry recovery meets — free, clean (older than the synced
+    /// sequence, or equal to it), clean but newer than the synced sequence, dirty, an older
+    /// copy scanned before and after its block's newest, torn, failing its check, naming a block past the backing store, an invalid state — lands in
+    /// its own field of the report (and of `check_medium`'s, which changes nothing); the
+    /// dropped entries are cleared from the medium, the kept ones serve their data, and the
+    /// next write's sequence number follows the largest one recovered.
+    #[test]
+    fn recovery_sorts_and_counts_every_kind_of_entry() {
+        let backing_blocks = 16u64;
+        let backing_fill = |lba: u64| 0xb0 + lba as u8;
+        let cache =
+            TestCache::new(backing_blocks, (0..backing_blocks).map(|b| (b, backing_fill(b))));
+        let (medium, geometry, slots) = (&cache.medium, cache.geometry, SLOTS);
+        let put = |slot, lba, state, seq, fill| cache.put(slot, lba, state, seq, fill);
+        let put_words = |slot, word0, word1| cache.put_words(slot, word0, word1);
+        let synced_seq = 50;
+        put(0, 1, BlockState::Clean, 10, backing_fill(1)); // clean, stays clean
+        put(1, 2, BlockState::Clean, 60, backing_fill(2)); // clean after the sync: made dirty
+        put(2, 3, BlockState::Dirty, 20, 0x33);
+        put(3, 4, BlockState::Dirty, 30, 0x40); // older copy, scanned first
+        put(4, 4, BlockState::Dirty, 40, 0x44);
+        put(5, 5, BlockState::Dirty, 45, 0x55);
+        put(6, 5, BlockState::Clean, 15, backing_fill(5)); // older copy, scanned last
+        let (word0, _) = SlotEntry { lba: 6, state: BlockState::Dirty, seq: 70 }.encode();
+        put_words(7, word0, 71); // torn: word 1 of another update
+        let (word0, word1) = SlotEntry { lba: 7, state: BlockState::Dirty, seq: 33 }.encode();
+        put_words(8, word0 ^ 1, word1); // one bit flipped: fails its check
+        put(9, backing_blocks, BlockState::Dirty, 34, 0x99); // past the backing store
+        put_words(10, u64::MAX, 5); // no such state
+        put(11, 9, BlockState::Clean, synced_seq, backing_fill(9)); // clean at the sync: stays
+        let decoded = |slot: u32| {
+            let at = geometry.entry_offset(slot);
+            SlotEntry::decode(medium.load_u64(at), medium.load_u64(at + 8))
+        };
+        assert_eq!(decoded(7), DecodedEntry::Torn);
+        assert_eq!(decoded(8), DecodedEntry::Corrupt);
+        assert_eq!(decoded(10), DecodedEntry::Corrupt);
+        medium.store_u64(SYNCED_SEQ_OFFSET, synced_seq);
+        medium.store_u64(SHUTDOWN_WORD_OFFSET, SHUTDOWN_DIRTY);
+        medium.persist(0, medium.len_bytes());
+        let image_before: Vec<u64> =
+            (0..medium.len_bytes() / 8).map(|word| medium.load_u64(word * 8)).collect();
 
-    const BLOCK: u64 = 4096;
+        let checked = check_medium(medium).expect("check");
+        assert_eq!(
+            CheckReport { superblock: None, ..checked },
+            CheckReport {
+                superblock: None,
+                was_clean_shutdown: false,
+                synced_seq,
+                free: slots - 12,
+                clean: 2,
+                dirty: 4,
+                superseded: 2,
+                torn: 1,
+                corrupt: 3,
+            }
+        );
+        assert_eq!(checked.superblock.map(|sb| sb.geometry), Some(geometry));
+        assert!(
+            (0..medium.len_bytes() / 8)
+                .all(|word| medium.load_u64(word * 8) == image_before[word as usize]),
+            "check_medium changed the medium"
+        );
+
+        let open = || cache.open();
+        let (engine, report) = open();
+        assert_eq!(
+            RecoveryReport { duration_ns: 0, ..report },
+            RecoveryReport {
+                slots,
+                clean: 2,
+                dirty: 4,
+                clean_made_dirty: 1,
+                superseded: 2,
+                torn: 1,
+                corrupt: 3,
+                was_clean_shutdown: false,
+                duration_ns: 0,
+            }
+        );
+        assert_eq!(engine.stats().dirty_slots, 4);
+        for dropped in [3, 6, 7, 8, 9, 10] {
+            assert_eq!(decoded(dropped), DecodedEntry::Free, "slot {dropped} not cleared");
+        }
+        assert_eq!(
+            decoded(1),
+            DecodedEntry::Valid(SlotEntry { lba: 2, state: BlockState::Dirty, seq: 60 }),
+            "the clean copy newer than the sync is dirty on the medium too"
+        );
+        // The next write-back entry follows the largest recovered sequence number, 60 (the
+        // torn entry's 70/71 does not count).
+        let mut lane = engine.lane().unwrap();
+        lane.write(8 * BLOCK, &[0x88; BLOCK as usize], false).unwrap();
+        let written: Vec<SlotEntry> = (0..slots as u32)
+            .filter_map(|slot| match decoded(slot) {
+                DecodedEntry::Valid(entry) if entry.lba == 8 => Some(entry),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(written, [SlotEntry { lba: 8, state: BlockState::Dirty, seq: 61 }]);
+        // Blocks 6 and 7 (their entries dropped) miss and are admitted clean, after 61.
+        let mut got = vec![0u8; BLOCK as usize];
+        for (lba, fill) in [
+            (1, backing_fill(1)),
+            (2, backing_fill(2)),
+            (3, 0x33),
+            (4, 0x44),
+            (5, 0x55),
+            (6, backing_fill(6)),
+            (7, backing_fill(7)),
+            (8, 0x88),
+            (9, backing_fill(9)),
+        ] {
+            lane.read(lba * BLOCK, &mut got).unwrap();
+            assert!(got.iter().all(|&b| b == fill), "block {lba}: {:#x}, not {fill:#x}", got[0]);
+        }
+        drop(lane);
+        drop(engine);
+
+        // Attached again: nothing left to drop. The two blocks admitted clean (sequence
+        // numbers 62 and 63, past the synced 50) are made dirty.
+        let (engine, report) = open();
+        assert_eq!(
+            RecoveryReport { duration_ns: 0, ..report },
+            RecoveryReport {
+                slots,
+                clean: 2,
+                dirty: 7,
+                clean_made_dirty: 2,
+                was_clean_shutdown: false,
+                ..Default::default()
+            }
+        );
+        // A clean shutdown syncs the backing store: every copy is then at or below the synced
+        // sequence, and both reports say the shutdown was clean.
+        engine.shutdown().unwrap();
+        drop(engine);
+        let checked = check_medium(medium).expect("check");
+        assert!(checked.was_clean_shutdown && checked.synced_seq >= 63, "{checked:?}");
+        let (_engine, report) = open();
+        assert!(report.was_clean_shutdown && report.clean_made_dirty == 0, "{report:?}");
+    }
 
     /// Recovery that must drop a block's newest (clean) copy for want of index room must not
     /// let an older dirty copy of that block, scanned later, take its place: the backing store
     /// holds the newer data.
     #[test]
     fn an_older_copy_does_not_replace_a_newer_one_dropped_for_room() {
-        let slots = 64u64;
-        let medium_bytes = (SUPERBLOCK_BYTES + slots * 16).next_multiple_of(4096) + slots * BLOCK;
-        let medium = Arc::new(CrashMedium::new(medium_bytes, CrashSwitch::new(), 1));
-        // 3 x 8 + 1 blocks sharing their three candidate index buckets: one more than fit.
-        let slot_count = crate::format::Geometry::for_medium(medium_bytes, BLOCK as u32)
-            .unwrap()
-            .slot_count as u32;
-        let index = Index::new(slot_count).unwrap();
-        let target = index.candidate_buckets(0);
-        let colliding: Vec<u64> = (0..1u64 << 36)
-            .filter(|&lba| index.candidate_buckets(lba) == target)
-            .take(25)
-            .collect();
-        let (fillers, x) = (&colliding[..24], colliding[24]);
-        let dir = tempfile::tempdir().unwrap();
-        let backing_path = dir.path().join("backing");
-        std::fs::File::create(&backing_path).unwrap().set_len((x + 1) * BLOCK).unwrap();
-        let config = Config { mode: CacheMode::WriteBack, max_lanes: 2, ..Config::default() };
-        let engine = Engine::format(
-            medium.clone(),
-            PsyncFile::open(&backing_path).unwrap(),
-            MonotonicClock::default(),
-            &config,
-        )
-        .expect("format");
-        let geometry = engine.superblock().geometry;
-        assert_eq!(geometry.slot_count, u64::from(slot_count));
-        // The backing store holds x's newest data (0x22), which the cache had as clean.
-        engine.backing().write_at(&[0x22; BLOCK as usize], x * BLOCK).unwrap();
-        drop(engine);
-        let put = |slot: u32, lba: u64, state: BlockState, seq: u64, fill: u8| {
-            medium.write(geometry.data_offset(slot), &[fill; BLOCK as usize]);
-            let (word0, word1) = SlotEntry { lba, state, seq }.encode();
-            let at = geometry.entry_offset(slot);
-            medium.store_u64(at + 8, word1);
-            medium.store_u64(at, word0);
-        };
-        for (slot, &lba) in fillers.iter().enumerate() {
-            put(slot as u32, lba, BlockState::Clean, 100 + slot as u64, 0x11);
+        let cache = FullBuckets::new();
+        for (slot, &lba) in cache.fillers.iter().enumerate() {
+            cache.cache.put(slot as u32, lba, BlockState::Clean, 100 + slot as u64, BACKING_FILL);
         }
-        put(24, x, BlockState::Clean, 300, 0x22); // x's newest copy: clean, dropped for room
-        put(25, x, BlockState::Dirty, 200, 0x33); // an older dirty copy a power cut left behind
-        medium.store_u64(SYNCED_SEQ_OFFSET, 1000);
-        medium.persist(0, medium.len_bytes());
-        let (engine, report) = Engine::open(
-            medium.clone(),
-            PsyncFile::open(&backing_path).unwrap(),
-            MonotonicClock::default(),
-            &config,
-        )
-        .expect("recovery");
+        // x's newest copy: clean (the backing store holds it), dropped for room.
+        cache.cache.put(24, cache.x, BlockState::Clean, 300, BACKING_FILL);
+        // An older dirty copy a power cut left behind.
+        cache.cache.put(25, cache.x, BlockState::Dirty, 200, 0x33);
+        let (engine, report) = cache.cache.open();
         assert!(report.superseded >= 1, "{report:?}");
-        let mut lane = engine.lane().unwrap();
-        let mut got = vec![0u8; BLOCK as usize];
-        lane.read(x * BLOCK, &mut got).unwrap();
-        assert!(got.iter().all(|&b| b == 0x22), "block {x} rolled back to {:#x}", got[0]);
+        assert_reads(&engine, [(cache.x, BACKING_FILL)]);
+    }
+
+    /// A dirty block that finds its index buckets full at recovery takes the place of a clean
+    /// occupant — never of a dirty one, and it is never dropped itself: both would lose
+    /// acknowledged data.
+    #[test]
+    fn a_dirty_block_with_full_buckets_takes_a_clean_occupants_place() {
+        let cache = FullBuckets::new();
+        // Dirty and clean occupants alternate, a dirty one first.
+        let fill =
+            |slot: usize| if slot.is_multiple_of(2) { 0x10 + slot as u8 } else { BACKING_FILL };
+        for (slot, &lba) in cache.fillers.iter().enumerate() {
+            let state = if slot.is_multiple_of(2) { BlockState::Dirty } else { BlockState::Clean };
+            cache.cache.put(slot as u32, lba, state, 100 + slot as u64, fill(slot));
+        }
+        cache.cache.put(24, cache.x, BlockState::Dirty, 300, 0x77);
+        let (engine, report) = cache.cache.open();
+        assert_eq!((report.dirty, report.clean), (13, 11), "{report:?}");
+        let fillers = cache.fillers.iter().enumerate().map(|(slot, &lba)| (lba, fill(slot)));
+        assert_reads(&engine, fillers.chain([(cache.x, 0x77)]));
+    }
+
+    /// When every occupant of its buckets is dirty too, the block is written back to its place
+    /// on the backing store before its copy is let go.
+    #[test]
+    fn a_dirty_block_among_dirty_occupants_is_written_back_before_it_is_let_go() {
+        let cache = FullBuckets::new();
+        for (slot, &lba) in cache.fillers.iter().enumerate() {
+            cache.cache.put(
+                slot as u32,
+                lba,
+                BlockState::Dirty,
+                100 + slot as u64,
+                0x10 + slot as u8,
+            );
+        }
+        cache.cache.put(24, cache.x, BlockState::Dirty, 300, 0x77);
+        let (engine, report) = cache.cache.open();
+        assert_eq!((report.dirty, report.clean), (24, 0), "{report:?}");
+        let mut on_backing = vec![0u8; BLOCK as usize];
+        engine.backing().read_at(&mut on_backing, cache.x * BLOCK).unwrap();
+        assert!(on_backing.iter().all(|&b| b == 0x77), "backing holds {:#x}", on_backing[0]);
+        let fillers = cache.fillers.iter().enumerate().map(|(slot, &lba)| (lba, 0x10 + slot as u8));
+        assert_reads(&engine, fillers.chain([(cache.x, 0x77)]));
     }
 }

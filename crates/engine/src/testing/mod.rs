@@ -1,6 +1,8 @@
 //! Test doubles and harnesses that run the production engine: a simulated backing store with a volatile
 //! write cache that loses un-flushed writes at a power cut, and fault injection.
 
+#[cfg(all(test, not(feature = "shuttle")))]
+pub(crate) mod full_buckets;
 pub mod model;
 
 use std::io;
