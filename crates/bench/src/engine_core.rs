@@ -201,6 +201,7 @@ fn bed(dir: &Path, cache_bytes: u64, lanes: usize) -> Result<Bed, String> {
         max_lanes: lanes,
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
+        index_buckets: None,
     };
     let slots = pmcache_engine::format::Geometry::for_medium(cache_bytes, BLOCK as u32)
         .map_err(|e| e.to_string())?

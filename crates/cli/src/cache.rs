@@ -99,6 +99,7 @@ pub fn engine_config(args: &CacheArgs, max_lanes: usize) -> Config {
         max_lanes,
         admission: AdmissionConfig::default(),
         eviction: args.eviction,
+        index_buckets: None,
     }
 }
 

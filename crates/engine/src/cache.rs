@@ -216,7 +216,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         let stripe_count = (config.max_lanes * 64).next_power_of_two().max(1024);
         Ok(Self {
             slots: SlotTable::new(slot_count)?,
-            index: Index::new(slot_count)?,
+            index: Index::with_buckets(slot_count, config.index_buckets)?,
             stripes: (0..stripe_count)
                 .map(|_| {
                     CachePadded::new(Stripe {
@@ -726,13 +726,16 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     /// Frees the slot of block `lba`'s newest copy, which is being dropped (no newer entry
     /// replaces it): new generation in DRAM, entry zeroed and made durable before the stripe
-    /// lock (held by the caller) is released — together with the stripe's pending free (see
-    /// [`Stripe`]), so that no older entry of the block can outlive this one and come back.
+    /// lock (held by the caller) is released — *after* the stripe's pending free (see
+    /// [`Stripe`]) is durable, so that no older entry of the block can outlive this one and
+    /// come back. Two write-backs under one fence are not ordered: a power cut inside it
+    /// could keep this zeroing and lose the older one's.
     fn free_slot(&mut self, lba: u64, slot: u32) {
         let engine = self.engine;
         let stripe = engine.stripe_index(lba);
         if let Some(pending) = self.unfenced_free(stripe) {
             engine.reflush_entry(pending);
+            self.fence();
         }
         engine.slots.free(slot);
         engine.clear_entry(slot);

@@ -142,6 +142,15 @@ pub struct Config {
     pub admission: AdmissionConfig,
     /// Eviction policy.
     pub eviction: EvictionKind,
+    /// Buckets of the DRAM index (8 entries, one cache line each). `None`, the default, sizes
+    /// it for the cache: 75 % of its entries in use when every slot holds a block, and at
+    /// least 1,024 buckets. Fewer buckets than that make blocks compete for index room (a
+    /// block whose three candidate buckets are full evicts a clean block of theirs or writes
+    /// a dirty one back first), and fewer entries than slots cache fewer blocks than the
+    /// slots could hold: the tests use a tiny index to reach those paths. Too few buckets for
+    /// the slot count is a configuration error. Not recorded on the medium: each attach may
+    /// choose anew.
+    pub index_buckets: Option<u64>,
 }
 
 impl Default for Config {
@@ -152,6 +161,7 @@ impl Default for Config {
             max_lanes: 64,
             admission: AdmissionConfig::default(),
             eviction: EvictionKind::Clock,
+            index_buckets: None,
         }
     }
 }

@@ -30,7 +30,7 @@
 
 use strength_reduce::StrengthReducedU64;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sync::{AtomicU64, Ordering, Table, zeroed_table};
 
 const WAYS: usize = 8;
@@ -85,18 +85,20 @@ struct Layout {
 }
 
 impl Layout {
-    fn new(slot_count: u32, bucket_count: u64) -> Self {
+    /// The layout for `slot_count` slots in `bucket_count` buckets, if its entries keep at
+    /// least [`GENERATION_BITS_MIN`] generation bits (the fewer the buckets, the wider the
+    /// tag).
+    fn new(slot_count: u32, bucket_count: u64) -> Option<Self> {
         let bits = |max: u64| u64::BITS - max.leading_zeros();
         // Every slot number fits, with room to spare: `slot_count` itself fits.
         let slot_bits = bits(u64::from(slot_count)).max(1);
         let tag_bits = bits(LBA_MASK / bucket_count);
-        let generation_bits = u64::BITS - tag_bits - 2 - 2 - slot_bits;
-        assert!(
-            generation_bits >= GENERATION_BITS_MIN,
-            "index entry has {generation_bits} generation bits for {slot_count} slots"
-        );
+        let generation_bits = (u64::BITS - tag_bits - 2 - 2).checked_sub(slot_bits)?;
+        if generation_bits < GENERATION_BITS_MIN {
+            return None;
+        }
         let layout = Self { slot_bits, generation_bits, identity_mask: 0 };
-        Self { identity_mask: !0u64 << layout.identity_shift(), ..layout }
+        Some(Self { identity_mask: !0u64 << layout.identity_shift(), ..layout })
     }
     fn ref_bit(self) -> u64 {
         1 << self.slot_bits
@@ -159,13 +161,27 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    /// An empty index for `slot_count` slots.
+    /// An empty index for `slot_count` slots, sized for them.
+    #[cfg(all(test, not(feature = "shuttle")))]
     pub(crate) fn new(slot_count: u32) -> Result<Self> {
-        let count = bucket_count(slot_count);
+        Self::with_buckets(slot_count, None)
+    }
+
+    /// An empty index for `slot_count` slots in `buckets` buckets (`None`: sized for them; see
+    /// `Config::index_buckets`).
+    pub(crate) fn with_buckets(slot_count: u32, buckets: Option<u64>) -> Result<Self> {
+        let count = buckets.unwrap_or_else(|| bucket_count(slot_count));
+        let layout =
+            (count > 0).then(|| Layout::new(slot_count, count)).flatten().ok_or_else(|| {
+                Error::Config(format!(
+                    "an index of {count} buckets is too small for {slot_count} slots (its entries \
+                 would keep fewer than {GENERATION_BITS_MIN} slot-generation bits)"
+                ))
+            })?;
         Ok(Self {
             buckets: zeroed_table(count as usize)?,
             bucket_count: StrengthReducedU64::new(count),
-            layout: Layout::new(slot_count, count),
+            layout,
         })
     }
 
@@ -476,7 +492,7 @@ mod tests {
     #[test]
     fn every_geometry_keeps_enough_generation_bits() {
         for slot_count in [1, 16, 6144, 6145, 1 << 20, 1 << 28, u32::MAX] {
-            let layout = Layout::new(slot_count, bucket_count(slot_count));
+            let layout = Layout::new(slot_count, bucket_count(slot_count)).expect("a layout");
             assert!(layout.generation_bits >= GENERATION_BITS_MIN, "{slot_count} slots");
             // The largest slot number and the largest tag fit beside it.
             let key = Key { buckets: [0; CHOICES], tag: LBA_MASK / bucket_count(slot_count) };
@@ -484,6 +500,19 @@ mod tests {
             assert_eq!(layout.slot(value), slot_count - 1);
             assert_eq!(value >> layout.identity_shift(), key.tag << 2 | 3, "the tag fits");
             assert_eq!(value & layout.hidden_bit(), 0);
+        }
+    }
+
+    #[test]
+    fn an_index_too_small_for_its_slots_is_a_configuration_error() {
+        // 20 slots (5 slot bits): 2 buckets leave a 39-bit tag and 16 generation bits, 1
+        // bucket 15.
+        let index = Index::with_buckets(20, Some(2)).expect("2 buckets for 20 slots");
+        assert_eq!(index.generation_bits(), GENERATION_BITS_MIN);
+        for buckets in [0, 1] {
+            let err = Index::with_buckets(20, Some(buckets)).map(|_| ()).unwrap_err();
+            assert!(matches!(err, Error::Config(_)), "{buckets} buckets: {err}");
+            assert!(err.to_string().contains("too small"), "{err}");
         }
     }
 }

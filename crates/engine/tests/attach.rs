@@ -23,6 +23,7 @@ fn config(mode: CacheMode) -> Config {
         max_lanes: 2,
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
+        index_buckets: None,
     }
 }
 
@@ -121,6 +122,23 @@ fn another_backing_store_is_refused() {
     let other = SimBacking::new(2 * BLOCKS * BLOCK as u64, CrashSwitch::new(), 3);
     let err = open(&medium, &other).unwrap_err();
     assert!(err.to_string().contains("belongs to another backing store"), "{err}");
+}
+
+/// A medium too small to hold even the superblock's header: a precise error from attaching
+/// and from the read-only check, not an out-of-bounds read.
+#[test]
+fn a_medium_smaller_than_a_superblock_is_refused() {
+    for len_bytes in [64, 120, 128] {
+        let medium = CrashMedium::new(len_bytes, CrashSwitch::new(), 1);
+        let backing = SimBacking::new(BLOCKS * BLOCK as u64, CrashSwitch::new(), 4);
+        let err = Engine::open(medium.clone(), backing, clock(), &config(CacheMode::WriteBack))
+            .map(|_| ())
+            .unwrap_err();
+        let expected = if len_bytes < 128 { "smaller than a superblock" } else { "magic" };
+        assert!(err.to_string().contains(expected), "{len_bytes} bytes: {err}");
+        let err = pmcache_engine::check_medium(&medium).unwrap_err();
+        assert!(err.to_string().contains(expected), "{len_bytes} bytes: {err}");
+    }
 }
 
 #[test]

@@ -29,6 +29,7 @@ fn engine_over(mode: CacheMode, backing_blocks: u64) -> (SimEngine, Arc<CrashSwi
         max_lanes: 2,
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
+        index_buckets: None,
     };
     let engine = Engine::format(
         CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1),

@@ -23,6 +23,7 @@ fn hot_hits_after_a_scan(eviction: EvictionKind) -> (u64, u64) {
         max_lanes: 1,
         admission: AdmissionConfig::Always,
         eviction,
+        index_buckets: None,
     };
     let engine =
         Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).expect("format");

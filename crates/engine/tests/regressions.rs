@@ -34,6 +34,7 @@ fn write_through_over_a_dirty_block_keeps_it_durable() {
         cut_at_point: Some(280),
         cut_during_recovery_at: Some(37),
         seed: 10954214153783984060,
+        index_buckets: None,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
@@ -93,6 +94,53 @@ fn a_superseded_entry_never_outlives_the_eviction_of_its_successor() {
         cut_at_point: Some(291),
         cut_during_recovery_at: Some(32),
         seed: 6105861013921432921,
+        index_buckets: None,
+    };
+    if let Err(failure) = run_crash_case(&ops, &run) {
+        panic!("{failure}");
+    }
+}
+
+/// Found by `model_holds_across_power_cuts_with_blocks_competing_for_index_room` (an index of
+/// 2 buckets for 20 slots).
+#[test]
+fn blocks_competing_for_index_room_survive_power_cuts() {
+    let ops = vec![
+        Op::Write { offset: 22016, len: 512, fua: false },
+        Op::ReadBatch { reads: vec![(0, 512)] },
+        Op::Write { offset: 0, len: 1024, fua: false },
+        Op::Write { offset: 10269, len: 484, fua: true },
+        Op::WriteBatch {
+            writes: vec![
+                (11776, 512),
+                (7805, 104),
+                (4096, 512),
+                (23969, 166),
+                (23552, 512),
+                (5979, 1352),
+            ],
+            fua: true,
+        },
+        Op::SetMode { mode: CacheMode::WriteBack },
+        Op::Trim { offset: 8297, len: 746 },
+        Op::Write { offset: 15436, len: 453, fua: true },
+        Op::PowerCut,
+        Op::Write { offset: 8704, len: 1536, fua: false },
+        Op::WriteBatch {
+            writes: vec![(11776, 512), (4096, 512), (15872, 512), (2560, 512)],
+            fua: true,
+        },
+        Op::Write { offset: 9728, len: 512, fua: true },
+        Op::WriteBatch { writes: vec![(6656, 512), (12288, 512)], fua: true },
+    ];
+    let run = CrashRun {
+        mode: CacheMode::WriteBack,
+        eviction: EvictionKind::Clock,
+        admission: AdmissionConfig::NHit { hits: 2 },
+        cut_at_point: Some(347),
+        cut_during_recovery_at: Some(37),
+        seed: 7357249518273205890,
+        index_buckets: Some(2),
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");

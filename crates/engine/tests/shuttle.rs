@@ -121,6 +121,7 @@ fn scenario_with(mode: CacheMode, batched: bool) {
         max_lanes: 3,
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
+        index_buckets: None,
     };
     let engine = Arc::new(
         Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).unwrap(),

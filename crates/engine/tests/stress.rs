@@ -30,6 +30,7 @@ fn config(mode: CacheMode, lanes: usize) -> Config {
         max_lanes: lanes,
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
+        index_buckets: None,
     }
 }
 

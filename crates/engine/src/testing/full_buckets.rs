@@ -18,6 +18,8 @@ use crate::{Clock, MonotonicClock};
 
 /// The block size.
 pub(crate) const BLOCK: u64 = 4096;
+/// The engine these tests attach.
+pub(crate) type TestEngine = Engine<Arc<CrashMedium>, PsyncFile, MonotonicClock>;
 /// Slots in the cache.
 pub(crate) const SLOTS: u64 = 64;
 
@@ -25,6 +27,8 @@ pub(crate) const SLOTS: u64 = 64;
 /// random read) on the crash-simulating medium, not attached, in front of a backing file.
 pub(crate) struct TestCache {
     pub(crate) medium: Arc<CrashMedium>,
+    /// The medium's power switch: tests arm cuts with it.
+    pub(crate) switch: Arc<CrashSwitch>,
     pub(crate) geometry: Geometry,
     config: Config,
     backing_path: std::path::PathBuf,
@@ -33,13 +37,15 @@ pub(crate) struct TestCache {
 
 impl TestCache {
     /// Formats the cache; `backing_fill` gives what the backing store (of `backing_blocks`)
-    /// holds in each block it names.
+    /// holds in each block it names. `seed` drives which unpersisted words a power cut keeps.
     pub(crate) fn new(
         backing_blocks: u64,
         backing_fill: impl IntoIterator<Item = (u64, u8)>,
+        seed: u64,
     ) -> Self {
         let medium_bytes = (SUPERBLOCK_BYTES + SLOTS * 16).next_multiple_of(4096) + SLOTS * BLOCK;
-        let medium = Arc::new(CrashMedium::new(medium_bytes, CrashSwitch::new(), 1));
+        let switch = CrashSwitch::new();
+        let medium = Arc::new(CrashMedium::new(medium_bytes, switch.clone(), seed));
         let dir = tempfile::tempdir().unwrap();
         let backing_path = dir.path().join("backing");
         std::fs::File::create(&backing_path).unwrap().set_len(backing_blocks * BLOCK).unwrap();
@@ -56,7 +62,7 @@ impl TestCache {
         for (lba, fill) in backing_fill {
             engine.backing().write_at(&[fill; BLOCK as usize], lba * BLOCK).unwrap();
         }
-        Self { medium, geometry, config, backing_path, _dir: dir }
+        Self { medium, switch, geometry, config, backing_path, _dir: dir }
     }
 
     /// Stores a metadata entry's two words straight to the medium (not persisted yet).
@@ -74,17 +80,22 @@ impl TestCache {
     }
 
     /// Persists what was put, attaches, and returns the engine and its report.
-    pub(crate) fn open(
-        &self,
-    ) -> (Engine<Arc<CrashMedium>, PsyncFile, MonotonicClock>, RecoveryReport) {
+    pub(crate) fn open(&self) -> (TestEngine, RecoveryReport) {
         self.medium.persist(0, self.medium.len_bytes());
+        self.open_on(self.medium.clone()).expect("recovery")
+    }
+
+    /// Attaches the cache on `medium` (this one's, or what a power cut left of it).
+    pub(crate) fn open_on(
+        &self,
+        medium: Arc<CrashMedium>,
+    ) -> crate::Result<(TestEngine, RecoveryReport)> {
         Engine::open(
-            self.medium.clone(),
+            medium,
             PsyncFile::open(&self.backing_path).unwrap(),
             MonotonicClock::default(),
             &self.config,
         )
-        .expect("recovery")
     }
 }
 
@@ -102,6 +113,11 @@ pub(crate) const BACKING_FILL: u8 = 0xbb;
 
 impl FullBuckets {
     pub(crate) fn new() -> Self {
+        Self::with_seed(1)
+    }
+
+    /// The same, with `seed` for the medium's power cuts (see [`TestCache::new`]).
+    pub(crate) fn with_seed(seed: u64) -> Self {
         let medium_bytes = (SUPERBLOCK_BYTES + SLOTS * 16).next_multiple_of(4096) + SLOTS * BLOCK;
         let slot_count = Geometry::for_medium(medium_bytes, BLOCK as u32).unwrap().slot_count;
         // Found once per test process (a scan of some 26 M block numbers).
@@ -118,7 +134,7 @@ impl FullBuckets {
             .clone();
         let x = fillers.pop().unwrap();
         let blocks = fillers.iter().chain([&x]).map(|&lba| (lba, BACKING_FILL));
-        let cache = TestCache::new(x + 1, blocks);
+        let cache = TestCache::new(x + 1, blocks, seed);
         assert_eq!(cache.geometry.slot_count, slot_count);
         // Clean entries a test puts (sequence numbers below 1000) stay clean at recovery.
         cache.medium.store_u64(SYNCED_SEQ_OFFSET, 1000);

@@ -346,7 +346,14 @@ impl World {
 
 /// A configuration for the model runs.
 pub fn config(mode: CacheMode, eviction: EvictionKind, admission: AdmissionConfig) -> Config {
-    Config { mode, block_size: BLOCK as u32, max_lanes: 2, admission, eviction }
+    Config {
+        mode,
+        block_size: BLOCK as u32,
+        max_lanes: 2,
+        admission,
+        eviction,
+        index_buckets: None,
+    }
 }
 
 /// What one operation did.
@@ -478,6 +485,9 @@ pub struct CrashRun {
     pub cut_during_recovery_at: Option<u64>,
     /// Seed of every random choice of the simulated parts.
     pub seed: u64,
+    /// Buckets of the index (`Config::index_buckets`; `Some(2)` for this model's 20 slots
+    /// makes blocks compete for index room).
+    pub index_buckets: Option<u64>,
 }
 
 /// What a run did, for the enumeration tests.
@@ -492,7 +502,10 @@ pub struct RunOutcome {
 /// Runs `ops` against the engine on the crash medium, cutting power as asked, checking every
 /// read, every recovery and (at the end) a drained backing store against the model.
 pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> {
-    let cfg = config(run.mode, run.eviction, run.admission);
+    let cfg = Config {
+        index_buckets: run.index_buckets,
+        ..config(run.mode, run.eviction, run.admission)
+    };
     let clock = Arc::new(ManualClock::default());
     let mut world = World::fresh(run.seed);
     let mut model = Model::new(run.mode);
