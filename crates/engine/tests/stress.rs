@@ -23,14 +23,14 @@ fn backing_file(dir: &Path, blocks: u64) -> PsyncFile {
     PsyncFile::open(&path).unwrap()
 }
 
-fn config(mode: CacheMode, lanes: usize) -> Config {
+fn config(mode: CacheMode, lanes: usize, index_buckets: Option<u64>) -> Config {
     Config {
         mode,
         block_size: BLOCK as u32,
         max_lanes: lanes,
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
-        index_buckets: None,
+        index_buckets,
     }
 }
 
@@ -38,11 +38,21 @@ type ShmEngine = Engine<PmemFile, PsyncFile, MonotonicClock>;
 
 /// Attaches the cache in `dir` again after a process crash (the engine was dropped without
 /// shutdown): recovery must see an unclean shutdown and no torn or corrupt entry.
-fn reattach_after_crash(dir: &Path, mode: CacheMode, lanes: usize) -> ShmEngine {
+fn reattach_after_crash(
+    dir: &Path,
+    mode: CacheMode,
+    lanes: usize,
+    index_buckets: Option<u64>,
+) -> ShmEngine {
     let medium = PmemFile::open(&dir.join("pm"), None).unwrap();
     let backing = PsyncFile::open(&dir.join("backing")).unwrap();
-    let (engine, report) =
-        Engine::open(medium, backing, MonotonicClock::default(), &config(mode, lanes)).unwrap();
+    let (engine, report) = Engine::open(
+        medium,
+        backing,
+        MonotonicClock::default(),
+        &config(mode, lanes, index_buckets),
+    )
+    .unwrap();
     assert!(!report.was_clean_shutdown, "{report:?}");
     assert_eq!((report.torn, report.corrupt), (0, 0), "{report:?}");
     engine
@@ -51,6 +61,18 @@ fn reattach_after_crash(dir: &Path, mode: CacheMode, lanes: usize) -> ShmEngine 
 /// Each thread owns `BLOCKS_PER_THREAD` blocks and checks every read against its own model.
 #[test]
 fn threads_with_their_own_blocks_match_their_models_in_every_mode() {
+    own_blocks_in_every_mode(None);
+}
+
+/// The same on an index of 4 buckets, 32 entries for the cache's 32 slots: threads make
+/// index room for one another's blocks (evicting clean ones, writing dirty ones back), each
+/// holding its own block's stripe meanwhile.
+#[test]
+fn threads_competing_for_index_room_match_their_models_in_every_mode() {
+    own_blocks_in_every_mode(Some(4));
+}
+
+fn own_blocks_in_every_mode(index_buckets: Option<u64>) {
     const THREADS: u64 = 4;
     const BLOCKS_PER_THREAD: u64 = 48;
     for mode in CacheMode::ALL {
@@ -62,8 +84,13 @@ fn threads_with_their_own_blocks_match_their_models_in_every_mode() {
         let medium_bytes = 8192 + 32 * BLOCK + 4096;
         let medium = PmemFile::open(&dir.path().join("pm"), Some(medium_bytes)).unwrap();
         let backing = backing_file(dir.path(), THREADS * BLOCKS_PER_THREAD);
-        let engine =
-            Engine::format(medium, backing, MonotonicClock::default(), &config(mode, 8)).unwrap();
+        let engine = Engine::format(
+            medium,
+            backing,
+            MonotonicClock::default(),
+            &config(mode, 8, index_buckets),
+        )
+        .unwrap();
         let models: Vec<Vec<Option<Vec<u8>>>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..THREADS)
                 .map(|t| {
@@ -121,13 +148,16 @@ fn threads_with_their_own_blocks_match_their_models_in_every_mode() {
         let stats = engine.stats();
         if mode != CacheMode::PassThrough {
             assert!(stats.evictions > 0, "{mode}: no evictions: {stats:?}");
+            if index_buckets.is_some() {
+                assert!(stats.index_conflicts > 0, "{mode}: never short of index room");
+            }
         }
         if mode.writes_back() {
             assert!(stats.writebacks > 0, "{mode}: no write-backs: {stats:?}");
         }
         engine.lane().unwrap().drain().unwrap();
         drop(engine);
-        let engine = reattach_after_crash(dir.path(), mode, 8);
+        let engine = reattach_after_crash(dir.path(), mode, 8, index_buckets);
         let mut lane = engine.lane().unwrap();
         for (t, model) in models.iter().enumerate() {
             for (b, expected) in model.iter().enumerate() {
@@ -158,7 +188,8 @@ fn shared_blocks_are_never_torn_or_stale() {
             PmemFile::open(&dir.path().join("pm"), Some(8192 + 40 * BLOCK + 4096)).unwrap();
         let backing = backing_file(dir.path(), 256);
         let engine = Arc::new(
-            Engine::format(medium, backing, MonotonicClock::default(), &config(mode, 8)).unwrap(),
+            Engine::format(medium, backing, MonotonicClock::default(), &config(mode, 8, None))
+                .unwrap(),
         );
         std::thread::scope(|scope| {
             for writer in 1..=2u64 {
@@ -237,7 +268,7 @@ fn batches_over_the_same_blocks_commit_in_rounds() {
     let backing = backing_file(dir.path(), BLOCKS);
     let mode = CacheMode::WriteBack;
     let engine =
-        Engine::format(medium, backing, MonotonicClock::default(), &config(mode, 4)).unwrap();
+        Engine::format(medium, backing, MonotonicClock::default(), &config(mode, 4, None)).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let batches_done: Vec<u64> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..2u64)
@@ -292,5 +323,5 @@ fn batches_over_the_same_blocks_commit_in_rounds() {
     };
     check(&engine, "live");
     drop(engine);
-    check(&reattach_after_crash(dir.path(), mode, 4), "after reattach");
+    check(&reattach_after_crash(dir.path(), mode, 4, None), "after reattach");
 }
