@@ -379,7 +379,7 @@ mod tests {
         put(0, 1, BlockState::Clean, 10, backing_fill(1)); // clean, stays clean
         put(1, 2, BlockState::Clean, 60, backing_fill(2)); // clean after the sync: made dirty
         put(2, 3, BlockState::Dirty, 20, 0x33);
-        put(3, 4, BlockState::Dirty, 30, 0x40); // older copy, scanned first
+        put(3, 4, BlockState::Clean, 30, backing_fill(4)); // older (clean) copy, scanned first
         put(4, 4, BlockState::Dirty, 40, 0x44);
         put(5, 5, BlockState::Dirty, 45, 0x55);
         put(6, 5, BlockState::Clean, 15, backing_fill(5)); // older copy, scanned last
@@ -390,6 +390,7 @@ mod tests {
         put(9, backing_blocks, BlockState::Dirty, 34, 0x99); // past the backing store
         put_words(10, u64::MAX, 5); // no such state
         put(11, 9, BlockState::Clean, synced_seq, backing_fill(9)); // clean at the sync: stays
+        put(12, 10, BlockState::Clean, 65, backing_fill(10)); // made dirty too
         let decoded = |slot: u32| {
             let at = geometry.entry_offset(slot);
             SlotEntry::decode(medium.load_u64(at), medium.load_u64(at + 8))
@@ -410,9 +411,9 @@ mod tests {
                 superblock: None,
                 was_clean_shutdown: false,
                 synced_seq,
-                free: slots - 12,
+                free: slots - 13,
                 clean: 2,
-                dirty: 4,
+                dirty: 5,
                 superseded: 2,
                 torn: 1,
                 corrupt: 3,
@@ -432,8 +433,8 @@ mod tests {
             RecoveryReport {
                 slots,
                 clean: 2,
-                dirty: 4,
-                clean_made_dirty: 1,
+                dirty: 5,
+                clean_made_dirty: 2,
                 superseded: 2,
                 torn: 1,
                 corrupt: 3,
@@ -441,7 +442,7 @@ mod tests {
                 duration_ns: 0,
             }
         );
-        assert_eq!(engine.stats().dirty_slots, 4);
+        assert_eq!(engine.stats().dirty_slots, 5);
         for dropped in [3, 6, 7, 8, 9, 10] {
             assert_eq!(decoded(dropped), DecodedEntry::Free, "slot {dropped} not cleared");
         }
@@ -450,7 +451,7 @@ mod tests {
             DecodedEntry::Valid(SlotEntry { lba: 2, state: BlockState::Dirty, seq: 60 }),
             "the clean copy newer than the sync is dirty on the medium too"
         );
-        // The next write-back entry follows the largest recovered sequence number, 60 (the
+        // The next write-back entry follows the largest recovered sequence number, 65 (the
         // torn entry's 70/71 does not count).
         let mut lane = engine.lane().unwrap();
         lane.write(8 * BLOCK, &[0x88; BLOCK as usize], false).unwrap();
@@ -460,8 +461,8 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(written, [SlotEntry { lba: 8, state: BlockState::Dirty, seq: 61 }]);
-        // Blocks 6 and 7 (their entries dropped) miss and are admitted clean, after 61.
+        assert_eq!(written, [SlotEntry { lba: 8, state: BlockState::Dirty, seq: 66 }]);
+        // Blocks 6 and 7 (their entries dropped) miss and are admitted clean, after 66.
         let mut got = vec![0u8; BLOCK as usize];
         for (lba, fill) in [
             (1, backing_fill(1)),
@@ -473,6 +474,7 @@ mod tests {
             (7, backing_fill(7)),
             (8, 0x88),
             (9, backing_fill(9)),
+            (10, backing_fill(10)),
         ] {
             lane.read(lba * BLOCK, &mut got).unwrap();
             assert!(got.iter().all(|&b| b == fill), "block {lba}: {:#x}, not {fill:#x}", got[0]);
@@ -481,14 +483,14 @@ mod tests {
         drop(engine);
 
         // Attached again: nothing left to drop. The two blocks admitted clean (sequence
-        // numbers 62 and 63, past the synced 50) are made dirty.
+        // numbers 67 and 68, past the synced 50) are made dirty.
         let (engine, report) = open();
         assert_eq!(
             RecoveryReport { duration_ns: 0, ..report },
             RecoveryReport {
                 slots,
                 clean: 2,
-                dirty: 7,
+                dirty: 8,
                 clean_made_dirty: 2,
                 was_clean_shutdown: false,
                 ..Default::default()
@@ -499,7 +501,7 @@ mod tests {
         engine.shutdown().unwrap();
         drop(engine);
         let checked = check_medium(medium).expect("check");
-        assert!(checked.was_clean_shutdown && checked.synced_seq >= 63, "{checked:?}");
+        assert!(checked.was_clean_shutdown && checked.synced_seq >= 68, "{checked:?}");
         let (_engine, report) = open();
         assert!(report.was_clean_shutdown && report.clean_made_dirty == 0, "{report:?}");
     }
