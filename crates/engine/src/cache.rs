@@ -971,18 +971,22 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             if clean.is_some() {
                 continue;
             }
-            let dirty: Vec<u32> = full
-                .occupants
-                .iter()
-                .copied()
-                .filter(|&s| engine.slots.load(s).state() == SlotState::Dirty)
-                .take(1)
-                .collect();
-            if !dirty.is_empty() {
-                self.write_back(&dirty, held)?;
-                continue;
+            // No clean occupant could be evicted: write a dirty one back (evicted next round).
+            // One whose stripe another lane holds is skipped for the next: this lane holds
+            // its own stripe, and two lanes making room in each other's stripes must not wait
+            // on each other.
+            let mut written = false;
+            for &occupant in &full.occupants {
+                if engine.slots.load(occupant).state() == SlotState::Dirty
+                    && self.write_back(&[occupant], held)? > 0
+                {
+                    written = true;
+                    break;
+                }
             }
-            crate::sync::yield_now();
+            if !written {
+                crate::sync::yield_now();
+            }
         }
     }
 
@@ -1707,6 +1711,48 @@ mod tests {
             assert_reads(&engine, expected.iter().copied());
             drop(engine);
             assert_reads(&cache.cache.open().0, expected);
+        }
+
+        /// A write that must make index room while another lane holds the stripes of every
+        /// dirty occupant but one writes that one back: it never waits for a stripe while
+        /// holding its own (two lanes each making room in the other's stripes would wait
+        /// forever), and it does not give up while one occupant can still be written back.
+        #[test]
+        fn making_index_room_skips_occupants_whose_stripe_is_busy() {
+            let cache = FullBuckets::new();
+            let (engine, _) = cache.cache.open();
+            let mut lane = engine.lane().unwrap();
+            cache.write_fillers(&mut lane);
+            let own = engine.stripe_index(cache.x);
+            let (free_at, free_filler) = (23, cache.fillers[23]);
+            let mut busy: Vec<usize> = cache.fillers[..free_at]
+                .iter()
+                .map(|&lba| engine.stripe_index(lba))
+                .filter(|&stripe| stripe != own)
+                .collect();
+            busy.sort_unstable();
+            busy.dedup();
+            assert!(!busy.contains(&engine.stripe_index(free_filler)), "pick another filler");
+            let guards: Vec<_> =
+                busy.iter().map(|&stripe| engine.lock_stripe_index(stripe)).collect();
+            let (done_tx, done_rx) = std::sync::mpsc::channel();
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    let block = [0x77; full_buckets::BLOCK as usize];
+                    let result = lane.write(cache.x * full_buckets::BLOCK, &block, false);
+                    done_tx.send(result.is_ok()).unwrap();
+                });
+                let done = done_rx.recv_timeout(std::time::Duration::from_secs(20));
+                drop(guards);
+                assert_eq!(done, Ok(true), "the write waited on busy stripes");
+            });
+            drop(lane);
+            let stats = engine.stats();
+            assert_eq!((stats.writebacks, stats.evictions), (1, 1), "{stats:?}");
+            assert_reads(
+                &engine,
+                [(cache.x, 0x77), (free_filler, FullBuckets::filler_fill(free_at))],
+            );
         }
 
         /// The same for a write-through write (whole or partial) cached in place of a block
