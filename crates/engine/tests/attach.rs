@@ -144,6 +144,25 @@ fn formatting_over_an_old_cache_forgets_its_blocks_even_if_cut_short() {
     }
 }
 
+/// Formatting a medium full of garbage leaves every metadata entry free, also when the table
+/// spans more than one of the megabyte chunks it is zeroed in.
+#[test]
+fn formatting_a_medium_full_of_garbage_leaves_every_entry_free() {
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let path = dir.path().join("pm");
+    // 100,000 slots: 1.6 MB of metadata entries.
+    let medium_bytes = 8192 + 100_000 * (16 + BLOCK as u64) + 4096;
+    std::fs::write(&path, vec![0xff; medium_bytes as usize]).unwrap();
+    let medium = PmemFile::open(&path, None).unwrap();
+    let backing = SimBacking::new(BLOCKS * BLOCK as u64, CrashSwitch::new(), 4);
+    let engine = Engine::format(medium, backing, clock(), &config(CacheMode::WriteBack)).unwrap();
+    let slots = engine.superblock().geometry.slot_count;
+    assert!(slots * 16 > 1 << 20, "{slots} slots");
+    drop(engine);
+    let report = pmcache_engine::check_medium(&PmemFile::open(&path, None).unwrap()).unwrap();
+    assert_eq!((report.free, report.corrupt, report.torn), (slots, 0, 0), "{report:?}");
+}
+
 #[test]
 fn every_corruption_of_the_superblock_is_refused_with_a_precise_error() {
     let (medium, backing) = parts();
