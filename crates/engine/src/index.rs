@@ -85,14 +85,14 @@ struct Layout {
 }
 
 impl Layout {
-    /// The layout for `slot_count` slots in `bucket_count` buckets, if its entries keep at
-    /// least [`GENERATION_BITS_MIN`] generation bits (the fewer the buckets, the wider the
-    /// tag).
+    /// The layout for `slot_count` slots in `bucket_count` buckets, if there is at least one
+    /// and its entries keep at least [`GENERATION_BITS_MIN`] generation bits (the fewer the
+    /// buckets, the wider the tag).
     fn new(slot_count: u32, bucket_count: u64) -> Option<Self> {
         let bits = |max: u64| u64::BITS - max.leading_zeros();
         // Every slot number fits, with room to spare: `slot_count` itself fits.
         let slot_bits = bits(u64::from(slot_count)).max(1);
-        let tag_bits = bits(LBA_MASK / bucket_count);
+        let tag_bits = bits(LBA_MASK.checked_div(bucket_count)?);
         let generation_bits = (u64::BITS - tag_bits - 2 - 2).checked_sub(slot_bits)?;
         if generation_bits < GENERATION_BITS_MIN {
             return None;
@@ -171,13 +171,12 @@ impl Index {
     /// `Config::index_buckets`).
     pub(crate) fn with_buckets(slot_count: u32, buckets: Option<u64>) -> Result<Self> {
         let count = buckets.unwrap_or_else(|| bucket_count(slot_count));
-        let layout =
-            (count > 0).then(|| Layout::new(slot_count, count)).flatten().ok_or_else(|| {
-                Error::Config(format!(
-                    "an index of {count} buckets is too small for {slot_count} slots (its entries \
+        let layout = Layout::new(slot_count, count).ok_or_else(|| {
+            Error::Config(format!(
+                "an index of {count} buckets is too small for {slot_count} slots (its entries \
                  would keep fewer than {GENERATION_BITS_MIN} slot-generation bits)"
-                ))
-            })?;
+            ))
+        })?;
         Ok(Self {
             buckets: zeroed_table(count as usize)?,
             bucket_count: StrengthReducedU64::new(count),

@@ -362,10 +362,11 @@ mod tests {
 
     /// Every kind of metadata entry recovery meets — free, clean (older than the synced
     /// sequence, or equal to it), clean but newer than the synced sequence, dirty, an older
-    /// copy scanned before and after its block's newest, torn, failing its check, naming a block past the backing store, an invalid state — lands in
-    /// its own field of the report (and of `check_medium`'s, which changes nothing); the
-    /// dropped entries are cleared from the medium, the kept ones serve their data, and the
-    /// next write's sequence number follows the largest one recovered.
+    /// copy scanned before and after its block's newest, torn, failing its check, naming a
+    /// block past the backing store, an invalid state — lands in its own field of the report
+    /// (and of `check_medium`'s, which changes nothing); the dropped entries are cleared from
+    /// the medium, the kept ones serve their data, and the next write's sequence number
+    /// follows the largest one recovered.
     #[test]
     fn recovery_sorts_and_counts_every_kind_of_entry() {
         let backing_blocks = 16u64;
