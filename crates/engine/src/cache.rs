@@ -1063,7 +1063,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     ) -> Result<()> {
         let engine = self.engine;
         let admit = may_admit && engine.mode().admits_reads() && engine.admission.admit_block(lba);
-        let reserved = if admit { Some(self.alloc()?) } else { None };
+        // A read needs no slot: when none can be had (every slot dirty, and the backing store
+        // failing the write-back that would free one) it is served from the backing store,
+        // not admitted, rather than failed.
+        let reserved = if admit { self.alloc().ok() } else { None };
         let mut guard = engine.lock_stripe(lba);
         if let Some(found) = engine.index.lookup(lba) {
             engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
@@ -1279,7 +1282,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         let block = self.block_bytes();
         let full = in_block == 0 && payload.len() as u64 == block;
-        let reserved = if admit { Some(self.alloc()?) } else { None };
+        // A read needs no slot: when none can be had (every slot dirty, and the backing store
+        // failing the write-back that would free one) it is served from the backing store,
+        // not admitted, rather than failed.
+        let reserved = if admit { self.alloc().ok() } else { None };
         let mut guard = engine.lock_stripe(lba);
         let old = engine.index.lookup(lba);
         let old_dirty = old.is_some_and(|f| engine.slots.load(f.slot).state() == SlotState::Dirty);

@@ -102,6 +102,7 @@ fn a_group_shares_its_fences() {
     }
     let stats = engine.stats();
     assert_eq!(stats.writes, 48);
+    assert_eq!(stats.bytes_written, 48 * BLOCK as u64);
     assert_eq!(stats.write_hits, 32);
     assert_eq!(stats.dirty_slots, 16);
 }
@@ -222,5 +223,110 @@ fn a_batch_larger_than_the_cache() {
     let backing = engine.backing().contents();
     for b in 0..BLOCKS as usize {
         assert_eq!(backing[b * BLOCK..(b + 1) * BLOCK], block_of((b % 250) as u8 + 1));
+    }
+}
+
+/// Reads at the edges of blocks and of the device, of every awkward length, in one batch: each
+/// gets the same result and bytes as the same read alone, and the bytes the device holds —
+/// hits and misses, reads across two blocks, empty reads, reads past the end.
+#[test]
+fn batched_reads_at_block_and_device_edges_match_single_reads() {
+    let (engine, _switch) = engine(CacheMode::WriteBack);
+    let block = BLOCK as u64;
+    let size = BLOCKS * block;
+    // Neighbouring bytes differ, so a copy one byte off shows.
+    let byte_at = |pos: u64| (pos.wrapping_mul(0x9E37_79B9) >> 11) as u8;
+    let device: Vec<u8> = (0..size).map(byte_at).collect();
+    let mut lane = engine.lane().unwrap();
+    // Twice the cache: half the blocks end up written back and evicted (read misses).
+    for (lba, data) in device.chunks(BLOCK).enumerate() {
+        lane.write(lba as u64 * block, data, false).unwrap();
+    }
+    // The first blocks again, out of order: each lands in a slot beside one that holds no
+    // block following it on the device, so a copy running past its slot's end shows.
+    for lba in [0, 2, 1] {
+        lane.write(lba * block, &device[(lba * block) as usize..][..BLOCK], false).unwrap();
+    }
+    let mut extents = Vec::new();
+    for lba in [0, 1, 100, BLOCKS - 2, BLOCKS - 1, BLOCKS] {
+        for delta in [-1i64, 0, 1, 2, BLOCK as i64 / 2] {
+            let Some(offset) = (lba * block).checked_add_signed(delta) else { continue };
+            for len in [0, 1, 8, block - 1, block, block + 1, 2 * block] {
+                extents.push((offset, len as usize));
+            }
+        }
+    }
+    let mut bufs: Vec<Vec<u8>> = extents.iter().map(|&(_, len)| vec![0xee; len]).collect();
+    let mut reads: Vec<ReadRequest<'_>> = extents
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(&(offset, _), buf)| ReadRequest { offset, buf })
+        .collect();
+    let mut outcomes = Vec::new();
+    let before = engine.stats();
+    lane.read_batch(&mut reads, &mut outcomes);
+    let after = engine.stats();
+    assert!(after.read_hits > before.read_hits, "some batched reads hit");
+    assert!(after.read_misses_admitted > before.read_misses_admitted, "some missed");
+    assert_eq!(outcomes.len(), extents.len());
+    let mut in_range = 0;
+    for ((&(offset, len), batched), outcome) in extents.iter().zip(&bufs).zip(&outcomes) {
+        let mut alone = vec![0xee; len];
+        let alone_outcome = lane.read(offset, &mut alone);
+        assert_eq!(format!("{outcome:?}"), format!("{alone_outcome:?}"), "{offset} +{len}");
+        if offset + len as u64 <= size {
+            in_range += 1;
+            let expected = &device[offset as usize..offset as usize + len];
+            assert!(batched == expected, "batched read {offset} +{len}: wrong bytes");
+            assert!(alone == expected, "read {offset} +{len}: wrong bytes");
+        } else {
+            assert!(matches!(outcome, Err(Error::OutOfRange { .. })), "{offset} +{len}");
+        }
+    }
+    assert!(in_range > 100, "{in_range} reads inside the device");
+}
+
+/// A group of which only some writes find a slot: every other slot holds a dirty block, and
+/// the backing store fails the write-back that would free one. The writes that got a slot
+/// land; the others run alone after them and report the error; no cached block is touched;
+/// once the backing store heals, everything drains.
+#[test]
+fn writes_of_a_group_that_find_no_slot_fail_alone_and_touch_nothing_else() {
+    let (engine, _switch) = engine(CacheMode::WriteBack);
+    let mut lane = engine.lane().unwrap();
+    // 110 of the 128 slots dirty.
+    let cached = 110;
+    for lba in 0..cached {
+        lane.write(lba * BLOCK as u64, &block_of(lba as u8 + 1), false).unwrap();
+    }
+    engine.backing().fail_writes_from(0);
+    let writes: Vec<(u64, Vec<u8>)> =
+        (0..32).map(|i| ((200 + i) * BLOCK as u64, block_of(i as u8 + 150))).collect();
+    let outcomes = write_batch_on(&mut lane, &writes);
+    let landed = outcomes.iter().filter(|o| o.is_ok()).count();
+    assert!(landed > 0 && landed < writes.len(), "{landed} of {} writes landed", writes.len());
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let lba = 200 + i as u64;
+        match outcome {
+            Ok(()) => assert_eq!(read_block(&engine, lba), block_of(i as u8 + 150), "{lba}"),
+            Err(err) => {
+                assert!(matches!(err, Error::Backing(_)), "write {i}: {err:?}");
+                assert_eq!(read_block(&engine, lba), block_of(0), "failed write {lba}");
+            }
+        }
+    }
+    for lba in 0..cached {
+        assert_eq!(read_block(&engine, lba), block_of(lba as u8 + 1), "cached block {lba}");
+    }
+    engine.backing().heal();
+    lane.drain().unwrap();
+    let backing = engine.backing().contents();
+    for lba in 0..cached as usize {
+        assert_eq!(backing[lba * BLOCK..(lba + 1) * BLOCK], block_of(lba as u8 + 1), "{lba}");
+    }
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let at = (200 + i) * BLOCK;
+        let expected = if outcome.is_ok() { block_of(i as u8 + 150) } else { block_of(0) };
+        assert_eq!(backing[at..at + BLOCK], expected, "block {}", 200 + i);
     }
 }

@@ -106,15 +106,12 @@ fn version_of(block: &[u8]) -> u64 {
     first
 }
 
-fn scenario(mode: CacheMode) {
-    scenario_with(mode, false)
-}
+type ShuttleEngine = Engine<ShuttleMedium, ShuttleBacking, Arc<ManualClock>>;
 
-/// With `batched`, the writer group-commits block 0 together with block 40, the evictor fills
-/// the cache in batches of four, and the reader reads blocks 0 and 40 as one batch.
-fn scenario_with(mode: CacheMode, batched: bool) {
+/// A fresh cache of 16 slots in `mode` (admitting every read miss) over `backing`.
+fn engine(mode: CacheMode, backing: Vec<u8>) -> Arc<ShuttleEngine> {
     let medium = ShuttleMedium { words: (0..SLOTS_BYTES / 8).map(|_| AtomicU64::new(0)).collect() };
-    let backing = ShuttleBacking { bytes: Mutex::new(vec![0; 64 * BLOCK]) };
+    let backing = ShuttleBacking { bytes: Mutex::new(backing) };
     let config = Config {
         mode,
         block_size: BLOCK as u32,
@@ -123,9 +120,17 @@ fn scenario_with(mode: CacheMode, batched: bool) {
         eviction: EvictionKind::Clock,
         index_buckets: None,
     };
-    let engine = Arc::new(
-        Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).unwrap(),
-    );
+    Arc::new(Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).unwrap())
+}
+
+fn scenario(mode: CacheMode) {
+    scenario_with(mode, false)
+}
+
+/// With `batched`, the writer group-commits block 0 together with block 40, the evictor fills
+/// the cache in batches of four, and the reader reads blocks 0 and 40 as one batch.
+fn scenario_with(mode: CacheMode, batched: bool) {
+    let engine = engine(mode, vec![0; 64 * BLOCK]);
     // Block 0 starts at version 1 in the cache.
     engine.lane().unwrap().write(0, &stamp(1), false).unwrap();
 
@@ -240,4 +245,48 @@ fn batched_reader_writer_evictor_write_back() {
 #[test]
 fn batched_reader_writer_evictor_write_back_pct() {
     shuttle::check_pct(|| scenario_with(CacheMode::WriteBack, true), iterations(), 3);
+}
+
+/// A reader meets a block that another lane is admitting on a read miss. The block's index
+/// entry is hidden while its slot is filled, so the reader must take the locked path and see
+/// the whole block, never the slot half filled. With `batched`, it reads through `read_batch`,
+/// whose lock-free pass must skip hidden entries as `read` does.
+fn admission_scenario(batched: bool) {
+    let mut backing = vec![0; 64 * BLOCK];
+    backing[5 * BLOCK..6 * BLOCK].copy_from_slice(&stamp(7));
+    let engine = engine(CacheMode::WriteBack, backing);
+    let admitter = {
+        let engine = engine.clone();
+        shuttle::thread::spawn(move || {
+            let mut buf = vec![0u8; BLOCK];
+            engine.lane().unwrap().read(5 * BLOCK as u64, &mut buf).unwrap();
+            assert_eq!(version_of(&buf), 7, "the admitting read");
+        })
+    };
+    let mut lane = engine.lane().unwrap();
+    for _ in 0..3 {
+        let mut buf = vec![0u8; BLOCK];
+        if batched {
+            let mut reads = [ReadRequest { offset: 5 * BLOCK as u64, buf: &mut buf }];
+            let mut outcomes = Vec::new();
+            lane.read_batch(&mut reads, &mut outcomes);
+            outcomes.into_iter().for_each(|o| o.unwrap());
+        } else {
+            lane.read(5 * BLOCK as u64, &mut buf).unwrap();
+        }
+        assert_eq!(version_of(&buf), 7, "a read beside the admission");
+    }
+    drop(lane);
+    admitter.join().unwrap();
+    assert!(engine.stats().read_misses_admitted >= 1);
+}
+
+#[test]
+fn reader_beside_a_read_miss_admission() {
+    shuttle::check_pct(|| admission_scenario(false), iterations(), 3);
+}
+
+#[test]
+fn batched_reader_beside_a_read_miss_admission() {
+    shuttle::check_pct(|| admission_scenario(true), iterations(), 3);
 }
