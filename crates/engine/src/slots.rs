@@ -144,4 +144,22 @@ mod tests {
         table.publish(1, SlotState::Clean);
         assert!(!table.load(1).same_incarnation(before));
     }
+
+    /// The generation counts every free through all its 24 bits, then wraps to 0: wider than
+    /// the at most 18 bits an index entry keeps, so the index's wrap is the one that counts.
+    #[test]
+    fn the_generation_counts_through_24_bits_then_wraps() {
+        let table = SlotTable::new(2).unwrap();
+        let wrap = 1u32 << (32 - GEN_SHIFT);
+        for frees in 1..=wrap {
+            table.publish(0, SlotState::Dirty);
+            table.free(0);
+            let generation = table.generation(0);
+            if generation != frees % wrap {
+                panic!("after {frees} frees, generation {generation}");
+            }
+        }
+        assert_eq!(table.generation(0), 0);
+        assert_eq!(table.generation(1), 0, "the other slot's word is untouched");
+    }
 }
