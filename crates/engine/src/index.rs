@@ -474,6 +474,16 @@ mod tests {
         index.replace(&index.lookup(lba).unwrap(), slot, 8);
         assert_eq!(index.lookup(lba).unwrap().slot, slot);
         assert!(!index.still_holds(&first));
+        // Every generation bit the entry keeps tells two incarnations apart, and none spills
+        // into the block's identity.
+        for bit in 0..index.generation_bits() {
+            index.replace(&index.lookup(lba).unwrap(), slot, 5);
+            let seen = index.lookup(lba).unwrap();
+            index.replace(&seen, slot, 5 ^ (1 << bit));
+            assert!(!index.still_holds(&seen), "generation bit {bit}");
+            assert_eq!(index.lookup(lba).map(|f| f.slot), Some(slot), "generation bit {bit}");
+        }
+        index.replace(&index.lookup(lba).unwrap(), slot, 8);
         // Only a generation that wrapped around all its bits looks the same.
         let wrapped = 7 + (1u32 << index.generation_bits());
         index.replace(&index.lookup(lba).unwrap(), slot, wrapped);
