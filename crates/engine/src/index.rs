@@ -67,7 +67,7 @@ pub(crate) struct IndexFull {
 
 /// Where a block's entry may be: its candidate buckets and its tag. Computing it mixes and
 /// divides the block number; a request that needs it more than once keeps it.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Key {
     buckets: [usize; CHOICES],
     tag: u64,
@@ -394,7 +394,25 @@ mod tests {
         let lbas: std::collections::BTreeSet<u64> =
             (0..1u64 << 40).step_by((1 << 40) / 200_003).chain(0..100_000).collect();
         for &lba in &lbas {
+            assert!(mix40(lba) <= LBA_MASK, "block {lba} mixed past 40 bits");
             assert!(seen.insert(mix40(lba)), "collision at {lba}");
+        }
+    }
+
+    /// A key's buckets are in the table, its first two distinct, and its first bucket and tag
+    /// give back the mixed block number: two blocks never share an identity.
+    #[test]
+    fn keys_stay_in_the_table_and_identify_their_block() {
+        for buckets in [1024u64, 1025, 4099, 43_691] {
+            let index = Index::with_buckets(1000, Some(buckets)).unwrap();
+            let lbas = (0..20_000u64).chain((0..20_000).map(|i| LBA_MASK - i * 7_919));
+            for lba in lbas.chain((1..40).map(|bit| 1 << bit)) {
+                let key = index.key(lba);
+                assert!(key.buckets.iter().all(|&b| (b as u64) < buckets), "{lba}: {key:?}");
+                assert_ne!(key.buckets[0], key.buckets[1], "{lba}");
+                assert_eq!(key.tag * buckets + key.buckets[0] as u64, mix40(lba), "{lba}");
+                assert!(key.tag <= LBA_MASK / buckets, "{lba}: tag {}", key.tag);
+            }
         }
     }
 
