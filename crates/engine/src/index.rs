@@ -393,9 +393,39 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         let lbas: std::collections::BTreeSet<u64> =
             (0..1u64 << 40).step_by((1 << 40) / 200_003).chain(0..100_000).collect();
+        // And every single bit, alone and on a base: an even multiplier would merge x and
+        // x + 2^39.
+        let lbas: std::collections::BTreeSet<u64> =
+            lbas.into_iter().chain((0..40).flat_map(|bit| [1 << bit, 12_345 | 1 << bit])).collect();
         for &lba in &lbas {
             assert!(mix40(lba) <= LBA_MASK, "block {lba} mixed past 40 bits");
             assert!(seen.insert(mix40(lba)), "collision at {lba}");
+        }
+    }
+
+    /// mix40's inverse, built step by step from its definition: undo each xor-shift, and
+    /// multiply by each odd multiplier's inverse modulo 2^40.
+    fn unmix40(h: u64) -> u64 {
+        let unshift =
+            |y: u64, s: u32| (0..LBA_BITS).step_by(s as usize).fold(0, |x, at| x ^ y >> at);
+        let inverse = |c: u64| {
+            (0..6).fold(c, |i: u64, _| i.wrapping_mul(2u64.wrapping_sub(c.wrapping_mul(i))))
+        };
+        let mut x = unshift(h, 19);
+        x = x.wrapping_mul(inverse(0xBF58_476D_1CE4_E5B9)) & LBA_MASK;
+        x = unshift(x, 20);
+        x.wrapping_mul(inverse(0x9E37_79B9_7F4A_7C15)) & LBA_MASK
+    }
+
+    /// Every block number of 40 bits comes back from its mixed value: mix40 is a bijection,
+    /// so two blocks never share an index identity.
+    #[test]
+    fn mix40_has_an_inverse() {
+        let lbas = (0..100_000u64).chain((0..40).map(|bit| 1 << bit)).chain([LBA_MASK]);
+        for lba in
+            lbas.chain((0..100_000u64).map(|i| i.wrapping_mul(0x2545_F491_4F6C_DD1D) & LBA_MASK))
+        {
+            assert_eq!(unmix40(mix40(lba)), lba, "block {lba}");
         }
     }
 
