@@ -139,3 +139,64 @@ fn a_fence_count_read_earlier_does_not_count_as_a_fence_since() {
         }
     }
 }
+
+/// A lane's kept reading of another lane's fence count is only ever *below* a count recorded
+/// later: counts grow by one per fence. Here the remover reads the writer's count while
+/// dropping one block, the writer then fences more and leaves a second block's old copy as a
+/// pending free, and the remover drops that block too. Its kept reading must not pass for a
+/// fence since (it would, were the counts to move any other way: a count that went down per
+/// fence went unseen by the tests above), so it writes the second zeroing back itself.
+#[test]
+fn a_fence_count_kept_from_an_earlier_removal_is_below_later_records() {
+    let (first, second) = (0u64, 9u64);
+    let old = |lba: u64| pattern(100 + lba, lba * BLOCK_BYTES, BLOCK_BYTES);
+    let new = |lba: u64| pattern(1, lba * BLOCK_BYTES, BLOCK_BYTES);
+    let newest = |lba: u64| pattern(3, lba * BLOCK_BYTES, BLOCK_BYTES);
+    for seed in 0..128 {
+        let world = World::fresh(seed);
+        let clock = Arc::new(ManualClock::default());
+        let engine =
+            Engine::format(world.medium.clone(), world.backing.clone(), clock.clone(), &cfg())
+                .expect("format");
+        let (step_done, wait_for_step) = mpsc::channel();
+        let (go_on, wait_to_go_on) = mpsc::channel();
+        std::thread::scope(|s| {
+            let engine = &engine;
+            s.spawn(move || {
+                let mut lane = engine.lane().expect("lane");
+                // Old copies, each entry in a cache line of its own, then the first overwrite.
+                for lba in 0..18u64 {
+                    write_block(&mut lane, lba, &old(lba));
+                }
+                write_block(&mut lane, first, &new(first));
+                step_done.send(()).expect("main thread");
+                wait_to_go_on.recv().expect("main thread");
+                // More fences, then the second overwrite, left pending.
+                for lba in 20..24u64 {
+                    write_block(&mut lane, lba, &old(lba));
+                }
+                write_block(&mut lane, second, &new(second));
+                step_done.send(()).expect("main thread");
+                wait_to_go_on.recv().expect("main thread");
+            });
+            let mut remover = engine.lane().expect("second lane");
+            wait_for_step.recv().expect("writer");
+            engine.set_mode(CacheMode::WriteAround);
+            write_block(&mut remover, first, &newest(first));
+            engine.set_mode(CacheMode::WriteBack);
+            go_on.send(()).expect("writer");
+            wait_for_step.recv().expect("writer");
+            engine.set_mode(CacheMode::WriteAround);
+            write_block(&mut remover, second, &newest(second));
+            world.switch.cut_now();
+            drop(remover);
+            go_on.send(()).expect("writer");
+        });
+        drop(engine);
+        let after = world.after_power_cut(seed);
+        let engine = Engine::open(after.medium, after.backing, clock, &cfg()).expect("open").0;
+        for lba in [first, second] {
+            assert_eq!(read_block(&engine, lba), newest(lba), "seed {seed}: block {lba}");
+        }
+    }
+}
