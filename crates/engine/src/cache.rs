@@ -1502,6 +1502,35 @@ mod tests {
         }
     }
 
+    /// FUA flushes the backing store only where the write goes to it: never in write-back
+    /// or write-only (the write is durable on the medium when acknowledged), once per FUA
+    /// write in the modes that write through, never without FUA (over clean blocks).
+    #[test]
+    fn fua_flushes_the_backing_store_only_where_the_write_goes() {
+        let world = World::fresh(5);
+        let cfg = config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always);
+        let clock = Arc::new(ManualClock::default());
+        let engine = Engine::format(world.medium.clone(), world.backing.clone(), clock, &cfg)
+            .expect("format");
+        let mut lane = engine.lane().expect("lane");
+        let data = vec![0x33; BLOCK];
+        for mode in CacheMode::ALL {
+            engine.set_mode(mode);
+            // Not counted: a write that drops a dirty copy flushes the backing store whatever
+            // FUA says (the dropped copy was durable), and the last mode left both blocks dirty.
+            lane.write(0, &data, false).expect("write");
+            lane.write_zeroes(BLOCK as u64, BLOCK as u64, false).expect("write zeroes");
+            for fua in [false, true, false, true] {
+                let before = world.backing.flushes();
+                lane.write(0, &data, fua).expect("write");
+                lane.write_zeroes(BLOCK as u64, BLOCK as u64, fua).expect("write zeroes");
+                let expected = if fua && !mode.writes_back() { 2 } else { 0 };
+                let flushes = world.backing.flushes() - before;
+                assert_eq!(flushes, expected, "{mode}, fua {fua}");
+            }
+        }
+    }
+
     /// Making index room inside a read miss or a write-through (full buckets).
     #[cfg(not(feature = "shuttle"))]
     mod full_index {

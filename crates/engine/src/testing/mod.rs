@@ -45,6 +45,7 @@ struct Inner {
     fail_reads_from: AtomicU64,
     writes: AtomicU64,
     reads: AtomicU64,
+    flushes: AtomicU64,
 }
 
 impl Inner {
@@ -98,6 +99,7 @@ impl SimBacking {
             fail_reads_from: AtomicU64::new(u64::MAX),
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
         });
         let weak = Arc::downgrade(&inner);
         switch.on_crash(Box::new(move || {
@@ -138,6 +140,11 @@ impl SimBacking {
     /// Writes and reads served so far.
     pub fn io_counts(&self) -> (u64, u64) {
         (self.inner.writes.load(Ordering::SeqCst), self.inner.reads.load(Ordering::SeqCst))
+    }
+
+    /// Flushes served so far.
+    pub fn flushes(&self) -> u64 {
+        self.inner.flushes.load(Ordering::SeqCst)
     }
 
     fn eio(op: &'static str, offset: u64, len: u64) -> BackingError {
@@ -197,6 +204,7 @@ impl BackingStore for SimBacking {
     }
 
     fn flush(&self) -> pmcache_backing::Result<()> {
+        self.inner.flushes.fetch_add(1, Ordering::SeqCst);
         if self.inner.switch.persist_point() {
             return Ok(());
         }
