@@ -719,6 +719,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
     }
 
+    /// A slot for a block a read miss or a write-through will cache, if `admit`. Caching is
+    /// optional there: when no slot can be had (every slot dirty, and the backing store
+    /// failing the write-back that would free one) the request is served from or written to
+    /// the backing store without caching the block, rather than failed.
+    fn reserve_for_admission(&mut self, admit: bool) -> Option<u32> {
+        if admit { self.alloc().ok() } else { None }
+    }
+
     /// Returns a slot this lane took but did not use (nothing was written to its entry).
     fn give_back(&mut self, slot: u32) {
         self.free.push(slot);
@@ -1063,10 +1071,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     ) -> Result<()> {
         let engine = self.engine;
         let admit = may_admit && engine.mode().admits_reads() && engine.admission.admit_block(lba);
-        // A read needs no slot: when none can be had (every slot dirty, and the backing store
-        // failing the write-back that would free one) it is served from the backing store,
-        // not admitted, rather than failed.
-        let reserved = if admit { self.alloc().ok() } else { None };
+        let reserved = self.reserve_for_admission(admit);
         let mut guard = engine.lock_stripe(lba);
         if let Some(found) = engine.index.lookup(lba) {
             engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
@@ -1282,10 +1287,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         let block = self.block_bytes();
         let full = in_block == 0 && payload.len() as u64 == block;
-        // A read needs no slot: when none can be had (every slot dirty, and the backing store
-        // failing the write-back that would free one) it is served from the backing store,
-        // not admitted, rather than failed.
-        let reserved = if admit { self.alloc().ok() } else { None };
+        let reserved = self.reserve_for_admission(admit);
         let mut guard = engine.lock_stripe(lba);
         let old = engine.index.lookup(lba);
         let old_dirty = old.is_some_and(|f| engine.slots.load(f.slot).state() == SlotState::Dirty);
