@@ -43,6 +43,8 @@ struct Inner {
     fingerprint: [u8; 16],
     fail_writes_from: AtomicU64,
     fail_reads_from: AtomicU64,
+    /// Writes overlapping `start..end` (bytes) fail, whatever their count.
+    fail_writes_in: Mutex<std::ops::Range<u64>>,
     writes: AtomicU64,
     reads: AtomicU64,
     flushes: AtomicU64,
@@ -97,6 +99,7 @@ impl SimBacking {
             fingerprint: [0x5a; 16],
             fail_writes_from: AtomicU64::new(u64::MAX),
             fail_reads_from: AtomicU64::new(u64::MAX),
+            fail_writes_in: Mutex::new(0..0),
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
@@ -131,10 +134,18 @@ impl SimBacking {
         self.inner.fail_reads_from.store(n, Ordering::SeqCst);
     }
 
+    /// Fails with EIO every write (or discard, or zeroing) that overlaps the bytes `range`,
+    /// and serves the rest: a device with bad sectors, or a cache whose write-backs of some
+    /// blocks fail while other writes succeed.
+    pub fn fail_writes_in(&self, range: std::ops::Range<u64>) {
+        *self.inner.fail_writes_in.lock().expect("poisoned") = range;
+    }
+
     /// Stops injecting faults.
     pub fn heal(&self) {
         self.fail_writes_from(u64::MAX);
         self.fail_reads_from(u64::MAX);
+        self.fail_writes_in(0..0);
     }
 
     /// Writes and reads served so far.
@@ -162,7 +173,11 @@ impl SimBacking {
     fn store(&self, op: &'static str, offset: u64, data: &[u8]) -> pmcache_backing::Result<()> {
         self.check(op, offset, data.len() as u64)?;
         let n = self.inner.writes.fetch_add(1, Ordering::SeqCst);
-        if n >= self.inner.fail_writes_from.load(Ordering::SeqCst) {
+        let bad = self.inner.fail_writes_in.lock().expect("poisoned").clone();
+        let end = offset + data.len() as u64;
+        if n >= self.inner.fail_writes_from.load(Ordering::SeqCst)
+            || (offset < bad.end && bad.start < end)
+        {
             return Err(Self::eio(op, offset, data.len() as u64));
         }
         let crashed = self.inner.switch.persist_point();

@@ -1,0 +1,149 @@
+//! A cache whose every slot is dirty, in front of a backing store that fails the write-backs
+//! that would free one: the modes that write through keep serving. A write-through writes the
+//! backing store and leaves the block uncached; one over a dirty copy drops that copy only once
+//! the new data is durable; one the backing store fails changes nothing. A power cut afterwards
+//! brings back every acknowledged write, and no dropped copy.
+
+use std::sync::Arc;
+
+use pmcache_engine::testing::SimBacking;
+use pmcache_engine::{
+    AdmissionConfig, CacheMode, Config, Engine, Error, EvictionKind, Lane, ManualClock,
+};
+use pmcache_media::{CrashMedium, CrashSwitch};
+
+const BLOCK: usize = 512;
+const BLOCK_BYTES: u64 = BLOCK as u64;
+/// 4 KiB superblock + 4 KiB metadata + 128 slots.
+const MEDIUM_BYTES: u64 = 8192 + 128 * BLOCK_BYTES;
+const BACKING_BLOCKS: u64 = 512;
+
+type SimEngine = Engine<CrashMedium, SimBacking, Arc<ManualClock>>;
+type SimLane<'e> = Lane<'e, CrashMedium, SimBacking, Arc<ManualClock>>;
+
+fn config(mode: CacheMode) -> Config {
+    Config {
+        mode,
+        block_size: BLOCK as u32,
+        max_lanes: 1,
+        admission: AdmissionConfig::Always,
+        eviction: EvictionKind::Clock,
+        index_buckets: None,
+    }
+}
+
+fn block_of(byte: u8) -> Vec<u8> {
+    vec![byte; BLOCK]
+}
+
+fn read_block(lane: &mut SimLane<'_>, lba: u64) -> Vec<u8> {
+    let mut buf = vec![0u8; BLOCK];
+    lane.read(lba * BLOCK_BYTES, &mut buf).expect("read");
+    buf
+}
+
+fn backing_block(engine: &SimEngine, lba: u64) -> Vec<u8> {
+    let at = (lba * BLOCK_BYTES) as usize;
+    engine.backing().contents()[at..at + BLOCK].to_vec()
+}
+
+/// Each seed keeps a different random half of the backing store's unflushed writes at the cut.
+#[test]
+fn write_through_serves_a_cache_of_dirty_slots_whose_write_backs_fail() {
+    for seed in 0..16 {
+        write_through_beside_failing_write_backs(seed);
+    }
+}
+
+fn write_through_beside_failing_write_backs(seed: u64) {
+    let switch = CrashSwitch::new();
+    let medium = CrashMedium::new(MEDIUM_BYTES, switch.clone(), seed);
+    let backing = SimBacking::new(BACKING_BLOCKS * BLOCK_BYTES, switch.clone(), seed ^ 0xabc);
+    let clock = Arc::new(ManualClock::default());
+    let engine = Engine::format(
+        medium.clone(),
+        backing.clone(),
+        clock.clone(),
+        &config(CacheMode::WriteBack),
+    )
+    .expect("format");
+    let slots = engine.stats().slot_count;
+    assert!(slots > 32 && slots < BACKING_BLOCKS / 2, "{slots} slots");
+    let mut lane = engine.lane().expect("lane");
+    // Every slot dirty, block `lba` holding `lba + 1`. The newest block, `last`, is the only
+    // one whose write-back would succeed: a reclaim writes back the oldest first, and fails.
+    for lba in 0..slots {
+        lane.write(lba * BLOCK_BYTES, &block_of(lba as u8 + 1), false).expect("fill");
+    }
+    assert_eq!(engine.stats().dirty_slots, slots);
+    let last = slots - 1;
+    engine.backing().fail_writes_in(0..last * BLOCK_BYTES);
+    engine.set_mode(CacheMode::WriteThrough);
+
+    // A new block, written whole and in part: both reach the backing store, neither is cached.
+    let new = slots + 10;
+    lane.write(new * BLOCK_BYTES, &block_of(0xa1), false).expect("write-through of a new block");
+    let partial = slots + 20;
+    lane.write(partial * BLOCK_BYTES + 100, &[0xb2; 50], false).expect("partial write-through");
+    let mut partial_data = block_of(0);
+    partial_data[100..150].fill(0xb2);
+    assert_eq!(backing_block(&engine, new), block_of(0xa1));
+    assert_eq!(backing_block(&engine, partial), partial_data);
+    let before = engine.stats();
+    assert_eq!(read_block(&mut lane, new), block_of(0xa1));
+    assert_eq!(read_block(&mut lane, partial), partial_data);
+    let after = engine.stats();
+    assert_eq!(after.read_hits, before.read_hits, "a block without a slot was cached");
+    assert_eq!(after.read_misses_bypassed - before.read_misses_bypassed, 2);
+    assert_eq!(after.dirty_slots, slots);
+
+    // A write-through the backing store fails: the error, and the dirty copy as it was.
+    let err = lane.write(3 * BLOCK_BYTES, &block_of(0xc3), false).expect_err("a failing write");
+    assert!(matches!(err, Error::Backing(_)), "{err:?}");
+    assert_eq!(read_block(&mut lane, 3), block_of(4));
+    assert_eq!(engine.stats().dirty_slots, slots);
+    lane.flush().expect("flush");
+
+    // A write-through over the one dirty block whose write succeeds drops its dirty copy, and
+    // its slot is free again for the next write-through, which caches its block.
+    lane.write(last * BLOCK_BYTES, &block_of(0xd4), false).expect("write-through over dirty");
+    assert_eq!(engine.stats().dirty_slots, slots - 1);
+    assert_eq!(read_block(&mut lane, last), block_of(0xd4));
+    assert_eq!(backing_block(&engine, last), block_of(0xd4));
+    let cached = slots + 30;
+    lane.write(cached * BLOCK_BYTES, &block_of(0xe5), false).expect("write-through, cached");
+    let hits = engine.stats().read_hits;
+    assert_eq!(read_block(&mut lane, cached), block_of(0xe5));
+    assert_eq!(engine.stats().read_hits, hits + 1, "the freed slot was not used");
+
+    // Power is cut without a flush: the write-through over the dirty block was synced before
+    // its dirty copy went, so recovery must not bring the old copy back.
+    switch.cut_now();
+    drop(lane);
+    drop(engine);
+    let switch = CrashSwitch::new();
+    let medium = CrashMedium::from_image(medium.crash_image().expect("cut"), switch.clone(), seed);
+    let backing = SimBacking::from_image(backing.crash_image().expect("cut"), switch.clone(), seed);
+    let (engine, report) =
+        Engine::open(medium, backing, clock, &config(CacheMode::WriteThrough)).expect("open");
+    // The dirty blocks left, plus the write-through cached after the last flush: its clean
+    // copy is newer than the synced sequence number, so recovery cannot know the backing store
+    // kept that write, and makes it dirty.
+    assert_eq!((report.dirty, report.clean_made_dirty), (slots, 1), "{report:?}");
+    let mut lane = engine.lane().expect("lane");
+    assert_eq!(
+        read_block(&mut lane, last),
+        block_of(0xd4),
+        "seed {seed}: the dropped dirty copy came back"
+    );
+    assert_eq!(read_block(&mut lane, new), block_of(0xa1));
+    assert_eq!(read_block(&mut lane, partial), partial_data);
+    assert_eq!(read_block(&mut lane, cached), block_of(0xe5));
+    for lba in 0..last {
+        assert_eq!(read_block(&mut lane, lba), block_of(lba as u8 + 1), "dirty block {lba}");
+    }
+    lane.drain().expect("drain");
+    for lba in 0..last {
+        assert_eq!(backing_block(&engine, lba), block_of(lba as u8 + 1), "written back {lba}");
+    }
+}
