@@ -120,4 +120,50 @@ mod tests {
         assert!(admission.admit_block(42));
         assert!(Admission::new(AdmissionConfig::Always).admit_block(42));
     }
+
+    /// A block with `slot_of(block) == counter`.
+    fn block_on_counter(counter: usize) -> u64 {
+        (0..).find(|&lba| slot_of(lba, NHIT_COUNTERS) == counter).expect("some block")
+    }
+
+    /// A counter that saturates stays saturated and leaves its neighbours in the same word as
+    /// they were; every `NHIT_COUNTERS * 8` misses all counters halve, so an old miss counts
+    /// for less.
+    #[test]
+    fn n_hit_counters_saturate_alone_and_age() {
+        let admission = Admission::new(AdmissionConfig::NHit { hits: 2 });
+        let hot = 42;
+        let index = slot_of(hot, NHIT_COUNTERS);
+        // The counter above `hot`'s in the same word (or below, for the top byte).
+        let neighbour = block_on_counter(if index % 8 == 7 { index - 1 } else { index + 1 });
+        for _ in 0..600 {
+            admission.admit_block(hot);
+        }
+        assert!(
+            !admission.admit_block(neighbour),
+            "a saturated counter spilled into its neighbour"
+        );
+        assert!(admission.admit_block(neighbour));
+        assert!(admission.admit_block(hot), "a saturated counter wrapped");
+
+        let admission = Admission::new(AdmissionConfig::NHit { hits: 3 });
+        let old = (0..).find(|&lba| slot_of(lba, NHIT_COUNTERS) % 8 != 7).expect("some block");
+        let index = slot_of(old, NHIT_COUNTERS);
+        // An odd count in the byte above `old`'s: halving must not shift its low bit into
+        // `old`'s counter.
+        let odd = block_on_counter(index + 1);
+        let other = block_on_counter((index + 8) % NHIT_COUNTERS);
+        assert!(!admission.admit_block(old));
+        assert!(!admission.admit_block(old));
+        assert!(!admission.admit_block(odd));
+        // Misses elsewhere until the counters halve: `old`'s two become one.
+        for _ in 3..NHIT_COUNTERS * 8 {
+            admission.admit_block(other);
+        }
+        assert!(
+            !admission.admit_block(old),
+            "the counters did not halve, or halving moved a neighbour's bit in"
+        );
+        assert!(admission.admit_block(old));
+    }
 }
