@@ -108,8 +108,18 @@ mod tests {
         assert_eq!(bypassed, 512 - 256, "the first 1 MiB is admitted, the rest bypassed");
         // Random requests are never bypassed.
         assert!(!(0..100u64).any(|i| admission.note_request(i * 7_777_777 * 4096, 4096, 1000)));
-        // A stream expires after five seconds.
-        assert!(!admission.note_request(512 * 4096, 4096, 512 + STREAM_EXPIRY_NS));
+        // A stream expires five seconds after its last request (at 511 ns): still going a
+        // nanosecond before, over at five seconds.
+        let stream_of_2_mib = || {
+            let admission =
+                Admission::new(AdmissionConfig::SequentialCutoff { cutoff_bytes: 1 << 20 });
+            for i in 0..512u64 {
+                admission.note_request(i * 4096, 4096, i);
+            }
+            admission
+        };
+        assert!(stream_of_2_mib().note_request(512 * 4096, 4096, 511 + STREAM_EXPIRY_NS - 1));
+        assert!(!stream_of_2_mib().note_request(512 * 4096, 4096, 511 + STREAM_EXPIRY_NS));
     }
 
     #[test]
