@@ -439,6 +439,13 @@ mod tests {
         }
         assert!(Geometry::for_medium(1 << 20, 3000).is_err());
         assert!(Geometry::for_medium(8192, 4096).is_err());
+        // Media too small even for the superblock are refused, not underflowed.
+        for len in [0, 100, SUPERBLOCK_BYTES - 1, SUPERBLOCK_BYTES, SUPERBLOCK_BYTES + 512] {
+            for block in [512, 4096] {
+                let err = Geometry::for_medium(len, block).unwrap_err();
+                assert!(err.to_string().contains("at least 16"), "{len} bytes: {err}");
+            }
+        }
     }
 
     #[test]
