@@ -439,6 +439,14 @@ mod tests {
         }
         assert!(Geometry::for_medium(1 << 20, 3000).is_err());
         assert!(Geometry::for_medium(8192, 4096).is_err());
+        // The smallest medium accepted holds 16 slots; a byte less is refused.
+        let smallest = 8192 + 16 * 512;
+        assert_eq!(Geometry::for_medium(smallest, 512).map(|g| g.slot_count), Ok(16));
+        assert!(Geometry::for_medium(smallest - 1, 512).is_err());
+        // Slot numbers and the slot count are 32-bit: a huge medium is capped below u32::MAX.
+        let huge = Geometry::for_medium(1 << 45, 512).unwrap();
+        assert_eq!(huge.slot_count, u64::from(u32::MAX - 1));
+        assert!(huge.data_offset + huge.slot_count * 512 <= 1 << 45);
         // Media too small even for the superblock are refused, not underflowed.
         for len in [0, 100, SUPERBLOCK_BYTES - 1, SUPERBLOCK_BYTES, SUPERBLOCK_BYTES + 512] {
             for block in [512, 4096] {
