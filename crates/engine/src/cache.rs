@@ -1504,6 +1504,15 @@ mod tests {
         }
     }
 
+    /// Sequence numbers skip every multiple of 256 (`format::is_issuable_seq`).
+    #[test]
+    fn the_next_sequence_number_skips_a_zero_low_byte() {
+        use super::first_seq_after;
+        for (seq, next) in [(0, 1), (1, 2), (254, 255), (255, 257), (256, 257), (0x12ff, 0x1301)] {
+            assert_eq!(first_seq_after(seq), next, "after {seq:#x}");
+        }
+    }
+
     /// FUA flushes the backing store only where the write goes to it: never in write-back
     /// or write-only (the write is durable on the medium when acknowledged), once per FUA
     /// write in the modes that write through, never without FUA (over clean blocks).

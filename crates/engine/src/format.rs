@@ -486,8 +486,12 @@ mod tests {
         let sb = superblock();
         assert!(sb.check_backing(&sb.backing).is_ok());
         let other = BackingIdentity { size_bytes: 1 << 30, fingerprint: [4; 16] };
-        let err = sb.check_backing(&other).unwrap_err();
-        assert!(err.to_string().contains("another backing store"), "{err}");
+        let err = sb.check_backing(&other).unwrap_err().to_string();
+        assert!(err.contains("another backing store"), "{err}");
+        // Both fingerprints, in hex, so that an operator can tell which device is which.
+        assert!(err.contains(&format!("fingerprint {}", "03".repeat(16))), "{err}");
+        assert!(err.contains(&format!("fingerprint {}", "04".repeat(16))), "{err}");
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
     }
 
     #[test]
@@ -528,6 +532,21 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A freed entry's second word is 0, so no entry may have a sequence number whose low byte
+    /// is 0: the engine never issues one, and an entry holding one, checksum and all, is corrupt.
+    #[test]
+    fn sequence_numbers_with_a_zero_low_byte_are_never_entries() {
+        for seq in [0, 0x100, 0x1200, u64::MAX - 0xff] {
+            assert!(!is_issuable_seq(seq), "{seq:#x}");
+            let word0 = 5 | 2 << STATE_SHIFT;
+            let word0 = word0 | entry_check(word0, seq) << CHECK_SHIFT;
+            assert_eq!(SlotEntry::decode(word0, seq), DecodedEntry::Corrupt, "{seq:#x}");
+        }
+        for seq in [1, 0xff, 0x101, 0x1234_5601, u64::MAX] {
+            assert!(is_issuable_seq(seq), "{seq:#x}");
         }
     }
 
