@@ -1461,7 +1461,7 @@ mod tests {
     use std::sync::Arc;
 
     use crate::WriteRequest;
-    use crate::format::{DecodedEntry, SlotEntry};
+    use crate::format::{self, DecodedEntry, SlotEntry};
     use crate::testing::model::{BLOCK, World, config};
     use crate::{AdmissionConfig, CacheMode, Engine, EvictionKind, ManualClock};
 
@@ -1502,6 +1502,54 @@ mod tests {
             let entry = SlotEntry::decode(durable[at], durable[at + 1]);
             assert_eq!(entry, DecodedEntry::Free, "slot {slot} reached the pool with {entry:?}");
         }
+    }
+
+    /// A stripe's numbers only grow, whichever counter they come from. The global counter
+    /// hands out the next issuable number, raised above the stripe's last one (and then
+    /// raised itself, so that what it issues later stays above); a lane takes its own numbers
+    /// 1,024 at a time from the global counter and issues them in order, raised likewise.
+    #[test]
+    fn sequence_numbers_grow_per_stripe_from_both_counters() {
+        use std::sync::atomic::Ordering;
+        let world = World::fresh(3);
+        let cfg = config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always);
+        let clock = Arc::new(ManualClock::default());
+        let engine = Engine::format(world.medium.clone(), world.backing.clone(), clock, &cfg)
+            .expect("format");
+        let start = engine.next_seq.load(Ordering::SeqCst);
+
+        let mut stripe_last = 0;
+        assert_eq!(engine.global_seq(&mut stripe_last), start);
+        assert_eq!(stripe_last, start);
+        // A stripe ahead of the counter (a lane's number can pass it): raised, and the
+        // counter follows.
+        let mut stripe_last = start + 0x1fe;
+        let raised = engine.global_seq(&mut stripe_last);
+        let expected = super::first_seq_after(start + 0x1fe);
+        assert_eq!((raised, stripe_last), (expected, expected));
+        assert_eq!(engine.next_seq.load(Ordering::SeqCst), raised + 1);
+        let mut other_stripe = 0;
+        assert!(engine.global_seq(&mut other_stripe) > raised);
+
+        let mut lane = engine.lane().expect("lane");
+        let taken = engine.next_seq.load(Ordering::SeqCst);
+        let mut issued = Vec::new();
+        for _ in 0..1500 {
+            let mut stripe_last = 0;
+            issued.push(lane.local_seq(&mut stripe_last));
+            assert_eq!(stripe_last, *issued.last().expect("issued"));
+        }
+        // Two ranges taken, each issued in order (skipping multiples of 256).
+        assert_eq!(engine.next_seq.load(Ordering::SeqCst), taken + 2048);
+        let first_range: Vec<u64> =
+            (taken..taken + 1024).filter(|&seq| format::is_issuable_seq(seq)).collect();
+        assert_eq!(issued[..first_range.len()], first_range[..]);
+        assert!(issued.windows(2).all(|pair| pair[0] < pair[1]), "{issued:?}");
+        // A stripe ahead of the lane's range: raised.
+        let mut stripe_last = taken + 5000;
+        let expected = super::first_seq_after(taken + 5000);
+        assert_eq!(lane.local_seq(&mut stripe_last), expected);
+        assert_eq!(stripe_last, expected);
     }
 
     /// Sequence numbers skip every multiple of 256 (`format::is_issuable_seq`).
