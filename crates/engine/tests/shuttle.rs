@@ -250,8 +250,9 @@ fn batched_reader_writer_evictor_write_back_pct() {
 /// A reader meets a block that another lane is admitting on a read miss. The block's index
 /// entry is hidden while its slot is filled, so the reader must take the locked path and see
 /// the whole block, never the slot half filled. With `batched`, it reads through `read_batch`,
-/// whose lock-free pass must skip hidden entries as `read` does.
-fn admission_scenario(batched: bool) {
+/// whose lock-free pass must skip hidden entries as `read` does. The first read starts
+/// `first_in_block` bytes into the block and runs to its end.
+fn admission_scenario(batched: bool, first_in_block: usize) {
     let mut backing = vec![0; 64 * BLOCK];
     backing[5 * BLOCK..6 * BLOCK].copy_from_slice(&stamp(7));
     let engine = engine(CacheMode::WriteBack, backing);
@@ -264,15 +265,17 @@ fn admission_scenario(batched: bool) {
         })
     };
     let mut lane = engine.lane().unwrap();
-    for _ in 0..3 {
-        let mut buf = vec![0u8; BLOCK];
+    for i in 0..3 {
+        let in_block = if i == 0 { first_in_block } else { 0 };
+        let offset = (5 * BLOCK + in_block) as u64;
+        let mut buf = vec![0u8; BLOCK - in_block];
         if batched {
-            let mut reads = [ReadRequest { offset: 5 * BLOCK as u64, buf: &mut buf }];
+            let mut reads = [ReadRequest { offset, buf: &mut buf }];
             let mut outcomes = Vec::new();
             lane.read_batch(&mut reads, &mut outcomes);
             outcomes.into_iter().for_each(|o| o.unwrap());
         } else {
-            lane.read(5 * BLOCK as u64, &mut buf).unwrap();
+            lane.read(offset, &mut buf).unwrap();
         }
         assert_eq!(version_of(&buf), 7, "a read beside the admission");
     }
@@ -283,10 +286,17 @@ fn admission_scenario(batched: bool) {
 
 #[test]
 fn reader_beside_a_read_miss_admission() {
-    shuttle::check_pct(|| admission_scenario(false), iterations(), 3);
+    shuttle::check_pct(|| admission_scenario(false, 0), iterations(), 3);
 }
 
 #[test]
 fn batched_reader_beside_a_read_miss_admission() {
-    shuttle::check_pct(|| admission_scenario(true), iterations(), 3);
+    shuttle::check_pct(|| admission_scenario(true, 0), iterations(), 3);
+}
+
+/// The reader's first read takes the block's second half only: a hit found under the lock
+/// must honour the offset into the block.
+#[test]
+fn partial_reader_beside_a_read_miss_admission() {
+    shuttle::check_pct(|| admission_scenario(false, BLOCK / 2), iterations(), 3);
 }
