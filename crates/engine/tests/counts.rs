@@ -1,0 +1,98 @@
+//! What the engine counts, and how much backing-store work an operation costs: a trim's
+//! counters, a whole-block write-through that needs no read, a drain that syncs once per
+//! batch rather than once per block. Each of these once changed (in a mutation run) without
+//! any data going wrong, so only counting tells them apart.
+
+use std::sync::Arc;
+
+use pmcache_engine::testing::SimBacking;
+use pmcache_engine::{AdmissionConfig, CacheMode, Config, Engine, EvictionKind, ManualClock};
+use pmcache_media::{CrashMedium, CrashSwitch};
+
+const BLOCK: usize = 512;
+const BLOCK_BYTES: u64 = BLOCK as u64;
+/// Room for the superblock, the metadata table and about 700 slots.
+const MEDIUM_BYTES: u64 = 16384 + 700 * BLOCK_BYTES;
+const BACKING_BLOCKS: u64 = 2048;
+/// `cache.rs`'s `DRAIN_BATCH`: a drain writes back this many blocks per backing sync.
+const DRAIN_BATCH: u64 = 256;
+
+type SimEngine = Engine<CrashMedium, SimBacking, Arc<ManualClock>>;
+
+fn engine(mode: CacheMode) -> SimEngine {
+    let switch = CrashSwitch::new();
+    let config = Config {
+        mode,
+        block_size: BLOCK as u32,
+        max_lanes: 1,
+        admission: AdmissionConfig::Always,
+        eviction: EvictionKind::Clock,
+        index_buckets: None,
+    };
+    Engine::format(
+        CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1),
+        SimBacking::new(BACKING_BLOCKS * BLOCK_BYTES, switch, 2),
+        Arc::new(ManualClock::default()),
+        &config,
+    )
+    .expect("format")
+}
+
+#[test]
+fn a_trim_counts_the_whole_blocks_it_covers_and_the_dirty_ones_it_drops() {
+    let engine = engine(CacheMode::WriteBack);
+    let mut lane = engine.lane().expect("lane");
+    // Blocks 0..4 clean (written, then drained), 4..8 dirty.
+    for lba in 0..8 {
+        if lba == 4 {
+            lane.drain().expect("drain");
+        }
+        lane.write(lba * BLOCK_BYTES, &[lba as u8 + 1; BLOCK], false).expect("write");
+    }
+    assert_eq!(engine.stats().dirty_slots, 4);
+    // From the middle of block 2 to the middle of block 7: whole blocks 3..7, one clean and
+    // three dirty.
+    lane.trim(2 * BLOCK_BYTES + 100, 5 * BLOCK_BYTES).expect("trim");
+    let stats = engine.stats();
+    assert_eq!((stats.trims, stats.dirty_slots), (4, 1), "{stats:?}");
+    // The partly covered blocks and those outside are still cached.
+    let hits = stats.read_hits;
+    let mut buf = vec![0u8; BLOCK];
+    for lba in [0, 1, 2, 7] {
+        lane.read(lba * BLOCK_BYTES, &mut buf).expect("read");
+        assert_eq!(buf, [lba as u8 + 1; BLOCK], "block {lba}");
+    }
+    assert_eq!(engine.stats().read_hits, hits + 4);
+}
+
+#[test]
+fn a_whole_block_write_through_does_not_read_the_backing_store() {
+    let engine = engine(CacheMode::WriteThrough);
+    let mut lane = engine.lane().expect("lane");
+    let (_, reads_before) = engine.backing().io_counts();
+    lane.write(10 * BLOCK_BYTES, &[7; BLOCK], false).expect("whole block");
+    lane.write(20 * BLOCK_BYTES, &[8; 2 * BLOCK], false).expect("two whole blocks");
+    assert_eq!(engine.backing().io_counts().1, reads_before, "a whole-block write read");
+    // A partial block of an uncached block is merged with what the backing store holds.
+    lane.write(30 * BLOCK_BYTES + 8, &[9; 16], false).expect("partial block");
+    assert_eq!(engine.backing().io_counts().1, reads_before + 1);
+}
+
+#[test]
+fn a_drain_syncs_the_backing_store_once_per_batch_of_blocks() {
+    let engine = engine(CacheMode::WriteBack);
+    assert!(engine.stats().slot_count > 2 * DRAIN_BATCH, "{:?}", engine.stats());
+    let mut lane = engine.lane().expect("lane");
+    for (blocks, batches) in
+        [(10, 1), (DRAIN_BATCH, 1), (DRAIN_BATCH + 1, 2), (2 * DRAIN_BATCH + 5, 3)]
+    {
+        for lba in 0..blocks {
+            lane.write(lba * BLOCK_BYTES, &[blocks as u8; BLOCK], false).expect("write");
+        }
+        assert_eq!(engine.stats().dirty_slots, blocks);
+        let flushes = engine.backing().flushes();
+        lane.drain().expect("drain");
+        assert_eq!(engine.stats().dirty_slots, 0);
+        assert_eq!(engine.backing().flushes() - flushes, batches, "{blocks} dirty blocks");
+    }
+}
