@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
-use pmcache_engine::testing::SimBacking;
+use pmcache_engine::testing::{SimBacking, model};
 use pmcache_engine::{AdmissionConfig, CacheMode, Config, Engine, EvictionKind, ManualClock};
 use pmcache_media::{CrashMedium, CrashSwitch};
 
-const BLOCK: usize = 512;
+const BLOCK: usize = model::BLOCK;
 const BLOCK_BYTES: u64 = BLOCK as u64;
 /// Room for the superblock, the metadata table and about 700 slots.
 const MEDIUM_BYTES: u64 = 16384 + 700 * BLOCK_BYTES;
@@ -22,12 +22,8 @@ type SimEngine = Engine<CrashMedium, SimBacking, Arc<ManualClock>>;
 fn engine(mode: CacheMode) -> SimEngine {
     let switch = CrashSwitch::new();
     let config = Config {
-        mode,
-        block_size: BLOCK as u32,
         max_lanes: 1,
-        admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
-        index_buckets: None,
+        ..model::config(mode, EvictionKind::Clock, AdmissionConfig::Always)
     };
     Engine::format(
         CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1),

@@ -6,13 +6,13 @@
 
 use std::sync::Arc;
 
-use pmcache_engine::testing::SimBacking;
+use pmcache_engine::testing::{SimBacking, model};
 use pmcache_engine::{
     AdmissionConfig, CacheMode, Config, Engine, Error, EvictionKind, Lane, ManualClock,
 };
 use pmcache_media::{CrashMedium, CrashSwitch};
 
-const BLOCK: usize = 512;
+const BLOCK: usize = model::BLOCK;
 const BLOCK_BYTES: u64 = BLOCK as u64;
 /// 4 KiB superblock + 4 KiB metadata + 128 slots.
 const MEDIUM_BYTES: u64 = 8192 + 128 * BLOCK_BYTES;
@@ -22,14 +22,7 @@ type SimEngine = Engine<CrashMedium, SimBacking, Arc<ManualClock>>;
 type SimLane<'e> = Lane<'e, CrashMedium, SimBacking, Arc<ManualClock>>;
 
 fn config(mode: CacheMode) -> Config {
-    Config {
-        mode,
-        block_size: BLOCK as u32,
-        max_lanes: 1,
-        admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
-        index_buckets: None,
-    }
+    Config { max_lanes: 1, ..model::config(mode, EvictionKind::Clock, AdmissionConfig::Always) }
 }
 
 fn block_of(byte: u8) -> Vec<u8> {
