@@ -1462,8 +1462,18 @@ mod tests {
 
     use crate::WriteRequest;
     use crate::format::{self, DecodedEntry, SlotEntry};
-    use crate::testing::model::{BLOCK, World, config};
+    use crate::testing::model::{BLOCK, SimEngine, World, config};
     use crate::{AdmissionConfig, CacheMode, Engine, EvictionKind, ManualClock};
+
+    /// A fresh write-back engine on simulated parts, with the parts (to inspect or cut).
+    fn write_back_engine(seed: u64) -> (World, SimEngine) {
+        let world = World::fresh(seed);
+        let cfg = config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always);
+        let clock = Arc::new(ManualClock::default());
+        let engine = Engine::format(world.medium.clone(), world.backing.clone(), clock, &cfg)
+            .expect("format");
+        (world, engine)
+    }
 
     /// A lane hands free slots to the shared pool (its list past its bound) only once their
     /// zeroed entries are durable: another lane refilling such a slot would otherwise write its
@@ -1471,11 +1481,7 @@ mod tests {
     /// word 0 beside the new entry's word 1 — rejected only by the entry's check, by chance.
     #[test]
     fn slots_handed_to_the_pool_have_durably_zeroed_entries() {
-        let world = World::fresh(11);
-        let cfg = config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always);
-        let clock = Arc::new(ManualClock::default());
-        let engine = Engine::format(world.medium.clone(), world.backing.clone(), clock, &cfg)
-            .expect("format");
+        let (world, engine) = write_back_engine(11);
         let mut lane = engine.lane().expect("lane");
         let blocks = engine.group_max as u64;
         assert!(blocks as usize > 2 * engine.lane_free_max, "a group's frees must spill");
@@ -1511,11 +1517,7 @@ mod tests {
     #[test]
     fn sequence_numbers_grow_per_stripe_from_both_counters() {
         use std::sync::atomic::Ordering;
-        let world = World::fresh(3);
-        let cfg = config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always);
-        let clock = Arc::new(ManualClock::default());
-        let engine = Engine::format(world.medium.clone(), world.backing.clone(), clock, &cfg)
-            .expect("format");
+        let (_world, engine) = write_back_engine(3);
         let start = engine.next_seq.load(Ordering::SeqCst);
 
         let mut stripe_last = 0;
@@ -1566,11 +1568,7 @@ mod tests {
     /// write in the modes that write through, never without FUA (over clean blocks).
     #[test]
     fn fua_flushes_the_backing_store_only_where_the_write_goes() {
-        let world = World::fresh(5);
-        let cfg = config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always);
-        let clock = Arc::new(ManualClock::default());
-        let engine = Engine::format(world.medium.clone(), world.backing.clone(), clock, &cfg)
-            .expect("format");
+        let (world, engine) = write_back_engine(5);
         let mut lane = engine.lane().expect("lane");
         let data = vec![0x33; BLOCK];
         for mode in CacheMode::ALL {

@@ -17,7 +17,7 @@ const BACKING_BLOCKS: u64 = 2048;
 /// `cache.rs`'s `DRAIN_BATCH`: a drain writes back this many blocks per backing sync.
 const DRAIN_BATCH: u64 = 256;
 
-type SimEngine = Engine<CrashMedium, SimBacking, Arc<ManualClock>>;
+use model::SimEngine;
 
 fn engine(mode: CacheMode) -> SimEngine {
     let switch = CrashSwitch::new();
