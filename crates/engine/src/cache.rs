@@ -1563,6 +1563,40 @@ mod tests {
         }
     }
 
+    /// The eviction hand decides on a clean slot from the word it loaded. A slot freed and
+    /// refilled with another clean block before the hand takes the stripe is a new
+    /// incarnation of the slot and is skipped: the hand's second chance was the old block's,
+    /// and evicting the new one there would also fail the `clean slot not indexed` check when
+    /// the entry was read before the refill (the race between `read_entry` and the stripe).
+    #[test]
+    fn the_hand_skips_a_slot_recycled_since_it_looked() {
+        use crate::slots::SlotState;
+        let (_world, engine) = write_back_engine(5);
+        let mut lane = engine.lane().expect("lane");
+        let mut buf = vec![0u8; BLOCK];
+        lane.read(BLOCK as u64, &mut buf).expect("block 1 admitted clean");
+        let slot = engine.index.lookup(1).expect("block 1 cached").slot;
+        let seen = engine.slots.load(slot);
+        assert_eq!(seen.state(), SlotState::Clean);
+        // A write-back write supersedes block 1's clean copy (its slot goes to this lane's
+        // free list), and the next admission refills that slot with block 2.
+        lane.write(BLOCK as u64, &[7; BLOCK], false).expect("overwrite block 1");
+        lane.read(2 * BLOCK as u64, &mut buf).expect("block 2 admitted clean");
+        assert_eq!(engine.index.lookup(2).expect("block 2 cached").slot, slot, "slot reused");
+        assert_eq!(engine.slots.load(slot).state(), SlotState::Clean);
+
+        let evictions = engine.stats().evictions;
+        assert!(!lane.try_evict(slot, seen, None), "evicted a slot recycled since it was seen");
+        assert_eq!(engine.stats().evictions, evictions);
+        assert_eq!(engine.index.lookup(2).map(|f| f.slot), Some(slot), "block 2 evicted");
+        // The slot as it is now is evicted.
+        assert!(lane.try_evict(slot, engine.slots.load(slot), None), "current incarnation");
+        assert_eq!(engine.stats().evictions, evictions + 1);
+        assert!(engine.index.lookup(2).is_none());
+        lane.read(2 * BLOCK as u64, &mut buf).expect("block 2 again");
+        assert_eq!(buf, vec![0; BLOCK]);
+    }
+
     /// FUA flushes the backing store only where the write goes to it: never in write-back
     /// or write-only (the write is durable on the medium when acknowledged), once per FUA
     /// write in the modes that write through, never without FUA (over clean blocks).
