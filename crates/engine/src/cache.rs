@@ -206,7 +206,10 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             )));
         }
         let slot_count = geometry.slot_count as u32;
-        if config.max_lanes == 0 || u64::from(slot_count) < 4 * config.max_lanes as u64 {
+        if config.max_lanes == 0 {
+            return Err(Error::Config("max_lanes is 0: a cache needs at least one lane".into()));
+        }
+        if u64::from(slot_count) < 4 * config.max_lanes as u64 {
             return Err(Error::Config(format!(
                 "a cache of {slot_count} slots is too small for {} lanes (need 4 slots per lane)",
                 config.max_lanes

@@ -438,3 +438,67 @@ fn a_million_slots_take_at_most_16_bytes_of_dram_each() {
         stats.dram_bytes_per_slot
     );
 }
+
+/// A backing store that only has a size: for the limits on backing stores too large to hold.
+struct SizedBacking(u64);
+
+impl pmcache_backing::BackingStore for SizedBacking {
+    fn size_bytes(&self) -> u64 {
+        self.0
+    }
+    fn logical_block_size(&self) -> u32 {
+        512
+    }
+    fn identity(&self) -> pmcache_backing::BackingIdentity {
+        pmcache_backing::BackingIdentity { size_bytes: self.0, fingerprint: [3; 16] }
+    }
+    fn read_at(&self, _buf: &mut [u8], _offset: u64) -> pmcache_backing::Result<()> {
+        unreachable!("nothing is read")
+    }
+    fn write_at(&self, _data: &[u8], _offset: u64) -> pmcache_backing::Result<()> {
+        unreachable!("nothing is written")
+    }
+    fn flush(&self) -> pmcache_backing::Result<()> {
+        Ok(())
+    }
+    fn discard(&self, _offset: u64, _len: u64) -> pmcache_backing::Result<()> {
+        unreachable!("nothing is discarded")
+    }
+    fn write_zeroes(&self, _offset: u64, _len: u64) -> pmcache_backing::Result<()> {
+        unreachable!("nothing is zeroed")
+    }
+}
+
+/// Configurations and backing stores a cache cannot serve are refused with a message that
+/// names the limit, each on its boundary: a backing store that is empty or not a whole number
+/// of cache blocks, one of more than 2^40 blocks (block numbers have 40 bits), no lanes, or
+/// fewer than 4 slots per lane.
+#[test]
+fn caches_that_cannot_serve_are_refused_at_their_limits() {
+    fn format_with(backing_bytes: u64, max_lanes: usize) -> pmcache_engine::Result<u64> {
+        let (medium, _) = parts();
+        let config = Config { max_lanes, ..config(CacheMode::WriteBack) };
+        Engine::format(medium, SizedBacking(backing_bytes), clock(), &config)
+            .map(|engine| engine.superblock().geometry.slot_count)
+    }
+    fn refused(result: pmcache_engine::Result<u64>, needle: &str) {
+        match result {
+            Err(Error::Config(message)) => {
+                assert!(message.contains(needle), "{message:?} does not say {needle:?}")
+            }
+            other => panic!("accepted or refused otherwise ({needle}): {other:?}"),
+        }
+    }
+    let block = BLOCK as u64;
+    let slots = format_with(BLOCKS * block, 1).expect("a cache that can serve");
+    refused(format_with(0, 1), "not a non-zero multiple of the 512-byte cache block");
+    refused(format_with(BLOCKS * block + 8, 1), "not a non-zero multiple");
+    assert!(format_with(block, 1).is_ok(), "one block");
+    let max_blocks = pmcache_engine::format::MAX_BACKING_BLOCKS;
+    assert!(format_with(max_blocks * block, 1).is_ok(), "2^40 blocks");
+    refused(format_with((max_blocks + 1) * block, 1), "at most 2^40");
+    refused(format_with(BLOCKS * block, 0), "at least one lane");
+    let lanes_max = (slots / 4) as usize;
+    assert!(format_with(BLOCKS * block, lanes_max).is_ok(), "{lanes_max} lanes, {slots} slots");
+    refused(format_with(BLOCKS * block, lanes_max + 1), "need 4 slots per lane");
+}
