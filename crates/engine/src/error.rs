@@ -55,18 +55,50 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::Backing(e) => e.errno(),
-            Error::Format(_) => libc_eio(),
-            Error::OutOfRange { .. } | Error::Config(_) => 22, // EINVAL
-            Error::TooManyLanes { .. } | Error::LanesOpen { .. } => 16, // EBUSY
-            Error::ShutDown => 108,                            // ESHUTDOWN
-            Error::Memory(_) => 12,                            // ENOMEM
+            Error::Format(_) => libc::EIO,
+            Error::OutOfRange { .. } | Error::Config(_) => libc::EINVAL,
+            Error::TooManyLanes { .. } | Error::LanesOpen { .. } => libc::EBUSY,
+            Error::ShutDown => libc::ESHUTDOWN,
+            Error::Memory(_) => libc::ENOMEM,
         }
     }
 }
 
-fn libc_eio() -> i32 {
-    5
-}
-
 /// Result of an engine operation.
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each error reaches a frontend as the errno its kind calls for; a backing store's
+    /// error keeps its own (a range error there is EINVAL, an I/O error its OS errno).
+    #[test]
+    fn each_error_carries_its_errno() {
+        let io = |errno| BackingError::Io {
+            op: "write",
+            offset: 0,
+            len: 4096,
+            source: std::io::Error::from_raw_os_error(errno),
+        };
+        let cases = [
+            (Error::Backing(io(libc::ENOSPC)), libc::ENOSPC),
+            (Error::Backing(io(libc::EIO)), libc::EIO),
+            (Error::Format(FormatError::BadMagic { found: [0; 8] }), libc::EIO),
+            (
+                Error::OutOfRange { op: "read", offset: 1 << 30, len: 512, size_bytes: 4096 },
+                libc::EINVAL,
+            ),
+            (Error::Config("no lanes".into()), libc::EINVAL),
+            (Error::TooManyLanes { max_lanes: 2 }, libc::EBUSY),
+            (Error::LanesOpen { open: 1 }, libc::EBUSY),
+            (Error::ShutDown, libc::ESHUTDOWN),
+        ];
+        for (error, errno) in cases {
+            assert_eq!(error.errno(), errno, "{error}");
+        }
+        let missing = pmcache_media::PmemFile::open(std::path::Path::new("/nonexistent/pm"), None)
+            .expect_err("no such file");
+        assert_eq!(Error::Memory(missing).errno(), libc::ENOMEM);
+    }
+}
