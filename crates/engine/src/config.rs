@@ -165,3 +165,57 @@ impl Default for Config {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What each mode does with writes and read misses: write-back and write-only keep
+    /// writes in the cache (durable there at acknowledgement), the rest write the backing
+    /// store; pass-through and write-only never admit a read miss.
+    #[test]
+    fn each_mode_writes_and_admits_as_documented() {
+        let table = [
+            (CacheMode::WriteBack, "writeback", true, true),
+            (CacheMode::WriteThrough, "writethrough", false, true),
+            (CacheMode::WriteAround, "writearound", false, true),
+            (CacheMode::PassThrough, "passthrough", false, false),
+            (CacheMode::WriteOnly, "writeonly", true, false),
+        ];
+        assert_eq!(table.map(|row| row.0), CacheMode::ALL);
+        let mut codes = Vec::new();
+        for (mode, name, writes_back, admits_reads) in table {
+            assert_eq!((mode.writes_back(), mode.admits_reads()), (writes_back, admits_reads));
+            assert_eq!(mode.to_string(), name);
+            assert_eq!(name.parse::<CacheMode>(), Ok(mode));
+            assert_eq!(CacheMode::from_u8(mode.to_u8()), mode);
+            codes.push(mode.to_u8());
+        }
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), CacheMode::ALL.len(), "two modes share a code: {codes:?}");
+    }
+
+    #[test]
+    fn unknown_names_are_refused_with_the_choices() {
+        let err = "write-back".parse::<CacheMode>().unwrap_err();
+        assert!(err.contains("\"write-back\"") && err.contains("writeonly"), "{err}");
+        let err = "lru".parse::<EvictionKind>().unwrap_err();
+        assert!(err.contains("\"lru\"") && err.contains("clock or fifo"), "{err}");
+    }
+
+    /// The defaults a deployment gets without options: write-back, 4 KiB blocks, bcache's
+    /// sequential cutoff of 4 MiB, CLOCK, the index sized from the cache.
+    #[test]
+    fn the_defaults_are_the_documented_ones() {
+        let config = Config::default();
+        assert_eq!(config.mode, CacheMode::WriteBack);
+        assert_eq!(config.block_size, 4096);
+        assert_eq!(config.max_lanes, 64);
+        assert_eq!(config.admission, AdmissionConfig::SequentialCutoff { cutoff_bytes: 4 << 20 });
+        assert_eq!(config.eviction, EvictionKind::Clock);
+        assert_eq!(config.index_buckets, None);
+        assert_eq!(CacheMode::default(), CacheMode::WriteBack);
+        assert_eq!(EvictionKind::default(), EvictionKind::Clock);
+    }
+}
