@@ -89,6 +89,44 @@ fn clean_blocks_stay_cached_and_clean_across_a_clean_shutdown() {
     assert!(!open(&medium, &backing).unwrap().was_clean_shutdown);
 }
 
+/// Shutting down waits for no lane: while lanes are open it is refused, naming how many, and
+/// changes nothing (the cache keeps serving, and dropping it then is an unclean shutdown).
+/// Once every lane is dropped it succeeds, a second call is a no-op, and no lane is handed out
+/// after it.
+#[test]
+fn shutdown_is_refused_while_lanes_are_open_and_final_after() {
+    let (medium, backing) = parts();
+    let cfg = config(CacheMode::WriteBack);
+    let engine = Engine::format(medium.clone(), backing.clone(), clock(), &cfg).unwrap();
+    let mut lane = engine.lane().unwrap();
+    lane.write(0, &block_of(7), false).unwrap();
+    let other = engine.lane().unwrap();
+    let err = engine.shutdown().unwrap_err();
+    assert!(matches!(err, Error::LanesOpen { open: 2 }), "{err}");
+    assert_eq!(err.to_string(), "cannot shut down: 2 lanes are still open");
+    drop(other);
+    assert!(matches!(engine.shutdown(), Err(Error::LanesOpen { open: 1 })));
+    lane.write(BLOCK as u64, &block_of(8), false).unwrap();
+    drop(lane);
+    drop(engine);
+    let (engine, report) = Engine::open(medium.clone(), backing.clone(), clock(), &cfg).unwrap();
+    assert!(!report.was_clean_shutdown, "a refused shutdown marked the cache clean");
+    assert_eq!(report.dirty, 2, "{report:?}");
+
+    engine.shutdown().unwrap();
+    engine.shutdown().unwrap();
+    assert!(matches!(engine.lane(), Err(Error::ShutDown)));
+    drop(engine);
+    let (engine, report) = Engine::open(medium, backing, clock(), &cfg).unwrap();
+    assert!(report.was_clean_shutdown);
+    let mut buf = vec![0u8; BLOCK];
+    let mut lane = engine.lane().unwrap();
+    for (b, value) in [(0, 7), (1, 8)] {
+        lane.read(b * BLOCK as u64, &mut buf).unwrap();
+        assert_eq!(buf, block_of(value), "block {b}");
+    }
+}
+
 /// Formatting over a cache forgets every block it held, and a power cut at any persist point
 /// of that format leaves either no cache (the old superblock is invalidated first) or the new,
 /// empty one — never the old blocks under a new superblock.
