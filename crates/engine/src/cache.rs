@@ -340,6 +340,56 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         stats
     }
 
+    /// Checks that the engine's DRAM structures agree with the medium and with each other,
+    /// for tests and diagnostics; every lane must be dropped (nothing in flight). Each slot
+    /// that holds a block has a valid metadata entry in the same state, and the block's index
+    /// entry points at it, visible; the index holds no other entry; each free slot is in the
+    /// shared pool and the pool holds nothing else. Returns the number of cached blocks, or
+    /// what disagrees.
+    pub fn audit(&self) -> std::result::Result<u64, String> {
+        let open = self.lanes.iter().filter(|l| l.in_use.load(Ordering::Acquire)).count();
+        if open > 0 {
+            return Err(format!("{open} lanes are open"));
+        }
+        let (mut cached, mut free) = (0, 0);
+        for slot in 0..self.slots.len() {
+            let state = self.slots.load(slot).state();
+            let expected = match state {
+                SlotState::Free => {
+                    free += 1;
+                    if !self.pool.holds(slot) {
+                        return Err(format!("free slot {slot} is not in the pool"));
+                    }
+                    continue;
+                }
+                SlotState::Clean => BlockState::Clean,
+                SlotState::Dirty => BlockState::Dirty,
+            };
+            let entry = match self.read_entry(slot) {
+                DecodedEntry::Valid(entry) if entry.state == expected => entry,
+                other => return Err(format!("{state:?} slot {slot} has the entry {other:?}")),
+            };
+            match self.index.lookup(entry.lba) {
+                Some(found) if found.slot == slot && !found.hidden => cached += 1,
+                other => {
+                    return Err(format!(
+                        "slot {slot} holds block {}, indexed as {other:?}",
+                        entry.lba
+                    ));
+                }
+            }
+        }
+        let indexed = self.index.occupied() as u64;
+        if indexed != cached {
+            return Err(format!("the index holds {indexed} entries for {cached} cached blocks"));
+        }
+        let pooled = self.pool.len();
+        if pooled != free {
+            return Err(format!("the pool holds {pooled} slots for {free} free ones"));
+        }
+        Ok(cached)
+    }
+
     /// DRAM the engine's structures use, in bytes.
     pub fn dram_bytes(&self) -> usize {
         self.slots.len() as usize * 4

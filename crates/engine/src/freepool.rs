@@ -23,6 +23,16 @@ impl FreePool {
         lock(&self.bits).words.len() * 8
     }
 
+    /// Whether `slot` is in the pool (for `Engine::audit`).
+    pub(crate) fn holds(&self, slot: u32) -> bool {
+        lock(&self.bits).words[slot as usize / 64] & (1 << (slot % 64)) != 0
+    }
+
+    /// How many slots the pool holds (for `Engine::audit`).
+    pub(crate) fn len(&self) -> u64 {
+        lock(&self.bits).free
+    }
+
     /// Returns free slots (their metadata entries are durably free).
     pub(crate) fn put(&self, slots: impl IntoIterator<Item = u32>) {
         let mut bits = lock(&self.bits);

@@ -189,6 +189,12 @@ impl Index {
         self.buckets.len() * std::mem::size_of::<[AtomicU64; WAYS]>()
     }
 
+    /// Entries in use, hidden ones included (for `Engine::audit`).
+    pub(crate) fn occupied(&self) -> usize {
+        let buckets = self.buckets.iter();
+        buckets.map(|b| b.iter().filter(|e| e.load(Ordering::Acquire) != EMPTY).count()).sum()
+    }
+
     /// Slot-generation bits each entry keeps.
     #[cfg(all(test, not(feature = "shuttle")))]
     pub(crate) fn generation_bits(&self) -> u32 {
@@ -364,11 +370,21 @@ impl Index {
         entry.store(value, Ordering::Release);
     }
 
-    /// Sets the entry's reference bit (CLOCK) if the lookup saw it clear.
+    /// Sets the entry's reference bit (CLOCK) if the lookup saw it clear and the entry is
+    /// still exactly what it saw. A lock-free reader calls this without the block's stripe, so
+    /// the entry may have been removed or reused since its copy validated: a blind `fetch_or`
+    /// would then set the bit in an empty entry (a "ghost" that no insert claims and no
+    /// removal reaches) or on another block. A compare-and-swap, like `clear_reference`,
+    /// costs the same locked instruction; a lost race only loses the mark.
     #[inline]
     pub(crate) fn touch(&self, found: &Found) {
         if !found.referenced {
-            self.bucket(found.bucket)[found.way].fetch_or(self.layout.ref_bit(), Ordering::Relaxed);
+            let _ = self.bucket(found.bucket)[found.way].compare_exchange(
+                found.value,
+                found.value | self.layout.ref_bit(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
         }
     }
 
@@ -544,6 +560,48 @@ mod tests {
         index.clear_reference(&kept);
         index.replace(&index.lookup(lba).unwrap(), 7, 2);
         assert!(!index.lookup(lba).unwrap().referenced);
+    }
+
+    /// A reader marks the entry it copied from after validating its copy, and the entry may
+    /// be removed in between (evicted, trimmed or invalidated under its stripe, which the
+    /// reader does not take). The mark must then change nothing: a reference bit set in an
+    /// empty entry would leave a "ghost" that no insert claims and no removal reaches, and
+    /// that a full bucket reports as an occupant in slot 0. Nor may a mark land on another
+    /// block that took the entry meanwhile.
+    #[test]
+    fn a_mark_after_its_entry_changed_leaves_the_entry_alone() {
+        // 2 buckets of 8 entries, every block's candidates among them.
+        let index = Index::with_buckets(20, Some(2)).expect("an index");
+        let reveal = |lba: u64, slot: u32| {
+            let hidden = index.insert(lba, slot).map_err(|_| "full").expect("room");
+            index.replace(&hidden, slot, 1);
+            index.lookup(lba).expect("revealed")
+        };
+        let seen = reveal(3, 4);
+        assert!(!seen.referenced);
+        index.remove(&seen);
+        index.touch(&seen);
+        assert_eq!(index.occupied(), 0, "the mark left a ghost");
+        // Every entry can be claimed again.
+        for lba in 100..100 + 2 * WAYS as u64 {
+            reveal(lba, lba as u32 % 16);
+        }
+        assert!(index.insert(200, 0).is_err(), "16 entries, all in use");
+
+        // Removed and taken by another block before the mark: the other block stays unmarked.
+        let index = Index::with_buckets(20, Some(2)).expect("an index");
+        let hidden = index.insert(3, 4).map_err(|_| "full").expect("room");
+        index.replace(&hidden, 4, 1);
+        let seen = index.lookup(3).expect("revealed");
+        index.remove(&seen);
+        for lba in 100..100 + 2 * WAYS as u64 {
+            let other = index.insert(lba, 5).map_err(|_| "full").expect("room");
+            index.replace(&other, 5, 1);
+        }
+        index.touch(&seen);
+        for lba in 100..100 + 2 * WAYS as u64 {
+            assert!(!index.lookup(lba).expect("present").referenced, "block {lba} marked");
+        }
     }
 
     #[test]

@@ -145,6 +145,7 @@ fn own_blocks_in_every_mode(index_buckets: Option<u64>) {
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
+        engine.audit().unwrap_or_else(|e| panic!("{mode}: {e}"));
         let stats = engine.stats();
         if mode != CacheMode::PassThrough {
             assert!(stats.evictions > 0, "{mode}: no evictions: {stats:?}");
@@ -158,6 +159,7 @@ fn own_blocks_in_every_mode(index_buckets: Option<u64>) {
         engine.lane().unwrap().drain().unwrap();
         drop(engine);
         let engine = reattach_after_crash(dir.path(), mode, 8, index_buckets);
+        engine.audit().unwrap_or_else(|e| panic!("{mode}: after reattach: {e}"));
         let mut lane = engine.lane().unwrap();
         for (t, model) in models.iter().enumerate() {
             for (b, expected) in model.iter().enumerate() {
@@ -246,6 +248,7 @@ fn shared_blocks_are_never_torn_or_stale() {
         });
         let stats = engine.stats();
         assert!(stats.evictions > 100, "{mode}: too little churn: {stats:?}");
+        engine.audit().unwrap_or_else(|e| panic!("{mode}: {e}"));
     }
 }
 
@@ -309,6 +312,7 @@ fn batches_over_the_same_blocks_commit_in_rounds() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    engine.audit().unwrap();
     let stats = engine.stats();
     assert!(stats.group_stripe_waits > 0, "no write waited for a stripe: {stats:?}");
     assert_eq!(stats.group_writes, (batches_done[0] + batches_done[1]) * BLOCKS, "{stats:?}");

@@ -583,11 +583,14 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
             if world.switch.has_crashed() {
                 return Ok(false);
             }
+            engine.audit().map_err(|e| format!("audit after the workload: {e}"))?;
             let mut lane = engine.lane().map_err(|e| e.to_string())?;
             lane.drain().map_err(|e| format!("final drain: {e}"))?;
             model.apply(&Op::Drain, &[]);
             verify_all(&mut lane, &mut model)?;
             model.check_backing(&world.backing.contents())?;
+            drop(lane);
+            engine.audit().map_err(|e| format!("audit after the final drain: {e}"))?;
             Ok(true)
         });
         if finished? {
@@ -616,6 +619,7 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
         } else {
             opened.map_err(|e| format!("recovery: {e}"))?.0
         };
+        engine.audit().map_err(|e| format!("audit after recovery: {e}"))?;
         {
             let mut lane = engine.lane().map_err(|e| e.to_string())?;
             verify_all(&mut lane, &mut model)?;
