@@ -19,8 +19,8 @@ cargo clippy -p pmcache-engine --features shuttle --all-targets -- -D warnings
 echo "== cargo test (release optimisation: profile test-opt, release without LTO)"
 cargo test --workspace --profile test-opt
 
-echo "== shuttle: reader / writer / evictor interleavings"
-cargo test --profile test-opt -p pmcache-engine --features shuttle --test shuttle
+echo "== shuttle: reader / writer / evictor interleavings, admission counters"
+cargo test --profile test-opt -p pmcache-engine --features shuttle --lib --test shuttle
 
 echo "== io_uring IOPOLL conformance in a QEMU guest (NVMe with poll queues; this host has none)"
 scripts/guest/iopoll-conformance.sh

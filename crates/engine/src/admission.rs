@@ -75,11 +75,26 @@ impl Admission {
         let index = slot_of(lba, NHIT_COUNTERS);
         let word = &counters[index / 8];
         let shift = (index % 8) * 8;
-        let before = word.fetch_add(1 << shift, Ordering::Relaxed);
-        let count = ((before >> shift) & 0xff) + 1;
-        if count == 0xff {
-            word.fetch_sub(1 << shift, Ordering::Relaxed);
-        }
+        // Saturating at 0xfe, by compare-and-swap: an add that could pass it is never made,
+        // so racing lanes cannot wrap a counter or carry into the next one. (Adding first and
+        // taking the add back at the top does not hold with three lanes: one that adds while
+        // another's add has wrapped the byte to 0 sees a count of 1 and keeps its add.)
+        let mut current = word.load(Ordering::Relaxed);
+        let count = loop {
+            let counter = (current >> shift) & 0xff;
+            if counter >= 0xfe {
+                break counter + 1;
+            }
+            match word.compare_exchange_weak(
+                current,
+                current + (1 << shift),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break counter + 1,
+                Err(now) => current = now,
+            }
+        };
         // Age the counters: halve them all every 8 misses per counter.
         let seen = misses.fetch_add(1, Ordering::Relaxed) + 1;
         if seen % (NHIT_COUNTERS as u64 * 8) == 0 {
@@ -175,5 +190,40 @@ mod tests {
             "the counters did not halve, or halving moved a neighbour's bit in"
         );
         assert!(admission.admit_block(old));
+    }
+}
+
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// Three lanes miss a block whose n-hit counter is one below saturation, at once (under
+    /// shuttle's scheduler, which interleaves their adds and undos): the counter ends
+    /// saturated, neither wrapped nor carried into the counters beside it in its word.
+    #[test]
+    fn misses_racing_at_saturation_neither_wrap_nor_spill() {
+        shuttle::check_random(
+            || {
+                let admission = Arc::new(Admission::new(AdmissionConfig::NHit { hits: 2 }));
+                let lba = 42;
+                let index = slot_of(lba, NHIT_COUNTERS);
+                let shift = (index % 8) * 8;
+                let Admission::NHit { counters, .. } = &*admission else { unreachable!() };
+                counters[index / 8].store(0xfe << shift, Ordering::Relaxed);
+                let lanes: Vec<_> = (0..3)
+                    .map(|_| {
+                        let admission = admission.clone();
+                        shuttle::thread::spawn(move || assert!(admission.admit_block(lba)))
+                    })
+                    .collect();
+                lanes.into_iter().for_each(|lane| lane.join().unwrap());
+                let Admission::NHit { counters, .. } = &*admission else { unreachable!() };
+                let word = counters[index / 8].load(Ordering::Relaxed);
+                assert_eq!(word, 0xfe << shift, "counter {index}: word {word:#018x}");
+            },
+            2000,
+        );
     }
 }

@@ -98,6 +98,10 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     lanes: Box<[LaneSlot]>,
     /// Set by `shutdown`: no new lanes.
     closed: AtomicBool,
+    /// Held while a lane is handed out and while `shutdown` checks for open lanes and marks
+    /// the cache shut down, so that neither passes the other: a lane taken after the check
+    /// would run on a cache already marked cleanly shut down.
+    lifecycle: Mutex<()>,
     mode: AtomicU8,
     admission: Admission,
     eviction: &'static dyn EvictionPolicy,
@@ -243,6 +247,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 })
                 .collect(),
             closed: AtomicBool::new(false),
+            lifecycle: Mutex::new(()),
             mode: AtomicU8::new(config.mode.to_u8()),
             admission: Admission::new(config.admission),
             eviction,
@@ -262,6 +267,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
 
     /// A handle for one thread or queue. At most `Config::max_lanes` exist at once.
     pub fn lane(&self) -> Result<Lane<'_, M, B, C>> {
+        let lifecycle = lock(&self.lifecycle);
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::ShutDown);
         }
@@ -272,6 +278,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 l.in_use.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok()
             })
             .ok_or(Error::TooManyLanes { max_lanes: self.lanes.len() })?;
+        drop(lifecycle);
         Ok(Lane {
             engine: self,
             id,
@@ -333,7 +340,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         for lane in self.lanes.iter() {
             lane.counters.add_to(&mut stats);
         }
-        stats.dirty_slots = self.recovered_dirty.wrapping_add(stats.dirty_delta);
+        // The lanes' counters are read one after another, not at one instant: a block made
+        // dirty by one lane and cleaned by another between the two reads counts only as
+        // cleaned, so the sum can dip below zero (as a signed number) for a moment.
+        let dirty = self.recovered_dirty.wrapping_add(stats.dirty_delta) as i64;
+        stats.dirty_slots = dirty.max(0) as u64;
         stats.slot_count = self.geometry.slot_count;
         stats.block_size = self.geometry.block_size;
         stats.dram_bytes_per_slot = self.dram_bytes() as f64 / self.geometry.slot_count as f64;
@@ -400,14 +411,17 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     }
 
     /// Marks the cache cleanly shut down (after syncing the backing store). Every lane must
-    /// have been dropped; afterwards the engine hands out no lanes.
+    /// have been dropped; afterwards the engine hands out no lanes (a second call does
+    /// nothing). Refused with lanes open, or failed by the backing store's sync, it changes
+    /// nothing: the cache keeps serving, and is not marked clean.
     pub fn shutdown(&self) -> Result<()> {
+        let _lifecycle = lock(&self.lifecycle);
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let open = self.lanes.iter().filter(|l| l.in_use.load(Ordering::Acquire)).count();
         if open > 0 {
             return Err(Error::LanesOpen { open });
-        }
-        if self.closed.swap(true, Ordering::AcqRel) {
-            return Ok(());
         }
         self.backing.flush()?;
         let last = self.last_issued_seq();
@@ -416,6 +430,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         *synced = last.max(*synced);
         self.medium.store_u64(SHUTDOWN_WORD_OFFSET, SHUTDOWN_CLEAN);
         self.medium.persist(SHUTDOWN_WORD_OFFSET, 16);
+        self.closed.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -1509,7 +1524,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(feature = "shuttle")))]
 mod tests {
     use std::sync::Arc;
 
@@ -1648,6 +1663,22 @@ mod tests {
         assert!(engine.index.lookup(2).is_none());
         lane.read(2 * BLOCK as u64, &mut buf).expect("block 2 again");
         assert_eq!(buf, vec![0; BLOCK]);
+    }
+
+    /// The dirty-slot figure sums the lanes' counters one after another: a block made dirty
+    /// by one lane and cleaned by another between the reads counts as cleaned only, and the
+    /// figure reads as 0 then, not as a count wrapped to nearly 2^64.
+    #[test]
+    fn the_dirty_figure_never_wraps_below_zero() {
+        use std::sync::atomic::Ordering;
+        let (_world, engine) = write_back_engine(9);
+        engine.lane().expect("lane").write(0, &[1; BLOCK], false).expect("write");
+        assert_eq!(engine.stats().dirty_slots, 1);
+        // What a reader sees if it read the writer's counter before the write and the
+        // cleaner's after the clean: -1 in all.
+        engine.lanes[0].counters.dirty_delta.store(0, Ordering::Relaxed);
+        engine.lanes[1].counters.dirty_delta.store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(engine.stats().dirty_slots, 0);
     }
 
     /// FUA flushes the backing store only where the write goes to it: never in write-back

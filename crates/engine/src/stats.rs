@@ -76,7 +76,8 @@ counters! {
     evictions,
     /// Dirty blocks written back.
     writebacks,
-    /// Evictions forced by both index buckets of a block being full.
+    /// Times a block new to the cache found all three of its candidate index buckets full
+    /// (counted once per try: a try that waits for a busy occupant's stripe counts again).
     index_conflicts,
     /// Dirty-slot increments minus decrements made by this lane (wrapping).
     dirty_delta,

@@ -90,7 +90,8 @@ fn clean_blocks_stay_cached_and_clean_across_a_clean_shutdown() {
 }
 
 /// Shutting down waits for no lane: while lanes are open it is refused, naming how many, and
-/// changes nothing (the cache keeps serving, and dropping it then is an unclean shutdown).
+/// changes nothing (the cache keeps serving, and dropping it then is an unclean shutdown);
+/// so does a shutdown whose backing-store sync fails.
 /// Once every lane is dropped it succeeds, a second call is a no-op, and no lane is handed out
 /// after it.
 #[test]
@@ -113,6 +114,12 @@ fn shutdown_is_refused_while_lanes_are_open_and_final_after() {
     assert!(!report.was_clean_shutdown, "a refused shutdown marked the cache clean");
     assert_eq!(report.dirty, 2, "{report:?}");
 
+    // A shutdown whose backing sync fails changes nothing either.
+    backing.fail_flushes(true);
+    let err = engine.shutdown().unwrap_err();
+    assert!(matches!(err, Error::Backing(_)) && err.errno() == 5, "{err}");
+    engine.lane().unwrap().write(2 * BLOCK as u64, &block_of(9), false).unwrap();
+    backing.heal();
     engine.shutdown().unwrap();
     engine.shutdown().unwrap();
     assert!(matches!(engine.lane(), Err(Error::ShutDown)));
@@ -121,7 +128,7 @@ fn shutdown_is_refused_while_lanes_are_open_and_final_after() {
     assert!(report.was_clean_shutdown);
     let mut buf = vec![0u8; BLOCK];
     let mut lane = engine.lane().unwrap();
-    for (b, value) in [(0, 7), (1, 8)] {
+    for (b, value) in [(0, 7), (1, 8), (2, 9)] {
         lane.read(b * BLOCK as u64, &mut buf).unwrap();
         assert_eq!(buf, block_of(value), "block {b}");
     }

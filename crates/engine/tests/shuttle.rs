@@ -456,3 +456,36 @@ fn reference_mark_scenario() {
 fn reference_mark_beside_a_trim() {
     shuttle::check_pct(reference_mark_scenario, iterations(), 3);
 }
+
+/// A lane asked for while the cache shuts down is either handed out before the shutdown
+/// checks for open lanes (which then refuses) or refused: never handed out once the medium
+/// says the cache shut down cleanly (a lane then would write on a cache marked clean).
+fn lane_beside_shutdown_scenario() {
+    use pmcache_engine::format::{SHUTDOWN_CLEAN, SHUTDOWN_WORD_OFFSET};
+    let engine = coarse_engine(CacheMode::WriteBack, vec![0; 64 * BLOCK]);
+    let asker = {
+        let engine = engine.clone();
+        shuttle::thread::spawn(move || match engine.lane() {
+            Ok(mut lane) => {
+                let word = engine.medium().load_u64(SHUTDOWN_WORD_OFFSET);
+                assert_ne!(word, SHUTDOWN_CLEAN, "a lane handed out after a clean shutdown");
+                lane.write(0, &stamp(9), false).unwrap();
+                true
+            }
+            Err(pmcache_engine::Error::ShutDown) => false,
+            Err(e) => panic!("{e}"),
+        })
+    };
+    let shut = engine.shutdown();
+    let got_lane = asker.join().unwrap();
+    match shut {
+        Ok(()) => assert!(matches!(engine.lane(), Err(pmcache_engine::Error::ShutDown))),
+        Err(pmcache_engine::Error::LanesOpen { open: 1 }) => assert!(got_lane),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn lane_beside_shutdown() {
+    shuttle::check_pct(lane_beside_shutdown_scenario, iterations(), 3);
+}

@@ -45,6 +45,8 @@ struct Inner {
     fail_reads_from: AtomicU64,
     /// Writes overlapping `start..end` (bytes) fail, whatever their count.
     fail_writes_in: Mutex<std::ops::Range<u64>>,
+    /// Flushes fail (without making anything durable) while set.
+    fail_flushes: std::sync::atomic::AtomicBool,
     writes: AtomicU64,
     reads: AtomicU64,
     flushes: AtomicU64,
@@ -100,6 +102,7 @@ impl SimBacking {
             fail_writes_from: AtomicU64::new(u64::MAX),
             fail_reads_from: AtomicU64::new(u64::MAX),
             fail_writes_in: Mutex::new(0..0),
+            fail_flushes: std::sync::atomic::AtomicBool::new(false),
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
@@ -141,11 +144,17 @@ impl SimBacking {
         *self.inner.fail_writes_in.lock().expect("poisoned") = range;
     }
 
+    /// Fails every flush with EIO (making nothing durable) while `fail` holds.
+    pub fn fail_flushes(&self, fail: bool) {
+        self.inner.fail_flushes.store(fail, Ordering::SeqCst);
+    }
+
     /// Stops injecting faults.
     pub fn heal(&self) {
         self.fail_writes_from(u64::MAX);
         self.fail_reads_from(u64::MAX);
         self.fail_writes_in(0..0);
+        self.fail_flushes(false);
     }
 
     /// Writes and reads served so far.
@@ -220,6 +229,9 @@ impl BackingStore for SimBacking {
 
     fn flush(&self) -> pmcache_backing::Result<()> {
         self.inner.flushes.fetch_add(1, Ordering::SeqCst);
+        if self.inner.fail_flushes.load(Ordering::SeqCst) {
+            return Err(Self::eio("flush", 0, 0));
+        }
         if self.inner.switch.persist_point() {
             return Ok(());
         }
