@@ -35,9 +35,12 @@ impl IoBuf {
     pub fn with_align(len: usize, align: usize) -> Self {
         assert!(align.is_power_of_two(), "alignment {align} is not a power of two");
         // Capacity is rounded up to the alignment (and is never zero, which `alloc` forbids).
-        let capacity = len.max(1).div_ceil(align) * align;
+        let capacity = len
+            .max(1)
+            .checked_next_multiple_of(align)
+            .unwrap_or_else(|| panic!("an I/O buffer of {len} bytes overflows the address space"));
         let layout = Layout::from_size_align(capacity, align).expect("I/O buffer layout overflows");
-        // SAFETY: `layout` has a non-zero size.
+        // SAFETY: `layout` has a non-zero size (`capacity` is at least 1, without overflow).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
         Self { ptr, len, layout }
@@ -124,5 +127,13 @@ mod tests {
         assert_eq!(buf[99], 7);
         assert_eq!(IoBuf::new(0).capacity(), 4096);
         assert_eq!(&IoBuf::from_slice(b"abc")[..], b"abc");
+    }
+
+    /// A length whose rounding up to the alignment overflows is refused before anything is
+    /// allocated (it wrapped to a zero-sized allocation before).
+    #[test]
+    #[should_panic(expected = "overflows the address space")]
+    fn a_length_that_overflows_when_aligned_is_refused() {
+        IoBuf::new(usize::MAX - 100);
     }
 }

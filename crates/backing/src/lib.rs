@@ -35,6 +35,16 @@ pub use select::{
 };
 pub use uring::{UringFile, UringMode};
 
+/// Ends the process on a broken invariant met while the kernel may still own buffers (an
+/// io_uring or AIO request in flight). A panic would unwind: it would free those buffers
+/// under the kernel's DMA, and hand a ring or context with the request still in it back to
+/// its pool, where the next caller would take the stale completion for its own.
+#[cold]
+pub(crate) fn abort_with_io_in_flight(what: std::fmt::Arguments<'_>) -> ! {
+    eprintln!("pmcache: {what}, with I/O in flight: aborting");
+    std::process::abort()
+}
+
 /// What identifies a backing store, so a cache is never attached to the wrong one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BackingIdentity {

@@ -62,7 +62,9 @@ impl AioContext {
     /// and fails with that iocb's error when it took none).
     fn submit(&self, iocbs: &mut [*mut libc::iocb]) -> io::Result<usize> {
         // SAFETY: every pointer points at a live, initialised iocb (the kernel copies it during
-        // the call), and each iocb's buffer stays valid until its completion is reaped.
+        // the call), and each iocb's buffer stays valid until its completion is reaped: the
+        // callers hold it until then, and nothing in between unwinds (a failing
+        // `io_getevents` aborts the process).
         let rc = unsafe {
             libc::syscall(
                 libc::SYS_io_submit,
@@ -94,7 +96,9 @@ impl AioContext {
             }
             let err = io::Error::last_os_error();
             // Any other error leaves I/O in flight that we cannot reap: a broken invariant.
-            assert_eq!(err.raw_os_error(), Some(libc::EINTR), "io_getevents failed: {err}");
+            if err.raw_os_error() != Some(libc::EINTR) {
+                crate::abort_with_io_in_flight(format_args!("io_getevents failed: {err}"));
+            }
         }
     }
 }
@@ -179,8 +183,9 @@ fn context_transfer(
         }
     }
     let mut event = [IoEvent::default()];
-    let n = ctx.get_events(1, &mut event);
-    assert_eq!(n, 1, "io_getevents(min 1) returned no event");
+    if ctx.get_events(1, &mut event) != 1 {
+        crate::abort_with_io_in_flight(format_args!("io_getevents (min 1) returned no event"));
+    }
     kernel_result(event[0].res)
 }
 

@@ -185,6 +185,17 @@ impl UringFile {
             reason: format!("cannot create a ring: {e}"),
         };
         let (first, _) = build_ring(mode, 2, None, RingUse::Pooled).map_err(unsupported)?;
+        if mode == UringMode::Sqpoll && !first.params().is_feature_ext_arg() {
+            // Every wait on an SQPOLL ring is timed (`enter`): without the extended arguments
+            // (Linux 5.11) it would fail with a request in flight.
+            return Err(BackingError::Unsupported {
+                engine,
+                option: "SQPOLL",
+                reason: "this kernel's io_uring has no timed waits (IORING_FEAT_EXT_ARG, \
+                         Linux 5.11); pick io_uring"
+                    .into(),
+            });
+        }
         let attach = (mode == UringMode::Sqpoll).then(|| first.as_raw_fd());
         let mut rings = vec![first];
         for _ in 1..sync_rings.max(1) {
@@ -264,7 +275,10 @@ fn enter(ring: &IoUring, want: usize) {
     // Only SQPOLL needs the timed wait; a plain wait saves copying the extra arguments.
     let args = types::SubmitArgs::new().timespec(&ENTER_WAIT);
     let args = ring.params().is_setup_sqpoll().then_some(&args);
-    enter_with(ring, want, args).expect("only a single-issuer ring refuses a thread");
+    if let Err(e) = enter_with(ring, want, args) {
+        // Only a single-issuer ring refuses a thread (EEXIST); its owner uses `enter_with`.
+        crate::abort_with_io_in_flight(format_args!("io_uring_enter refused this thread: {e}"));
+    }
 }
 
 /// `enter` with the given extended arguments (or none: an untimed wait). Fails only with
@@ -284,7 +298,7 @@ fn enter_with(ring: &IoUring, want: usize, args: Option<&types::SubmitArgs>) -> 
                 std::thread::yield_now();
             }
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return Err(e),
-            Err(e) => panic!("io_uring_enter failed with I/O in flight: {e}"),
+            Err(e) => crate::abort_with_io_in_flight(format_args!("io_uring_enter failed: {e}")),
         }
     }
 }
@@ -361,6 +375,9 @@ impl SpinWait {
     }
 }
 
+/// The `user_data` of a pooled ring's one request.
+const POOLED_USER_DATA: u64 = 0x706d_6361_6368_6501;
+
 /// Issues one transfer on an idle ring and waits for it.
 fn ring_transfer(
     ring: &mut IoUring,
@@ -370,13 +387,22 @@ fn ring_transfer(
     len: usize,
     offset: u64,
 ) -> io::Result<usize> {
-    let entry = entry_for(FileRef::Fd(fd), op, ptr, len, offset).user_data(0);
+    let entry = entry_for(FileRef::Fd(fd), op, ptr, len, offset).user_data(POOLED_USER_DATA);
     // SAFETY: the buffer `ptr..ptr+len` is valid (borrowed by our caller) until this function
-    // returns, and it returns only after reaping this entry's completion below. The ring is
-    // idle (pooled rings are returned with nothing in flight), so the SQ has room.
-    unsafe { ring.submission().push(&entry) }.expect("an idle pooled ring has SQ space");
+    // returns, and it returns only after reaping this entry's completion below: nothing in
+    // between unwinds (a failing `io_uring_enter` aborts the process), so the ring goes back
+    // to its pool idle, with room in its SQ.
+    if unsafe { ring.submission().push(&entry) }.is_err() {
+        crate::abort_with_io_in_flight(format_args!("a pooled ring's SQ is full"));
+    }
     loop {
         if let Some(cqe) = ring.completion().next() {
+            if cqe.user_data() != POOLED_USER_DATA {
+                crate::abort_with_io_in_flight(format_args!(
+                    "a pooled ring completed request {:#x}, not its own",
+                    cqe.user_data()
+                ));
+            }
             return kernel_result(i64::from(cqe.result()));
         }
         await_completion(ring, false);
@@ -563,7 +589,8 @@ impl UringQueue {
                 .user_data(slot as u64);
             // SAFETY: the buffer belongs to the request held in `slot`, which stays in the slot
             // table (its heap allocation unmoved) until this entry's completion is processed;
-            // `Drop` waits for every request in the kernel.
+            // `Drop` waits for every request in the kernel, and no wait unwinds (a failing
+            // `io_uring_enter` aborts the process).
             if unsafe { self.ring.submission().push(&entry) }.is_err() {
                 return;
             }

@@ -111,6 +111,15 @@ pub enum Opened {
     Attached(RecoveryReport),
 }
 
+/// Opens (creating if missing) the cache medium and reserves its space: on a file system
+/// without room for it (a full `/dev/shm`) the cache must fail now with a message, not die of
+/// SIGBUS at its first store into a hole.
+fn open_medium(args: &CacheArgs) -> Result<PmemFile, String> {
+    let medium = PmemFile::open(&args.cache, Some(args.cache_size)).map_err(|e| e.to_string())?;
+    medium.reserve().map_err(|e| e.to_string())?;
+    Ok(medium)
+}
+
 /// Whether the medium's first bytes are all zero (new or never formatted).
 fn is_blank(medium: &PmemFile) -> bool {
     let mut head = [0u8; 4096];
@@ -122,7 +131,7 @@ fn is_blank(medium: &PmemFile) -> bool {
 /// backing store, and refuses anything else with a precise message.
 pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine, Opened), String> {
     let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
-    let medium = PmemFile::open(&args.cache, Some(args.cache_size)).map_err(|e| e.to_string())?;
+    let medium = open_medium(args)?;
     let config = engine_config(args, max_lanes);
     let describe = |e: Error| format!("{}: {e}", args.cache.display());
     if is_blank(&medium) {
@@ -143,7 +152,7 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
 /// Formats the medium, refusing to overwrite a non-blank one unless `force`.
 pub fn format(args: &CacheArgs, force: bool) -> Result<CacheEngine, String> {
     let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
-    let medium = PmemFile::open(&args.cache, Some(args.cache_size)).map_err(|e| e.to_string())?;
+    let medium = open_medium(args)?;
     if !force && !is_blank(&medium) {
         return Err(format!(
             "{} is not blank (it may hold a cache with dirty data); pass --force to reformat it",

@@ -58,7 +58,9 @@ pub trait Medium: Send + Sync {
     }
     /// Copies `data` to `offset` and starts making it durable: durable after this thread's
     /// next [`drain`](Medium::drain). Implementations may use non-temporal stores for whole,
-    /// aligned blocks. Several of these followed by one drain is a group commit.
+    /// aligned blocks. Several of these followed by one drain is a group commit. The calling
+    /// thread must not access these bytes again before that drain (Rust's rule for
+    /// non-temporal stores); other threads' reads of them are racing reads (see above).
     fn write_flush(&self, offset: u64, data: &[u8]) {
         self.write(offset, data);
         self.flush(offset, data.len() as u64);

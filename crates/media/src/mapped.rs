@@ -27,6 +27,8 @@ pub struct PmemFile {
     len_bytes: u64,
     primitives: PersistPrimitives,
     map_sync: bool,
+    /// Where the medium lives (for messages).
+    path: String,
     _file: File,
 }
 
@@ -75,10 +77,34 @@ impl PmemFile {
             len_bytes,
             primitives: PersistPrimitives::detect(),
             map_sync,
+            path: path.display().to_string(),
             _file: file,
         };
         medium.primitives.nt_block_copy = medium.nontemporal_is_faster();
         Ok(medium)
+    }
+
+    /// Allocates every block of a file medium now (`posix_fallocate`), so that a file system
+    /// without room for it (a full `/dev/shm`, a full DAX file system) fails here with a clear
+    /// error: a sparse medium's first store into a hole the file system cannot fill raises
+    /// SIGBUS instead, killing the process mid-run. Blocks already allocated keep their
+    /// contents. A device node (device-dax) has all its space: nothing to do.
+    pub fn reserve(&self) -> Result<()> {
+        if !self._file.metadata().map(|m| m.is_file()).unwrap_or(false) {
+            return Ok(());
+        }
+        let len = libc::off_t::try_from(self.len_bytes).unwrap_or(libc::off_t::MAX);
+        // SAFETY: a plain system call on a descriptor this medium owns; it reads no memory of
+        // ours.
+        let rc = unsafe { libc::posix_fallocate(self._file.as_raw_fd(), 0, len) };
+        if rc != 0 {
+            return Err(MediaError::Io {
+                path: self.path.clone(),
+                action: "reserve its space (posix_fallocate)",
+                source: io::Error::from_raw_os_error(rc),
+            });
+        }
+        Ok(())
     }
 
     /// Whether the mapping is synchronous (DAX): flushed lines are durable across power loss.
@@ -242,8 +268,12 @@ impl Medium for PmemFile {
     fn read(&self, offset: u64, buf: &mut [u8]) {
         let src = self.ptr(offset, buf.len() as u64);
         // SAFETY: `src` is valid for `buf.len()` bytes (bounds checked) and cannot overlap the
-        // caller's buffer. Another thread may be writing these bytes concurrently; the engine's
-        // read path treats the copy as untrusted until it has validated the slot's generation.
+        // caller's buffer. Another thread may be writing these bytes concurrently (a lock-free
+        // reader copying a slot that is being refilled). That is a data race by Rust's memory
+        // model, the one every seqlock's reader runs (per-byte atomic copies, RFC 3301, are not
+        // stable); on the hardware it yields some mix of old and new bytes, and the engine's
+        // read path discards such a copy: it trusts a copy only once it has validated the
+        // slot's generation after it.
         unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
     }
 
@@ -256,8 +286,9 @@ impl Medium for PmemFile {
     fn load_u64(&self, offset: u64) -> u64 {
         assert!(offset.is_multiple_of(8), "unaligned word load at {offset}");
         let ptr = self.ptr(offset, 8) as *const AtomicU64;
-        // SAFETY: 8-byte aligned (mapping is page aligned), in bounds, and only ever accessed
-        // atomically by the engine's metadata code.
+        // SAFETY: 8-byte aligned (mapping is page aligned) and in bounds. The words accessed
+        // this way (header words, metadata entries) are copied with `read`/`write` only where
+        // no other thread accesses them: by format before any lane exists, and in tests.
         unsafe { (*ptr).load(Ordering::Acquire) }
     }
 
@@ -304,7 +335,10 @@ impl Medium for PmemFile {
         let whole_lines = (dst as usize).is_multiple_of(64) && data.len().is_multiple_of(64);
         if self.primitives.nt_block_copy && whole_lines {
             // SAFETY: `dst` is valid for `data.len()` bytes, 64-byte aligned, length a multiple
-            // of 16. Non-temporal stores bypass the cache, so the next fence makes them durable.
+            // of 16. Non-temporal stores bypass the cache, so the next fence makes them durable;
+            // the caller does not access these bytes before that fence (the `Medium` contract:
+            // the engine copies, then fences), and other threads' reads of them are the racing
+            // reads described in `read`.
             unsafe { PersistPrimitives::copy_nontemporal(dst, data) };
         } else {
             self.write(offset, data);
@@ -332,6 +366,26 @@ mod tests {
         medium.read(4096, &mut buf);
         assert_eq!(buf, [7u8; 4096]);
         assert_eq!(medium.load_u64(64), 0xdead_beef);
+    }
+
+    /// A created medium is sparse; reserving allocates all of it and keeps what was written.
+    #[test]
+    fn reserving_allocates_every_block_and_keeps_the_contents() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let path = dir.path().join("pm");
+        let len = 16u64 << 20;
+        let medium = PmemFile::open(&path, Some(len)).unwrap();
+        medium.write_persist(8192, &[9u8; 4096]);
+        let allocated = || std::fs::metadata(&path).unwrap().blocks() * 512;
+        assert!(allocated() < len / 2, "a created medium is sparse: {} bytes", allocated());
+        medium.reserve().unwrap();
+        assert!(allocated() >= len, "{} of {len} bytes allocated", allocated());
+        let mut buf = [0u8; 4096];
+        medium.read(8192, &mut buf);
+        assert_eq!(buf, [9u8; 4096]);
+        medium.read(len - 4096, &mut buf);
+        assert_eq!(buf, [0u8; 4096]);
     }
 
     #[test]
