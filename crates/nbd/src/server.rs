@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
@@ -671,9 +671,21 @@ impl Shared {
     fn shut_conns(&self) {
         let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
         for sock in conns.values() {
-            // Best effort: the socket may already be closed by its peer.
+            // Best effort: the socket may already be closed by its peer. The timeout covers
+            // sends that start from now on; one already blocked keeps the timeout it started
+            // with, which `cut_conns` ends.
             let _ = sock.set_write_timeout(Some(SHUTDOWN_WRITE_TIMEOUT));
             let _ = sock.shutdown(Shutdown::Read);
+        }
+    }
+
+    /// Shuts down both directions of every connection still open: a connection thread
+    /// blocked sending replies to a client that stopped reading returns (EPIPE).
+    fn cut_conns(&self) {
+        let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, sock) in conns.iter() {
+            warn!(id, "connection still sending after the shutdown grace period; cutting it");
+            let _ = sock.shutdown(Shutdown::Both);
         }
     }
 }
@@ -813,6 +825,13 @@ impl<E: Export> Server<E> {
             }
         }
         self.shared.shut_conns();
+        // Connections finish their request and pending replies; one whose client stopped
+        // reading is cut after the grace period, so shutdown never hangs on a client.
+        let deadline = Instant::now() + SHUTDOWN_WRITE_TIMEOUT;
+        while workers.iter().any(|w| !w.is_finished()) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        self.shared.cut_conns();
         for w in workers {
             if w.join().is_err() {
                 warn!("a connection thread panicked");

@@ -400,6 +400,36 @@ fn shutdown_finishes_requests_and_flushes() {
     assert_eq!(b, [9; 4096]);
 }
 
+/// A client that sends reads and never reads the replies leaves its connection thread
+/// blocked in a send; shutdown still returns, after its grace period, by cutting that
+/// connection, and a well-behaved client's acknowledged write is kept.
+#[test]
+fn shutdown_cuts_a_client_that_stopped_reading() {
+    let bs = BlockSizes { min_bytes: 512, preferred_bytes: 4096, max_bytes: 32 * MIB as u32 };
+    let server = TestServer::start_with(64 * MIB, bs, Via::Tcp, |c| {
+        c.max_request_bytes = 32 * MIB as u32;
+    });
+    let export = server.export.clone();
+    let mut good = Client::ready(server.tcp_addr(), false);
+    good.request(CMD_WRITE, 0, 1, 0, 4096, &[5; 4096]);
+    assert_eq!(good.simple_reply(), (0, 1));
+    let mut stuck = Client::ready(server.tcp_addr(), false);
+    // 128 MiB of replies: far more than the socket buffers hold.
+    for cookie in 0..4 {
+        stuck.request(CMD_READ, 0, cookie, cookie * 16 * MIB, 32 * MIB as u32, &[]);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    server.stop();
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(8), "shutdown took {took:?}");
+    assert!(took >= Duration::from_secs(4), "the stuck connection was cut early: {took:?}");
+    assert!(good.is_closed());
+    let mut b = [0u8; 4096];
+    export.read_at(0, &mut b).expect("read");
+    assert_eq!(b, [5; 4096]);
+}
+
 #[test]
 fn unix_socket_serves_and_is_removed() {
     let server = TestServer::start(MIB, BlockSizes::default(), Via::Unix);
