@@ -22,6 +22,9 @@
 use crate::export::BlockSizes;
 
 /// `NBDMAGIC`, the first eight bytes the server sends.
+/// The block size a client that negotiates none keeps to, per the spec's advice.
+const INTEROPERABLE_MIN_BLOCK_BYTES: u32 = 512;
+
 pub const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
 /// `IHAVEOPT`, the newstyle magic; also prefixes every client option.
 pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
@@ -463,7 +466,14 @@ impl<'a> Negotiation<'a> {
         let requested =
             |ty: u16| requests.chunks_exact(2).any(|c| u16::from_be_bytes([c[0], c[1]]) == ty);
         let block_size_requested = requested(INFO_BLOCK_SIZE);
-        if opt == OPT_GO && !block_size_requested && self.export.block_sizes.min_bytes > 1 {
+        // A client that asks for no block sizes keeps to 512-byte multiples if it wants to
+        // interoperate (the spec's advice; `nbd-client` sends a bare GO): an export whose
+        // minimum is at most that serves it, refusing misaligned requests with EINVAL as it
+        // does after `NBD_OPT_EXPORT_NAME`. Only a larger minimum must be agreed first.
+        if opt == OPT_GO
+            && !block_size_requested
+            && self.export.block_sizes.min_bytes > INTEROPERABLE_MIN_BLOCK_BYTES
+        {
             error_reply(
                 out,
                 opt,
@@ -882,13 +892,20 @@ mod tests {
         assert_eq!(s.min_block_bytes, 512);
     }
 
+    /// A GO that asks for no block sizes (as `nbd-client` sends it) enters transmission on an
+    /// export whose minimum is 512 bytes; only a larger minimum must be agreed first.
     #[test]
-    fn go_without_block_size_request_needs_it() {
+    fn go_without_block_size_request_is_refused_only_above_512() {
+        let data = go(b"", &[]);
+        let h = OptionHeader { option: OPT_GO, data_len_bytes: data.len() as u32 };
         let e = export();
         let mut n = Negotiation::new(&e, [0, 0, 0, 1]).expect("valid flags");
         let mut out = Vec::new();
-        let data = go(b"", &[]);
-        let h = OptionHeader { option: OPT_GO, data_len_bytes: data.len() as u32 };
+        assert!(matches!(n.handle_option(h, &data, &mut out), OptionOutcome::Transmission(_)));
+        let mut e = export();
+        e.block_sizes.min_bytes = 4096;
+        let mut n = Negotiation::new(&e, [0, 0, 0, 1]).expect("valid flags");
+        let mut out = Vec::new();
         assert_eq!(n.handle_option(h, &data, &mut out), OptionOutcome::Continue);
         assert_eq!(be_u32(&out, 12), Some(REP_ERR_BLOCK_SIZE_REQD));
     }
