@@ -21,10 +21,10 @@
 
 use crate::export::BlockSizes;
 
-/// `NBDMAGIC`, the first eight bytes the server sends.
 /// The block size a client that negotiates none keeps to, per the spec's advice.
 const INTEROPERABLE_MIN_BLOCK_BYTES: u32 = 512;
 
+/// `NBDMAGIC`, the first eight bytes the server sends.
 pub const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
 /// `IHAVEOPT`, the newstyle magic; also prefixes every client option.
 pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
