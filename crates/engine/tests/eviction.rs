@@ -50,3 +50,46 @@ fn clock_keeps_blocks_hit_since_the_hand_passed_and_fifo_does_not() {
     let (fifo_hits, hot) = hot_hits_after_a_scan(EvictionKind::Fifo);
     assert!(fifo_hits < hot / 2, "FIFO kept {fifo_hits} of {hot} oldest blocks");
 }
+
+/// CLOCK's second chance is a chance, not immunity: with every clean block marked, the hand
+/// clears the marks on a first pass and evicts on its second, before it would write back a
+/// dirty block. Here the cache holds dirty blocks in its first 64 slots (written first, where
+/// the hand starts) and clean blocks, each read twice, in the rest; a new block's admission
+/// evicts a clean one and writes nothing back. (A hand that gave up after one pass, its last
+/// chunk reaching a little into the dirty slots again, would write one back.)
+#[test]
+fn the_hand_passes_twice_before_it_writes_back() {
+    let switch = CrashSwitch::new();
+    let medium = CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1);
+    let backing = SimBacking::new(BACKING_BLOCKS * BLOCK as u64, switch, 2);
+    let config = Config {
+        mode: CacheMode::WriteBack,
+        block_size: BLOCK as u32,
+        max_lanes: 1,
+        admission: AdmissionConfig::Always,
+        eviction: EvictionKind::Clock,
+        index_buckets: None,
+    };
+    let engine =
+        Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).expect("format");
+    let slots = engine.stats().slot_count;
+    assert!(slots + 2 < 2 * slots && 2 * slots > 32, "one pass must not be a whole budget");
+    let mut lane = engine.lane().expect("a lane");
+    const DIRTY: u64 = 64;
+    for lba in 0..DIRTY {
+        lane.write(lba * BLOCK as u64, &[1; BLOCK], false).expect("a dirty block");
+    }
+    let mut buf = vec![0u8; BLOCK];
+    for _ in 0..2 {
+        for lba in DIRTY..slots {
+            lane.read(lba * BLOCK as u64, &mut buf).expect("read");
+        }
+    }
+    let before = engine.stats();
+    assert_eq!((before.dirty_slots, before.evictions), (DIRTY, 0), "{before:?}");
+    lane.read(slots * BLOCK as u64, &mut buf).expect("a new block");
+    let after = engine.stats();
+    assert!(after.evictions > 0, "{after:?}");
+    assert_eq!(after.writebacks, 0, "wrote back a dirty block with clean ones to evict");
+    assert_eq!(after.dirty_slots, DIRTY);
+}
