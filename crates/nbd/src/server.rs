@@ -628,9 +628,46 @@ impl Write for Sock {
     }
 }
 
-impl Transport for Sock {
+/// A connection's socket with its handshake deadline: every read during the handshake waits
+/// at most until the deadline, so a client trickling bytes cannot hold the connection (and
+/// one of `max_connections`) past `handshake_timeout`, as a timeout restarted by every read
+/// would let it.
+#[derive(Debug)]
+struct ConnSock {
+    sock: Sock,
+    handshake_deadline: Option<Instant>,
+}
+
+impl Read for ConnSock {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(deadline) = self.handshake_deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client did not finish the handshake in time",
+                ));
+            }
+            self.sock.set_read_timeout(Some(left))?;
+        }
+        self.sock.read(buf)
+    }
+}
+
+impl Write for ConnSock {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.sock.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Transport for ConnSock {
     fn end_handshake(&mut self) -> io::Result<()> {
-        self.set_read_timeout(None)
+        self.handshake_deadline = None;
+        self.sock.set_read_timeout(None)
     }
 }
 
@@ -845,6 +882,7 @@ impl<E: Export> Server<E> {
     }
 
     fn start_conn(&self, id: u64, sock: Sock) -> io::Result<JoinHandle<()>> {
+        let deadline = Instant::now() + self.config.handshake_timeout;
         sock.set_read_timeout(Some(self.config.handshake_timeout))?;
         let registered = sock.try_clone()?;
         self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(id, registered);
@@ -852,17 +890,33 @@ impl<E: Export> Server<E> {
         let info = self.info.clone();
         let shared = self.shared.clone();
         let spawned = thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
+            // Unregisters the connection however the thread ends, a panic included: the
+            // registered clone of its socket would otherwise keep the connection open, and
+            // the client would wait instead of seeing it close.
+            let _registered = Unregister { shared, id };
             debug!(id, "connection opened");
-            match serve_connection(sock, &*export, &info) {
+            let conn = ConnSock { sock, handshake_deadline: Some(deadline) };
+            match serve_connection(conn, &*export, &info) {
                 Ok(end) => debug!(id, ?end, "connection ended"),
                 Err(e) => warn!(id, error = %e, "connection closed"),
             }
-            shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         });
         if spawned.is_err() {
             self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         }
         spawned
+    }
+}
+
+/// Removes a connection's socket from the registry when its thread ends.
+struct Unregister {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for Unregister {
+    fn drop(&mut self) {
+        self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
     }
 }
 

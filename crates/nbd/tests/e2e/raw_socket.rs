@@ -409,6 +409,45 @@ fn connection_limit_and_handshake_timeout() {
     server.stop();
 }
 
+/// The handshake timeout is a deadline for the whole handshake: a client that sends a byte
+/// every 200 ms, each within the timeout, is still cut off when the timeout (1 s) has passed
+/// since it connected.
+#[test]
+fn a_trickling_handshake_is_cut_at_its_deadline() {
+    let server = TestServer::start_with(MIB, BlockSizes::default(), Via::Tcp, |c| {
+        c.handshake_timeout = Duration::from_secs(1);
+    });
+    let started = Instant::now();
+    let mut c = Client::connect(server.tcp_addr());
+    c.s.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
+    // Client flags, then an option header, one byte at a time: never complete in 1 s.
+    let bytes: Vec<u8> = [3u32.to_be_bytes().to_vec(), IHAVEOPT.to_be_bytes().to_vec()].concat();
+    let mut closed_after = None;
+    for &byte in bytes.iter().cycle().take(40) {
+        if c.s.write_all(&[byte]).is_err() {
+            closed_after = Some(started.elapsed());
+            break;
+        }
+        let mut b = [0u8; 64];
+        match c.s.read(&mut b) {
+            Ok(0) => {
+                closed_after = Some(started.elapsed());
+                break;
+            }
+            Ok(_) => panic!("a reply to an unfinished option"),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                closed_after = Some(started.elapsed());
+                break;
+            }
+            Err(_) => {} // the 200 ms read timeout: still open
+        }
+    }
+    let closed_after = closed_after.expect("the trickling client was never cut off");
+    assert!(closed_after < Duration::from_millis(2500), "cut off after {closed_after:?}");
+    assert!(closed_after >= Duration::from_millis(900), "cut off early: {closed_after:?}");
+    server.stop();
+}
+
 impl Client {
     /// Connects without reading the greeting.
     fn connect_raw(addr: SocketAddr) -> Client {
