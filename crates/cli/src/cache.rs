@@ -111,11 +111,12 @@ pub enum Opened {
     Attached(RecoveryReport),
 }
 
-/// Opens (creating if missing) the cache medium and reserves its space: on a file system
-/// without room for it (a full `/dev/shm`) the cache must fail now with a message, not die of
-/// SIGBUS at its first store into a hole.
+/// Opens (creating if missing) the cache medium, locks it against other processes, and
+/// reserves its space: on a file system without room for it (a full `/dev/shm`) the cache
+/// must fail now with a message, not die of SIGBUS at its first store into a hole.
 fn open_medium(args: &CacheArgs) -> Result<PmemFile, String> {
     let medium = PmemFile::open(&args.cache, Some(args.cache_size)).map_err(|e| e.to_string())?;
+    medium.lock_exclusive().map_err(|e| e.to_string())?;
     medium.reserve().map_err(|e| e.to_string())?;
     Ok(medium)
 }
@@ -147,6 +148,23 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
         )),
         Err(e) => Err(describe(e)),
     }
+}
+
+/// Attaches (recovering) the cache on the medium, never formatting it: a blank superblock
+/// page is refused with a message, whatever the rest of the medium holds.
+pub fn open_existing(args: &CacheArgs, max_lanes: usize) -> Result<CacheEngine, String> {
+    let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
+    let medium = open_medium(args)?;
+    if is_blank(&medium) {
+        return Err(format!(
+            "{} has no cache superblock (its first 4 KiB are zero); nothing to attach, and \
+             nothing on it was changed",
+            args.cache.display()
+        ));
+    }
+    Engine::open(medium, backing, MonotonicClock::default(), &engine_config(args, max_lanes))
+        .map(|(engine, _)| engine)
+        .map_err(|e| format!("{}: {e}", args.cache.display()))
 }
 
 /// Formats the medium, refusing to overwrite a non-blank one unless `force`.

@@ -4,9 +4,10 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pmcache_engine::check_medium;
+use pmcache_engine::format::Superblock;
 use pmcache_media::Medium;
 
-use crate::cache::{CacheArgs, Opened, human, open_or_format};
+use crate::cache::{CacheArgs, human, open_existing};
 use crate::control;
 use crate::serve::default_control_path;
 
@@ -111,6 +112,7 @@ pub fn check(args: CheckArgs) -> Result<(), String> {
             "clean_shutdown": report.was_clean_shutdown,
             "free": report.free, "clean": report.clean, "dirty": report.dirty,
             "superseded": report.superseded, "torn": report.torn, "corrupt": report.corrupt,
+            "synced_seq_invalid": report.synced_seq_invalid,
         });
         println!("{json}");
     } else {
@@ -137,6 +139,11 @@ pub fn check(args: CheckArgs) -> Result<(), String> {
             "  entries dropped on attach: {} torn (power cut mid-update), {} corrupt",
             report.torn, report.corrupt
         );
+    }
+    if report.synced_seq_invalid {
+        return Err("the synced sequence word is corrupt (attach would take it as 0 and make \
+                    every clean block dirty)"
+            .into());
     }
     if report.corrupt > 0 {
         return Err(format!("{} corrupt metadata entries", report.corrupt));
@@ -239,10 +246,9 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
         engine: args.engine.clone(),
         eviction: pmcache_engine::EvictionKind::Clock,
     };
-    let (engine, opened) = open_or_format(&cache_args, 2)?;
-    if let Opened::Formatted = opened {
-        return Err(format!("{} held no cache; nothing to detach", args.cache.display()));
-    }
+    // Attach only, never format: a medium whose superblock page reads blank may still hold
+    // dirty entries in its metadata table, which formatting would zero.
+    let engine = open_existing(&cache_args, 2)?;
     let dirty = engine.stats().dirty_slots;
     let bar = progress_bar(dirty);
     {
@@ -290,18 +296,21 @@ struct MetadataSnapshot {
 
 impl MetadataSnapshot {
     fn read(path: &Path) -> Result<Self, String> {
-        use std::io::Read;
+        use std::io::{Read, Seek, SeekFrom};
         let describe = |e: std::io::Error| format!("{}: {e}", path.display());
         let mut file = std::fs::File::open(path).map_err(describe)?;
-        let len_bytes = file.metadata().map_err(describe)?.len();
+        // The end, not the metadata's length: a device node (device-dax, /dev/pmemN) has 0.
+        let len_bytes = file.seek(SeekFrom::End(0)).map_err(describe)?;
+        file.seek(SeekFrom::Start(0)).map_err(describe)?;
         let mut header = vec![0u8; len_bytes.min(4096) as usize];
         file.read_exact(&mut header).map_err(describe)?;
-        // data_offset (superblock bytes 64..72); a corrupt header is refused by the check.
-        let data_offset = header
-            .get(64..72)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-            .unwrap_or(0)
-            .clamp(header.len() as u64, len_bytes);
+        // The metadata table is read only as far as a validated superblock says it reaches:
+        // bytes that are not a pmcache superblock size nothing (`check_medium` then reports
+        // why they are not one).
+        let data_offset = match Superblock::decode(&header, len_bytes) {
+            Ok(superblock) => superblock.geometry.data_offset,
+            Err(_) => header.len() as u64,
+        };
         let mut head = header;
         head.resize(data_offset as usize, 0);
         let at = 4096.min(data_offset as usize);

@@ -210,6 +210,14 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             report.duration_ns as f64 / 1e6
         ),
     }
+    if let Opened::Attached(report) = &opened
+        && report.synced_seq_invalid
+    {
+        eprintln!(
+            "pmcache: warning: the synced sequence word was corrupt; taken as 0, so every clean \
+             block was made dirty (it will be written back again)"
+        );
+    }
     // The engine lives as long as the process; lanes borrow it from the connection threads.
     let engine: &'static CacheEngine = Box::leak(Box::new(engine));
     let listen = match &args.socket {

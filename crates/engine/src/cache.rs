@@ -1506,14 +1506,19 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 }
 
 /// Reads the superblock words that recovery needs.
-pub(crate) fn read_shutdown_state<M: Medium>(medium: &M) -> Result<(bool, u64)> {
+/// The shutdown word (clean or not) and the synced sequence number, with whether the synced
+/// word was beyond [`format::SEQ_MAX`]: corrupt, and taken as 0 (every clean entry is then
+/// newer than it, made dirty and written back again: safe), never trusted.
+pub(crate) fn read_shutdown_state<M: Medium>(medium: &M) -> Result<(bool, u64, bool)> {
     let shutdown = medium.load_u64(SHUTDOWN_WORD_OFFSET);
     let clean = match shutdown {
         SHUTDOWN_CLEAN => true,
         SHUTDOWN_DIRTY => false,
         other => return Err(format::FormatError::BadShutdownWord(other).into()),
     };
-    Ok((clean, medium.load_u64(SYNCED_SEQ_OFFSET)))
+    let synced = medium.load_u64(SYNCED_SEQ_OFFSET);
+    let invalid = synced > format::SEQ_MAX;
+    Ok((clean, if invalid { 0 } else { synced }, invalid))
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {

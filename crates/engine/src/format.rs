@@ -311,8 +311,13 @@ pub enum DecodedEntry {
 /// A sequence number the engine may issue: not 0 and not a multiple of 256, so that a freed
 /// entry's zero second word never matches an entry's sequence low byte.
 pub fn is_issuable_seq(seq: u64) -> bool {
-    seq & 0xff != 0
+    seq & 0xff != 0 && seq <= SEQ_MAX
 }
+
+/// The largest sequence number the engine issues (2^62: a billion writes a second for more
+/// than a century). Entries above it are corrupt, and a synced word above it is not trusted,
+/// so that no number read from the medium can carry the counters into overflow.
+pub const SEQ_MAX: u64 = 1 << 62;
 
 fn entry_check(word0_without_check: u64, seq: u64) -> u64 {
     u64::from(crc32c_two_words(word0_without_check, seq) & 0xfff)
@@ -515,8 +520,8 @@ mod tests {
         let entries = [
             SlotEntry { lba: 0, state: BlockState::Clean, seq: 1 },
             SlotEntry { lba: 77, state: BlockState::Dirty, seq: 0x1234_5601 },
-            SlotEntry { lba: LBA_MASK, state: BlockState::Dirty, seq: u64::MAX },
-            SlotEntry { lba: 0x55_5555_5555, state: BlockState::Clean, seq: 0xaaaa_aaaa_aaaa_aa01 },
+            SlotEntry { lba: LBA_MASK, state: BlockState::Dirty, seq: SEQ_MAX - 1 },
+            SlotEntry { lba: 0x55_5555_5555, state: BlockState::Clean, seq: 0x2aaa_aaaa_aaaa_aa01 },
         ];
         for entry in entries {
             let (w0, w1) = entry.encode();
@@ -545,9 +550,27 @@ mod tests {
             let word0 = word0 | entry_check(word0, seq) << CHECK_SHIFT;
             assert_eq!(SlotEntry::decode(word0, seq), DecodedEntry::Corrupt, "{seq:#x}");
         }
-        for seq in [1, 0xff, 0x101, 0x1234_5601, u64::MAX] {
+        for seq in [1, 0xff, 0x101, 0x1234_5601, SEQ_MAX - 1] {
             assert!(is_issuable_seq(seq), "{seq:#x}");
         }
+    }
+
+    /// No sequence number above `SEQ_MAX` is an entry, however well its check matches: a
+    /// crafted or rotted number near 2^64 would otherwise carry the engine's counters into
+    /// overflow (and wrap them below the numbers still on the medium).
+    #[test]
+    fn sequence_numbers_beyond_seq_max_are_never_entries() {
+        let entry = |seq: u64| {
+            let word0 = 5 | 2 << STATE_SHIFT | (seq & 0xff) << SEQ_LOW_SHIFT;
+            (word0 | entry_check(word0, seq) << CHECK_SHIFT, seq)
+        };
+        for seq in [SEQ_MAX + 1, SEQ_MAX + 0x1ff, u64::MAX, u64::MAX - 0x100] {
+            assert!(!is_issuable_seq(seq), "{seq:#x}");
+            let (word0, word1) = entry(seq);
+            assert_eq!(SlotEntry::decode(word0, word1), DecodedEntry::Corrupt, "{seq:#x}");
+        }
+        let (word0, word1) = entry(SEQ_MAX - 1);
+        assert!(matches!(SlotEntry::decode(word0, word1), DecodedEntry::Valid(_)));
     }
 
     #[test]
@@ -566,7 +589,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn entries_round_trip(lba in 0u64..MAX_BACKING_BLOCKS, seq in 1u64..u64::MAX, dirty: bool) {
+        fn entries_round_trip(lba in 0u64..MAX_BACKING_BLOCKS, seq in 1u64..=SEQ_MAX, dirty: bool) {
             prop_assume!(is_issuable_seq(seq));
             let state = if dirty { BlockState::Dirty } else { BlockState::Clean };
             let entry = SlotEntry { lba, state, seq };

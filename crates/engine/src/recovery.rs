@@ -38,6 +38,9 @@ pub struct RecoveryReport {
     pub corrupt: u64,
     /// Whether the previous shutdown was clean.
     pub was_clean_shutdown: bool,
+    /// Whether the synced sequence word was corrupt (beyond `format::SEQ_MAX`): taken as 0,
+    /// so every clean entry was made dirty.
+    pub synced_seq_invalid: bool,
     /// Time taken, in nanoseconds.
     pub duration_ns: u64,
 }
@@ -54,10 +57,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         let started_ns = clock.now_ns();
         let superblock = read_superblock(&medium)?;
         superblock.check_backing(&backing.identity())?;
-        let (was_clean_shutdown, synced_seq) = read_shutdown_state(&medium)?;
+        let (was_clean_shutdown, synced_seq, synced_seq_invalid) = read_shutdown_state(&medium)?;
         let mut engine = Self::assemble(medium, backing, clock, config, superblock, synced_seq)?;
         let mut report = engine.rebuild(synced_seq)?;
         report.was_clean_shutdown = was_clean_shutdown;
+        report.synced_seq_invalid = synced_seq_invalid;
         engine.recovered_dirty = report.dirty;
         engine.mark_attached();
         report.duration_ns = engine.clock.now_ns().saturating_sub(started_ns);
@@ -263,8 +267,10 @@ pub struct CheckReport {
     pub superblock: Option<Superblock>,
     /// Whether the last shutdown was clean.
     pub was_clean_shutdown: bool,
-    /// The synced sequence number.
+    /// The synced sequence number (0 if its word was corrupt).
     pub synced_seq: u64,
+    /// Whether the synced sequence word was corrupt (beyond `format::SEQ_MAX`).
+    pub synced_seq_invalid: bool,
     /// Free slots.
     pub free: u64,
     /// Valid clean entries (newest of their block).
@@ -284,13 +290,14 @@ pub struct CheckReport {
 /// every metadata entry. A corrupt superblock is an error; corrupt entries are counted.
 pub fn check_medium<M: Medium>(medium: &M) -> Result<CheckReport> {
     let superblock = read_superblock(medium)?;
-    let (was_clean_shutdown, synced_seq) = read_shutdown_state(medium)?;
+    let (was_clean_shutdown, synced_seq, synced_seq_invalid) = read_shutdown_state(medium)?;
     let geometry = superblock.geometry;
     let backing_blocks = superblock.backing.size_bytes / u64::from(geometry.block_size);
     let mut report = CheckReport {
         superblock: Some(superblock),
         was_clean_shutdown,
         synced_seq,
+        synced_seq_invalid,
         ..Default::default()
     };
     let mut newest: std::collections::HashMap<u64, (u64, BlockState)> =
@@ -360,6 +367,33 @@ mod tests {
         BACKING_FILL, BLOCK, FullBuckets, SLOTS, TestCache, assert_reads,
     };
 
+    /// A synced word beyond any number the engine issues is corrupt: recovery and the check
+    /// take it as 0 and say so, every clean entry is made dirty (written back again: safe),
+    /// and the counters stay far from overflow (the next write's number follows the entries').
+    #[test]
+    fn a_synced_word_beyond_seq_max_is_taken_as_zero() {
+        let fills = (0..16u64).map(|b| (b, 0xb0 + b as u8));
+        let cache = TestCache::new(16, fills, 1);
+        let medium = &cache.medium;
+        cache.put(0, 1, BlockState::Clean, 10, 0xb1);
+        cache.put(1, 2, BlockState::Dirty, 20, 0x22);
+        medium.store_u64(SYNCED_SEQ_OFFSET, u64::MAX);
+        medium.store_u64(SHUTDOWN_WORD_OFFSET, SHUTDOWN_DIRTY);
+        medium.persist(0, medium.len_bytes());
+        let checked = check_medium(medium).expect("check");
+        assert!(checked.synced_seq_invalid && checked.synced_seq == 0, "{checked:?}");
+        assert_eq!((checked.clean, checked.dirty), (0, 2));
+        let (engine, report) = cache.open();
+        assert!(report.synced_seq_invalid);
+        assert_eq!((report.clean, report.dirty, report.clean_made_dirty), (0, 2, 1));
+        let mut lane = engine.lane().expect("lane");
+        lane.write(3 * BLOCK, &[0x33; BLOCK as usize], false).expect("write");
+        drop(lane);
+        let seq = engine.next_seq.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(seq > 20 && seq < 1 << 20, "next sequence number {seq}");
+        assert_reads(&engine, [(1, 0xb1), (2, 0x22), (3, 0x33)]);
+    }
+
     /// Every kind of metadata entry recovery meets — free, clean (older than the synced
     /// sequence, or equal to it), clean but newer than the synced sequence, dirty, an older
     /// copy scanned before and after its block's newest, torn, failing its check, naming a
@@ -412,6 +446,7 @@ mod tests {
                 superblock: None,
                 was_clean_shutdown: false,
                 synced_seq,
+                synced_seq_invalid: false,
                 free: slots - 13,
                 clean: 2,
                 dirty: 5,
@@ -440,6 +475,7 @@ mod tests {
                 torn: 1,
                 corrupt: 3,
                 was_clean_shutdown: false,
+                synced_seq_invalid: false,
                 duration_ns: 0,
             }
         );
