@@ -1,6 +1,7 @@
 //! What the engine counts, and how much backing-store work an operation costs: a trim's
 //! counters, a whole-block write-through that needs no read, a drain that syncs once per
-//! batch rather than once per block. Each of these once changed (in a mutation run) without
+//! batch rather than once per block, a writer short of slots writing back the oldest dirty
+//! blocks first. Each of these once changed (in a mutation run) without
 //! any data going wrong, so only counting tells them apart.
 
 use std::sync::Arc;
@@ -91,4 +92,35 @@ fn a_drain_syncs_the_backing_store_once_per_batch_of_blocks() {
         assert_eq!(engine.stats().dirty_slots, 0);
         assert_eq!(engine.backing().flushes() - flushes, batches, "{blocks} dirty blocks");
     }
+}
+
+/// With no clean block to evict, a writer writes back the *oldest* dirty blocks the hand
+/// passed (by sequence number), not the first ones in slot order. Here the lowest slots hold
+/// the newest blocks (written into slots freed by a trim), so the two orders differ.
+#[test]
+fn a_writer_short_of_slots_writes_back_the_oldest_dirty_blocks() {
+    let engine = engine(CacheMode::WriteBack);
+    let slots = engine.stats().slot_count;
+    let mut lane = engine.lane().expect("lane");
+    // Block b in slot b (the pool hands out the lowest slots first), all dirty.
+    for lba in 0..slots {
+        lane.write(lba * BLOCK_BYTES, &[1; BLOCK], false).expect("write");
+    }
+    // Slots 0..64 freed, then refilled by 64 newer blocks.
+    lane.trim(0, 64 * BLOCK_BYTES).expect("trim");
+    for lba in 1000..1064 {
+        lane.write(lba * BLOCK_BYTES, &[2; BLOCK], false).expect("newer write");
+    }
+    assert_eq!(engine.stats().dirty_slots, slots);
+    assert_eq!(engine.stats().writebacks, 0);
+    // No free slot: this write makes room by writing back.
+    lane.write(2000 * BLOCK_BYTES, &[3; BLOCK], false).expect("write needing room");
+    assert!(engine.stats().writebacks > 0);
+    let backing = engine.backing().contents();
+    let on_backing = |lba: u64| backing[(lba * BLOCK_BYTES) as usize] != 0;
+    assert!(on_backing(64), "the oldest dirty block was not written back");
+    assert!(
+        (1000..1064).all(|lba| !on_backing(lba)),
+        "a newer block was written back before older ones"
+    );
 }
