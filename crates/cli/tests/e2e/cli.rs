@@ -238,3 +238,72 @@ fn stats_flush_sigterm_and_detach() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("check json");
     assert_eq!((v["clean_shutdown"].clone(), v["dirty"].clone()), (true.into(), 0.into()), "{v}");
 }
+
+/// The medium is locked by the process serving it: a second server given another control
+/// socket (so the socket probe cannot see the first) and an offline `detach` are refused by
+/// the lock, and the first server keeps its data. An offline `detach` of a medium whose
+/// superblock page reads blank (its metadata table still holding entries) changes nothing:
+/// it attaches or refuses, never formats.
+#[test]
+fn the_medium_is_locked_and_detach_never_formats() {
+    let setup = Setup::new("lock", 64 * MIB, 4 * MIB);
+    let server = setup.serve(Via::Tcp, &[]);
+    let mut c = NbdClient::connect(server.addr());
+    let data = pseudo_random(64 * 1024, 3);
+    c.write_at(0, &data, 0);
+    let other_control = setup.disk.path().join("other.sock").display().to_string();
+    let out = run(
+        Command::new(PMCACHE).args([
+            "serve",
+            "--cache",
+            &setup.cache_arg(),
+            "--backing",
+            &setup.backing_arg(),
+            "--control",
+            &other_control,
+            "--listen",
+            "127.0.0.1:0",
+        ]),
+        Duration::from_secs(30),
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("another process is using this cache medium"),
+        "{}",
+        stderr(&out)
+    );
+    let out = setup.pmcache(&[
+        "detach",
+        "--cache",
+        &setup.cache_arg(),
+        "--backing",
+        &setup.backing_arg(),
+        "--control",
+        &other_control,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("another process is using this cache medium"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(c.read_at(0, 64 * 1024) == data);
+    server.kill9();
+
+    // The superblock page zeroed; the metadata table still holds the dirty entries.
+    let mut medium = read_file(&setup.cache);
+    medium[..4096].fill(0);
+    std::fs::write(&setup.cache, &medium).expect("zero the superblock page");
+    let out = setup.pmcache(&[
+        "detach",
+        "--cache",
+        &setup.cache_arg(),
+        "--backing",
+        &setup.backing_arg(),
+        "--control",
+        &setup.control_arg(),
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("has no cache superblock"), "{}", stderr(&out));
+    assert!(read_file(&setup.cache) == medium, "a refused detach changed the medium");
+}
