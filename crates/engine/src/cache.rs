@@ -176,7 +176,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         medium.persist(0, format::HEADER_BYTES as u64);
         zero_range(&medium, SUPERBLOCK_BYTES, geometry.data_offset - SUPERBLOCK_BYTES);
         medium.store_u64(SHUTDOWN_WORD_OFFSET, SHUTDOWN_DIRTY);
-        medium.store_u64(SYNCED_SEQ_OFFSET, 0);
+        medium.store_u64(SYNCED_SEQ_OFFSET, format::encode_synced_seq(0));
         medium.persist(SHUTDOWN_WORD_OFFSET, 16);
         medium.write(0, &superblock.encode());
         medium.persist(0, format::HEADER_BYTES as u64);
@@ -426,7 +426,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         self.backing.flush()?;
         let last = self.last_issued_seq();
         let mut synced = lock(&self.synced_seq);
-        self.medium.store_u64(SYNCED_SEQ_OFFSET, last.max(*synced));
+        self.medium.store_u64(SYNCED_SEQ_OFFSET, format::encode_synced_seq(last.max(*synced)));
         *synced = last.max(*synced);
         self.medium.store_u64(SHUTDOWN_WORD_OFFSET, SHUTDOWN_CLEAN);
         self.medium.persist(SHUTDOWN_WORD_OFFSET, 16);
@@ -750,7 +750,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         let mut synced = lock(&engine.synced_seq);
         if sample > *synced {
-            engine.medium.store_u64(SYNCED_SEQ_OFFSET, sample);
+            engine.medium.store_u64(SYNCED_SEQ_OFFSET, format::encode_synced_seq(sample));
             engine.medium.flush(SYNCED_SEQ_OFFSET, 8);
             self.fence();
             *synced = sample;
@@ -1507,8 +1507,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
 /// Reads the superblock words that recovery needs.
 /// The shutdown word (clean or not) and the synced sequence number, with whether the synced
-/// word was beyond [`format::SEQ_MAX`]: corrupt, and taken as 0 (every clean entry is then
-/// newer than it, made dirty and written back again: safe), never trusted.
+/// word failed its check: corrupt (or torn), and taken as 0 (every clean entry is then newer
+/// than it, made dirty and written back again: safe), never trusted.
 pub(crate) fn read_shutdown_state<M: Medium>(medium: &M) -> Result<(bool, u64, bool)> {
     let shutdown = medium.load_u64(SHUTDOWN_WORD_OFFSET);
     let clean = match shutdown {
@@ -1516,9 +1516,10 @@ pub(crate) fn read_shutdown_state<M: Medium>(medium: &M) -> Result<(bool, u64, b
         SHUTDOWN_DIRTY => false,
         other => return Err(format::FormatError::BadShutdownWord(other).into()),
     };
-    let synced = medium.load_u64(SYNCED_SEQ_OFFSET);
-    let invalid = synced > format::SEQ_MAX;
-    Ok((clean, if invalid { 0 } else { synced }, invalid))
+    match format::decode_synced_seq(medium.load_u64(SYNCED_SEQ_OFFSET)) {
+        Some(synced) => Ok((clean, synced, false)),
+        None => Ok((clean, 0, true)),
+    }
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {

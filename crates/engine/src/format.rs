@@ -8,7 +8,7 @@ use pmcache_backing::BackingIdentity;
 /// Magic bytes at offset 0 of a pmcache medium.
 pub const MAGIC: [u8; 8] = *b"PMCACHE\0";
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes reserved for the superblock at the start of the medium.
 pub const SUPERBLOCK_BYTES: u64 = 4096;
 /// Length of the immutable, checksummed superblock header.
@@ -314,10 +314,33 @@ pub fn is_issuable_seq(seq: u64) -> bool {
     seq & 0xff != 0 && seq <= SEQ_MAX
 }
 
-/// The largest sequence number the engine issues (2^62: a billion writes a second for more
-/// than a century). Entries above it are corrupt, and a synced word above it is not trusted,
-/// so that no number read from the medium can carry the counters into overflow.
-pub const SEQ_MAX: u64 = 1 << 62;
+/// The largest sequence number the engine issues (2^56 - 1: ten million writes a second for
+/// more than two centuries). Entries above it are corrupt, so that no number read from the
+/// medium can carry the counters into overflow; the synced word keeps its check in the
+/// 8 bits above it.
+pub const SEQ_MAX: u64 = (1 << 56) - 1;
+
+/// The synced word: the synced sequence number (56 bits) and an 8-bit check of it (the
+/// CRC32C of the number, its four bytes folded by XOR) in the top byte, so that a word
+/// rotted or torn into another value is not trusted. Format version 2.
+pub fn encode_synced_seq(seq: u64) -> u64 {
+    assert!(seq <= SEQ_MAX, "synced sequence {seq:#x} beyond SEQ_MAX");
+    seq | u64::from(synced_check(seq)) << 56
+}
+
+/// The synced sequence number a synced word holds, if its check matches.
+pub fn decode_synced_seq(word: u64) -> Option<u64> {
+    let seq = word & SEQ_MAX;
+    (word >> 56 == u64::from(synced_check(seq))).then_some(seq)
+}
+
+fn synced_check(seq: u64) -> u8 {
+    let crc = crc32c_two_words(seq, SYNCED_SALT);
+    crc.to_le_bytes().iter().fold(0, |check, byte| check ^ byte)
+}
+
+/// Mixed into the synced word's check, so that it differs from an entry's for equal numbers.
+const SYNCED_SALT: u64 = u64::from_le_bytes(*b"SYNCED\0\x02");
 
 fn entry_check(word0_without_check: u64, seq: u64) -> u64 {
     u64::from(crc32c_two_words(word0_without_check, seq) & 0xfff)
@@ -477,12 +500,15 @@ mod tests {
             Superblock::decode(&[0u8; 128], 1 << 24),
             Err(FormatError::BadMagic { .. })
         ));
-        let mut v2 = bytes;
-        put_u32(&mut v2, 8, 2);
-        assert_eq!(
-            Superblock::decode(&v2, 1 << 24),
-            Err(FormatError::UnsupportedVersion { found: 2, supported: 1 })
-        );
+        // Both the next version and the one before (version 1 had an unchecked synced word).
+        for other in [FORMAT_VERSION + 1, FORMAT_VERSION - 1] {
+            let mut bytes = bytes;
+            put_u32(&mut bytes, 8, other);
+            assert_eq!(
+                Superblock::decode(&bytes, 1 << 24),
+                Err(FormatError::UnsupportedVersion { found: other, supported: 2 })
+            );
+        }
         assert!(Superblock::decode(&bytes[..64], 1 << 24).is_err());
     }
 
@@ -521,7 +547,7 @@ mod tests {
             SlotEntry { lba: 0, state: BlockState::Clean, seq: 1 },
             SlotEntry { lba: 77, state: BlockState::Dirty, seq: 0x1234_5601 },
             SlotEntry { lba: LBA_MASK, state: BlockState::Dirty, seq: SEQ_MAX - 1 },
-            SlotEntry { lba: 0x55_5555_5555, state: BlockState::Clean, seq: 0x2aaa_aaaa_aaaa_aa01 },
+            SlotEntry { lba: 0x55_5555_5555, state: BlockState::Clean, seq: 0x00aa_aaaa_aaaa_aa01 },
         ];
         for entry in entries {
             let (w0, w1) = entry.encode();
@@ -553,6 +579,23 @@ mod tests {
         for seq in [1, 0xff, 0x101, 0x1234_5601, SEQ_MAX - 1] {
             assert!(is_issuable_seq(seq), "{seq:#x}");
         }
+    }
+
+    /// The synced word round-trips every number up to `SEQ_MAX`, and no single flipped bit
+    /// (of the number or of its check) decodes: the check's syndrome for a flip depends only
+    /// on the bit's position (CRC32C is affine), so trying every position on a few numbers
+    /// covers all. All zeroes (a version-1 word for 0) is not a valid word either.
+    #[test]
+    fn a_synced_word_with_any_single_bit_flipped_is_refused() {
+        for seq in [0, 1, 0x1234_5678, SEQ_MAX - 1, SEQ_MAX] {
+            let word = encode_synced_seq(seq);
+            assert_eq!(decode_synced_seq(word), Some(seq));
+            for bit in 0..64 {
+                assert_eq!(decode_synced_seq(word ^ 1 << bit), None, "{seq:#x}, bit {bit}");
+            }
+        }
+        assert_eq!(decode_synced_seq(0), None);
+        assert_eq!(decode_synced_seq(u64::MAX), None);
     }
 
     /// No sequence number above `SEQ_MAX` is an entry, however well its check matches: a

@@ -137,7 +137,7 @@ impl FullBuckets {
         let cache = TestCache::new(x + 1, blocks, seed);
         assert_eq!(cache.geometry.slot_count, slot_count);
         // Clean entries a test puts (sequence numbers below 1000) stay clean at recovery.
-        cache.medium.store_u64(SYNCED_SEQ_OFFSET, 1000);
+        cache.medium.store_u64(SYNCED_SEQ_OFFSET, crate::format::encode_synced_seq(1000));
         Self { cache, fillers, x }
     }
 
