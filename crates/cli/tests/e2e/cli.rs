@@ -252,7 +252,21 @@ fn the_medium_is_locked_and_detach_never_formats() {
     let data = pseudo_random(64 * 1024, 3);
     c.write_at(0, &data, 0);
     let other_control = setup.disk.path().join("other.sock").display().to_string();
-    let out = run(
+    let refused = |out: &std::process::Output, why: &str| {
+        assert!(!out.status.success() && stderr(out).contains(why), "{}", stderr(out));
+    };
+    let detach_offline = |control: &str| {
+        setup.pmcache(&[
+            "detach",
+            "--cache",
+            &setup.cache_arg(),
+            "--backing",
+            &setup.backing_arg(),
+            "--control",
+            control,
+        ])
+    };
+    let second_server = run(
         Command::new(PMCACHE).args([
             "serve",
             "--cache",
@@ -266,27 +280,8 @@ fn the_medium_is_locked_and_detach_never_formats() {
         ]),
         Duration::from_secs(30),
     );
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("another process is using this cache medium"),
-        "{}",
-        stderr(&out)
-    );
-    let out = setup.pmcache(&[
-        "detach",
-        "--cache",
-        &setup.cache_arg(),
-        "--backing",
-        &setup.backing_arg(),
-        "--control",
-        &other_control,
-    ]);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("another process is using this cache medium"),
-        "{}",
-        stderr(&out)
-    );
+    refused(&second_server, "another process is using this cache medium");
+    refused(&detach_offline(&other_control), "another process is using this cache medium");
     assert!(c.read_at(0, 64 * 1024) == data);
     server.kill9();
 
@@ -294,16 +289,6 @@ fn the_medium_is_locked_and_detach_never_formats() {
     let mut medium = read_file(&setup.cache);
     medium[..4096].fill(0);
     std::fs::write(&setup.cache, &medium).expect("zero the superblock page");
-    let out = setup.pmcache(&[
-        "detach",
-        "--cache",
-        &setup.cache_arg(),
-        "--backing",
-        &setup.backing_arg(),
-        "--control",
-        &setup.control_arg(),
-    ]);
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("has no cache superblock"), "{}", stderr(&out));
+    refused(&detach_offline(&setup.control_arg()), "has no cache superblock");
     assert!(read_file(&setup.cache) == medium, "a refused detach changed the medium");
 }
