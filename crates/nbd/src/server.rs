@@ -418,7 +418,12 @@ fn transmission<T: Transport, C: ExportConn>(
         let request = match session.validate(&h) {
             Ok(r) => r,
             Err(refused) => {
-                wire.discard(u64::from(h.payload_len_bytes()))?;
+                let payload_len = u64::from(h.payload_len_bytes());
+                if (wire.buffered() as u64) < payload_len {
+                    // The rest of the payload may be slow to come: answer what is answered.
+                    wire.flush()?;
+                }
+                wire.discard(payload_len)?;
                 debug!(?h, %refused, "request refused");
                 wire.make_room(STRUCTURED_READ_HEADER_BYTES + codec::ERROR_MESSAGE_BYTES_MAX)?;
                 let structured_read = structured && h.command == codec::CMD_READ;
@@ -465,6 +470,11 @@ fn transmission<T: Transport, C: ExportConn>(
                 continue;
             }
             Request::Write { offset_bytes, len_bytes, fua } => {
+                if wire.buffered() < len_bytes as usize {
+                    // Replies already made (a FLUSH's, say) go out before this thread waits for
+                    // the rest of a payload, which the client may send only after them.
+                    wire.flush()?;
+                }
                 let data = &mut payload[..len_bytes as usize];
                 wire.read_exact(data)?;
                 if data.is_empty() { Ok(()) } else { conn.write(offset_bytes, data, fua) }

@@ -457,6 +457,37 @@ impl Client {
     }
 }
 
+/// Replies already made go out before the server waits for the rest of a write's payload: a
+/// FLUSH and the header and first half of a WRITE arrive in one segment, and the client sends
+/// the second half only once it has the FLUSH's reply (a refused write's payload likewise).
+#[test]
+fn replies_are_sent_before_waiting_for_a_payload() {
+    let server = aligned_server();
+    let mut c = Client::ready(server.tcp_addr(), false);
+    let mut burst = Vec::new();
+    let header = |command: u16, cookie: u64, offset: u64, len: u32| {
+        let mut b = REQUEST_MAGIC.to_be_bytes().to_vec();
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b.extend_from_slice(&command.to_be_bytes());
+        b.extend_from_slice(&cookie.to_be_bytes());
+        b.extend_from_slice(&offset.to_be_bytes());
+        b.extend_from_slice(&len.to_be_bytes());
+        b
+    };
+    for (write_offset, write_reply) in [(4096, 0), (MIB, libc::ENOSPC as u32)] {
+        burst.clear();
+        burst.extend(header(CMD_FLUSH, 1, 0, 0));
+        burst.extend(header(CMD_WRITE, 2, write_offset, 8192));
+        burst.extend([6u8; 4096]);
+        c.send(&burst);
+        assert_eq!(c.simple_reply(), (0, 1), "the FLUSH's reply waited for the payload");
+        c.send(&[6u8; 4096]);
+        assert_eq!(c.simple_reply(), (write_reply, 2));
+    }
+    c.assert_works(0, 3);
+    server.stop();
+}
+
 #[test]
 fn shutdown_finishes_requests_and_flushes() {
     let server = aligned_server();
