@@ -520,7 +520,7 @@ impl<'a> Negotiation<'a> {
     }
 }
 
-fn error_reply(out: &mut Vec<u8>, opt: u32, reply_type: u32, msg: &str) {
+pub(crate) fn error_reply(out: &mut Vec<u8>, opt: u32, reply_type: u32, msg: &str) {
     encode_option_reply(out, opt, reply_type, &[msg.as_bytes()]);
 }
 

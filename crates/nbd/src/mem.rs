@@ -62,6 +62,8 @@ struct Inner {
     counters: Counters,
     has_fault: AtomicBool,
     fault: Mutex<Option<Fault>>,
+    /// `open_conn` fails while set (a server out of engine lanes, say).
+    refuse_conns: AtomicBool,
 }
 
 /// A RAM-backed export. Cloning shares the same bytes.
@@ -93,6 +95,7 @@ impl MemExport {
                 counters: Counters::default(),
                 has_fault: AtomicBool::new(false),
                 fault: Mutex::new(None),
+                refuse_conns: AtomicBool::new(false),
             }),
         })
     }
@@ -111,6 +114,12 @@ impl MemExport {
             zero_writes: get(&c.zero_writes),
             conns_opened: get(&c.conns_opened),
         }
+    }
+
+    /// Makes `open_conn` fail with EBUSY while `refuse` holds (for tests of a server that
+    /// cannot serve another connection).
+    pub fn refuse_conns(&self, refuse: bool) {
+        self.inner.refuse_conns.store(refuse, Ordering::Release);
     }
 
     /// Makes every operation overlapping `[start_bytes, end_bytes)` fail with `errno`;
@@ -195,6 +204,9 @@ impl Export for MemExport {
     type Conn = MemConn;
 
     fn open_conn(&self) -> Result<MemConn, ExportError> {
+        if self.inner.refuse_conns.load(Ordering::Acquire) {
+            return Err(ExportError::new(libc::EBUSY, "no connection can be opened now"));
+        }
         self.inner.counters.conns_opened.fetch_add(1, Ordering::Relaxed);
         Ok(MemConn { export: self.clone() })
     }

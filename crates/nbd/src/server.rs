@@ -343,14 +343,13 @@ pub fn serve_connection<E: Export, T: Transport>(
     info: &ExportInfo,
 ) -> Result<ConnEnd, ConnError> {
     let mut wire = Wire::new(transport, READ_BUFFER_BYTES);
-    let session = match handshake(&mut wire, info) {
-        Ok(Some(s)) => s,
+    let (session, mut conn) = match handshake(&mut wire, info, export) {
+        Ok(Some(opened)) => opened,
         Ok(None) => return Ok(ConnEnd::Aborted),
         Err(ConnError::Io(e)) if is_eof(&e) => return Ok(ConnEnd::Closed),
         Err(e) => return Err(e),
     };
     wire.t.end_handshake()?;
-    let mut conn = export.open_conn()?;
     let max_payload = session.max_payload_bytes as usize;
     wire.out = Vec::with_capacity(max_payload + OUT_FLUSH_BYTES + STRUCTURED_READ_HEADER_BYTES);
     let mut payload = vec![0u8; max_payload];
@@ -368,11 +367,15 @@ pub fn serve_connection<E: Export, T: Transport>(
     }
 }
 
-/// Runs option haggling; `None` means the client aborted.
-fn handshake<T: Transport>(
+/// Runs option haggling; `None` means the client aborted. The export's connection is opened
+/// before the option that starts transmission is acknowledged: if it cannot be (no engine
+/// lane free, the cache shutting down), a GO gets `ERR_SHUTDOWN` with the reason and the
+/// haggling goes on, instead of an acknowledged GO followed by a dropped connection.
+fn handshake<T: Transport, E: Export>(
     wire: &mut Wire<T>,
     info: &ExportInfo,
-) -> Result<Option<Session>, ConnError> {
+    export: &E,
+) -> Result<Option<(Session, E::Conn)>, ConnError> {
     wire.out.extend_from_slice(&codec::greeting());
     wire.flush()?;
     let mut flags = [0u8; CLIENT_FLAGS_BYTES];
@@ -385,12 +388,35 @@ fn handshake<T: Transport>(
         let header = codec::decode_option_header(&hb)?;
         let data = &mut data[..header.data_len_bytes as usize];
         wire.read_exact(data)?;
+        let mark = wire.out.len();
         let outcome = negotiation.handle_option(header, data, &mut wire.out);
+        let outcome = match outcome {
+            OptionOutcome::Transmission(s) => match export.open_conn() {
+                Ok(conn) => {
+                    wire.flush()?;
+                    return Ok(Some((s, conn)));
+                }
+                // `EXPORT_NAME` has no error reply: the connection closes.
+                Err(e) if header.option == codec::OPT_EXPORT_NAME => return Err(e.into()),
+                Err(e) => {
+                    warn!(error = %e, "cannot open a connection to the export");
+                    wire.out.truncate(mark);
+                    let reason = format!("the server cannot serve this connection now: {e}");
+                    codec::error_reply(
+                        &mut wire.out,
+                        header.option,
+                        codec::REP_ERR_SHUTDOWN,
+                        &reason,
+                    );
+                    OptionOutcome::Continue
+                }
+            },
+            other => other,
+        };
         wire.flush()?;
         match outcome {
-            OptionOutcome::Continue => {}
+            OptionOutcome::Continue | OptionOutcome::Transmission(_) => {}
             OptionOutcome::Abort => return Ok(None),
-            OptionOutcome::Transmission(s) => return Ok(Some(s)),
             OptionOutcome::Close(e) => return Err(e.into()),
         }
     }

@@ -488,6 +488,33 @@ fn replies_are_sent_before_waiting_for_a_payload() {
     server.stop();
 }
 
+/// A GO the server cannot serve (the export refuses a connection: the cache out of lanes or
+/// shutting down) is answered `ERR_SHUTDOWN` with the reason, never acknowledged and then
+/// dropped; the handshake goes on, and a later GO is served once connections open again.
+#[test]
+fn a_go_that_cannot_be_served_is_refused_with_a_reason() {
+    let server = aligned_server();
+    server.export.refuse_conns(true);
+    let mut c = Client::connect(server.tcp_addr());
+    c.send(&3u32.to_be_bytes());
+    c.option(OPT_GO, &go_data(NAME, &[INFO_BLOCK_SIZE]));
+    let r = c.opt_reply();
+    assert_eq!(r.reply_type, REP_ERR_SHUTDOWN);
+    let reason = String::from_utf8_lossy(&r.data).into_owned();
+    assert!(reason.contains("cannot serve this connection now"), "{reason}");
+    server.export.refuse_conns(false);
+    c.option(OPT_GO, &go_data(NAME, &[INFO_BLOCK_SIZE]));
+    loop {
+        match c.opt_reply().reply_type {
+            REP_INFO => {}
+            REP_ACK => break,
+            t => panic!("GO failed with reply type {t:#x}"),
+        }
+    }
+    c.assert_works(0, 1);
+    server.stop();
+}
+
 #[test]
 fn shutdown_finishes_requests_and_flushes() {
     let server = aligned_server();
