@@ -104,6 +104,19 @@ mod tests {
         assert_eq!(out, [5]);
     }
 
+    /// What `Engine::audit` asks: whether a slot is in the pool, and how many are.
+    #[test]
+    fn the_pool_says_which_slots_it_holds_and_how_many() {
+        let pool = FreePool::new(130);
+        pool.put([3, 64, 129]);
+        assert!(pool.holds(3) && pool.holds(64) && pool.holds(129));
+        assert!(!pool.holds(4) && !pool.holds(0) && !pool.holds(65));
+        assert_eq!(pool.len(), 3);
+        let mut out = Vec::new();
+        pool.take(1, &mut out);
+        assert_eq!((out, pool.len(), pool.holds(3)), (vec![3], 2, false));
+    }
+
     #[test]
     #[should_panic(expected = "freed twice")]
     fn a_slot_freed_twice_is_a_broken_invariant() {
