@@ -389,35 +389,28 @@ fn handshake<T: Transport, E: Export>(
         let data = &mut data[..header.data_len_bytes as usize];
         wire.read_exact(data)?;
         let mark = wire.out.len();
-        let outcome = negotiation.handle_option(header, data, &mut wire.out);
-        let outcome = match outcome {
+        // What ends the haggling, once the replies made so far are sent.
+        let done = match negotiation.handle_option(header, data, &mut wire.out) {
+            OptionOutcome::Continue => None,
+            OptionOutcome::Abort => Some(Ok(None)),
+            OptionOutcome::Close(e) => Some(Err(e.into())),
             OptionOutcome::Transmission(s) => match export.open_conn() {
-                Ok(conn) => {
-                    wire.flush()?;
-                    return Ok(Some((s, conn)));
-                }
+                Ok(conn) => Some(Ok(Some((s, conn)))),
                 // `EXPORT_NAME` has no error reply: the connection closes.
                 Err(e) if header.option == codec::OPT_EXPORT_NAME => return Err(e.into()),
                 Err(e) => {
                     warn!(error = %e, "cannot open a connection to the export");
                     wire.out.truncate(mark);
                     let reason = format!("the server cannot serve this connection now: {e}");
-                    codec::error_reply(
-                        &mut wire.out,
-                        header.option,
-                        codec::REP_ERR_SHUTDOWN,
-                        &reason,
-                    );
-                    OptionOutcome::Continue
+                    let (out, option) = (&mut wire.out, header.option);
+                    codec::error_reply(out, option, codec::REP_ERR_SHUTDOWN, &reason);
+                    None
                 }
             },
-            other => other,
         };
         wire.flush()?;
-        match outcome {
-            OptionOutcome::Continue | OptionOutcome::Transmission(_) => {}
-            OptionOutcome::Abort => return Ok(None),
-            OptionOutcome::Close(e) => return Err(e.into()),
+        if let Some(done) = done {
+            return done;
         }
     }
 }

@@ -43,12 +43,17 @@ impl Client {
             c.option(OPT_STRUCTURED_REPLY, &[]);
             assert_eq!(c.opt_reply().reply_type, REP_ACK);
         }
-        c.option(OPT_GO, &go_data(NAME, &[INFO_BLOCK_SIZE]));
+        c.go(&[INFO_BLOCK_SIZE]);
+        c
+    }
+
+    /// Sends `NBD_OPT_GO` asking for `infos` and reads its `INFO` replies up to the `ACK`.
+    fn go(&mut self, infos: &[u16]) {
+        self.option(OPT_GO, &go_data(NAME, infos));
         loop {
-            let r = c.opt_reply();
-            match r.reply_type {
+            match self.opt_reply().reply_type {
                 REP_INFO => {}
-                REP_ACK => return c,
+                REP_ACK => return,
                 t => panic!("GO failed with reply type {t:#x}"),
             }
         }
@@ -263,14 +268,7 @@ fn a_bare_go_is_served_at_a_512_byte_minimum() {
     let server = aligned_server();
     let mut c = Client::connect(server.tcp_addr());
     c.send(&3u32.to_be_bytes());
-    c.option(OPT_GO, &go_data(NAME, &[]));
-    loop {
-        match c.opt_reply().reply_type {
-            REP_INFO => {}
-            REP_ACK => break,
-            t => panic!("a bare GO failed with reply type {t:#x}"),
-        }
-    }
+    c.go(&[]);
     c.request(CMD_WRITE, 0, 1, 100, 512, &[3; 512]);
     assert_eq!(c.simple_reply(), (libc::EINVAL as u32, 1));
     c.request(CMD_WRITE, 0, 2, 512, 512, &[3; 512]);
@@ -283,14 +281,7 @@ fn a_bare_go_is_served_at_a_512_byte_minimum() {
     c.send(&3u32.to_be_bytes());
     c.option(OPT_GO, &go_data(NAME, &[]));
     assert_eq!(c.opt_reply().reply_type, REP_ERR_BLOCK_SIZE_REQD);
-    c.option(OPT_GO, &go_data(NAME, &[INFO_BLOCK_SIZE]));
-    loop {
-        match c.opt_reply().reply_type {
-            REP_INFO => {}
-            REP_ACK => break,
-            t => panic!("GO failed with reply type {t:#x}"),
-        }
-    }
+    c.go(&[INFO_BLOCK_SIZE]);
     server.stop();
 }
 
@@ -503,14 +494,7 @@ fn a_go_that_cannot_be_served_is_refused_with_a_reason() {
     let reason = String::from_utf8_lossy(&r.data).into_owned();
     assert!(reason.contains("cannot serve this connection now"), "{reason}");
     server.export.refuse_conns(false);
-    c.option(OPT_GO, &go_data(NAME, &[INFO_BLOCK_SIZE]));
-    loop {
-        match c.opt_reply().reply_type {
-            REP_INFO => {}
-            REP_ACK => break,
-            t => panic!("GO failed with reply type {t:#x}"),
-        }
-    }
+    c.go(&[INFO_BLOCK_SIZE]);
     c.assert_works(0, 1);
     server.stop();
 }
