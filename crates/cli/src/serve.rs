@@ -250,8 +250,25 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         std::thread::Builder::new()
             .name("pmcache-signals".into())
             .spawn(move || {
-                if signals.forever().next().is_some() {
+                let mut received = signals.forever();
+                if received.next().is_some() {
+                    eprintln!(
+                        "pmcache: shutting down: requests in flight finish, then the cache is \
+                         marked clean (a second SIGINT or SIGTERM stops at once)"
+                    );
                     shutdown.shutdown();
+                }
+                // A shutdown can wait (a client that stopped reading is cut after a grace
+                // period; a detach writes everything back): a second signal ends the process
+                // at once. Nothing acknowledged is lost by that: every acknowledged write is
+                // already durable on the medium, and the next start recovers the cache as
+                // after a crash (unclean shutdown).
+                if let Some(signal) = received.next() {
+                    eprintln!(
+                        "pmcache: second signal: stopping at once, without a clean shutdown; \
+                         acknowledged writes are on the medium and the next start recovers them"
+                    );
+                    std::process::exit(128 + signal);
                 }
             })
             .map_err(|e| e.to_string())?;

@@ -3,6 +3,7 @@
 //!
 //! Rules (docs/DURABILITY.md, "Recovery"):
 //! - the newest entry (largest sequence number) of each block wins; older ones are freed;
+//!   a second copy under the same number is corrupt (each number is issued once);
 //! - torn and corrupt entries are dropped, counted and reported — never trusted;
 //! - a clean entry newer than the synced sequence number may be newer than what the backing
 //!   store durably holds, so it becomes dirty (and is written back later);
@@ -34,7 +35,9 @@ pub struct RecoveryReport {
     pub superseded: u64,
     /// Entries torn by a power cut (dropped).
     pub torn: u64,
-    /// Entries that fail validation (dropped).
+    /// Entries that fail validation, or that repeat the sequence number of another copy of
+    /// their block (dropped; each number is issued once, so only corruption makes such a pair,
+    /// and the copy in the lower slot is the one kept).
     pub corrupt: u64,
     /// Whether the previous shutdown was clean.
     pub was_clean_shutdown: bool,
@@ -109,10 +112,14 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 entry.state = BlockState::Dirty;
             }
             if let Some(found) = self.index.lookup(entry.lba) {
-                report.superseded += 1;
                 let DecodedEntry::Valid(other) = self.read_entry(found.slot) else {
                     unreachable!("an indexed slot holds a valid entry")
                 };
+                if other.seq == entry.seq {
+                    report.corrupt += 1;
+                } else {
+                    report.superseded += 1;
+                }
                 if other.seq >= entry.seq {
                     self.clear_entry(slot);
                     free.push(slot);
@@ -196,7 +203,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         let mut newest = Vec::with_capacity(overflow.len());
         for (at, &(slot, entry, made_dirty)) in overflow.iter().enumerate() {
             if at > 0 && overflow[at - 1].1.lba == entry.lba {
-                report.superseded += 1;
+                if overflow[at - 1].1.seq == entry.seq {
+                    report.corrupt += 1;
+                } else {
+                    report.superseded += 1;
+                }
                 self.clear_entry(slot);
                 free.push(slot);
             } else {
@@ -282,7 +293,8 @@ pub struct CheckReport {
     pub superseded: u64,
     /// Torn entries (a power cut mid-update; dropped by recovery, not corruption).
     pub torn: u64,
-    /// Entries that fail validation.
+    /// Entries that fail validation, or that repeat the sequence number of another copy of
+    /// their block.
     pub corrupt: u64,
 }
 
@@ -316,7 +328,8 @@ pub fn check_medium<M: Medium>(medium: &M) -> Result<CheckReport> {
                     entry.state
                 };
                 match newest.get(&entry.lba) {
-                    Some(&(seq, _)) if seq >= entry.seq => report.superseded += 1,
+                    Some(&(seq, _)) if seq == entry.seq => report.corrupt += 1,
+                    Some(&(seq, _)) if seq > entry.seq => report.superseded += 1,
                     Some(_) => {
                         report.superseded += 1;
                         newest.insert(entry.lba, (entry.seq, state));
@@ -670,5 +683,38 @@ mod tests {
         assert!(on_backing.iter().all(|&b| b == 0x77), "backing holds {:#x}", on_backing[0]);
         let fillers = cache.fillers.iter().enumerate().map(|(slot, &lba)| (lba, 0x10 + slot as u8));
         assert_reads(&engine, fillers.chain([(cache.x, 0x77)]));
+    }
+
+    /// Two copies of a block under one sequence number cannot be ordered; the engine issues
+    /// each number once, so only corruption makes such a pair. Recovery (by the index, and
+    /// for a block whose buckets are full) and the check count the second copy as corrupt,
+    /// not as superseded, and recovery keeps the copy in the lower slot.
+    #[test]
+    fn two_copies_under_one_sequence_number_are_corruption() {
+        let fills = (0..16u64).map(|b| (b, 0xb0 + b as u8));
+        let cache = TestCache::new(16, fills, 1);
+        cache.put(3, 5, BlockState::Dirty, 40, 0x55);
+        cache.put(7, 5, BlockState::Dirty, 40, 0x66);
+        cache.put(8, 6, BlockState::Dirty, 41, 0x67);
+        cache.put(9, 6, BlockState::Dirty, 42, 0x68); // newer: supersedes, not corrupt
+        cache.medium.store_u64(SHUTDOWN_WORD_OFFSET, SHUTDOWN_DIRTY);
+        cache.medium.persist(0, cache.medium.len_bytes());
+        let checked = check_medium(&cache.medium).expect("check");
+        assert_eq!((checked.corrupt, checked.superseded, checked.dirty), (1, 1, 2), "{checked:?}");
+        let (engine, report) = cache.open();
+        assert_eq!((report.corrupt, report.superseded, report.dirty), (1, 1, 2), "{report:?}");
+        assert_reads(&engine, [(5, 0x55), (6, 0x68)]);
+
+        // The same for a block whose index buckets are full: settled after the scan.
+        let cache = FullBuckets::new();
+        for (slot, &lba) in cache.fillers.iter().enumerate() {
+            cache.cache.put(slot as u32, lba, BlockState::Dirty, 100 + slot as u64, 0x10);
+        }
+        cache.cache.put(30, cache.x, BlockState::Dirty, 300, 0x77);
+        cache.cache.put(24, cache.x, BlockState::Dirty, 300, 0x78);
+        cache.cache.put(25, cache.x, BlockState::Dirty, 200, 0x79);
+        let (engine, report) = cache.cache.open();
+        assert_eq!((report.corrupt, report.superseded), (1, 1), "{report:?}");
+        assert_reads(&engine, [(cache.x, 0x78)]);
     }
 }

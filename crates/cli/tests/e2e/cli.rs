@@ -1,12 +1,12 @@
 //! The `pmcache` command's behaviour around `serve`: refusals that leave the medium
 //! untouched (a cache of another backing store, foreign data, a cache already served),
 //! `check` on a healthy and a corrupted cache, `stats --json` / `--prometheus`, `flush`,
-//! SIGTERM shutdown, and `detach` online and offline.
+//! SIGTERM shutdown, a second signal during a slow shutdown, and `detach` online and offline.
 
 use std::process::Command;
 use std::time::Duration;
 
-use pmcache_nbd::codec::CMD_FLAG_FUA;
+use pmcache_nbd::codec::{CMD_FLAG_FUA, CMD_READ};
 
 use crate::common::*;
 
@@ -291,4 +291,47 @@ fn the_medium_is_locked_and_detach_never_formats() {
     std::fs::write(&setup.cache, &medium).expect("zero the superblock page");
     refused(&detach_offline(&setup.control_arg()), "has no cache superblock");
     assert!(read_file(&setup.cache) == medium, "a refused detach changed the medium");
+}
+
+/// A shutdown waiting on a client that stopped reading (cut after a 5 s grace) is ended at
+/// once by a second SIGINT: exit status 130, no clean mark, and the next start recovers the
+/// acknowledged write.
+#[test]
+fn a_second_signal_stops_a_slow_shutdown_at_once_and_nothing_acknowledged_is_lost() {
+    let setup = Setup::new("sig2", 256 * MIB, 64 * MIB);
+    let server = setup.serve(Via::Tcp, &[]);
+    let mut good = NbdClient::connect(server.addr());
+    good.write_at(0, &[7; 4096], 0);
+    let mut stuck = NbdClient::connect(server.addr());
+    // 128 MiB of replies: far more than the socket buffers hold.
+    for cookie in 0..4 {
+        stuck.request(CMD_READ, 0, cookie, cookie * 32 * MIB, 32 * MIB as u32, &[]).expect("send");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    server.signal("INT");
+    std::thread::sleep(Duration::from_millis(1000));
+    let logs = server.logs();
+    assert!(logs.contains("pmcache: shutting down"), "{logs}");
+    assert!(!logs.contains("cache marked clean"), "the shutdown did not wait:\n{logs}");
+    server.signal("INT");
+    let started = std::time::Instant::now();
+    let (status, logs) = server.wait(Duration::from_secs(3));
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(status.code(), Some(130), "{logs}");
+    assert!(logs.contains("second signal: stopping at once"), "{logs}");
+    assert!(!logs.contains("cache marked clean"), "{logs}");
+    drop(stuck);
+
+    let out = setup.pmcache(&["check", "--cache", &setup.cache_arg()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("last shutdown: unclean"), "{text}");
+    // The next start recovers the acknowledged (dirty, never written back) block.
+    let server = setup.serve(Via::Tcp, &[]);
+    let logs = server.logs();
+    assert!(logs.contains("unclean shutdown") && logs.contains("1 dirty"), "{logs}");
+    let mut c = NbdClient::connect(server.addr());
+    assert!(c.read_at(0, 4096) == vec![7u8; 4096]);
+    drop(c);
+    let logs = server.terminate();
+    assert!(logs.contains("cache marked clean"), "{logs}");
 }
