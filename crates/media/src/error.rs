@@ -46,3 +46,18 @@ impl MediaError {
 
 /// Result of a media operation.
 pub type Result<T> = std::result::Result<T, MediaError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_has_its_errno() {
+        let io = |source| MediaError::Io { path: "p".into(), action: "open", source };
+        assert_eq!(io(io::Error::from_raw_os_error(libc::ENOSPC)).errno(), libc::ENOSPC);
+        assert_eq!(io(io::Error::other("no os error")).errno(), libc::EIO);
+        assert_eq!(MediaError::Empty { path: "p".into() }.errno(), libc::EINVAL);
+        let small = MediaError::TooSmall { path: "p".into(), len_bytes: 1, min_bytes: 2 };
+        assert_eq!(small.errno(), libc::EINVAL);
+    }
+}

@@ -452,6 +452,48 @@ mod tests {
         assert!(err.to_string().contains("100 bytes"), "{err}");
     }
 
+    /// A medium of exactly the minimum size opens; one byte less is refused. A file in
+    /// /dev/shm (tmpfs) is not DAX: mapped without MAP_SYNC, and said so.
+    #[test]
+    fn the_minimum_size_opens_and_tmpfs_is_not_dax() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        // A superblock page, a metadata page and a data block.
+        let min_bytes = 3 * 4096;
+        let medium = PmemFile::open(&dir.path().join("min"), Some(min_bytes)).unwrap();
+        assert_eq!(medium.len_bytes(), min_bytes);
+        assert!(!medium.is_dax(), "a tmpfs file taken for DAX");
+        let short = dir.path().join("short");
+        File::create(&short).unwrap().set_len(min_bytes - 1).unwrap();
+        let err = PmemFile::open(&short, None).unwrap_err();
+        assert!(matches!(err, MediaError::TooSmall { .. }), "{err}");
+        assert_eq!(err.errno(), libc::EINVAL);
+    }
+
+    /// `write_flush` copies exactly what it is given whichever way it copies: non-temporal
+    /// stores for whole, line-aligned lines, plain stores and flushes for anything else (an
+    /// unaligned start, a length not a multiple of a line), with non-temporal copies forced on
+    /// and off.
+    #[test]
+    fn write_flush_copies_every_alignment_with_and_without_nontemporal_stores() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let mut medium = PmemFile::open(&dir.path().join("pm"), Some(1 << 16)).unwrap();
+        for nontemporal in [true, false] {
+            medium.primitives.nt_block_copy = nontemporal;
+            let cases = [(4096u64, 4096usize), (8192 + 8, 64), (8192 + 16, 64), (12288, 100)];
+            for (round, (offset, len)) in cases.into_iter().enumerate() {
+                let data: Vec<u8> = (0..len).map(|i| (i + round * 31) as u8 ^ 0x5a).collect();
+                medium.write(offset - 8, &[0xee; 8]);
+                medium.write(offset + len as u64, &[0xee; 8]);
+                medium.write_flush(offset, &data);
+                medium.drain();
+                let mut back = vec![0u8; len + 16];
+                medium.read(offset - 8, &mut back);
+                assert_eq!(back[8..len + 8], data[..], "{len} at {offset}, nt {nontemporal}");
+                assert_eq!((&back[..8], &back[len + 8..]), (&[0xee; 8][..], &[0xee; 8][..]));
+            }
+        }
+    }
+
     #[test]
     fn a_pair_store_writes_both_words_and_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();

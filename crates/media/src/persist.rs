@@ -209,3 +209,74 @@ unsafe fn flush_line(kind: FlushInstruction, addr: *const u8) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (kind, addr);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CPU's features as the kernel lists them (`/proc/cpuinfo`'s first `flags` line).
+    fn cpu_flags() -> Vec<String> {
+        let info = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
+        let line = info.lines().find(|l| l.starts_with("flags")).expect("a flags line");
+        line.split(':').nth(1).expect("flags").split_whitespace().map(str::to_owned).collect()
+    }
+
+    /// The write-back instruction chosen is the best the kernel says this CPU has.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_flush_instruction_is_the_best_the_cpu_has() {
+        let flags = cpu_flags();
+        let has = |name: &str| flags.iter().any(|f| f == name);
+        let expected = if has("clwb") {
+            FlushInstruction::Clwb
+        } else if has("clflushopt") {
+            FlushInstruction::Clflushopt
+        } else if has("clflush") {
+            FlushInstruction::Clflush
+        } else {
+            FlushInstruction::None
+        };
+        assert_eq!(PersistPrimitives::detect().flush, expected, "cpu flags: {flags:?}");
+        // Each instruction the CPU has runs on a live line without changing it.
+        let mut line = [7u8; 128];
+        for kind in
+            [FlushInstruction::Clwb, FlushInstruction::Clflushopt, FlushInstruction::Clflush]
+        {
+            let name = format!("{kind:?}").to_lowercase();
+            if has(&name) {
+                let primitives = PersistPrimitives { flush: kind, nt_block_copy: false };
+                // SAFETY: `line` is a live local array of 128 bytes.
+                unsafe { primitives.flush_range(line.as_ptr().wrapping_add(3), 100) };
+                store_fence();
+            }
+        }
+        line[0] = 8;
+        assert_eq!((line[0], line[127]), (8, 7));
+    }
+
+    /// The CRC32C instruction is found where the kernel lists SSE4.2, and folds a word as the
+    /// table-driven CRC32C does (without its pre- and post-inversion).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_crc32c_instruction_folds_as_crc32c_does() {
+        let found = Crc32cInstruction::detect();
+        assert_eq!(found.is_some(), cpu_flags().iter().any(|f| f == "sse4_2"));
+        let Some(crc) = found else { return };
+        for (start, word) in [(0u32, 0u64), (!0, 1), (0x1234_5678, 0xdead_beef_0bad_f00d)] {
+            let expected = !crc32c::crc32c_append(!start, &word.to_le_bytes());
+            assert_eq!(crc.fold_u64(start, word), expected, "{start:#x} {word:#x}");
+        }
+    }
+
+    #[test]
+    fn a_nontemporal_copy_copies_lines_and_a_16_byte_tail() {
+        let mut dst = vec![0u128; 16];
+        let src: Vec<u8> = (0..176u32).map(|i| (i * 3) as u8).collect();
+        // SAFETY: `dst` holds 256 bytes, 16-byte aligned (u128); 176 is a multiple of 16.
+        unsafe { PersistPrimitives::copy_nontemporal(dst.as_mut_ptr().cast(), &src) };
+        store_fence();
+        let bytes: Vec<u8> = dst.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        assert_eq!(bytes[..176], src[..]);
+        assert!(bytes[176..].iter().all(|&b| b == 0), "copied past the end");
+    }
+}
