@@ -3,8 +3,10 @@
 //! It keeps two images at 8-byte granularity: the *volatile* one every load and store sees, and
 //! the *durable* one that survives a power cut. `flush` snapshots the covered cache lines into
 //! the calling thread's pending set; `drain` makes that thread's pending lines durable. A power
-//! cut yields the durable image plus a random subset of the words that were stored but not yet
-//! durable (arbitrary cache-line eviction, 8-byte failure atomicity, no ordering between lines).
+//! cut yields the durable image with a random subset of its words replaced by a newer value the
+//! hardware could have written back: the word's current value, or a flushed snapshot of it not
+//! yet drained (arbitrary cache-line eviction, 8-byte failure atomicity, no ordering between
+//! lines).
 //!
 //! Snapshots are numbered in the order they are taken, and a drain never puts an older
 //! snapshot of a word over a newer one already durable: cache coherence writes a line's
@@ -130,20 +132,40 @@ struct Inner {
 }
 
 impl Inner {
-    /// Durable image plus a random subset of the not-yet-durable words.
+    /// What a power cut leaves of each word: its durable value, or — for a random subset of
+    /// the words with something newer — one of the newer values the hardware could have
+    /// written back before the cut: the word's current value, or a value a flush took a
+    /// snapshot of that no drain has made durable yet (and that a later store has since
+    /// replaced). A line's versions reach the medium in order, so a snapshot older than the
+    /// word's durable one is not a candidate.
     fn power_cut_image(&self) -> Vec<u64> {
+        let pending = self.pending.lock().expect("pending flushes poisoned");
         let durable = self.durable.lock().expect("durable image poisoned");
         let mut rng = self.rng.lock().expect("crash rng poisoned");
         let keep_bias = rng.gen_range(0.0..=1.0);
-        durable
-            .words
-            .iter()
-            .zip(self.volatile.iter())
-            .map(|(&durable, volatile)| {
-                let volatile = volatile.load(Ordering::SeqCst);
-                if volatile != durable && rng.gen_bool(keep_bias) { volatile } else { durable }
-            })
-            .collect()
+        let mut flushed: HashMap<usize, Vec<u64>> = HashMap::new();
+        for &(line, snapshot, values) in pending.by_thread.values().flatten() {
+            for (i, value) in values.into_iter().enumerate() {
+                let index = line * 8 + i;
+                if index < durable.words.len()
+                    && durable.snapshots[index] < snapshot
+                    && value != durable.words[index]
+                {
+                    flushed.entry(index).or_default().push(value);
+                }
+            }
+        }
+        let mut image = durable.words.to_vec();
+        for (index, word) in image.iter_mut().enumerate() {
+            let current = self.volatile[index].load(Ordering::SeqCst);
+            let snapshots = flushed.get(&index).map_or(&[][..], Vec::as_slice);
+            let newer = usize::from(current != *word) + snapshots.len();
+            if newer > 0 && rng.gen_bool(keep_bias) {
+                let pick = rng.gen_range(0..newer);
+                *word = if pick < snapshots.len() { snapshots[pick] } else { current };
+            }
+        }
+        image
     }
 }
 
@@ -285,11 +307,14 @@ impl Medium for CrashMedium {
     }
 
     fn drain(&self) {
+        // The persist point first: a cut here sees this thread's flushed lines still pending,
+        // so the image may hold any of them (the fence was under way).
+        let crashed = self.inner.switch.persist_point();
         let lines = {
             let mut pending = self.inner.pending.lock().expect("pending flushes poisoned");
             pending.by_thread.remove(&std::thread::current().id()).unwrap_or_default()
         };
-        if self.inner.switch.persist_point() {
+        if crashed {
             return;
         }
         let mut durable = self.inner.durable.lock().expect("durable image poisoned");
@@ -394,6 +419,55 @@ mod tests {
         assert!(image[1] == 0 || image[1] == 2);
         assert_eq!(image[2], 0, "a store made after the power cut reached the crash image");
         assert_eq!(medium.durable_image()[2], 0);
+    }
+
+    /// A flushed value that a later store replaced before any drain may still be what a power
+    /// cut leaves (the line could have been written back at the flush); a snapshot older than
+    /// the word's durable value never is.
+    #[test]
+    fn a_flushed_value_replaced_before_the_drain_may_survive_a_cut() {
+        let medium = CrashMedium::new(64, CrashSwitch::new(), 11);
+        medium.store_u64(0, 1);
+        medium.persist(0, 8);
+        medium.store_u64(0, 2);
+        medium.flush(0, 8);
+        medium.store_u64(0, 3);
+        let outcomes: std::collections::HashSet<u64> =
+            (0..300).map(|_| medium.power_cut_image()[0]).collect();
+        assert_eq!(outcomes, [1, 2, 3].into(), "a cut leaves the durable, flushed or last value");
+        // Restored to the durable value: the flushed snapshot is still a candidate.
+        medium.store_u64(0, 1);
+        let outcomes: std::collections::HashSet<u64> =
+            (0..300).map(|_| medium.power_cut_image()[0]).collect();
+        assert_eq!(outcomes, [1, 2].into());
+        // Another thread makes a newer value durable: the older snapshot is no candidate.
+        let other = medium.clone();
+        std::thread::spawn(move || {
+            other.store_u64(0, 4);
+            other.persist(0, 8);
+        })
+        .join()
+        .unwrap();
+        let outcomes: std::collections::HashSet<u64> =
+            (0..100).map(|_| medium.power_cut_image()[0]).collect();
+        assert_eq!(outcomes, [4].into());
+    }
+
+    /// A cut at a drain may leave the lines that drain was making durable, or not.
+    #[test]
+    fn a_cut_at_a_drain_may_keep_its_lines_or_not() {
+        let mut kept = std::collections::HashSet::new();
+        for seed in 0..40 {
+            let switch = CrashSwitch::new();
+            let medium = CrashMedium::new(64, switch.clone(), seed);
+            medium.store_u64(8, 5);
+            medium.flush(8, 8);
+            medium.store_u64(8, 6);
+            switch.arm(1);
+            medium.drain();
+            kept.insert(medium.crash_image().expect("cut")[1]);
+        }
+        assert_eq!(kept, [0, 5, 6].into());
     }
 
     #[test]

@@ -127,6 +127,11 @@ impl SimBacking {
         self.inner.volatile.lock().expect("poisoned").clone()
     }
 
+    /// What the device holds durably (what a power cut that keeps no unflushed write leaves).
+    pub fn durable_contents(&self) -> Vec<u8> {
+        self.inner.durable.lock().expect("poisoned").clone()
+    }
+
     /// From the `n`-th write on (0-based, counting writes, discards and zeroings), fail with EIO.
     pub fn fail_writes_from(&self, n: u64) {
         self.inner.fail_writes_from.store(n, Ordering::SeqCst);
@@ -242,8 +247,25 @@ impl BackingStore for SimBacking {
         Ok(())
     }
 
+    /// A discarded sector reads back as anything afterwards (as on many devices): here its
+    /// old data, zeroes or a garbage pattern, chosen at random per sector. So an engine that
+    /// implemented write-zeroes with a discard, or trusted a discarded range's contents, fails.
     fn discard(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
-        self.store("discard", offset, &vec![0u8; len as usize])
+        self.check("discard", offset, len)?;
+        let mut data = self.inner.volatile.lock().expect("poisoned")
+            [offset as usize..(offset + len) as usize]
+            .to_vec();
+        {
+            let mut rng = self.inner.rng.lock().expect("poisoned");
+            for sector in data.chunks_mut(SIM_SECTOR_BYTES) {
+                match rng.gen_range(0..3) {
+                    0 => {}
+                    1 => sector.fill(0),
+                    _ => sector.fill(0xd5),
+                }
+            }
+        }
+        self.store("discard", offset, &data)
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
