@@ -81,6 +81,13 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         for slot in 0..slot_count {
             let mut entry = match self.read_entry(slot) {
                 DecodedEntry::Free => {
+                    // A free slot's word 1 may hold the sequence number of a new entry whose
+                    // word 0 a power cut lost. Zeroed (durable at the scan's fence), so that
+                    // the next entry written here starts from a durably free pair: torn, it
+                    // then reads as torn, never as corrupt (docs/FORMAT.md, torn updates).
+                    if self.medium.load_u64(self.geometry.entry_offset(slot) + 8) != 0 {
+                        self.clear_entry(slot);
+                    }
                     free.push(slot);
                     continue;
                 }

@@ -65,18 +65,22 @@ fn run_strategy() -> impl Strategy<Value = CrashRun> {
         // drawn from the first few; one past its end lands early in the next segment.
         prop::option::weighted(0.3, 1..5u64),
         any::<u64>(),
+        any::<bool>(),
     )
-        .prop_map(|(mode, eviction, admission, cut_at_point, cut_during_recovery_at, seed)| {
-            CrashRun {
-                mode,
-                eviction,
-                admission,
-                cut_at_point,
-                cut_during_recovery_at,
-                seed,
-                index_buckets: None,
-            }
-        })
+        .prop_map(
+            |(mode, eviction, admission, cut_at_point, cut_during_recovery_at, seed, pairs)| {
+                CrashRun {
+                    mode,
+                    eviction,
+                    admission,
+                    cut_at_point,
+                    cut_during_recovery_at,
+                    seed,
+                    index_buckets: None,
+                    concurrent_pairs: pairs,
+                }
+            },
+        )
 }
 
 proptest! {
@@ -161,12 +165,14 @@ fn random_ops(rng: &mut SmallRng, count: usize) -> Vec<Op> {
 
 /// 10,000 power cuts at random persist points: mid-write, mid-eviction and write-back,
 /// mid-drain, mid-flush, and (in a third of the runs, armed for the recovery after the first
-/// cut) again mid-recovery — counted, and required to be at least 500.
+/// cut) again mid-recovery — counted, and required to be at least 500 — and, in half the
+/// runs, while two operations on disjoint blocks are in flight on the two lanes (at least 500).
 #[test]
 fn ten_thousand_random_power_cuts() {
     let mut rng = SmallRng::seed_from_u64(0x5eed_0001);
     let mut cuts = 0u64;
     let mut in_recovery = 0u64;
+    let mut in_pairs = 0u64;
     let mut runs = 0u64;
     while cuts < 10_000 {
         let mode = CacheMode::ALL[rng.gen_range(0..CacheMode::ALL.len())];
@@ -180,16 +186,22 @@ fn ten_thousand_random_power_cuts() {
             cut_during_recovery_at: rng.gen_bool(0.33).then(|| rng.gen_range(1..5)),
             seed: rng.r#gen(),
             index_buckets: None,
+            concurrent_pairs: rng.gen_bool(0.5),
         };
         let outcome = run_crash_case(&ops, &run).unwrap_or_else(|failure| {
             panic!("run {runs} ({run:?}) failed: {failure}\nops: {ops:?}")
         });
         cuts += outcome.power_cuts;
         in_recovery += outcome.cuts_during_recovery;
+        in_pairs += outcome.cuts_during_pairs;
         runs += 1;
     }
-    eprintln!("{cuts} power cuts over {runs} runs, {in_recovery} of them inside a recovery");
+    eprintln!(
+        "{cuts} power cuts over {runs} runs, {in_recovery} of them inside a recovery, \
+         {in_pairs} with two operations in flight"
+    );
     assert!(in_recovery >= 500, "only {in_recovery} power cuts landed inside a recovery");
+    assert!(in_pairs >= 500, "only {in_pairs} power cuts landed with two operations in flight");
 }
 
 /// A scripted workload that fills the cache past capacity (forcing evictions and write-backs),
@@ -240,6 +252,7 @@ fn crash_point_enumeration() {
             cut_during_recovery_at: None,
             seed: 7,
             index_buckets: None,
+            concurrent_pairs: false,
         };
         let total = run_crash_case(&ops, &base)
             .expect("run without power cut")

@@ -35,6 +35,7 @@ fn write_through_over_a_dirty_block_keeps_it_durable() {
         cut_during_recovery_at: Some(37),
         seed: 10954214153783984060,
         index_buckets: None,
+        concurrent_pairs: false,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
@@ -95,6 +96,7 @@ fn a_superseded_entry_never_outlives_the_eviction_of_its_successor() {
         cut_during_recovery_at: Some(32),
         seed: 6105861013921432921,
         index_buckets: None,
+        concurrent_pairs: false,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
@@ -141,6 +143,56 @@ fn blocks_competing_for_index_room_survive_power_cuts() {
         cut_during_recovery_at: Some(37),
         seed: 7357249518273205890,
         index_buckets: Some(2),
+        concurrent_pairs: false,
+    };
+    if let Err(failure) = run_crash_case(&ops, &run) {
+        panic!("{failure}");
+    }
+}
+
+/// Found by `model_holds_across_power_cuts` once recoveries after a cut had to report no
+/// corrupt entry (session 23): a cut kept word 1 of a new entry and lost its word 0, so the
+/// slot read as free with word 1 still holding sequence number 1026. Recovery put it in the
+/// free pool as it was; the next entry written there (sequence number 2050, the same low byte)
+/// was cut in turn after its word 0, and the pair (new word 0, old word 1) failed its check:
+/// reported as corrupt, where a torn entry (dropped, not counted as corruption) was all a power
+/// cut had made. Recovery now zeroes word 1 of a free slot.
+#[test]
+fn a_torn_entry_over_a_free_slots_old_word_1_is_not_corruption() {
+    let ops = vec![
+        Op::Write { offset: 0, len: 512, fua: false },
+        Op::Flush,
+        Op::ReadBatch { reads: vec![(0, 512)] },
+        Op::Write { offset: 17408, len: 1024, fua: false },
+        Op::Trim { offset: 0, len: 1 },
+        Op::WriteBatch { writes: vec![(0, 512)], fua: false },
+        Op::WriteBatch { writes: vec![(512, 512)], fua: false },
+        Op::WriteBatch { writes: vec![(0, 512)], fua: false },
+        Op::Write { offset: 512, len: 1, fua: false },
+        Op::WriteBatch {
+            writes: vec![
+                (18944, 512),
+                (4096, 512),
+                (9728, 512),
+                (15360, 512),
+                (23040, 512),
+                (14336, 512),
+            ],
+            fua: true,
+        },
+        Op::Write { offset: 16821, len: 1324, fua: true },
+        Op::PowerCut,
+        Op::Write { offset: 10752, len: 1024, fua: false },
+    ];
+    let run = CrashRun {
+        mode: CacheMode::WriteOnly,
+        eviction: EvictionKind::Clock,
+        admission: AdmissionConfig::Always,
+        cut_at_point: Some(129),
+        cut_during_recovery_at: Some(4),
+        seed: 4681642525853411063,
+        index_buckets: None,
+        concurrent_pairs: false,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");

@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, Weak};
 use std::thread::ThreadId;
 
 use rand::rngs::SmallRng;
@@ -51,6 +51,11 @@ pub struct CrashSwitch {
     crash_at_point: AtomicU64,
     crashed: AtomicBool,
     hooks: Mutex<Vec<CrashHook>>,
+    /// Held shared by every store to a medium, and exclusively while power is cut and the
+    /// images are captured: a power cut is an instant, so no store of another thread may
+    /// slip in between the cut and the capture (a store the engine makes after a drain that
+    /// the cut turned into a no-op must not reach the image).
+    stores: RwLock<()>,
 }
 
 impl std::fmt::Debug for CrashSwitch {
@@ -70,7 +75,14 @@ impl CrashSwitch {
             crash_at_point: AtomicU64::new(u64::MAX),
             crashed: AtomicBool::new(false),
             hooks: Mutex::new(Vec::new()),
+            stores: RwLock::new(()),
         })
+    }
+
+    /// Held while a medium stores: a power cut waits for it, and the store is either wholly
+    /// before the cut or after it.
+    fn store_gate(&self) -> RwLockReadGuard<'_, ()> {
+        self.stores.read().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Cuts power when persist point number `point` (1-based) is reached: its effects and all
@@ -113,6 +125,7 @@ impl CrashSwitch {
     }
 
     fn trigger(&self) {
+        let _stores_stopped = self.stores.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         if self.crashed.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -248,6 +261,7 @@ impl Medium for CrashMedium {
 
     fn write(&self, offset: u64, data: &[u8]) {
         check_bounds(offset, data.len() as u64, self.len_bytes());
+        let _gate = self.inner.switch.store_gate();
         let mut at = offset as usize;
         let end = at + data.len();
         while at < end {
@@ -278,6 +292,7 @@ impl Medium for CrashMedium {
     fn store_u64(&self, offset: u64, value: u64) {
         assert!(offset.is_multiple_of(8), "unaligned word store at {offset}");
         check_bounds(offset, 8, self.len_bytes());
+        let _gate = self.inner.switch.store_gate();
         self.word(offset as usize / 8).store(value, Ordering::Release)
     }
 
@@ -451,6 +466,41 @@ mod tests {
         let outcomes: std::collections::HashSet<u64> =
             (0..100).map(|_| medium.power_cut_image()[0]).collect();
         assert_eq!(outcomes, [4].into());
+    }
+
+    /// A power cut is an instant: a thread that keeps storing after it (as a lane does after
+    /// a drain the cut turned into a no-op) never gets a store into the captured image.
+    #[test]
+    fn no_store_made_after_a_cut_reaches_its_image() {
+        for seed in 0..20 {
+            let switch = CrashSwitch::new();
+            let medium = CrashMedium::new(64, switch.clone(), seed);
+            let storer = {
+                let (medium, switch) = (medium.clone(), switch.clone());
+                std::thread::spawn(move || {
+                    let mut value = 0u64;
+                    loop {
+                        value += 1;
+                        medium.store_u64(0, value);
+                        if switch.has_crashed() {
+                            break;
+                        }
+                    }
+                    // Keeps going, unaware, as code after a cut does.
+                    for more in 1..=10_000 {
+                        medium.store_u64(0, value + more);
+                    }
+                    value
+                })
+            };
+            while medium.load_u64(0) < 1000 {
+                std::hint::spin_loop();
+            }
+            switch.cut_now();
+            let last_before = storer.join().unwrap();
+            let image = medium.crash_image().expect("cut");
+            assert!(image[0] <= last_before, "a store after the cut: {} > {last_before}", image[0]);
+        }
     }
 
     /// A cut at a drain may leave the lines that drain was making durable, or not.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use pmcache_backing::BackingStore;
 use pmcache_media::{CrashMedium, CrashSwitch, Medium};
+use rand::{Rng, SeedableRng};
 
 use super::SimBacking;
 use crate::{
@@ -313,8 +314,19 @@ impl Model {
                         .cloned()
                         .collect();
                     if matching.is_empty() {
+                        // Where the read first differs from each candidate, and how many of
+                        // its bytes do.
+                        let differences: Vec<(usize, usize)> = values
+                            .iter()
+                            .map(|v| {
+                                let wanted = &v[in_block..in_block + n];
+                                let first = wanted.iter().zip(got).position(|(w, g)| w != g);
+                                let count = wanted.iter().zip(got).filter(|(w, g)| w != g).count();
+                                (in_block + first.unwrap_or(0), count)
+                            })
+                            .collect();
                         return Err(format!(
-                            "block {block} bytes {in_block}..{}: read {:?}..., expected one of {} candidates starting {:?}",
+                            "block {block} bytes {in_block}..{}: read {:?}..., expected one of {} candidates starting {:?} (first differing byte, bytes differing: {differences:?})",
                             in_block + n,
                             &got[..got.len().min(8)],
                             values.len(),
@@ -545,6 +557,39 @@ pub struct CrashRun {
     /// Buckets of the index (`Config::index_buckets`; `Some(2)` for this model's 20 slots
     /// makes blocks compete for index room).
     pub index_buckets: Option<u64>,
+    /// Run some pairs of consecutive operations on disjoint blocks on the two lanes at once
+    /// (chosen from `seed`), so that power is also cut while two operations are in flight.
+    pub concurrent_pairs: bool,
+}
+
+/// The blocks an operation that may run beside another touches (`None`: it must run alone —
+/// flushes, drains, mode switches and cuts order or cover other operations).
+fn blocks_touched(op: &Op) -> Option<Vec<u64>> {
+    let range = |offset: u64, len: u64| {
+        let block = BLOCK as u64;
+        if len == 0 { 0..0 } else { offset / block..(offset + len - 1) / block + 1 }
+    };
+    match op {
+        Op::Read { offset, len }
+        | Op::Write { offset, len, .. }
+        | Op::Trim { offset, len }
+        | Op::WriteZeroes { offset, len, .. } => Some(range(*offset, *len).collect()),
+        Op::WriteBatch { writes, .. } => {
+            Some(writes.iter().flat_map(|&(offset, len)| range(offset, len)).collect())
+        }
+        Op::ReadBatch { reads } => {
+            Some(reads.iter().flat_map(|&(offset, len)| range(offset, len)).collect())
+        }
+        Op::Flush | Op::Drain | Op::PowerCut | Op::SetMode { .. } => None,
+    }
+}
+
+/// Whether `a` and `b` may run at once: neither orders the other, and no block is in both.
+fn may_run_together(a: &Op, b: &Op) -> bool {
+    match (blocks_touched(a), blocks_touched(b)) {
+        (Some(a), Some(b)) => a.iter().all(|block| !b.contains(block)),
+        _ => false,
+    }
 }
 
 /// What a run did, for the enumeration tests.
@@ -556,6 +601,8 @@ pub struct RunOutcome {
     pub power_cuts: u64,
     /// Of those, cuts that landed inside a recovery.
     pub cuts_during_recovery: u64,
+    /// Of those, cuts that landed while two operations were in flight.
+    pub cuts_during_pairs: u64,
 }
 
 /// Runs `ops` against the engine on the crash medium, cutting power as asked, checking every
@@ -578,6 +625,7 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
     }
     let mut next = 0;
     let mut segment = 0;
+    let mut pairing = rand::rngs::SmallRng::seed_from_u64(run.seed ^ 0x9a12);
     loop {
         // Two lanes, used alternately, each on a thread of its own: a block's versions come
         // from different lanes, so recovery's "newest wins" depends on cross-lane sequence
@@ -609,6 +657,48 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                 if let Op::PowerCut = op {
                     world.switch.cut_now();
                     break;
+                }
+                if run.concurrent_pairs
+                    && let Some(second) = ops.get(next)
+                    && may_run_together(op, second)
+                    && pairing.gen_bool(0.5)
+                {
+                    next += 1;
+                    let pair = [op, second];
+                    for (lane, op) in pair.into_iter().enumerate() {
+                        let datas = write_data_for(&mut model, op);
+                        to_lanes[lane].send((op.clone(), datas)).map_err(|e| e.to_string())?;
+                    }
+                    let results = [
+                        from_lanes[0].recv().map_err(|e| e.to_string())?,
+                        from_lanes[1].recv().map_err(|e| e.to_string())?,
+                    ];
+                    if std::env::var_os("PMCACHE_MODEL_TRACE").is_some() {
+                        eprintln!(
+                            "segment {segment} ops {} and {} together {pair:?}: points {} crashed {}",
+                            next - 2,
+                            next - 1,
+                            world.switch.points(),
+                            world.switch.has_crashed()
+                        );
+                    }
+                    if world.switch.has_crashed() {
+                        outcome.cuts_during_pairs += 1;
+                        // Both were in flight when power went: each block of each is old or new.
+                        for (op, result) in pair.into_iter().zip(&results) {
+                            if let Ok(done) = result {
+                                model.apply_uncertain(op, &done.data);
+                            }
+                        }
+                        break;
+                    }
+                    // Disjoint blocks: the two commute, so the model applies them in order.
+                    for (op, result) in pair.into_iter().zip(results) {
+                        let done = result?;
+                        done.check_reads(&mut model).map_err(|e| format!("op {next}: {e}"))?;
+                        model.apply(op, &done.data);
+                    }
+                    continue;
                 }
                 let datas = write_data_for(&mut model, op);
                 let lane = next % 2;
