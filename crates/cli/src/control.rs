@@ -68,6 +68,8 @@ fn handle(
     let mut command = String::new();
     reader.read_line(&mut command)?;
     match command.trim() {
+        // A connection closed without a command: a liveness probe (`detach` waiting).
+        "" => {}
         "stats" => writeln!(writer, "{}", stats_json(engine))?,
         "flush" => {
             let total = engine.stats().dirty_slots;

@@ -272,6 +272,9 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Waits for a detaching server to remove its control socket (it does so once the cache is
+/// marked clean). A socket that stays but no longer answers means the server ended without
+/// that: killed, or stopped at once by a second signal.
 fn wait_for_exit(control: &Path) -> Result<(), String> {
     for _ in 0..600 {
         if !control.exists() {
@@ -279,6 +282,12 @@ fn wait_for_exit(control: &Path) -> Result<(), String> {
                 "detached: the server wrote every block back, marked the cache clean and stopped"
             );
             return Ok(());
+        }
+        if std::os::unix::net::UnixStream::connect(control).is_err() && control.exists() {
+            return Err("the server stopped without a clean shutdown (killed, or stopped at once \
+                        by a second signal): nothing acknowledged is lost, but not every block \
+                        was written back; start it again (it recovers the cache) and detach again"
+                .into());
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }

@@ -207,10 +207,13 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         overflow.sort_unstable_by_key(|&(slot, entry, _)| {
             (entry.lba, std::cmp::Reverse(entry.seq), slot)
         });
-        let mut newest = Vec::with_capacity(overflow.len());
-        for (at, &(slot, entry, made_dirty)) in overflow.iter().enumerate() {
-            if at > 0 && overflow[at - 1].1.lba == entry.lba {
-                if overflow[at - 1].1.seq == entry.seq {
+        let mut newest: Vec<(u32, SlotEntry, bool)> = Vec::with_capacity(overflow.len());
+        for &(slot, entry, made_dirty) in &overflow {
+            // Sorted newest first per block: the copy kept is the last one pushed.
+            if let Some(&(_, kept, _)) = newest.last().filter(|(_, kept, _)| kept.lba == entry.lba)
+            {
+                // As in the scan: the same number as the copy kept is corruption.
+                if kept.seq == entry.seq {
                     report.corrupt += 1;
                 } else {
                     report.superseded += 1;
@@ -720,8 +723,13 @@ mod tests {
         cache.cache.put(30, cache.x, BlockState::Dirty, 300, 0x77);
         cache.cache.put(24, cache.x, BlockState::Dirty, 300, 0x78);
         cache.cache.put(25, cache.x, BlockState::Dirty, 200, 0x79);
+        // Two older copies under one number: superseded by the kept one, not corrupt.
+        cache.cache.put(26, cache.x, BlockState::Dirty, 200, 0x7a);
+        cache.cache.medium.persist(0, cache.cache.medium.len_bytes());
+        let checked = check_medium(&cache.cache.medium).expect("check");
+        assert_eq!((checked.corrupt, checked.superseded), (1, 2), "{checked:?}");
         let (engine, report) = cache.cache.open();
-        assert_eq!((report.corrupt, report.superseded), (1, 1), "{report:?}");
+        assert_eq!((report.corrupt, report.superseded), (1, 2), "{report:?}");
         assert_reads(&engine, [(cache.x, 0x78)]);
     }
 }

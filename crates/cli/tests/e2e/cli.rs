@@ -335,3 +335,40 @@ fn a_second_signal_stops_a_slow_shutdown_at_once_and_nothing_acknowledged_is_los
     let logs = server.terminate();
     assert!(logs.contains("cache marked clean"), "{logs}");
 }
+
+/// An online `detach` waits for the server to mark the cache clean and remove its control
+/// socket. A server that ends without that (here killed while a client that stopped reading
+/// holds its shutdown up) leaves the socket behind: `detach` says so at once, rather than
+/// waiting out its 60 s, and the next start recovers the acknowledged write.
+#[test]
+fn a_detach_whose_server_dies_reports_an_unclean_stop() {
+    let setup = Setup::new("detachdie", 256 * MIB, 64 * MIB);
+    let server = setup.serve(Via::Tcp, &[]);
+    let mut good = NbdClient::connect(server.addr());
+    good.write_at(0, &[9; 4096], 0);
+    let mut stuck = NbdClient::connect(server.addr());
+    for cookie in 0..4 {
+        stuck.request(CMD_READ, 0, cookie, cookie * 32 * MIB, 32 * MIB as u32, &[]).expect("send");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let detach = std::process::Command::new(PMCACHE)
+        .args(["detach", "--cache", &setup.cache_arg(), "--control", &setup.control_arg()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("detach");
+    std::thread::sleep(Duration::from_millis(1000));
+    let started = std::time::Instant::now();
+    server.kill9();
+    let out = detach.wait_with_output().expect("detach output");
+    assert!(started.elapsed() < Duration::from_secs(10), "detach waited {:?}", started.elapsed());
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr(&out).contains("stopped without a clean shutdown"), "{}", stderr(&out));
+    drop(stuck);
+    let server = setup.serve(Via::Tcp, &[]);
+    assert!(server.logs().contains("unclean shutdown"), "{}", server.logs());
+    let mut c = NbdClient::connect(server.addr());
+    assert!(c.read_at(0, 4096) == vec![9u8; 4096]);
+    drop(c);
+    server.terminate();
+}

@@ -643,10 +643,16 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
             for _ in 0..2 {
                 let mut lane = engine.lane().map_err(|e| e.to_string())?;
                 let (op_tx, op_rx) = std::sync::mpsc::channel::<(Op, Vec<Vec<u8>>)>();
-                let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<Done, String>>();
+                // With each result, whether power was already off when the operation returned:
+                // one that returned before the cut was acknowledged, and must be durable as
+                // any other acknowledged operation (a pair's other operation may be the one
+                // the cut interrupted).
+                let (done_tx, done_rx) = std::sync::mpsc::channel::<(Result<Done, String>, bool)>();
+                let switch = world.switch.clone();
                 workers.push(scope.spawn(move || {
                     while let Ok((op, datas)) = op_rx.recv() {
-                        if done_tx.send(execute_op(&mut lane, &op, datas)).is_err() {
+                        let result = execute_op(&mut lane, &op, datas);
+                        if done_tx.send((result, switch.has_crashed())).is_err() {
                             break;
                         }
                     }
@@ -686,28 +692,31 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                             world.switch.has_crashed()
                         );
                     }
-                    if world.switch.has_crashed() {
-                        outcome.cuts_during_pairs += 1;
-                        // Both were in flight when power went: each block of each is old or new.
-                        for (op, result) in pair.into_iter().zip(&results) {
-                            if let Ok(done) = result {
+                    // Disjoint blocks: the two commute, so the model applies them in order. One
+                    // that returned before a cut is applied as acknowledged, one the cut
+                    // interrupted as uncertain (each of its blocks old or new).
+                    let crashed = world.switch.has_crashed();
+                    for (op, (result, cut_before_return)) in pair.into_iter().zip(results) {
+                        if cut_before_return {
+                            if let Ok(done) = &result {
                                 model.apply_uncertain(op, &done.data);
                             }
+                        } else {
+                            let done = result?;
+                            done.check_reads(&mut model).map_err(|e| format!("op {next}: {e}"))?;
+                            model.apply(op, &done.data);
                         }
-                        break;
                     }
-                    // Disjoint blocks: the two commute, so the model applies them in order.
-                    for (op, result) in pair.into_iter().zip(results) {
-                        let done = result?;
-                        done.check_reads(&mut model).map_err(|e| format!("op {next}: {e}"))?;
-                        model.apply(op, &done.data);
+                    if crashed {
+                        outcome.cuts_during_pairs += 1;
+                        break;
                     }
                     continue;
                 }
                 let datas = write_data_for(&mut model, op);
                 let lane = next % 2;
                 to_lanes[lane].send((op.clone(), datas)).map_err(|e| e.to_string())?;
-                let result = from_lanes[lane].recv().map_err(|e| e.to_string())?;
+                let (result, _) = from_lanes[lane].recv().map_err(|e| e.to_string())?;
                 if std::env::var_os("PMCACHE_MODEL_TRACE").is_some() {
                     eprintln!(
                         "segment {segment} op {} {op:?}: points {} crashed {}",
