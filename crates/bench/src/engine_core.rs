@@ -97,7 +97,7 @@ pub struct CoreArgs {
 }
 
 /// One row of the report. Fields that do not apply to a row are `None` (JSON `null`).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct CoreResult {
     /// Configuration name.
     pub name: String,
@@ -708,19 +708,15 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
             baseline: case.baseline.to_string(),
             ratio_to_raw: Some(median(&mut ratios)),
             ratio_to_raw_quartiles: Some(quartiles(&mut ratios)),
-            ratio_to_2_threads: None,
             goal_ratio: case.goal,
             floor_ratio_to_raw: Some(median(&mut floor_ratios)),
             ratio_to_floor: Some(median(&mut to_floor)),
             latency_ns_p50: Some(histogram.value_at_quantile(0.5)),
             latency_ns_p99: Some(histogram.value_at_quantile(0.99)),
-            recovery_ms: None,
-            recovery_ms_max: None,
-            dram_bytes_per_slot: None,
-            dram_bytes_per_slot_bench_cache: None,
             runs,
             seconds: Some(seconds),
             setup: setup.clone(),
+            ..CoreResult::default()
         });
     }
     // 16 threads on this machine's cores against 2 threads: no collapse under oversubscription.
@@ -730,20 +726,20 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
         let mut ratios = Vec::new();
         let mut histogram = Histogram::<u64>::new(3).expect("histogram");
         let before = bed.engine.stats();
+        let at = |threads| run_engine(&bed, Mix::Half, threads, 1, seconds);
         for run in 0..runs {
             // Alternately first, so that neither always follows the other.
-            let (two_first, sixteen_first) = if run % 2 == 0 {
-                let two_first = run_engine(&bed, Mix::Half, 2, 1, seconds).0;
-                (two_first, run_engine(&bed, Mix::Half, 16, 1, seconds))
+            let ((base, _), (ops, h)) = if run % 2 == 0 {
+                let base = at(2);
+                (base, at(16))
             } else {
-                let sixteen_first = run_engine(&bed, Mix::Half, 16, 1, seconds);
-                (run_engine(&bed, Mix::Half, 2, 1, seconds).0, sixteen_first)
+                let sixteen_threads = at(16);
+                (at(2), sixteen_threads)
             };
-            let (ops, h) = sixteen_first;
             histogram.add(h).expect("same shape");
-            two.push(two_first);
+            two.push(base);
             sixteen.push(ops);
-            ratios.push(ops / two_first);
+            ratios.push(ops / base);
         }
         check_no_misses("mix-50-50-4k at 16 threads", &before, &bed.engine.stats())?;
         rows.push(CoreResult {
@@ -753,21 +749,14 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
             ops_per_sec: median(&mut sixteen),
             baseline_ops_per_sec: Some(median(&mut two)),
             baseline: "the engine at 2 threads".to_string(),
-            ratio_to_raw: None,
-            ratio_to_raw_quartiles: None,
             ratio_to_2_threads: Some(median(&mut ratios)),
             goal_ratio: Some(0.90),
-            floor_ratio_to_raw: None,
-            ratio_to_floor: None,
             latency_ns_p50: Some(histogram.value_at_quantile(0.5)),
             latency_ns_p99: Some(histogram.value_at_quantile(0.99)),
-            recovery_ms: None,
-            recovery_ms_max: None,
-            dram_bytes_per_slot: None,
-            dram_bytes_per_slot_bench_cache: None,
             runs,
             seconds: Some(seconds),
             setup: setup.clone(),
+            ..CoreResult::default()
         });
     }
     let stats = bed.engine.stats();
@@ -843,27 +832,18 @@ fn recovery_row(
         threads: 1,
         requests_per_call: 1,
         ops_per_sec: slot_count as f64 / recovery_s,
-        baseline_ops_per_sec: None,
         baseline: format!(
             "time to recover: {:.1} ms (median; slowest {:.1} ms; slots/s in ops_per_sec)",
             recovery_s * 1e3,
             slowest_s * 1e3
         ),
-        ratio_to_raw: None,
-        ratio_to_raw_quartiles: None,
-        ratio_to_2_threads: None,
-        goal_ratio: None,
-        floor_ratio_to_raw: None,
-        ratio_to_floor: None,
-        latency_ns_p50: None,
-        latency_ns_p99: None,
         recovery_ms: Some(recovery_s * 1e3),
         recovery_ms_max: Some(slowest_s * 1e3),
         dram_bytes_per_slot: Some(dram),
         dram_bytes_per_slot_bench_cache: Some(dram_small),
         runs,
-        seconds: None,
         setup: format!("medium {} MiB in {}", geometry_bytes >> 20, dir.display()),
+        ..CoreResult::default()
     })
 }
 

@@ -293,6 +293,18 @@ fn the_medium_is_locked_and_detach_never_formats() {
     assert!(read_file(&setup.cache) == medium, "a refused detach changed the medium");
 }
 
+/// A client that asked for 128 MiB of reads (far more than the socket buffers hold) and reads
+/// none of the replies: the server's connection blocks sending, and holds a shutdown up until
+/// its 5 s grace runs out.
+fn a_client_that_stopped_reading(addr: std::net::SocketAddr) -> NbdClient {
+    let mut stuck = NbdClient::connect(addr);
+    for cookie in 0..4 {
+        stuck.request(CMD_READ, 0, cookie, cookie * 32 * MIB, 32 * MIB as u32, &[]).expect("send");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stuck
+}
+
 /// A shutdown waiting on a client that stopped reading (cut after a 5 s grace) is ended at
 /// once by a second SIGINT: exit status 130, no clean mark, and the next start recovers the
 /// acknowledged write.
@@ -302,12 +314,7 @@ fn a_second_signal_stops_a_slow_shutdown_at_once_and_nothing_acknowledged_is_los
     let server = setup.serve(Via::Tcp, &[]);
     let mut good = NbdClient::connect(server.addr());
     good.write_at(0, &[7; 4096], 0);
-    let mut stuck = NbdClient::connect(server.addr());
-    // 128 MiB of replies: far more than the socket buffers hold.
-    for cookie in 0..4 {
-        stuck.request(CMD_READ, 0, cookie, cookie * 32 * MIB, 32 * MIB as u32, &[]).expect("send");
-    }
-    std::thread::sleep(Duration::from_millis(300));
+    let stuck = a_client_that_stopped_reading(server.addr());
     server.signal("INT");
     std::thread::sleep(Duration::from_millis(1000));
     let logs = server.logs();
@@ -346,11 +353,7 @@ fn a_detach_whose_server_dies_reports_an_unclean_stop() {
     let server = setup.serve(Via::Tcp, &[]);
     let mut good = NbdClient::connect(server.addr());
     good.write_at(0, &[9; 4096], 0);
-    let mut stuck = NbdClient::connect(server.addr());
-    for cookie in 0..4 {
-        stuck.request(CMD_READ, 0, cookie, cookie * 32 * MIB, 32 * MIB as u32, &[]).expect("send");
-    }
-    std::thread::sleep(Duration::from_millis(300));
+    let stuck = a_client_that_stopped_reading(server.addr());
     let detach = std::process::Command::new(PMCACHE)
         .args(["detach", "--cache", &setup.cache_arg(), "--control", &setup.control_arg()])
         .stdout(std::process::Stdio::piped())

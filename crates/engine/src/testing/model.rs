@@ -306,7 +306,7 @@ impl Model {
             let got = &data[done..done + n];
             done += n;
             let model = &mut self.blocks[block];
-            model.current = match &model.current {
+            match &model.current {
                 Expect::OneOf(values) => {
                     let matching: Vec<Vec<u8>> = values
                         .iter()
@@ -336,7 +336,7 @@ impl Model {
                                 .collect::<Vec<_>>()
                         ));
                     }
-                    Expect::OneOf(matching)
+                    model.current = Expect::OneOf(matching);
                 }
                 Expect::Masked(bytes) => {
                     let known = &bytes[in_block..in_block + n];
@@ -350,15 +350,14 @@ impl Model {
                             known[at].expect("known")
                         ));
                     }
-                    Expect::Masked(bytes.clone())
                 }
                 // A trimmed block's contents are unspecified until it is written (the NBD
                 // spec's TRIM): not even stable. After a power cut between a trim's discard
                 // and the drop of a cached copy, the clean copy and the backing store may
                 // differ, and which one a read returns depends on whether the copy is still
                 // cached.
-                Expect::Any => Expect::Any,
-            };
+                Expect::Any => {}
+            }
             if model.settled {
                 model.durable = model.current.clone();
             }
