@@ -29,8 +29,11 @@ pub fn stripe_of<M: pmcache_media::Medium, B: BackingStore, C: crate::Clock>(
     engine.stripe_index(lba)
 }
 
-/// Sector size of the simulated device: its unit of failure atomicity.
-pub const SIM_SECTOR_BYTES: usize = 512;
+/// Sector size of the simulated device: its unit of failure atomicity. A quarter of the
+/// model's cache block ([`model::BLOCK`]), as a 4 KiB cache block spans eight 512-byte
+/// sectors of a real disk: a block's backing write cut by a power loss can leave any mix of
+/// its sectors old and new.
+pub const SIM_SECTOR_BYTES: usize = 128;
 
 struct Inner {
     volatile: Mutex<Vec<u8>>,
@@ -53,17 +56,21 @@ struct Inner {
 }
 
 impl Inner {
-    /// Durable image plus a random subset of un-flushed sector writes, applied in order.
+    /// Durable image plus a random subset of un-flushed writes, applied in order, each kept
+    /// or lost per sector (a write's pieces split at the device's sector boundaries).
     fn power_cut_image(&self) -> Vec<u8> {
         let mut image = self.durable.lock().expect("poisoned").clone();
         let unflushed = self.unflushed.lock().expect("poisoned");
         let mut rng = self.rng.lock().expect("poisoned");
         for (offset, data) in unflushed.iter() {
-            for (i, sector) in data.chunks(SIM_SECTOR_BYTES).enumerate() {
+            let (start, end) = (*offset as usize, *offset as usize + data.len());
+            let mut at = start;
+            while at < end {
+                let piece_end = ((at / SIM_SECTOR_BYTES + 1) * SIM_SECTOR_BYTES).min(end);
                 if rng.gen_bool(0.5) {
-                    let at = *offset as usize + i * SIM_SECTOR_BYTES;
-                    image[at..at + sector.len()].copy_from_slice(sector);
+                    image[at..piece_end].copy_from_slice(&data[at - start..piece_end - start]);
                 }
+                at = piece_end;
             }
         }
         image

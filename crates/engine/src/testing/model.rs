@@ -19,6 +19,9 @@ pub const BLOCK: usize = 512;
 pub const BLOCKS: usize = 48;
 /// Bytes on the simulated device.
 pub const DEVICE_BYTES: u64 = (BLOCK * BLOCKS) as u64;
+/// Sectors of the simulated device per block: a block's backing write may tear between them.
+pub const SECTORS: usize = BLOCK / super::SIM_SECTOR_BYTES;
+const SECTOR: usize = super::SIM_SECTOR_BYTES;
 /// Medium size: 4 KiB superblock + 4 KiB metadata + 20 slots of 512 B.
 pub const MEDIUM_BYTES: u64 = 8192 + 20 * BLOCK as u64;
 
@@ -87,6 +90,9 @@ pub enum Op {
 pub enum Expect {
     /// One of these contents.
     OneOf(Vec<Vec<u8>>),
+    /// Each sector one of its own candidates, independently of the others: a block whose
+    /// backing write a power cut may have torn (the device keeps or loses each sector).
+    Sectors(Vec<Vec<Vec<u8>>>),
     /// Anything (after a trim, until written again).
     Any,
     /// Known bytes and unknown ones: a trimmed block after partial writes (their bytes are
@@ -97,32 +103,89 @@ pub enum Expect {
 impl Expect {
     fn union(&self, other: &Expect) -> Expect {
         match (self, other) {
-            (Expect::OneOf(a), Expect::OneOf(b)) => {
-                let mut all = a.clone();
-                for value in b {
-                    if !all.contains(value) {
-                        all.push(value.clone());
-                    }
-                }
-                Expect::OneOf(all)
+            (Expect::OneOf(a), Expect::OneOf(b)) => Expect::OneOf(union_of(a, b)),
+            (Expect::OneOf(_) | Expect::Sectors(_), Expect::OneOf(_) | Expect::Sectors(_)) => {
+                let (Expect::Sectors(a), Expect::Sectors(b)) =
+                    (self.to_sectors(), other.to_sectors())
+                else {
+                    unreachable!("to_sectors of known contents gives sectors")
+                };
+                Expect::from_sectors(a.iter().zip(&b).map(|(a, b)| union_of(a, b)).collect())
             }
             _ => Expect::Any,
         }
     }
 
-    fn map(&self, f: impl Fn(&[u8]) -> Vec<u8>) -> Expect {
+    /// The same candidates, with each sector free to come from a different one: what a
+    /// power cut leaves of a block whose backing write may tear. Bytes only partly known
+    /// (`Masked`) become unknown, as their sectors may revert to trimmed contents.
+    fn to_sectors(&self) -> Expect {
+        match self {
+            Expect::OneOf(values) => Expect::Sectors(
+                (0..SECTORS)
+                    .map(|s| {
+                        let mut out: Vec<Vec<u8>> = Vec::new();
+                        for value in values {
+                            let sector = &value[s * SECTOR..(s + 1) * SECTOR];
+                            if !out.iter().any(|o| o == sector) {
+                                out.push(sector.to_vec());
+                            }
+                        }
+                        out
+                    })
+                    .collect(),
+            ),
+            Expect::Sectors(_) | Expect::Any => self.clone(),
+            Expect::Masked(_) => Expect::Any,
+        }
+    }
+
+    /// Sector candidates, as one whole block where each sector has a single candidate.
+    fn from_sectors(sectors: Vec<Vec<Vec<u8>>>) -> Expect {
+        if sectors.iter().all(|candidates| candidates.len() == 1) {
+            Expect::OneOf(vec![sectors.into_iter().flat_map(|mut c| c.remove(0)).collect()])
+        } else {
+            Expect::Sectors(sectors)
+        }
+    }
+
+    /// `piece` written at `in_block` over these contents (a partial write's merge).
+    fn overlaid(&self, in_block: usize, piece: &[u8]) -> Expect {
+        let end = in_block + piece.len();
         match self {
             Expect::OneOf(values) => {
                 let mut out: Vec<Vec<u8>> = Vec::new();
-                for v in values {
-                    let mapped = f(v);
-                    if !out.contains(&mapped) {
-                        out.push(mapped);
+                for value in values {
+                    let mut merged = value.clone();
+                    merged[in_block..end].copy_from_slice(piece);
+                    if !out.contains(&merged) {
+                        out.push(merged);
                     }
                 }
                 Expect::OneOf(out)
             }
-            Expect::Any | Expect::Masked(_) => Expect::Any,
+            Expect::Sectors(sectors) => Expect::from_sectors(
+                sectors
+                    .iter()
+                    .enumerate()
+                    .map(|(s, candidates)| {
+                        let (from, to) = (in_block.max(s * SECTOR), end.min((s + 1) * SECTOR));
+                        let mut out: Vec<Vec<u8>> = Vec::new();
+                        for candidate in candidates {
+                            let mut merged = candidate.clone();
+                            if from < to {
+                                merged[from - s * SECTOR..to - s * SECTOR]
+                                    .copy_from_slice(&piece[from - in_block..to - in_block]);
+                            }
+                            if !out.contains(&merged) {
+                                out.push(merged);
+                            }
+                        }
+                        out
+                    })
+                    .collect(),
+            ),
+            Expect::Any | Expect::Masked(_) => self.masked_with(in_block, piece),
         }
     }
 
@@ -146,11 +209,26 @@ impl Expect {
     }
 }
 
+/// `a` and the values of `b` it lacks.
+fn union_of(a: &[Vec<u8>], b: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let mut all = a.to_vec();
+    for value in b {
+        if !all.contains(value) {
+            all.push(value.clone());
+        }
+    }
+    all
+}
+
 #[derive(Clone, Debug)]
 struct BlockModel {
     current: Expect,
     /// What a power cut may leave.
     durable: Expect,
+    /// A write the backing store has not been flushed since is among `durable`'s
+    /// candidates: a power cut may leave any mix of their sectors. (Writes held by the cache,
+    /// the write-back modes', never tear: a block's copy there is whole or absent.)
+    tearable: bool,
     /// Not written or trimmed since the last power cut: what the block holds now is what a
     /// power cut leaves (a block never changes without a write), so a read narrows both.
     settled: bool,
@@ -187,7 +265,12 @@ impl Model {
         let zero = Expect::OneOf(vec![vec![0u8; BLOCK]]);
         Self {
             blocks: vec![
-                BlockModel { current: zero.clone(), durable: zero, settled: true };
+                BlockModel {
+                    current: zero.clone(),
+                    durable: zero,
+                    tearable: false,
+                    settled: true
+                };
                 BLOCKS
             ],
             durable_at_ack: mode.writes_back(),
@@ -210,26 +293,19 @@ impl Model {
             model.settled = false;
             let new = if n == BLOCK {
                 Expect::OneOf(vec![piece])
-            } else if let Expect::OneOf(_) = model.current {
-                model.current.map(|old| {
-                    let mut merged = old.to_vec();
-                    merged[in_block..in_block + n].copy_from_slice(&piece);
-                    merged
-                })
             } else {
-                model.current.masked_with(in_block, &piece)
+                model.current.overlaid(in_block, &piece)
             };
-            if certain {
-                model.durable = if self.durable_at_ack || fua {
-                    new.clone()
-                } else {
-                    model.durable.union(&new)
-                };
-                model.current = new;
+            if certain && (self.durable_at_ack || fua) {
+                model.durable = new.clone();
+                model.tearable = false;
             } else {
                 model.durable = model.durable.union(&new);
-                model.current = model.current.union(&new);
+                // Outside the write-back modes the write went to the backing store, which
+                // keeps it only at the next flush, and may keep part of it before.
+                model.tearable |= !self.durable_at_ack;
             }
+            model.current = if certain { new } else { model.current.union(&new) };
         }
     }
 
@@ -237,8 +313,12 @@ impl Model {
         let first = offset.div_ceil(BLOCK as u64);
         let end = (offset + len) / BLOCK as u64;
         for block in first..end {
-            self.blocks[block as usize] =
-                BlockModel { current: Expect::Any, durable: Expect::Any, settled: false };
+            self.blocks[block as usize] = BlockModel {
+                current: Expect::Any,
+                durable: Expect::Any,
+                tearable: false,
+                settled: false,
+            };
         }
     }
 
@@ -261,6 +341,7 @@ impl Model {
             Op::Flush | Op::Drain => {
                 for block in &mut self.blocks {
                     block.durable = block.current.clone();
+                    block.tearable = false;
                 }
             }
             // Writes are durable at their acknowledgement in the modes that write back. In the
@@ -291,9 +372,14 @@ impl Model {
         }
     }
 
-    /// Power is lost: each block now holds one of its durable candidates.
+    /// Power is lost: each block now holds one of its durable candidates (or, where the
+    /// backing store may have torn a write, a mix of their sectors).
     pub fn power_cut(&mut self) {
         for block in &mut self.blocks {
+            if block.tearable {
+                block.durable = block.durable.to_sectors();
+                block.tearable = false;
+            }
             block.current = block.durable.clone();
             block.settled = true;
         }
@@ -337,6 +423,36 @@ impl Model {
                         ));
                     }
                     model.current = Expect::OneOf(matching);
+                }
+                Expect::Sectors(sectors) => {
+                    let mut narrowed = Vec::with_capacity(SECTORS);
+                    for (s, candidates) in sectors.iter().enumerate() {
+                        let (from, to) =
+                            (in_block.max(s * SECTOR), (in_block + n).min((s + 1) * SECTOR));
+                        if from >= to {
+                            narrowed.push(candidates.clone());
+                            continue;
+                        }
+                        let read = &got[from - in_block..to - in_block];
+                        let matching: Vec<Vec<u8>> = candidates
+                            .iter()
+                            .filter(|c| &c[from - s * SECTOR..to - s * SECTOR] == read)
+                            .cloned()
+                            .collect();
+                        if matching.is_empty() {
+                            return Err(format!(
+                                "block {block} sector {s} bytes {from}..{to}: read {:?}..., expected one of {} sector candidates starting {:?}",
+                                &read[..read.len().min(8)],
+                                candidates.len(),
+                                candidates
+                                    .iter()
+                                    .map(|c| c[from - s * SECTOR..][..8.min(to - from)].to_vec())
+                                    .collect::<Vec<_>>()
+                            ));
+                        }
+                        narrowed.push(matching);
+                    }
+                    model.current = Expect::from_sectors(narrowed);
                 }
                 Expect::Masked(bytes) => {
                     let known = &bytes[in_block..in_block + n];
@@ -848,5 +964,117 @@ mod tests {
         model.check_read(offset, &zeroes).expect("the unflushed write lost");
         model.power_cut();
         assert!(model.check_read(offset, &[7; BLOCK]).is_err(), "the lost write came back");
+    }
+
+    /// Sector `s` of block 0 from `old` or `new` as `from_new[s]` says.
+    fn mix(old: u8, new: u8, from_new: [bool; SECTORS]) -> Vec<u8> {
+        (0..BLOCK).map(|i| if from_new[i / SECTOR] { new } else { old }).collect()
+    }
+
+    /// An unflushed write-through write may reach the backing store in part: after a cut,
+    /// any mix of old and new sectors reads back, and the first read pins the mix.
+    #[test]
+    fn a_cut_backing_write_may_leave_a_mix_of_sectors_which_then_stays() {
+        let mut model = Model::new(CacheMode::WriteThrough);
+        model.apply(&Op::Write { offset: 0, len: BLOCK as u64, fua: false }, &[7; BLOCK]);
+        model.power_cut();
+        let torn = mix(0, 7, [true, false, true, false]);
+        model.check_read(0, &torn).expect("a torn backing write");
+        let other = mix(0, 7, [true, true, true, false]);
+        assert!(model.check_read(0, &other).is_err(), "a second, different mix passed");
+        model.power_cut();
+        assert!(model.check_read(0, &other).is_err(), "a different mix after a second cut");
+        model.check_read(0, &torn).expect("the same mix");
+        assert!(model.check_read(0, &mix(0, 9, [true; SECTORS])).is_err(), "bytes never written");
+    }
+
+    /// In the write-back modes a block's copy lives in the cache, whole or not at all: a
+    /// write the cut interrupted leaves the old or the new block, never a mix.
+    #[test]
+    fn a_cut_write_back_write_leaves_a_whole_block() {
+        let mut model = Model::new(CacheMode::WriteBack);
+        model.apply_uncertain(&Op::Write { offset: 0, len: BLOCK as u64, fua: false }, &[7; BLOCK]);
+        model.power_cut();
+        let mut probe = Model { blocks: model.blocks.clone(), ..Model::new(CacheMode::WriteBack) };
+        assert!(probe.check_read(0, &mix(0, 7, [false, true, true, true])).is_err(), "a mix");
+        probe.check_read(0, &[7; BLOCK]).expect("the new block");
+        model.check_read(0, &[0; BLOCK]).expect("the old block");
+    }
+
+    /// A flush makes the backing store's writes whole: no mix after a cut that follows it.
+    #[test]
+    fn a_flushed_write_no_longer_tears() {
+        let mut model = Model::new(CacheMode::WriteAround);
+        model.apply(&Op::Write { offset: 0, len: BLOCK as u64, fua: false }, &[7; BLOCK]);
+        model.apply(&Op::Flush, &[]);
+        model.power_cut();
+        assert!(model.check_read(0, &mix(0, 7, [true, false, true, true])).is_err(), "a mix");
+        model.check_read(0, &[7; BLOCK]).expect("the flushed write");
+    }
+
+    /// A partial write over a torn block: the sectors it covers whole are known, the rest keep
+    /// their own candidates, merged with the write where it covers them in part.
+    #[test]
+    fn a_partial_write_over_a_torn_block_keeps_per_sector_candidates() {
+        let mut model = Model::new(CacheMode::WriteThrough);
+        model.apply(&Op::Write { offset: 0, len: BLOCK as u64, fua: false }, &[7; BLOCK]);
+        model.power_cut();
+        // Covers sector 1 whole and sector 2 in part.
+        let (at, len) = (SECTOR, SECTOR + 10);
+        model.apply(&Op::Write { offset: at as u64, len: len as u64, fua: true }, &vec![3; len]);
+        let expected = |sector0: u8, sector2: u8, sector3: u8| -> Vec<u8> {
+            let mut block = mix(sector0, sector0, [true; SECTORS]);
+            block[SECTOR..2 * SECTOR + 10].fill(3);
+            block[2 * SECTOR + 10..3 * SECTOR].fill(sector2);
+            block[3 * SECTOR..].fill(sector3);
+            block
+        };
+        let mut probe =
+            Model { blocks: model.blocks.clone(), ..Model::new(CacheMode::WriteThrough) };
+        probe.check_read(0, &expected(7, 0, 7)).expect("old sector 2, new sectors 0 and 3");
+        let mut probe =
+            Model { blocks: model.blocks.clone(), ..Model::new(CacheMode::WriteThrough) };
+        probe.check_read(0, &expected(0, 7, 0)).expect("new sector 2, old sectors 0 and 3");
+        let mut wrong = expected(0, 7, 0);
+        wrong[SECTOR + 5] = 7;
+        assert!(model.check_read(0, &wrong).is_err(), "a byte of the fua write lost");
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod sim_backing_tests {
+    use super::super::SIM_SECTOR_BYTES;
+    use super::*;
+
+    /// A power cut keeps or loses an unflushed write per device sector, at the device's
+    /// sector boundaries (not the write's): a write that starts inside a sector is split
+    /// there, and no cut leaves a kept piece that crosses a boundary.
+    #[test]
+    fn a_cut_keeps_or_loses_each_sector_of_an_unflushed_write() {
+        let sector = SIM_SECTOR_BYTES;
+        let (at, len) = (sector / 2, 2 * sector);
+        let mut kinds = std::collections::BTreeSet::new();
+        for seed in 0..64 {
+            let world = World::fresh(seed);
+            world.backing.write_at(&vec![9; len], at as u64).expect("write");
+            world.switch.cut_now();
+            let image = world.backing.crash_image().expect("cut");
+            // The written range's three pieces, each all 9 or all 0.
+            let pieces = [at..sector, sector..2 * sector, 2 * sector..at + len];
+            let kept: Vec<bool> = pieces
+                .iter()
+                .map(|piece| {
+                    let bytes = &image[piece.clone()];
+                    assert!(
+                        bytes.iter().all(|&b| b == 9) || bytes.iter().all(|&b| b == 0),
+                        "seed {seed}: a sector torn inside"
+                    );
+                    bytes[0] == 9
+                })
+                .collect();
+            assert!(image[..at].iter().chain(&image[at + len..]).all(|&b| b == 0), "outside");
+            kinds.insert(kept);
+        }
+        assert!(kinds.len() > 4, "cuts left too few patterns: {kinds:?}");
     }
 }
