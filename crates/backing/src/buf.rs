@@ -129,6 +129,30 @@ mod tests {
         assert_eq!(&IoBuf::from_slice(b"abc")[..], b"abc");
     }
 
+    /// Length, capacity and alignment are kept apart: shrinking and growing the length moves
+    /// neither, and the debug form shows all three.
+    #[test]
+    fn length_capacity_and_alignment_are_reported() {
+        let mut buf = IoBuf::with_align(5000, 512);
+        assert_eq!((buf.len(), buf.capacity(), buf.align()), (5000, 5120, 512));
+        assert_eq!(buf.as_ptr() as usize % 512, 0);
+        assert!(!buf.is_empty());
+        buf.set_len(0);
+        assert!(buf.is_empty());
+        assert_eq!(buf.len(), 0);
+        assert!(buf[..].is_empty());
+        buf.set_len(5120);
+        assert_eq!(buf.len(), 5120);
+        assert_eq!(format!("{buf:?}"), "IoBuf { len: 5120, capacity: 5120, align: 512 }");
+        assert_eq!(IoBuf::new(1).align(), IO_BUF_ALIGN_BYTES);
+    }
+
+    #[test]
+    #[should_panic(expected = "IoBuf length 4097 > capacity 4096")]
+    fn a_length_past_the_capacity_is_refused() {
+        IoBuf::new(10).set_len(4097);
+    }
+
     /// A length whose rounding up to the alignment overflows is refused before anything is
     /// allocated (it wrapped to a zero-sized allocation before).
     #[test]

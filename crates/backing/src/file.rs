@@ -281,12 +281,17 @@ impl BackingFile {
             return Ok(());
         }
         self.check_aligned("write_zeroes", offset, len)?;
+        self.write_zero_chunks(offset, len).map_err(io)
+    }
+
+    /// Writes zeroes over a range with plain writes, [`ZERO_CHUNK_BYTES`] at a time (for file
+    /// systems that can neither zero a range nor punch a hole).
+    fn write_zero_chunks(&self, offset: u64, len: u64) -> io::Result<()> {
         let zeroes = IoBuf::new(ZERO_CHUNK_BYTES.min(len as usize));
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(zeroes.len() as u64) as usize;
-            std::os::unix::fs::FileExt::write_all_at(&self.file, &zeroes[..n], offset + done)
-                .map_err(io)?;
+            std::os::unix::fs::FileExt::write_all_at(&self.file, &zeroes[..n], offset + done)?;
             done += n as u64;
         }
         Ok(())
@@ -358,5 +363,158 @@ pub(crate) fn kernel_result(res: i64) -> io::Result<usize> {
         Err(io::Error::from_raw_os_error(i32::try_from(-res).unwrap_or(libc::EIO)))
     } else {
         Ok(res as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::FileExt;
+
+    use super::*;
+
+    const BUFFERED: OpenMode = OpenMode { direct: false, read_only: false };
+    const DIRECT: OpenMode = OpenMode { direct: true, read_only: false };
+
+    /// A buffered backing file of `len` bytes of `fill`, in /dev/shm.
+    fn scratch(len: usize, fill: u8) -> (tempfile::NamedTempFile, BackingFile) {
+        let temp = tempfile::NamedTempFile::new_in("/dev/shm").expect("scratch file");
+        std::fs::write(temp.path(), vec![fill; len]).expect("fill");
+        let file = BackingFile::open(temp.path(), "psync", BUFFERED).expect("open");
+        (temp, file)
+    }
+
+    fn interrupted() -> io::Error {
+        io::Error::from(io::ErrorKind::Interrupted)
+    }
+
+    /// A transfer the kernel cut short is continued where it stopped, and one interrupted by
+    /// a signal (EINTR) is retried, until every byte has moved.
+    #[test]
+    fn short_and_interrupted_transfers_are_completed() {
+        let (_temp, file) = scratch(8192, 0);
+        let data: Vec<u8> = (0..8192).map(|i| (i % 251) as u8 + 1).collect();
+        let mut calls = Vec::new();
+        file.write_full(&data, 0, |chunk, at| {
+            calls.push(at);
+            if calls.len() % 2 == 1 {
+                return Err(interrupted());
+            }
+            file.file.write_at(&chunk[..chunk.len().min(3000)], at)
+        })
+        .expect("write");
+        assert_eq!(calls, [0, 0, 3000, 3000, 6000, 6000]);
+        let mut back = vec![0u8; 8192];
+        let mut calls = Vec::new();
+        file.read_full(&mut back, 0, |chunk, at| {
+            calls.push(at);
+            if calls.len() % 2 == 1 {
+                return Err(interrupted());
+            }
+            let n = chunk.len().min(5000);
+            file.file.read_at(&mut chunk[..n], at)
+        })
+        .expect("read");
+        assert_eq!(calls, [0, 0, 5000, 5000]);
+        assert_eq!(back, data);
+    }
+
+    /// A transfer that moves nothing (end of file, or a device that stops taking data) is a
+    /// short read or write saying how far it got; a failed one names its operation and keeps
+    /// the kernel's errno.
+    #[test]
+    fn a_stalled_or_failed_transfer_is_a_precise_error() {
+        let (_temp, file) = scratch(4096, 0);
+        let mut buf = vec![0u8; 1000];
+        let mut moved = 0;
+        let err = file
+            .read_full(&mut buf, 512, |chunk, _| {
+                let n = if moved == 0 { 100.min(chunk.len()) } else { 0 };
+                moved += n;
+                Ok(n)
+            })
+            .unwrap_err();
+        assert!(
+            matches!(err, BackingError::ShortRead { offset: 512, len: 1000, got: 100 }),
+            "{err:?}"
+        );
+        let mut moved = 0;
+        let err = file
+            .write_full(&buf, 512, |chunk, _| {
+                let n = if moved == 0 { 300.min(chunk.len()) } else { 0 };
+                moved += n;
+                Ok(n)
+            })
+            .unwrap_err();
+        assert!(
+            matches!(err, BackingError::ShortWrite { offset: 512, len: 1000, got: 300 }),
+            "{err:?}"
+        );
+        let eio = || io::Error::from_raw_os_error(libc::EIO);
+        let err = file.read_full(&mut buf, 0, |_, _| Err(eio())).unwrap_err();
+        assert!(
+            matches!(err, BackingError::Io { op: "read", offset: 0, len: 1000, .. }),
+            "{err:?}"
+        );
+        assert_eq!(err.errno(), libc::EIO);
+        let err = file.write_full(&buf, 8, |_, _| Err(eio())).unwrap_err();
+        assert!(
+            matches!(err, BackingError::Io { op: "write", offset: 8, len: 1000, .. }),
+            "{err:?}"
+        );
+        assert_eq!(err.errno(), libc::EIO);
+    }
+
+    /// The plain-write fallback of write-zeroes covers exactly its range, over more than one
+    /// chunk and a part of one.
+    #[test]
+    fn zeroes_by_plain_writes_cover_exactly_the_range() {
+        let len = 3 * ZERO_CHUNK_BYTES + 1000;
+        let (temp, file) = scratch(len, 0xff);
+        let (at, n) = (100, 2 * ZERO_CHUNK_BYTES + 700);
+        file.write_zero_chunks(at as u64, n as u64).expect("zeroes");
+        let after = std::fs::read(temp.path()).expect("read back");
+        assert!(after[..at].iter().all(|&b| b == 0xff), "before the range");
+        assert!(after[at..at + n].iter().all(|&b| b == 0), "the range");
+        assert!(after[at + n..].iter().all(|&b| b == 0xff), "after the range");
+        file.write_zero_chunks(0, 0).expect("an empty range");
+    }
+
+    /// A file system that rejects `O_DIRECT` (procfs here) is named as such, with what to do;
+    /// other open failures stay open failures, with or without `O_DIRECT`.
+    #[test]
+    fn a_file_system_without_direct_io_is_named() {
+        let proc_file = Path::new("/proc/self/comm");
+        match BackingFile::open(proc_file, "libaio", DIRECT).unwrap_err() {
+            BackingError::Unsupported { engine: "libaio", option: "O_DIRECT", reason } => {
+                assert!(
+                    reason.contains("/proc/self/comm") && reason.contains("--direct"),
+                    "{reason}"
+                )
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        BackingFile::open(proc_file, "psync", BUFFERED).expect("buffered, procfs opens");
+        let missing = Path::new("/dev/shm/pmcache-no-such-backing-file");
+        for mode in [BUFFERED, DIRECT] {
+            match BackingFile::open(missing, "psync", mode).unwrap_err() {
+                BackingError::Open { source, .. } => {
+                    assert_eq!(source.raw_os_error(), Some(libc::ENOENT), "{mode:?}")
+                }
+                other => panic!("{mode:?}: unexpected {other:?}"),
+            }
+        }
+    }
+
+    /// Only a regular file or a block device backs a cache: a character device is refused.
+    #[test]
+    fn a_character_device_is_refused() {
+        match BackingFile::open(Path::new("/dev/null"), "psync", BUFFERED).unwrap_err() {
+            BackingError::Open { path, source } => {
+                assert_eq!(path, "/dev/null");
+                assert_eq!(source.kind(), io::ErrorKind::InvalidInput);
+                assert!(source.to_string().contains("not a regular file or block device"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
     }
 }

@@ -128,3 +128,61 @@ impl<T: BackingStore + ?Sized> BackingStore for std::sync::Arc<T> {
         (**self).open_queue(depth)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store that implements only what it must.
+    struct Minimal;
+
+    impl BackingStore for Minimal {
+        fn size_bytes(&self) -> u64 {
+            4096
+        }
+        fn logical_block_size(&self) -> u32 {
+            512
+        }
+        fn identity(&self) -> BackingIdentity {
+            BackingIdentity { size_bytes: 4096, fingerprint: [1; 16] }
+        }
+        fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<()> {
+            buf.fill(7);
+            Ok(())
+        }
+        fn write_at(&self, _data: &[u8], _offset: u64) -> Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> Result<()> {
+            Ok(())
+        }
+        fn discard(&self, _offset: u64, _len: u64) -> Result<()> {
+            Ok(())
+        }
+        fn write_zeroes(&self, _offset: u64, _len: u64) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A store's defaults: named `custom`, buffered, no native queue (refused, pointing at
+    /// `SyncQueue`); an `Arc` of it says the same.
+    #[test]
+    fn a_minimal_store_has_plain_defaults_also_behind_an_arc() {
+        let stores: [Box<dyn BackingStore>; 2] =
+            [Box::new(Minimal), Box::new(std::sync::Arc::new(Minimal))];
+        for store in stores {
+            assert_eq!(store.engine_name(), "custom");
+            assert!(!store.is_direct());
+            match store.open_queue(4).err().expect("no native queue") {
+                BackingError::Unsupported { engine: "custom", option: "queue", reason } => {
+                    assert!(reason.contains("SyncQueue"), "{reason}")
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+            let mut buf = [0u8; 8];
+            store.read_at(&mut buf, 0).expect("read");
+            assert_eq!(buf, [7; 8]);
+            assert_eq!(store.identity().fingerprint, [1; 16]);
+        }
+    }
+}

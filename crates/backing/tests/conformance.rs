@@ -277,6 +277,35 @@ fn errors_carry_errno(kind: EngineKind, target: Target) {
     assert_eq!(err.errno(), libc::EINVAL);
 }
 
+/// A store says how it was opened: its engine's `--engine` name, whether it bypasses the page
+/// cache, its I/O unit (512 bytes buffered; a power of two of at least 512 with `O_DIRECT`),
+/// and an identity of its size and canonical path — the same through another path to the
+/// same file, another for another file.
+fn says_how_it_was_opened(kind: EngineKind, target: Target) {
+    let (file, _) = scratch(target, 12);
+    let store = open(kind, target, &file);
+    let label = format!("{kind}/{}", target.label);
+    assert_eq!(store.engine_name(), kind.name(), "{label}");
+    assert_eq!(store.is_direct(), target.direct, "{label}");
+    let unit = store.logical_block_size();
+    if target.direct {
+        assert!(unit >= 512 && unit.is_power_of_two(), "{label}: unit {unit}");
+    } else {
+        assert_eq!(unit, 512, "{label}");
+    }
+    assert_eq!(store.size_bytes(), FILE_BYTES, "{label}");
+    let identity = store.identity();
+    assert_eq!(identity.size_bytes, FILE_BYTES, "{label}");
+    let dir = file.path().parent().expect("in a directory");
+    let name = file.path().file_name().expect("named");
+    let roundabout = dir.join(".").join(name);
+    let opts = EngineOptions { sync_contexts: 4, ..EngineOptions::new(kind, target.direct) };
+    let again = open_backing(&roundabout, &opts).expect("the same file by another path");
+    assert_eq!(again.identity(), identity, "{label}: the same file");
+    let (other, _) = scratch(target, 13);
+    assert_ne!(open(kind, target, &other).identity().fingerprint, identity.fingerprint, "{label}");
+}
+
 fn many_in_flight_from_threads(kind: EngineKind, target: Target) {
     const THREADS: u64 = 4;
     const BLOCKS_PER_THREAD: u64 = 256;
@@ -417,6 +446,10 @@ macro_rules! conformance {
             #[test]
             fn errors_carry_errno() {
                 for t in targets($kind) { super::errors_carry_errno($kind, t) }
+            }
+            #[test]
+            fn says_how_it_was_opened() {
+                for t in targets($kind) { super::says_how_it_was_opened($kind, t) }
             }
             #[test]
             fn many_in_flight_from_threads() {

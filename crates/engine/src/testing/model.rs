@@ -90,9 +90,16 @@ pub enum Op {
 pub enum Expect {
     /// One of these contents.
     OneOf(Vec<Vec<u8>>),
-    /// Each sector one of its own candidates, independently of the others: a block whose
-    /// backing write a power cut may have torn (the device keeps or loses each sector).
-    Sectors(Vec<Vec<Vec<u8>>>),
+    /// One of `whole`, or a mix of `sectors`: each sector one of its own candidates,
+    /// independently of the others. What a power cut leaves of a block whose backing write it
+    /// may have torn (the device keeps or loses each sector) while the cache may hold a
+    /// whole copy (`whole` lists those, a cached copy never tears).
+    Torn {
+        /// Whole-block candidates.
+        whole: Vec<Vec<u8>>,
+        /// Per sector, the candidates a torn backing write may leave there.
+        sectors: Vec<Vec<Vec<u8>>>,
+    },
     /// Anything (after a trim, until written again).
     Any,
     /// Known bytes and unknown ones: a trimmed block after partial writes (their bytes are
@@ -104,67 +111,83 @@ impl Expect {
     fn union(&self, other: &Expect) -> Expect {
         match (self, other) {
             (Expect::OneOf(a), Expect::OneOf(b)) => Expect::OneOf(union_of(a, b)),
-            (Expect::OneOf(_) | Expect::Sectors(_), Expect::OneOf(_) | Expect::Sectors(_)) => {
-                let (Expect::Sectors(a), Expect::Sectors(b)) =
-                    (self.to_sectors(), other.to_sectors())
-                else {
-                    unreachable!("to_sectors of known contents gives sectors")
-                };
-                Expect::from_sectors(a.iter().zip(&b).map(|(a, b)| union_of(a, b)).collect())
+            (Expect::OneOf(a), Expect::Torn { whole, sectors })
+            | (Expect::Torn { whole, sectors }, Expect::OneOf(a)) => {
+                Expect::torn(union_of(whole, a), sectors.clone())
+            }
+            (Expect::Torn { whole: a, sectors: x }, Expect::Torn { whole: b, sectors: y }) => {
+                Expect::torn(union_of(a, b), x.iter().zip(y).map(|(x, y)| union_of(x, y)).collect())
             }
             _ => Expect::Any,
         }
     }
 
-    /// The same candidates, with each sector free to come from a different one: what a
-    /// power cut leaves of a block whose backing write may tear. Bytes only partly known
-    /// (`Masked`) become unknown, as their sectors may revert to trimmed contents.
-    fn to_sectors(&self) -> Expect {
+    /// These candidates whole, or any mix of the sectors of `mixable`'s: what a power cut
+    /// leaves where the backing store may have torn a write of one of `mixable`'s values
+    /// over another. Bytes only partly known (`Masked`) become unknown, as their sectors may
+    /// revert to trimmed contents.
+    fn torn_by(&self, mixable: &Expect) -> Expect {
+        let per_sector = |values: &[Vec<u8>]| -> Vec<Vec<Vec<u8>>> {
+            (0..SECTORS)
+                .map(|s| {
+                    let sectors: Vec<Vec<u8>> =
+                        values.iter().map(|v| v[s * SECTOR..(s + 1) * SECTOR].to_vec()).collect();
+                    union_of(&[], &sectors)
+                })
+                .collect()
+        };
+        let union_per_sector = |a: &[Vec<Vec<u8>>], b: &[Vec<Vec<u8>>]| -> Vec<Vec<Vec<u8>>> {
+            a.iter().zip(b).map(|(a, b)| union_of(a, b)).collect()
+        };
+        let mixed = match mixable {
+            Expect::OneOf(values) => per_sector(values),
+            Expect::Torn { whole, sectors } => union_per_sector(&per_sector(whole), sectors),
+            Expect::Any | Expect::Masked(_) => return Expect::Any,
+        };
         match self {
-            Expect::OneOf(values) => Expect::Sectors(
-                (0..SECTORS)
-                    .map(|s| {
-                        let mut out: Vec<Vec<u8>> = Vec::new();
-                        for value in values {
-                            let sector = &value[s * SECTOR..(s + 1) * SECTOR];
-                            if !out.iter().any(|o| o == sector) {
-                                out.push(sector.to_vec());
-                            }
-                        }
-                        out
-                    })
-                    .collect(),
-            ),
-            Expect::Sectors(_) | Expect::Any => self.clone(),
-            Expect::Masked(_) => Expect::Any,
+            Expect::OneOf(whole) => Expect::torn(whole.clone(), mixed),
+            Expect::Torn { whole, sectors } => {
+                Expect::torn(whole.clone(), union_per_sector(sectors, &mixed))
+            }
+            Expect::Any | Expect::Masked(_) => Expect::Any,
         }
     }
 
-    /// Sector candidates, as one whole block where each sector has a single candidate.
-    fn from_sectors(sectors: Vec<Vec<Vec<u8>>>) -> Expect {
-        if sectors.iter().all(|candidates| candidates.len() == 1) {
-            Expect::OneOf(vec![sectors.into_iter().flat_map(|mut c| c.remove(0)).collect()])
-        } else {
-            Expect::Sectors(sectors)
+    /// One of `whole`, or a mix of `sectors`: as `OneOf` where the mixes add nothing (a
+    /// sector without candidates allows no mix; where every sector has one, the one mix is
+    /// a whole candidate).
+    fn torn(mut whole: Vec<Vec<u8>>, sectors: Vec<Vec<Vec<u8>>>) -> Expect {
+        if sectors.iter().any(Vec::is_empty) {
+            return Expect::OneOf(whole);
         }
+        if sectors.iter().all(|candidates| candidates.len() == 1) {
+            let only: Vec<u8> = sectors.into_iter().flatten().flatten().collect();
+            if !whole.contains(&only) {
+                whole.push(only);
+            }
+            return Expect::OneOf(whole);
+        }
+        Expect::Torn { whole, sectors }
     }
 
     /// `piece` written at `in_block` over these contents (a partial write's merge).
     fn overlaid(&self, in_block: usize, piece: &[u8]) -> Expect {
         let end = in_block + piece.len();
-        match self {
-            Expect::OneOf(values) => {
-                let mut out: Vec<Vec<u8>> = Vec::new();
-                for value in values {
-                    let mut merged = value.clone();
-                    merged[in_block..end].copy_from_slice(piece);
-                    if !out.contains(&merged) {
-                        out.push(merged);
-                    }
+        let merge_whole = |values: &[Vec<u8>]| -> Vec<Vec<u8>> {
+            let mut out: Vec<Vec<u8>> = Vec::new();
+            for value in values {
+                let mut merged = value.clone();
+                merged[in_block..end].copy_from_slice(piece);
+                if !out.contains(&merged) {
+                    out.push(merged);
                 }
-                Expect::OneOf(out)
             }
-            Expect::Sectors(sectors) => Expect::from_sectors(
+            out
+        };
+        match self {
+            Expect::OneOf(values) => Expect::OneOf(merge_whole(values)),
+            Expect::Torn { whole, sectors } => Expect::torn(
+                merge_whole(whole),
                 sectors
                     .iter()
                     .enumerate()
@@ -225,10 +248,11 @@ struct BlockModel {
     current: Expect,
     /// What a power cut may leave.
     durable: Expect,
-    /// A write the backing store has not been flushed since is among `durable`'s
-    /// candidates: a power cut may leave any mix of their sectors. (Writes held by the cache,
-    /// the write-back modes', never tear: a block's copy there is whole or absent.)
-    tearable: bool,
+    /// Where writes went to the backing store and it has not been flushed since: the values
+    /// it may hold, of which a power cut may leave any mix of sectors, beside `durable`'s
+    /// whole candidates. `None` where no write may tear. (A copy in the cache, where the
+    /// write-back modes' writes go, never tears: it is whole or absent.)
+    tear: Option<Expect>,
     /// Not written or trimmed since the last power cut: what the block holds now is what a
     /// power cut leaves (a block never changes without a write), so a read narrows both.
     settled: bool,
@@ -268,7 +292,7 @@ impl Model {
                 BlockModel {
                     current: zero.clone(),
                     durable: zero,
-                    tearable: false,
+                    tear: None,
                     settled: true
                 };
                 BLOCKS
@@ -296,14 +320,17 @@ impl Model {
             } else {
                 model.current.overlaid(in_block, &piece)
             };
+            if !self.durable_at_ack {
+                // The write goes to the backing store, which may keep any of its sectors
+                // over any of what it held before, until a flush.
+                let before = model.tear.as_ref().unwrap_or(&model.durable);
+                model.tear = Some(before.union(&new));
+            }
             if certain && (self.durable_at_ack || fua) {
                 model.durable = new.clone();
-                model.tearable = false;
+                model.tear = None;
             } else {
                 model.durable = model.durable.union(&new);
-                // Outside the write-back modes the write went to the backing store, which
-                // keeps it only at the next flush, and may keep part of it before.
-                model.tearable |= !self.durable_at_ack;
             }
             model.current = if certain { new } else { model.current.union(&new) };
         }
@@ -316,7 +343,7 @@ impl Model {
             self.blocks[block as usize] = BlockModel {
                 current: Expect::Any,
                 durable: Expect::Any,
-                tearable: false,
+                tear: None,
                 settled: false,
             };
         }
@@ -341,7 +368,7 @@ impl Model {
             Op::Flush | Op::Drain => {
                 for block in &mut self.blocks {
                     block.durable = block.current.clone();
-                    block.tearable = false;
+                    block.tear = None;
                 }
             }
             // Writes are durable at their acknowledgement in the modes that write back. In the
@@ -376,9 +403,8 @@ impl Model {
     /// backing store may have torn a write, a mix of their sectors).
     pub fn power_cut(&mut self) {
         for block in &mut self.blocks {
-            if block.tearable {
-                block.durable = block.durable.to_sectors();
-                block.tearable = false;
+            if let Some(tear) = block.tear.take() {
+                block.durable = block.durable.torn_by(&tear);
             }
             block.current = block.durable.clone();
             block.settled = true;
@@ -424,8 +450,14 @@ impl Model {
                     }
                     model.current = Expect::OneOf(matching);
                 }
-                Expect::Sectors(sectors) => {
+                Expect::Torn { whole, sectors } => {
+                    let whole_matching: Vec<Vec<u8>> = whole
+                        .iter()
+                        .filter(|v| &v[in_block..in_block + n] == got)
+                        .cloned()
+                        .collect();
                     let mut narrowed = Vec::with_capacity(SECTORS);
+                    let mut unmatched = None;
                     for (s, candidates) in sectors.iter().enumerate() {
                         let (from, to) =
                             (in_block.max(s * SECTOR), (in_block + n).min((s + 1) * SECTOR));
@@ -439,20 +471,27 @@ impl Model {
                             .filter(|c| &c[from - s * SECTOR..to - s * SECTOR] == read)
                             .cloned()
                             .collect();
-                        if matching.is_empty() {
-                            return Err(format!(
-                                "block {block} sector {s} bytes {from}..{to}: read {:?}..., expected one of {} sector candidates starting {:?}",
-                                &read[..read.len().min(8)],
-                                candidates.len(),
-                                candidates
-                                    .iter()
-                                    .map(|c| c[from - s * SECTOR..][..8.min(to - from)].to_vec())
-                                    .collect::<Vec<_>>()
-                            ));
+                        if matching.is_empty() && unmatched.is_none() {
+                            unmatched = Some((s, from, to, read, candidates));
                         }
                         narrowed.push(matching);
                     }
-                    model.current = Expect::from_sectors(narrowed);
+                    if let Some((s, from, to, read, candidates)) = unmatched
+                        && whole_matching.is_empty()
+                    {
+                        return Err(format!(
+                            "block {block} bytes {in_block}..{}: no whole candidate of {} matches, and sector {s} bytes {from}..{to} read {:?}..., not one of its {} candidates starting {:?}",
+                            in_block + n,
+                            whole.len(),
+                            &read[..read.len().min(8)],
+                            candidates.len(),
+                            candidates
+                                .iter()
+                                .map(|c| c[from - s * SECTOR..][..8.min(to - from)].to_vec())
+                                .collect::<Vec<_>>()
+                        ));
+                    }
+                    model.current = Expect::torn(whole_matching, narrowed);
                 }
                 Expect::Masked(bytes) => {
                     let known = &bytes[in_block..in_block + n];
@@ -999,6 +1038,40 @@ mod tests {
         assert!(probe.check_read(0, &mix(0, 7, [false, true, true, true])).is_err(), "a mix");
         probe.check_read(0, &[7; BLOCK]).expect("the new block");
         model.check_read(0, &[0; BLOCK]).expect("the old block");
+    }
+
+    /// A block written through to the backing store, then written in write-back mode by a
+    /// write the cut interrupted: the cut may leave a mix of the backing store's values, or
+    /// the cached write whole, never a mix of the cached write with anything.
+    #[test]
+    fn a_cached_write_never_mixes_with_a_torn_backing_write() {
+        let mut model = Model::new(CacheMode::WriteThrough);
+        model.apply(&Op::Write { offset: 0, len: BLOCK as u64, fua: false }, &[1; BLOCK]);
+        model.apply(&Op::SetMode { mode: CacheMode::WriteBack }, &[]);
+        model.apply_uncertain(&Op::Write { offset: 0, len: BLOCK as u64, fua: false }, &[2; BLOCK]);
+        model.power_cut();
+        for (read, allowed) in [
+            (mix(1, 2, [true, false, false, false]), false),
+            (mix(0, 2, [true, false, false, false]), false),
+            (mix(0, 1, [true, false, true, false]), true),
+            (vec![2; BLOCK], true),
+            (vec![1; BLOCK], true),
+            (vec![0; BLOCK], true),
+        ] {
+            let mut probe =
+                Model { blocks: model.blocks.clone(), ..Model::new(CacheMode::WriteBack) };
+            assert_eq!(
+                probe.check_read(0, &read).is_ok(),
+                allowed,
+                "{:?}",
+                &read[..BLOCK].chunks(SECTOR).map(|c| c[0]).collect::<Vec<_>>()
+            );
+        }
+        // A read of a whole candidate that is also a mix keeps both readings possible until
+        // a read tells them apart; a torn read pins the mix across the next cut.
+        model.check_read(0, &mix(0, 1, [false, true, true, false])).expect("a backing mix");
+        model.power_cut();
+        assert!(model.check_read(0, &[2; BLOCK]).is_err(), "the cached write after a torn read");
     }
 
     /// A flush makes the backing store's writes whole: no mix after a cut that follows it.
