@@ -198,3 +198,24 @@ pub fn path_fingerprint(canonical: &Path) -> [u8; 16] {
     out[8..].copy_from_slice(&hi.to_le_bytes());
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A path's fingerprint uses all 128 bits: across many paths, no two share any of its
+    /// four 32-bit words (a word built from fewer bits, or left zero, would repeat).
+    #[test]
+    fn a_fingerprint_uses_all_its_bits() {
+        let prints: Vec<[u8; 16]> =
+            (0..256).map(|i| path_fingerprint(Path::new(&format!("/dev/disk/{i}")))).collect();
+        for word in 0..4 {
+            let mut seen = std::collections::HashSet::new();
+            for print in &prints {
+                let bytes: [u8; 4] = print[word * 4..word * 4 + 4].try_into().expect("4 bytes");
+                assert!(seen.insert(bytes), "word {word} repeats: {bytes:?}");
+            }
+        }
+        assert_eq!(path_fingerprint(Path::new("/a")), path_fingerprint(Path::new("/a")));
+    }
+}

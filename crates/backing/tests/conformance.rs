@@ -268,7 +268,14 @@ fn errors_carry_errno(kind: EngineKind, target: Target) {
     );
     for c in out {
         match c.user_data {
-            1 => assert_eq!(c.result.unwrap_err().errno(), libc::EBADF, "{kind}: queued write"),
+            1 => {
+                let err = c.result.unwrap_err();
+                assert_eq!(err.errno(), libc::EBADF, "{kind}: queued write");
+                assert!(
+                    matches!(err, BackingError::Io { op: "write", offset: 0, len: 4096, .. }),
+                    "{kind}: {err:?}"
+                );
+            }
             _ => c.result.expect("a read on a read-only store works"),
         }
     }
@@ -304,6 +311,55 @@ fn says_how_it_was_opened(kind: EngineKind, target: Target) {
     assert_eq!(again.identity(), identity, "{label}: the same file");
     let (other, _) = scratch(target, 13);
     assert_ne!(open(kind, target, &other).identity().fingerprint, identity.fingerprint, "{label}");
+}
+
+/// A queue dropped with requests in flight or completed but not reaped waits for the kernel
+/// and closes; the store's next queue (which may reuse its ring or context) sees none of
+/// their completions. A request that fails validation is reaped like any other, with its
+/// operation named.
+fn a_queue_dropped_unreaped_leaves_nothing_behind(kind: EngineKind, target: Target) {
+    let (file, data) = scratch(target, 14);
+    let store = open(kind, target, &file);
+    let unit = u64::from(store.logical_block_size());
+    for reaped in [0, 1, 4] {
+        let mut queue = store.open_queue(8).expect("queue");
+        for i in 0..4u64 {
+            queue.push(IoRequest::read(i * 4096, IoBuf::new(4096), 100 + i)).expect("push");
+        }
+        queue.push(IoRequest::read(FILE_BYTES, IoBuf::new(4096), 200)).expect("push");
+        queue.submit().expect("submit");
+        let mut out = Vec::new();
+        while out.len() < reaped {
+            queue.reap(reaped - out.len(), &mut out).expect("reap");
+        }
+        drop(queue);
+    }
+    let mut queue = store.open_queue(8).expect("a queue after the dropped ones");
+    let out = run_batch(
+        &mut *queue,
+        vec![
+            IoRequest::read(unit, IoBuf::new(4096), 1),
+            IoRequest::write(FILE_BYTES - unit, IoBuf::new(2 * unit as usize), 2),
+        ],
+    );
+    assert_eq!(out.len(), 2, "{kind}/{}: only this batch's completions", target.label);
+    for c in out {
+        match c.user_data {
+            1 => {
+                c.result.expect("read");
+                assert_eq!(&c.buf[..], &data[unit as usize..unit as usize + 4096]);
+            }
+            2 => {
+                let err = c.result.unwrap_err();
+                assert!(
+                    matches!(err, BackingError::OutOfRange { op: "write", .. }),
+                    "{kind}/{}: {err:?}",
+                    target.label
+                );
+            }
+            other => panic!("{kind}/{}: a completion of an earlier queue: {other}", target.label),
+        }
+    }
 }
 
 fn many_in_flight_from_threads(kind: EngineKind, target: Target) {
@@ -450,6 +506,12 @@ macro_rules! conformance {
             #[test]
             fn says_how_it_was_opened() {
                 for t in targets($kind) { super::says_how_it_was_opened($kind, t) }
+            }
+            #[test]
+            fn a_queue_dropped_unreaped_leaves_nothing_behind() {
+                for t in targets($kind) {
+                    super::a_queue_dropped_unreaped_leaves_nothing_behind($kind, t)
+                }
             }
             #[test]
             fn many_in_flight_from_threads() {

@@ -971,4 +971,346 @@ mod tests {
         assert_eq!(be_u32(&out, 20), Some(NBD_EIO));
         assert_eq!(&out[26..], b"boom");
     }
+
+    // ----- the handshake, option by option, against the spec (doc/proto.md of NBD) -----
+
+    /// Option replies in `out`: (option, reply type, data) each, checking every magic.
+    fn option_replies(out: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
+        let mut replies = Vec::new();
+        let mut at = 0;
+        while at < out.len() {
+            let magic = u64::from_be_bytes(out[at..at + 8].try_into().expect("8 bytes"));
+            assert_eq!(magic, OPTION_REPLY_MAGIC, "reply {} at byte {at}", replies.len());
+            let option = be_u32(out, at + 8).expect("option");
+            let reply_type = be_u32(out, at + 12).expect("type");
+            let len = be_u32(out, at + 16).expect("length") as usize;
+            replies.push((option, reply_type, out[at + 20..at + 20 + len].to_vec()));
+            at += 20 + len;
+        }
+        replies
+    }
+
+    fn option(n: &mut Negotiation<'_>, option: u32, data: &[u8]) -> (OptionOutcome, Vec<u8>) {
+        let mut out = Vec::new();
+        let h = OptionHeader { option, data_len_bytes: data.len() as u32 };
+        (n.handle_option(h, data, &mut out), out)
+    }
+
+    /// The wire values, as the spec numbers them.
+    #[test]
+    fn wire_values_are_the_specs() {
+        assert_eq!((FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES), (1, 2));
+        assert_eq!((FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES), (1, 2));
+        let transmission = [
+            FLAG_HAS_FLAGS,
+            FLAG_READ_ONLY,
+            FLAG_SEND_FLUSH,
+            FLAG_SEND_FUA,
+            FLAG_ROTATIONAL,
+            FLAG_SEND_TRIM,
+            FLAG_SEND_WRITE_ZEROES,
+            FLAG_SEND_DF,
+            FLAG_CAN_MULTI_CONN,
+        ];
+        assert_eq!(transmission, [1, 2, 4, 8, 0x10, 0x20, 0x40, 0x80, 0x100]);
+        let command =
+            [CMD_FLAG_FUA, CMD_FLAG_NO_HOLE, CMD_FLAG_DF, CMD_FLAG_REQ_ONE, CMD_FLAG_FAST_ZERO];
+        assert_eq!(command, [1, 2, 4, 8, 0x10]);
+        assert_eq!(REPLY_FLAG_DONE, 1);
+        assert_eq!(STRUCTURED_READ_HEADER_BYTES, 28, "chunk header, then the 64-bit offset");
+    }
+
+    /// The flags a session advertises: flush, FUA, trim and write-zeroes always, multi-conn
+    /// where the export allows it, DF only with structured replies (it means nothing
+    /// without them); never read-only or rotational.
+    #[test]
+    fn transmission_flags_are_exactly_the_supported_ones() {
+        let always = FLAG_HAS_FLAGS
+            + FLAG_SEND_FLUSH
+            + FLAG_SEND_FUA
+            + FLAG_SEND_TRIM
+            + FLAG_SEND_WRITE_ZEROES;
+        assert_eq!(always, 0x6d);
+        let mut e = export();
+        assert_eq!(e.transmission_flags(false), always + FLAG_CAN_MULTI_CONN);
+        assert_eq!(e.transmission_flags(true), always + FLAG_CAN_MULTI_CONN + FLAG_SEND_DF);
+        e.can_multi_conn = false;
+        assert_eq!(e.transmission_flags(false), always);
+        assert_eq!(e.transmission_flags(true), always + FLAG_SEND_DF);
+    }
+
+    /// Option data up to 16 KiB is read; one byte more closes the connection.
+    #[test]
+    fn option_data_is_bounded_at_16_kib() {
+        let mut b = [0u8; OPTION_HEADER_BYTES];
+        b[0..8].copy_from_slice(&IHAVEOPT.to_be_bytes());
+        b[8..12].copy_from_slice(&OPT_GO.to_be_bytes());
+        b[12..16].copy_from_slice(&(16 * 1024u32).to_be_bytes());
+        assert_eq!(
+            decode_option_header(&b),
+            Ok(OptionHeader { option: OPT_GO, data_len_bytes: 16 * 1024 })
+        );
+        b[12..16].copy_from_slice(&(16 * 1024 + 1u32).to_be_bytes());
+        assert_eq!(decode_option_header(&b), Err(ProtocolError::OptionTooLarge(16 * 1024 + 1)));
+        b[0] ^= 1;
+        assert!(matches!(decode_option_header(&b), Err(ProtocolError::BadOptionMagic(_))));
+    }
+
+    /// A client gets 256 options; the 257th closes the connection.
+    #[test]
+    fn the_257th_option_closes() {
+        let e = export();
+        let mut n = Negotiation::new(&e, [0, 0, 0, 3]).expect("valid flags");
+        for i in 0..OPTIONS_PER_HANDSHAKE_MAX {
+            let (outcome, _) = option(&mut n, OPT_STARTTLS, &[]);
+            assert_eq!(outcome, OptionOutcome::Continue, "option {}", i + 1);
+        }
+        assert_eq!(OPTIONS_PER_HANDSHAKE_MAX, 256);
+        let (outcome, out) = option(&mut n, OPT_LIST, &[]);
+        assert_eq!(outcome, OptionOutcome::Close(ProtocolError::TooManyOptions));
+        assert!(out.is_empty(), "no reply on a hard close");
+    }
+
+    /// ABORT is acknowledged, then the server closes; LIST names the one export, then
+    /// ends the list, and refuses data; unknown options (STARTTLS here) are unsupported.
+    #[test]
+    fn abort_list_and_unsupported_options() {
+        let e = export();
+        let mut n = Negotiation::new(&e, [0, 0, 0, 1]).expect("valid flags");
+        let (outcome, out) = option(&mut n, OPT_LIST, &[]);
+        assert_eq!(outcome, OptionOutcome::Continue);
+        let mut server = 2u32.to_be_bytes().to_vec();
+        server.extend_from_slice(b"pm");
+        assert_eq!(
+            option_replies(&out),
+            [(OPT_LIST, REP_SERVER, server), (OPT_LIST, REP_ACK, Vec::new())]
+        );
+        let (outcome, out) = option(&mut n, OPT_LIST, b"x");
+        assert_eq!(outcome, OptionOutcome::Continue);
+        assert_eq!(
+            option_replies(&out)[..1].iter().map(|r| r.1).collect::<Vec<_>>(),
+            [REP_ERR_INVALID]
+        );
+        let (outcome, out) = option(&mut n, OPT_STARTTLS, &[]);
+        assert_eq!(outcome, OptionOutcome::Continue);
+        assert_eq!(option_replies(&out)[0].1, REP_ERR_UNSUP);
+        let (outcome, out) = option(&mut n, OPT_ABORT, &[]);
+        assert_eq!(outcome, OptionOutcome::Abort);
+        assert_eq!(option_replies(&out), [(OPT_ABORT, REP_ACK, Vec::new())]);
+    }
+
+    /// Meta context data: name length, name, query count, queries (length, string), with
+    /// every string at most 4096 bytes and nothing after.
+    fn meta(name: &[u8], queries: &[&[u8]]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name);
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q);
+        }
+        d
+    }
+
+    /// LIST/SET_META_CONTEXT need structured replies first, and well-formed data; then they
+    /// are acknowledged with no context (none is offered).
+    #[test]
+    fn meta_context_options() {
+        let e = export();
+        let mut n = Negotiation::new(&e, [0, 0, 0, 1]).expect("valid flags");
+        let good = meta(b"pm", &[b"base:"]);
+        for opt in [OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT] {
+            let (_, out) = option(&mut n, opt, &good);
+            assert_eq!(option_replies(&out)[0].1, REP_ERR_INVALID, "before structured replies");
+        }
+        let (_, out) = option(&mut n, OPT_STRUCTURED_REPLY, b"x");
+        assert_eq!(option_replies(&out)[0].1, REP_ERR_INVALID, "structured reply with data");
+        let (_, out) = option(&mut n, OPT_STRUCTURED_REPLY, &[]);
+        assert_eq!(option_replies(&out), [(OPT_STRUCTURED_REPLY, REP_ACK, Vec::new())]);
+        let long = vec![b'q'; STRING_BYTES_MAX];
+        let too_long = vec![b'q'; STRING_BYTES_MAX + 1];
+        let mut trailing = good.clone();
+        trailing.push(0);
+        let cases: [(Vec<u8>, bool); 7] = [
+            (good.clone(), true),
+            (meta(b"", &[]), true),
+            (meta(&long, &[&long]), true),
+            (meta(&too_long, &[]), false),
+            (meta(b"pm", &[&too_long]), false),
+            (trailing, false),
+            (good[..good.len() - 1].to_vec(), false),
+        ];
+        for (i, (data, ok)) in cases.iter().enumerate() {
+            for opt in [OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT] {
+                let (outcome, out) = option(&mut n, opt, data);
+                assert_eq!(outcome, OptionOutcome::Continue);
+                let want = if *ok { REP_ACK } else { REP_ERR_INVALID };
+                assert_eq!(option_replies(&out)[0].1, want, "case {i}, option {opt}");
+            }
+        }
+    }
+
+    /// EXPORT_NAME enters transmission with the size and flags, then 124 zero bytes unless
+    /// the client asked for none; the empty name is the default export; a name up to the
+    /// spec's 4096 bytes is compared, a longer one closes the connection.
+    #[test]
+    fn export_name_enters_transmission() {
+        let e = export();
+        for (client_flags, zeroes) in [([0, 0, 0, 1], 124), ([0, 0, 0, 3], 0)] {
+            for name in [&b"pm"[..], b""] {
+                let mut n = Negotiation::new(&e, client_flags).expect("valid flags");
+                let (outcome, out) = option(&mut n, OPT_EXPORT_NAME, name);
+                let OptionOutcome::Transmission(session) = outcome else {
+                    panic!("{name:?}: {outcome:?}")
+                };
+                assert!(!session.structured_replies && !session.block_sizes_agreed);
+                assert_eq!(out.len(), 8 + 2 + zeroes, "{client_flags:?}");
+                assert_eq!(u64::from_be_bytes(out[..8].try_into().expect("8")), 1 << 20);
+                assert_eq!(be_u16(&out, 8), Some(e.transmission_flags(false)));
+                assert!(out[10..].iter().all(|&b| b == 0));
+            }
+        }
+        let mut long = export();
+        long.name = "n".repeat(STRING_BYTES_MAX);
+        let mut n = Negotiation::new(&long, [0, 0, 0, 3]).expect("valid flags");
+        let (outcome, _) = option(&mut n, OPT_EXPORT_NAME, long.name.as_bytes());
+        assert!(matches!(outcome, OptionOutcome::Transmission(_)), "{outcome:?}");
+        long.name.push('n');
+        let mut n = Negotiation::new(&long, [0, 0, 0, 3]).expect("valid flags");
+        let (outcome, _) = option(&mut n, OPT_EXPORT_NAME, long.name.as_bytes());
+        assert_eq!(outcome, OptionOutcome::Close(ProtocolError::UnknownExport));
+    }
+
+    /// INFO describes the export (size and flags, the name only when asked, block sizes
+    /// always) and stays in negotiation; a name longer than the spec allows is invalid, one
+    /// within it but unknown is unknown.
+    #[test]
+    fn info_describes_and_stays() {
+        let e = export();
+        let mut n = Negotiation::new(&e, [0, 0, 0, 3]).expect("valid flags");
+        let types = |out: &[u8]| -> Vec<(u32, Option<u16>)> {
+            option_replies(out)
+                .iter()
+                .map(|(_, t, d)| (*t, if *t == REP_INFO { be_u16(d, 0) } else { None }))
+                .collect()
+        };
+        let (outcome, out) = option(&mut n, OPT_INFO, &go(b"pm", &[INFO_NAME]));
+        assert_eq!(outcome, OptionOutcome::Continue);
+        assert_eq!(
+            types(&out),
+            [
+                (REP_INFO, Some(INFO_EXPORT)),
+                (REP_INFO, Some(INFO_NAME)),
+                (REP_INFO, Some(INFO_BLOCK_SIZE)),
+                (REP_ACK, None)
+            ]
+        );
+        assert_eq!(&option_replies(&out)[1].2[2..], b"pm");
+        let (_, out) = option(&mut n, OPT_INFO, &go(b"pm", &[INFO_DESCRIPTION]));
+        assert_eq!(
+            types(&out),
+            [(REP_INFO, Some(INFO_EXPORT)), (REP_INFO, Some(INFO_BLOCK_SIZE)), (REP_ACK, None)]
+        );
+        let block = &option_replies(&out)[1].2;
+        assert_eq!(
+            (be_u32(block, 2), be_u32(block, 6), be_u32(block, 10)),
+            (Some(512), Some(4096), Some(1 << 16))
+        );
+        let (_, out) = option(&mut n, OPT_INFO, &go(&vec![b'x'; STRING_BYTES_MAX], &[]));
+        assert_eq!(types(&out), [(REP_ERR_UNKNOWN, None)]);
+        let (_, out) = option(&mut n, OPT_INFO, &go(&vec![b'x'; STRING_BYTES_MAX + 1], &[]));
+        assert_eq!(types(&out)[0].0, REP_ERR_INVALID);
+    }
+
+    /// FUA is read from the request's own flags.
+    #[test]
+    fn fua_comes_from_the_request() {
+        let s = negotiated_session(false);
+        for (flags, fua) in [(0, false), (CMD_FLAG_FUA, true)] {
+            assert_eq!(
+                s.validate(&header(CMD_WRITE, flags, 0, 512)),
+                Ok(Request::Write { offset_bytes: 0, len_bytes: 512, fua })
+            );
+        }
+    }
+
+    /// Flush takes no range and only FUA; write-zeroes may punch a hole unless NO_HOLE says
+    /// not to.
+    #[test]
+    fn flush_and_write_zeroes_requests() {
+        let s = negotiated_session(false);
+        assert_eq!(s.validate(&header(CMD_FLUSH, 0, 0, 0)), Ok(Request::Flush));
+        assert_eq!(s.validate(&header(CMD_FLUSH, CMD_FLAG_FUA, 0, 0)), Ok(Request::Flush));
+        assert_eq!(
+            s.validate(&header(CMD_FLUSH, CMD_FLAG_NO_HOLE, 0, 0)).map_err(|e| e.nbd_error),
+            Err(NBD_EINVAL)
+        );
+        for (flags, may_trim, fua) in [
+            (0, true, false),
+            (CMD_FLAG_NO_HOLE, false, false),
+            (CMD_FLAG_FUA, true, true),
+            (CMD_FLAG_NO_HOLE | CMD_FLAG_FUA, false, true),
+        ] {
+            assert_eq!(
+                s.validate(&header(CMD_WRITE_ZEROES, flags, 512, 1024)),
+                Ok(Request::WriteZeroes { offset_bytes: 512, len_bytes: 1024, fua, may_trim }),
+                "flags {flags:#x}"
+            );
+        }
+    }
+
+    /// Errnos map to the errors the spec lets a server send; anything else is EIO.
+    #[test]
+    fn errnos_map_to_the_specs_errors() {
+        let cases = [
+            (libc::EPERM, NBD_EPERM),
+            (libc::EROFS, NBD_EPERM),
+            (libc::EACCES, NBD_EPERM),
+            (libc::EIO, NBD_EIO),
+            (libc::ENOMEM, NBD_ENOMEM),
+            (libc::EINVAL, NBD_EINVAL),
+            (libc::ENOSPC, NBD_ENOSPC),
+            (libc::EDQUOT, NBD_ENOSPC),
+            (libc::EFBIG, NBD_ENOSPC),
+            (libc::EOVERFLOW, NBD_EOVERFLOW),
+            (libc::ENOTSUP, NBD_ENOTSUP),
+            (libc::ESHUTDOWN, NBD_ESHUTDOWN),
+            (libc::EBADF, NBD_EIO),
+            (libc::ENOENT, NBD_EIO),
+        ];
+        for (errno, nbd) in cases {
+            assert_eq!(nbd_error_from_errno(errno), nbd, "errno {errno}");
+        }
+        // The spec's numbers.
+        let numbers = [
+            NBD_EPERM,
+            NBD_EIO,
+            NBD_ENOMEM,
+            NBD_EINVAL,
+            NBD_ENOSPC,
+            NBD_EOVERFLOW,
+            NBD_ENOTSUP,
+            NBD_ESHUTDOWN,
+        ];
+        assert_eq!(numbers, [1, 5, 12, 22, 28, 75, 95, 108]);
+    }
+
+    /// A structured error's message is cut to 256 bytes, at a character boundary.
+    #[test]
+    fn a_long_error_message_is_cut_at_a_character_boundary() {
+        // 255 ASCII bytes, then a 2-byte character across the 256-byte limit.
+        let message = format!("{}é and more", "a".repeat(255));
+        let mut out = Vec::new();
+        encode_error(&mut out, true, 3, NBD_EIO, &message);
+        assert_eq!(be_u16(&out, 24), Some(255), "message length");
+        assert_eq!(be_u32(&out, 16), Some(6 + 255), "chunk length");
+        assert_eq!(&out[26..], "a".repeat(255).as_bytes());
+        let mut out = Vec::new();
+        encode_error(&mut out, true, 3, NBD_EIO, &"b".repeat(300));
+        assert_eq!(be_u16(&out, 24), Some(256));
+        let mut out = Vec::new();
+        encode_error(&mut out, false, 3, NBD_EIO, "ignored");
+        assert_eq!(out.len(), SIMPLE_REPLY_BYTES, "a simple reply carries no message");
+        assert_eq!(be_u32(&out, 4), Some(NBD_EIO));
+    }
 }
