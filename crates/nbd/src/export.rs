@@ -156,3 +156,103 @@ pub trait ExportConn: Send {
         may_trim: bool,
     ) -> Result<(), ExportError>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sizes(min_bytes: u32, preferred_bytes: u32, max_bytes: u32) -> BlockSizes {
+        BlockSizes { min_bytes, preferred_bytes, max_bytes }
+    }
+
+    /// The spec's block size rules, at their edges.
+    #[test]
+    fn block_sizes_keep_to_the_spec() {
+        let valid = [
+            sizes(1, 1, 1),
+            sizes(512, 4096, 32 << 20),
+            sizes(64 << 10, 64 << 10, 64 << 10),
+            BlockSizes::default(),
+        ];
+        for s in valid {
+            assert_eq!(s.validate(), Ok(()), "{s:?}");
+        }
+        let invalid = [
+            (sizes(0, 4096, 4096), "minimum"),
+            (sizes(3, 4096, 4096), "minimum"),
+            (sizes(128 << 10, 128 << 10, 128 << 10), "minimum"),
+            (sizes(512, 768, 4096), "preferred"),
+            (sizes(4096, 512, 4096), "preferred"),
+            (sizes(4096, 4096, 2048), "maximum"),
+            (sizes(4096, 4096, 6144), "maximum"),
+        ];
+        for (s, which) in invalid {
+            let err = s.validate().unwrap_err();
+            assert!(err.starts_with(which), "{s:?}: {err}");
+        }
+    }
+
+    /// An export error keeps its errno and context, shows both, and takes an I/O error's
+    /// errno (EIO where it has none).
+    #[test]
+    fn export_errors_carry_errno_and_context() {
+        let err = ExportError::new(libc::ENOSPC, "cache full");
+        assert_eq!((err.errno(), err.context()), (libc::ENOSPC, "cache full"));
+        let shown = err.to_string();
+        assert!(shown.starts_with("cache full: ") && shown.contains("No space left"), "{shown}");
+        let from_io = ExportError::from(std::io::Error::from_raw_os_error(libc::EROFS));
+        assert_eq!(from_io.errno(), libc::EROFS);
+        assert!(from_io.context().contains("Read-only"), "{}", from_io.context());
+        let no_errno = ExportError::from(std::io::Error::other("custom"));
+        assert_eq!((no_errno.errno(), no_errno.context()), (libc::EIO, "custom"));
+    }
+
+    /// A connection that records its writes and fails the one at offset 13.
+    #[derive(Default)]
+    struct Recorder {
+        writes: Vec<(u64, Vec<u8>, bool)>,
+    }
+
+    impl ExportConn for Recorder {
+        fn read(&mut self, _offset_bytes: u64, _buf: &mut [u8]) -> Result<(), ExportError> {
+            unreachable!("not read")
+        }
+        fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+            self.writes.push((offset_bytes, data.to_vec(), fua));
+            if offset_bytes == 13 {
+                return Err(ExportError::new(libc::EIO, "bad sector"));
+            }
+            Ok(())
+        }
+        fn flush(&mut self) -> Result<(), ExportError> {
+            Ok(())
+        }
+        fn trim(&mut self, _: u64, _: u64, _: bool) -> Result<(), ExportError> {
+            Ok(())
+        }
+        fn write_zeroes(&mut self, _: u64, _: u64, _: bool, _: bool) -> Result<(), ExportError> {
+            Ok(())
+        }
+    }
+
+    /// The default batch writes one by one, in order, one outcome each: a failed write
+    /// fails alone.
+    #[test]
+    fn a_default_batch_writes_in_order_with_one_outcome_each() {
+        let mut conn = Recorder::default();
+        let batch = [
+            BatchWrite { offset_bytes: 0, data: b"ab", fua: false },
+            BatchWrite { offset_bytes: 13, data: b"c", fua: true },
+            BatchWrite { offset_bytes: 0, data: b"d", fua: false },
+        ];
+        let mut outcomes = Vec::new();
+        conn.write_batch(&batch, &mut outcomes);
+        assert_eq!(
+            conn.writes,
+            [(0, b"ab".to_vec(), false), (13, b"c".to_vec(), true), (0, b"d".to_vec(), false)]
+        );
+        assert_eq!(outcomes.len(), 3);
+        assert!(outcomes[0].is_ok() && outcomes[2].is_ok());
+        assert_eq!(outcomes[1].as_ref().unwrap_err().errno(), libc::EIO);
+    }
+}

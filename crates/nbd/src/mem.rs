@@ -312,4 +312,37 @@ mod tests {
         m.set_fault(None);
         assert!(c.read(4000, &mut [0u8; 100]).is_ok());
     }
+
+    /// Write-zeroes across a stripe boundary zeroes exactly its range.
+    #[test]
+    fn zeroes_span_stripes_exactly() {
+        let m = MemExport::new(2 * STRIPE_BYTES, BlockSizes::default()).expect("mem");
+        m.write_at(STRIPE_BYTES - 200, &[9u8; 400]).expect("fill");
+        let mut c = m.open_conn().expect("conn");
+        c.write_zeroes(STRIPE_BYTES - 100, 150, false, true).expect("zeroes");
+        let mut back = vec![0u8; 400];
+        m.read_at(STRIPE_BYTES - 200, &mut back).expect("read");
+        assert!(back[..100].iter().all(|&b| b == 9), "before");
+        assert!(back[100..250].iter().all(|&b| b == 0), "the range");
+        assert!(back[250..].iter().all(|&b| b == 9), "after");
+        assert_eq!(
+            c.write_zeroes(2 * STRIPE_BYTES - 10, 11, false, true).map_err(|e| e.errno()),
+            Err(libc::EINVAL)
+        );
+    }
+
+    /// A fault covers exactly its byte range: a request touching its first or last byte
+    /// fails, one ending at its start or starting at its end does not.
+    #[test]
+    fn a_fault_covers_exactly_its_range() {
+        let m = MemExport::new(STRIPE_BYTES, BlockSizes::default()).expect("mem");
+        m.set_fault(Some((4096, 8192, libc::ENOSPC)));
+        let mut c = m.open_conn().expect("conn");
+        for (offset, len, fails) in
+            [(0, 4096, false), (8192, 100, false), (4095, 2, true), (8191, 1, true)]
+        {
+            let got = c.read(offset, &mut vec![0u8; len]).map_err(|e| e.errno());
+            assert_eq!(got, if fails { Err(libc::ENOSPC) } else { Ok(()) }, "{offset}+{len}");
+        }
+    }
 }
