@@ -185,4 +185,29 @@ mod tests {
             assert_eq!(store.identity().fingerprint, [1; 16]);
         }
     }
+
+    /// A `SyncQueue` holds at most its depth, runs its requests at submit (or reap), counts
+    /// them in flight until reaped, and hands back each buffer with its result.
+    #[test]
+    fn a_sync_queue_runs_any_store_as_a_queue() {
+        let mut queue = SyncQueue::new(std::sync::Arc::new(Minimal), 2);
+        assert_eq!((queue.depth(), queue.in_flight()), (2, 0));
+        queue.push(IoRequest::read(0, IoBuf::new(16), 1)).expect("room");
+        queue.push(IoRequest::flush(2)).expect("room");
+        let refused = queue.push(IoRequest::write(0, IoBuf::new(16), 3)).unwrap_err();
+        assert_eq!(refused.user_data, 3, "the refused request comes back");
+        assert_eq!(queue.submit().expect("submit"), 2);
+        assert_eq!(queue.in_flight(), 2, "run, not yet reaped");
+        let mut out = Vec::new();
+        assert_eq!(queue.reap(1, &mut out).expect("reap"), 2);
+        assert_eq!(queue.in_flight(), 0);
+        assert_eq!(out[0].user_data, 1);
+        assert_eq!((out[0].op.name(), &out[0].buf[..]), ("read", &[7u8; 16][..]));
+        assert_eq!((out[1].user_data, out[1].op.name()), (2, "flush"));
+        assert!(out.iter().all(|c| c.result.is_ok()));
+        queue.push(IoRequest::write(0, IoBuf::new(16), 4)).expect("room again");
+        out.clear();
+        assert_eq!(queue.reap(1, &mut out).expect("reap submits"), 1);
+        assert_eq!(out[0].op.name(), "write");
+    }
 }

@@ -226,4 +226,49 @@ mod tests {
         let err = "spdk".parse::<EngineKind>().unwrap_err();
         assert!(err.contains("io_uring-iopoll"), "{err}");
     }
+
+    /// With no `--direct` given, a regular file on a file system that rejects `O_DIRECT`
+    /// (procfs here) is opened buffered, with the default engine; a path that does not
+    /// exist is an open error naming it.
+    #[test]
+    fn direct_io_defaults_to_what_the_file_system_takes() {
+        let resolved = resolve_engine(Path::new("/proc/self/comm"), &EngineOptions::default())
+            .expect("resolve");
+        assert_eq!(
+            resolved,
+            ResolvedEngine {
+                engine: EngineKind::IoUring,
+                direct: false,
+                device: DeviceKind::RegularFile
+            }
+        );
+        let disk = tempfile::NamedTempFile::new_in("/var/tmp").expect("a file on the disk");
+        let resolved = resolve_engine(disk.path(), &EngineOptions::default()).expect("resolve");
+        assert!(resolved.direct, "ext4 takes O_DIRECT");
+        let asked = EngineOptions { direct: Some(true), ..EngineOptions::default() };
+        assert!(resolve_engine(Path::new("/proc/self/comm"), &asked).expect("resolve").direct);
+        match resolve_engine(Path::new("/nonexistent/pmcache"), &EngineOptions::default()) {
+            Err(BackingError::Open { path, .. }) => assert_eq!(path, "/nonexistent/pmcache"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// The engines that run each request on the calling thread, and the names engines print
+    /// as.
+    #[test]
+    fn synchronous_engines_and_display_names() {
+        for kind in EngineKind::ALL {
+            let synchronous =
+                matches!(kind, EngineKind::Psync | EngineKind::Pvsync2 | EngineKind::Pvsync2Hipri);
+            assert_eq!(kind.is_synchronous(), synchronous, "{kind:?}");
+            assert_eq!(kind.to_string(), kind.name());
+        }
+    }
+
+    /// Unless told, a store keeps two kernel contexts per CPU, between 2 and 64.
+    #[test]
+    fn sync_contexts_default_to_twice_the_cpus() {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        assert_eq!(default_sync_contexts(), (2 * cpus).clamp(2, 64));
+    }
 }

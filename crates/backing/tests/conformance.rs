@@ -574,4 +574,14 @@ fn defaults_per_device() {
     let store = open_backing(file.path(), &EngineOptions::default()).unwrap();
     assert_eq!(store.engine_name(), "io_uring");
     assert_eq!(store.is_direct(), resolved.direct);
+    // The default count of kernel contexts serves I/O from several threads at once.
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let store = &store;
+            s.spawn(move || {
+                let mut buf = IoBuf::new(4096);
+                store.read_at(&mut buf, t * 4096).expect("read with default contexts");
+            });
+        }
+    });
 }
