@@ -976,3 +976,76 @@ impl RunningServer {
             .unwrap_or_else(|_| Err(ServerError::InvalidConfig("server thread panicked".into())))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The URIs clients take (libnbd's and qemu's syntax).
+    #[test]
+    fn nbd_uris_name_the_export_and_the_address() {
+        let tcp = ListenAddr::Tcp("127.0.0.1:10809".parse().expect("address"));
+        assert_eq!(tcp.nbd_uri("pm"), "nbd://127.0.0.1:10809/pm");
+        let v6 = ListenAddr::Tcp("[::1]:7".parse().expect("address"));
+        assert_eq!(v6.nbd_uri(""), "nbd://[::1]:7/");
+        let unix = ListenAddr::Unix(PathBuf::from("/run/pmcache.sock"));
+        assert_eq!(unix.nbd_uri("pm"), "nbd+unix:///pm?socket=/run/pmcache.sock");
+    }
+
+    fn mem(size_bytes: u64, min_bytes: u32, max_bytes: u32) -> crate::MemExport {
+        let sizes = BlockSizes { min_bytes, preferred_bytes: min_bytes.max(4096), max_bytes };
+        crate::MemExport::new(size_bytes, sizes).expect("export")
+    }
+
+    /// What the handshake advertises: the export's maximum clamped to the server's, rounded
+    /// down to the minimum; an export name up to 4096 bytes; refusals name what is wrong.
+    #[test]
+    fn export_info_clamps_and_refuses_precisely() {
+        let export = mem(1 << 20, 512, 1 << 20);
+        let info = export_info(&export, "pm", 64 << 10).expect("valid");
+        assert_eq!((info.name.as_str(), info.size_bytes), ("pm", 1 << 20));
+        assert_eq!(info.block_sizes.max_bytes, 64 << 10, "clamped to the server's maximum");
+        let info = export_info(&export, "pm", (64 << 10) + 100).expect("valid");
+        assert_eq!(info.block_sizes.max_bytes, 64 << 10, "rounded down to the minimum");
+        let info = export_info(&export, "pm", 512).expect("one minimum block");
+        assert_eq!(info.block_sizes.max_bytes, 512);
+        assert_eq!(
+            export_info(&export, &"n".repeat(4096), 1 << 20).expect("4096").name.len(),
+            4096
+        );
+        let refused = |e: Result<ExportInfo, ServerError>| match e {
+            Err(ServerError::InvalidConfig(m)) => m,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        let m = refused(export_info(&export, &"n".repeat(4097), 1 << 20));
+        assert!(m.contains("4096"), "{m}");
+        let m = refused(export_info(&export, "pm", 511));
+        assert!(m.contains("smaller than the minimum"), "{m}");
+        let m = refused(export_info(&export, "pm", 0));
+        assert!(m.contains("between 1 and 256 MiB"), "{m}");
+        let m = refused(export_info(&export, "pm", (256 << 20) + 1));
+        assert!(m.contains("between 1 and 256 MiB"), "{m}");
+        export_info(&export, "pm", 256 << 20).expect("256 MiB is allowed");
+        let m = refused(export_info(&Uneven, "pm", 1 << 20));
+        assert!(m.contains("multiple of the minimum"), "{m}");
+    }
+
+    /// An export whose size is not a whole number of its minimum blocks.
+    struct Uneven;
+
+    impl Export for Uneven {
+        type Conn = crate::mem::MemConn;
+        fn open_conn(&self) -> Result<Self::Conn, ExportError> {
+            unreachable!("never served")
+        }
+        fn size_bytes(&self) -> u64 {
+            (1 << 20) + 512
+        }
+        fn block_sizes(&self) -> BlockSizes {
+            BlockSizes { min_bytes: 1024, preferred_bytes: 4096, max_bytes: 1 << 20 }
+        }
+        fn can_multi_conn(&self) -> bool {
+            false
+        }
+    }
+}
