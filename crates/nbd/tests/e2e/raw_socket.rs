@@ -625,3 +625,48 @@ fn pipelined_writes_are_batched_and_each_answered() {
     c.assert_works(64 * 4096, 100);
     server.stop();
 }
+
+/// Payloads larger than the server's 256 KiB read buffer (which it reads straight into the
+/// request's buffer) and smaller ones, pipelined: each arrives whole and in place.
+#[test]
+fn large_payloads_arrive_whole() {
+    let bs = BlockSizes { min_bytes: 512, preferred_bytes: 4096, max_bytes: 4 * MIB as u32 };
+    let server =
+        TestServer::start_with(8 * MIB, bs, Via::Tcp, |c| c.max_request_bytes = 4 * MIB as u32);
+    let export = server.export.clone();
+    let mut c = Client::ready(server.tcp_addr(), false);
+    let pattern = |seed: u64, len: usize| -> Vec<u8> {
+        (0..len as u64).map(|i| (i.wrapping_mul(2_654_435_761) ^ seed) as u8).collect()
+    };
+    let writes = [
+        (512u64, MIB as usize + 512),
+        (3 * MIB, 300 << 10),
+        (5 * MIB, 4096),
+        (6 * MIB, 2 * MIB as usize),
+    ];
+    let mut burst = Vec::new();
+    for (i, &(offset, len)) in writes.iter().enumerate() {
+        let mut b = REQUEST_MAGIC.to_be_bytes().to_vec();
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b.extend_from_slice(&CMD_WRITE.to_be_bytes());
+        b.extend_from_slice(&(i as u64).to_be_bytes());
+        b.extend_from_slice(&offset.to_be_bytes());
+        b.extend_from_slice(&(len as u32).to_be_bytes());
+        b.extend_from_slice(&pattern(i as u64, len));
+        burst.extend(b);
+    }
+    c.send(&burst);
+    for i in 0..writes.len() as u64 {
+        assert_eq!(c.simple_reply(), (0, i));
+    }
+    for (i, &(offset, len)) in writes.iter().enumerate() {
+        let mut back = vec![0u8; len];
+        export.read_at(offset, &mut back).expect("read");
+        assert!(back == pattern(i as u64, len), "write {i} at {offset} ({len} bytes)");
+        c.request(CMD_READ, 0, 100 + i as u64, offset, len as u32, &[]);
+        assert_eq!(c.simple_reply(), (0, 100 + i as u64));
+        assert!(c.read_n(len) == back, "read {i}");
+    }
+    c.assert_works(0, 200);
+    server.stop();
+}
