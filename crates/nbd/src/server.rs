@@ -1048,4 +1048,122 @@ mod tests {
             false
         }
     }
+
+    // ----- one connection over an in-memory transport -----
+
+    fn option_bytes(out: &mut Vec<u8>, option: u32, data: &[u8]) {
+        out.extend_from_slice(&codec::IHAVEOPT.to_be_bytes());
+        out.extend_from_slice(&option.to_be_bytes());
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        out.extend_from_slice(data);
+    }
+
+    /// Client flags and a GO for export "pm" asking for block sizes.
+    fn handshake_bytes() -> Vec<u8> {
+        let mut b = 3u32.to_be_bytes().to_vec();
+        let mut go = 2u32.to_be_bytes().to_vec();
+        go.extend_from_slice(b"pm");
+        go.extend_from_slice(&1u16.to_be_bytes());
+        go.extend_from_slice(&codec::INFO_BLOCK_SIZE.to_be_bytes());
+        option_bytes(&mut b, codec::OPT_GO, &go);
+        b
+    }
+
+    fn request_bytes(out: &mut Vec<u8>, command: u16, cookie: u64, offset: u64, len: u32) {
+        out.extend_from_slice(&codec::REQUEST_MAGIC.to_be_bytes());
+        out.extend_from_slice(&0u16.to_be_bytes());
+        out.extend_from_slice(&command.to_be_bytes());
+        out.extend_from_slice(&cookie.to_be_bytes());
+        out.extend_from_slice(&offset.to_be_bytes());
+        out.extend_from_slice(&len.to_be_bytes());
+    }
+
+    fn serve(input: Vec<u8>) -> (Result<ConnEnd, ConnError>, crate::MemExport, Vec<u8>) {
+        let export = mem(1 << 20, 512, 1 << 20);
+        let info = export_info(&export, "pm", 1 << 20).expect("info");
+        let mut transport = ReplayTransport::new(input);
+        let end = serve_connection(&mut transport, &export, &info);
+        (end, export, transport.output)
+    }
+
+    /// How a connection ends is how the client ended it: gone during the handshake or
+    /// after it (closed), an ABORT (aborted, after its ACK), a DISC (disconnected); a
+    /// protocol violation is an error. Writes acknowledged before the client went away stay.
+    #[test]
+    fn a_connection_ends_as_its_client_ends_it() {
+        assert!(matches!(serve(Vec::new()).0, Ok(ConnEnd::Closed)), "gone before its flags");
+        assert!(matches!(serve(3u32.to_be_bytes().to_vec()).0, Ok(ConnEnd::Closed)));
+        let mut abort = 3u32.to_be_bytes().to_vec();
+        option_bytes(&mut abort, codec::OPT_ABORT, &[]);
+        let (end, _, out) = serve(abort);
+        assert!(matches!(end, Ok(ConnEnd::Aborted)), "{end:?}");
+        assert_eq!(out[out.len() - 8..out.len() - 4], codec::REP_ACK.to_be_bytes());
+        let mut bad = 3u32.to_be_bytes().to_vec();
+        option_bytes(&mut bad, codec::OPT_GO, &[]);
+        bad[4] ^= 0xff;
+        assert!(matches!(
+            serve(bad).0,
+            Err(ConnError::Protocol(codec::ProtocolError::BadOptionMagic(_)))
+        ));
+        let mut write_then_gone = handshake_bytes();
+        request_bytes(&mut write_then_gone, codec::CMD_WRITE, 1, 4096, 512);
+        write_then_gone.extend_from_slice(&[0x5a; 512]);
+        let (end, export, _) = serve(write_then_gone.clone());
+        assert!(matches!(end, Ok(ConnEnd::Closed)), "{end:?}");
+        let mut back = [0u8; 512];
+        export.read_at(4096, &mut back).expect("read");
+        assert_eq!(back, [0x5a; 512]);
+        let mut cut_mid_payload = write_then_gone.clone();
+        cut_mid_payload.truncate(cut_mid_payload.len() - 100);
+        assert!(matches!(serve(cut_mid_payload).0, Ok(ConnEnd::Closed)));
+        let mut disc = write_then_gone;
+        request_bytes(&mut disc, codec::CMD_DISC, 2, 0, 0);
+        assert!(matches!(serve(disc).0, Ok(ConnEnd::Disconnected)));
+    }
+
+    /// A transport that records the size of every write it is given.
+    struct Recording {
+        input: ReplayTransport,
+        write_sizes: Vec<usize>,
+    }
+
+    impl std::io::Read for Recording {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.input.read(buf)
+        }
+    }
+
+    impl std::io::Write for Recording {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.write_sizes.push(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Transport for Recording {}
+
+    /// Replies are sent in pieces of at most the flush size plus one reply, however many
+    /// requests are pipelined: the reply buffer stays bounded.
+    #[test]
+    fn pipelined_replies_go_out_in_bounded_pieces() {
+        let export = mem(1 << 20, 512, 1 << 20);
+        let info = export_info(&export, "pm", 1 << 20).expect("info");
+        let mut input = handshake_bytes();
+        let read_bytes = 64 << 10;
+        for i in 0..40u64 {
+            request_bytes(&mut input, codec::CMD_READ, i, (i % 16) * read_bytes, read_bytes as u32);
+        }
+        let mut transport =
+            Recording { input: ReplayTransport::new(input), write_sizes: Vec::new() };
+        let end = serve_connection(&mut transport, &export, &info);
+        assert!(matches!(end, Ok(ConnEnd::Closed)), "{end:?}");
+        let total: usize = transport.write_sizes.iter().sum();
+        assert!(total > 40 * read_bytes as usize, "every read answered: {total} bytes");
+        let largest = transport.write_sizes.iter().copied().max().unwrap_or(0);
+        let bound = OUT_FLUSH_BYTES + read_bytes as usize + codec::SIMPLE_REPLY_BYTES;
+        assert!(largest <= bound, "a write of {largest} bytes, bound {bound}");
+    }
 }
