@@ -1121,6 +1121,30 @@ mod tests {
         assert!(matches!(serve(disc).0, Ok(ConnEnd::Disconnected)));
     }
 
+    /// When the export cannot open a connection, a GO is refused with a reason and the
+    /// haggling goes on (here the client then leaves); EXPORT_NAME, which has no error
+    /// reply, ends the connection with the export's error.
+    #[test]
+    fn an_export_that_cannot_open_a_connection() {
+        let export = mem(1 << 20, 512, 1 << 20);
+        export.refuse_conns(true);
+        let info = export_info(&export, "pm", 1 << 20).expect("info");
+        let mut transport = ReplayTransport::new(handshake_bytes());
+        let end = serve_connection(&mut transport, &export, &info);
+        assert!(matches!(end, Ok(ConnEnd::Closed)), "{end:?}");
+        let out = &transport.output;
+        let reply_type = u32::from_be_bytes(out[18 + 12..18 + 16].try_into().expect("4"));
+        assert_eq!(reply_type, codec::REP_ERR_SHUTDOWN);
+        let mut by_name = 3u32.to_be_bytes().to_vec();
+        option_bytes(&mut by_name, codec::OPT_EXPORT_NAME, b"pm");
+        let mut transport = ReplayTransport::new(by_name);
+        match serve_connection(&mut transport, &export, &info) {
+            Err(ConnError::Export(e)) => assert_eq!(e.errno(), libc::EBUSY),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(transport.output.len(), 18, "nothing after the greeting");
+    }
+
     /// A transport that records the size of every write it is given.
     struct Recording {
         input: ReplayTransport,
