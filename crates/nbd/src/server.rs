@@ -1145,6 +1145,60 @@ mod tests {
         assert_eq!(transport.output.len(), 18, "nothing after the greeting");
     }
 
+    /// Pipelined writes that fill the read buffer many times over, one straddling each
+    /// refill: every write lands whole, in place, each acknowledged once, in order.
+    #[test]
+    fn pipelined_writes_across_read_buffer_refills_land_whole() {
+        let count = 200u64;
+        let mut input = handshake_bytes();
+        for i in 0..count {
+            request_bytes(&mut input, codec::CMD_WRITE, i, i * 4096, 4096);
+            input.extend((0..4096u64).map(|b| (b * 7 + i * 13) as u8));
+        }
+        let (end, export, out) = serve(input);
+        assert!(matches!(end, Ok(ConnEnd::Closed)), "{end:?}");
+        let replies = &out[out.len() - count as usize * codec::SIMPLE_REPLY_BYTES..];
+        for (i, reply) in replies.chunks(codec::SIMPLE_REPLY_BYTES).enumerate() {
+            assert_eq!(reply[4..8], [0; 4], "write {i} failed");
+            assert_eq!(u64::from_be_bytes(reply[8..16].try_into().expect("8")), i as u64);
+        }
+        let mut back = vec![0u8; 4096];
+        for i in 0..count {
+            export.read_at(i * 4096, &mut back).expect("read");
+            let want: Vec<u8> = (0..4096u64).map(|b| (b * 7 + i * 13) as u8).collect();
+            assert!(back == want, "write {i} did not land whole");
+        }
+        assert!(export.stats().batched_writes > 0, "the writes were batched");
+    }
+
+    /// On a structured session a failed read gets a structured error chunk, and a failed
+    /// write a simple reply with the error (structured replies are for reads only here).
+    #[test]
+    fn failures_are_answered_in_the_form_the_command_takes() {
+        let mut input = 3u32.to_be_bytes().to_vec();
+        option_bytes(&mut input, codec::OPT_STRUCTURED_REPLY, &[]);
+        input.extend_from_slice(&handshake_bytes()[4..]);
+        request_bytes(&mut input, codec::CMD_WRITE, 1, 8192, 512);
+        input.extend_from_slice(&[1; 512]);
+        request_bytes(&mut input, codec::CMD_READ, 2, 8192, 512);
+        let export = mem(1 << 20, 512, 1 << 20);
+        export.set_fault(Some((8192, 8704, libc::EIO)));
+        let info = export_info(&export, "pm", 1 << 20).expect("info");
+        let mut transport = ReplayTransport::new(input);
+        let end = serve_connection(&mut transport, &export, &info);
+        assert!(matches!(end, Ok(ConnEnd::Closed)), "{end:?}");
+        let out = &transport.output;
+        let simple = codec::SIMPLE_REPLY_MAGIC.to_be_bytes();
+        let at = out.windows(4).position(|w| w == simple).expect("a simple reply");
+        assert_eq!(out[at + 4..at + 8], codec::NBD_EIO.to_be_bytes(), "the write's error");
+        assert_eq!(u64::from_be_bytes(out[at + 8..at + 16].try_into().expect("8")), 1);
+        let chunk = &out[at + 16..];
+        assert_eq!(chunk[..4], codec::STRUCTURED_REPLY_MAGIC.to_be_bytes(), "the read's chunk");
+        assert_eq!(u16::from_be_bytes([chunk[6], chunk[7]]), codec::REPLY_TYPE_ERROR);
+        assert_eq!(u64::from_be_bytes(chunk[8..16].try_into().expect("8")), 2);
+        assert_eq!(chunk[20..24], codec::NBD_EIO.to_be_bytes());
+    }
+
     /// A transport that records the size of every write it is given.
     struct Recording {
         input: ReplayTransport,
