@@ -670,3 +670,17 @@ fn large_payloads_arrive_whole() {
     c.assert_works(0, 200);
     server.stop();
 }
+
+/// The handshake timeout ends with the handshake: a client idle in transmission for longer
+/// than it (here 3 times as long) is still served.
+#[test]
+fn an_idle_client_outlives_the_handshake_timeout() {
+    let server = TestServer::start_with(MIB, BlockSizes::default(), Via::Tcp, |c| {
+        c.handshake_timeout = Duration::from_millis(300);
+    });
+    let mut c = Client::ready(server.tcp_addr(), false);
+    c.assert_works(0, 1);
+    std::thread::sleep(Duration::from_millis(900));
+    c.assert_works(4096, 10);
+    server.stop();
+}
