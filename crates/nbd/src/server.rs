@@ -1199,6 +1199,58 @@ mod tests {
         assert_eq!(chunk[20..24], codec::NBD_EIO.to_be_bytes());
     }
 
+    /// A transport that serves `input`, interrupted (EINTR) before every read, then fails
+    /// with a socket error other than end of stream.
+    struct Failing {
+        input: ReplayTransport,
+        interrupt_next: bool,
+    }
+
+    impl std::io::Read for Failing {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.interrupt_next = !self.interrupt_next;
+            if self.interrupt_next {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            match self.input.read(buf)? {
+                0 => Err(io::Error::other("link down")),
+                n => Ok(n),
+            }
+        }
+    }
+
+    impl std::io::Write for Failing {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.input.write(buf)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Transport for Failing {}
+
+    /// Reads interrupted by signals are retried; a socket error that is not the client going
+    /// away ends the connection as an error, in the handshake and in transmission alike.
+    #[test]
+    fn interrupted_reads_retry_and_socket_errors_are_errors() {
+        let export = mem(1 << 20, 512, 1 << 20);
+        let info = export_info(&export, "pm", 1 << 20).expect("info");
+        let mut in_transmission = handshake_bytes();
+        request_bytes(&mut in_transmission, codec::CMD_WRITE, 1, 0, 512);
+        in_transmission.extend_from_slice(&[3; 512]);
+        for input in [3u32.to_be_bytes().to_vec(), in_transmission] {
+            let mut t = Failing { input: ReplayTransport::new(input), interrupt_next: false };
+            match serve_connection(&mut t, &export, &info) {
+                Err(ConnError::Io(e)) => assert_eq!(e.to_string(), "link down"),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let mut back = [0u8; 512];
+        export.read_at(0, &mut back).expect("read");
+        assert_eq!(back, [3; 512], "the write before the error was served");
+    }
+
     /// A transport that records the size of every write it is given.
     struct Recording {
         input: ReplayTransport,
