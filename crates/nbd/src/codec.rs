@@ -824,7 +824,7 @@ pub fn nbd_error_from_errno(errno: i32) -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn export() -> ExportInfo {
@@ -840,7 +840,8 @@ mod tests {
         RequestHeader { flags, command, cookie: 7, offset_bytes, len_bytes }
     }
 
-    fn go(name: &[u8], infos: &[u16]) -> Vec<u8> {
+    /// `NBD_OPT_INFO` / `NBD_OPT_GO` data naming `name` and asking for `infos`.
+    pub(crate) fn go(name: &[u8], infos: &[u16]) -> Vec<u8> {
         let mut d = (name.len() as u32).to_be_bytes().to_vec();
         d.extend_from_slice(name);
         d.extend_from_slice(&(infos.len() as u16).to_be_bytes());

@@ -1061,10 +1061,7 @@ mod tests {
     /// Client flags and a GO for export "pm" asking for block sizes.
     fn handshake_bytes() -> Vec<u8> {
         let mut b = 3u32.to_be_bytes().to_vec();
-        let mut go = 2u32.to_be_bytes().to_vec();
-        go.extend_from_slice(b"pm");
-        go.extend_from_slice(&1u16.to_be_bytes());
-        go.extend_from_slice(&codec::INFO_BLOCK_SIZE.to_be_bytes());
+        let go = codec::tests::go(b"pm", &[codec::INFO_BLOCK_SIZE]);
         option_bytes(&mut b, codec::OPT_GO, &go);
         b
     }
@@ -1199,36 +1196,54 @@ mod tests {
         assert_eq!(chunk[20..24], codec::NBD_EIO.to_be_bytes());
     }
 
-    /// A transport that serves `input`, interrupted (EINTR) before every read, then fails
-    /// with a socket error other than end of stream.
-    struct Failing {
+    /// A transport that serves `input`, then ends the stream or (`fail_at_end`) fails with a
+    /// socket error other than end of stream; with `interrupt`, every other read is
+    /// interrupted (EINTR) first. It records the size of every write it is given.
+    struct Scripted {
         input: ReplayTransport,
-        interrupt_next: bool,
+        interrupt: bool,
+        interrupted_last: bool,
+        fail_at_end: bool,
+        write_sizes: Vec<usize>,
     }
 
-    impl std::io::Read for Failing {
+    impl Scripted {
+        fn new(input: Vec<u8>) -> Self {
+            Self {
+                input: ReplayTransport::new(input),
+                interrupt: false,
+                interrupted_last: false,
+                fail_at_end: false,
+                write_sizes: Vec::new(),
+            }
+        }
+    }
+
+    impl std::io::Read for Scripted {
         fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            self.interrupt_next = !self.interrupt_next;
-            if self.interrupt_next {
+            if self.interrupt && !self.interrupted_last {
+                self.interrupted_last = true;
                 return Err(io::ErrorKind::Interrupted.into());
             }
+            self.interrupted_last = false;
             match self.input.read(buf)? {
-                0 => Err(io::Error::other("link down")),
+                0 if self.fail_at_end => Err(io::Error::other("link down")),
                 n => Ok(n),
             }
         }
     }
 
-    impl std::io::Write for Failing {
+    impl std::io::Write for Scripted {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.input.write(buf)
+            self.write_sizes.push(buf.len());
+            Ok(buf.len())
         }
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
         }
     }
 
-    impl Transport for Failing {}
+    impl Transport for Scripted {}
 
     /// Reads interrupted by signals are retried; a socket error that is not the client going
     /// away ends the connection as an error, in the handshake and in transmission alike.
@@ -1240,7 +1255,7 @@ mod tests {
         request_bytes(&mut in_transmission, codec::CMD_WRITE, 1, 0, 512);
         in_transmission.extend_from_slice(&[3; 512]);
         for input in [3u32.to_be_bytes().to_vec(), in_transmission] {
-            let mut t = Failing { input: ReplayTransport::new(input), interrupt_next: false };
+            let mut t = Scripted { interrupt: true, fail_at_end: true, ..Scripted::new(input) };
             match serve_connection(&mut t, &export, &info) {
                 Err(ConnError::Io(e)) => assert_eq!(e.to_string(), "link down"),
                 other => panic!("unexpected {other:?}"),
@@ -1250,30 +1265,6 @@ mod tests {
         export.read_at(0, &mut back).expect("read");
         assert_eq!(back, [3; 512], "the write before the error was served");
     }
-
-    /// A transport that records the size of every write it is given.
-    struct Recording {
-        input: ReplayTransport,
-        write_sizes: Vec<usize>,
-    }
-
-    impl std::io::Read for Recording {
-        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            self.input.read(buf)
-        }
-    }
-
-    impl std::io::Write for Recording {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.write_sizes.push(buf.len());
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Transport for Recording {}
 
     /// Replies are sent in pieces of at most the flush size plus one reply, however many
     /// requests are pipelined: the reply buffer stays bounded.
@@ -1286,8 +1277,7 @@ mod tests {
         for i in 0..40u64 {
             request_bytes(&mut input, codec::CMD_READ, i, (i % 16) * read_bytes, read_bytes as u32);
         }
-        let mut transport =
-            Recording { input: ReplayTransport::new(input), write_sizes: Vec::new() };
+        let mut transport = Scripted::new(input);
         let end = serve_connection(&mut transport, &export, &info);
         assert!(matches!(end, Ok(ConnEnd::Closed)), "{end:?}");
         let total: usize = transport.write_sizes.iter().sum();

@@ -116,7 +116,7 @@ impl Expect {
                 Expect::torn(union_of(whole, a), sectors.clone())
             }
             (Expect::Torn { whole: a, sectors: x }, Expect::Torn { whole: b, sectors: y }) => {
-                Expect::torn(union_of(a, b), x.iter().zip(y).map(|(x, y)| union_of(x, y)).collect())
+                Expect::torn(union_of(a, b), union_per_sector(x, y))
             }
             _ => Expect::Any,
         }
@@ -135,9 +135,6 @@ impl Expect {
                     union_of(&[], &sectors)
                 })
                 .collect()
-        };
-        let union_per_sector = |a: &[Vec<Vec<u8>>], b: &[Vec<Vec<u8>>]| -> Vec<Vec<Vec<u8>>> {
-            a.iter().zip(b).map(|(a, b)| union_of(a, b)).collect()
         };
         let mixed = match mixable {
             Expect::OneOf(values) => per_sector(values),
@@ -173,38 +170,23 @@ impl Expect {
     /// `piece` written at `in_block` over these contents (a partial write's merge).
     fn overlaid(&self, in_block: usize, piece: &[u8]) -> Expect {
         let end = in_block + piece.len();
-        let merge_whole = |values: &[Vec<u8>]| -> Vec<Vec<u8>> {
-            let mut out: Vec<Vec<u8>> = Vec::new();
-            for value in values {
-                let mut merged = value.clone();
-                merged[in_block..end].copy_from_slice(piece);
-                if !out.contains(&merged) {
-                    out.push(merged);
-                }
-            }
-            out
-        };
         match self {
-            Expect::OneOf(values) => Expect::OneOf(merge_whole(values)),
+            Expect::OneOf(values) => Expect::OneOf(overlay_each(values, in_block, piece)),
             Expect::Torn { whole, sectors } => Expect::torn(
-                merge_whole(whole),
+                overlay_each(whole, in_block, piece),
                 sectors
                     .iter()
                     .enumerate()
                     .map(|(s, candidates)| {
                         let (from, to) = (in_block.max(s * SECTOR), end.min((s + 1) * SECTOR));
-                        let mut out: Vec<Vec<u8>> = Vec::new();
-                        for candidate in candidates {
-                            let mut merged = candidate.clone();
-                            if from < to {
-                                merged[from - s * SECTOR..to - s * SECTOR]
-                                    .copy_from_slice(&piece[from - in_block..to - in_block]);
-                            }
-                            if !out.contains(&merged) {
-                                out.push(merged);
-                            }
+                        if from >= to {
+                            return candidates.clone();
                         }
-                        out
+                        overlay_each(
+                            candidates,
+                            from - s * SECTOR,
+                            &piece[from - in_block..to - in_block],
+                        )
                     })
                     .collect(),
             ),
@@ -230,6 +212,24 @@ impl Expect {
             None => Expect::Masked(bytes),
         }
     }
+}
+
+/// Each of `values` with `bytes` written at `at`, without repeats.
+fn overlay_each(values: &[Vec<u8>], at: usize, bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    for value in values {
+        let mut merged = value.clone();
+        merged[at..at + bytes.len()].copy_from_slice(bytes);
+        if !out.contains(&merged) {
+            out.push(merged);
+        }
+    }
+    out
+}
+
+/// Per sector, `a`'s candidates and those of `b` it lacks.
+fn union_per_sector(a: &[Vec<Vec<u8>>], b: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
+    a.iter().zip(b).map(|(a, b)| union_of(a, b)).collect()
 }
 
 /// `a` and the values of `b` it lacks.
