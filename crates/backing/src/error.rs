@@ -89,13 +89,47 @@ pub enum BackingError {
         /// Why.
         reason: String,
     },
+    /// The kernel could not give an engine a resource it needs now (descriptors, memory, AIO
+    /// events, locked memory): the feature exists, so this is neither [`Self::Unsupported`]
+    /// nor a reason to fall back to another engine.
+    #[error("engine {engine}: cannot {what}: {source}")]
+    NoResources {
+        /// The engine name.
+        engine: &'static str,
+        /// What it was setting up (`create a ring of depth 64`, ...).
+        what: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
 }
 
 impl BackingError {
+    /// The error for a failed engine setup call (`io_uring_setup`, `io_setup`, ...): a kernel
+    /// without the feature, or one refusing it (`ENOSYS`, `EINVAL`, `EPERM`, `EOPNOTSUPP`,
+    /// `EACCES`), makes it [`Self::Unsupported`] for `option`; anything else (`EMFILE`,
+    /// `ENOMEM`, `EAGAIN`, ...) is [`Self::NoResources`], keeping the errno.
+    pub(crate) fn setup_failed(
+        engine: &'static str,
+        option: &'static str,
+        what: String,
+        source: io::Error,
+    ) -> Self {
+        let missing = [libc::ENOSYS, libc::EINVAL, libc::EPERM, libc::EOPNOTSUPP, libc::EACCES];
+        match source.raw_os_error() {
+            Some(errno) if missing.contains(&errno) => {
+                Self::Unsupported { engine, option, reason: format!("cannot {what}: {source}") }
+            }
+            _ => Self::NoResources { engine, what, source },
+        }
+    }
+
     /// The errno a frontend (NBD, ublk) reports for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            BackingError::Io { source, .. } | BackingError::Open { source, .. } => {
+            BackingError::Io { source, .. }
+            | BackingError::Open { source, .. }
+            | BackingError::NoResources { source, .. } => {
                 source.raw_os_error().unwrap_or(libc::EIO)
             }
             BackingError::OutOfRange { .. } => libc::EINVAL,
@@ -108,3 +142,38 @@ impl BackingError {
 
 /// Result of a backing-store operation.
 pub type Result<T> = std::result::Result<T, BackingError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_setup_is_unsupported_only_where_the_feature_is_missing_or_refused() {
+        for errno in [libc::ENOSYS, libc::EINVAL, libc::EPERM, libc::EOPNOTSUPP, libc::EACCES] {
+            let err = BackingError::setup_failed(
+                "io_uring",
+                "SQPOLL",
+                "create a ring".into(),
+                io::Error::from_raw_os_error(errno),
+            );
+            assert!(
+                matches!(&err, BackingError::Unsupported { engine: "io_uring", option: "SQPOLL", reason }
+                    if reason.starts_with("cannot create a ring: ")),
+                "{errno}: {err:?}"
+            );
+            assert_eq!(err.errno(), libc::EOPNOTSUPP);
+        }
+        for errno in [libc::EMFILE, libc::ENFILE, libc::ENOMEM, libc::EAGAIN] {
+            let err = BackingError::setup_failed(
+                "libaio",
+                "queue",
+                "create an AIO context of depth 4".into(),
+                io::Error::from_raw_os_error(errno),
+            );
+            assert!(matches!(err, BackingError::NoResources { engine: "libaio", .. }), "{err:?}");
+            assert_eq!(err.errno(), errno);
+            let shown = err.to_string();
+            assert!(shown.starts_with("engine libaio: cannot create an AIO context of depth 4: "));
+        }
+    }
+}

@@ -76,11 +76,14 @@ impl AioContext {
         if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc as usize) }
     }
 
-    /// Waits for at least `min` events (retrying `EINTR`); returns how many were written.
+    /// Collects the events the kernel has posted, waiting first for at least `min` of them
+    /// (`min = 0` never waits); retries `EINTR`; returns how many were written.
     fn get_events(&self, min: usize, events: &mut [IoEvent]) -> usize {
+        let no_wait = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let timeout = if min == 0 { &no_wait as *const libc::timespec } else { std::ptr::null() };
         loop {
-            // SAFETY: `events` is valid for writes of `events.len()` `io_event`s; a null timeout
-            // waits without limit.
+            // SAFETY: `events` is valid for writes of `events.len()` `io_event`s; `timeout` is
+            // null (wait without limit) or points at `no_wait`, which outlives the call.
             let rc = unsafe {
                 libc::syscall(
                     libc::SYS_io_getevents,
@@ -88,7 +91,7 @@ impl AioContext {
                     min as libc::c_long,
                     events.len() as libc::c_long,
                     events.as_mut_ptr(),
-                    std::ptr::null_mut::<libc::timespec>(),
+                    timeout,
                 )
             };
             if rc >= 0 {
@@ -151,10 +154,9 @@ impl LibaioFile {
         let file = BackingFile::open(path, "libaio", OpenMode { direct, read_only })?;
         let mut pool = Vec::with_capacity(sync_contexts.max(1));
         for _ in 0..sync_contexts.max(1) {
-            pool.push(AioContext::new(1).map_err(|e| BackingError::Unsupported {
-                engine: "libaio",
-                option: "io_setup",
-                reason: format!("cannot create an AIO context: {e} (see /proc/sys/fs/aio-max-nr)"),
+            pool.push(AioContext::new(1).map_err(|e| {
+                let what = "create an AIO context (the limit is /proc/sys/fs/aio-max-nr)";
+                BackingError::setup_failed("libaio", "io_setup", what.to_string(), e)
             })?);
         }
         Ok(Self { shared: Arc::new(Shared { file, pool: Pool::new(pool) }) })
@@ -230,10 +232,11 @@ impl BackingStore for LibaioFile {
         self.shared.file.direct
     }
     fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
-        let ctx = AioContext::new(depth).map_err(|e| BackingError::Unsupported {
-            engine: "libaio",
-            option: "queue",
-            reason: format!("cannot create an AIO context of depth {depth}: {e}"),
+        let ctx = AioContext::new(depth).map_err(|e| {
+            let what = format!(
+                "create an AIO context of depth {depth} (the limit is /proc/sys/fs/aio-max-nr)"
+            );
+            BackingError::setup_failed("libaio", "queue", what, e)
         })?;
         Ok(Box::new(LibaioQueue {
             shared: self.shared.clone(),
@@ -348,15 +351,21 @@ impl IoQueue for LibaioQueue {
         loop {
             self.submit_pending();
             got += self.slots.drain_ready(out);
-            if got >= min || self.slots.in_kernel() == 0 {
+            // A poll (`min = 0`) that found nothing ready still collects what the kernel has
+            // posted, once, without waiting: completions stay in the context until asked for.
+            let polling = min == 0;
+            if got >= min.max(1) || self.slots.in_kernel() == 0 {
                 return Ok(got);
             }
             if self.in_kernel == 0 {
+                if polling {
+                    return Ok(got);
+                }
                 // The kernel refused more work for now (EAGAIN); try again shortly.
                 std::thread::yield_now();
                 continue;
             }
-            let n = self.ctx.get_events(1, &mut self.events);
+            let n = self.ctx.get_events(usize::from(!polling), &mut self.events);
             self.in_kernel -= n;
             for i in 0..n {
                 let event = self.events[i];
@@ -366,6 +375,10 @@ impl IoQueue for LibaioQueue {
                 }
             }
             got += self.slots.drain_ready(out);
+            if polling {
+                self.submit_pending();
+                return Ok(got);
+            }
         }
     }
 }

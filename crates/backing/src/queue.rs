@@ -107,8 +107,10 @@ pub trait IoQueue: Send {
     fn submit(&mut self) -> Result<usize>;
     /// Submits anything pending, then appends completions to `out` until at least `min` were
     /// appended (fewer only if fewer are in flight). Returns the number appended. `min = 0`
-    /// never blocks and returns only completions the kernel has already posted; a poller that
-    /// never waits should call [`IoQueue::submit`] between polls so the kernel can post more.
+    /// (a poll) never waits: it returns the completions that are ready, and when none are, it
+    /// asks the kernel once, without waiting, for those it has finished (an io_uring ring whose
+    /// completion work is deferred to its thread, or an IOPOLL ring, posts nothing until it is
+    /// entered; libaio keeps them in its context until collected).
     fn reap(&mut self, min: usize, out: &mut Vec<IoCompletion>) -> Result<usize>;
 }
 

@@ -5,14 +5,16 @@
 //! Each [`IoQueue`] owns one ring sized to its depth. Synchronous calls borrow a ring from a
 //! pool created at open (rings of the SQPOLL engine share one kernel SQ thread). IOPOLL needs
 //! `O_DIRECT` and a file whose file system implements polled completion; both are checked at
-//! open (one polled read) and refused with [`BackingError::Unsupported`]. The kernel also fails
-//! polled I/O with `EOPNOTSUPP` on a block device without poll queues
-//! (`/sys/block/*/queue/io_poll` = 0, e.g. a virtio disk without `virtio_blk.poll_queues`), so
-//! such a disk is refused at open too, the same way fio's `hipri` fails on it.
+//! open (`probe_iopoll`: sysfs, then one polled read of a block holding data) and refused with
+//! [`BackingError::Unsupported`]. The kernel also fails polled I/O with `EOPNOTSUPP` on a block
+//! device without poll queues (`/sys/block/*/queue/io_poll` = 0, e.g. a virtio disk without
+//! `virtio_blk.poll_queues`), so such a disk is refused at open too, the same way fio's `hipri`
+//! fails on it.
 
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -133,7 +135,13 @@ fn build_ring(
                 builder.setup_coop_taskrun().setup_taskrun_flag();
             }
             TaskRun::Deferred => {
-                builder.setup_single_issuer().setup_defer_taskrun().setup_r_disabled();
+                // The task-run flag tells a caller that polls (`reap(0)`) when the deferred
+                // completions need an enter to be posted (see `UringQueue::reap`).
+                builder
+                    .setup_single_issuer()
+                    .setup_defer_taskrun()
+                    .setup_taskrun_flag()
+                    .setup_r_disabled();
             }
         }
         builder.build(entries).map(|ring| (ring, task_run))
@@ -175,15 +183,13 @@ impl UringFile {
             });
         }
         let file = BackingFile::open(path, engine, OpenMode { direct, read_only })?;
-        let unsupported = |e: io::Error| BackingError::Unsupported {
-            engine,
-            option: match mode {
-                UringMode::Interrupt => "io_uring",
-                UringMode::Iopoll => "IOPOLL",
-                UringMode::Sqpoll => "SQPOLL",
-            },
-            reason: format!("cannot create a ring: {e}"),
+        let option = match mode {
+            UringMode::Interrupt => "io_uring",
+            UringMode::Iopoll => "IOPOLL",
+            UringMode::Sqpoll => "SQPOLL",
         };
+        let unsupported =
+            |e| BackingError::setup_failed(engine, option, "create a ring".to_string(), e);
         let (first, _) = build_ring(mode, 2, None, RingUse::Pooled).map_err(unsupported)?;
         if mode == UringMode::Sqpoll && !first.params().is_feature_ext_arg() {
             // Every wait on an SQPOLL ring is timed (`enter`): without the extended arguments
@@ -211,24 +217,80 @@ impl UringFile {
     }
 }
 
-/// One read through an IOPOLL ring: `EOPNOTSUPP` means the file system cannot poll.
+/// Checks that polled I/O works on the file, before any request depends on it: the device's
+/// queue must be able to poll (sysfs `queue/io_poll`, where the device is found there), and
+/// one polled read of a block holding data must not fail with `EOPNOTSUPP` (the file system
+/// has no iopoll). The read must reach the device: a hole, or a read past the end, is
+/// answered without a bio, and would pass on any device.
 fn probe_iopoll(shared: &Shared) -> Result<()> {
-    let mut buf = IoBuf::new(shared.file.block_bytes as usize);
+    let file = &shared.file;
+    let refuse = |reason: String| {
+        Err(BackingError::Unsupported { engine: file.engine, option: "IOPOLL", reason })
+    };
+    let device = device_io_poll(file);
+    if let Some((device, false)) = &device {
+        return refuse(format!(
+            "{} is on block device {device}, whose queue cannot poll (its queue/io_poll is 0; \
+             polled I/O would fail with EOPNOTSUPP): give the device poll queues (set \
+             nvme.poll_queues=N or virtio_blk.poll_queues=N); pick io_uring",
+            file.path.display()
+        ));
+    }
+    let Some(at) = first_data_block(file) else {
+        if device.is_some() {
+            return Ok(());
+        }
+        return refuse(format!(
+            "{} holds no data to probe polled I/O with, and its device is not in \
+             /sys/dev/block to ask: write some data first, or pick io_uring",
+            file.path.display()
+        ));
+    };
+    let mut buf = IoBuf::new(file.block_bytes as usize);
     let mut ring = shared.pool.take();
-    let fd = shared.file.fd();
-    match ring_transfer(&mut ring, fd, IoOp::Read, buf.as_mut_ptr(), buf.len(), 0) {
-        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Err(BackingError::Unsupported {
-            engine: shared.file.engine,
-            option: "IOPOLL",
-            reason: format!(
-                "{} cannot complete polled I/O (a polled read returned EOPNOTSUPP): its file \
-                 system has no iopoll, or its block device has no poll queues (set \
-                 nvme.poll_queues=N or virtio_blk.poll_queues=N); pick io_uring",
-                shared.file.path.display()
-            ),
-        }),
+    match ring_transfer(&mut ring, file.fd(), IoOp::Read, buf.as_mut_ptr(), buf.len(), at) {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => refuse(format!(
+            "{} cannot complete polled I/O (a polled read returned EOPNOTSUPP): its file \
+             system has no iopoll, or its block device has no poll queues (set \
+             nvme.poll_queues=N or virtio_blk.poll_queues=N); pick io_uring",
+            file.path.display()
+        )),
         _ => Ok(()),
     }
+}
+
+/// The block device under `file` (the file itself, or the one its file system is on), as
+/// `major:minor`, and whether its queue can poll, from sysfs (a partition's queue is its
+/// disk's). `None` where sysfs does not list it: a file system without one block device
+/// (overlayfs, btrfs, NFS) or no sysfs.
+fn device_io_poll(file: &BackingFile) -> Option<(String, bool)> {
+    let meta = file.file.metadata().ok()?;
+    let dev = if file.is_block_device { meta.rdev() } else { meta.dev() };
+    let device = format!("{}:{}", libc::major(dev), libc::minor(dev));
+    let base = Path::new("/sys/dev/block").join(&device);
+    let polls = ["queue/io_poll", "../queue/io_poll"]
+        .iter()
+        .find_map(|attr| std::fs::read_to_string(base.join(attr)).ok())?;
+    Some((device, polls.trim() != "0"))
+}
+
+/// The offset of the first block of `file` that holds data (`SEEK_DATA`), if any within its
+/// size; block 0 where the file system cannot tell.
+fn first_data_block(file: &BackingFile) -> Option<u64> {
+    let block = u64::from(file.block_bytes);
+    if file.size_bytes < block {
+        return None;
+    }
+    // SAFETY: lseek on a descriptor this `BackingFile` owns; it only moves the file offset,
+    // which no transfer uses (they are all positioned).
+    let at = unsafe { libc::lseek(file.fd(), 0, libc::SEEK_DATA) };
+    if at < 0 {
+        let e = io::Error::last_os_error();
+        // ENXIO: no data at or after 0. Anything else (EINVAL: no SEEK_DATA) tells nothing.
+        return (e.raw_os_error() != Some(libc::ENXIO)).then_some(0);
+    }
+    let at = at as u64 / block * block;
+    (at + block <= file.size_bytes).then_some(at)
 }
 
 /// Which file an entry names: a plain descriptor, or slot 0 of the ring's registered files
@@ -451,10 +513,9 @@ impl BackingStore for UringFile {
     }
     fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
         let (ring, task_run) = build_ring(self.shared.mode, depth as u32, None, RingUse::Queue)
-            .map_err(|e| BackingError::Unsupported {
-                engine: self.shared.file.engine,
-                option: "queue",
-                reason: format!("cannot create a ring of depth {depth}: {e}"),
+            .map_err(|e| {
+                let what = format!("create a ring of depth {depth}");
+                BackingError::setup_failed(self.shared.file.engine, "queue", what, e)
             })?;
         let batch_waits = task_run == TaskRun::Deferred
             && self.shared.punted
@@ -670,10 +731,11 @@ impl IoQueue for UringQueue {
 
     fn reap(&mut self, min: usize, out: &mut Vec<IoCompletion>) -> Result<usize> {
         let mut got = self.slots.drain_ready(out);
+        let mut entered = false;
         loop {
             self.drain_cq();
             got += self.slots.drain_ready(out);
-            if got >= min || self.slots.in_kernel() == 0 {
+            if got >= min.max(1) || self.slots.in_kernel() == 0 || entered {
                 // Whatever was pushed goes to the kernel now, not at the next wait: a caller
                 // that keeps finding completions would otherwise hold its new requests back
                 // while the kernel runs dry.
@@ -684,8 +746,14 @@ impl IoQueue for UringQueue {
             }
             self.fill_sq();
             self.enable()?;
-            // Only deferred rings (see `TaskRun::Deferred`) are single-issuer.
-            if self.ring.params().is_setup_single_issuer() {
+            if min == 0 {
+                // A poll that found nothing: one enter without waiting, which runs deferred
+                // or cooperative completion work when the ring flags it (the task-run flag)
+                // and polls an IOPOLL ring once. Without it a deferred ring posts nothing.
+                self.submit()?;
+                entered = true;
+            } else if self.ring.params().is_setup_single_issuer() {
+                // Only deferred rings (see `TaskRun::Deferred`) are single-issuer.
                 self.wait_deferred()?;
             } else {
                 self.spin.wait(&mut self.ring);

@@ -68,7 +68,11 @@ fn targets(kind: EngineKind) -> Vec<Target> {
         Err(
             err @ BackingError::Unsupported { engine: "io_uring-iopoll", option: "IOPOLL", .. },
         ) => {
-            assert!(err.to_string().contains("EOPNOTSUPP"), "unclear refusal: {err}");
+            let msg = err.to_string();
+            assert!(
+                msg.contains("EOPNOTSUPP") && msg.contains("poll_queues"),
+                "unclear refusal: {msg}"
+            );
             eprintln!("skipping io_uring-iopoll data tests: {err}");
             vec![]
         }
@@ -363,6 +367,37 @@ fn a_queue_dropped_unreaped_leaves_nothing_behind(kind: EngineKind, target: Targ
     }
 }
 
+/// A caller that polls with `reap(0)` and never waits (an event loop polling several sources)
+/// gets every completion: `reap(0)` enters the kernel itself where the ring needs that to post
+/// them (deferred or cooperative task work, IOPOLL), and libaio collects without waiting.
+fn a_poller_that_never_waits_gets_every_completion(kind: EngineKind, target: Target) {
+    let (file, data) = scratch(target, 15);
+    let store = open(kind, target, &file);
+    let mut queue = store.open_queue(8).expect("queue");
+    for i in 0..4u64 {
+        queue.push(IoRequest::read(i * 8192, IoBuf::new(4096), i)).expect("push");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut out = Vec::new();
+    let mut polls = 0u64;
+    while out.len() < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{kind}/{}: {} of 4 completions after {polls} polls of reap(0) in 10 s",
+            target.label,
+            out.len()
+        );
+        queue.reap(0, &mut out).expect("reap(0)");
+        polls += 1;
+    }
+    assert_eq!(queue.in_flight(), 0);
+    for c in out {
+        c.result.expect("read");
+        let at = c.user_data as usize * 8192;
+        assert!(c.buf[..] == data[at..at + 4096], "{kind}/{}: read {at} differs", target.label);
+    }
+}
+
 fn many_in_flight_from_threads(kind: EngineKind, target: Target) {
     const THREADS: u64 = 4;
     const BLOCKS_PER_THREAD: u64 = 256;
@@ -515,6 +550,12 @@ macro_rules! conformance {
                 }
             }
             #[test]
+            fn a_poller_that_never_waits_gets_every_completion() {
+                for t in targets($kind) {
+                    super::a_poller_that_never_waits_gets_every_completion($kind, t)
+                }
+            }
+            #[test]
             fn many_in_flight_from_threads() {
                 for t in targets($kind) { super::many_in_flight_from_threads($kind, t) }
             }
@@ -563,6 +604,85 @@ fn unsupported_combinations_are_named() {
         } => {}
         other => panic!("expected a named refusal, got {other:?}"),
     }
+}
+
+/// IOPOLL is refused on a file whose device cannot poll even when the file has no data yet
+/// (made by `truncate`, or past its end): a read of a hole never reaches the device, so a
+/// probe that only reads could pass there and leave every later write to fail.
+#[test]
+fn io_uring_iopoll_opens_over_holes_only_where_the_device_polls() {
+    let written = match targets(EngineKind::IoUringIopoll).is_empty() {
+        true => "refused",
+        false => "accepted",
+    };
+    for len in [FILE_BYTES, 0] {
+        let file = tempfile::NamedTempFile::new_in(dir_for(DISK_DIRECT)).expect("scratch file");
+        file.as_file().set_len(len).expect("sparse length");
+        let opened =
+            open_backing(file.path(), &EngineOptions::new(EngineKind::IoUringIopoll, true));
+        match (written, opened) {
+            ("refused", Err(BackingError::Unsupported { option: "IOPOLL", .. })) => {}
+            ("refused", Ok(_)) => panic!(
+                "a {len}-byte sparse file on a device that cannot poll was accepted for IOPOLL"
+            ),
+            ("accepted", Ok(_)) => {}
+            (written, other) => panic!(
+                "{len}-byte sparse file (a written one was {written}): {:?}",
+                other.map(|store| store.engine_name())
+            ),
+        }
+    }
+}
+
+/// Run out of file descriptors, io_uring's setup fails with `EMFILE`: a resource error that
+/// keeps the errno, not "io_uring is not supported here" (which would also make the default
+/// engine fall back to psync, silently, for a passing shortage). Runs in a child process,
+/// since the descriptor limit is the whole process's.
+#[test]
+fn a_ring_without_descriptors_is_a_resource_error() {
+    const CHILD: &str = "PMCACHE_TEST_NOFILE_CHILD";
+    let name = "a_ring_without_descriptors_is_a_resource_error";
+    if std::env::var_os(CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .expect("run the child");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("1 passed"), "child failed:\n{text}");
+        return;
+    }
+    let (file, _) = scratch(DISK_DIRECT, 16);
+    let store = open(EngineKind::IoUring, DISK_DIRECT, &file);
+    // Every descriptor below a low limit taken, then one given back: enough to open the file,
+    // none left for the ring.
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit write and read the struct passed, which lives on the stack.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        limit.rlim_cur = limit.rlim_cur.min(256);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+    }
+    let mut held = Vec::new();
+    while let Ok(f) = std::fs::File::open("/dev/null") {
+        held.push(f);
+    }
+    let err = match store.open_queue(8) {
+        Err(err) => err,
+        Ok(_) => panic!("a queue's ring was created with no descriptor free"),
+    };
+    assert!(matches!(err, BackingError::NoResources { engine: "io_uring", .. }), "{err:?}");
+    assert_eq!(err.errno(), libc::EMFILE, "{err}");
+    assert!(err.to_string().contains("create a ring of depth 8"), "{err}");
+    held.pop();
+    let opts = EngineOptions::default();
+    let err = match open_backing(file.path(), &opts) {
+        Err(err) => err,
+        Ok(store) => panic!("opened with {} and no descriptor for its ring", store.engine_name()),
+    };
+    assert!(matches!(err, BackingError::NoResources { engine: "io_uring", .. }), "{err:?}");
+    assert_eq!(err.errno(), libc::EMFILE, "{err}");
 }
 
 /// Defaults: a regular file on a file system with O_DIRECT gets io_uring + O_DIRECT.
