@@ -23,6 +23,8 @@ use crate::export::BlockSizes;
 
 /// The block size a client that negotiates none keeps to, per the spec's advice.
 const INTEROPERABLE_MIN_BLOCK_BYTES: u32 = 512;
+/// The largest read or write such a client sends, per the same advice (2^25).
+const INTEROPERABLE_MAX_PAYLOAD_BYTES: u32 = 32 << 20;
 
 /// `NBDMAGIC`, the first eight bytes the server sends.
 pub const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
@@ -182,8 +184,12 @@ pub const SIMPLE_REPLY_BYTES: usize = 16;
 pub const STRUCTURED_HEADER_BYTES: usize = 20;
 /// Size of a structured read reply header: chunk header plus the 8-byte offset.
 pub const STRUCTURED_READ_HEADER_BYTES: usize = STRUCTURED_HEADER_BYTES + 8;
-/// Largest option data the server accepts; anything larger closes the connection.
+/// Largest option data the server reads and handles.
 pub const OPTION_DATA_BYTES_MAX: u32 = 16 * 1024;
+/// Largest option data the server reads past (discarding it) to answer `NBD_REP_ERR_TOO_BIG`
+/// and go on; anything larger closes the connection. No option this server supports needs
+/// more than [`OPTION_DATA_BYTES_MAX`]; the handshake's deadline bounds the time spent.
+pub const OPTION_DISCARD_BYTES_MAX: u32 = 1 << 20;
 /// Longest export name (and any string) the spec allows.
 pub const STRING_BYTES_MAX: usize = 4096;
 /// Most options one client may send before the server gives up on it.
@@ -200,7 +206,8 @@ pub enum ProtocolError {
     /// An option did not start with `IHAVEOPT`.
     #[error("bad option magic {0:#x}")]
     BadOptionMagic(u64),
-    /// An option's data length exceeds [`OPTION_DATA_BYTES_MAX`].
+    /// An option's data length exceeds [`OPTION_DISCARD_BYTES_MAX`] (or, for
+    /// `NBD_OPT_EXPORT_NAME`, which has no error reply, [`OPTION_DATA_BYTES_MAX`]).
     #[error("option data of {0} bytes exceeds the limit")]
     OptionTooLarge(u32),
     /// More than [`OPTIONS_PER_HANDSHAKE_MAX`] options.
@@ -273,11 +280,21 @@ pub fn greeting() -> [u8; GREETING_BYTES] {
 pub struct OptionHeader {
     /// The option code (`OPT_*`).
     pub option: u32,
-    /// Length of the option data that follows; at most [`OPTION_DATA_BYTES_MAX`].
+    /// Length of the option data that follows; at most [`OPTION_DISCARD_BYTES_MAX`]. Above
+    /// [`OPTION_DATA_BYTES_MAX`] the data is discarded and the option answered
+    /// `NBD_REP_ERR_TOO_BIG` by [`Negotiation::handle_option`].
     pub data_len_bytes: u32,
 }
 
-/// Decodes an option header; rejects bad magic and oversized data (both close the connection).
+impl OptionHeader {
+    /// Whether the option's data is too large to handle (see [`OPTION_DATA_BYTES_MAX`]).
+    pub fn is_oversized(&self) -> bool {
+        self.data_len_bytes > OPTION_DATA_BYTES_MAX
+    }
+}
+
+/// Decodes an option header; rejects bad magic and data beyond what the server reads past
+/// (both close the connection).
 pub fn decode_option_header(b: &[u8; OPTION_HEADER_BYTES]) -> Result<OptionHeader, ProtocolError> {
     let magic = u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
     if magic != IHAVEOPT {
@@ -285,7 +302,7 @@ pub fn decode_option_header(b: &[u8; OPTION_HEADER_BYTES]) -> Result<OptionHeade
     }
     let option = u32::from_be_bytes([b[8], b[9], b[10], b[11]]);
     let data_len_bytes = u32::from_be_bytes([b[12], b[13], b[14], b[15]]);
-    if data_len_bytes > OPTION_DATA_BYTES_MAX {
+    if data_len_bytes > OPTION_DISCARD_BYTES_MAX {
         return Err(ProtocolError::OptionTooLarge(data_len_bytes));
     }
     Ok(OptionHeader { option, data_len_bytes })
@@ -379,16 +396,42 @@ impl<'a> Negotiation<'a> {
         })
     }
 
-    /// Handles one option whose data has been read in full; appends any reply to `out`.
+    /// Answers an option whose data is too large to handle ([`OptionHeader::is_oversized`]):
+    /// `NBD_REP_ERR_TOO_BIG`, and the haggling goes on once the caller has read past the data.
+    /// `NBD_OPT_EXPORT_NAME` has no error reply: it closes (no export name is that long).
+    fn refuse_oversized(&self, header: OptionHeader, out: &mut Vec<u8>) -> OptionOutcome {
+        if header.option == OPT_EXPORT_NAME {
+            return OptionOutcome::Close(ProtocolError::OptionTooLarge(header.data_len_bytes));
+        }
+        let message = format!(
+            "option data of {} bytes is larger than this server handles ({OPTION_DATA_BYTES_MAX})",
+            header.data_len_bytes
+        );
+        error_reply(out, header.option, REP_ERR_TOO_BIG, &message);
+        OptionOutcome::Continue
+    }
+
+    /// Counts an option; the one past [`OPTIONS_PER_HANDSHAKE_MAX`] closes the connection.
+    fn count_option(&mut self) -> Option<OptionOutcome> {
+        self.options_seen = self.options_seen.saturating_add(1);
+        (self.options_seen > OPTIONS_PER_HANDSHAKE_MAX)
+            .then_some(OptionOutcome::Close(ProtocolError::TooManyOptions))
+    }
+
+    /// Handles one option whose data has been read in full; appends any reply to `out`. An
+    /// oversized option ([`OptionHeader::is_oversized`]) is answered without its data, which
+    /// the caller reads past (or passes anyway): `NBD_REP_ERR_TOO_BIG`.
     pub fn handle_option(
         &mut self,
         header: OptionHeader,
         data: &[u8],
         out: &mut Vec<u8>,
     ) -> OptionOutcome {
-        self.options_seen = self.options_seen.saturating_add(1);
-        if self.options_seen > OPTIONS_PER_HANDSHAKE_MAX {
-            return OptionOutcome::Close(ProtocolError::TooManyOptions);
+        if let Some(close) = self.count_option() {
+            return close;
+        }
+        if header.is_oversized() {
+            return self.refuse_oversized(header, out);
         }
         let opt = header.option;
         match opt {
@@ -466,13 +509,18 @@ impl<'a> Negotiation<'a> {
         let requested =
             |ty: u16| requests.chunks_exact(2).any(|c| u16::from_be_bytes([c[0], c[1]]) == ty);
         let block_size_requested = requested(INFO_BLOCK_SIZE);
-        // A client that asks for no block sizes keeps to 512-byte multiples if it wants to
-        // interoperate (the spec's advice; `nbd-client` sends a bare GO): an export whose
-        // minimum is at most that serves it, refusing misaligned requests with EINVAL as it
-        // does after `NBD_OPT_EXPORT_NAME`. Only a larger minimum must be agreed first.
+        // A client that asks for no block sizes keeps to 512-byte multiples and to reads and
+        // writes of at most 32 MiB if it wants to interoperate (the spec's advice;
+        // `nbd-client` sends a bare GO): an export whose limits allow that serves it, refusing
+        // misaligned requests with EINVAL as it does after `NBD_OPT_EXPORT_NAME`. A larger
+        // minimum, or a maximum below 32 MiB (and below the export's size, which bounds every
+        // request anyway), must be agreed first.
+        let sizes = &self.export.block_sizes;
+        let payload_bound = u64::from(INTEROPERABLE_MAX_PAYLOAD_BYTES).min(self.export.size_bytes);
         if opt == OPT_GO
             && !block_size_requested
-            && self.export.block_sizes.min_bytes > INTEROPERABLE_MIN_BLOCK_BYTES
+            && (sizes.min_bytes > INTEROPERABLE_MIN_BLOCK_BYTES
+                || u64::from(sizes.max_bytes) < payload_bound)
         {
             error_reply(
                 out,
@@ -896,19 +944,37 @@ pub(crate) mod tests {
     /// A GO that asks for no block sizes (as `nbd-client` sends it) enters transmission on an
     /// export whose minimum is 512 bytes; only a larger minimum must be agreed first.
     #[test]
-    fn go_without_block_size_request_is_refused_only_above_512() {
+    fn go_without_block_size_request_is_refused_only_beyond_the_interoperable_sizes() {
         let data = go(b"", &[]);
         let h = OptionHeader { option: OPT_GO, data_len_bytes: data.len() as u32 };
-        let e = export();
-        let mut n = Negotiation::new(&e, [0, 0, 0, 1]).expect("valid flags");
-        let mut out = Vec::new();
-        assert!(matches!(n.handle_option(h, &data, &mut out), OptionOutcome::Transmission(_)));
-        let mut e = export();
-        e.block_sizes.min_bytes = 4096;
-        let mut n = Negotiation::new(&e, [0, 0, 0, 1]).expect("valid flags");
-        let mut out = Vec::new();
-        assert_eq!(n.handle_option(h, &data, &mut out), OptionOutcome::Continue);
-        assert_eq!(be_u32(&out, 12), Some(REP_ERR_BLOCK_SIZE_REQD));
+        // (size, min, max): served when min <= 512 and max >= min(32 MiB, size).
+        for (size_bytes, min_bytes, max_bytes, served) in [
+            (1 << 20, 512, 1 << 20, true),
+            (1 << 30, 512, 32 << 20, true),
+            (1 << 30, 1, 32 << 20, true),
+            (1 << 20, 4096, 1 << 20, false),
+            (1 << 20, 512, 1 << 16, false),
+            (1 << 30, 512, (32 << 20) - 512, false),
+        ] {
+            let mut e = export();
+            e.size_bytes = size_bytes;
+            e.block_sizes = BlockSizes { min_bytes, preferred_bytes: 4096, max_bytes };
+            let mut n = Negotiation::new(&e, [0, 0, 0, 1]).expect("valid flags");
+            let mut out = Vec::new();
+            let outcome = n.handle_option(h, &data, &mut out);
+            let case = format!("size {size_bytes}, min {min_bytes}, max {max_bytes}");
+            if served {
+                assert!(matches!(outcome, OptionOutcome::Transmission(_)), "{case}: {outcome:?}");
+            } else {
+                assert_eq!(outcome, OptionOutcome::Continue, "{case}");
+                assert_eq!(be_u32(&out, 12), Some(REP_ERR_BLOCK_SIZE_REQD), "{case}");
+                // Asking for the sizes is all it takes.
+                let asked = go(b"", &[INFO_BLOCK_SIZE]);
+                let h = OptionHeader { option: OPT_GO, data_len_bytes: asked.len() as u32 };
+                let outcome = n.handle_option(h, &asked, &mut Vec::new());
+                assert!(matches!(outcome, OptionOutcome::Transmission(_)), "{case}: {outcome:?}");
+            }
+        }
     }
 
     #[test]
@@ -1040,21 +1106,54 @@ pub(crate) mod tests {
         assert_eq!(e.transmission_flags(true), always + FLAG_SEND_DF);
     }
 
-    /// Option data up to 16 KiB is read; one byte more closes the connection.
+    /// Option data up to 16 KiB is handled; beyond it up to 1 MiB the option is answered
+    /// `ERR_TOO_BIG` (the server reads past the data) and the haggling goes on, except for
+    /// `EXPORT_NAME`, which has no error reply; beyond 1 MiB the connection closes.
     #[test]
-    fn option_data_is_bounded_at_16_kib() {
+    fn option_data_is_handled_to_16_kib_and_refused_to_1_mib() {
         let mut b = [0u8; OPTION_HEADER_BYTES];
         b[0..8].copy_from_slice(&IHAVEOPT.to_be_bytes());
         b[8..12].copy_from_slice(&OPT_GO.to_be_bytes());
-        b[12..16].copy_from_slice(&(16 * 1024u32).to_be_bytes());
-        assert_eq!(
-            decode_option_header(&b),
-            Ok(OptionHeader { option: OPT_GO, data_len_bytes: 16 * 1024 })
-        );
-        b[12..16].copy_from_slice(&(16 * 1024 + 1u32).to_be_bytes());
-        assert_eq!(decode_option_header(&b), Err(ProtocolError::OptionTooLarge(16 * 1024 + 1)));
+        for len in [16 * 1024u32, 16 * 1024 + 1, 1 << 20] {
+            b[12..16].copy_from_slice(&len.to_be_bytes());
+            let header = decode_option_header(&b).expect("decoded");
+            assert_eq!(header, OptionHeader { option: OPT_GO, data_len_bytes: len });
+            assert_eq!(header.is_oversized(), len > 16 * 1024);
+        }
+        b[12..16].copy_from_slice(&((1u32 << 20) + 1).to_be_bytes());
+        assert_eq!(decode_option_header(&b), Err(ProtocolError::OptionTooLarge((1 << 20) + 1)));
         b[0] ^= 1;
         assert!(matches!(decode_option_header(&b), Err(ProtocolError::BadOptionMagic(_))));
+
+        let e = export();
+        let mut n = Negotiation::new(&e, [0, 0, 0, 1]).expect("valid flags");
+        let big = OptionHeader { option: OPT_SET_META_CONTEXT, data_len_bytes: 20_000 };
+        let mut out = Vec::new();
+        assert_eq!(n.handle_option(big, &[], &mut out), OptionOutcome::Continue);
+        let replies = option_replies(&out);
+        assert_eq!(replies.len(), 1);
+        let (option, reply_type, message) = &replies[0];
+        assert_eq!((*option, *reply_type), (OPT_SET_META_CONTEXT, REP_ERR_TOO_BIG));
+        assert_eq!(
+            String::from_utf8_lossy(message),
+            "option data of 20000 bytes is larger than this server handles (16384)"
+        );
+        // The haggling goes on.
+        let data = go(b"pm", &[INFO_BLOCK_SIZE]);
+        let h = OptionHeader { option: OPT_GO, data_len_bytes: data.len() as u32 };
+        assert!(matches!(
+            n.handle_option(h, &data, &mut Vec::new()),
+            OptionOutcome::Transmission(_)
+        ));
+
+        let mut n = Negotiation::new(&e, [0, 0, 0, 1]).expect("valid flags");
+        let big = OptionHeader { option: OPT_EXPORT_NAME, data_len_bytes: 20_000 };
+        let mut out = Vec::new();
+        assert_eq!(
+            n.handle_option(big, &[], &mut out),
+            OptionOutcome::Close(ProtocolError::OptionTooLarge(20_000))
+        );
+        assert!(out.is_empty());
     }
 
     /// A client gets 256 options; the 257th closes the connection.

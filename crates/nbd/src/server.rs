@@ -386,8 +386,18 @@ fn handshake<T: Transport, E: Export>(
         let mut hb = [0u8; OPTION_HEADER_BYTES];
         wire.read_exact(&mut hb)?;
         let header = codec::decode_option_header(&hb)?;
-        let data = &mut data[..header.data_len_bytes as usize];
-        wire.read_exact(data)?;
+        // Oversized data is read past (bounded by `OPTION_DISCARD_BYTES_MAX` and the handshake
+        // deadline) and the option refused; the rest is read in full.
+        let data = if header.is_oversized() {
+            if header.option != codec::OPT_EXPORT_NAME {
+                wire.discard(u64::from(header.data_len_bytes))?;
+            }
+            &mut data[..0]
+        } else {
+            let data = &mut data[..header.data_len_bytes as usize];
+            wire.read_exact(data)?;
+            data
+        };
         let mark = wire.out.len();
         // What ends the haggling, once the replies made so far are sent.
         let done = match negotiation.handle_option(header, data, &mut wire.out) {

@@ -191,6 +191,13 @@ fn malformed_requests_get_spec_errors_and_connection_keeps_working() {
     c.request(CMD_WRITE_ZEROES, 0, 13, MIB, 512, &[]); // zeroes past the end
     c.request(CMD_READ, 0, 14, 512 * 1024, 4096, &[]); // export fails with EIO
     c.request(CMD_WRITE, 0, 15, 512 * 1024, 512, &[3; 512]); // export fails with EIO
+    c.request(5, 0, 16, 0, 512, &[]); // CACHE: not advertised
+    let wraps = u64::MAX - 511; // aligned, and offset + length wraps past 2^64
+    c.request(CMD_READ, 0, 17, wraps, 1024, &[]);
+    c.request(CMD_WRITE, 0, 18, wraps, 1024, &[5; 1024]);
+    c.request(CMD_TRIM, 0, 19, wraps, 1024, &[]);
+    let huge = vec![0xdd; 600 * 1024]; // oversize, and more than the read buffer holds
+    c.request(CMD_WRITE, 0, 20, 0, huge.len() as u32, &huge);
     let want = [
         NBD_EINVAL,
         NBD_ENOSPC,
@@ -207,6 +214,11 @@ fn malformed_requests_get_spec_errors_and_connection_keeps_working() {
         NBD_ENOSPC,
         NBD_EIO,
         NBD_EIO,
+        NBD_EINVAL,
+        NBD_EINVAL,
+        NBD_ENOSPC,
+        NBD_EINVAL,
+        NBD_EOVERFLOW,
     ];
     for (i, w) in want.iter().enumerate() {
         assert_eq!(c.simple_reply(), (*w, i as u64 + 1), "request {}", i + 1);
@@ -261,11 +273,13 @@ fn structured_replies_for_reads() {
 }
 
 /// A GO that asks for no block sizes, as `nbd-client` sends it: an export with a 512-byte
-/// minimum serves it (misaligned requests get EINVAL, aligned ones work); one with a 4 KiB
-/// minimum answers `ERR_BLOCK_SIZE_REQD` and the handshake goes on.
+/// minimum whose maximum request is at least 32 MiB, or the export's size, serves it
+/// (misaligned requests get EINVAL, aligned ones work); one with a 4 KiB minimum, or with a
+/// 64 KiB maximum on a 1 MiB export, answers `ERR_BLOCK_SIZE_REQD` and the handshake goes on.
 #[test]
-fn a_bare_go_is_served_at_a_512_byte_minimum() {
-    let server = aligned_server();
+fn a_bare_go_is_served_within_the_interoperable_sizes() {
+    let bs = BlockSizes { min_bytes: 512, preferred_bytes: 4096, max_bytes: 1 << 20 };
+    let server = TestServer::start_with(MIB, bs, Via::Tcp, |_| {});
     let mut c = Client::connect(server.tcp_addr());
     c.send(&3u32.to_be_bytes());
     c.go(&[]);
@@ -273,16 +287,24 @@ fn a_bare_go_is_served_at_a_512_byte_minimum() {
     assert_eq!(c.simple_reply(), (libc::EINVAL as u32, 1));
     c.request(CMD_WRITE, 0, 2, 512, 512, &[3; 512]);
     assert_eq!(c.simple_reply(), (0, 2));
+    // A write of the whole export, the most a client that negotiated nothing can send here.
+    c.request(CMD_WRITE, 0, 3, 0, MIB as u32, &vec![4; MIB as usize]);
+    assert_eq!(c.simple_reply(), (0, 3));
     server.stop();
 
-    let bs = BlockSizes { min_bytes: 4096, preferred_bytes: 4096, max_bytes: 1 << 20 };
-    let server = TestServer::start_with(MIB, bs, Via::Tcp, |_| {});
-    let mut c = Client::connect(server.tcp_addr());
-    c.send(&3u32.to_be_bytes());
-    c.option(OPT_GO, &go_data(NAME, &[]));
-    assert_eq!(c.opt_reply().reply_type, REP_ERR_BLOCK_SIZE_REQD);
-    c.go(&[INFO_BLOCK_SIZE]);
-    server.stop();
+    let too_small = [
+        BlockSizes { min_bytes: 4096, preferred_bytes: 4096, max_bytes: 1 << 20 },
+        BlockSizes { min_bytes: 512, preferred_bytes: 4096, max_bytes: 64 << 10 },
+    ];
+    for bs in too_small {
+        let server = TestServer::start_with(MIB, bs, Via::Tcp, |_| {});
+        let mut c = Client::connect(server.tcp_addr());
+        c.send(&3u32.to_be_bytes());
+        c.option(OPT_GO, &go_data(NAME, &[]));
+        assert_eq!(c.opt_reply().reply_type, REP_ERR_BLOCK_SIZE_REQD, "{bs:?}");
+        c.go(&[INFO_BLOCK_SIZE]);
+        server.stop();
+    }
 }
 
 #[test]
@@ -290,8 +312,12 @@ fn option_errors_keep_the_handshake_going() {
     let server = aligned_server();
     let mut c = Client::connect(server.tcp_addr());
     c.send(&1u32.to_be_bytes()); // fixed newstyle, zeroes wanted
-    let cases: [(u32, Vec<u8>, u32); 6] = [
+    let cases: [(u32, Vec<u8>, u32); 8] = [
         (OPT_LIST, vec![1], REP_ERR_INVALID),
+        // Too large to handle: read past and refused (five 4096-byte meta-context queries
+        // would be about this size); the bytes are not taken for the next option.
+        (OPT_SET_META_CONTEXT, vec![0x49; 20_000], REP_ERR_TOO_BIG),
+        (99, vec![0x49; 1 << 20], REP_ERR_TOO_BIG),
         (99, vec![1, 2, 3], REP_ERR_UNSUP),
         (OPT_STARTTLS, vec![], REP_ERR_UNSUP),
         (OPT_GO, go_data("nope", &[INFO_BLOCK_SIZE]), REP_ERR_UNKNOWN),
@@ -355,6 +381,16 @@ fn garbage_handshakes_close_only_their_connection() {
     c.send(&3u32.to_be_bytes());
     c.send(&IHAVEOPT.to_be_bytes());
     c.send(&[0, 0, 0, 7, 0x40, 0, 0, 0]);
+    bad.push(c);
+    let mut c = Client::connect(addr); // one byte more than the server reads past
+    c.send(&3u32.to_be_bytes());
+    c.send(&IHAVEOPT.to_be_bytes());
+    c.send(&[0, 0, 0, 7]);
+    c.send(&((1u32 << 20) + 1).to_be_bytes());
+    bad.push(c);
+    let mut c = Client::connect(addr); // an export name too long for any export (no error reply)
+    c.send(&3u32.to_be_bytes());
+    c.option(OPT_EXPORT_NAME, &[b'x'; 20_000]);
     bad.push(c);
     let mut c = Client::connect(addr); // unknown export via NBD_OPT_EXPORT_NAME
     c.send(&3u32.to_be_bytes());
@@ -583,6 +619,8 @@ fn remote_listen_needs_explicit_flag() {
 fn pipelined_writes_are_batched_and_each_answered() {
     let server = aligned_server();
     let export = server.export.clone();
+    // Block 10 fails in the export: the write there sits inside a batch of the second run.
+    export.set_fault(Some((10 * 4096, 11 * 4096, libc::EIO)));
     let mut c = Client::ready(server.tcp_addr(), false);
     let request = |command: u16, cookie: u64, offset: u64, payload: &[u8]| {
         let mut b = REQUEST_MAGIC.to_be_bytes().to_vec();
@@ -605,7 +643,11 @@ fn pipelined_writes_are_batched_and_each_answered() {
     }
     c.send(&burst);
     for cookie in (10..18).chain(20..24) {
-        let expected = if cookie == 17 { NBD_ENOSPC } else { 0 };
+        let expected = match cookie {
+            17 => NBD_ENOSPC,
+            22 => NBD_EIO,
+            _ => 0,
+        };
         assert_eq!(c.simple_reply(), (expected, cookie), "reply for cookie {cookie}");
     }
     let stats = export.stats();
@@ -618,9 +660,11 @@ fn pipelined_writes_are_batched_and_each_answered() {
         export.read_at(i * 4096, &mut b).expect("read");
         assert_eq!(b, [i as u8 + 1; 4096], "block {i}");
     }
+    export.set_fault(None);
     for i in 0..4u64 {
         export.read_at((8 + i) * 4096, &mut b).expect("read");
-        assert_eq!(b, [i as u8 + 50; 4096], "block {}", 8 + i);
+        let want = if i == 2 { [0; 4096] } else { [i as u8 + 50; 4096] };
+        assert_eq!(b, want, "block {}", 8 + i);
     }
     c.assert_works(64 * 4096, 100);
     server.stop();
