@@ -128,7 +128,14 @@ pub(crate) struct Slots {
 struct Slot {
     req: IoRequest,
     done_bytes: usize,
+    /// Times the kernel answered `EINTR` or `EAGAIN` for this request (see [`Slots::on_result`]).
+    transient_failures: u32,
 }
+
+/// How many times a queued request is issued again after `EINTR` or `EAGAIN` before that
+/// error is its result: the synchronous calls retry `EINTR` too, and an IOPOLL ring can answer
+/// `EAGAIN` when the device had no tag free at that moment.
+pub(crate) const TRANSIENT_RETRIES_MAX: u32 = 8;
 
 /// The part of a slot's request still to transfer.
 pub(crate) struct Remaining {
@@ -194,7 +201,7 @@ impl Slots {
     pub fn insert(&mut self, req: IoRequest) -> usize {
         let index = self.free.pop().expect("insert into a full queue");
         assert!(self.slots[index].is_none());
-        self.slots[index] = Some(Slot { req, done_bytes: 0 });
+        self.slots[index] = Some(Slot { req, done_bytes: 0, transient_failures: 0 });
         self.in_flight += 1;
         index
     }
@@ -212,12 +219,28 @@ impl Slots {
     }
 
     /// Records a kernel result for a slot. Returns `true` when the slot must be issued again for
-    /// its remainder (a short transfer); otherwise the request is complete and ready.
+    /// its remainder (a short transfer, or `EINTR`/`EAGAIN` up to [`TRANSIENT_RETRIES_MAX`]
+    /// times); otherwise the request is complete and ready.
+    ///
+    /// A result for a slot that holds no request, or one moving more bytes than asked, means
+    /// the kernel and this table disagree about which buffers it may still write into: the
+    /// process aborts rather than unwind and free them.
     pub fn on_result(&mut self, index: usize, res: io::Result<usize>) -> bool {
-        let slot = self.slots[index].as_mut().expect("completion for an empty slot");
+        let Some(slot) = self.slots.get_mut(index).and_then(Option::as_mut) else {
+            crate::abort_with_io_in_flight(format_args!(
+                "a completion for queue slot {index}, which holds no request"
+            ))
+        };
         let op = slot.req.op;
         let (offset, len) = (slot.req.offset, slot.req.buf.len() as u64);
         let result = match res {
+            Err(source)
+                if matches!(source.raw_os_error(), Some(libc::EINTR | libc::EAGAIN))
+                    && slot.transient_failures < TRANSIENT_RETRIES_MAX =>
+            {
+                slot.transient_failures += 1;
+                return true;
+            }
             Err(source) => Err(BackingError::Io { op: op.name(), offset, len, source }),
             Ok(_) if op == IoOp::Flush => Ok(()),
             Ok(0) if slot.done_bytes < slot.req.buf.len() => {
@@ -228,8 +251,13 @@ impl Slots {
                 })
             }
             Ok(n) => {
+                if n > slot.req.buf.len() - slot.done_bytes {
+                    crate::abort_with_io_in_flight(format_args!(
+                        "the kernel moved {n} bytes for queue slot {index}, which asked for {}",
+                        slot.req.buf.len() - slot.done_bytes
+                    ))
+                }
                 slot.done_bytes += n;
-                assert!(slot.done_bytes <= slot.req.buf.len(), "kernel moved more than asked");
                 if slot.done_bytes < slot.req.buf.len() {
                     return true;
                 }
@@ -319,5 +347,90 @@ impl IoQueue for SyncQueue {
         let n = self.done.len();
         out.extend(self.done.drain(..));
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_read(len: usize) -> (Slots, usize) {
+        let mut slots = Slots::new(4);
+        let slot = slots.admit(IoRequest::read(4096, IoBuf::new(len), 9), Ok(())).expect("slot");
+        (slots, slot)
+    }
+
+    fn done(slots: &mut Slots) -> IoCompletion {
+        let mut out = Vec::new();
+        assert_eq!(slots.drain_ready(&mut out), 1);
+        assert_eq!(slots.in_flight(), 0);
+        out.pop().expect("one completion")
+    }
+
+    #[test]
+    fn a_short_transfer_is_issued_again_for_its_remainder_then_reported_at_the_end() {
+        let (mut slots, slot) = one_read(1000);
+        assert!(slots.on_result(slot, Ok(100)));
+        let rem = slots.remaining(slot);
+        assert_eq!((rem.op, rem.offset, rem.len), (IoOp::Read, 4196, 900));
+        assert!(slots.on_result(slot, Ok(400)));
+        assert_eq!(slots.remaining(slot).offset, 4596);
+        assert!(!slots.on_result(slot, Ok(0)));
+        let c = done(&mut slots);
+        assert!(
+            matches!(c.result, Err(BackingError::ShortRead { offset: 4096, len: 1000, got: 500 })),
+            "{:?}",
+            c.result
+        );
+        assert_eq!(c.user_data, 9);
+    }
+
+    #[test]
+    fn interrupted_and_busy_results_are_retried_a_bounded_number_of_times() {
+        let (mut slots, slot) = one_read(512);
+        assert!(slots.on_result(slot, Err(io::Error::from_raw_os_error(libc::EINTR))));
+        assert!(slots.on_result(slot, Err(io::Error::from_raw_os_error(libc::EAGAIN))));
+        assert!(!slots.on_result(slot, Ok(512)));
+        done(&mut slots).result.expect("read after two retries");
+
+        let (mut slots, slot) = one_read(512);
+        for _ in 0..TRANSIENT_RETRIES_MAX {
+            assert!(slots.on_result(slot, Err(io::Error::from_raw_os_error(libc::EAGAIN))));
+        }
+        assert!(!slots.on_result(slot, Err(io::Error::from_raw_os_error(libc::EAGAIN))));
+        let err = done(&mut slots).result.unwrap_err();
+        assert!(matches!(err, BackingError::Io { op: "read", offset: 4096, len: 512, .. }));
+        assert_eq!(err.errno(), libc::EAGAIN);
+
+        let (mut slots, slot) = one_read(512);
+        assert!(!slots.on_result(slot, Err(io::Error::from_raw_os_error(libc::EIO))));
+        assert_eq!(done(&mut slots).result.unwrap_err().errno(), libc::EIO);
+    }
+
+    /// A completion naming a slot with no request aborts the process (it may not unwind and
+    /// free buffers the kernel could still write into): checked in a child process.
+    #[test]
+    fn a_completion_for_an_empty_slot_aborts() {
+        const CHILD: &str = "PMCACHE_TEST_EMPTY_SLOT_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            let (mut slots, _) = one_read(512);
+            slots.on_result(3, Ok(512));
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "queue::tests::a_completion_for_an_empty_slot_aborts"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .expect("run the child");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(libc::SIGABRT), "{}\n{stderr}", out.status);
+        assert!(
+            stderr.contains(
+                "a completion for queue slot 3, which holds no request, with I/O in flight: aborting"
+            ),
+            "{stderr}"
+        );
     }
 }
