@@ -685,6 +685,44 @@ fn a_ring_without_descriptors_is_a_resource_error() {
     assert_eq!(err.errno(), libc::EMFILE, "{err}");
 }
 
+/// An SQPOLL ring's kernel thread goes to sleep after a second without work; the next
+/// request must wake it (`IORING_SQ_NEED_WAKEUP`), for queued and synchronous calls alike,
+/// rather than sit in the SQ. Each wait is bounded by a watchdog so a regression fails.
+#[test]
+fn sqpoll_wakes_its_sleeping_thread() {
+    for target in [DISK_DIRECT, SHM_BUFFERED] {
+        let (file, data) = scratch(target, 17);
+        let store = open(EngineKind::IoUringSqpoll, target, &file);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            let mut queue = store.open_queue(4).expect("queue");
+            // Longer than the thread's idle time (1 s): it is asleep when the request comes.
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            queue.push(IoRequest::read(4096, IoBuf::new(4096), 1)).expect("push");
+            let mut out = Vec::new();
+            while out.is_empty() {
+                queue.reap(1, &mut out).expect("reap");
+            }
+            let c = out.pop().expect("completion");
+            done_tx.send((c.offset, c.result.map(|()| c.buf.to_vec()))).expect("report");
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            let mut buf = IoBuf::new(4096);
+            let read = store.read_at(&mut buf, 8192).map(|()| buf.to_vec());
+            done_tx.send((8192, read)).expect("report");
+        });
+        for _ in 0..2 {
+            let (at, read) =
+                done_rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap_or_else(|e| {
+                    panic!("SQPOLL/{}: no completion within 10 s: {e}", target.label)
+                });
+            let at = at as usize;
+            let back = read.unwrap_or_else(|e| panic!("SQPOLL/{}: read {at}: {e}", target.label));
+            assert!(back[..] == data[at..at + 4096], "SQPOLL/{}: read {at} differs", target.label);
+        }
+        worker.join().expect("worker");
+    }
+}
+
 /// Defaults: a regular file on a file system with O_DIRECT gets io_uring + O_DIRECT.
 #[test]
 fn defaults_per_device() {
