@@ -723,6 +723,30 @@ fn sqpoll_wakes_its_sleeping_thread() {
     }
 }
 
+/// A dropped libaio queue gives its context back (`io_destroy`): opening and dropping queues
+/// whose event reservations add up to several times the system's limit
+/// (`/proc/sys/fs/aio-max-nr`) keeps working. With the context leaked, `io_setup` fails
+/// with `EAGAIN` once the limit is reached.
+#[test]
+fn libaio_queues_give_their_events_back() {
+    let max_nr: u64 = std::fs::read_to_string("/proc/sys/fs/aio-max-nr")
+        .expect("aio-max-nr")
+        .trim()
+        .parse()
+        .expect("a number");
+    const DEPTH: u64 = 4096;
+    // The kernel reserves at least twice the depth per context.
+    let rounds = (4 * max_nr / (2 * DEPTH) + 1).min(600);
+    let (file, _) = scratch(SHM_BUFFERED, 18);
+    let store = open(EngineKind::Libaio, SHM_BUFFERED, &file);
+    for round in 0..rounds {
+        match store.open_queue(DEPTH as usize) {
+            Ok(queue) => drop(queue),
+            Err(e) => panic!("queue {round} of {rounds} (aio-max-nr {max_nr}): {e}"),
+        }
+    }
+}
+
 /// Defaults: a regular file on a file system with O_DIRECT gets io_uring + O_DIRECT.
 #[test]
 fn defaults_per_device() {
