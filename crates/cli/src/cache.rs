@@ -128,17 +128,60 @@ fn is_blank(medium: &PmemFile) -> bool {
     head.iter().all(|&b| b == 0)
 }
 
-/// Formats a new or blank medium, attaches (recovering) one that holds a pmcache of this
-/// backing store, and refuses anything else with a precise message.
+/// What the cache path held before it was opened: `serve` formats only a medium it creates
+/// now or finds empty.
+enum Before {
+    Missing,
+    Empty,
+    Holding,
+}
+
+fn before_open(path: &Path) -> Result<Before, String> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Before::Missing),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+        Ok(meta) if meta.is_file() && meta.len() == 0 => Ok(Before::Empty),
+        Ok(_) => Ok(Before::Holding),
+    }
+}
+
+/// Formats a medium that is new (missing, or an empty file), attaches (recovering) one that
+/// holds a pmcache of this backing store, and refuses anything else with a precise message,
+/// changing nothing: foreign data, and a medium whose superblock page reads zero (a cache
+/// whose superblock was lost may still hold dirty data; only `pmcache format --force`
+/// formats it). A new medium that cannot be formatted is removed again.
 pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine, Opened), String> {
     let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
-    let medium = open_medium(args)?;
+    let before = before_open(&args.cache)?;
     let config = engine_config(args, max_lanes);
     let describe = |e: Error| format!("{}: {e}", args.cache.display());
+    if !matches!(before, Before::Holding) {
+        let formatted = open_medium(args).and_then(|medium| {
+            Engine::format(medium, backing, MonotonicClock::default(), &config).map_err(describe)
+        });
+        return match formatted {
+            Ok(engine) => Ok((engine, Opened::Formatted)),
+            Err(e) => {
+                // Put the path back as it was (the medium is unmapped and unlocked by now).
+                let _ = match before {
+                    Before::Missing => std::fs::remove_file(&args.cache),
+                    _ => std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&args.cache)
+                        .and_then(|f| f.set_len(0)),
+                };
+                Err(e)
+            }
+        };
+    }
+    let medium = open_medium(args)?;
     if is_blank(&medium) {
-        let engine = Engine::format(medium, backing, MonotonicClock::default(), &config)
-            .map_err(describe)?;
-        return Ok((engine, Opened::Formatted));
+        return Err(format!(
+            "{} has no cache superblock (its first 4 KiB are zero) but is not empty: it may be \
+             a cache whose superblock was lost, still holding dirty data; refusing to format it \
+             (`pmcache format --force` formats it; nothing on it was changed)",
+            args.cache.display()
+        ));
     }
     match Engine::open(medium, backing, MonotonicClock::default(), &config) {
         Ok((engine, report)) => Ok((engine, Opened::Attached(report))),

@@ -13,9 +13,19 @@ use pmcache_nbd::server::ShutdownHandle;
 
 use crate::cache::CacheEngine;
 
-/// Binds the control socket, replacing a stale one (no server answering on it).
+/// Binds the control socket, replacing a stale one (no server answering on it). Anything at
+/// the path that is not a socket (a mistyped `--control` naming the medium, or any file) is
+/// refused and left alone.
 pub fn bind(path: &Path) -> Result<UnixListener, String> {
-    if path.exists() {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(format!(
+                "control socket {} exists and is not a socket; refusing to replace it (choose \
+                 another --control path)",
+                path.display()
+            ));
+        }
         if UnixStream::connect(path).is_ok() {
             return Err(format!(
                 "{} is in use: another pmcache server runs on this cache",

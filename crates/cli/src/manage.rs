@@ -284,9 +284,11 @@ fn wait_for_exit(control: &Path) -> Result<(), String> {
             return Ok(());
         }
         if std::os::unix::net::UnixStream::connect(control).is_err() && control.exists() {
-            return Err("the server stopped without a clean shutdown (killed, or stopped at once \
-                        by a second signal): nothing acknowledged is lost, but not every block \
-                        was written back; start it again (it recovers the cache) and detach again"
+            return Err("the server stopped without marking the cache clean (its write-back \
+                        or its backing store's flush failed, see its log; or it was killed, or \
+                        stopped at once by a second signal): nothing acknowledged is lost, but \
+                        not every block was written back; start it again (it recovers the \
+                        cache) and detach again"
                 .into());
         }
         std::thread::sleep(std::time::Duration::from_millis(100));

@@ -189,7 +189,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     // what an online `pmcache detach` waits for.
     let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&cache));
     let control_listener = control::bind(&control_path)?;
-    let _control_file = RemoveOnDrop(control_path.clone());
+    let mut control_file = RemoveOnDrop(Some(control_path.clone()));
     if let Some(socket) = &args.socket {
         remove_stale_socket(socket)?;
     }
@@ -285,9 +285,18 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         &control_path,
     );
     let served = server.run().map_err(|e| e.to_string());
+    // From here an error leaves the control socket in place: an online `pmcache detach` takes
+    // its removal for "every block written back and the cache marked clean", and a socket
+    // nobody answers on for a stop without that.
     if detach.load(Ordering::SeqCst) {
-        let mut lane = engine.lane().map_err(|e| e.to_string())?;
-        lane.drain().map_err(|e| format!("write-back before detach failed: {e}"))?;
+        let drained = engine.lane().and_then(|mut lane| lane.drain());
+        if let Err(e) = drained {
+            control_file.keep();
+            return Err(format!(
+                "write-back before detach failed: {e}; the cache keeps its dirty blocks (nothing \
+                 acknowledged is lost) and was not marked clean"
+            ));
+        }
     }
     // Connection threads have ended and dropped their lanes; a control request may still
     // hold one for a moment.
@@ -298,7 +307,11 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 attempts += 1;
                 std::thread::sleep(Duration::from_millis(100));
             }
-            result => break result.map_err(|e| format!("clean shutdown failed: {e}"))?,
+            Err(e) => {
+                control_file.keep();
+                return Err(format!("clean shutdown failed: {e}"));
+            }
+            Ok(()) => break,
         }
     }
     eprintln!(
@@ -309,12 +322,21 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     served
 }
 
-/// Removes a file when dropped (the control socket, on every way out of `run`).
-struct RemoveOnDrop(PathBuf);
+/// Removes a file when dropped (the control socket, on every way out of `run` but those that
+/// `keep` it).
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl RemoveOnDrop {
+    fn keep(&mut self) {
+        self.0 = None;
+    }
+}
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if let Some(path) = &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 

@@ -159,6 +159,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// Formats `medium` as an empty cache of `backing` and returns the engine.
     pub fn format(medium: M, backing: B, clock: C, config: &Config) -> Result<Self> {
         let geometry = Geometry::for_medium(medium.len_bytes(), config.block_size)?;
+        // Every refusal comes before the first write: a format that cannot serve leaves the
+        // medium as it was (an old cache on it included).
+        check_fit(&geometry, backing.size_bytes(), config)?;
         let identity = backing.identity();
         let mut uuid = [0u8; 16];
         rand::thread_rng().fill_bytes(&mut uuid);
@@ -195,30 +198,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         synced_seq: u64,
     ) -> Result<Self> {
         let geometry = superblock.geometry;
-        let block = u64::from(geometry.block_size);
         let eviction = config.eviction.policy();
-        let backing_bytes = backing.size_bytes();
-        if !backing_bytes.is_multiple_of(block) || backing_bytes == 0 {
-            return Err(Error::Config(format!(
-                "the backing store is {backing_bytes} bytes, not a non-zero multiple of the {block}-byte cache block"
-            )));
-        }
-        let backing_blocks = backing_bytes / block;
-        if backing_blocks > format::MAX_BACKING_BLOCKS {
-            return Err(Error::Config(format!(
-                "the backing store has {backing_blocks} blocks; at most 2^40 are supported"
-            )));
-        }
+        let backing_blocks = check_fit(&geometry, backing.size_bytes(), config)?;
         let slot_count = geometry.slot_count as u32;
-        if config.max_lanes == 0 {
-            return Err(Error::Config("max_lanes is 0: a cache needs at least one lane".into()));
-        }
-        if u64::from(slot_count) < 4 * config.max_lanes as u64 {
-            return Err(Error::Config(format!(
-                "a cache of {slot_count} slots is too small for {} lanes (need 4 slots per lane)",
-                config.max_lanes
-            )));
-        }
         let lane_free_max = (slot_count as usize / (4 * config.max_lanes)).clamp(1, 256);
         let stripe_count = (config.max_lanes * 64).next_power_of_two().max(1024);
         Ok(Self {
@@ -551,6 +533,34 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
 }
 
 /// Writes zeroes over a medium range and persists them.
+/// Checks that a cache of `geometry` can serve a backing store of `backing_bytes` with
+/// `config`; returns the backing store's block count.
+fn check_fit(geometry: &Geometry, backing_bytes: u64, config: &Config) -> Result<u64> {
+    let block = u64::from(geometry.block_size);
+    if !backing_bytes.is_multiple_of(block) || backing_bytes == 0 {
+        return Err(Error::Config(format!(
+            "the backing store is {backing_bytes} bytes, not a non-zero multiple of the {block}-byte cache block"
+        )));
+    }
+    let backing_blocks = backing_bytes / block;
+    if backing_blocks > format::MAX_BACKING_BLOCKS {
+        return Err(Error::Config(format!(
+            "the backing store has {backing_blocks} blocks; at most 2^40 are supported"
+        )));
+    }
+    if config.max_lanes == 0 {
+        return Err(Error::Config("max_lanes is 0: a cache needs at least one lane".into()));
+    }
+    if geometry.slot_count < 4 * config.max_lanes as u64 {
+        return Err(Error::Config(format!(
+            "a cache of {} slots is too small for {} lanes (need 4 slots per lane: a larger \
+             medium, or fewer lanes)",
+            geometry.slot_count, config.max_lanes
+        )));
+    }
+    Ok(backing_blocks)
+}
+
 fn zero_range<M: Medium>(medium: &M, offset: u64, len: u64) {
     let zeroes = vec![0u8; 1 << 20];
     let mut done = 0;

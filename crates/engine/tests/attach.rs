@@ -517,14 +517,25 @@ impl pmcache_backing::BackingStore for SizedBacking {
 /// Configurations and backing stores a cache cannot serve are refused with a message that
 /// names the limit, each on its boundary: a backing store that is empty or not a whole number
 /// of cache blocks, one of more than 2^40 blocks (block numbers have 40 bits), no lanes, or
-/// fewer than 4 slots per lane.
+/// fewer than 4 slots per lane. A refused format writes nothing: the medium (here holding an
+/// old cache's bytes) is left as it was, where before session 25 it was already formatted.
 #[test]
 fn caches_that_cannot_serve_are_refused_at_their_limits() {
     fn format_with(backing_bytes: u64, max_lanes: usize) -> pmcache_engine::Result<u64> {
         let (medium, _) = parts();
+        let old: Vec<u8> = (0..MEDIUM_BYTES).map(|i| (i * 7 + 1) as u8).collect();
+        medium.write(0, &old);
+        medium.persist(0, MEDIUM_BYTES);
         let config = Config { max_lanes, ..config(CacheMode::WriteBack) };
-        Engine::format(medium, SizedBacking(backing_bytes), clock(), &config)
-            .map(|engine| engine.superblock().geometry.slot_count)
+        let formatted =
+            Engine::format(medium.clone(), SizedBacking(backing_bytes), clock(), &config)
+                .map(|engine| engine.superblock().geometry.slot_count);
+        if formatted.is_err() {
+            let mut now = vec![0u8; MEDIUM_BYTES as usize];
+            medium.read(0, &mut now);
+            assert!(now == old, "a refused format changed the medium");
+        }
+        formatted
     }
     fn refused(result: pmcache_engine::Result<u64>, needle: &str) {
         match result {

@@ -291,6 +291,116 @@ fn the_medium_is_locked_and_detach_never_formats() {
     std::fs::write(&setup.cache, &medium).expect("zero the superblock page");
     refused(&detach_offline(&setup.control_arg()), "has no cache superblock");
     assert!(read_file(&setup.cache) == medium, "a refused detach changed the medium");
+    // Nor does `serve`: only a new (missing or empty) medium is formatted without --force.
+    // Before session 25 it formatted this one, and the dirty blocks were gone.
+    refused(&serve_refused(&setup, &setup.backing), "has no cache superblock (its first 4 KiB");
+    assert!(read_file(&setup.cache) == medium, "a refused serve changed the medium");
+}
+
+/// `--control` naming something that is not a socket (the medium itself, by a slip) is
+/// refused and the file left alone; before session 25 it was deleted as a stale socket.
+#[test]
+fn a_control_path_that_is_not_a_socket_is_left_alone() {
+    let setup = Setup::new("ctlfile", 64 * MIB, 4 * MIB);
+    let server = setup.serve(Via::Tcp, &[]);
+    NbdClient::connect(server.addr()).write_at(0, &[5; 8192], 0);
+    server.terminate();
+    let medium = read_file(&setup.cache);
+    let out = run(
+        Command::new(PMCACHE).args([
+            "serve",
+            "--cache",
+            &setup.cache_arg(),
+            "--backing",
+            &setup.backing_arg(),
+            "--control",
+            &setup.cache_arg(),
+            "--listen",
+            "127.0.0.1:0",
+        ]),
+        Duration::from_secs(30),
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("exists and is not a socket; refusing to replace it"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(read_file(&setup.cache) == medium, "the medium changed");
+    let server = setup.serve(Via::Tcp, &[]);
+    assert_eq!(NbdClient::connect(server.addr()).read_at(0, 8192), vec![5u8; 8192]);
+    server.terminate();
+}
+
+/// A new medium that cannot become a cache of this backing store (its size is not a whole
+/// number of cache blocks) is refused and removed again: nothing is left half-made, and a
+/// retry with a fitting backing store starts afresh.
+#[test]
+fn a_new_medium_that_cannot_serve_is_not_left_behind() {
+    let setup = Setup::new("oddsize", 64 * MIB, 4 * MIB);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&setup.backing)
+        .and_then(|f| f.set_len(64 * MIB + 512))
+        .expect("odd-sized backing");
+    let out = serve_refused(&setup, &setup.backing);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("not a non-zero multiple of the 4096-byte cache block"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!setup.cache.exists(), "the refused medium was left behind");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&setup.backing)
+        .and_then(|f| f.set_len(64 * MIB))
+        .expect("fitting backing");
+    let server = setup.serve(Via::Tcp, &[]);
+    assert!(server.logs().contains("formatted"), "{}", server.logs());
+    server.terminate();
+}
+
+/// An online detach whose write-back fails (the backing store refuses writes past 16 MiB)
+/// fails too, saying so, and the cache keeps its dirty blocks: before session 25 `detach`
+/// reported "wrote every block back" while the data was only in the cache. A restart
+/// recovers them, and once the backing store takes writes again a detach writes them back.
+#[test]
+fn a_detach_whose_write_back_fails_says_so_and_keeps_the_dirty_blocks() {
+    let setup = Setup::new("detachfail", 64 * MIB, 4 * MIB);
+    let server = setup.serve_with_writes_failing_past(16 * MIB, &[]);
+    let mut c = NbdClient::connect(server.addr());
+    c.write_at(0, &[1; 4096], 0);
+    c.write_at(32 * MIB, &[2; 4096], 0);
+    drop(c);
+    let out = setup.pmcache(&[
+        "detach",
+        "--cache",
+        &setup.cache_arg(),
+        "--control",
+        &setup.control_arg(),
+    ]);
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr(&out).contains("stopped without marking the cache clean"), "{}", stderr(&out));
+    let (status, logs) = server.wait(Duration::from_secs(30));
+    assert!(!status.success(), "{logs}");
+    assert!(logs.contains("write-back before detach failed"), "{logs}");
+    assert!(read_file_at(&setup.backing, 32 * MIB, 4096) == vec![0u8; 4096]);
+
+    let server = setup.serve(Via::Tcp, &[]);
+    assert!(server.logs().contains("(unclean shutdown)"), "{}", server.logs());
+    assert_eq!(NbdClient::connect(server.addr()).read_at(32 * MIB, 4096), vec![2u8; 4096]);
+    let out = setup.pmcache(&[
+        "detach",
+        "--cache",
+        &setup.cache_arg(),
+        "--control",
+        &setup.control_arg(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    server.wait(Duration::from_secs(30));
+    assert!(read_file_at(&setup.backing, 0, 4096) == vec![1u8; 4096]);
+    assert!(read_file_at(&setup.backing, 32 * MIB, 4096) == vec![2u8; 4096]);
 }
 
 /// A client that asked for 128 MiB of reads (far more than the socket buffers hold) and reads
@@ -366,7 +476,7 @@ fn a_detach_whose_server_dies_reports_an_unclean_stop() {
     let out = detach.wait_with_output().expect("detach output");
     assert!(started.elapsed() < Duration::from_secs(10), "detach waited {:?}", started.elapsed());
     assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
-    assert!(stderr(&out).contains("stopped without a clean shutdown"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("stopped without marking the cache clean"), "{}", stderr(&out));
     drop(stuck);
     let server = setup.serve(Via::Tcp, &[]);
     assert!(server.logs().contains("unclean shutdown"), "{}", server.logs());

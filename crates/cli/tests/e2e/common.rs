@@ -95,21 +95,42 @@ impl Setup {
     /// listens.
     pub fn serve(&self, via: Via, extra: &[&str]) -> Server {
         let mut cmd = Command::new(PMCACHE);
-        cmd.arg("serve")
-            .arg("--cache")
-            .arg(&self.cache)
-            .arg("--cache-size")
-            .arg(self.cache_bytes.to_string())
-            .arg("--backing")
-            .arg(&self.backing)
-            .arg("--control")
-            .arg(&self.control)
-            .args(extra);
-        match via {
-            Via::Tcp => cmd.args(["--listen", "127.0.0.1:0"]),
-            Via::Unix => cmd.arg("--socket").arg(self.shm.path().join("nbd.sock")),
-        };
+        cmd.args(self.serve_args(via, extra));
         Server::spawn(cmd, self.shm.path())
+    }
+
+    /// `pmcache serve` over TCP with the psync engine, whose writes to the backing store at or
+    /// past `limit_bytes` fail with `EFBIG`: the process's file-size limit (`ulimit -f`), with
+    /// SIGXFSZ ignored (a failing backing device, without a device-mapper here).
+    pub fn serve_with_writes_failing_past(&self, limit_bytes: u64, extra: &[&str]) -> Server {
+        assert!(limit_bytes.is_multiple_of(1024) && limit_bytes > self.cache_bytes);
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
+            .arg(format!("ulimit -f {} && trap '' XFSZ && exec \"$0\" \"$@\"", limit_bytes / 1024))
+            .arg(PMCACHE)
+            .args(self.serve_args(Via::Tcp, extra))
+            .args(["--engine", "psync"]);
+        Server::spawn(cmd, self.shm.path())
+    }
+
+    fn serve_args(&self, via: Via, extra: &[&str]) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "serve".into(),
+            "--cache".into(),
+            self.cache.clone().into(),
+            "--cache-size".into(),
+            self.cache_bytes.to_string().into(),
+            "--backing".into(),
+            self.backing.clone().into(),
+            "--control".into(),
+            self.control.clone().into(),
+        ];
+        args.extend(extra.iter().map(Into::into));
+        match via {
+            Via::Tcp => args.extend(["--listen".into(), "127.0.0.1:0".into()]),
+            Via::Unix => args.extend(["--socket".into(), self.shm.path().join("nbd.sock").into()]),
+        }
+        args
     }
 
     /// Runs `pmcache <args>` to completion.
