@@ -43,6 +43,11 @@ const HAND_CHUNK: u64 = 32;
 const READ_ATTEMPTS: usize = 4;
 /// Dirty slots written back per batch by `drain`.
 const DRAIN_BATCH: usize = 256;
+/// Batches of the oldest dirty blocks a reclaim tries to write back before it gives up with
+/// the backing store's error (each batch only when none of the one before was written): a
+/// few bad blocks do not stop the cache, and a dead device's timeouts are not waited out
+/// for every dirty block.
+const RECLAIM_ROUNDS_MAX: usize = 2;
 
 pub(crate) struct LaneSlot {
     in_use: AtomicBool,
@@ -561,6 +566,24 @@ fn check_fit(geometry: &Geometry, backing_bytes: u64, config: &Config) -> Result
     Ok(backing_blocks)
 }
 
+/// What a write-back did: the blocks it cleaned, and the first error. A block the backing
+/// store refused is skipped and stays dirty while the others are written; a failed sync
+/// cleans none.
+struct WrittenBack {
+    cleaned: usize,
+    error: Option<Error>,
+}
+
+impl WrittenBack {
+    /// The blocks cleaned, or the error when none was.
+    fn into_result(self) -> Result<usize> {
+        match self.error {
+            Some(e) if self.cleaned == 0 => Err(e),
+            _ => Ok(self.cleaned),
+        }
+    }
+}
+
 fn zero_range<M: Medium>(medium: &M, offset: u64, len: u64) {
     let zeroes = vec![0u8; 1 << 20];
     let mut done = 0;
@@ -930,17 +953,33 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             })
             .collect();
         by_age.sort_unstable();
-        dirty.clear();
-        dirty.extend(by_age.iter().take(want).map(|&(_, slot)| slot));
-        let result = self.write_back(&dirty, None);
-        for &slot in &dirty {
-            let word = engine.slots.load(slot);
-            if word.state() == SlotState::Clean {
-                self.try_evict(slot, word, None);
+        // The oldest `want` first; if none of them could be written back (the backing store
+        // refusing those blocks), the next oldest, and so on: blocks the backing store takes
+        // make room while the ones it refuses stay dirty. Only when none at all is written
+        // back is the first error the result.
+        let mut first_error = None;
+        for chunk in by_age.chunks(want.max(1)).take(RECLAIM_ROUNDS_MAX) {
+            dirty.clear();
+            dirty.extend(chunk.iter().map(|&(_, slot)| slot));
+            let written = self.write_back(&dirty, None);
+            for &slot in &dirty {
+                let word = engine.slots.load(slot);
+                if word.state() == SlotState::Clean {
+                    self.try_evict(slot, word, None);
+                }
+            }
+            match written {
+                WrittenBack { cleaned: 0, error: Some(e) } => {
+                    first_error.get_or_insert(e);
+                }
+                _ => {
+                    first_error = None;
+                    break;
+                }
             }
         }
         self.scratch_slots = dirty;
-        result.map(|_| ())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// CLOCK's second chance, for the hand passing a clean `slot`: whether its block's index
@@ -987,9 +1026,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     /// Writes dirty slots back to the backing store, syncs it, and marks them clean.
     /// `held` is a stripe the caller holds (other stripes are then only tried, never waited on).
-    fn write_back(&mut self, victims: &[u32], held: Option<usize>) -> Result<usize> {
+    fn write_back(&mut self, victims: &[u32], held: Option<usize>) -> WrittenBack {
         let engine = self.engine;
         let block = self.block_bytes();
+        let mut error = None;
         self.written.clear();
         for &slot in victims {
             let seen = engine.slots.load(slot);
@@ -1007,15 +1047,23 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 continue;
             }
             engine.medium.read(engine.geometry.data_offset(slot), &mut self.write_back_block);
-            engine.backing_write(&self.write_back_block, entry.lba * block)?;
+            if let Err(e) = engine.backing_write(&self.write_back_block, entry.lba * block) {
+                // This block stays dirty (its copy here is the one that counts); the others
+                // are still written back, so one bad block of the backing store does not stop
+                // the cache from freeing space or draining the rest.
+                error.get_or_insert(e);
+                continue;
+            }
             drop(guard);
             self.written.push((slot, now, entry));
         }
         if self.written.is_empty() {
-            return Ok(0);
+            return WrittenBack { cleaned: 0, error };
         }
         let sample = engine.last_issued_seq();
-        engine.sync_backing()?;
+        if let Err(e) = engine.sync_backing() {
+            return WrittenBack { cleaned: 0, error: Some(e) };
+        }
         let written = std::mem::take(&mut self.written);
         let mut cleaned = 0;
         for &(slot, seen, entry) in &written {
@@ -1035,7 +1083,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let counters = self.counters();
         bump(&counters.writebacks, cleaned);
         bump(&counters.dirty_delta, cleaned.wrapping_neg());
-        Ok(cleaned as usize)
+        WrittenBack { cleaned: cleaned as usize, error }
     }
 
     /// Inserts `lba -> slot` into the index, hidden (see `Index::insert`), evicting (or
@@ -1064,7 +1112,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let mut written = false;
             for &occupant in &full.occupants {
                 if engine.slots.load(occupant).state() == SlotState::Dirty
-                    && self.write_back(&[occupant], held)? > 0
+                    && self.write_back(&[occupant], held).into_result()? > 0
                 {
                     written = true;
                     break;
@@ -1499,19 +1547,30 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     pub fn drain(&mut self) -> Result<()> {
         let engine = self.engine;
         let mut batch = Vec::with_capacity(DRAIN_BATCH);
+        // Everything that can be written back is, and the first failure is the result: a
+        // block the backing store refuses stays dirty, and so does nothing else.
+        let mut error = None;
         for slot in 0..engine.slots.len() {
             if engine.slots.load(slot).state() == SlotState::Dirty {
                 batch.push(slot);
                 if batch.len() == DRAIN_BATCH {
-                    self.write_back(&batch, None)?;
+                    if let Some(e) = self.write_back(&batch, None).error {
+                        error.get_or_insert(e);
+                    }
                     batch.clear();
                 }
             }
         }
-        if !batch.is_empty() {
-            self.write_back(&batch, None)?;
+        if !batch.is_empty()
+            && let Some(e) = self.write_back(&batch, None).error
+        {
+            error.get_or_insert(e);
         }
-        self.flush()
+        let flushed = self.flush();
+        match error {
+            Some(e) => Err(e),
+            None => flushed,
+        }
     }
 }
 

@@ -140,3 +140,53 @@ fn write_through_beside_failing_write_backs(seed: u64) {
         assert_eq!(backing_block(&engine, lba), block_of(lba as u8 + 1), "written back {lba}");
     }
 }
+
+/// Write-back, every slot dirty, and the backing store refusing one block, the oldest: new
+/// writes and overwrites still succeed (a reclaim writes back the other blocks), the refused
+/// block keeps its data in the cache, a drain writes back everything else and then reports
+/// the failure, and once the backing store takes the block again a drain finishes. Before
+/// session 25 a reclaim gave up at the refused block, so every write needing a slot failed.
+#[test]
+fn one_block_the_backing_store_refuses_does_not_stop_a_full_write_back_cache() {
+    let switch = CrashSwitch::new();
+    let medium = CrashMedium::new(MEDIUM_BYTES, switch.clone(), 7);
+    let backing = SimBacking::new(BACKING_BLOCKS * BLOCK_BYTES, switch, 8);
+    let engine = Engine::format(
+        medium,
+        backing,
+        Arc::new(ManualClock::default()),
+        &config(CacheMode::WriteBack),
+    )
+    .expect("format");
+    let slots = engine.stats().slot_count;
+    let mut lane = engine.lane().expect("lane");
+    for lba in 0..slots {
+        lane.write(lba * BLOCK_BYTES, &block_of(lba as u8 + 1), false).expect("fill");
+    }
+    assert_eq!(engine.stats().dirty_slots, slots);
+    engine.backing().fail_writes_in(0..BLOCK_BYTES);
+
+    for (i, lba) in (slots..slots + 40).enumerate() {
+        lane.write(lba * BLOCK_BYTES, &block_of(0x80 + i as u8), false)
+            .unwrap_or_else(|e| panic!("new block {lba} in a full cache: {e}"));
+    }
+    lane.write(BLOCK_BYTES, &block_of(0xf1), false).expect("an overwrite");
+    assert!(engine.stats().writebacks > 0);
+    assert_eq!(read_block(&mut lane, 0), block_of(1), "the refused block's data");
+    assert_eq!(read_block(&mut lane, 1), block_of(0xf1));
+    for (i, lba) in (slots..slots + 40).enumerate() {
+        assert_eq!(read_block(&mut lane, lba), block_of(0x80 + i as u8), "block {lba}");
+    }
+
+    let err = lane.drain().expect_err("a drain with a block the backing store refuses");
+    assert!(matches!(err, Error::Backing(_)), "{err:?}");
+    assert_eq!(engine.stats().dirty_slots, 1, "everything else was written back");
+    assert_eq!(backing_block(&engine, 0), block_of(0));
+    assert_eq!(backing_block(&engine, 1), block_of(0xf1));
+    assert_eq!(backing_block(&engine, slots + 39), block_of(0x80 + 39));
+
+    engine.backing().heal();
+    lane.drain().expect("drain once the backing store takes the block");
+    assert_eq!(engine.stats().dirty_slots, 0);
+    assert_eq!(backing_block(&engine, 0), block_of(1));
+}
