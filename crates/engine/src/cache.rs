@@ -15,7 +15,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crossbeam_utils::CachePadded;
-use pmcache_backing::BackingStore;
+use pmcache_backing::{BackingError, BackingStore};
 use pmcache_media::Medium;
 use rand::RngCore;
 
@@ -100,6 +100,8 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     synced_seq: Mutex<u64>,
     backing_writes: AtomicU64,
     backing_writes_synced: AtomicU64,
+    /// Backing-store operations that failed (for `Stats::backing_errors`; cold path).
+    backing_errors: AtomicU64,
     lanes: Box<[LaneSlot]>,
     /// Set by `shutdown`: no new lanes.
     closed: AtomicBool,
@@ -226,6 +228,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             synced_seq: Mutex::new(synced_seq),
             backing_writes: AtomicU64::new(0),
             backing_writes_synced: AtomicU64::new(0),
+            backing_errors: AtomicU64::new(0),
             lanes: (0..config.max_lanes)
                 .map(|_| LaneSlot {
                     in_use: AtomicBool::new(false),
@@ -335,6 +338,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         stats.slot_count = self.geometry.slot_count;
         stats.block_size = self.geometry.block_size;
         stats.dram_bytes_per_slot = self.dram_bytes() as f64 / self.geometry.slot_count as f64;
+        stats.backing_errors = self.backing_errors.load(Ordering::Relaxed);
         stats
     }
 
@@ -410,7 +414,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         if open > 0 {
             return Err(Error::LanesOpen { open });
         }
-        self.backing.flush()?;
+        self.backing.flush().map_err(|e| self.backing_failed(e))?;
         let last = self.last_issued_seq();
         let mut synced = lock(&self.synced_seq);
         self.medium.store_u64(SYNCED_SEQ_OFFSET, format::encode_synced_seq(last.max(*synced)));
@@ -508,22 +512,34 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         self.medium.store_u64(at + 8, 0);
     }
 
+    /// Counts a failed backing-store operation and makes its error the engine's.
+    fn backing_failed(&self, error: BackingError) -> Error {
+        self.backing_errors.fetch_add(1, Ordering::Relaxed);
+        error.into()
+    }
+
+    fn backing_read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.backing.read_at(buf, offset).map_err(|e| self.backing_failed(e))
+    }
+
+    /// Writes the backing store; a write that succeeded is one a later flush must sync (a
+    /// failed one was reported as failed, and leaves no clean copy behind to vouch for it).
     fn backing_write(&self, data: &[u8], offset: u64) -> Result<()> {
-        let result = self.backing.write_at(data, offset);
+        self.backing.write_at(data, offset).map_err(|e| self.backing_failed(e))?;
         self.backing_writes.fetch_add(1, Ordering::SeqCst);
-        Ok(result?)
+        Ok(())
     }
 
     fn backing_write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        let result = self.backing.write_zeroes(offset, len);
+        self.backing.write_zeroes(offset, len).map_err(|e| self.backing_failed(e))?;
         self.backing_writes.fetch_add(1, Ordering::SeqCst);
-        Ok(result?)
+        Ok(())
     }
 
     /// `fdatasync`s the backing store, noting which writes it covered.
     fn sync_backing(&self) -> Result<()> {
         let writes = self.backing_writes.load(Ordering::SeqCst);
-        self.backing.flush()?;
+        self.backing.flush().map_err(|e| self.backing_failed(e))?;
         self.backing_writes_synced.fetch_max(writes, Ordering::SeqCst);
         Ok(())
     }
@@ -1210,7 +1226,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         let block = self.block_bytes();
         let Some(slot) = reserved else {
-            engine.backing.read_at(out, lba * block + in_block as u64)?;
+            engine.backing_read(out, lba * block + in_block as u64)?;
             let counters = self.counters();
             bump(
                 if may_admit {
@@ -1222,10 +1238,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             );
             return Ok(());
         };
-        if let Err(err) = engine.backing.read_at(&mut self.block, lba * block) {
+        if let Err(err) = engine.backing_read(&mut self.block, lba * block) {
             drop(guard);
             self.give_back(slot);
-            return Err(err.into());
+            return Err(err);
         }
         let inserted = match self.index_insert(lba, slot) {
             Ok(inserted) => inserted,
@@ -1258,7 +1274,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
             None => {
                 let offset = lba * self.block_bytes();
-                engine.backing.read_at(&mut self.block, offset)?
+                engine.backing_read(&mut self.block, offset)?
             }
         }
         Ok(())
@@ -1507,7 +1523,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // Discard first, then drop cached copies: a write racing with the trim then either
         // lands after the discard (and its cached copy is dropped, the backing keeps it) or
         // before (and both are discarded) — never a clean cached copy the backing lacks.
-        engine.backing.discard(first * block, (end - first) * block)?;
+        engine
+            .backing
+            .discard(first * block, (end - first) * block)
+            .map_err(|e| engine.backing_failed(e))?;
         engine.backing_writes.fetch_add(1, Ordering::SeqCst);
         let mut dropped_dirty = 0u64;
         for lba in first..end {

@@ -23,6 +23,9 @@ macro_rules! counters {
             pub block_size: u32,
             /// DRAM bytes the engine uses per slot (slot table + index + fixed tables).
             pub dram_bytes_per_slot: f64,
+            /// Backing-store operations that failed (reads, writes, write-backs, flushes,
+            /// discards): each reached its caller as an error, or left its block dirty.
+            pub backing_errors: u64,
         }
 
         impl LaneCounters {
@@ -34,7 +37,7 @@ macro_rules! counters {
         impl Stats {
             /// `(name, value)` pairs of every counter, for tables and exporters.
             pub fn counters(&self) -> Vec<(&'static str, u64)> {
-                let all = [$((stringify!($name), self.$name),)* ("dirty_slots", self.dirty_slots), ("slot_count", self.slot_count)];
+                let all = [$((stringify!($name), self.$name),)* ("dirty_slots", self.dirty_slots), ("slot_count", self.slot_count), ("backing_errors", self.backing_errors)];
                 // `dirty_delta` is bookkeeping behind `dirty_slots`, not a figure.
                 all.into_iter().filter(|(name, _)| *name != "dirty_delta").collect()
             }

@@ -133,6 +133,21 @@ pub const CMD_WRITE_ZEROES: u16 = 6;
 /// Command: block status (not advertised).
 pub const CMD_BLOCK_STATUS: u16 = 7;
 
+/// The spec's name of a command (`NBD_CMD_READ`, ...), for logs.
+pub fn command_name(command: u16) -> &'static str {
+    match command {
+        CMD_READ => "NBD_CMD_READ",
+        CMD_WRITE => "NBD_CMD_WRITE",
+        CMD_DISC => "NBD_CMD_DISC",
+        CMD_FLUSH => "NBD_CMD_FLUSH",
+        CMD_TRIM => "NBD_CMD_TRIM",
+        CMD_CACHE => "NBD_CMD_CACHE",
+        CMD_WRITE_ZEROES => "NBD_CMD_WRITE_ZEROES",
+        CMD_BLOCK_STATUS => "NBD_CMD_BLOCK_STATUS",
+        _ => "an unknown command",
+    }
+}
+
 /// Command flag: force unit access.
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 /// Command flag: write zeroes must not punch a hole.

@@ -434,6 +434,7 @@ fn transmission<T: Transport, C: ExportConn>(
     let structured = session.structured_replies;
     let mut queued = Vec::with_capacity(WRITE_BATCH_MAX);
     let mut outcomes = Vec::with_capacity(WRITE_BATCH_MAX);
+    let mut errors = ErrorLog::default();
     loop {
         if wire.buffered() < REQUEST_HEADER_BYTES {
             wire.flush()?;
@@ -495,7 +496,8 @@ fn transmission<T: Transport, C: ExportConn>(
                     len: len_bytes as usize,
                     fua,
                 };
-                write_buffered_batch(wire, session, conn, first, &mut queued, &mut outcomes)?;
+                let (queued, outcomes) = (&mut queued, &mut outcomes);
+                write_buffered_batch(wire, session, conn, first, queued, outcomes, &mut errors)?;
                 continue;
             }
             Request::Write { offset_bytes, len_bytes, fua } => {
@@ -521,10 +523,39 @@ fn transmission<T: Transport, C: ExportConn>(
             Request::Disconnect => return Ok(ConnEnd::Disconnected),
         };
         if let Err(e) = &result {
-            debug!(?h, error = %e, "export error");
+            errors.note(h.command, h.offset_bytes, h.len_bytes, e);
         }
         let structured_read = structured && h.command == codec::CMD_READ;
         reply(wire, cookie, structured_read, result)?;
+    }
+}
+
+/// Export errors of one connection, logged at WARN so an operator sees a failing backing
+/// store: the first of each second, with how many were not logged since the last one (a
+/// failing device would otherwise write a line per request).
+#[derive(Debug, Default)]
+struct ErrorLog {
+    logged_at: Option<Instant>,
+    unlogged: u64,
+}
+
+impl ErrorLog {
+    fn note(&mut self, command: u16, offset_bytes: u64, len_bytes: u32, error: &ExportError) {
+        let now = Instant::now();
+        if self.logged_at.is_some_and(|at| now.duration_since(at) < Duration::from_secs(1)) {
+            self.unlogged += 1;
+            return;
+        }
+        warn!(
+            command = codec::command_name(command),
+            offset_bytes,
+            len_bytes,
+            %error,
+            unlogged_before = self.unlogged,
+            "request failed in the export"
+        );
+        self.logged_at = Some(now);
+        self.unlogged = 0;
     }
 }
 
@@ -567,6 +598,7 @@ fn write_buffered_batch<T: Transport, C: ExportConn>(
     first: QueuedWrite,
     queued: &mut Vec<QueuedWrite>,
     outcomes: &mut Vec<Result<(), ExportError>>,
+    errors: &mut ErrorLog,
 ) -> io::Result<()> {
     queued.clear();
     wire.rpos += first.len;
@@ -601,7 +633,7 @@ fn write_buffered_batch<T: Transport, C: ExportConn>(
     assert_eq!(outcomes.len(), queued.len(), "the export gave one result per write");
     for (q, outcome) in queued.iter().zip(outcomes.drain(..)) {
         if let Err(e) = &outcome {
-            debug!(cookie = q.cookie, error = %e, "export error");
+            errors.note(codec::CMD_WRITE, q.offset_bytes, q.len as u32, e);
         }
         reply(wire, q.cookie, false, outcome)?;
     }

@@ -485,3 +485,30 @@ fn a_detach_whose_server_dies_reports_an_unclean_stop() {
     drop(c);
     server.terminate();
 }
+
+/// A backing store failing under a write-through: the client gets the error (EFBIG arrives as
+/// `ENOSPC`), the server says so in its log at WARN with the command and range, counts it in
+/// `backing_errors`, and keeps serving the blocks the backing store takes. Before session 25
+/// such errors were logged only at DEBUG and counted nowhere.
+#[test]
+fn a_failing_backing_store_is_reported_in_the_log_and_the_stats() {
+    let setup = Setup::new("backerr", 64 * MIB, 4 * MIB);
+    let server = setup.serve_with_writes_failing_past(16 * MIB, &["--mode", "writethrough"]);
+    let mut c = NbdClient::connect(server.addr());
+    assert_eq!(setup.stats()["backing_errors"], 0);
+    c.request(pmcache_nbd::codec::CMD_WRITE, 0, 1, 32 * MIB, 4096, &[3; 4096]).expect("send");
+    assert_eq!(c.simple_reply().expect("reply"), (pmcache_nbd::codec::NBD_ENOSPC, 1));
+    c.write_at(0, &[4; 4096], 0);
+    assert_eq!(c.read_at(0, 4096), vec![4u8; 4096]);
+    let stats = setup.stats();
+    assert!(stats["backing_errors"].as_u64() >= Some(1), "{stats}");
+    let logs = server.logs();
+    assert!(
+        logs.contains("request failed in the export")
+            && logs.contains("NBD_CMD_WRITE")
+            && logs.contains("on the backing store"),
+        "{logs}"
+    );
+    drop(c);
+    server.terminate();
+}
