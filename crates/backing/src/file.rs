@@ -9,7 +9,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::buf::IoBuf;
@@ -49,6 +49,8 @@ pub(crate) struct BackingFile {
     pub direct: bool,
     pub is_block_device: bool,
     pub fingerprint: [u8; 16],
+    /// The inode number of a regular file; 0 for a block device (see `BackingIdentity`).
+    pub instance: u64,
 }
 
 impl BackingFile {
@@ -85,6 +87,7 @@ impl BackingFile {
             )));
         }
         let size_bytes = file_size(&file).map_err(open_err)?;
+        let instance = if is_block_device { 0 } else { meta.ino() };
         let canonical = path.canonicalize().map_err(open_err)?;
         let (block_bytes, mem_align_bytes) = if is_block_device {
             let sector = block_device_sector_bytes(&file).map_err(open_err)?;
@@ -117,6 +120,7 @@ impl BackingFile {
             direct: mode.direct,
             is_block_device,
             fingerprint: path_fingerprint(&canonical),
+            instance,
         })
     }
 
@@ -125,7 +129,11 @@ impl BackingFile {
     }
 
     pub fn identity(&self) -> BackingIdentity {
-        BackingIdentity { size_bytes: self.size_bytes, fingerprint: self.fingerprint }
+        BackingIdentity {
+            size_bytes: self.size_bytes,
+            fingerprint: self.fingerprint,
+            instance: self.instance,
+        }
     }
 
     /// The request lies inside the store.

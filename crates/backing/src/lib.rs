@@ -52,6 +52,10 @@ pub struct BackingIdentity {
     pub size_bytes: u64,
     /// A fingerprint of where the store lives (for a file: a hash of its canonical path).
     pub fingerprint: [u8; 16],
+    /// Which file that is: a regular file's inode number, so that another file moved or
+    /// copied onto the same path is told apart; 0 where unknown (a block device, whose device
+    /// number can change across boots, or a store that does not say).
+    pub instance: u64,
 }
 
 /// The block interface the cache engine drives. All methods may be called from many threads.
@@ -144,7 +148,7 @@ mod tests {
             512
         }
         fn identity(&self) -> BackingIdentity {
-            BackingIdentity { size_bytes: 4096, fingerprint: [1; 16] }
+            BackingIdentity { size_bytes: 4096, fingerprint: [1; 16], instance: 0 }
         }
         fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<()> {
             buf.fill(7);

@@ -77,6 +77,17 @@ pub enum FormatError {
         /// Fingerprint of the backing given (hex).
         given_fingerprint: String,
     },
+    /// The backing store at the recorded path is another file than the one the cache was
+    /// formatted for (its inode differs): it was replaced, moved over or restored.
+    #[error(
+        "this cache belongs to another file at the backing store's path: it records inode {recorded_instance}, the file there now is inode {given_instance} (replaced, moved over or restored since); its dirty blocks belong to the other file, so it is not attached"
+    )]
+    BackingReplaced {
+        /// Inode recorded in the superblock.
+        recorded_instance: u64,
+        /// Inode of the backing given.
+        given_instance: u64,
+    },
     /// The shutdown-state word holds neither known value.
     #[error("superblock shutdown word is corrupt ({0:#018x})")]
     BadShutdownWord(u64),
@@ -210,6 +221,7 @@ impl Superblock {
         put_u64(&mut buf, 72, self.backing.size_bytes);
         buf[80..96].copy_from_slice(&self.backing.fingerprint);
         put_u64(&mut buf, 96, self.created_unix_secs);
+        put_u64(&mut buf, 104, self.backing.instance);
         let crc = crc32c::crc32c(&buf[..CRC_OFFSET]);
         put_u32(&mut buf, CRC_OFFSET, crc);
         buf
@@ -256,14 +268,25 @@ impl Superblock {
             backing: BackingIdentity {
                 size_bytes: get_u64(buf, 72),
                 fingerprint: buf[80..96].try_into().expect("16 bytes"),
+                instance: get_u64(buf, 104),
             },
             created_unix_secs: get_u64(buf, 96),
         })
     }
 
     /// Checks that `given` is the backing store this cache was formatted for.
+    /// The size and path fingerprint must match; the instance (inode) too where both the
+    /// superblock and the store know it (caches formatted before session 25 record 0).
     pub fn check_backing(&self, given: &BackingIdentity) -> Result<(), FormatError> {
-        if self.backing == *given {
+        let recorded = &self.backing;
+        if recorded.size_bytes == given.size_bytes && recorded.fingerprint == given.fingerprint {
+            if recorded.instance != 0 && given.instance != 0 && recorded.instance != given.instance
+            {
+                return Err(FormatError::BackingReplaced {
+                    recorded_instance: recorded.instance,
+                    given_instance: given.instance,
+                });
+            }
             return Ok(());
         }
         Err(FormatError::BackingMismatch {
@@ -447,7 +470,7 @@ mod tests {
         Superblock {
             uuid: [9; 16],
             geometry: Geometry::for_medium(1 << 24, 4096).unwrap(),
-            backing: BackingIdentity { size_bytes: 1 << 30, fingerprint: [3; 16] },
+            backing: BackingIdentity { size_bytes: 1 << 30, fingerprint: [3; 16], instance: 77 },
             created_unix_secs: 1_700_000_000,
         }
     }
@@ -516,13 +539,32 @@ mod tests {
     fn backing_identity_is_checked() {
         let sb = superblock();
         assert!(sb.check_backing(&sb.backing).is_ok());
-        let other = BackingIdentity { size_bytes: 1 << 30, fingerprint: [4; 16] };
+        let other = BackingIdentity { size_bytes: 1 << 30, fingerprint: [4; 16], instance: 77 };
         let err = sb.check_backing(&other).unwrap_err().to_string();
         assert!(err.contains("another backing store"), "{err}");
         // Both fingerprints, in hex, so that an operator can tell which device is which.
         assert!(err.contains(&format!("fingerprint {}", "03".repeat(16))), "{err}");
         assert!(err.contains(&format!("fingerprint {}", "04".repeat(16))), "{err}");
         assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        // The same path and size, another file there (its inode): refused, naming both.
+        let replaced = BackingIdentity { instance: 78, ..sb.backing };
+        assert_eq!(
+            sb.check_backing(&replaced),
+            Err(FormatError::BackingReplaced { recorded_instance: 77, given_instance: 78 })
+        );
+        // Where either side does not know the inode (a block device; a cache formatted before
+        // the superblock recorded it), path and size decide, as they always did.
+        assert!(sb.check_backing(&BackingIdentity { instance: 0, ..sb.backing }).is_ok());
+        let mut old = sb;
+        old.backing.instance = 0;
+        assert!(old.check_backing(&replaced).is_ok());
+        // The inode round-trips through the header, in the bytes that were reserved (zero).
+        let bytes = sb.encode();
+        assert_eq!(get_u64(&bytes, 104), 77);
+        assert_eq!(
+            Superblock::decode(&bytes, sb.geometry.medium_bytes).map(|d| d.backing),
+            Ok(sb.backing)
+        );
     }
 
     #[test]

@@ -495,7 +495,7 @@ impl pmcache_backing::BackingStore for SizedBacking {
         512
     }
     fn identity(&self) -> pmcache_backing::BackingIdentity {
-        pmcache_backing::BackingIdentity { size_bytes: self.0, fingerprint: [3; 16] }
+        pmcache_backing::BackingIdentity { size_bytes: self.0, fingerprint: [3; 16], instance: 0 }
     }
     fn read_at(&self, _buf: &mut [u8], _offset: u64) -> pmcache_backing::Result<()> {
         unreachable!("nothing is read")

@@ -121,7 +121,7 @@ impl BackingStore for ShuttleBacking {
         512
     }
     fn identity(&self) -> BackingIdentity {
-        BackingIdentity { size_bytes: self.size_bytes(), fingerprint: [1; 16] }
+        BackingIdentity { size_bytes: self.size_bytes(), fingerprint: [1; 16], instance: 0 }
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
         let bytes = self.bytes.lock().unwrap();

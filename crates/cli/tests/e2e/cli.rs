@@ -58,6 +58,26 @@ fn serve_refuses_a_cache_of_another_backing_store_without_touching_it() {
     // The right backing store still attaches and has the data.
     let server = setup.serve(Via::Tcp, &[]);
     assert_eq!(NbdClient::connect(server.addr()).read_at(0, 8192), vec![7u8; 8192]);
+    server.kill9();
+
+    // Another file moved onto the backing store's path (same path, same size): refused by
+    // its inode. Before session 25 the cache attached and served the old file's blocks.
+    let before = read_file(&setup.cache);
+    let original = setup.disk.path().join("original.img");
+    std::fs::rename(&setup.backing, &original).expect("keep the original");
+    std::fs::rename(&other, &setup.backing).expect("another file onto the path");
+    let out = serve_refused(&setup, &setup.backing);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("this cache belongs to another file at the backing store's path"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(read_file(&setup.cache) == before, "a refused serve changed the medium");
+    assert!(read_file_at(&setup.backing, 0, 8192) == vec![0u8; 8192]);
+    std::fs::rename(&original, &setup.backing).expect("the original back");
+    let server = setup.serve(Via::Tcp, &[]);
+    assert_eq!(NbdClient::connect(server.addr()).read_at(0, 8192), vec![7u8; 8192]);
     server.terminate();
 }
 

@@ -221,7 +221,11 @@ impl BackingStore for SimBacking {
     }
 
     fn identity(&self) -> BackingIdentity {
-        BackingIdentity { size_bytes: self.size_bytes(), fingerprint: self.inner.fingerprint }
+        BackingIdentity {
+            size_bytes: self.size_bytes(),
+            fingerprint: self.inner.fingerprint,
+            instance: 0,
+        }
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
