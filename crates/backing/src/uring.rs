@@ -537,6 +537,7 @@ impl BackingStore for UringFile {
             enabled: task_run != TaskRun::Deferred,
             batch_waits,
             submit_each: self.shared.mode != UringMode::Sqpoll && !self.shared.punted,
+            sq_fresh: 0,
         }))
     }
 }
@@ -572,6 +573,10 @@ struct UringQueue {
     /// and batches let one wake-up carry several requests (2 jobs QD32 on tmpfs fell to 0.81x
     /// submitting each). Not with SQPOLL, whose kernel thread takes entries as they appear.
     submit_each: bool,
+    /// Entries put in the SQ since the last `submit`: what an SQPOLL ring's `submit` reports
+    /// as passed (its kernel thread takes them on its own; the ring's own count is of the
+    /// entries it has not taken yet, which a second `submit` would count again).
+    sq_fresh: usize,
 }
 
 /// How long a waiter on a queue with many requests in the kernel lets completions gather
@@ -656,6 +661,7 @@ impl UringQueue {
                 return;
             }
             self.backlog.pop_front();
+            self.sq_fresh += 1;
         }
     }
 
@@ -712,8 +718,10 @@ impl IoQueue for UringQueue {
     fn submit(&mut self) -> Result<usize> {
         self.fill_sq();
         self.enable()?;
+        let fresh = std::mem::take(&mut self.sq_fresh);
         loop {
             match self.ring.submit() {
+                Ok(_) if self.shared.mode == UringMode::Sqpoll => return Ok(fresh),
                 Ok(n) => return Ok(n),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => {
@@ -808,6 +816,80 @@ mod tests {
         } else {
             eprintln!("/var/tmp is not ext4 (f_type {:#x}): its answer is not checked", fs.f_type);
         }
+    }
+
+    /// A file of `len` bytes on the disk, with `data` written at each offset given (the rest
+    /// holes), opened with `O_DIRECT` so its block is the device's.
+    fn sparse_file(len: u64, data_at: &[u64]) -> (tempfile::TempDir, BackingFile) {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir_in("/var/tmp").expect("temp dir");
+        let path = dir.path().join("s");
+        let f = std::fs::File::create(&path).expect("create");
+        f.set_len(len).expect("length");
+        for &at in data_at {
+            f.write_all_at(&[9u8; 100], at).expect("data");
+        }
+        f.sync_all().expect("sync");
+        let mode = OpenMode { direct: true, read_only: true };
+        (dir, BackingFile::open(&path, "io_uring-iopoll", mode).expect("open"))
+    }
+
+    /// The IOPOLL probe reads the first block that holds data, rounded down to the block,
+    /// and only within the file; a file with no data, or smaller than a block, has none.
+    #[test]
+    fn the_iopoll_probe_reads_the_first_block_holding_data() {
+        let block = 4096u64;
+        let (_d, f) = sparse_file(1 << 20, &[5 * block + 700]);
+        let unit = u64::from(f.block_bytes);
+        let found = first_data_block(&f).expect("a data block");
+        // File systems report data at their own block granularity (here 4 KiB or finer).
+        assert!(found <= 5 * block + 700 && found + block > 5 * block + 700, "{found}");
+        assert_eq!(found % unit, 0, "{found} is not a multiple of {unit}");
+        let (_d, f) = sparse_file(1 << 20, &[]);
+        assert_eq!(first_data_block(&f), None, "a file of holes");
+        let (_d, f) = sparse_file(0, &[]);
+        assert_eq!(first_data_block(&f), None, "an empty file");
+        let (_d, f) = sparse_file(1 << 20, &[0]);
+        assert_eq!(first_data_block(&f), Some(0));
+        let (_d, f) = sparse_file(1 << 20, &[(1 << 20) - 100]);
+        let last = first_data_block(&f).expect("the last block");
+        assert!(last + unit <= 1 << 20 && last + block >= 1 << 20, "{last}");
+    }
+
+    /// sysfs names the device under a file and whether its queue polls: here a disk without
+    /// poll queues (a virtio disk), for a file on it; tmpfs has no device.
+    #[test]
+    fn sysfs_tells_whether_the_device_under_a_file_polls() {
+        use std::os::unix::fs::MetadataExt;
+        let (_d, f) = sparse_file(1 << 20, &[0]);
+        let dev = std::fs::metadata(&f.path).expect("stat").dev();
+        let expected = format!("{}:{}", libc::major(dev), libc::minor(dev));
+        match device_io_poll(&f) {
+            Some((device, polls)) => {
+                assert_eq!(device, expected);
+                let attr = ["queue/io_poll", "../queue/io_poll"]
+                    .iter()
+                    .find_map(|a| {
+                        std::fs::read_to_string(Path::new("/sys/dev/block").join(&device).join(a))
+                            .ok()
+                    })
+                    .expect("the attribute just read");
+                assert_eq!(polls, attr.trim() == "1", "{device}: io_poll {attr:?}");
+            }
+            None => assert!(
+                !Path::new("/sys/dev/block").join(&expected).exists(),
+                "{expected} is in sysfs but was not found"
+            ),
+        }
+        let (_d, shm) = file_in("/dev/shm");
+        assert_eq!(device_io_poll(&shm), None, "tmpfs has no block device");
+    }
+
+    #[test]
+    fn a_store_shows_its_file_and_mode_when_debugged() {
+        let (_dir, file) = queue_file();
+        let shown = format!("{file:?}");
+        assert!(shown.contains("Interrupt") && shown.contains("spin_waits"), "{shown}");
     }
 
     fn queue_file() -> (tempfile::TempDir, UringFile) {

@@ -8,6 +8,7 @@
 //! The disk directory is `$PMCACHE_TEST_DISK_DIR` (default `/var/tmp`), the memory one
 //! `$PMCACHE_TEST_SHM_DIR` (default `/dev/shm`).
 
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -88,16 +89,23 @@ fn random_range(rng: &mut SmallRng, store: &dyn BackingStore, max_bytes: u64) ->
     (offset, len)
 }
 
-/// Pushes all requests, submits, and reaps every completion.
+/// Pushes all requests, submits, and reaps every completion, checking the counts the queue
+/// reports on the way: `submit` passes at most what was pushed (and nothing the second time),
+/// `reap` returns how many it appended.
 fn run_batch(queue: &mut dyn IoQueue, reqs: Vec<IoRequest>) -> Vec<IoCompletion> {
     let n = reqs.len();
     for req in reqs {
         queue.push(req).expect("batch fits the queue");
     }
-    queue.submit().expect("submit");
+    assert_eq!(queue.in_flight(), n);
+    assert!(queue.submit().expect("submit") <= n);
+    assert_eq!(queue.submit().expect("submit again"), 0, "nothing was left to submit");
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
-        queue.reap(n - out.len(), &mut out).expect("reap");
+        let before = out.len();
+        let got = queue.reap(n - out.len(), &mut out).expect("reap");
+        assert_eq!(got, out.len() - before, "reap's count");
+        assert_eq!(queue.in_flight(), n - out.len());
     }
     assert_eq!(queue.in_flight(), 0);
     out
@@ -621,7 +629,17 @@ fn io_uring_iopoll_opens_over_holes_only_where_the_device_polls() {
         let opened =
             open_backing(file.path(), &EngineOptions::new(EngineKind::IoUringIopoll, true));
         match (written, opened) {
-            ("refused", Err(BackingError::Unsupported { option: "IOPOLL", .. })) => {}
+            ("refused", Err(BackingError::Unsupported { option: "IOPOLL", reason, .. })) => {
+                // Here the refusal comes from sysfs, naming the device, whose queue cannot
+                // poll; a file system without one block device says it has nothing to probe.
+                let dev = std::fs::metadata(file.path()).expect("stat").dev();
+                let device = format!("{}:{}", libc::major(dev), libc::minor(dev));
+                assert!(
+                    reason.contains(&format!("block device {device}, whose queue cannot poll"))
+                        || reason.contains("holds no data to probe polled I/O with"),
+                    "{reason}"
+                );
+            }
             ("refused", Ok(_)) => panic!(
                 "a {len}-byte sparse file on a device that cannot poll was accepted for IOPOLL"
             ),
