@@ -184,6 +184,25 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         engine: args.engine.clone(),
         eviction: args.eviction,
     };
+    // Mistakes in the arguments are refused before anything is opened (a recovery run and
+    // then undone by a refused address would leave a clean cache marked unclean).
+    if args.socket.is_none() && !args.listen.ip().is_loopback() && !args.allow_remote {
+        return Err(format!(
+            "refusing to listen on {}, which is not a loopback address, without --allow-remote \
+             (NBD has no authentication here: anyone who reaches the port reads and writes the \
+             device)",
+            args.listen
+        ));
+    }
+    if let Some(dir) = cache.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        return Err(format!(
+            "the directory of the cache medium {} does not exist: {}",
+            cache.display(),
+            dir.display()
+        ));
+    }
     // The control socket first: a second server on a live cache is refused before it opens
     // (and so touches) the medium. It is removed only when the cache is marked clean, which is
     // what an online `pmcache detach` waits for.

@@ -532,3 +532,51 @@ fn a_failing_backing_store_is_reported_in_the_log_and_the_stats() {
     drop(c);
     server.terminate();
 }
+
+/// Argument mistakes are refused before the medium is touched: a non-loopback address
+/// without `--allow-remote` (before session 25 it was refused only after the medium was
+/// created, or an existing cache recovered and left marked unclean), and a cache path in a
+/// directory that does not exist (it was reported as a control-socket error).
+#[test]
+fn argument_mistakes_are_refused_before_the_medium_is_touched() {
+    let setup = Setup::new("args", 64 * MIB, 4 * MIB);
+    let out = run(
+        Command::new(PMCACHE).args([
+            "serve",
+            "--cache",
+            &setup.cache_arg(),
+            "--backing",
+            &setup.backing_arg(),
+            "--control",
+            &setup.control_arg(),
+            "--listen",
+            "0.0.0.0:0",
+        ]),
+        Duration::from_secs(30),
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("without --allow-remote"), "{}", stderr(&out));
+    assert!(!setup.cache.exists(), "the medium was created");
+    assert!(!setup.control.exists(), "the control socket was left");
+
+    let missing = setup.shm.path().join("no-such-dir").join("cache.pm");
+    let out = run(
+        Command::new(PMCACHE).args([
+            "serve",
+            "--cache",
+            &missing.display().to_string(),
+            "--backing",
+            &setup.backing_arg(),
+            "--listen",
+            "127.0.0.1:0",
+        ]),
+        Duration::from_secs(30),
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("the directory of the cache medium")
+            && stderr(&out).contains("does not exist"),
+        "{}",
+        stderr(&out)
+    );
+}
