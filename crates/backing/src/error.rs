@@ -107,15 +107,18 @@ pub enum BackingError {
 impl BackingError {
     /// The error for a failed engine setup call (`io_uring_setup`, `io_setup`, ...): a kernel
     /// without the feature, or one refusing it (`ENOSYS`, `EINVAL`, `EPERM`, `EOPNOTSUPP`,
-    /// `EACCES`), makes it [`Self::Unsupported`] for `option`; anything else (`EMFILE`,
-    /// `ENOMEM`, `EAGAIN`, ...) is [`Self::NoResources`], keeping the errno.
+    /// `EACCES`), or a locked-memory limit too low for it (`ENOMEM`: io_uring before Linux
+    /// 5.12 charges its rings to `RLIMIT_MEMLOCK`, often 64 KiB in containers), makes it
+    /// [`Self::Unsupported`] for `option`, which a defaulted engine falls back from; anything
+    /// else (`EMFILE`, `ENFILE`, `EAGAIN`, ...) is [`Self::NoResources`], keeping the errno.
     pub(crate) fn setup_failed(
         engine: &'static str,
         option: &'static str,
         what: String,
         source: io::Error,
     ) -> Self {
-        let missing = [libc::ENOSYS, libc::EINVAL, libc::EPERM, libc::EOPNOTSUPP, libc::EACCES];
+        let missing =
+            [libc::ENOSYS, libc::EINVAL, libc::EPERM, libc::EOPNOTSUPP, libc::EACCES, libc::ENOMEM];
         match source.raw_os_error() {
             Some(errno) if missing.contains(&errno) => {
                 Self::Unsupported { engine, option, reason: format!("cannot {what}: {source}") }
@@ -149,7 +152,9 @@ mod tests {
 
     #[test]
     fn a_failed_setup_is_unsupported_only_where_the_feature_is_missing_or_refused() {
-        for errno in [libc::ENOSYS, libc::EINVAL, libc::EPERM, libc::EOPNOTSUPP, libc::EACCES] {
+        for errno in
+            [libc::ENOSYS, libc::EINVAL, libc::EPERM, libc::EOPNOTSUPP, libc::EACCES, libc::ENOMEM]
+        {
             let err = BackingError::setup_failed(
                 "io_uring",
                 "SQPOLL",
@@ -163,7 +168,7 @@ mod tests {
             );
             assert_eq!(err.errno(), libc::EOPNOTSUPP);
         }
-        for errno in [libc::EMFILE, libc::ENFILE, libc::ENOMEM, libc::EAGAIN] {
+        for errno in [libc::EMFILE, libc::ENFILE, libc::EAGAIN] {
             let err = BackingError::setup_failed(
                 "libaio",
                 "queue",

@@ -114,11 +114,26 @@ pub enum Opened {
 /// Opens (creating if missing) the cache medium, locks it against other processes, and
 /// reserves its space: on a file system without room for it (a full `/dev/shm`) the cache
 /// must fail now with a message, not die of SIGBUS at its first store into a hole.
-fn open_medium(args: &CacheArgs) -> Result<PmemFile, String> {
-    let medium = PmemFile::open(&args.cache, Some(args.cache_size)).map_err(|e| e.to_string())?;
-    medium.lock_exclusive().map_err(|e| e.to_string())?;
-    medium.reserve().map_err(|e| e.to_string())?;
+fn open_medium(args: &CacheArgs) -> Result<PmemFile, MediumError> {
+    let medium = PmemFile::open(&args.cache, Some(args.cache_size))
+        .map_err(|e| MediumError::Other(e.to_string()))?;
+    medium.lock_exclusive().map_err(|e| MediumError::Locked(e.to_string()))?;
+    medium.reserve().map_err(|e| MediumError::Other(e.to_string()))?;
     Ok(medium)
+}
+
+/// Why a medium could not be opened: another process holds its lock, or anything else.
+enum MediumError {
+    Locked(String),
+    Other(String),
+}
+
+impl MediumError {
+    fn into_message(self) -> String {
+        match self {
+            MediumError::Locked(e) | MediumError::Other(e) => e,
+        }
+    }
 }
 
 /// Whether the medium's first bytes are all zero (new or never formatted).
@@ -152,29 +167,42 @@ fn before_open(path: &Path) -> Result<Before, String> {
 /// formats it). A new medium that cannot be formatted is removed again.
 pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine, Opened), String> {
     let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
-    let before = before_open(&args.cache)?;
     let config = engine_config(args, max_lanes);
     let describe = |e: Error| format!("{}: {e}", args.cache.display());
+    let mut before = before_open(&args.cache)?;
     if !matches!(before, Before::Holding) {
-        let formatted = open_medium(args).and_then(|medium| {
-            Engine::format(medium, backing, MonotonicClock::default(), &config).map_err(describe)
-        });
-        return match formatted {
+        // Refusals a format would make, before anything is created.
+        CacheEngine::check_format(args.cache_size, backing.size_bytes(), &config)
+            .map_err(describe)?;
+    }
+    if matches!(before, Before::Missing) {
+        // Created here, atomically: a server racing this one for the same new path finds it
+        // existing, and attaches or refuses; it never removes what this one serves.
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&args.cache) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => before = Before::Holding,
+            Err(e) => return Err(format!("{}: {e}", args.cache.display())),
+        }
+    }
+    if !matches!(before, Before::Holding) {
+        let medium = match open_medium(args) {
+            Ok(medium) => medium,
+            // Another process holds the medium: it is theirs now, whoever created it.
+            Err(MediumError::Locked(e)) => return Err(e),
+            Err(MediumError::Other(e)) => {
+                undo_new_medium(&args.cache, &before);
+                return Err(e);
+            }
+        };
+        return match Engine::format(medium, backing, MonotonicClock::default(), &config) {
             Ok(engine) => Ok((engine, Opened::Formatted)),
             Err(e) => {
-                // Put the path back as it was (the medium is unmapped and unlocked by now).
-                let _ = match before {
-                    Before::Missing => std::fs::remove_file(&args.cache),
-                    _ => std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(&args.cache)
-                        .and_then(|f| f.set_len(0)),
-                };
-                Err(e)
+                undo_new_medium(&args.cache, &before);
+                Err(describe(e))
             }
         };
     }
-    let medium = open_medium(args)?;
+    let medium = open_medium(args).map_err(MediumError::into_message)?;
     if is_blank(&medium) {
         return Err(format!(
             "{} has no cache superblock (its first 4 KiB are zero) but is not empty: it may be \
@@ -193,11 +221,23 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
     }
 }
 
+/// Puts a new medium's path back as it was after a format that failed (rare once
+/// `check_format` passed: no room to reserve, no memory for the DRAM tables).
+fn undo_new_medium(path: &Path, before: &Before) {
+    let _ = match before {
+        Before::Missing => std::fs::remove_file(path),
+        Before::Empty => {
+            std::fs::OpenOptions::new().write(true).open(path).and_then(|f| f.set_len(0))
+        }
+        Before::Holding => Ok(()),
+    };
+}
+
 /// Attaches (recovering) the cache on the medium, never formatting it: a blank superblock
 /// page is refused with a message, whatever the rest of the medium holds.
 pub fn open_existing(args: &CacheArgs, max_lanes: usize) -> Result<CacheEngine, String> {
     let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
-    let medium = open_medium(args)?;
+    let medium = open_medium(args).map_err(MediumError::into_message)?;
     if is_blank(&medium) {
         return Err(format!(
             "{} has no cache superblock (its first 4 KiB are zero); nothing to attach, and \
@@ -213,7 +253,7 @@ pub fn open_existing(args: &CacheArgs, max_lanes: usize) -> Result<CacheEngine, 
 /// Formats the medium, refusing to overwrite a non-blank one unless `force`.
 pub fn format(args: &CacheArgs, force: bool) -> Result<CacheEngine, String> {
     let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
-    let medium = open_medium(args)?;
+    let medium = open_medium(args).map_err(MediumError::into_message)?;
     if !force && !is_blank(&medium) {
         return Err(format!(
             "{} is not blank (it may hold a cache with dirty data); pass --force to reformat it",

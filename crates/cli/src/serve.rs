@@ -303,14 +303,15 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         engine,
         &control_path,
     );
+    // From here the control socket stays unless the cache is marked clean: an online
+    // `pmcache detach` takes its removal for "every block written back and the cache marked
+    // clean", and a socket nobody answers on for a stop without that (an error, or a panic
+    // unwinding through here).
+    control_file.keep();
     let served = server.run().map_err(|e| e.to_string());
-    // From here an error leaves the control socket in place: an online `pmcache detach` takes
-    // its removal for "every block written back and the cache marked clean", and a socket
-    // nobody answers on for a stop without that.
     if detach.load(Ordering::SeqCst) {
         let drained = engine.lane().and_then(|mut lane| lane.drain());
         if let Err(e) = drained {
-            control_file.keep();
             return Err(format!(
                 "write-back before detach failed: {e}; the cache keeps its dirty blocks (nothing \
                  acknowledged is lost) and was not marked clean"
@@ -326,13 +327,11 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 attempts += 1;
                 std::thread::sleep(Duration::from_millis(100));
             }
-            Err(e) => {
-                control_file.keep();
-                return Err(format!("clean shutdown failed: {e}"));
-            }
+            Err(e) => return Err(format!("clean shutdown failed: {e}")),
             Ok(()) => break,
         }
     }
+    let _ = std::fs::remove_file(&control_path);
     eprintln!(
         "pmcache: {}: cache marked clean{}",
         cache.display(),

@@ -48,6 +48,11 @@ const DRAIN_BATCH: usize = 256;
 /// few bad blocks do not stop the cache, and a dead device's timeouts are not waited out
 /// for every dirty block.
 const RECLAIM_ROUNDS_MAX: usize = 2;
+/// Backing-store writes in a row a write-back lets fail before it leaves the rest of its
+/// victims dirty (see `Lane::write_back`).
+const WRITE_BACK_FAILURES_MAX: usize = 8;
+/// Batches in a row a drain lets write back nothing, with an error, before it stops.
+const DRAIN_FAILED_BATCHES_MAX: usize = 2;
 
 pub(crate) struct LaneSlot {
     in_use: AtomicBool,
@@ -102,6 +107,8 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     backing_writes_synced: AtomicU64,
     /// Backing-store operations that failed (for `Stats::backing_errors`; cold path).
     backing_errors: AtomicU64,
+    /// Set when an `fdatasync` of the backing store failed (see `sync_backing`).
+    backing_sync_failed: AtomicBool,
     lanes: Box<[LaneSlot]>,
     /// Set by `shutdown`: no new lanes.
     closed: AtomicBool,
@@ -163,6 +170,14 @@ enum StripeGuard<'a> {
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
+    /// Whether [`Engine::format`] would accept a medium of `medium_bytes` for a backing store
+    /// of `backing_bytes` with `config`: the same checks, before any medium exists (so a
+    /// frontend can refuse before it creates one).
+    pub fn check_format(medium_bytes: u64, backing_bytes: u64, config: &Config) -> Result<()> {
+        let geometry = Geometry::for_medium(medium_bytes, config.block_size)?;
+        check_fit(&geometry, backing_bytes, config).map(|_| ())
+    }
+
     /// Formats `medium` as an empty cache of `backing` and returns the engine.
     pub fn format(medium: M, backing: B, clock: C, config: &Config) -> Result<Self> {
         let geometry = Geometry::for_medium(medium.len_bytes(), config.block_size)?;
@@ -229,6 +244,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             backing_writes: AtomicU64::new(0),
             backing_writes_synced: AtomicU64::new(0),
             backing_errors: AtomicU64::new(0),
+            backing_sync_failed: AtomicBool::new(false),
             lanes: (0..config.max_lanes)
                 .map(|_| LaneSlot {
                     in_use: AtomicBool::new(false),
@@ -414,7 +430,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         if open > 0 {
             return Err(Error::LanesOpen { open });
         }
-        self.backing.flush().map_err(|e| self.backing_failed(e))?;
+        self.sync_backing()?;
         let last = self.last_issued_seq();
         let mut synced = lock(&self.synced_seq);
         self.medium.store_u64(SYNCED_SEQ_OFFSET, format::encode_synced_seq(last.max(*synced)));
@@ -522,24 +538,38 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         self.backing.read_at(buf, offset).map_err(|e| self.backing_failed(e))
     }
 
-    /// Writes the backing store; a write that succeeded is one a later flush must sync (a
-    /// failed one was reported as failed, and leaves no clean copy behind to vouch for it).
+    /// Writes the backing store. Every write counts as one a later flush must sync, a failed
+    /// one too: it may have changed part of its range (a short write, then an error) before
+    /// a read admits that range as a clean block.
     fn backing_write(&self, data: &[u8], offset: u64) -> Result<()> {
-        self.backing.write_at(data, offset).map_err(|e| self.backing_failed(e))?;
+        let result = self.backing.write_at(data, offset);
         self.backing_writes.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+        result.map_err(|e| self.backing_failed(e))
     }
 
     fn backing_write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        self.backing.write_zeroes(offset, len).map_err(|e| self.backing_failed(e))?;
+        let result = self.backing.write_zeroes(offset, len);
         self.backing_writes.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+        result.map_err(|e| self.backing_failed(e))
     }
 
     /// `fdatasync`s the backing store, noting which writes it covered.
+    ///
+    /// After one fails, every later one fails too, until the engine is attached again: Linux
+    /// reports a write-back error to one `fdatasync` and then drops the pages, so a later
+    /// success would not mean that the writes before it are on the store, and the synced rule
+    /// would trust clean blocks the store lost. Attaching again re-dirties every clean block
+    /// newer than the last good sync (`synced_seq`), which is written back once more.
     fn sync_backing(&self) -> Result<()> {
+        if self.backing_sync_failed.load(Ordering::SeqCst) {
+            self.backing_errors.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::BackingSyncFailedBefore);
+        }
         let writes = self.backing_writes.load(Ordering::SeqCst);
-        self.backing.flush().map_err(|e| self.backing_failed(e))?;
+        if let Err(e) = self.backing.flush() {
+            self.backing_sync_failed.store(true, Ordering::SeqCst);
+            return Err(self.backing_failed(e));
+        }
         self.backing_writes_synced.fetch_max(writes, Ordering::SeqCst);
         Ok(())
     }
@@ -798,7 +828,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     fn advance_synced_seq(&mut self, sample: u64) {
         let engine = self.engine;
         let mut synced = lock(&engine.synced_seq);
-        if sample > *synced {
+        // Never past a failed sync (see `sync_backing`).
+        if sample > *synced && !engine.backing_sync_failed.load(Ordering::SeqCst) {
             engine.medium.store_u64(SYNCED_SEQ_OFFSET, format::encode_synced_seq(sample));
             engine.medium.flush(SYNCED_SEQ_OFFSET, 8);
             self.fence();
@@ -1046,8 +1077,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         let block = self.block_bytes();
         let mut error = None;
+        let mut failures_in_a_row = 0;
         self.written.clear();
         for &slot in victims {
+            if failures_in_a_row == WRITE_BACK_FAILURES_MAX {
+                // A dead device: the rest stay dirty, and nobody waits out its timeouts for
+                // every one of them.
+                break;
+            }
             let seen = engine.slots.load(slot);
             if seen.state() != SlotState::Dirty {
                 continue;
@@ -1068,8 +1105,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 // are still written back, so one bad block of the backing store does not stop
                 // the cache from freeing space or draining the rest.
                 error.get_or_insert(e);
+                failures_in_a_row += 1;
                 continue;
             }
+            failures_in_a_row = 0;
             drop(guard);
             self.written.push((slot, now, entry));
         }
@@ -1126,15 +1165,27 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             // its own stripe, and two lanes making room in each other's stripes must not wait
             // on each other.
             let mut written = false;
+            let mut error = None;
             for &occupant in &full.occupants {
-                if engine.slots.load(occupant).state() == SlotState::Dirty
-                    && self.write_back(&[occupant], held).into_result()? > 0
-                {
-                    written = true;
-                    break;
+                if engine.slots.load(occupant).state() != SlotState::Dirty {
+                    continue;
+                }
+                // One the backing store refuses stays; the next occupant may go instead.
+                match self.write_back(&[occupant], held).into_result() {
+                    Ok(0) => {}
+                    Ok(_) => {
+                        written = true;
+                        break;
+                    }
+                    Err(e) => {
+                        error.get_or_insert(e);
+                    }
                 }
             }
             if !written {
+                if let Some(e) = error {
+                    return Err(e);
+                }
                 crate::sync::yield_now();
             }
         }
@@ -1569,21 +1620,32 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // Everything that can be written back is, and the first failure is the result: a
         // block the backing store refuses stays dirty, and so does nothing else.
         let mut error = None;
+        let mut failed_batches = 0;
+        let mut write_back = |lane: &mut Self, batch: &[u32]| {
+            let written = lane.write_back(batch, None);
+            match written.error {
+                Some(e) => {
+                    failed_batches = if written.cleaned == 0 { failed_batches + 1 } else { 0 };
+                    error.get_or_insert(e);
+                }
+                None => failed_batches = 0,
+            }
+            failed_batches < DRAIN_FAILED_BATCHES_MAX
+        };
         for slot in 0..engine.slots.len() {
             if engine.slots.load(slot).state() == SlotState::Dirty {
                 batch.push(slot);
                 if batch.len() == DRAIN_BATCH {
-                    if let Some(e) = self.write_back(&batch, None).error {
-                        error.get_or_insert(e);
-                    }
+                    let go_on = write_back(self, &batch);
                     batch.clear();
+                    if !go_on {
+                        break;
+                    }
                 }
             }
         }
-        if !batch.is_empty()
-            && let Some(e) = self.write_back(&batch, None).error
-        {
-            error.get_or_insert(e);
+        if !batch.is_empty() {
+            write_back(self, &batch);
         }
         let flushed = self.flush();
         match error {

@@ -48,6 +48,13 @@ pub enum Error {
     /// The configuration cannot work.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// An earlier `fdatasync` of the backing store failed: writes before it may be lost
+    /// there, which a later one would not report, so none is trusted until the cache is
+    /// attached again.
+    #[error(
+        "an earlier fdatasync of the backing store failed, so writes before it may be lost there (a later fdatasync would not say); restart pmcache: it recovers the cache and writes back again every block not known to be synced"
+    )]
+    BackingSyncFailedBefore,
 }
 
 impl Error {
@@ -60,6 +67,7 @@ impl Error {
             Error::TooManyLanes { .. } | Error::LanesOpen { .. } => libc::EBUSY,
             Error::ShutDown => libc::ESHUTDOWN,
             Error::Memory(_) => libc::ENOMEM,
+            Error::BackingSyncFailedBefore => libc::EIO,
         }
     }
 }
@@ -93,6 +101,7 @@ mod tests {
             (Error::TooManyLanes { max_lanes: 2 }, libc::EBUSY),
             (Error::LanesOpen { open: 1 }, libc::EBUSY),
             (Error::ShutDown, libc::ESHUTDOWN),
+            (Error::BackingSyncFailedBefore, libc::EIO),
         ];
         for (error, errno) in cases {
             assert_eq!(error.errno(), errno, "{error}");

@@ -114,12 +114,21 @@ fn shutdown_is_refused_while_lanes_are_open_and_final_after() {
     assert!(!report.was_clean_shutdown, "a refused shutdown marked the cache clean");
     assert_eq!(report.dirty, 2, "{report:?}");
 
-    // A shutdown whose backing sync fails changes nothing either.
+    // A shutdown whose backing sync fails changes nothing either, and neither does one after
+    // it, even with the backing store healed: a sync that failed may have lost writes that a
+    // later sync would not report (see `sync_backing`). Attaching again recovers.
     backing.fail_flushes(true);
     let err = engine.shutdown().unwrap_err();
     assert!(matches!(err, Error::Backing(_)) && err.errno() == 5, "{err}");
     engine.lane().unwrap().write(2 * BLOCK as u64, &block_of(9), false).unwrap();
     backing.heal();
+    let err = engine.shutdown().unwrap_err();
+    assert!(matches!(err, Error::BackingSyncFailedBefore) && err.errno() == 5, "{err}");
+    assert!(err.to_string().contains("restart pmcache"), "{err}");
+    drop(engine);
+    let (engine, report) = Engine::open(medium.clone(), backing.clone(), clock(), &cfg).unwrap();
+    assert!(!report.was_clean_shutdown);
+    assert_eq!(report.dirty, 3, "{report:?}");
     engine.shutdown().unwrap();
     engine.shutdown().unwrap();
     assert!(matches!(engine.lane(), Err(Error::ShutDown)));
