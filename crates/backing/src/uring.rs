@@ -851,6 +851,12 @@ mod tests {
         assert_eq!(first_data_block(&f), None, "an empty file");
         let (_d, f) = sparse_file(1 << 20, &[0]);
         assert_eq!(first_data_block(&f), Some(0));
+        // A file of exactly one block, and one a byte short of it.
+        let unit_len = u64::from(f.block_bytes);
+        let (_d, f) = sparse_file(unit_len, &[0]);
+        assert_eq!(first_data_block(&f), Some(0), "a one-block file");
+        let (_d, f) = sparse_file(unit_len - 1, &[0]);
+        assert_eq!(first_data_block(&f), None, "a file shorter than a block");
         let (_d, f) = sparse_file(1 << 20, &[(1 << 20) - 100]);
         let last = first_data_block(&f).expect("the last block");
         assert!(last + unit <= 1 << 20 && last + block >= 1 << 20, "{last}");
