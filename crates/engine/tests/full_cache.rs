@@ -279,3 +279,114 @@ fn a_drain_on_a_dead_backing_store_gives_up_early() {
     lane.drain().expect("drain once the backing store works");
     assert_eq!(engine.stats().dirty_slots, 0);
 }
+
+mod faults {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Write {
+            lba: u64,
+            value: u8,
+        },
+        Read {
+            lba: u64,
+        },
+        Flush,
+        Drain,
+        /// The backing store refuses writes to blocks `first..first + len`.
+        FailWrites {
+            first: u64,
+            len: u64,
+        },
+        FailFlushes,
+        Heal,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        // Few enough blocks that the 128-slot cache fills and reclaims often.
+        let lba = 0..200u64;
+        prop_oneof![
+            8 => (lba.clone(), any::<u8>()).prop_map(|(lba, value)| Op::Write { lba, value }),
+            3 => lba.prop_map(|lba| Op::Read { lba }),
+            1 => Just(Op::Flush),
+            1 => Just(Op::Drain),
+            1 => (0..200u64, 1..40u64).prop_map(|(first, len)| Op::FailWrites { first, len }),
+            1 => Just(Op::FailFlushes),
+            1 => Just(Op::Heal),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: pmcache_engine::testing::proptest_cases(64),
+            ..ProptestConfig::default()
+        })]
+
+        /// Write-back with a backing store that refuses writes to some blocks and fails
+        /// flushes at random: a write either succeeds or fails with the backing store's error
+        /// and changes nothing; every read returns the last acknowledged value; drains and
+        /// flushes fail only with backing errors; and once the store is healed and the cache
+        /// attached again, a drain leaves the backing store holding exactly the acknowledged
+        /// values.
+        #[test]
+        fn write_back_over_a_failing_backing_store_loses_nothing(
+            ops in prop::collection::vec(op(), 1..300),
+            seed in any::<u64>(),
+        ) {
+            let (engine, medium, backing) = fresh(CacheMode::WriteBack, seed);
+            let mut model = [0u8; 200];
+            {
+                let mut lane = engine.lane().expect("lane");
+                for op in &ops {
+                    match *op {
+                        Op::Write { lba, value } => {
+                            match lane.write(lba * BLOCK_BYTES, &block_of(value), false) {
+                                Ok(()) => model[lba as usize] = value,
+                                Err(Error::Backing(_) | Error::BackingSyncFailedBefore) => {}
+                                Err(e) => prop_assert!(false, "write {lba}: {e}"),
+                            }
+                        }
+                        Op::Read { lba } => {
+                            prop_assert_eq!(
+                                read_block(&mut lane, lba),
+                                block_of(model[lba as usize]),
+                                "block {}", lba
+                            );
+                        }
+                        Op::Flush | Op::Drain => {
+                            let done =
+                                if matches!(op, Op::Flush) { lane.flush() } else { lane.drain() };
+                            if let Err(e) = done {
+                                prop_assert!(
+                                    matches!(e, Error::Backing(_) | Error::BackingSyncFailedBefore),
+                                    "{:?}: {}", op, e
+                                );
+                            }
+                        }
+                        Op::FailWrites { first, len } => backing
+                            .fail_writes_in(first * BLOCK_BYTES..(first + len) * BLOCK_BYTES),
+                        Op::FailFlushes => backing.fail_flushes(true),
+                        Op::Heal => backing.heal(),
+                    }
+                }
+            }
+            backing.heal();
+            drop(engine);
+            let (engine, _) = Engine::open(
+                medium,
+                backing.clone(),
+                Arc::new(ManualClock::default()),
+                &config(CacheMode::WriteBack),
+            )
+            .expect("attach again");
+            let mut lane = engine.lane().expect("lane");
+            lane.drain().expect("drain on a healed backing store");
+            for (lba, &value) in model.iter().enumerate() {
+                prop_assert_eq!(backing_block(&engine, lba as u64), block_of(value), "block {}", lba);
+                prop_assert_eq!(read_block(&mut lane, lba as u64), block_of(value));
+            }
+        }
+    }
+}
