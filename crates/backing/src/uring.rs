@@ -725,7 +725,9 @@ impl IoQueue for UringQueue {
                 Ok(n) => return Ok(n),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => {
-                    return Ok(0);
+                    // Left in the SQ for the next enter; an SQPOLL thread takes them anyway.
+                    let sqpoll = self.shared.mode == UringMode::Sqpoll;
+                    return Ok(if sqpoll { fresh } else { 0 });
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                     return Err(second_thread(self.shared.file.engine));
