@@ -148,16 +148,7 @@ fn write_through_beside_failing_write_backs(seed: u64) {
 /// session 25 a reclaim gave up at the refused block, so every write needing a slot failed.
 #[test]
 fn one_block_the_backing_store_refuses_does_not_stop_a_full_write_back_cache() {
-    let switch = CrashSwitch::new();
-    let medium = CrashMedium::new(MEDIUM_BYTES, switch.clone(), 7);
-    let backing = SimBacking::new(BACKING_BLOCKS * BLOCK_BYTES, switch, 8);
-    let engine = Engine::format(
-        medium,
-        backing,
-        Arc::new(ManualClock::default()),
-        &config(CacheMode::WriteBack),
-    )
-    .expect("format");
+    let (engine, _medium, _backing) = fresh(CacheMode::WriteBack, 7);
     let slots = engine.stats().slot_count;
     let mut lane = engine.lane().expect("lane");
     for lba in 0..slots {
@@ -206,6 +197,16 @@ fn fresh(mode: CacheMode, seed: u64) -> (SimEngine, CrashMedium, SimBacking) {
     (engine, medium, backing)
 }
 
+/// The cache on `medium` attached again (recovered) with `mode`.
+fn reattach(
+    medium: CrashMedium,
+    backing: &SimBacking,
+    mode: CacheMode,
+) -> (SimEngine, pmcache_engine::RecoveryReport) {
+    Engine::open(medium, backing.clone(), Arc::new(ManualClock::default()), &config(mode))
+        .expect("attach again")
+}
+
 /// A write-through the backing store fails still counts as a write a flush must sync: it
 /// may have changed part of its range before failing (a short write, then an error), and a
 /// read can then admit that range as a clean block. (For a moment in session 25 only
@@ -243,13 +244,7 @@ fn after_a_failed_sync_no_later_sync_is_trusted_until_the_cache_is_attached_agai
     assert_eq!(err.errno(), libc::EIO);
     drop(lane);
     drop(engine);
-    let (engine, report) = Engine::open(
-        medium,
-        backing.clone(),
-        Arc::new(ManualClock::default()),
-        &config(CacheMode::WriteThrough),
-    )
-    .expect("attach again");
+    let (engine, report) = reattach(medium, &backing, CacheMode::WriteThrough);
     assert_eq!(report.clean_made_dirty, 2, "{report:?}");
     let mut lane = engine.lane().expect("lane");
     lane.drain().expect("drain on a healthy backing store");
@@ -374,13 +369,7 @@ mod faults {
             }
             backing.heal();
             drop(engine);
-            let (engine, _) = Engine::open(
-                medium,
-                backing.clone(),
-                Arc::new(ManualClock::default()),
-                &config(CacheMode::WriteBack),
-            )
-            .expect("attach again");
+            let (engine, _) = reattach(medium, &backing, CacheMode::WriteBack);
             let mut lane = engine.lane().expect("lane");
             lane.drain().expect("drain on a healed backing store");
             for (lba, &value) in model.iter().enumerate() {

@@ -14,23 +14,24 @@ fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// `pmcache serve ARGS`, run to completion (a refused start).
+fn serve_once(args: &[&str]) -> std::process::Output {
+    run(Command::new(PMCACHE).arg("serve").args(args), Duration::from_secs(30))
+}
+
 fn serve_refused(setup: &Setup, backing: &std::path::Path) -> std::process::Output {
-    run(
-        Command::new(PMCACHE).args([
-            "serve",
-            "--cache",
-            &setup.cache_arg(),
-            "--backing",
-            &backing.display().to_string(),
-            "--cache-size",
-            &setup.cache_bytes.to_string(),
-            "--control",
-            &setup.control_arg(),
-            "--listen",
-            "127.0.0.1:0",
-        ]),
-        Duration::from_secs(30),
-    )
+    serve_once(&[
+        "--cache",
+        &setup.cache_arg(),
+        "--backing",
+        &backing.display().to_string(),
+        "--cache-size",
+        &setup.cache_bytes.to_string(),
+        "--control",
+        &setup.control_arg(),
+        "--listen",
+        "127.0.0.1:0",
+    ])
 }
 
 #[test]
@@ -286,20 +287,16 @@ fn the_medium_is_locked_and_detach_never_formats() {
             control,
         ])
     };
-    let second_server = run(
-        Command::new(PMCACHE).args([
-            "serve",
-            "--cache",
-            &setup.cache_arg(),
-            "--backing",
-            &setup.backing_arg(),
-            "--control",
-            &other_control,
-            "--listen",
-            "127.0.0.1:0",
-        ]),
-        Duration::from_secs(30),
-    );
+    let second_server = serve_once(&[
+        "--cache",
+        &setup.cache_arg(),
+        "--backing",
+        &setup.backing_arg(),
+        "--control",
+        &other_control,
+        "--listen",
+        "127.0.0.1:0",
+    ]);
     refused(&second_server, "another process is using this cache medium");
     refused(&detach_offline(&other_control), "another process is using this cache medium");
     assert!(c.read_at(0, 64 * 1024) == data);
@@ -326,20 +323,16 @@ fn a_control_path_that_is_not_a_socket_is_left_alone() {
     NbdClient::connect(server.addr()).write_at(0, &[5; 8192], 0);
     server.terminate();
     let medium = read_file(&setup.cache);
-    let out = run(
-        Command::new(PMCACHE).args([
-            "serve",
-            "--cache",
-            &setup.cache_arg(),
-            "--backing",
-            &setup.backing_arg(),
-            "--control",
-            &setup.cache_arg(),
-            "--listen",
-            "127.0.0.1:0",
-        ]),
-        Duration::from_secs(30),
-    );
+    let out = serve_once(&[
+        "--cache",
+        &setup.cache_arg(),
+        "--backing",
+        &setup.backing_arg(),
+        "--control",
+        &setup.cache_arg(),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("exists and is not a socket; refusing to replace it"),
@@ -540,38 +533,30 @@ fn a_failing_backing_store_is_reported_in_the_log_and_the_stats() {
 #[test]
 fn argument_mistakes_are_refused_before_the_medium_is_touched() {
     let setup = Setup::new("args", 64 * MIB, 4 * MIB);
-    let out = run(
-        Command::new(PMCACHE).args([
-            "serve",
-            "--cache",
-            &setup.cache_arg(),
-            "--backing",
-            &setup.backing_arg(),
-            "--control",
-            &setup.control_arg(),
-            "--listen",
-            "0.0.0.0:0",
-        ]),
-        Duration::from_secs(30),
-    );
+    let out = serve_once(&[
+        "--cache",
+        &setup.cache_arg(),
+        "--backing",
+        &setup.backing_arg(),
+        "--control",
+        &setup.control_arg(),
+        "--listen",
+        "0.0.0.0:0",
+    ]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("without --allow-remote"), "{}", stderr(&out));
     assert!(!setup.cache.exists(), "the medium was created");
     assert!(!setup.control.exists(), "the control socket was left");
 
     let missing = setup.shm.path().join("no-such-dir").join("cache.pm");
-    let out = run(
-        Command::new(PMCACHE).args([
-            "serve",
-            "--cache",
-            &missing.display().to_string(),
-            "--backing",
-            &setup.backing_arg(),
-            "--listen",
-            "127.0.0.1:0",
-        ]),
-        Duration::from_secs(30),
-    );
+    let out = serve_once(&[
+        "--cache",
+        &missing.display().to_string(),
+        "--backing",
+        &setup.backing_arg(),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("the directory of the cache medium")
