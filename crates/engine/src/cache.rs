@@ -53,6 +53,10 @@ const RECLAIM_ROUNDS_MAX: usize = 2;
 const WRITE_BACK_FAILURES_MAX: usize = 8;
 /// Batches in a row a drain lets write back nothing, with an error, before it stops.
 const DRAIN_FAILED_BATCHES_MAX: usize = 2;
+/// Slots a lane frees before it returns them to the pool. Returning is a lock and one bit per
+/// slot set in the pool's bitmap; at 256 a write in 256 paid a few microseconds for it, at 16
+/// or 32 nothing shows (docs/PERFORMANCE.md, session 26).
+const FREED_SPILL_MAX: usize = 32;
 
 pub(crate) struct LaneSlot {
     in_use: AtomicBool,
@@ -123,7 +127,10 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     marks_hits: bool,
     pub(crate) recovered_dirty: u64,
     lane_free_max: usize,
+    /// Slots a lane takes from the pool at once, in address order.
     refill_batch: usize,
+    /// Slots a lane frees before it returns them to the pool, all at once.
+    freed_spill: usize,
     /// Writes a lane commits as one group at most: a lane holds this many allocated slots at
     /// once, so all lanes together never hold more than half the cache.
     group_max: usize,
@@ -261,6 +268,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             recovered_dirty: 0,
             lane_free_max,
             refill_batch: (lane_free_max / 2).clamp(1, 64),
+            freed_spill: lane_free_max.min(FREED_SPILL_MAX),
             group_max: (slot_count as usize / (2 * config.max_lanes)).clamp(1, batch::GROUP_MAX),
             medium,
             backing,
@@ -290,6 +298,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             id,
             shared: &self.lanes[id],
             free: Vec::with_capacity(self.lane_free_max * 2),
+            freed: Vec::with_capacity(self.freed_spill + 2 * batch::GROUP_MAX),
+            freed_durable: 0,
             seq_next: 0,
             seq_end: 0,
             block: vec![0u8; self.geometry.block_size as usize],
@@ -660,9 +670,14 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     id: usize,
     /// `engine.lanes[id]`: this lane's counters and fence count, reached without an index.
     shared: &'e LaneSlot,
-    /// Free slots. Their entries are zeroed; a superseded slot's zeroing may still wait for
-    /// this lane's next fence (see [`Stripe`]), which is safe to reuse it under.
+    /// Free slots taken from the pool, popped in address order (see `alloc`), and slots taken
+    /// but not used. Their entries are durably zeroed.
     free: Vec<u32>,
+    /// Slots this lane freed, on their way back to the pool. A superseded slot's zeroing may
+    /// still wait for this lane's next fence (see [`Stripe`]); the first `freed_durable` were
+    /// freed before the last fence, so their zeroed entries are durable.
+    freed: Vec<u32>,
+    freed_durable: usize,
     /// This lane's range of sequence numbers for write-back entries: `seq_next..seq_end`.
     seq_next: u64,
     seq_end: u64,
@@ -697,7 +712,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
         if self.zeroings_pending() {
             self.fence();
         }
-        engine.pool.put(self.free.drain(..));
+        engine.pool.put(self.free.drain(..).chain(self.freed.drain(..)));
         self.shared.in_use.store(false, Ordering::Release);
     }
 }
@@ -755,6 +770,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         self.engine.medium.drain();
         self.frees_unfenced = false;
+        self.freed_durable = self.freed.len();
         // Counted after the drain: another lane that sees the count knows the drain is done.
         let fences = &self.shared.fences;
         fences.store(fences.load(Ordering::Relaxed) + 1, Ordering::Release);
@@ -855,12 +871,26 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     // ----- slot allocation -----
 
     /// A free slot, evicting or writing back if needed. Never called with a stripe lock held.
+    ///
+    /// Slots come from the pool in address order, a run of `refill_batch` at a time from a
+    /// cursor that sweeps the whole cache, and a freed slot goes back to the pool rather than
+    /// to the next write: so a lane's consecutive writes land close together on the medium,
+    /// their entries mostly on one page of the metadata table, as in a log. Reusing the slot
+    /// the previous write freed (a random one) was 20–35 % slower per write
+    /// (docs/PERFORMANCE.md, session 26).
     fn alloc(&mut self) -> Result<u32> {
         loop {
             if let Some(slot) = self.free.pop() {
                 return Ok(slot);
             }
+            if self.freed_durable > 0 {
+                self.return_durable_freed();
+            }
             if self.engine.pool.take(self.engine.refill_batch, &mut self.free) > 0 {
+                continue;
+            }
+            if !self.freed.is_empty() {
+                self.return_freed();
                 continue;
             }
             self.reclaim()?;
@@ -930,21 +960,38 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         (earlier.is_some(), state)
     }
 
-    /// Adds a freed slot to this lane's free list (spilling to the shared pool past its
-    /// bound). This lane refills a slot only after a fence (every refill persists its data
-    /// first), which makes a pending zeroing durable; before a spill hands slots to other
-    /// lanes, it fences if a zeroing is pending. So no slot's new entry is ever written over an
-    /// old one that is still durable: a power cut could otherwise keep the old entry's word 0
-    /// beside the new entry's word 1, caught only by the entry's check, by chance.
+    /// Adds a freed slot to the ones on their way back to the pool. Those freed before the
+    /// last fence go back once there are `freed_spill` of them; a full list goes back after a
+    /// fence of its own (not reached: every write fences before it frees, and a group frees at
+    /// most `GROUP_MAX` between fences).
+    ///
+    /// Only slots with durably zeroed entries reach the pool, so no slot's new entry is ever
+    /// written over an old one that is still durable: a power cut could otherwise keep the old
+    /// entry's word 0 beside the new entry's word 1, caught only by the entry's check, by
+    /// chance.
     fn keep_free(&mut self, slot: u32) {
-        self.free.push(slot);
-        if self.free.len() > self.engine.lane_free_max * 2 {
-            if self.zeroings_pending() {
-                self.fence();
-            }
-            let keep = self.engine.lane_free_max;
-            self.engine.pool.put(self.free.drain(keep..));
+        if self.freed.len() == self.freed.capacity() {
+            self.return_freed();
         }
+        self.freed.push(slot);
+        if self.freed_durable >= self.engine.freed_spill {
+            self.return_durable_freed();
+        }
+    }
+
+    /// Returns the slots freed before this lane's last fence to the pool.
+    fn return_durable_freed(&mut self) {
+        self.engine.pool.put(self.freed.drain(..self.freed_durable));
+        self.freed_durable = 0;
+    }
+
+    /// Returns every slot this lane freed to the pool, after a fence if a zeroing is pending.
+    fn return_freed(&mut self) {
+        if self.zeroings_pending() {
+            self.fence();
+        }
+        self.freed_durable = self.freed.len();
+        self.return_durable_freed();
     }
 
     /// Evicts clean blocks under the CLOCK (or FIFO) hand; when it finds none, writes back the
@@ -1699,28 +1746,33 @@ mod tests {
         (world, engine)
     }
 
-    /// A lane hands free slots to the shared pool (its list past its bound) only once their
-    /// zeroed entries are durable: another lane refilling such a slot would otherwise write its
-    /// new entry over an old one still durable, and a power cut could keep the old entry's
-    /// word 0 beside the new entry's word 1 — rejected only by the entry's check, by chance.
+    /// A lane hands the slots it freed to the shared pool only once their zeroed entries are
+    /// durable: another lane refilling such a slot would otherwise write its new entry over an
+    /// old one still durable, and a power cut could keep the old entry's word 0 beside the new
+    /// entry's word 1 — rejected only by the entry's check, by chance. Groups of overwrites
+    /// free a group's slots after each group's last fence; the next group's fences make them
+    /// durable, and they go back while that group's own frees are still pending.
     #[test]
     fn slots_handed_to_the_pool_have_durably_zeroed_entries() {
         let (world, engine) = write_back_engine(11);
         let mut lane = engine.lane().expect("lane");
         let blocks = engine.group_max as u64;
-        assert!(blocks as usize > 2 * engine.lane_free_max, "a group's frees must spill");
+        assert!(blocks as usize > engine.freed_spill, "a group's frees must reach the pool");
         let data = vec![0x5a; BLOCK];
         for lba in 0..blocks {
             lane.write(lba * BLOCK as u64, &data, false).expect("first copies");
         }
-        let old: Vec<u32> =
-            (0..blocks).map(|lba| engine.index.lookup(lba).expect("cached").slot).collect();
         let batch: Vec<WriteRequest<'_>> = (0..blocks)
             .map(|lba| WriteRequest { offset: lba * BLOCK as u64, data: &data, fua: false })
             .collect();
-        let mut outcomes = Vec::new();
-        lane.write_batch(&batch, &mut outcomes);
-        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+        let mut old = Vec::new();
+        for _ in 0..3 {
+            old.extend((0..blocks).map(|lba| engine.index.lookup(lba).expect("cached").slot));
+            let mut outcomes = Vec::new();
+            lane.write_batch(&batch, &mut outcomes);
+            assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+        }
+        assert!(lane.zeroings_pending(), "the last group's zeroings are still pending");
 
         let mut pooled = Vec::new();
         engine.pool.take(usize::MAX, &mut pooled);
@@ -1802,9 +1854,14 @@ mod tests {
         let slot = engine.index.lookup(1).expect("block 1 cached").slot;
         let seen = engine.slots.load(slot);
         assert_eq!(seen.state(), SlotState::Clean);
-        // A write-back write supersedes block 1's clean copy (its slot goes to this lane's
-        // free list), and the next admission refills that slot with block 2.
+        // A write-back write supersedes block 1's clean copy, and the next admission refills
+        // that slot with block 2: the allocator hands it out next, as it would once the pool's
+        // cursor comes round to it (after a fence, as the pool requires).
         lane.write(BLOCK as u64, &[7; BLOCK], false).expect("overwrite block 1");
+        lane.fence();
+        lane.freed.retain(|&freed| freed != slot);
+        lane.freed_durable = lane.freed.len();
+        lane.free.push(slot);
         lane.read(2 * BLOCK as u64, &mut buf).expect("block 2 admitted clean");
         assert_eq!(engine.index.lookup(2).expect("block 2 cached").slot, slot, "slot reused");
         assert_eq!(engine.slots.load(slot).state(), SlotState::Clean);
