@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use pmcache_backing::{BackingStore, EngineKind, EngineOptions, open_backing};
-use pmcache_engine::format::{FormatError, MAGIC};
+use pmcache_engine::format::{FormatError, MAGIC, SUPERBLOCK_BYTES, Superblock};
 use pmcache_engine::{
     AdmissionConfig, CacheMode, Config, Engine, Error, EvictionKind, MonotonicClock, RecoveryReport,
 };
@@ -15,6 +15,11 @@ use pmcache_media::{Medium, PmemFile};
 pub type Backing = Arc<dyn BackingStore>;
 /// The engine as the CLI runs it.
 pub type CacheEngine = Engine<PmemFile, Backing, MonotonicClock>;
+
+/// The size of a new cache medium when `--cache-size` is not given.
+pub const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
+/// The block size of a new cache when `--block-size` is not given.
+pub const DEFAULT_BLOCK_BYTES: u32 = 4096;
 
 /// Options shared by the commands that open a cache.
 #[derive(Debug, Clone, clap::Args)]
@@ -26,12 +31,14 @@ pub struct CacheArgs {
     /// The backing store: a file or block device.
     #[arg(long)]
     pub backing: PathBuf,
-    /// Size of a new cache medium (K, M, G, T suffixes; powers of 1024).
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
-    pub cache_size: u64,
-    /// Cache block size in bytes, for a new cache.
-    #[arg(long, default_value_t = 4096)]
-    pub block_size: u32,
+    /// Size of a new cache medium (K, M, G, T suffixes; powers of 1024) [default: 1G]. Given
+    /// for an existing cache, it must be the medium's size.
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
+    /// Cache block size in bytes, for a new cache [default: 4096]. Given for an existing
+    /// cache, it must be the cache's.
+    #[arg(long)]
+    pub block_size: Option<u32>,
     /// Cache mode.
     #[arg(long, default_value = "writeback")]
     pub mode: CacheMode,
@@ -95,7 +102,7 @@ pub fn open_backing_store(path: &Path, engine: Option<&str>) -> Result<Backing, 
 pub fn engine_config(args: &CacheArgs, max_lanes: usize) -> Config {
     Config {
         mode: args.mode,
-        block_size: args.block_size,
+        block_size: args.block_size.unwrap_or(DEFAULT_BLOCK_BYTES),
         max_lanes,
         admission: AdmissionConfig::default(),
         eviction: args.eviction,
@@ -115,7 +122,7 @@ pub enum Opened {
 /// reserves its space: on a file system without room for it (a full `/dev/shm`) the cache
 /// must fail now with a message, not die of SIGBUS at its first store into a hole.
 fn open_medium(args: &CacheArgs) -> Result<PmemFile, MediumError> {
-    let medium = PmemFile::open(&args.cache, Some(args.cache_size))
+    let medium = PmemFile::open(&args.cache, Some(args.new_cache_bytes()))
         .map_err(|e| MediumError::Other(e.to_string()))?;
     medium.lock_exclusive().map_err(|e| MediumError::Locked(e.to_string()))?;
     medium.reserve().map_err(|e| MediumError::Other(e.to_string()))?;
@@ -133,6 +140,55 @@ impl MediumError {
         match self {
             MediumError::Locked(e) | MediumError::Other(e) => e,
         }
+    }
+}
+
+impl CacheArgs {
+    /// The size a new medium is created with.
+    pub fn new_cache_bytes(&self) -> u64 {
+        self.cache_size.unwrap_or(DEFAULT_CACHE_BYTES)
+    }
+}
+
+/// Refuses `--cache-size` and `--block-size` given for an existing cache that has another:
+/// they shape a new cache only, and an operator who names a size expects to get it, not a
+/// silent attach of what is there. An unreadable superblock is left for the attach to
+/// report.
+fn check_geometry_asked(args: &CacheArgs, medium: &PmemFile) -> Result<(), String> {
+    check_size_asked(args, medium)?;
+    let path = args.cache.display();
+    let len_bytes = medium.len_bytes();
+    if let Some(asked) = args.block_size {
+        let mut head = vec![0u8; SUPERBLOCK_BYTES.min(len_bytes) as usize];
+        medium.read(0, &mut head);
+        if let Ok(superblock) = Superblock::decode(&head, len_bytes)
+            && superblock.geometry.block_size != asked
+        {
+            return Err(format!(
+                "{path} holds a cache of {} B blocks, not the {asked} B --block-size asks for: \
+                 the block size shapes a new cache only; omit --block-size to attach this one \
+                 (to change it: `pmcache detach`, then `pmcache format --force`)",
+                superblock.geometry.block_size
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a `--cache-size` other than the size of the medium opened: an existing file or
+/// device keeps its size (only a new or empty file is created at the size asked).
+fn check_size_asked(args: &CacheArgs, medium: &PmemFile) -> Result<(), String> {
+    let len_bytes = medium.len_bytes();
+    match args.cache_size {
+        Some(asked) if asked != len_bytes => Err(format!(
+            "{} is an existing medium of {} ({len_bytes} bytes), not the {} ({asked} bytes) \
+             --cache-size asks for: the size shapes a new medium only; omit --cache-size to use \
+             this one (to resize: `pmcache detach`, remove the medium, create it again)",
+            args.cache.display(),
+            human(len_bytes),
+            human(asked)
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -172,7 +228,7 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
     let mut before = before_open(&args.cache)?;
     if !matches!(before, Before::Holding) {
         // Refusals a format would make, before anything is created.
-        CacheEngine::check_format(args.cache_size, backing.size_bytes(), &config)
+        CacheEngine::check_format(args.new_cache_bytes(), backing.size_bytes(), &config)
             .map_err(describe)?;
     }
     if matches!(before, Before::Missing) {
@@ -211,6 +267,7 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
             args.cache.display()
         ));
     }
+    check_geometry_asked(args, &medium)?;
     match Engine::open(medium, backing, MonotonicClock::default(), &config) {
         Ok((engine, report)) => Ok((engine, Opened::Attached(report))),
         Err(Error::Format(FormatError::BadMagic { found })) if found != MAGIC => Err(format!(
@@ -245,6 +302,7 @@ pub fn open_existing(args: &CacheArgs, max_lanes: usize) -> Result<CacheEngine, 
             args.cache.display()
         ));
     }
+    check_geometry_asked(args, &medium)?;
     Engine::open(medium, backing, MonotonicClock::default(), &engine_config(args, max_lanes))
         .map(|(engine, _)| engine)
         .map_err(|e| format!("{}: {e}", args.cache.display()))
@@ -260,6 +318,7 @@ pub fn format(args: &CacheArgs, force: bool) -> Result<CacheEngine, String> {
             args.cache.display()
         ));
     }
+    check_size_asked(args, &medium)?;
     Engine::format(medium, backing, MonotonicClock::default(), &engine_config(args, 4))
         .map_err(|e| format!("{}: {e}", args.cache.display()))
 }

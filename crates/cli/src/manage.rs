@@ -235,13 +235,13 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
             args.cache.display()
         )
     })?;
-    let medium_len =
-        std::fs::metadata(&args.cache).map_err(|e| format!("{}: {e}", args.cache.display()))?.len();
+    // A missing medium is named as such, not created by the open below.
+    std::fs::metadata(&args.cache).map_err(|e| format!("{}: {e}", args.cache.display()))?;
     let cache_args = CacheArgs {
         cache: args.cache.clone(),
         backing,
-        cache_size: medium_len,
-        block_size: 4096,
+        cache_size: None,
+        block_size: None,
         mode: pmcache_engine::CacheMode::WriteBack,
         engine: args.engine.clone(),
         eviction: pmcache_engine::EvictionKind::Clock,

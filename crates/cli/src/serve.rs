@@ -34,12 +34,14 @@ pub struct ServeArgs {
     /// The backing store (default: a sparse 8 GiB file under ./pmcache-data, created if missing).
     #[arg(long)]
     pub backing: Option<PathBuf>,
-    /// Size of a new cache medium.
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
-    pub cache_size: u64,
-    /// Cache block size in bytes, for a new cache.
-    #[arg(long, default_value_t = 4096)]
-    pub block_size: u32,
+    /// Size of a new cache medium [default: 1G]. Given for an existing cache, it must be the
+    /// medium's size.
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
+    /// Cache block size in bytes, for a new cache [default: 4096]. Given for an existing
+    /// cache, it must be the cache's.
+    #[arg(long)]
+    pub block_size: Option<u32>,
     /// Cache mode: writeback, writethrough, writearound, passthrough, writeonly.
     #[arg(long, default_value = "writeback")]
     pub mode: pmcache_engine::CacheMode,

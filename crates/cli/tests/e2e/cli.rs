@@ -565,3 +565,65 @@ fn argument_mistakes_are_refused_before_the_medium_is_touched() {
         stderr(&out)
     );
 }
+
+/// `--cache-size` and `--block-size` shape a new cache. Given for an existing cache with
+/// another geometry, they are refused with the cache's own figures, and nothing on the medium
+/// changes; the figures the cache has are accepted. Before session 26 both were silently
+/// ignored, and `format --force --cache-size` kept the old size.
+#[test]
+fn a_geometry_other_than_the_caches_is_refused_not_ignored() {
+    let setup = Setup::new("geometry", 64 * MIB, 4 * MIB);
+    let server = setup.serve(Via::Tcp, &[]);
+    let data = pseudo_random(64 * 1024, 26);
+    NbdClient::connect(server.addr()).write_at(0, &data, 0); // dirty blocks in the cache
+    server.kill9();
+    let before = read_file(&setup.cache);
+    let with = |extra: &[&str]| {
+        let mut args = vec![
+            "--cache".to_string(),
+            setup.cache_arg(),
+            "--backing".into(),
+            setup.backing_arg(),
+            "--control".into(),
+            setup.control_arg(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let refusals = [
+        (
+            vec!["--cache-size", "8M"],
+            "is an existing medium of 4.0 MiB (4194304 bytes), not the 8.0 MiB (8388608 bytes) --cache-size asks for",
+        ),
+        (
+            vec!["--block-size", "8192"],
+            "holds a cache of 4096 B blocks, not the 8192 B --block-size asks for",
+        ),
+    ];
+    for (extra, message) in &refusals {
+        let out = serve_once(&with(extra).iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(!out.status.success(), "{extra:?} accepted");
+        assert!(stderr(&out).contains(message), "{extra:?}: {}", stderr(&out));
+        assert!(read_file(&setup.cache) == before, "a refused serve changed the medium");
+    }
+    let out = setup.pmcache(&[
+        "format",
+        "--cache",
+        &setup.cache_arg(),
+        "--backing",
+        &setup.backing_arg(),
+        "--cache-size",
+        "8M",
+        "--force",
+    ]);
+    assert!(!out.status.success(), "format --force took another size");
+    assert!(stderr(&out).contains("--cache-size asks for"), "{}", stderr(&out));
+    assert!(read_file(&setup.cache) == before, "a refused format changed the medium");
+
+    // The cache's own figures attach, and the dirty data is there.
+    let server = setup.serve(Via::Tcp, &["--block-size", "4096"]);
+    assert!(NbdClient::connect(server.addr()).read_at(0, 64 * 1024) == data);
+    server.terminate();
+}
