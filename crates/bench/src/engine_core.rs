@@ -864,7 +864,8 @@ pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
     println!(
         "medians of {} runs{}; ratio = engine / baseline in the same run (the 16-thread row: \
          engine at 16 threads / at 2); floor = the least any design with the engine's contract \
-         adds (see `pmcache bench core --help`), as floor / baseline; engine/floor = engine / \
+         adds, at the baseline's random places (see `pmcache bench core --help`), as floor / \
+         baseline; engine/floor = engine / \
          floor in the same run; p50/p99 = latency of one call (16 requests in the -qd16 rows)\n",
         rows[0].runs,
         timed.map(|s| format!(" of {s:.1} s")).unwrap_or_default()

@@ -16,7 +16,9 @@ enum Experiment {
     /// 16 vs 2 threads, DRAM per slot and recovery time (emulated PM in /dev/shm). Beside each
     /// ratio, the floor: raw + the least any design with the engine's contract must add (reads:
     /// one dependent load from a DRAM table of the engine's metadata size; writes: a 16-byte
-    /// entry persisted after the data).
+    /// entry persisted after the data), at the raw baseline's random places on the medium. The
+    /// engine chooses where a write goes (in address order, like a log), so its writes can pass
+    /// the floor.
     Core(engine_core::CoreArgs),
     /// Backing-store I/O engines against fio with the same engine and settings (paper 004).
     Engines(Box<engines::EnginesArgs>),

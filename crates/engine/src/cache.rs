@@ -132,7 +132,8 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     /// Slots a lane frees before it returns them to the pool, all at once.
     freed_spill: usize,
     /// Writes a lane commits as one group at most: a lane holds this many allocated slots at
-    /// once, so all lanes together never hold more than half the cache.
+    /// once, so all lanes' groups together never hold more than half the cache (their free
+    /// runs and freed slots are bounded apart: `refill_batch`, `freed_spill`).
     group_max: usize,
 }
 
@@ -293,12 +294,14 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             })
             .ok_or(Error::TooManyLanes { max_lanes: self.lanes.len() })?;
         drop(lifecycle);
+        let lane_list_max = (self.lane_free_max * 2).max(self.freed_spill + 2 * batch::GROUP_MAX);
         Ok(Lane {
             engine: self,
             id,
             shared: &self.lanes[id],
-            free: Vec::with_capacity(self.lane_free_max * 2),
-            freed: Vec::with_capacity(self.freed_spill + 2 * batch::GROUP_MAX),
+            // Both hold the other's slots at times (`alloc` moves `freed` into `free`).
+            free: Vec::with_capacity(lane_list_max),
+            freed: Vec::with_capacity(lane_list_max),
             freed_durable: 0,
             seq_next: 0,
             seq_end: 0,
@@ -876,8 +879,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// cursor that sweeps the whole cache, and a freed slot goes back to the pool rather than
     /// to the next write: so a lane's consecutive writes land close together on the medium,
     /// their entries mostly on one page of the metadata table, as in a log. Reusing the slot
-    /// the previous write freed (a random one) was 20–35 % slower per write
-    /// (docs/PERFORMANCE.md, session 26).
+    /// the previous write freed (a random one) was 10–25 % slower per write
+    /// (docs/PERFORMANCE.md, session 26). Only when the pool is empty (a full cache) does a
+    /// lane reuse the slots it freed itself, before it reclaims.
     fn alloc(&mut self) -> Result<u32> {
         loop {
             if let Some(slot) = self.free.pop() {
@@ -890,7 +894,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 continue;
             }
             if !self.freed.is_empty() {
-                self.return_freed();
+                // The pool is empty (a full cache): this lane reuses the slots it freed itself,
+                // rather than hand them to the pool where another lane's allocation could take
+                // them first and leave this one to reclaim.
+                if self.zeroings_pending() {
+                    self.fence();
+                }
+                self.free.extend(self.freed.drain(..).rev());
+                self.freed_durable = 0;
                 continue;
             }
             self.reclaim()?;

@@ -2,7 +2,7 @@
 //! changes every time the slot is freed.
 //!
 //! Protocol: every change of a slot's state or generation happens under the stripe lock of the
-//! block it holds (or, for a free slot, by the one lane that owns it through a free list).
+//! block it holds (or, for a free slot, by the pool or the one lane that holds it in its lists).
 //! Writers, write-back and eviction check a slot kept its incarnation (generation and a valid
 //! state) across the time they did not hold its stripe. Lock-free readers never load a slot
 //! word: the index entry that maps a block to a slot carries the slot's generation when it was
@@ -17,7 +17,7 @@ const GEN_SHIFT: u32 = 8;
 /// A slot's state in DRAM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SlotState {
-    /// In a free list (or being filled by the lane that took it).
+    /// In the free pool or a lane's lists (or being filled by the lane that took it).
     Free,
     /// Holds a block the backing store also has.
     Clean,

@@ -86,7 +86,7 @@ fn a_removal_on_another_lane_makes_the_pending_free_durable_first() {
             write_block(lane, 0, &new);
             if lane_fences_first {
                 // Fences (persisting the synced sequence number) without taking a slot (a
-                // write would reuse the freed one) or flushing other entries' lines.
+                // write could take the freed one) or flushing other entries' lines.
                 lane.flush().expect("flush");
             }
         };
