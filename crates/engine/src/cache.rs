@@ -897,9 +897,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 // The pool is empty (a full cache): this lane reuses the slots it freed itself,
                 // rather than hand them to the pool where another lane's allocation could take
                 // them first and leave this one to reclaim.
-                if self.zeroings_pending() {
-                    self.fence();
-                }
+                self.settle_freed();
                 self.free.extend(self.freed.drain(..).rev());
                 self.freed_durable = 0;
                 continue;
@@ -996,13 +994,19 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         self.freed_durable = 0;
     }
 
-    /// Returns every slot this lane freed to the pool, after a fence if a zeroing is pending.
+    /// Returns every slot this lane freed to the pool.
     fn return_freed(&mut self) {
+        self.settle_freed();
+        self.return_durable_freed();
+    }
+
+    /// Makes every slot this lane freed durably free: a fence if a zeroing is pending (which
+    /// counts them all), else they already are.
+    fn settle_freed(&mut self) {
         if self.zeroings_pending() {
             self.fence();
         }
         self.freed_durable = self.freed.len();
-        self.return_durable_freed();
     }
 
     /// Evicts clean blocks under the CLOCK (or FIFO) hand; when it finds none, writes back the

@@ -20,18 +20,21 @@ fn serve_once(args: &[&str]) -> std::process::Output {
 }
 
 fn serve_refused(setup: &Setup, backing: &std::path::Path) -> std::process::Output {
-    serve_once(&[
-        "--cache",
-        &setup.cache_arg(),
-        "--backing",
-        &backing.display().to_string(),
-        "--cache-size",
-        &setup.cache_bytes.to_string(),
-        "--control",
-        &setup.control_arg(),
-        "--listen",
-        "127.0.0.1:0",
-    ])
+    serve_refused_with(setup, backing, &["--cache-size", &setup.cache_bytes.to_string()])
+}
+
+/// `serve_refused` with `extra` arguments in place of `--cache-size`.
+fn serve_refused_with(
+    setup: &Setup,
+    backing: &std::path::Path,
+    extra: &[&str],
+) -> std::process::Output {
+    let (cache, backing, control) =
+        (setup.cache_arg(), backing.display().to_string(), setup.control_arg());
+    let mut args = vec!["--cache", &cache, "--backing", &backing, "--control", &control];
+    args.extend(["--listen", "127.0.0.1:0"]);
+    args.extend(extra);
+    serve_once(&args)
 }
 
 #[test]
@@ -578,20 +581,6 @@ fn a_geometry_other_than_the_caches_is_refused_not_ignored() {
     NbdClient::connect(server.addr()).write_at(0, &data, 0); // dirty blocks in the cache
     server.kill9();
     let before = read_file(&setup.cache);
-    let with = |extra: &[&str]| {
-        let mut args = vec![
-            "--cache".to_string(),
-            setup.cache_arg(),
-            "--backing".into(),
-            setup.backing_arg(),
-            "--control".into(),
-            setup.control_arg(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        args
-    };
     let refusals = [
         (
             vec!["--cache-size", "8M"],
@@ -603,7 +592,7 @@ fn a_geometry_other_than_the_caches_is_refused_not_ignored() {
         ),
     ];
     for (extra, message) in &refusals {
-        let out = serve_once(&with(extra).iter().map(String::as_str).collect::<Vec<_>>());
+        let out = serve_refused_with(&setup, &setup.backing, extra);
         assert!(!out.status.success(), "{extra:?} accepted");
         assert!(stderr(&out).contains(message), "{extra:?}: {}", stderr(&out));
         assert!(read_file(&setup.cache) == before, "a refused serve changed the medium");
