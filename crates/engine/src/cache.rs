@@ -43,13 +43,10 @@ const HAND_CHUNK: u64 = 32;
 const READ_ATTEMPTS: usize = 4;
 /// Dirty slots written back per batch by `drain`.
 const DRAIN_BATCH: usize = 256;
-/// Batches of the oldest dirty blocks a reclaim tries to write back before it gives up with
-/// the backing store's error (each batch only when none of the one before was written): a
-/// few bad blocks do not stop the cache, and a dead device's timeouts are not waited out
-/// for every dirty block.
-const RECLAIM_ROUNDS_MAX: usize = 2;
 /// Backing-store writes in a row a write-back lets fail before it leaves the rest of its
-/// victims dirty (see `Lane::write_back`).
+/// victims dirty (see `Lane::write_back`), and refused write-backs a reclaim lets pass, over
+/// its batches, before it gives up with the backing store's error: a few bad blocks do not
+/// stop the cache, and a dead device's timeouts are not waited out for every dirty block.
 const WRITE_BACK_FAILURES_MAX: usize = 8;
 /// Batches in a row a drain lets write back nothing, with an error, before it stops.
 const DRAIN_FAILED_BATCHES_MAX: usize = 2;
@@ -249,7 +246,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             hand: AtomicU64::new(0),
             next_seq: AtomicU64::new(first_seq_after(synced_seq)),
             synced_seq: Mutex::new(synced_seq),
-            backing_writes: AtomicU64::new(0),
+            // One write counted before any: whatever wrote the backing store before this
+            // attach (an earlier process of this cache that stopped without a clean shutdown,
+            // or anything else) may have left data in its volatile cache, which the first
+            // flush must sync like this engine's own writes.
+            backing_writes: AtomicU64::new(1),
             backing_writes_synced: AtomicU64::new(0),
             backing_errors: AtomicU64::new(0),
             backing_sync_failed: AtomicBool::new(false),
@@ -630,6 +631,8 @@ fn check_fit(geometry: &Geometry, backing_bytes: u64, config: &Config) -> Result
 /// cleans none.
 struct WrittenBack {
     cleaned: usize,
+    /// Blocks whose backing write failed (each now marked refused, see `SlotWord`).
+    refused: usize,
     error: Option<Error>,
 }
 
@@ -1052,24 +1055,38 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             return Ok(());
         }
         let mut dirty = std::mem::take(&mut self.scratch_slots);
+        // The hand may pass a slot twice in one reclaim (its budget is up to twice the cache):
+        // each dirty slot once, or a refused one would be tried twice in a batch.
+        dirty.sort_unstable();
+        dirty.dedup();
         // Oldest first. Sequence numbers are read once: other lanes rewrite entries meanwhile,
         // and a sort whose keys change under it has no consistent order.
-        let mut by_age: Vec<(u64, u32)> = dirty
+        // Blocks whose write-back the backing store refused before go last: otherwise every
+        // reclaim would try the same refused blocks first (a bad range of the device, or a
+        // path that fails some requests) while other dirty blocks could make room.
+        let mut by_age: Vec<(bool, u64, u32)> = dirty
             .iter()
-            .map(|&slot| match engine.read_entry(slot) {
-                DecodedEntry::Valid(entry) => (entry.seq, slot),
-                _ => (u64::MAX, slot),
+            .map(|&slot| {
+                let refused = engine.slots.load(slot).write_back_refused();
+                match engine.read_entry(slot) {
+                    DecodedEntry::Valid(entry) => (refused, entry.seq, slot),
+                    _ => (refused, u64::MAX, slot),
+                }
             })
             .collect();
         by_age.sort_unstable();
         // The oldest `want` first; if none of them could be written back (the backing store
         // refusing those blocks), the next oldest, and so on: blocks the backing store takes
-        // make room while the ones it refuses stay dirty. Only when none at all is written
+        // make room while the ones it refuses stay dirty. A reclaim stops after
+        // `WRITE_BACK_FAILURES_MAX` refusals (a dead device's timeouts would add up on every
+        // write), or at a failure that is not a refusal (a failed sync: nothing can be
+        // cleaned until the cache is attached again). Only when nothing at all is written
         // back is the first error the result.
         let mut first_error = None;
-        for chunk in by_age.chunks(want.max(1)).take(RECLAIM_ROUNDS_MAX) {
+        let mut refused = 0;
+        for chunk in by_age.chunks(want.max(1)) {
             dirty.clear();
-            dirty.extend(chunk.iter().map(|&(_, slot)| slot));
+            dirty.extend(chunk.iter().map(|&(_, _, slot)| slot));
             let written = self.write_back(&dirty, None);
             for &slot in &dirty {
                 let word = engine.slots.load(slot);
@@ -1077,9 +1094,13 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                     self.try_evict(slot, word, None);
                 }
             }
+            refused += written.refused;
             match written {
-                WrittenBack { cleaned: 0, error: Some(e) } => {
+                WrittenBack { cleaned: 0, error: Some(e), refused: chunk_refused } => {
                     first_error.get_or_insert(e);
+                    if chunk_refused == 0 || refused >= WRITE_BACK_FAILURES_MAX {
+                        break;
+                    }
                 }
                 _ => {
                     first_error = None;
@@ -1140,6 +1161,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let block = self.block_bytes();
         let mut error = None;
         let mut failures_in_a_row = 0;
+        let mut refused = 0;
         self.written.clear();
         for &slot in victims {
             if failures_in_a_row == WRITE_BACK_FAILURES_MAX {
@@ -1165,9 +1187,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             if let Err(e) = engine.backing_write(&self.write_back_block, entry.lba * block) {
                 // This block stays dirty (its copy here is the one that counts); the others
                 // are still written back, so one bad block of the backing store does not stop
-                // the cache from freeing space or draining the rest.
+                // the cache from freeing space or draining the rest. Reclaim tries it again
+                // only after the dirty blocks not refused yet.
+                engine.slots.mark_write_back_refused(slot, now);
                 error.get_or_insert(e);
                 failures_in_a_row += 1;
+                refused += 1;
                 continue;
             }
             failures_in_a_row = 0;
@@ -1175,11 +1200,11 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.written.push((slot, now, entry));
         }
         if self.written.is_empty() {
-            return WrittenBack { cleaned: 0, error };
+            return WrittenBack { cleaned: 0, refused, error };
         }
         let sample = engine.last_issued_seq();
         if let Err(e) = engine.sync_backing() {
-            return WrittenBack { cleaned: 0, error: Some(e) };
+            return WrittenBack { cleaned: 0, refused, error: Some(e) };
         }
         let written = std::mem::take(&mut self.written);
         let mut cleaned = 0;
@@ -1200,7 +1225,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let counters = self.counters();
         bump(&counters.writebacks, cleaned);
         bump(&counters.dirty_delta, cleaned.wrapping_neg());
-        WrittenBack { cleaned: cleaned as usize, error }
+        WrittenBack { cleaned: cleaned as usize, refused, error }
     }
 
     /// Inserts `lba -> slot` into the index, hidden (see `Index::insert`), evicting (or

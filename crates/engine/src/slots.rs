@@ -12,6 +12,9 @@ use crate::error::Result;
 use crate::sync::{AtomicU32, Ordering, Table, zeroed_table};
 
 const STATE_MASK: u32 = 0b11;
+/// Set on a dirty slot whose write-back the backing store refused: reclaim tries such slots
+/// only after every other dirty one (DRAM only; cleared when the slot is cleaned or freed).
+const REFUSED_BIT: u32 = 0b100;
 const GEN_SHIFT: u32 = 8;
 
 /// A slot's state in DRAM.
@@ -43,6 +46,10 @@ impl SlotWord {
     }
     pub(crate) fn generation(self) -> u32 {
         self.0 >> GEN_SHIFT
+    }
+    /// Whether the backing store refused this dirty slot's last write-back.
+    pub(crate) fn write_back_refused(self) -> bool {
+        self.0 & REFUSED_BIT != 0
     }
     /// Same block in the same slot incarnation (ignores clean/dirty).
     pub(crate) fn same_incarnation(self, other: SlotWord) -> bool {
@@ -103,11 +110,19 @@ impl SlotTable {
         self.words[slot as usize].store(word.with_state(state).0, Ordering::Release);
     }
 
-    /// Dirty to clean, same incarnation.
+    /// Dirty to clean, same incarnation (a refused write-back no longer matters).
     pub(crate) fn set_clean(&self, slot: u32) {
         let word = self.load(slot);
         assert_eq!(word.state(), SlotState::Dirty, "cleaning slot {slot} that is not dirty");
-        self.words[slot as usize].store(word.with_state(SlotState::Clean).0, Ordering::Release);
+        let clean = word.with_state(SlotState::Clean).0 & !REFUSED_BIT;
+        self.words[slot as usize].store(clean, Ordering::Release);
+    }
+
+    /// Records that the backing store refused the write-back of dirty `slot`, whose word is
+    /// `seen` (same incarnation; the caller holds its block's stripe).
+    pub(crate) fn mark_write_back_refused(&self, slot: u32, seen: SlotWord) {
+        assert_eq!(seen.state(), SlotState::Dirty, "refused write-back of a slot not dirty");
+        self.words[slot as usize].store(seen.0 | REFUSED_BIT, Ordering::Release);
     }
 
     /// Frees a valid slot: new generation, so every holder of the old incarnation (a writer
@@ -143,6 +158,29 @@ mod tests {
         assert_eq!(table.generation(1), 1);
         table.publish(1, SlotState::Clean);
         assert!(!table.load(1).same_incarnation(before));
+    }
+
+    /// A refused write-back marks the dirty slot without changing its incarnation; cleaning
+    /// or freeing it forgets the mark.
+    #[test]
+    fn a_refused_write_back_is_marked_until_the_slot_is_cleaned_or_freed() {
+        let table = SlotTable::new(2).unwrap();
+        for slot in 0..2 {
+            table.publish(slot, SlotState::Dirty);
+            let seen = table.load(slot);
+            assert!(!seen.write_back_refused());
+            table.mark_write_back_refused(slot, seen);
+            let marked = table.load(slot);
+            assert!(marked.write_back_refused());
+            assert!(marked.same_incarnation(seen));
+            assert_eq!(marked.state(), SlotState::Dirty);
+        }
+        table.set_clean(0);
+        assert!(!table.load(0).write_back_refused());
+        assert_eq!(table.load(0).state(), SlotState::Clean);
+        table.free(1);
+        table.publish(1, SlotState::Dirty);
+        assert!(!table.load(1).write_back_refused());
     }
 
     /// The generation counts every free through all its 24 bits, then wraps to 0: wider than

@@ -47,6 +47,21 @@ fn op_with_mode_changes_strategy() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// `op_with_mode_changes_strategy` with backing faults injected and healed among the
+/// operations: writes to a run of blocks refused, every read refused, every flush refused.
+fn op_with_backing_faults_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        16 => op_with_mode_changes_strategy(),
+        2 => (0..BLOCKS as u64, 1..=16u64).prop_map(|(first, count)| Op::FailBackingWrites {
+            first,
+            count: count.min(BLOCKS as u64 - first),
+        }),
+        1 => Just(Op::FailBackingReads),
+        1 => Just(Op::FailBackingFlushes),
+        2 => Just(Op::HealBacking),
+    ]
+}
+
 fn admission_strategy() -> impl Strategy<Value = AdmissionConfig> {
     prop_oneof![
         Just(AdmissionConfig::Always),
@@ -127,6 +142,87 @@ proptest! {
         if let Err(failure) = run_crash_case(&ops, &run) {
             return Err(TestCaseError::fail(failure));
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: pmcache_engine::testing::proptest_cases(1000),
+        ..ProptestConfig::default()
+    })]
+
+    /// The same with a failing backing store: writes to some blocks, reads or flushes refused
+    /// (EIO) and healed again, between power cuts. An operation may fail only with the
+    /// backing store's error, and a failed one leaves what a power cut inside it would (each
+    /// block old or new); every acknowledged write survives the cuts that follow. A segment
+    /// that saw faults ends with the cache attached again to the healed store, then drained
+    /// and checked.
+    #[test]
+    fn model_holds_across_power_cuts_with_a_failing_backing_store(
+        ops in prop::collection::vec(op_with_backing_faults_strategy(), 1..80),
+        run in run_strategy(),
+    ) {
+        if let Err(failure) = run_crash_case(&ops, &run) {
+            return Err(TestCaseError::fail(failure));
+        }
+    }
+}
+
+/// The fault-injecting runs above reach what they are for: over a fixed set of seeds, enough
+/// operations fail with injected backing errors (in every mode), and power is cut while
+/// faults are active, for the property to mean something.
+#[test]
+fn backing_faults_make_operations_fail_between_power_cuts() {
+    let mut rng = SmallRng::seed_from_u64(0x5eed_0fa1);
+    for mode in CacheMode::ALL {
+        let (mut failed, mut cuts, mut reattaches) = (0u64, 0u64, 0u64);
+        for _ in 0..40 {
+            let mut ops = random_ops(&mut rng, 50);
+            // Faults early, at random points, and healed later in some runs.
+            for _ in 0..3 {
+                let at = rng.gen_range(0..ops.len());
+                let fault = match rng.gen_range(0..3) {
+                    0 => Op::FailBackingWrites {
+                        first: rng.gen_range(0..BLOCKS as u64 / 2),
+                        count: 16,
+                    },
+                    1 => Op::FailBackingReads,
+                    _ => Op::FailBackingFlushes,
+                };
+                ops.insert(at, fault);
+            }
+            if rng.gen_bool(0.5) {
+                let at = rng.gen_range(ops.len() / 2..ops.len());
+                ops.insert(at, Op::HealBacking);
+            }
+            // Pass-through persists little, so a cut at a persist point seldom comes: cut
+            // between operations too.
+            if rng.gen_bool(0.5) {
+                let at = rng.gen_range(ops.len() / 3..ops.len());
+                ops.insert(at, Op::PowerCut);
+            }
+            let run = CrashRun {
+                mode,
+                eviction: EvictionKind::Clock,
+                admission: AdmissionConfig::Always,
+                cut_at_point: rng.gen_bool(0.5).then(|| rng.gen_range(1..200)),
+                cut_during_recovery_at: None,
+                seed: rng.r#gen(),
+                index_buckets: None,
+                concurrent_pairs: rng.gen_bool(0.5),
+            };
+            let outcome = run_crash_case(&ops, &run)
+                .unwrap_or_else(|failure| panic!("{mode} ({run:?}): {failure}\nops: {ops:?}"));
+            failed += outcome.failed_ops;
+            cuts += outcome.power_cuts;
+            reattaches += outcome.reattaches;
+        }
+        eprintln!(
+            "{mode}: {failed} operations failed, {cuts} power cuts, {reattaches} re-attaches"
+        );
+        assert!(failed >= 40, "{mode}: only {failed} operations failed");
+        assert!(cuts >= 10, "{mode}: only {cuts} power cuts");
+        assert!(reattaches >= 5, "{mode}: only {reattaches} re-attaches after faults");
     }
 }
 
@@ -266,5 +362,64 @@ fn crash_point_enumeration() {
             assert_eq!(outcome.power_cuts, 1, "{mode}: the cut at {point} did not happen");
         }
         eprintln!("{mode}: power cut after each of {total} persist points");
+    }
+}
+
+/// A scripted workload over a backing store that fails part of the time: writes to some
+/// blocks refused while the cache fills and reclaims (write-backs fail and are retried
+/// elsewhere), a failing flush (after which nothing is trusted until the next attach), reads
+/// refused, then healed. Power is cut after the N-th persist for every N, in every mode.
+#[test]
+fn crash_point_enumeration_with_a_failing_backing_store() {
+    let block = BLOCK as u64;
+    let mut ops = Vec::new();
+    for b in 0..12 {
+        ops.push(Op::Write { offset: b * block, len: block, fua: false });
+    }
+    ops.push(Op::FailBackingWrites { first: 0, count: 8 });
+    for b in 12..32 {
+        ops.push(Op::Write { offset: b * block, len: block, fua: false });
+    }
+    ops.push(Op::Write { offset: 2 * block + 50, len: 100, fua: false });
+    ops.push(Op::Drain);
+    ops.push(Op::FailBackingReads);
+    ops.push(Op::Read { offset: 40 * block, len: block });
+    ops.push(Op::Write { offset: 41 * block + 7, len: 30, fua: false });
+    ops.push(Op::FailBackingFlushes);
+    ops.push(Op::Write { offset: 33 * block, len: block, fua: true });
+    ops.push(Op::Flush);
+    ops.push(Op::HealBacking);
+    for b in 0..6 {
+        ops.push(Op::Write { offset: b * block, len: block, fua: false });
+    }
+    ops.push(Op::WriteBatch { writes: (20..26).map(|b| (b * block, block)).collect(), fua: false });
+    ops.push(Op::Drain);
+    for mode in CacheMode::ALL {
+        let base = CrashRun {
+            mode,
+            eviction: EvictionKind::Clock,
+            admission: AdmissionConfig::Always,
+            cut_at_point: None,
+            cut_during_recovery_at: None,
+            seed: 11,
+            index_buckets: None,
+            concurrent_pairs: false,
+        };
+        let clean = run_crash_case(&ops, &base).expect("run without power cut");
+        assert!(clean.failed_ops >= 3, "{mode}: only {} operations failed", clean.failed_ops);
+        // Every point, the drain after the attach that follows the faults included.
+        let total = clean.persist_points_without_cuts;
+        assert!(total > clean.persist_points_first_segment, "{mode}: no re-attach");
+        for point in 1..=total {
+            let run = CrashRun { cut_at_point: Some(point), seed: point, ..base.clone() };
+            let outcome = run_crash_case(&ops, &run).unwrap_or_else(|failure| {
+                panic!("{mode}, cut at persist {point} of {total}: {failure}")
+            });
+            assert_eq!(outcome.power_cuts, 1, "{mode}: the cut at {point} did not happen");
+        }
+        eprintln!(
+            "{mode}: {} operations failed; power cut after each of {total} persist points",
+            clean.failed_ops
+        );
     }
 }

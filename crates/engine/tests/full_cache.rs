@@ -183,6 +183,47 @@ fn one_block_the_backing_store_refuses_does_not_stop_a_full_write_back_cache() {
     assert_eq!(backing_block(&engine, 0), block_of(1));
 }
 
+/// A full write-back cache whose oldest 48 dirty blocks the backing store refuses (a bad
+/// range of the device, written first): more than a reclaim lets fail before it gives up.
+/// The first writes needing a slot may fail, each after at most 8 refusals; then the refused
+/// blocks are tried only after the others, so every later write succeeds and no refused block
+/// is tried again while other dirty blocks remain. Before, every reclaim tried the oldest
+/// (refused) blocks first, and every write needing a slot failed (found by `crash.rs`'s runs
+/// with backing faults).
+#[test]
+fn a_run_of_refused_blocks_is_passed_over_not_retried_by_every_write() {
+    let (engine, _medium, backing) = fresh(CacheMode::WriteBack, 9);
+    let slots = engine.stats().slot_count;
+    let mut lane = engine.lane().expect("lane");
+    for lba in 0..slots {
+        lane.write(lba * BLOCK_BYTES, &block_of(lba as u8 + 1), false).expect("fill");
+    }
+    const REFUSED: u64 = 48;
+    backing.fail_writes_in(0..REFUSED * BLOCK_BYTES);
+    let mut failed = Vec::new();
+    for (i, lba) in (slots..slots + 60).enumerate() {
+        if lane.write(lba * BLOCK_BYTES, &block_of(0x80 + i as u8), false).is_err() {
+            failed.push(i);
+        }
+    }
+    assert!(failed.len() as u64 <= REFUSED / 8, "writes {failed:?} failed");
+    assert!(failed.iter().all(|&i| i < failed.len()), "a later write failed: {failed:?}");
+    let refusals = engine.stats().backing_errors;
+    assert!(refusals <= REFUSED, "{refusals} refused write-backs: some block tried twice");
+    for (i, lba) in (slots..slots + 60).enumerate() {
+        if !failed.contains(&i) {
+            assert_eq!(read_block(&mut lane, lba), block_of(0x80 + i as u8), "block {lba}");
+        }
+    }
+    for lba in 0..REFUSED {
+        assert_eq!(read_block(&mut lane, lba), block_of(lba as u8 + 1), "refused block {lba}");
+    }
+    backing.heal();
+    lane.drain().expect("drain once the backing store takes the blocks");
+    assert_eq!(backing_block(&engine, 0), block_of(1));
+    assert_eq!(backing_block(&engine, REFUSED - 1), block_of(REFUSED as u8));
+}
+
 fn fresh(mode: CacheMode, seed: u64) -> (SimEngine, CrashMedium, SimBacking) {
     let switch = CrashSwitch::new();
     let medium = CrashMedium::new(MEDIUM_BYTES, switch.clone(), seed);

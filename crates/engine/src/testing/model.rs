@@ -83,6 +83,35 @@ pub enum Op {
         /// The new mode.
         mode: CacheMode,
     },
+    /// From now on the backing store fails (EIO, changing nothing) every write, discard or
+    /// zeroing that overlaps blocks `first..first + count`: bad sectors, or a path that fails
+    /// some requests. Run by the harness ([`run_crash_case`]), not by a lane.
+    FailBackingWrites {
+        /// First block refused.
+        first: u64,
+        /// Blocks refused.
+        count: u64,
+    },
+    /// From now on every backing read fails (EIO). Run by the harness.
+    FailBackingReads,
+    /// From now on every backing flush (`fdatasync`) fails (EIO), making nothing durable.
+    /// Run by the harness.
+    FailBackingFlushes,
+    /// The backing store serves every request again. Run by the harness.
+    HealBacking,
+}
+
+impl Op {
+    /// Whether this operation changes the backing store's fault injection (run by the harness).
+    pub fn is_backing_fault(&self) -> bool {
+        matches!(
+            self,
+            Op::FailBackingWrites { .. }
+                | Op::FailBackingReads
+                | Op::FailBackingFlushes
+                | Op::HealBacking
+        )
+    }
 }
 
 /// What a block may hold.
@@ -376,8 +405,22 @@ impl Model {
             // dirty cached copy (the engine syncs the backing store first), which the model
             // does not count on: it only keeps more candidates than the engine can show.
             Op::SetMode { mode } => self.durable_at_ack = mode.writes_back(),
-            Op::Read { .. } | Op::ReadBatch { .. } | Op::PowerCut => {}
+            Op::Read { .. }
+            | Op::ReadBatch { .. }
+            | Op::PowerCut
+            | Op::FailBackingWrites { .. }
+            | Op::FailBackingReads
+            | Op::FailBackingFlushes
+            | Op::HealBacking => {}
         }
+    }
+
+    /// Applies an operation that failed with a backing-store error: what the engine promises
+    /// of a failed request is what a power cut inside it leaves (each block it writes holds
+    /// its old or its new data, a trimmed block anything), and nothing else changes — a
+    /// failed flush or drain makes nothing durable, a failed read changes nothing.
+    pub fn apply_failed(&mut self, op: &Op, data: &[u8]) {
+        self.apply_uncertain(op, data);
     }
 
     /// Applies an operation that a power cut interrupted: each block is old or new.
@@ -618,7 +661,23 @@ pub fn run_op<M: Medium, B: BackingStore, C: Clock>(
     op: &Op,
 ) -> Result<Done, String> {
     let datas = write_data_for(model, op);
-    execute_op(lane, op, datas)
+    execute_op(lane, op, datas).map_err(|failure| failure.message)
+}
+
+/// Why an operation failed.
+#[derive(Debug)]
+pub struct OpFailure {
+    /// The operation and the error.
+    pub message: String,
+    /// The error is the backing store's (`Error::Backing`, or `Error::BackingSyncFailedBefore`
+    /// after a failed sync): expected where the harness injects backing faults.
+    pub backing: bool,
+}
+
+impl From<String> for OpFailure {
+    fn from(message: String) -> Self {
+        Self { message, backing: false }
+    }
 }
 
 /// Runs one operation on a lane with the data `write_data_for` drew for it.
@@ -626,8 +685,11 @@ pub fn execute_op<M: Medium, B: BackingStore, C: Clock>(
     lane: &mut Lane<'_, M, B, C>,
     op: &Op,
     datas: Vec<Vec<u8>>,
-) -> Result<Done, String> {
-    let fail = |e: Error| format!("{op:?} failed: {e}");
+) -> Result<Done, OpFailure> {
+    let fail = |e: Error| OpFailure {
+        message: format!("{op:?} failed: {e}"),
+        backing: matches!(e, Error::Backing(_) | Error::BackingSyncFailedBefore),
+    };
     let nothing = |_| Done::default();
     match *op {
         Op::Read { offset, len } => {
@@ -680,6 +742,12 @@ pub fn execute_op<M: Medium, B: BackingStore, C: Clock>(
         Op::SetMode { mode } => {
             lane.engine().set_mode(mode);
             Ok(Done::default())
+        }
+        Op::FailBackingWrites { .. }
+        | Op::FailBackingReads
+        | Op::FailBackingFlushes
+        | Op::HealBacking => {
+            Err(format!("{op:?}: backing faults are injected by run_crash_case, not a lane").into())
         }
     }
 }
@@ -738,7 +806,14 @@ fn blocks_touched(op: &Op) -> Option<Vec<u64>> {
         Op::ReadBatch { reads } => {
             Some(reads.iter().flat_map(|&(offset, len)| range(offset, len)).collect())
         }
-        Op::Flush | Op::Drain | Op::PowerCut | Op::SetMode { .. } => None,
+        Op::Flush
+        | Op::Drain
+        | Op::PowerCut
+        | Op::SetMode { .. }
+        | Op::FailBackingWrites { .. }
+        | Op::FailBackingReads
+        | Op::FailBackingFlushes
+        | Op::HealBacking => None,
     }
 }
 
@@ -755,12 +830,81 @@ fn may_run_together(a: &Op, b: &Op) -> bool {
 pub struct RunOutcome {
     /// Persist points counted before the first power cut (or the end).
     pub persist_points_first_segment: u64,
+    /// In a run without power cuts, every persist point counted, re-attaches included.
+    pub persist_points_without_cuts: u64,
     /// Power cuts that happened.
     pub power_cuts: u64,
     /// Of those, cuts that landed inside a recovery.
     pub cuts_during_recovery: u64,
     /// Of those, cuts that landed while two operations were in flight.
     pub cuts_during_pairs: u64,
+    /// Backing-store fault operations run (`Op::FailBacking*`, `Op::HealBacking`).
+    pub backing_fault_ops: u64,
+    /// Operations that failed with a backing-store error while faults were injected.
+    pub failed_ops: u64,
+    /// Clean re-attaches after segments with injected faults (see `run_crash_case`).
+    pub reattaches: u64,
+}
+
+/// How a segment of a crash run ended.
+enum SegmentEnd {
+    /// Every operation ran, and the final drain and checks passed.
+    Finished,
+    /// Power was cut.
+    PowerCut,
+    /// Every operation ran in a segment with injected backing faults: the engine is attached
+    /// again (no power cut) to a healed backing store before the final drain. After a failed
+    /// `fdatasync` nothing is trusted until then (docs/DURABILITY.md, rule 6).
+    Reattach,
+}
+
+/// Injects the backing fault `op` asks for; returns whether it is a fault (not a heal).
+fn inject_backing_fault(backing: &SimBacking, op: &Op) -> bool {
+    let block = BLOCK as u64;
+    match *op {
+        Op::FailBackingWrites { first, count } => {
+            backing.fail_writes_in(first * block..(first + count) * block)
+        }
+        Op::FailBackingReads => backing.fail_reads_from(0),
+        Op::FailBackingFlushes => backing.fail_flushes(true),
+        Op::HealBacking => {
+            backing.heal();
+            return false;
+        }
+        _ => panic!("{op:?} is not a backing fault"),
+    }
+    true
+}
+
+/// Applies what an operation did to the model and checks its reads: `cut` if power was
+/// already off when it returned (it may or may not have taken effect), `faults` if backing
+/// faults were injected in this segment (a backing error is then expected, and leaves what a
+/// cut would). Counts failed operations in `outcome`.
+fn settle(
+    model: &mut Model,
+    op: &Op,
+    data: &[u8],
+    result: Result<Done, OpFailure>,
+    cut: bool,
+    faults: bool,
+    outcome: &mut RunOutcome,
+) -> Result<(), String> {
+    match result {
+        Ok(_) if cut => model.apply_uncertain(op, data),
+        Ok(done) => {
+            done.check_reads(model)?;
+            model.apply(op, data);
+        }
+        Err(failure) if cut || (failure.backing && faults) => {
+            if std::env::var_os("PMCACHE_MODEL_TRACE").is_some() {
+                eprintln!("failed: {}", failure.message);
+            }
+            model.apply_failed(op, data);
+            outcome.failed_ops += u64::from(!cut);
+        }
+        Err(failure) => return Err(failure.message),
+    }
+    Ok(())
 }
 
 /// Runs `ops` against the engine on the crash medium, cutting power as asked, checking every
@@ -783,14 +927,15 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
     }
     let mut next = 0;
     let mut segment = 0;
+    // Backing faults were injected in this segment (a power cut or a re-attach starts a clean one).
+    let mut faults = false;
     let mut pairing = rand::rngs::SmallRng::seed_from_u64(run.seed ^ 0x9a12);
     loop {
         // Two lanes, used alternately, each on a thread of its own: a block's versions come
         // from different lanes, so recovery's "newest wins" depends on cross-lane sequence
         // order; and the crash medium keeps unfenced flushes per thread, so a lane that relied
         // on another lane's fence would lose data here.
-        // Whether the run finished (no power cut in this segment).
-        let finished: Result<bool, String> = std::thread::scope(|scope| {
+        let ended: Result<SegmentEnd, String> = std::thread::scope(|scope| {
             let mut to_lanes = Vec::new();
             let mut from_lanes = Vec::new();
             let mut workers = Vec::new();
@@ -801,7 +946,8 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                 // one that returned before the cut was acknowledged, and must be durable as
                 // any other acknowledged operation (a pair's other operation may be the one
                 // the cut interrupted).
-                let (done_tx, done_rx) = std::sync::mpsc::channel::<(Result<Done, String>, bool)>();
+                let (done_tx, done_rx) =
+                    std::sync::mpsc::channel::<(Result<Done, OpFailure>, bool)>();
                 let switch = world.switch.clone();
                 workers.push(scope.spawn(move || {
                     while let Ok((op, datas)) = op_rx.recv() {
@@ -822,6 +968,11 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                     world.switch.cut_now();
                     break;
                 }
+                if op.is_backing_fault() {
+                    faults |= inject_backing_fault(&world.backing, op);
+                    outcome.backing_fault_ops += 1;
+                    continue;
+                }
                 if run.concurrent_pairs
                     && let Some(second) = ops.get(next)
                     && may_run_together(op, second)
@@ -829,8 +980,10 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                 {
                     next += 1;
                     let pair = [op, second];
+                    let mut pair_data = Vec::new();
                     for (lane, op) in pair.into_iter().enumerate() {
                         let datas = write_data_for(&mut model, op);
+                        pair_data.push(datas.concat());
                         to_lanes[lane].send((op.clone(), datas)).map_err(|e| e.to_string())?;
                     }
                     let results = [
@@ -850,16 +1003,19 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                     // that returned before a cut is applied as acknowledged, one the cut
                     // interrupted as uncertain (each of its blocks old or new).
                     let crashed = world.switch.has_crashed();
-                    for (op, (result, cut_before_return)) in pair.into_iter().zip(results) {
-                        if cut_before_return {
-                            if let Ok(done) = &result {
-                                model.apply_uncertain(op, &done.data);
-                            }
-                        } else {
-                            let done = result?;
-                            done.check_reads(&mut model).map_err(|e| format!("op {next}: {e}"))?;
-                            model.apply(op, &done.data);
-                        }
+                    for ((op, data), (result, cut_before_return)) in
+                        pair.into_iter().zip(&pair_data).zip(results)
+                    {
+                        settle(
+                            &mut model,
+                            op,
+                            data,
+                            result,
+                            cut_before_return,
+                            faults,
+                            &mut outcome,
+                        )
+                        .map_err(|e| format!("op {next}: {e}"))?;
                     }
                     if crashed {
                         outcome.cuts_during_pairs += 1;
@@ -868,6 +1024,7 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                     continue;
                 }
                 let datas = write_data_for(&mut model, op);
+                let data = datas.concat();
                 let lane = next % 2;
                 to_lanes[lane].send((op.clone(), datas)).map_err(|e| e.to_string())?;
                 let (result, _) = from_lanes[lane].recv().map_err(|e| e.to_string())?;
@@ -879,15 +1036,12 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                         world.switch.has_crashed()
                     );
                 }
-                if world.switch.has_crashed() {
-                    if let Ok(done) = &result {
-                        model.apply_uncertain(op, &done.data);
-                    }
+                let crashed = world.switch.has_crashed();
+                settle(&mut model, op, &data, result, crashed, faults, &mut outcome)
+                    .map_err(|e| format!("op {next}: {e}"))?;
+                if crashed {
                     break;
                 }
-                let done = result?;
-                done.check_reads(&mut model).map_err(|e| format!("op {next}: {e}"))?;
-                model.apply(op, &done.data);
             }
             drop(to_lanes);
             for worker in workers {
@@ -897,18 +1051,24 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                 outcome.persist_points_first_segment = world.switch.points() - format_points;
             }
             if world.switch.has_crashed() {
-                return Ok(false);
+                return Ok(SegmentEnd::PowerCut);
             }
             engine.audit().map_err(|e| format!("audit after the workload: {e}"))?;
+            if faults {
+                return Ok(SegmentEnd::Reattach);
+            }
             let mut lane = engine.lane().map_err(|e| e.to_string())?;
             let drained = lane.drain();
             if segment == 0 {
                 outcome.persist_points_first_segment = world.switch.points() - format_points;
             }
+            if outcome.power_cuts == 0 {
+                outcome.persist_points_without_cuts = world.switch.points() - format_points;
+            }
             if world.switch.has_crashed() {
                 // Cut mid-drain: recovered and checked like any other cut (a drain changes no
                 // block's contents, so the model has nothing uncertain to add).
-                return Ok(false);
+                return Ok(SegmentEnd::PowerCut);
             }
             drained.map_err(|e| format!("final drain: {e}"))?;
             model.apply(&Op::Drain, &[]);
@@ -918,12 +1078,33 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
             model.check_backing(&world.backing.durable_contents())?;
             drop(lane);
             engine.audit().map_err(|e| format!("audit after the final drain: {e}"))?;
-            Ok(true)
+            Ok(SegmentEnd::Finished)
         });
-        if finished? {
-            return Ok(outcome);
+        match ended? {
+            SegmentEnd::Finished => return Ok(outcome),
+            SegmentEnd::PowerCut => drop(engine),
+            SegmentEnd::Reattach => {
+                drop(engine);
+                world.backing.heal();
+                faults = false;
+                let opened =
+                    Engine::open(world.medium.clone(), world.backing.clone(), clock.clone(), &cfg);
+                if !world.switch.has_crashed() {
+                    // No power cut: the medium and the backing store hold everything they did.
+                    engine = opened.map_err(|e| format!("attach after faults: {e}"))?.0;
+                    outcome.reattaches += 1;
+                    engine.audit().map_err(|e| format!("audit after re-attach: {e}"))?;
+                    let mut lane = engine.lane().map_err(|e| e.to_string())?;
+                    verify_all(&mut lane, &mut model).map_err(|e| format!("re-attach: {e}"))?;
+                    drop(lane);
+                    segment += 1;
+                    continue;
+                }
+                // Power was cut inside that attach: recovered like any other cut.
+                drop(opened);
+            }
         }
-        drop(engine);
+        faults = false;
         outcome.power_cuts += 1;
         model.power_cut();
         // The engine attaches in the configured mode, whatever mode it was switched to.
