@@ -309,6 +309,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             block: vec![0u8; self.geometry.block_size as usize],
             write_back_block: vec![0u8; self.geometry.block_size as usize],
             scratch_slots: Vec::with_capacity(DRAIN_BATCH),
+            scratch_refused: Vec::with_capacity(2 * WRITE_BACK_FAILURES_MAX),
             written: Vec::with_capacity(DRAIN_BATCH),
             unflushed_frees: Vec::with_capacity(2 * batch::GROUP_MAX),
             group: Vec::with_capacity(self.group_max),
@@ -633,6 +634,9 @@ struct WrittenBack {
     cleaned: usize,
     /// Blocks whose backing write failed (each now marked refused, see `SlotWord`).
     refused: usize,
+    /// The sync after the writes failed (or an earlier one had): nothing is cleaned until
+    /// the cache is attached again.
+    sync_failed: bool,
     error: Option<Error>,
 }
 
@@ -694,6 +698,9 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     /// One block: what `write_back` copies from a dirty slot to the backing store.
     write_back_block: Vec<u8>,
     scratch_slots: Vec<u32>,
+    /// Dirty slots whose write-back the backing store refused, seen by a reclaim's hand
+    /// (tried only when it saw no other dirty slot).
+    scratch_refused: Vec<u32>,
     written: Vec<(u32, SlotWord, SlotEntry)>,
     /// Superseded slots whose zeroed entries this lane's next fence writes back first (see
     /// [`Stripe`]); dropping the lane fences if any are left.
@@ -1022,6 +1029,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let mut evicted = 0;
         let mut scanned = 0;
         self.scratch_slots.clear();
+        self.scratch_refused.clear();
         while scanned < budget && evicted < want {
             let start = engine.hand.fetch_add(HAND_CHUNK, Ordering::Relaxed);
             for i in 0..HAND_CHUNK {
@@ -1036,6 +1044,13 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                             }
                         }
                     },
+                    // Refused write-backs apart: a run of them (a bad range of the backing
+                    // store, filled in address order) must not fill the candidates.
+                    SlotState::Dirty if word.write_back_refused() => {
+                        if self.scratch_refused.len() < self.scratch_refused.capacity() {
+                            self.scratch_refused.push(slot);
+                        }
+                    }
                     SlotState::Dirty => {
                         if self.scratch_slots.len() < self.scratch_slots.capacity() {
                             self.scratch_slots.push(slot);
@@ -1050,6 +1065,13 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             return Ok(());
         }
         if self.scratch_slots.is_empty() {
+            // Only blocks the backing store refused before: try those again (it may take
+            // them now).
+            let refused = std::mem::take(&mut self.scratch_refused);
+            self.scratch_slots.extend(&refused);
+            self.scratch_refused = refused;
+        }
+        if self.scratch_slots.is_empty() {
             // Every slot is free in another lane's list or being filled: let them progress.
             crate::sync::yield_now();
             return Ok(());
@@ -1061,32 +1083,30 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         dirty.dedup();
         // Oldest first. Sequence numbers are read once: other lanes rewrite entries meanwhile,
         // and a sort whose keys change under it has no consistent order.
-        // Blocks whose write-back the backing store refused before go last: otherwise every
-        // reclaim would try the same refused blocks first (a bad range of the device, or a
-        // path that fails some requests) while other dirty blocks could make room.
-        let mut by_age: Vec<(bool, u64, u32)> = dirty
+        // Blocks whose write-back the backing store refused before are not among them unless
+        // the hand saw no others (above): otherwise every reclaim would try the same refused
+        // blocks first (a bad range of the device, or a path that fails some requests) while
+        // other dirty blocks could make room.
+        let mut by_age: Vec<(u64, u32)> = dirty
             .iter()
-            .map(|&slot| {
-                let refused = engine.slots.load(slot).write_back_refused();
-                match engine.read_entry(slot) {
-                    DecodedEntry::Valid(entry) => (refused, entry.seq, slot),
-                    _ => (refused, u64::MAX, slot),
-                }
+            .map(|&slot| match engine.read_entry(slot) {
+                DecodedEntry::Valid(entry) => (entry.seq, slot),
+                _ => (u64::MAX, slot),
             })
             .collect();
         by_age.sort_unstable();
         // The oldest `want` first; if none of them could be written back (the backing store
         // refusing those blocks), the next oldest, and so on: blocks the backing store takes
-        // make room while the ones it refuses stay dirty. A reclaim stops after
-        // `WRITE_BACK_FAILURES_MAX` refusals (a dead device's timeouts would add up on every
-        // write), or at a failure that is not a refusal (a failed sync: nothing can be
-        // cleaned until the cache is attached again). Only when nothing at all is written
-        // back is the first error the result.
+        // make room while the ones it refuses stay dirty. A reclaim stops once
+        // `WRITE_BACK_FAILURES_MAX` refusals have passed (a dead device's timeouts would add up
+        // on every write; a batch that cleans nothing stops at that many in a row, so at most
+        // twice that), or at a failed sync (nothing can be cleaned until the cache is attached
+        // again). Only when nothing at all is written back is the first error the result.
         let mut first_error = None;
         let mut refused = 0;
         for chunk in by_age.chunks(want.max(1)) {
             dirty.clear();
-            dirty.extend(chunk.iter().map(|&(_, _, slot)| slot));
+            dirty.extend(chunk.iter().map(|&(_, slot)| slot));
             let written = self.write_back(&dirty, None);
             for &slot in &dirty {
                 let word = engine.slots.load(slot);
@@ -1096,9 +1116,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
             refused += written.refused;
             match written {
-                WrittenBack { cleaned: 0, error: Some(e), refused: chunk_refused } => {
+                WrittenBack { cleaned: 0, error: Some(e), refused: chunk_refused, sync_failed } => {
                     first_error.get_or_insert(e);
-                    if chunk_refused == 0 || refused >= WRITE_BACK_FAILURES_MAX {
+                    if sync_failed || chunk_refused == 0 || refused >= WRITE_BACK_FAILURES_MAX {
                         break;
                     }
                 }
@@ -1200,11 +1220,11 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.written.push((slot, now, entry));
         }
         if self.written.is_empty() {
-            return WrittenBack { cleaned: 0, refused, error };
+            return WrittenBack { cleaned: 0, refused, sync_failed: false, error };
         }
         let sample = engine.last_issued_seq();
         if let Err(e) = engine.sync_backing() {
-            return WrittenBack { cleaned: 0, refused, error: Some(e) };
+            return WrittenBack { cleaned: 0, refused, sync_failed: true, error: Some(e) };
         }
         let written = std::mem::take(&mut self.written);
         let mut cleaned = 0;
@@ -1225,7 +1245,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let counters = self.counters();
         bump(&counters.writebacks, cleaned);
         bump(&counters.dirty_delta, cleaned.wrapping_neg());
-        WrittenBack { cleaned: cleaned as usize, refused, error }
+        WrittenBack { cleaned: cleaned as usize, refused, sync_failed: false, error }
     }
 
     /// Inserts `lba -> slot` into the index, hidden (see `Index::insert`), evicting (or

@@ -183,45 +183,87 @@ fn one_block_the_backing_store_refuses_does_not_stop_a_full_write_back_cache() {
     assert_eq!(backing_block(&engine, 0), block_of(1));
 }
 
-/// A full write-back cache whose oldest 48 dirty blocks the backing store refuses (a bad
-/// range of the device, written first): more than a reclaim lets fail before it gives up.
-/// The first writes needing a slot may fail, each after at most 8 refusals; then the refused
-/// blocks are tried only after the others, so every later write succeeds and no refused block
-/// is tried again while other dirty blocks remain. Before, every reclaim tried the oldest
-/// (refused) blocks first, and every write needing a slot failed (found by `crash.rs`'s runs
-/// with backing faults).
+/// A full write-back cache whose oldest dirty blocks the backing store refuses (a bad range of
+/// the device, written first): more than a reclaim lets fail before it gives up, and (in the
+/// larger cache) more than a reclaim's 256 candidates. The first writes needing a slot may
+/// fail, each after 8 refusals; refused blocks are then left out of the candidates while
+/// others exist, so every later write succeeds and no refused block is tried again while
+/// other dirty blocks remain. Before, every reclaim tried the oldest (refused) blocks first,
+/// and every write needing a slot failed (found by `crash.rs`'s runs with backing faults);
+/// and with refused blocks among the candidates, a run of 256 of them filled the list.
 #[test]
 fn a_run_of_refused_blocks_is_passed_over_not_retried_by_every_write() {
-    let (engine, _medium, backing) = fresh(CacheMode::WriteBack, 9);
+    for (slots, refused) in [(128u64, 48u64), (1024, 600)] {
+        refused_run(slots, refused);
+    }
+}
+
+/// A reclaim whose write-backs meet a refused block and a failed sync stops at that batch:
+/// after a failed sync nothing can be cleaned until the cache is attached again, so writing
+/// back more batches (each with a refusal, so not stopped by the refusal rule) would only be
+/// backing-store writes for nothing, on every write needing a slot.
+#[test]
+fn a_reclaim_stops_at_a_failed_sync_even_beside_refusals() {
+    let (engine, _medium, backing) = fresh(CacheMode::WriteBack, 14);
+    let slots = engine.stats().slot_count;
+    let mut lane = engine.lane().expect("lane");
+    for lba in 0..slots {
+        lane.write(lba * BLOCK_BYTES, &block_of(lba as u8), false).expect("fill");
+    }
+    // One refused block in every 16, and every sync failing.
+    backing.fail_writes_in_each(
+        (0..slots).step_by(16).map(|lba| lba * BLOCK_BYTES..(lba + 1) * BLOCK_BYTES).collect(),
+    );
+    backing.fail_flushes(true);
+    let (writes_before, _) = backing.io_counts();
+    lane.write(slots * BLOCK_BYTES, &block_of(0xee), false).expect_err("no slot can be cleaned");
+    let (writes_after, _) = backing.io_counts();
+    let tried = writes_after - writes_before;
+    assert!(tried <= 64, "{tried} backing writes for one write after a failed sync");
+    assert_eq!(engine.stats().dirty_slots, slots);
+}
+
+fn refused_run(slots: u64, refused: u64) {
+    let switch = CrashSwitch::new();
+    let medium = CrashMedium::new(8192 + slots * BLOCK_BYTES, switch.clone(), 9);
+    let backing = SimBacking::new(4 * slots * BLOCK_BYTES, switch, 10);
+    let engine = Engine::format(
+        medium,
+        backing.clone(),
+        Arc::new(ManualClock::default()),
+        &config(CacheMode::WriteBack),
+    )
+    .expect("format");
     let slots = engine.stats().slot_count;
     let mut lane = engine.lane().expect("lane");
     for lba in 0..slots {
         lane.write(lba * BLOCK_BYTES, &block_of(lba as u8 + 1), false).expect("fill");
     }
-    const REFUSED: u64 = 48;
-    backing.fail_writes_in(0..REFUSED * BLOCK_BYTES);
+    backing.fail_writes_in(0..refused * BLOCK_BYTES);
+    let writes = refused / 8 + 40;
     let mut failed = Vec::new();
-    for (i, lba) in (slots..slots + 60).enumerate() {
+    for (i, lba) in (slots..slots + writes).enumerate() {
         if lane.write(lba * BLOCK_BYTES, &block_of(0x80 + i as u8), false).is_err() {
             failed.push(i);
         }
     }
-    assert!(failed.len() as u64 <= REFUSED / 8, "writes {failed:?} failed");
-    assert!(failed.iter().all(|&i| i < failed.len()), "a later write failed: {failed:?}");
+    let label = format!("{slots} slots, oldest {refused} refused");
+    assert!(failed.len() as u64 <= refused / 8, "{label}: writes {failed:?} failed");
+    assert!(failed.iter().all(|&i| i < failed.len()), "{label}: a later write failed: {failed:?}");
     let refusals = engine.stats().backing_errors;
-    assert!(refusals <= REFUSED, "{refusals} refused write-backs: some block tried twice");
-    for (i, lba) in (slots..slots + 60).enumerate() {
+    assert!(refusals <= refused, "{label}: {refusals} refused write-backs: some block tried twice");
+    for (i, lba) in (slots..slots + writes).enumerate() {
         if !failed.contains(&i) {
-            assert_eq!(read_block(&mut lane, lba), block_of(0x80 + i as u8), "block {lba}");
+            assert_eq!(read_block(&mut lane, lba), block_of(0x80 + i as u8), "{label}: {lba}");
         }
     }
-    for lba in 0..REFUSED {
-        assert_eq!(read_block(&mut lane, lba), block_of(lba as u8 + 1), "refused block {lba}");
+    for lba in 0..refused {
+        assert_eq!(read_block(&mut lane, lba), block_of(lba as u8 + 1), "{label}: refused {lba}");
     }
     backing.heal();
     lane.drain().expect("drain once the backing store takes the blocks");
     assert_eq!(backing_block(&engine, 0), block_of(1));
-    assert_eq!(backing_block(&engine, REFUSED - 1), block_of(REFUSED as u8));
+    assert_eq!(backing_block(&engine, refused - 1), block_of(refused as u8));
 }
 
 fn fresh(mode: CacheMode, seed: u64) -> (SimEngine, CrashMedium, SimBacking) {

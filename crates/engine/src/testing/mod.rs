@@ -47,7 +47,7 @@ struct Inner {
     fail_writes_from: AtomicU64,
     fail_reads_from: AtomicU64,
     /// Writes overlapping `start..end` (bytes) fail, whatever their count.
-    fail_writes_in: Mutex<std::ops::Range<u64>>,
+    fail_writes_in: Mutex<Vec<std::ops::Range<u64>>>,
     /// Flushes fail (without making anything durable) while set.
     fail_flushes: std::sync::atomic::AtomicBool,
     writes: AtomicU64,
@@ -108,7 +108,7 @@ impl SimBacking {
             fingerprint: [0x5a; 16],
             fail_writes_from: AtomicU64::new(u64::MAX),
             fail_reads_from: AtomicU64::new(u64::MAX),
-            fail_writes_in: Mutex::new(0..0),
+            fail_writes_in: Mutex::new(Vec::new()),
             fail_flushes: std::sync::atomic::AtomicBool::new(false),
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
@@ -153,7 +153,12 @@ impl SimBacking {
     /// and serves the rest: a device with bad sectors, or a cache whose write-backs of some
     /// blocks fail while other writes succeed.
     pub fn fail_writes_in(&self, range: std::ops::Range<u64>) {
-        *self.inner.fail_writes_in.lock().expect("poisoned") = range;
+        self.fail_writes_in_each(vec![range]);
+    }
+
+    /// [`SimBacking::fail_writes_in`] for several ranges at once (replacing earlier ones).
+    pub fn fail_writes_in_each(&self, ranges: Vec<std::ops::Range<u64>>) {
+        *self.inner.fail_writes_in.lock().expect("poisoned") = ranges;
     }
 
     /// Fails every flush with EIO (making nothing durable) while `fail` holds.
@@ -165,7 +170,7 @@ impl SimBacking {
     pub fn heal(&self) {
         self.fail_writes_from(u64::MAX);
         self.fail_reads_from(u64::MAX);
-        self.fail_writes_in(0..0);
+        self.fail_writes_in_each(Vec::new());
         self.fail_flushes(false);
     }
 
@@ -194,11 +199,10 @@ impl SimBacking {
     fn store(&self, op: &'static str, offset: u64, data: &[u8]) -> pmcache_backing::Result<()> {
         self.check(op, offset, data.len() as u64)?;
         let n = self.inner.writes.fetch_add(1, Ordering::SeqCst);
-        let bad = self.inner.fail_writes_in.lock().expect("poisoned").clone();
         let end = offset + data.len() as u64;
-        if n >= self.inner.fail_writes_from.load(Ordering::SeqCst)
-            || (offset < bad.end && bad.start < end)
-        {
+        let refused = (self.inner.fail_writes_in.lock().expect("poisoned").iter())
+            .any(|bad| offset < bad.end && bad.start < end);
+        if n >= self.inner.fail_writes_from.load(Ordering::SeqCst) || refused {
             return Err(Self::eio(op, offset, data.len() as u64));
         }
         let crashed = self.inner.switch.persist_point();

@@ -423,6 +423,37 @@ impl Model {
         self.apply_uncertain(op, data);
     }
 
+    /// Applies a batch in which some requests failed (`succeeded` per request, in batch
+    /// order): each acknowledged write as acknowledged, each failed one as `apply_failed`;
+    /// checks the reads that succeeded (`reads`).
+    fn apply_partly_failed(
+        &mut self,
+        op: &Op,
+        data: &[u8],
+        succeeded: &[bool],
+        reads: &[(u64, Vec<u8>)],
+    ) -> Result<(), String> {
+        match op {
+            Op::WriteBatch { writes, fua } => {
+                let mut done = 0;
+                for (&(offset, len), &ok) in writes.iter().zip(succeeded) {
+                    let one = Op::Write { offset, len, fua: *fua };
+                    let piece = &data[done..done + len as usize];
+                    done += len as usize;
+                    if ok { self.apply(&one, piece) } else { self.apply_failed(&one, piece) }
+                }
+                Ok(())
+            }
+            Op::ReadBatch { .. } => {
+                reads.iter().try_for_each(|(offset, bytes)| self.check_read(*offset, bytes))
+            }
+            _ => {
+                self.apply_failed(op, data);
+                Ok(())
+            }
+        }
+    }
+
     /// Applies an operation that a power cut interrupted: each block is old or new.
     pub fn apply_uncertain(&mut self, op: &Op, data: &[u8]) {
         match *op {
@@ -664,19 +695,41 @@ pub fn run_op<M: Medium, B: BackingStore, C: Clock>(
     execute_op(lane, op, datas).map_err(|failure| failure.message)
 }
 
-/// Why an operation failed.
-#[derive(Debug)]
+/// Why an operation failed (a batch: why some of its requests did).
+#[derive(Debug, Default)]
 pub struct OpFailure {
-    /// The operation and the error.
+    /// The operation and the (first) error.
     pub message: String,
-    /// The error is the backing store's (`Error::Backing`, or `Error::BackingSyncFailedBefore`
-    /// after a failed sync): expected where the harness injects backing faults.
-    pub backing: bool,
+    /// Some error is the backing store's I/O error (`Error::Backing`).
+    pub backing_io: bool,
+    /// Some error is `Error::BackingSyncFailedBefore` (after a failed sync).
+    pub sync_failed_before: bool,
+    /// Some error is neither.
+    pub other: bool,
+    /// For a batch: which requests succeeded, in batch order.
+    pub succeeded: Vec<bool>,
+    /// For a read batch: what the reads that succeeded returned.
+    pub reads: Vec<(u64, Vec<u8>)>,
+}
+
+impl OpFailure {
+    fn of(op: &Op, errors: &[&Error]) -> Self {
+        let mut failure =
+            OpFailure { message: format!("{op:?} failed: {}", errors[0]), ..OpFailure::default() };
+        for e in errors {
+            match e {
+                Error::Backing(_) => failure.backing_io = true,
+                Error::BackingSyncFailedBefore => failure.sync_failed_before = true,
+                _ => failure.other = true,
+            }
+        }
+        failure
+    }
 }
 
 impl From<String> for OpFailure {
     fn from(message: String) -> Self {
-        Self { message, backing: false }
+        Self { message, other: true, ..OpFailure::default() }
     }
 }
 
@@ -686,10 +739,7 @@ pub fn execute_op<M: Medium, B: BackingStore, C: Clock>(
     op: &Op,
     datas: Vec<Vec<u8>>,
 ) -> Result<Done, OpFailure> {
-    let fail = |e: Error| OpFailure {
-        message: format!("{op:?} failed: {e}"),
-        backing: matches!(e, Error::Backing(_) | Error::BackingSyncFailedBefore),
-    };
+    let fail = |e: Error| OpFailure::of(op, &[&e]);
     let nothing = |_| Done::default();
     match *op {
         Op::Read { offset, len } => {
@@ -711,7 +761,13 @@ pub fn execute_op<M: Medium, B: BackingStore, C: Clock>(
             let mut outcomes = Vec::new();
             lane.write_batch(&requests, &mut outcomes);
             assert_eq!(outcomes.len(), writes.len(), "one outcome per write");
-            outcomes.into_iter().try_for_each(|o| o.map_err(fail))?;
+            let errors: Vec<&Error> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+            if !errors.is_empty() {
+                return Err(OpFailure {
+                    succeeded: outcomes.iter().map(Result::is_ok).collect(),
+                    ..OpFailure::of(op, &errors)
+                });
+            }
             Ok(Done { data: datas.concat(), reads: Vec::new() })
         }
         Op::ReadBatch { ref reads } => {
@@ -726,11 +782,22 @@ pub fn execute_op<M: Medium, B: BackingStore, C: Clock>(
             lane.read_batch(&mut requests, &mut outcomes);
             drop(requests);
             assert_eq!(outcomes.len(), reads.len(), "one outcome per read");
-            outcomes.into_iter().try_for_each(|o| o.map_err(fail))?;
-            Ok(Done {
-                data: Vec::new(),
-                reads: reads.iter().map(|&(offset, _)| offset).zip(bufs).collect(),
-            })
+            let done: Vec<(u64, Vec<u8>)> =
+                reads.iter().map(|&(offset, _)| offset).zip(bufs).collect();
+            let errors: Vec<&Error> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+            if !errors.is_empty() {
+                return Err(OpFailure {
+                    succeeded: outcomes.iter().map(Result::is_ok).collect(),
+                    reads: done
+                        .into_iter()
+                        .zip(&outcomes)
+                        .filter(|(_, o)| o.is_ok())
+                        .map(|(read, _)| read)
+                        .collect(),
+                    ..OpFailure::of(op, &errors)
+                });
+            }
+            Ok(Done { data: Vec::new(), reads: done })
         }
         Op::Trim { offset, len } => lane.trim(offset, len).map(nothing).map_err(fail),
         Op::WriteZeroes { offset, len, fua } => {
@@ -858,35 +925,58 @@ enum SegmentEnd {
     Reattach,
 }
 
-/// Injects the backing fault `op` asks for; returns whether it is a fault (not a heal).
-fn inject_backing_fault(backing: &SimBacking, op: &Op) -> bool {
+/// Injects the backing fault `op` asks for, and records it in `faults`.
+fn inject_backing_fault(backing: &SimBacking, op: &Op, faults: &mut Faults) {
     let block = BLOCK as u64;
     match *op {
         Op::FailBackingWrites { first, count } => {
             backing.fail_writes_in(first * block..(first + count) * block)
         }
         Op::FailBackingReads => backing.fail_reads_from(0),
-        Op::FailBackingFlushes => backing.fail_flushes(true),
+        Op::FailBackingFlushes => {
+            backing.fail_flushes(true);
+            faults.sync_failed = true;
+        }
         Op::HealBacking => {
             backing.heal();
-            return false;
+            faults.active = false;
+            return;
         }
         _ => panic!("{op:?} is not a backing fault"),
     }
-    true
+    faults.active = true;
+}
+
+/// The backing faults of a segment: which errors an operation may fail with.
+#[derive(Clone, Copy, Default)]
+struct Faults {
+    /// A fault is injected and not healed since: backing I/O errors are expected.
+    active: bool,
+    /// Flushes were made to fail in this segment: after a failed sync, the engine refuses
+    /// what needs one (`BackingSyncFailedBefore`) until it is attached again, healed or not.
+    sync_failed: bool,
+}
+
+impl Faults {
+    fn expect(&self, failure: &OpFailure) -> bool {
+        !failure.other
+            && (!failure.backing_io || self.active)
+            && (!failure.sync_failed_before || self.sync_failed)
+    }
 }
 
 /// Applies what an operation did to the model and checks its reads: `cut` if power was
-/// already off when it returned (it may or may not have taken effect), `faults` if backing
-/// faults were injected in this segment (a backing error is then expected, and leaves what a
-/// cut would). Counts failed operations in `outcome`.
+/// already off when it returned (it may or may not have taken effect). With backing `faults`
+/// injected, an operation may fail with the errors they explain; a failed request leaves
+/// what a cut inside it would, and a batch's other requests are checked as acknowledged.
+/// Counts failed operations in `outcome`.
 fn settle(
     model: &mut Model,
     op: &Op,
     data: &[u8],
     result: Result<Done, OpFailure>,
     cut: bool,
-    faults: bool,
+    faults: Faults,
     outcome: &mut RunOutcome,
 ) -> Result<(), String> {
     match result {
@@ -895,12 +985,13 @@ fn settle(
             done.check_reads(model)?;
             model.apply(op, data);
         }
-        Err(failure) if cut || (failure.backing && faults) => {
+        Err(_) if cut => model.apply_failed(op, data),
+        Err(failure) if faults.expect(&failure) => {
             if std::env::var_os("PMCACHE_MODEL_TRACE").is_some() {
                 eprintln!("failed: {}", failure.message);
             }
-            model.apply_failed(op, data);
-            outcome.failed_ops += u64::from(!cut);
+            model.apply_partly_failed(op, data, &failure.succeeded, &failure.reads)?;
+            outcome.failed_ops += 1;
         }
         Err(failure) => return Err(failure.message),
     }
@@ -927,8 +1018,9 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
     }
     let mut next = 0;
     let mut segment = 0;
-    // Backing faults were injected in this segment (a power cut or a re-attach starts a clean one).
-    let mut faults = false;
+    // Backing faults of this segment (a power cut or a re-attach starts a clean one).
+    let mut faults = Faults::default();
+    let mut faults_seen = false;
     let mut pairing = rand::rngs::SmallRng::seed_from_u64(run.seed ^ 0x9a12);
     loop {
         // Two lanes, used alternately, each on a thread of its own: a block's versions come
@@ -969,7 +1061,8 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                     break;
                 }
                 if op.is_backing_fault() {
-                    faults |= inject_backing_fault(&world.backing, op);
+                    inject_backing_fault(&world.backing, op, &mut faults);
+                    faults_seen |= faults.active;
                     outcome.backing_fault_ops += 1;
                     continue;
                 }
@@ -1054,7 +1147,7 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                 return Ok(SegmentEnd::PowerCut);
             }
             engine.audit().map_err(|e| format!("audit after the workload: {e}"))?;
-            if faults {
+            if faults_seen {
                 return Ok(SegmentEnd::Reattach);
             }
             let mut lane = engine.lane().map_err(|e| e.to_string())?;
@@ -1086,12 +1179,18 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
             SegmentEnd::Reattach => {
                 drop(engine);
                 world.backing.heal();
-                faults = false;
+                faults = Faults::default();
+                faults_seen = false;
                 let opened =
                     Engine::open(world.medium.clone(), world.backing.clone(), clock.clone(), &cfg);
                 if !world.switch.has_crashed() {
                     // No power cut: the medium and the backing store hold everything they did.
-                    engine = opened.map_err(|e| format!("attach after faults: {e}"))?.0;
+                    let (attached, report) =
+                        opened.map_err(|e| format!("attach after faults: {e}"))?;
+                    engine = attached;
+                    if report.corrupt != 0 || report.synced_seq_invalid {
+                        return Err(format!("re-attach after faults found corruption: {report:?}"));
+                    }
                     outcome.reattaches += 1;
                     engine.audit().map_err(|e| format!("audit after re-attach: {e}"))?;
                     let mut lane = engine.lane().map_err(|e| e.to_string())?;
@@ -1102,9 +1201,11 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                 }
                 // Power was cut inside that attach: recovered like any other cut.
                 drop(opened);
+                outcome.cuts_during_recovery += 1;
             }
         }
-        faults = false;
+        faults = Faults::default();
+        faults_seen = false;
         outcome.power_cuts += 1;
         model.power_cut();
         // The engine attaches in the configured mode, whatever mode it was switched to.
