@@ -49,8 +49,7 @@ pub(crate) struct BackingFile {
     pub direct: bool,
     pub is_block_device: bool,
     pub fingerprint: [u8; 16],
-    /// A regular file's inode number, or a block device's reported identity (see
-    /// `BackingIdentity`).
+    /// The inode number of a regular file; 0 for a block device (see `BackingIdentity`).
     pub instance: u64,
 }
 
@@ -88,11 +87,7 @@ impl BackingFile {
             )));
         }
         let size_bytes = file_size(&file).map_err(open_err)?;
-        let instance = if is_block_device {
-            crate::device_identity::block_device_instance(meta.rdev())
-        } else {
-            meta.ino()
-        };
+        let instance = if is_block_device { 0 } else { meta.ino() };
         let canonical = path.canonicalize().map_err(open_err)?;
         let (block_bytes, mem_align_bytes) = if is_block_device {
             let sector = block_device_sector_bytes(&file).map_err(open_err)?;

@@ -15,7 +15,6 @@
 //! `unsafe` (system calls, io_uring submission, aligned allocation) stays in this crate.
 
 mod buf;
-mod device_identity;
 mod error;
 mod file;
 mod libaio;
@@ -53,12 +52,9 @@ pub struct BackingIdentity {
     pub size_bytes: u64,
     /// A fingerprint of where the store lives (for a file: a hash of its canonical path).
     pub fingerprint: [u8; 16],
-    /// Which file or device that is, so that another one at the same path is told apart: a
-    /// regular file's inode number (another file moved or copied onto the path), or for a
-    /// block device a hash of the identity it reports in sysfs — its WWN or serial, a
-    /// device-mapper or md UUID, a loop device's file, inode and offset; a partition adds its
-    /// start (see `device_identity.rs`). 0 where unknown (a device that reports none, or a
-    /// store that does not say).
+    /// Which file that is: a regular file's inode number, so that another file moved or
+    /// copied onto the same path is told apart; 0 where unknown (a block device, whose device
+    /// number can change across boots, or a store that does not say).
     pub instance: u64,
 }
 

@@ -77,15 +77,15 @@ pub enum FormatError {
         /// Fingerprint of the backing given (hex).
         given_fingerprint: String,
     },
-    /// The backing store at the recorded path is another file or device than the one the
-    /// cache was formatted for (its inode, or a block device's reported identity, differs).
+    /// The backing store at the recorded path is another file than the one the cache was
+    /// formatted for (its inode differs): it was replaced, moved over or restored.
     #[error(
-        "this cache belongs to another file or device at the backing store's path: it records instance {recorded_instance}, the one there now is {given_instance} (a file's inode: replaced, moved over or restored since; a block device's reported identity, its WWN, serial or loop file: another device took the name); its dirty blocks belong to the other one, so it is not attached"
+        "this cache belongs to another file at the backing store's path: it records inode {recorded_instance}, the file there now is inode {given_instance} (replaced, moved over or restored since); its dirty blocks belong to the other file, so it is not attached"
     )]
     BackingReplaced {
-        /// Instance (inode or device identity) recorded in the superblock.
+        /// Inode recorded in the superblock.
         recorded_instance: u64,
-        /// Instance of the backing given.
+        /// Inode of the backing given.
         given_instance: u64,
     },
     /// The shutdown-state word holds neither known value.
@@ -275,10 +275,8 @@ impl Superblock {
     }
 
     /// Checks that `given` is the backing store this cache was formatted for.
-    /// The size and path fingerprint must match; the instance (a file's inode, a block
-    /// device's reported identity) too where both the superblock and the store know it
-    /// (caches formatted before session 25, and block-device caches before session 27,
-    /// record 0).
+    /// The size and path fingerprint must match; the instance (inode) too where both the
+    /// superblock and the store know it (caches formatted before session 25 record 0).
     pub fn check_backing(&self, given: &BackingIdentity) -> Result<(), FormatError> {
         let recorded = &self.backing;
         if recorded.size_bytes == given.size_bytes && recorded.fingerprint == given.fingerprint {
