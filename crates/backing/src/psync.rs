@@ -187,7 +187,10 @@ pub fn file_size(file: &File) -> io::Result<u64> {
     Ok(size)
 }
 
-/// A 16-byte fingerprint of a canonical path (two CRC32C-chained 64-bit halves; not a secret).
+/// A 16-byte fingerprint of a canonical path (four CRC32Cs with different seeds; not a secret).
+/// CRC32C is affine in its seed, so the four differ by a function of the path's length: two
+/// paths of one length collide with odds of 2^-32, not 2^-128 (kept as is: a new function
+/// would refuse every existing cache).
 pub fn path_fingerprint(canonical: &Path) -> [u8; 16] {
     let bytes = canonical.as_os_str().as_encoded_bytes();
     let lo = u64::from(crc32c::crc32c(bytes)) | (u64::from(crc32c::crc32c_append(1, bytes)) << 32);
