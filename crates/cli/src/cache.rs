@@ -49,6 +49,12 @@ pub struct CacheArgs {
     /// Eviction policy: clock or fifo.
     #[arg(long, default_value = "clock")]
     pub eviction: EvictionKind,
+    /// Attach an existing cache although the file at --backing is another file than the one
+    /// it was formatted for (another inode: a copy, a move across file systems, a restore).
+    /// You vouch that it holds the data the cache was written over; its size and path must
+    /// still match. Needed at every attach until the cache is formatted again.
+    #[arg(long)]
+    pub backing_moved: bool,
 }
 
 /// Parses `512`, `64K`, `1G`, `8GiB`, `2T`.
@@ -96,6 +102,68 @@ fn engine_options(name: Option<&str>) -> Result<EngineOptions, String> {
 /// Opens the backing store with the engine asked for.
 pub fn open_backing_store(path: &Path, engine: Option<&str>) -> Result<Backing, String> {
     open_backing(path, &engine_options(engine)?).map_err(|e| e.to_string())
+}
+
+/// A backing store whose identity leaves out which file it is (its inode): what
+/// `--backing-moved` attaches with, so the superblock's record of the file is not compared.
+struct MovedBacking(Backing);
+
+impl BackingStore for MovedBacking {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.0.logical_block_size()
+    }
+    fn identity(&self) -> pmcache_backing::BackingIdentity {
+        pmcache_backing::BackingIdentity { instance: 0, ..self.0.identity() }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> pmcache_backing::Result<()> {
+        self.0.write_at(data, offset)
+    }
+    fn flush(&self) -> pmcache_backing::Result<()> {
+        self.0.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        self.0.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        self.0.write_zeroes(offset, len)
+    }
+    fn engine_name(&self) -> &'static str {
+        self.0.engine_name()
+    }
+    fn is_direct(&self) -> bool {
+        self.0.is_direct()
+    }
+    fn open_queue(
+        &self,
+        depth: usize,
+    ) -> pmcache_backing::Result<Box<dyn pmcache_backing::IoQueue>> {
+        self.0.open_queue(depth)
+    }
+}
+
+/// The backing store an existing cache attaches to: as opened, or, with `--backing-moved`,
+/// without the record of which file it is.
+fn backing_to_attach(args: &CacheArgs, backing: Backing) -> Backing {
+    if args.backing_moved { Arc::new(MovedBacking(backing)) } else { backing }
+}
+
+/// The message for a failed attach, with the way out where there is one.
+fn attach_error(args: &CacheArgs, e: Error) -> String {
+    let hint = match e {
+        Error::Format(FormatError::BackingReplaced { .. }) => {
+            " (if that file holds the same data — copied, moved across file systems or \
+             restored — attach with --backing-moved; `pmcache detach` with it writes the dirty \
+             blocks back, after which the cache can be formatted for the new file)"
+        }
+        _ => "",
+    };
+    format!("{}: {e}{hint}", args.cache.display())
 }
 
 /// Engine configuration from the command line.
@@ -268,13 +336,14 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
         ));
     }
     check_geometry_asked(args, &medium)?;
+    let backing = backing_to_attach(args, backing);
     match Engine::open(medium, backing, MonotonicClock::default(), &config) {
         Ok((engine, report)) => Ok((engine, Opened::Attached(report))),
         Err(Error::Format(FormatError::BadMagic { found })) if found != MAGIC => Err(format!(
             "{} holds data that is not a pmcache cache; refusing to overwrite it (use `pmcache format --force` to reformat)",
             args.cache.display()
         )),
-        Err(e) => Err(describe(e)),
+        Err(e) => Err(attach_error(args, e)),
     }
 }
 
@@ -303,9 +372,10 @@ pub fn open_existing(args: &CacheArgs, max_lanes: usize) -> Result<CacheEngine, 
         ));
     }
     check_geometry_asked(args, &medium)?;
+    let backing = backing_to_attach(args, backing);
     Engine::open(medium, backing, MonotonicClock::default(), &engine_config(args, max_lanes))
         .map(|(engine, _)| engine)
-        .map_err(|e| format!("{}: {e}", args.cache.display()))
+        .map_err(|e| attach_error(args, e))
 }
 
 /// Formats the medium, refusing to overwrite a non-blank one unless `force`.

@@ -79,6 +79,10 @@ pub struct DetachArgs {
     /// The control socket, if not the default.
     #[arg(long)]
     control: Option<PathBuf>,
+    /// Attach although the backing file is another file than the cache's (a copy, a move, a
+    /// restore), vouching that it holds the same data (see `serve --backing-moved`).
+    #[arg(long)]
+    backing_moved: bool,
 }
 
 pub fn format(args: FormatArgs) -> Result<(), String> {
@@ -245,6 +249,7 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
         mode: pmcache_engine::CacheMode::WriteBack,
         engine: args.engine.clone(),
         eviction: pmcache_engine::EvictionKind::Clock,
+        backing_moved: args.backing_moved,
     };
     // Attach only, never format: a medium whose superblock page reads blank may still hold
     // dirty entries in its metadata table, which formatting would zero.

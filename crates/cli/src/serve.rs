@@ -51,6 +51,12 @@ pub struct ServeArgs {
     /// Eviction policy: clock or fifo.
     #[arg(long, default_value = "clock")]
     pub eviction: pmcache_engine::EvictionKind,
+    /// Attach an existing cache although the file at --backing is another file than the one
+    /// it was formatted for (another inode: a copy, a move across file systems, a restore).
+    /// You vouch that it holds the data the cache was written over; its size and path must
+    /// still match. Needed at every attach until the cache is formatted again.
+    #[arg(long)]
+    pub backing_moved: bool,
     /// TCP address to listen on (loopback unless --allow-remote).
     #[arg(long, default_value = "127.0.0.1:10809", conflicts_with = "socket")]
     pub listen: SocketAddr,
@@ -185,6 +191,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         mode: args.mode,
         engine: args.engine.clone(),
         eviction: args.eviction,
+        backing_moved: args.backing_moved,
     };
     // Mistakes in the arguments are refused before anything is opened (a recovery run and
     // then undone by a refused address would leave a clean cache marked unclean).

@@ -83,6 +83,28 @@ fn serve_refuses_a_cache_of_another_backing_store_without_touching_it() {
     let server = setup.serve(Via::Tcp, &[]);
     assert_eq!(NbdClient::connect(server.addr()).read_at(0, 8192), vec![7u8; 8192]);
     server.terminate();
+
+    // The same data in another file at the path (a copy: another inode) is refused too, with
+    // the way out in the message: `--backing-moved` attaches it, and an offline detach with it
+    // writes the dirty blocks back into the copy.
+    let copy = setup.disk.path().join("copy.img");
+    std::fs::copy(&setup.backing, &copy).expect("copy the backing file");
+    std::fs::rename(&copy, &setup.backing).expect("the copy onto the path");
+    let out = serve_refused(&setup, &setup.backing);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("another file at the backing store's path"), "{err}");
+    assert!(err.contains("attach with --backing-moved"), "{err}");
+    let server = setup.serve(Via::Tcp, &["--backing-moved"]);
+    assert_eq!(NbdClient::connect(server.addr()).read_at(0, 8192), vec![7u8; 8192]);
+    server.terminate();
+    let (cache, backing) = (setup.cache_arg(), setup.backing_arg());
+    let detach = ["detach", "--cache", &cache, "--backing", &backing];
+    let out = setup.pmcache(&detach);
+    assert!(!out.status.success() && stderr(&out).contains("--backing-moved"), "{}", stderr(&out));
+    let out = setup.pmcache(&[&detach[..], &["--backing-moved"]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(read_file_at(&setup.backing, 0, 8192) == vec![7u8; 8192], "not written back");
 }
 
 #[test]
