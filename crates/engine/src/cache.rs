@@ -1066,10 +1066,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         if self.scratch_slots.is_empty() {
             // Only blocks the backing store refused before: try those again (it may take
-            // them now).
-            let refused = std::mem::take(&mut self.scratch_refused);
-            self.scratch_slots.extend(&refused);
-            self.scratch_refused = refused;
+            // them now). Otherwise they stay out: every reclaim would try the same refused
+            // blocks first (a bad range of the device, or a path that fails some requests)
+            // while other dirty blocks could make room.
+            self.scratch_slots.extend_from_slice(&self.scratch_refused);
         }
         if self.scratch_slots.is_empty() {
             // Every slot is free in another lane's list or being filled: let them progress.
@@ -1083,10 +1083,6 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         dirty.dedup();
         // Oldest first. Sequence numbers are read once: other lanes rewrite entries meanwhile,
         // and a sort whose keys change under it has no consistent order.
-        // Blocks whose write-back the backing store refused before are not among them unless
-        // the hand saw no others (above): otherwise every reclaim would try the same refused
-        // blocks first (a bad range of the device, or a path that fails some requests) while
-        // other dirty blocks could make room.
         let mut by_age: Vec<(u64, u32)> = dirty
             .iter()
             .map(|&slot| match engine.read_entry(slot) {

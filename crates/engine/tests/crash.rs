@@ -10,6 +10,11 @@ use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+/// `run_crash_case` as a property test's verdict.
+fn check_case(ops: &[Op], run: &CrashRun) -> Result<(), TestCaseError> {
+    run_crash_case(ops, run).map(|_| ()).map_err(TestCaseError::fail)
+}
+
 fn op_strategy() -> impl Strategy<Value = Op> {
     let device = DEVICE_BYTES;
     let range = (0..device)
@@ -108,9 +113,7 @@ proptest! {
     /// (and inside the recovery that follows).
     #[test]
     fn model_holds_across_power_cuts(ops in prop::collection::vec(op_strategy(), 1..60), run in run_strategy()) {
-        if let Err(failure) = run_crash_case(&ops, &run) {
-            return Err(TestCaseError::fail(failure));
-        }
+        check_case(&ops, &run)?;
     }
 
     /// The same with the cache mode switched between operations. A write in write-through,
@@ -123,9 +126,7 @@ proptest! {
         ops in prop::collection::vec(op_with_mode_changes_strategy(), 1..60),
         run in run_strategy(),
     ) {
-        if let Err(failure) = run_crash_case(&ops, &run) {
-            return Err(TestCaseError::fail(failure));
-        }
+        check_case(&ops, &run)?;
     }
 
     /// The same (with mode changes) on an index of 2 buckets, 16 entries for the cache's 20
@@ -139,9 +140,7 @@ proptest! {
         run in run_strategy(),
     ) {
         let run = CrashRun { index_buckets: Some(2), ..run };
-        if let Err(failure) = run_crash_case(&ops, &run) {
-            return Err(TestCaseError::fail(failure));
-        }
+        check_case(&ops, &run)?;
     }
 }
 
@@ -162,9 +161,7 @@ proptest! {
         ops in prop::collection::vec(op_with_backing_faults_strategy(), 1..80),
         run in run_strategy(),
     ) {
-        if let Err(failure) = run_crash_case(&ops, &run) {
-            return Err(TestCaseError::fail(failure));
-        }
+        check_case(&ops, &run)?;
     }
 }
 

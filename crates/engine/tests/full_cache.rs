@@ -224,16 +224,7 @@ fn a_reclaim_stops_at_a_failed_sync_even_beside_refusals() {
 }
 
 fn refused_run(slots: u64, refused: u64) {
-    let switch = CrashSwitch::new();
-    let medium = CrashMedium::new(8192 + slots * BLOCK_BYTES, switch.clone(), 9);
-    let backing = SimBacking::new(4 * slots * BLOCK_BYTES, switch, 10);
-    let engine = Engine::format(
-        medium,
-        backing.clone(),
-        Arc::new(ManualClock::default()),
-        &config(CacheMode::WriteBack),
-    )
-    .expect("format");
+    let (engine, _medium, backing) = fresh_sized(CacheMode::WriteBack, 9, slots, 4 * slots);
     let slots = engine.stats().slot_count;
     let mut lane = engine.lane().expect("lane");
     for lba in 0..slots {
@@ -267,9 +258,20 @@ fn refused_run(slots: u64, refused: u64) {
 }
 
 fn fresh(mode: CacheMode, seed: u64) -> (SimEngine, CrashMedium, SimBacking) {
+    fresh_sized(mode, seed, (MEDIUM_BYTES - 8192) / BLOCK_BYTES, BACKING_BLOCKS)
+}
+
+/// `fresh` with a medium of `slots` slots (plus superblock and metadata) and a backing
+/// store of `backing_blocks` blocks.
+fn fresh_sized(
+    mode: CacheMode,
+    seed: u64,
+    slots: u64,
+    backing_blocks: u64,
+) -> (SimEngine, CrashMedium, SimBacking) {
     let switch = CrashSwitch::new();
-    let medium = CrashMedium::new(MEDIUM_BYTES, switch.clone(), seed);
-    let backing = SimBacking::new(BACKING_BLOCKS * BLOCK_BYTES, switch, seed ^ 0x55);
+    let medium = CrashMedium::new(8192 + slots * BLOCK_BYTES, switch.clone(), seed);
+    let backing = SimBacking::new(backing_blocks * BLOCK_BYTES, switch, seed ^ 0x55);
     let engine = Engine::format(
         medium.clone(),
         backing.clone(),
