@@ -19,7 +19,9 @@
 //!   pass the baseline, which copies one request at a time).
 //! - Write floor: the raw copy + persist, then a 16-byte entry stored and persisted at a random
 //!   slot's place in a metadata table — the persist order the engine's contract prescribes
-//!   (data durable, *then* the entry that makes it visible), with nothing else.
+//!   (data durable, *then* the entry that makes it visible), with nothing else. The entry is
+//!   stored as the engine stores its entries (`Medium::store_pair_flush`, non-temporal where
+//!   the medium chose non-temporal stores).
 //!
 //! `floor` in the table is floor / raw; the engine can approach it but not pass it.
 
@@ -181,9 +183,12 @@ fn floor_for(bed: &Bed) -> Result<Floor, String> {
     let table = DramTable::<AtomicU64>::zeroed((dram_bytes / 8).max(1) as usize)
         .map_err(|e| e.to_string())?;
     table.iter().for_each(|word| word.store(rng.gen_range(0..bed.blocks), Ordering::Relaxed));
-    let entries =
+    let mut entries =
         PmemFile::open(&bed.dir.path().join("floor-entries"), Some((slots * 16).max(4096)))
             .map_err(|e| e.to_string())?;
+    // The entries stored as the engine's are (non-temporally or not), whatever this medium's
+    // own timing at open chose.
+    entries.use_primitives(bed.medium.primitives());
     Ok(Floor { table, entries, slots })
 }
 
@@ -197,12 +202,13 @@ fn setup_text(dir: &Path, medium: &PmemFile) -> String {
         })
         .unwrap_or_default();
     format!(
-        "{} cores ({cpu}); medium in {} (dax={}, flush={:?}, nt_copies={})",
+        "{} cores ({cpu}); medium in {} (dax={}, flush={:?}, nt_copies={}, nt_entries={})",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         dir.display(),
         medium.is_dax(),
         medium.primitives().flush,
-        medium.primitives().nt_block_copy
+        medium.primitives().nt_block_copy,
+        medium.primitives().nt_pair_store
     )
 }
 
@@ -466,9 +472,7 @@ fn floor_worker<'a>(
             }
             medium.drain();
             for &(block, at) in &writes {
-                floor.entries.store_u64(at + 8, block);
-                floor.entries.store_u64(at, block | 1 << 40);
-                floor.entries.flush(at, 16);
+                floor.entries.store_pair_flush(at, block | 1 << 40, block);
             }
             floor.entries.drain();
         }

@@ -471,6 +471,14 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         self.medium.prefetch(self.geometry.entry_offset(slot), 16);
     }
 
+    /// Starts loading the lines a write to the free `slot` touches: its DRAM word, and its
+    /// entry's line only where the entry store needs it (not where entries are stored
+    /// non-temporally, which would then have to evict it).
+    fn prefetch_new_slot(&self, slot: u32) {
+        self.slots.prefetch(slot);
+        self.medium.prefetch_pair_store(self.geometry.entry_offset(slot));
+    }
+
     fn lock_stripe(&self, lba: u64) -> MutexGuard<'_, u64> {
         self.lock_stripe_index(self.stripe_index(lba))
     }
@@ -839,8 +847,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         self.fence();
     }
 
-    /// Stores a slot's entry (word 1 first: a torn pair fails its check) and starts its
-    /// write-back; durable after a fence.
+    /// Stores a slot's entry and starts its write-back (a medium may store it non-temporally);
+    /// durable after a fence. The slot's entry is durably free before, so a power cut that
+    /// keeps one word without the other leaves a pair that reads as free or as torn, whichever
+    /// word it kept (docs/FORMAT.md, torn updates).
     fn store_entry(&self, slot: u32, entry: SlotEntry) {
         let at = self.engine.geometry.entry_offset(slot);
         let (word0, word1) = entry.encode();
@@ -1502,7 +1512,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
         }
         let stripe = engine.stripe_index(lba);
-        engine.prefetch_slot(slot);
+        engine.prefetch_new_slot(slot);
         engine.prefetch_stripe(stripe);
         let key = engine.index.key(lba);
         engine.index.prefetch_key(&key);

@@ -84,11 +84,19 @@ pub trait Medium: Send + Sync {
         self.store_u64(offset + 8, word1);
         self.store_u64(offset, word0);
     }
-    /// [`store_pair`](Medium::store_pair), then starts the pair's write-back (durable after
-    /// this thread's next [`drain`](Medium::drain)).
+    /// Stores the 16-byte pair at `offset` (16-byte aligned) and starts its write-back:
+    /// durable after this thread's next [`drain`](Medium::drain). Each word is stored
+    /// atomically, but an implementation may use non-temporal stores, which reach the medium
+    /// in either order: a power cut before the drain can leave either word without the other.
     fn store_pair_flush(&self, offset: u64, word0: u64, word1: u64) {
         self.store_pair(offset, word0, word1);
         self.flush(offset, 16);
+    }
+    /// A hint that a [`store_pair_flush`](Medium::store_pair_flush) to `offset` follows:
+    /// starts loading the pair's line where that store needs it in the cache, and does nothing
+    /// where the store bypasses the cache. No visible effect.
+    fn prefetch_pair_store(&self, offset: u64) {
+        self.prefetch(offset, 16);
     }
 }
 
@@ -133,6 +141,9 @@ impl<M: Medium + ?Sized> Medium for std::sync::Arc<M> {
     #[inline]
     fn store_pair_flush(&self, offset: u64, word0: u64, word1: u64) {
         (**self).store_pair_flush(offset, word0, word1)
+    }
+    fn prefetch_pair_store(&self, offset: u64) {
+        (**self).prefetch_pair_store(offset)
     }
 }
 

@@ -80,7 +80,8 @@ impl PmemFile {
             path: path.display().to_string(),
             _file: file,
         };
-        medium.primitives.nt_block_copy = medium.nontemporal_is_faster();
+        let nontemporal = medium.nontemporal_is_faster();
+        medium.primitives.set_nontemporal(nontemporal);
         Ok(medium)
     }
 
@@ -138,6 +139,13 @@ impl PmemFile {
     /// The persistence primitives in use.
     pub fn primitives(&self) -> PersistPrimitives {
         self.primitives
+    }
+
+    /// Uses `primitives` instead of the ones chosen at open: for a comparison that must run the
+    /// same instructions on two media (`pmcache bench core`'s floor beside the engine's
+    /// medium), or a test of either choice. `flush` must be one this CPU has.
+    pub fn use_primitives(&mut self, primitives: PersistPrimitives) {
+        self.primitives = primitives;
     }
 
     fn ptr(&self, offset: u64, len: u64) -> *mut u8 {
@@ -341,6 +349,13 @@ impl Medium for PmemFile {
         }
     }
 
+    fn prefetch_pair_store(&self, offset: u64) {
+        // A non-temporal store needs no copy of the line; one in the cache it must evict.
+        if !self.primitives.nt_pair_store {
+            self.prefetch(offset, 16);
+        }
+    }
+
     #[inline]
     fn store_pair(&self, offset: u64, word0: u64, word1: u64) {
         self.store_pair_at(offset, word0, word1);
@@ -348,6 +363,15 @@ impl Medium for PmemFile {
 
     #[inline]
     fn store_pair_flush(&self, offset: u64, word0: u64, word1: u64) {
+        if self.primitives.nt_pair_store {
+            assert!(offset.is_multiple_of(16), "unaligned pair store at {offset}");
+            let start = self.ptr(offset, 16);
+            // SAFETY: 16-byte aligned (the mapping is page aligned) and in bounds (checked by
+            // `ptr`); the engine's other accesses to entry words are atomic (`load_u64`,
+            // `store_u64`).
+            unsafe { PersistPrimitives::store_pair_nontemporal(start, word0, word1) };
+            return;
+        }
         let start = self.store_pair_at(offset, word0, word1);
         // SAFETY: `store_pair_at` checked that `start..start + 16` lies inside the mapping.
         unsafe { self.primitives.flush_range(start, 16) };
@@ -478,7 +502,7 @@ mod tests {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
         let mut medium = PmemFile::open(&dir.path().join("pm"), Some(1 << 16)).unwrap();
         for nontemporal in [true, false] {
-            medium.primitives.nt_block_copy = nontemporal;
+            medium.primitives.set_nontemporal(nontemporal);
             let cases = [(4096u64, 4096usize), (8192 + 8, 64), (8192 + 16, 64), (12288, 100)];
             for (round, (offset, len)) in cases.into_iter().enumerate() {
                 let data: Vec<u8> = (0..len).map(|i| (i + round * 31) as u8 ^ 0x5a).collect();
@@ -494,22 +518,36 @@ mod tests {
         }
     }
 
+    /// With non-temporal entry stores forced on and off: both words land where they belong,
+    /// the neighbours in their line keep theirs, and a reopened mapping reads them back.
     #[test]
     fn a_pair_store_writes_both_words_and_survives_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("pm");
-        let medium = PmemFile::open(&path, Some(1 << 16)).unwrap();
-        medium.store_pair_flush(4096 + 16, 0x1111, 0x2222);
-        medium.store_pair((1 << 16) - 16, 0x3333, 0x4444);
-        medium.persist((1 << 16) - 16, 16);
-        medium.drain();
-        drop(medium);
-        let medium = PmemFile::open(&path, None).unwrap();
-        assert_eq!((medium.load_u64(4096 + 16), medium.load_u64(4096 + 24)), (0x1111, 0x2222));
-        assert_eq!(medium.load_u64(4096), 0, "the pair's neighbours are untouched");
-        assert_eq!(medium.load_u64(4096 + 32), 0);
-        let last = (1 << 16) - 16;
-        assert_eq!((medium.load_u64(last), medium.load_u64(last + 8)), (0x3333, 0x4444));
+        for nontemporal in [true, false] {
+            let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+            let path = dir.path().join("pm");
+            let mut medium = PmemFile::open(&path, Some(1 << 16)).unwrap();
+            let mut primitives = medium.primitives();
+            primitives.set_nontemporal(nontemporal);
+            medium.use_primitives(primitives);
+            assert_eq!(medium.primitives().nt_pair_store, nontemporal);
+            medium.store_u64(4096, 0x77);
+            medium.store_u64(4096 + 40, 0x99);
+            medium.prefetch_pair_store(4096 + 16);
+            medium.store_pair_flush(4096 + 16, 0x1111, 0x2222);
+            medium.store_pair_flush(4096 + 32, 0x5555, 0x6666);
+            medium.drain();
+            // This thread reads its own stores back before the mapping is gone.
+            assert_eq!(medium.load_u64(4096 + 32), 0x5555, "nt {nontemporal}");
+            medium.store_pair((1 << 16) - 16, 0x3333, 0x4444);
+            medium.persist((1 << 16) - 16, 16);
+            drop(medium);
+            let medium = PmemFile::open(&path, None).unwrap();
+            let words: Vec<u64> = (0..6).map(|i| medium.load_u64(4096 + 8 * i)).collect();
+            assert_eq!(words, [0x77, 0, 0x1111, 0x2222, 0x5555, 0x6666], "nt {nontemporal}");
+            assert_eq!(medium.load_u64(4096 + 48), 0, "the pairs' neighbours are untouched");
+            let last = (1 << 16) - 16;
+            assert_eq!((medium.load_u64(last), medium.load_u64(last + 8)), (0x3333, 0x4444));
+        }
     }
 
     #[test]

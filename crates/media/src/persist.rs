@@ -1,5 +1,6 @@
 //! Persistence primitives: cache-line write-back (clwb, else clflushopt, else clflush), the
-//! store fence, and non-temporal block copies — chosen at run time from CPUID.
+//! store fence, non-temporal block copies and non-temporal entry stores — chosen at run time
+//! from CPUID and (on DRAM) a timing at open.
 
 /// The cache-line write-back instruction in use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,12 +22,62 @@ pub struct PersistPrimitives {
     pub flush: FlushInstruction,
     /// Whether whole-block copies use non-temporal stores (then no flush is needed for them).
     pub nt_block_copy: bool,
+    /// Whether 16-byte entry pairs (`Medium::store_pair_flush`) use non-temporal stores:
+    /// no read of the line before the store and no flush after it. Set together with
+    /// `nt_block_copy` (x86-64 only): where bypassing the cache pays for a block it pays for a
+    /// metadata line that is written once and not read again on the write path (see
+    /// docs/PERFORMANCE.md, session 28).
+    pub nt_pair_store: bool,
 }
 
 impl PersistPrimitives {
-    /// Detects the best available write-back instruction; non-temporal copies off.
+    /// Detects the best available write-back instruction; non-temporal stores off.
     pub fn detect() -> Self {
-        Self { flush: detect_flush(), nt_block_copy: false }
+        Self { flush: detect_flush(), nt_block_copy: false, nt_pair_store: false }
+    }
+
+    /// Turns non-temporal block copies and entry stores on or off together (entry stores only
+    /// where the instruction exists).
+    pub fn set_nontemporal(&mut self, on: bool) {
+        self.nt_block_copy = on;
+        self.nt_pair_store = on && cfg!(target_arch = "x86_64");
+    }
+
+    /// Stores `word1` at `at + 8`, then `word0` at `at`, each with one non-temporal 8-byte store
+    /// (`movnti`): the line is neither read first nor left in the cache. Both are visible to
+    /// other threads and durable after this thread's next [`store_fence`], and may reach
+    /// memory in either order (non-temporal stores are weakly ordered), each atomically.
+    ///
+    /// # Safety
+    /// `at` must be 16-byte aligned and valid for 16 bytes of writes, and other threads may
+    /// access these two words only with atomic 8-byte loads and stores.
+    #[inline]
+    pub unsafe fn store_pair_nontemporal(at: *mut u8, word0: u64, word1: u64) {
+        assert!((at as usize).is_multiple_of(16), "unaligned non-temporal pair store");
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller guarantees both aligned words are writable. An aligned 8-byte
+        // store is single-copy atomic on x86-64, `movnti` included, so the words' other
+        // accesses (atomic loads and stores of other threads) see the old or the new value,
+        // never a mix: as a relaxed atomic store would. Inline assembly, rather than the
+        // `_mm_stream_si64` intrinsic, so that the compiler treats the store as the opaque
+        // operation it is. `movnti` is SSE2, part of the x86-64 baseline.
+        unsafe {
+            std::arch::asm!(
+                "movnti qword ptr [{at} + 8], {word1}",
+                "movnti qword ptr [{at}], {word0}",
+                at = in(reg) at,
+                word0 = in(reg) word0,
+                word1 = in(reg) word1,
+                options(nostack, preserves_flags),
+            );
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        // SAFETY: as above; `nt_pair_store` is never set off x86-64, so this is not reached.
+        unsafe {
+            use std::sync::atomic::{AtomicU64, Ordering};
+            (*(at.add(8) as *const AtomicU64)).store(word1, Ordering::Release);
+            (*(at as *const AtomicU64)).store(word0, Ordering::Release);
+        }
     }
 
     /// Writes back every cache line in `start..start + len`.
@@ -244,7 +295,8 @@ mod tests {
         {
             let name = format!("{kind:?}").to_lowercase();
             if has(&name) {
-                let primitives = PersistPrimitives { flush: kind, nt_block_copy: false };
+                let primitives =
+                    PersistPrimitives { flush: kind, nt_block_copy: false, nt_pair_store: false };
                 // SAFETY: `line` is a live local array of 128 bytes.
                 unsafe { primitives.flush_range(line.as_ptr().wrapping_add(3), 100) };
                 store_fence();

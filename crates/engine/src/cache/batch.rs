@@ -232,7 +232,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         for g in group.iter() {
             engine.prefetch_stripe(g.stripe);
             engine.index.prefetch_key(&g.key);
-            engine.prefetch_slot(g.slot);
+            engine.prefetch_new_slot(g.slot);
         }
         self.fence();
         // 3. Entries, in rounds: the first stripe waited for (nothing is held then), the
