@@ -188,7 +188,7 @@ fn floor_for(bed: &Bed) -> Result<Floor, String> {
             .map_err(|e| e.to_string())?;
     // The entries stored as the engine's are (non-temporally or not), whatever this medium's
     // own timing at open chose.
-    entries.use_primitives(bed.medium.primitives());
+    entries.use_nontemporal(bed.medium.primitives().nt_block_copy);
     Ok(Floor { table, entries, slots })
 }
 

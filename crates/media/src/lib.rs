@@ -4,7 +4,9 @@
 //! [`Medium::flush`] writes cache lines back towards the persistence domain and
 //! [`Medium::drain`] waits until every flush issued *by the calling thread* has completed (a
 //! store fence). A store is durable only after a flush of its line followed by a drain on the
-//! same thread. 8-byte aligned stores are failure-atomic; nothing larger is.
+//! same thread — or, for the non-temporal stores some methods may use (`write_flush`,
+//! `store_pair_flush`), after the drain alone. 8-byte aligned stores are failure-atomic;
+//! nothing larger is.
 //!
 //! Two implementations:
 //! - [`PmemFile`]: a mapped file — DAX (MAP_SYNC) when the file system offers it, otherwise a
@@ -88,6 +90,9 @@ pub trait Medium: Send + Sync {
     /// durable after this thread's next [`drain`](Medium::drain). Each word is stored
     /// atomically, but an implementation may use non-temporal stores, which reach the medium
     /// in either order: a power cut before the drain can leave either word without the other.
+    /// The calling thread must drain before any store that publishes the pair (Rust's rule
+    /// for non-temporal stores); other threads' loads of it before that drain are racing
+    /// reads, which may see either word new without the other.
     fn store_pair_flush(&self, offset: u64, word0: u64, word1: u64) {
         self.store_pair(offset, word0, word1);
         self.flush(offset, 16);

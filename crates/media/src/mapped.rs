@@ -82,6 +82,13 @@ impl PmemFile {
         };
         let nontemporal = medium.nontemporal_is_faster();
         medium.primitives.set_nontemporal(nontemporal);
+        if medium.map_sync {
+            // Real PM: 16-byte entries as PMDK writes anything below its non-temporal threshold
+            // (256 bytes), with stores and a flush. Non-temporal entries were measured faster
+            // only on DRAM (docs/PERFORMANCE.md, session 28); partial-line non-temporal writes
+            // cost Optane a read-modify-write of its 256-byte lines.
+            medium.primitives.nt_pair_store = false;
+        }
         Ok(medium)
     }
 
@@ -141,11 +148,12 @@ impl PmemFile {
         self.primitives
     }
 
-    /// Uses `primitives` instead of the ones chosen at open: for a comparison that must run the
-    /// same instructions on two media (`pmcache bench core`'s floor beside the engine's
-    /// medium), or a test of either choice. `flush` must be one this CPU has.
-    pub fn use_primitives(&mut self, primitives: PersistPrimitives) {
-        self.primitives = primitives;
+    /// Turns non-temporal block copies and entry stores on or off, in place of the choice made
+    /// at open: for a comparison that must run the same instructions on two media (`pmcache
+    /// bench core`'s floor beside the engine's medium), or a test of either choice. The flush
+    /// instruction stays the one detected.
+    pub fn use_nontemporal(&mut self, on: bool) {
+        self.primitives.set_nontemporal(on);
     }
 
     fn ptr(&self, offset: u64, len: u64) -> *mut u8 {
@@ -363,12 +371,13 @@ impl Medium for PmemFile {
 
     #[inline]
     fn store_pair_flush(&self, offset: u64, word0: u64, word1: u64) {
+        #[cfg(target_arch = "x86_64")]
         if self.primitives.nt_pair_store {
             assert!(offset.is_multiple_of(16), "unaligned pair store at {offset}");
             let start = self.ptr(offset, 16);
             // SAFETY: 16-byte aligned (the mapping is page aligned) and in bounds (checked by
-            // `ptr`); the engine's other accesses to entry words are atomic (`load_u64`,
-            // `store_u64`).
+            // `ptr`). The `Medium` contract makes the caller drain before publishing the pair;
+            // other threads read entry words only with `load_u64`, validating what they read.
             unsafe { PersistPrimitives::store_pair_nontemporal(start, word0, word1) };
             return;
         }
@@ -526,10 +535,9 @@ mod tests {
             let dir = tempfile::tempdir_in("/dev/shm").unwrap();
             let path = dir.path().join("pm");
             let mut medium = PmemFile::open(&path, Some(1 << 16)).unwrap();
-            let mut primitives = medium.primitives();
-            primitives.set_nontemporal(nontemporal);
-            medium.use_primitives(primitives);
-            assert_eq!(medium.primitives().nt_pair_store, nontemporal);
+            medium.use_nontemporal(nontemporal);
+            let expected = nontemporal && cfg!(target_arch = "x86_64");
+            assert_eq!(medium.primitives().nt_pair_store, expected);
             medium.store_u64(4096, 0x77);
             medium.store_u64(4096 + 40, 0x99);
             medium.prefetch_pair_store(4096 + 16);

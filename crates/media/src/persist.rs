@@ -26,7 +26,7 @@ pub struct PersistPrimitives {
     /// no read of the line before the store and no flush after it. Set together with
     /// `nt_block_copy` (x86-64 only): where bypassing the cache pays for a block it pays for a
     /// metadata line that is written once and not read again on the write path (see
-    /// docs/PERFORMANCE.md, session 28).
+    /// docs/PERFORMANCE.md, session 28). Off on DAX (real PM), where it is not measured.
     pub nt_pair_store: bool,
 }
 
@@ -47,20 +47,26 @@ impl PersistPrimitives {
     /// (`movnti`): the line is neither read first nor left in the cache. Both are visible to
     /// other threads and durable after this thread's next [`store_fence`], and may reach
     /// memory in either order (non-temporal stores are weakly ordered), each atomically.
+    /// x86-64 only (`set_nontemporal` never turns `nt_pair_store` on elsewhere).
     ///
     /// # Safety
-    /// `at` must be 16-byte aligned and valid for 16 bytes of writes, and other threads may
-    /// access these two words only with atomic 8-byte loads and stores.
+    /// `at` must be 16-byte aligned and valid for 16 bytes of writes. Until this thread's next
+    /// [`store_fence`] the stores act as if made by another thread (Rust's rule for
+    /// non-temporal stores): this thread must fence before any store that publishes the pair,
+    /// and other threads may only read the words meanwhile with atomic 8-byte loads, as
+    /// racing reads whose result they validate.
+    #[cfg(target_arch = "x86_64")]
     #[inline]
     pub unsafe fn store_pair_nontemporal(at: *mut u8, word0: u64, word1: u64) {
         assert!((at as usize).is_multiple_of(16), "unaligned non-temporal pair store");
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller guarantees both aligned words are writable. An aligned 8-byte
-        // store is single-copy atomic on x86-64, `movnti` included, so the words' other
-        // accesses (atomic loads and stores of other threads) see the old or the new value,
-        // never a mix: as a relaxed atomic store would. Inline assembly, rather than the
-        // `_mm_stream_si64` intrinsic, so that the compiler treats the store as the opaque
-        // operation it is. `movnti` is SSE2, part of the x86-64 baseline.
+        // SAFETY: the caller guarantees both aligned words are writable, a fence before the
+        // pair is published, and that other threads' loads before it are validated racing
+        // reads. Each `movnti` is an aligned 8-byte store, single-copy atomic on x86-64, so
+        // such a load returns the old or the new word, never a mix of bytes (the engine
+        // validates the pair: a lone new word 0 decodes as torn, a lone word 1 as free).
+        // Inline assembly, rather than the `_mm_stream_si64` intrinsic, so that the compiler
+        // treats the stores as the opaque operation they are. `movnti` is SSE2, part of the
+        // x86-64 baseline.
         unsafe {
             std::arch::asm!(
                 "movnti qword ptr [{at} + 8], {word1}",
@@ -70,13 +76,6 @@ impl PersistPrimitives {
                 word1 = in(reg) word1,
                 options(nostack, preserves_flags),
             );
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        // SAFETY: as above; `nt_pair_store` is never set off x86-64, so this is not reached.
-        unsafe {
-            use std::sync::atomic::{AtomicU64, Ordering};
-            (*(at.add(8) as *const AtomicU64)).store(word1, Ordering::Release);
-            (*(at as *const AtomicU64)).store(word0, Ordering::Release);
         }
     }
 
