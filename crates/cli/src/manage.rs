@@ -361,6 +361,10 @@ impl Medium for MetadataSnapshot {
         panic!("pmcache check never writes to the medium");
     }
 
+    fn compare_exchange_u64(&self, _offset: u64, _current: u64, _new: u64) -> bool {
+        panic!("pmcache check never writes to the medium");
+    }
+
     fn flush(&self, _offset: u64, _len: u64) {}
 
     fn drain(&self) {}

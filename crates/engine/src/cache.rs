@@ -58,8 +58,8 @@ const FREED_SPILL_MAX: usize = 32;
 pub(crate) struct LaneSlot {
     in_use: AtomicBool,
     counters: PaddedCounters,
-    /// Fences the lane has completed. Other lanes read it to tell whether an entry this lane
-    /// zeroed is durable yet: see [`Stripe`]. It only ever grows, across every `Lane` that
+    /// Fences the lane has completed. Other lanes read it to tell whether the zeroing of an
+    /// entry this lane superseded is durable yet: see [`Stripe`]. It only ever grows, across every `Lane` that
     /// holds this slot in turn, and is never reset: other lanes keep their readings of it
     /// (`Lane::unfenced_free`), which stay proof of a fence only because of that.
     fences: CachePadded<AtomicU64>,
@@ -68,14 +68,19 @@ pub(crate) struct LaneSlot {
 /// A lock over a set of blocks, and the one superseded entry of them that may not be durably
 /// zeroed yet.
 ///
-/// A write that replaces a block's copy zeroes the old copy's entry and leaves its write-back
-/// to the lane's next fence: the new entry is durable, so if the old one survives a power cut,
-/// recovery discards it as older. That stays true only while the new entry exists. Whoever removes a
-/// block's newest entry without writing a newer one (eviction, trim, invalidation) holds the
-/// stripe and first makes the pending zeroing durable: it flushes that entry's line again, and
-/// its own fence covers it. The pending entry is known to be durable once the lane that zeroed
-/// it has fenced since (its [`LaneSlot::fences`] moved past the recorded count): a fence makes
-/// the issuing thread's flushes durable, and a lane is driven by one thread at a time.
+/// A write that replaces a block's copy zeroes the old copy's entry after releasing the
+/// stripe and leaves its durability to the lane's next fence: the new entry is durable, so if
+/// the old one survives a power cut, recovery discards it as older. That stays true only while
+/// the new entry exists. Whoever removes a block's newest entry without writing a newer one
+/// (eviction, trim, invalidation), or records another pending free in its place, holds the
+/// stripe and first settles the pending one (`Engine::settle_pending_free`): it clears the
+/// entry's word 0 itself if the zeroing lane has not yet, flushes the line, and its own fence
+/// makes that durable. (Flushing alone is not enough: the zeroes may not be stored yet, or
+/// sit in the zeroing core's write-combining buffer, which no other core's flush reaches.)
+/// The pending entry is known to be durable once the lane that superseded it has fenced since
+/// (its [`LaneSlot::fences`] moved past the recorded count): a lane's fence first zeroes every
+/// entry it superseded and not yet zeroed, a fence makes the issuing thread's stores and
+/// flushes durable, and a lane is driven by one thread at a time.
 pub(crate) struct Stripe {
     /// Held while one of the stripe's blocks changes. It holds the last sequence number issued
     /// to a block of the stripe, so that a block's sequence numbers grow in lock order
@@ -84,7 +89,7 @@ pub(crate) struct Stripe {
     /// The superseded slot whose zeroed entry may not be durable: `(lane + 1) << 32 | slot`,
     /// 0 for none. Read and written under `lock` only.
     pending_free: AtomicU64,
-    /// The zeroing lane's fence count when it recorded `pending_free`. Under `lock` only.
+    /// The superseding lane's fence count when it recorded `pending_free`. Under `lock` only.
     pending_free_fences: AtomicU64,
 }
 
@@ -465,16 +470,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         pmcache_media::prefetch(&*self.stripes[stripe] as *const Stripe);
     }
 
-    /// Starts loading a slot's DRAM word and metadata entry into the CPU cache (a hint).
-    fn prefetch_slot(&self, slot: u32) {
-        self.slots.prefetch(slot);
-        self.medium.prefetch(self.geometry.entry_offset(slot), 16);
-    }
-
-    /// Starts loading the lines a write to the free `slot` touches: its DRAM word, and its
-    /// entry's line only where the entry store needs it (not where entries are stored
-    /// non-temporally, which would then have to evict it).
-    fn prefetch_new_slot(&self, slot: u32) {
+    /// Starts loading the lines a write touches for `slot`, the new copy's or the one it
+    /// replaces: its DRAM word, and its entry's line only where the entry store (the new
+    /// entry, or the replaced one's zeroes) needs it — not where entries are stored
+    /// non-temporally, which would then have to evict it.
+    fn prefetch_slot_for_entry_store(&self, slot: u32) {
         self.slots.prefetch(slot);
         self.medium.prefetch_pair_store(self.geometry.entry_offset(slot));
     }
@@ -488,9 +488,38 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         lock(&self.stripes[stripe].lock)
     }
 
-    /// Starts writing a slot's entry back to the medium again (durable at the caller's fence).
-    fn reflush_entry(&self, slot: u32) {
-        self.medium.flush(self.geometry.entry_offset(slot), 16);
+    /// Makes the zeroing of `slot`'s entry, the pending free of `stripe` (held by the caller)
+    /// recorded by a lane that has not fenced since, durable at the caller's next fence —
+    /// whether that lane has stored its zeroes yet or not (it stores them after releasing the
+    /// stripe, and possibly non-temporally, where no other core's flush reaches them: see
+    /// [`Stripe`]).
+    ///
+    /// Word 0 still naming a block of this stripe can only be the superseded entry: no nonzero
+    /// word 0 of the stripe's blocks is written while the caller holds it, and a reuse of the
+    /// slot completed before the caller took the stripe would show in the lane's fence count
+    /// (`unfenced_free` reads it under the stripe). A reuse can still happen *meanwhile* —
+    /// the lane fences, the slot goes to the pool and another lane fills it — but only for a
+    /// block of another stripe. So word 0 is cleared by a compare-and-swap against the value
+    /// read, never by a plain store: between the load and a store, such a reuse could put a
+    /// live entry there, which the store would destroy. (No ABA: the same word 0 again would
+    /// be an entry of the same block, which needs this stripe.) The swap fails harmlessly if
+    /// the lane's zeroes or a reuse land first; a slot already zeroed, or reused for another
+    /// stripe's block, is left as it is. Either way the line is flushed, so a zeroing already
+    /// visible becomes durable too.
+    fn settle_pending_free(&self, stripe: usize, slot: u32) {
+        let at = self.geometry.entry_offset(slot);
+        let word0 = self.medium.load_u64(at);
+        if word0 != 0 && self.stripe_index(format::word0_lba(word0)) == stripe {
+            self.medium.compare_exchange_u64(at, word0, 0);
+        }
+        self.medium.flush(at, 16);
+    }
+
+    /// Stores zeroes over a superseded slot's entry and starts their write-back (with a
+    /// medium's entry store: non-temporal where it stores entries so), durable at the
+    /// caller's next fence.
+    fn zero_superseded_entry(&self, slot: u32) {
+        self.medium.store_pair_flush(self.geometry.entry_offset(slot), 0, 0);
     }
 
     /// Locks `lba`'s stripe without waiting, unless it is the stripe `held` by the caller.
@@ -710,16 +739,17 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     /// (tried only when it saw no other dirty slot).
     scratch_refused: Vec<u32>,
     written: Vec<(u32, SlotWord, SlotEntry)>,
-    /// Superseded slots whose zeroed entries this lane's next fence writes back first (see
-    /// [`Stripe`]); dropping the lane fences if any are left.
+    /// Superseded slots whose entries are not zeroed yet: zeroed once their stripes are
+    /// released, or by this lane's next fence, whichever comes first (see [`Stripe`]);
+    /// dropping the lane fences if any are left.
     unflushed_frees: Vec<u32>,
     /// A batch's group of writes, the writes a commit round defers to the next one, and the
     /// requests that run alone (`batch.rs`): sized at start, reused by every batch.
     group: Vec<batch::GroupWrite>,
     group_next: Vec<batch::GroupWrite>,
     group_alone: Vec<usize>,
-    /// Zeroed entries whose write-back was started once their stripes were released
-    /// (`start_freed_write_backs`): the next fence waits for them.
+    /// Entries zeroed once their stripes were released (`zero_superseded_entries`), not yet
+    /// fenced: the next fence waits for them.
     frees_unfenced: bool,
     /// Each lane's fence count as this lane last read it (see `unfenced_free`).
     fences_seen: Box<[u64]>,
@@ -784,10 +814,11 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     // ----- persistence helpers (every fence this lane issues goes through here) -----
 
     fn fence(&mut self) {
-        // Zeroed entries of superseded slots are written back with this fence, which waits for
-        // them together with whatever it was issued for (see `free_superseded`).
+        // Superseded slots' entries not zeroed yet are zeroed now and made durable by this
+        // fence, which waits for them together with whatever it was issued for (see
+        // `free_superseded`): after any fence of this lane, all its zeroings are durable.
         for slot in self.unflushed_frees.drain(..) {
-            self.engine.reflush_entry(slot);
+            self.engine.zero_superseded_entry(slot);
         }
         self.engine.medium.drain();
         self.frees_unfenced = false;
@@ -797,19 +828,20 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         fences.store(fences.load(Ordering::Relaxed) + 1, Ordering::Release);
     }
 
-    /// Starts writing back the entries zeroed for superseded slots, once the stripes they
-    /// were zeroed under are released (a write-back in flight would make a stripe's unlock, a
-    /// locked instruction, wait for it). They complete while the lane does other work; the
-    /// lane's next fence still makes them durable, as `Stripe` requires.
-    fn start_freed_write_backs(&mut self) {
+    /// Zeroes the entries of the slots superseded under stripes now released, and starts their
+    /// write-back: after the release, since a store or write-back still in flight would make
+    /// the stripe's unlock, a locked instruction, wait for it (docs/PERFORMANCE.md, session
+    /// 28). They complete while the lane does other work; the lane's next fence makes them
+    /// durable, and until then a lane that needs one durable settles it itself (`Stripe`).
+    fn zero_superseded_entries(&mut self) {
         for slot in self.unflushed_frees.drain(..) {
-            self.engine.reflush_entry(slot);
+            self.engine.zero_superseded_entry(slot);
             self.frees_unfenced = true;
         }
     }
 
-    /// Whether entries this lane zeroed for superseded slots may not be durable yet (their
-    /// write-back not started, or started and not fenced since): its next fence makes them so.
+    /// Whether entries of slots this lane superseded may not be durably zero yet (not zeroed,
+    /// or zeroed and not fenced since): its next fence makes them so.
     fn zeroings_pending(&self) -> bool {
         !self.unflushed_frees.is_empty() || self.frees_unfenced
     }
@@ -949,7 +981,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         let stripe = engine.stripe_index(lba);
         if let Some(pending) = self.unfenced_free(stripe) {
-            engine.reflush_entry(pending);
+            engine.settle_pending_free(stripe, pending);
             self.fence();
         }
         engine.slots.free(slot);
@@ -960,27 +992,27 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     }
 
     /// Frees a slot whose block `lba` now has a newer, durable entry elsewhere: new generation
-    /// in DRAM, entry zeroed — it becomes the stripe's pending free (see [`Stripe`]). The
-    /// zeroed entry is written back by this lane's next fence, not now: a cache-line
-    /// write-back still in flight would make the stripe's unlock (a locked instruction) wait
-    /// for it, which costs as much as the fence saved. Returns true if the caller must fence
-    /// before releasing the stripe: when the stripe already had a pending free that is not
-    /// yet durable, its entry is flushed again and this lane's fence makes both durable. Also
-    /// returns the state the slot had (clean or dirty).
+    /// in DRAM — it becomes the stripe's pending free (see [`Stripe`]). Its entry is zeroed
+    /// once the stripe is released (`zero_superseded_entries`) and made durable by this
+    /// lane's next fence, not now: a store or write-back still in flight would make the
+    /// stripe's unlock (a locked instruction) wait for it, which costs as much as the fence
+    /// saved. Returns true if the caller must fence before releasing the stripe: when the
+    /// stripe already had a pending free that is not yet durable, this lane settles it
+    /// (`settle_pending_free`) and its fence makes it durable. Also returns the state the slot
+    /// had (clean or dirty).
     #[must_use = "a true result asks for a fence before the stripe is released"]
     #[inline(always)]
     fn free_superseded(&mut self, stripe: usize, slot: u32) -> (bool, SlotState) {
         let engine = self.engine;
         let earlier = self.unfenced_free(stripe);
         if let Some(pending) = earlier {
-            engine.reflush_entry(pending);
+            engine.settle_pending_free(stripe, pending);
         }
         if self.unflushed_frees.len() == self.unflushed_frees.capacity() {
             // Bounded (a group frees at most `GROUP_MAX` between fences): past it, fence now.
             self.fence();
         }
         let state = engine.slots.free(slot);
-        engine.zero_entry(slot);
         self.unflushed_frees.push(slot);
         let record = &engine.stripes[stripe];
         record.pending_free.store((self.id as u64 + 1) << 32 | u64::from(slot), Ordering::Relaxed);
@@ -1512,7 +1544,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
         }
         let stripe = engine.stripe_index(lba);
-        engine.prefetch_new_slot(slot);
+        engine.prefetch_slot_for_entry_store(slot);
         engine.prefetch_stripe(stripe);
         let key = engine.index.key(lba);
         engine.index.prefetch_key(&key);
@@ -1530,7 +1562,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let seq = self.local_seq(&mut guard);
         let old = engine.index.lookup_key(&key);
         if let Some(found) = old {
-            engine.prefetch_slot(found.slot);
+            engine.prefetch_slot_for_entry_store(found.slot);
         }
         if !full {
             if let Err(err) = self.load_block(lba, old.as_ref()) {
@@ -1563,7 +1595,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.keep_free(entry.slot);
         }
         drop(guard);
-        self.start_freed_write_backs();
+        self.zero_superseded_entries();
         Ok(())
     }
 
@@ -1817,6 +1849,99 @@ mod tests {
         let engine = Engine::format(world.medium.clone(), world.backing.clone(), clock, &cfg)
             .expect("format");
         (world, engine)
+    }
+
+    /// `settle_pending_free` on its own: an entry naming a block of the stripe (here block 0's
+    /// live entry, standing in for a superseded one) has its word 0 cleared and made durable by
+    /// the caller's fence; an entry naming another stripe's block (a slot reused since) is left
+    /// as it is. With the clear taken out (a flush alone, as before session 28) the first
+    /// assertion fails; with the stripe check taken out, the second.
+    #[test]
+    fn settling_a_pending_free_clears_an_entry_of_its_stripe_and_no_other() {
+        let (world, engine) = write_back_engine(12);
+        let mut lane = engine.lane().expect("lane");
+        let data = vec![0x5a; BLOCK];
+        lane.write(0, &data, false).expect("write");
+        let stripe = engine.stripe_index(0);
+        let other = (1..).find(|&lba| engine.stripe_index(lba) != stripe).expect("a block");
+        lane.write(other * BLOCK as u64, &data, false).expect("write");
+        let (superseded, reused) = (
+            engine.index.lookup(0).expect("cached").slot,
+            engine.index.lookup(other).expect("cached").slot,
+        );
+        let word = |slot: u32, durable: bool| {
+            let at = engine.geometry.entry_offset(slot);
+            if durable {
+                world.medium.durable_image()[at as usize / 8]
+            } else {
+                pmcache_media::Medium::load_u64(&world.medium, at)
+            }
+        };
+        let reused_word0 = word(reused, true);
+        assert!(word(superseded, true) != 0 && reused_word0 != 0, "both entries durable");
+        engine.settle_pending_free(stripe, superseded);
+        engine.settle_pending_free(stripe, reused);
+        lane.fence();
+        assert_eq!(word(superseded, true), 0, "the superseded entry's word 0, durably");
+        assert_eq!((word(reused, false), word(reused, true)), (reused_word0, reused_word0));
+    }
+
+    /// A removal on another lane while the superseding lane's zeroes are not visible yet
+    /// (stored after the stripe's release, possibly non-temporally: not stored yet, or in that
+    /// core's write-combining buffer). The test puts the superseded entry back in what other
+    /// threads see after the overwrite, the superseding lane stays idle, and a write-around
+    /// write drops the block's newest copy; then power is cut. The block must read as the
+    /// write-around data, never as the superseded copy. With `settle_pending_free` reduced to
+    /// a flush (session 27's re-flush), the remover makes the restored entry durable and the
+    /// superseded copy comes back.
+    #[test]
+    fn a_removal_settles_a_pending_free_whose_zeroes_are_not_visible_yet() {
+        use crate::testing::model::pattern;
+        use pmcache_media::Medium;
+        let block = BLOCK as u64;
+        let (old, new, newest) = (pattern(1, 0, block), pattern(2, 0, block), pattern(3, 0, block));
+        for seed in 0..32 {
+            let (world, engine) = write_back_engine(200 + seed);
+            let (overwritten, wait_for_overwrite) = std::sync::mpsc::channel();
+            let (cut, wait_for_cut) = std::sync::mpsc::channel::<()>();
+            std::thread::scope(|scope| {
+                let (engine, world, old, new) = (&engine, &world, &old, &new);
+                scope.spawn(move || {
+                    let mut lane = engine.lane().expect("lane");
+                    lane.write(0, old, false).expect("write");
+                    // Other blocks between, so that the two copies' entries sit in different
+                    // lines.
+                    for lba in 1..=8u64 {
+                        lane.write(lba * block, &pattern(10 + lba, 0, block), false)
+                            .expect("write");
+                    }
+                    let superseded = engine.index.lookup(0).expect("cached").slot;
+                    let at = engine.geometry.entry_offset(superseded);
+                    let words = (world.medium.load_u64(at), world.medium.load_u64(at + 8));
+                    lane.write(0, new, false).expect("overwrite");
+                    assert_ne!(engine.index.lookup(0).expect("cached").slot, superseded);
+                    world.medium.store_u64(at + 8, words.1);
+                    world.medium.store_u64(at, words.0);
+                    overwritten.send(()).expect("main thread");
+                    wait_for_cut.recv().expect("main thread");
+                });
+                wait_for_overwrite.recv().expect("writer");
+                engine.set_mode(CacheMode::WriteAround);
+                let mut lane = engine.lane().expect("second lane");
+                lane.write(0, &newest, false).expect("write-around");
+                world.switch.cut_now();
+                cut.send(()).expect("writer");
+            });
+            drop(engine);
+            let after = world.after_power_cut(200 + seed);
+            let cfg = config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always);
+            let clock = Arc::new(ManualClock::default());
+            let (engine, _) = Engine::open(after.medium, after.backing, clock, &cfg).expect("open");
+            let mut got = vec![0u8; BLOCK];
+            engine.lane().expect("lane").read(0, &mut got).expect("read");
+            assert!(got != old, "seed {seed}: the superseded copy came back");
+            assert!(got == newest, "seed {seed}: block 0 after the cut");
+        }
     }
 
     /// A lane hands the slots it freed to the shared pool only once their zeroed entries are

@@ -427,6 +427,11 @@ fn crc32c_two_words_by_tables(first: u64, second: u64) -> u32 {
     !fold(fold(!0, first), second)
 }
 
+/// The backing block number word 0 of an entry names, whatever else the word holds.
+pub fn word0_lba(word0: u64) -> u64 {
+    word0 & LBA_MASK
+}
+
 impl SlotEntry {
     /// Encodes as (word0, word1); see docs/FORMAT.md.
     pub fn encode(&self) -> (u64, u64) {

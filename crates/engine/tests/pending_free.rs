@@ -1,8 +1,12 @@
 //! The stripe's pending free (invariant 2 of docs/DURABILITY.md): an overwrite leaves the old
 //! copy's zeroed entry unfenced on its lane's thread; another lane that then drops the block's
 //! newest copy must make that zeroing durable first, or a power cut brings the old copy back as
-//! the block's only (dirty) entry. With the remover's re-flush taken out of `free_slot`, or the
-//! zeroing lane's write-back taken out of its fence, this test fails.
+//! the block's only (dirty) entry. With the remover's settling of the pending free
+//! (`settle_pending_free`; a re-flush of the line before session 28) taken out of
+//! `free_slot`, or the zeroing lane's zeroes taken out of its fence, these tests fail. Here
+//! the superseding lane's zeroes are always visible by the time the remover runs, so a
+//! settling reduced to a flush would pass: `cache::tests::
+//! a_removal_settles_a_pending_free_whose_zeroes_are_not_visible_yet` covers that.
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -91,7 +95,7 @@ fn a_removal_on_another_lane_makes_the_pending_free_durable_first() {
     let old = pattern(1, 0, BLOCK_BYTES);
     let new = pattern(2, 0, BLOCK_BYTES);
     let newest = pattern(3, 0, BLOCK_BYTES);
-    // Either the overwriting lane stays idle (the remover must write the zeroing back itself),
+    // Either the overwriting lane stays idle (the remover must make the zeroing durable itself),
     // or it fences once more first (that fence must have written the zeroing back).
     for (seed, lane_fences_first) in (0..128).map(|seed| (seed, seed % 2 == 1)) {
         let overwrite = |lane: &mut SimLane<'_>| {

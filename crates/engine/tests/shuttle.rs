@@ -53,6 +53,11 @@ impl Medium for ShuttleMedium {
     fn store_u64(&self, offset: u64, value: u64) {
         self.words[offset as usize / 8].store(value, Ordering::Release)
     }
+    fn compare_exchange_u64(&self, offset: u64, current: u64, new: u64) -> bool {
+        self.words[offset as usize / 8]
+            .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
     fn flush(&self, _offset: u64, _len: u64) {}
     fn drain(&self) {}
 }
@@ -104,6 +109,14 @@ impl Medium for CoarseMedium {
     fn store_u64(&self, offset: u64, value: u64) {
         self.word(offset).store(value, Ordering::Release);
         self.step();
+    }
+    fn compare_exchange_u64(&self, offset: u64, current: u64, new: u64) -> bool {
+        let swapped = self
+            .word(offset)
+            .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        self.step();
+        swapped
     }
     fn flush(&self, _offset: u64, _len: u64) {}
     fn drain(&self) {}

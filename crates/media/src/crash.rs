@@ -296,6 +296,15 @@ impl Medium for CrashMedium {
         self.word(offset as usize / 8).store(value, Ordering::Release)
     }
 
+    fn compare_exchange_u64(&self, offset: u64, current: u64, new: u64) -> bool {
+        assert!(offset.is_multiple_of(8), "unaligned word exchange at {offset}");
+        check_bounds(offset, 8, self.len_bytes());
+        let _gate = self.inner.switch.store_gate();
+        self.word(offset as usize / 8)
+            .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     fn flush(&self, offset: u64, len: u64) {
         check_bounds(offset, len, self.len_bytes());
         if len == 0 {

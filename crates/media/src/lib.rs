@@ -49,6 +49,10 @@ pub trait Medium: Send + Sync {
     fn load_u64(&self, offset: u64) -> u64;
     /// Atomically stores the 8-byte word at `offset` (8-byte aligned; not yet durable).
     fn store_u64(&self, offset: u64, value: u64);
+    /// Atomically replaces the 8-byte word at `offset` (8-byte aligned) with `new` if it holds
+    /// `current`, and says whether it did. A store like [`store_u64`](Medium::store_u64): not
+    /// yet durable.
+    fn compare_exchange_u64(&self, offset: u64, current: u64, new: u64) -> bool;
     /// Starts writing back the cache lines covering `offset..offset + len`.
     fn flush(&self, offset: u64, len: u64);
     /// Waits until every flush issued by this thread is durable (a store fence).
@@ -120,6 +124,9 @@ impl<M: Medium + ?Sized> Medium for std::sync::Arc<M> {
     }
     fn store_u64(&self, offset: u64, value: u64) {
         (**self).store_u64(offset, value)
+    }
+    fn compare_exchange_u64(&self, offset: u64, current: u64, new: u64) -> bool {
+        (**self).compare_exchange_u64(offset, current, new)
     }
     fn flush(&self, offset: u64, len: u64) {
         (**self).flush(offset, len)

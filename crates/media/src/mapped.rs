@@ -338,6 +338,15 @@ impl Medium for PmemFile {
         unsafe { (*ptr).store(value, Ordering::Release) }
     }
 
+    fn compare_exchange_u64(&self, offset: u64, current: u64, new: u64) -> bool {
+        assert!(offset.is_multiple_of(8), "unaligned word exchange at {offset}");
+        let ptr = self.ptr(offset, 8) as *const AtomicU64;
+        // SAFETY: as in `load_u64`.
+        unsafe {
+            (*ptr).compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        }
+    }
+
     fn flush(&self, offset: u64, len: u64) {
         let start = self.ptr(offset, len);
         // SAFETY: the range is inside the mapping (bounds checked by `ptr`).

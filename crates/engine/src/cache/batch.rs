@@ -9,7 +9,8 @@
 //!   [`GROUP_MAX`] writes to distinct blocks is copied and made durable with one fence
 //!   (before any stripe is locked), then their metadata entries with one fence, in rounds
 //!   when another lane holds some of their stripes; the entries of the copies they replace are
-//!   zeroed and left to the lane's next fence (their stripes record them: see `Stripe`) —
+//!   zeroed once the stripes are released, durable at the lane's next fence (their stripes
+//!   record them: see `Stripe`) —
 //!   two fences for the group (one more per extra round) instead of two per write. Every
 //!   write goes through the same persist steps in the same order as alone (docs/DURABILITY.md,
 //!   "Group commit"), so a crash anywhere leaves each write of the group wholly old or wholly
@@ -232,7 +233,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         for g in group.iter() {
             engine.prefetch_stripe(g.stripe);
             engine.index.prefetch_key(&g.key);
-            engine.prefetch_new_slot(g.slot);
+            engine.prefetch_slot_for_entry_store(g.slot);
         }
         self.fence();
         // 3. Entries, in rounds: the first stripe waited for (nothing is held then), the
@@ -313,7 +314,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let entry = match engine.index.lookup_key(&g.key) {
                 Some(found) => {
                     // The replaced copy's slot word and entry are stored to after the fence.
-                    engine.prefetch_slot(found.slot);
+                    engine.prefetch_slot_for_entry_store(found.slot);
                     found
                 }
                 None => match engine.index.insert_key(&g.key, g.slot) {
@@ -341,9 +342,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             return;
         }
         self.fence();
-        // Visible: switch the index, publish, zero the replaced copies' entries — not fenced:
-        // each becomes its stripe's pending free (see `Stripe`); a fence only if one of those
-        // stripes still had an earlier pending free that was not durable.
+        // Visible: switch the index, publish, free the replaced copies — their entries zeroed
+        // after the stripes are released, not fenced: each becomes its stripe's pending free
+        // (see `Stripe`); a fence only if one of those stripes still had an earlier pending
+        // free that was not durable.
         let mut must_fence = false;
         let mut newly_dirty = 0;
         let mut hits = 0;
@@ -358,7 +360,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.fence();
         }
         drop(guards);
-        self.start_freed_write_backs();
+        self.zero_superseded_entries();
         for g in group.iter() {
             if let Some(replaced) = g.entry.filter(|e| !e.hidden) {
                 self.keep_free(replaced.slot);
