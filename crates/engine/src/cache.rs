@@ -59,9 +59,9 @@ pub(crate) struct LaneSlot {
     in_use: AtomicBool,
     counters: PaddedCounters,
     /// Fences the lane has completed. Other lanes read it to tell whether the zeroing of an
-    /// entry this lane superseded is durable yet: see [`Stripe`]. It only ever grows, across every `Lane` that
-    /// holds this slot in turn, and is never reset: other lanes keep their readings of it
-    /// (`Lane::unfenced_free`), which stay proof of a fence only because of that.
+    /// entry this lane superseded is durable yet: see [`Stripe`]. It only ever grows, across
+    /// every `Lane` that holds this slot in turn, and is never reset: other lanes keep their
+    /// readings of it (`Lane::unfenced_free`), which stay proof of a fence only because of that.
     fences: CachePadded<AtomicU64>,
 }
 
@@ -316,7 +316,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             scratch_slots: Vec::with_capacity(DRAIN_BATCH),
             scratch_refused: Vec::with_capacity(2 * WRITE_BACK_FAILURES_MAX),
             written: Vec::with_capacity(DRAIN_BATCH),
-            unflushed_frees: Vec::with_capacity(2 * batch::GROUP_MAX),
+            frees_unzeroed: Vec::with_capacity(2 * batch::GROUP_MAX),
             group: Vec::with_capacity(self.group_max),
             group_next: Vec::with_capacity(self.group_max),
             group_alone: Vec::with_capacity(self.group_max),
@@ -569,15 +569,10 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
 
     /// Stores a cleared (free) entry and starts its write-back; durable after a fence.
     pub(crate) fn clear_entry(&self, slot: u32) {
-        self.zero_entry(slot);
-        self.medium.flush(self.geometry.entry_offset(slot), 16);
-    }
-
-    /// Zeroes a slot's entry (not flushed).
-    fn zero_entry(&self, slot: u32) {
         let at = self.geometry.entry_offset(slot);
         self.medium.store_u64(at, 0);
         self.medium.store_u64(at + 8, 0);
+        self.medium.flush(at, 16);
     }
 
     /// Counts a failed backing-store operation and makes its error the engine's.
@@ -742,7 +737,7 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     /// Superseded slots whose entries are not zeroed yet: zeroed once their stripes are
     /// released, or by this lane's next fence, whichever comes first (see [`Stripe`]);
     /// dropping the lane fences if any are left.
-    unflushed_frees: Vec<u32>,
+    frees_unzeroed: Vec<u32>,
     /// A batch's group of writes, the writes a commit round defers to the next one, and the
     /// requests that run alone (`batch.rs`): sized at start, reused by every batch.
     group: Vec<batch::GroupWrite>,
@@ -817,7 +812,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // Superseded slots' entries not zeroed yet are zeroed now and made durable by this
         // fence, which waits for them together with whatever it was issued for (see
         // `free_superseded`): after any fence of this lane, all its zeroings are durable.
-        for slot in self.unflushed_frees.drain(..) {
+        for slot in self.frees_unzeroed.drain(..) {
             self.engine.zero_superseded_entry(slot);
         }
         self.engine.medium.drain();
@@ -834,7 +829,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// 28). They complete while the lane does other work; the lane's next fence makes them
     /// durable, and until then a lane that needs one durable settles it itself (`Stripe`).
     fn zero_superseded_entries(&mut self) {
-        for slot in self.unflushed_frees.drain(..) {
+        for slot in self.frees_unzeroed.drain(..) {
             self.engine.zero_superseded_entry(slot);
             self.frees_unfenced = true;
         }
@@ -843,7 +838,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Whether entries of slots this lane superseded may not be durably zero yet (not zeroed,
     /// or zeroed and not fenced since): its next fence makes them so.
     fn zeroings_pending(&self) -> bool {
-        !self.unflushed_frees.is_empty() || self.frees_unfenced
+        !self.frees_unzeroed.is_empty() || self.frees_unfenced
     }
 
     /// The slot of `stripe`'s pending free if its zeroed entry may not be durable yet: the
@@ -1008,12 +1003,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         if let Some(pending) = earlier {
             engine.settle_pending_free(stripe, pending);
         }
-        if self.unflushed_frees.len() == self.unflushed_frees.capacity() {
+        if self.frees_unzeroed.len() == self.frees_unzeroed.capacity() {
             // Bounded (a group frees at most `GROUP_MAX` between fences): past it, fence now.
             self.fence();
         }
         let state = engine.slots.free(slot);
-        self.unflushed_frees.push(slot);
+        self.frees_unzeroed.push(slot);
         let record = &engine.stripes[stripe];
         record.pending_free.store((self.id as u64 + 1) << 32 | u64::from(slot), Ordering::Relaxed);
         let fences = self.shared.fences.load(Ordering::Relaxed);

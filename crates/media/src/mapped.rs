@@ -81,14 +81,7 @@ impl PmemFile {
             _file: file,
         };
         let nontemporal = medium.nontemporal_is_faster();
-        medium.primitives.set_nontemporal(nontemporal);
-        if medium.map_sync {
-            // Real PM: 16-byte entries as PMDK writes anything below its non-temporal threshold
-            // (256 bytes), with stores and a flush. Non-temporal entries were measured faster
-            // only on DRAM (docs/PERFORMANCE.md, session 28); partial-line non-temporal writes
-            // cost Optane a read-modify-write of its 256-byte lines.
-            medium.primitives.nt_pair_store = false;
-        }
+        medium.use_nontemporal(nontemporal);
         Ok(medium)
     }
 
@@ -151,9 +144,16 @@ impl PmemFile {
     /// Turns non-temporal block copies and entry stores on or off, in place of the choice made
     /// at open: for a comparison that must run the same instructions on two media (`pmcache
     /// bench core`'s floor beside the engine's medium), or a test of either choice. The flush
-    /// instruction stays the one detected.
+    /// instruction stays the one detected, and on DAX entries stay stored and flushed.
     pub fn use_nontemporal(&mut self, on: bool) {
         self.primitives.set_nontemporal(on);
+        if self.map_sync {
+            // Real PM: 16-byte entries as PMDK writes anything below its non-temporal threshold
+            // (256 bytes), with stores and a flush. Non-temporal entries were measured faster
+            // only on DRAM (docs/PERFORMANCE.md, session 28); partial-line non-temporal writes
+            // cost Optane a read-modify-write of its 256-byte lines.
+            self.primitives.nt_pair_store = false;
+        }
     }
 
     fn ptr(&self, offset: u64, len: u64) -> *mut u8 {
@@ -382,7 +382,6 @@ impl Medium for PmemFile {
     fn store_pair_flush(&self, offset: u64, word0: u64, word1: u64) {
         #[cfg(target_arch = "x86_64")]
         if self.primitives.nt_pair_store {
-            assert!(offset.is_multiple_of(16), "unaligned pair store at {offset}");
             let start = self.ptr(offset, 16);
             // SAFETY: 16-byte aligned (the mapping is page aligned) and in bounds (checked by
             // `ptr`). The `Medium` contract makes the caller drain before publishing the pair;
