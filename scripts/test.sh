@@ -29,6 +29,9 @@ echo "== bench smoke runs"
 cargo build --release -p pmcache-cli
 ./target/release/pmcache bench core --quick
 ./target/release/pmcache bench core --quick --separate --only -4k-qd16
+./target/release/pmcache bench core --quick --serialize --only 'read-hit-4k$'
+./target/release/pmcache bench lookup --quick
+./target/release/pmcache bench lookup --quick --serialize --json
 ./target/release/pmcache bench engines --quick --plot target/bench-engines-smoke.svg
 
 echo "== fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"

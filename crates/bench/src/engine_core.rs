@@ -91,6 +91,14 @@ pub struct CoreArgs {
     /// (docs/PERFORMANCE.md, session 15). The 16-thread row always runs in turn.
     #[arg(long)]
     pub separate: bool,
+    /// An execution barrier (`lfence` on x86-64) after every call of the baseline, the floor
+    /// and the engine: the next request starts only once the last one has completed, as
+    /// behind a request/response boundary (a frontend's reply and the client's next request).
+    /// Without it, the CPU may start a request's first loads while the previous copy is
+    /// still finishing; a short loop of raw copies gains from that the most
+    /// (docs/PERFORMANCE.md, session 29).
+    #[arg(long)]
+    pub serialize: bool,
     /// Run only the configurations whose name contains this (e.g. `read-hit`); skips recovery
     /// unless it matches `recovery`. May start with a hyphen (`--only -4k-qd16`). A trailing
     /// `$` matches the end of the name only (`--only 'write-back-4k$'`: not the `-qd16` rows).
@@ -248,12 +256,24 @@ fn bed(dir: &Path, cache_bytes: u64, lanes: usize) -> Result<Bed, String> {
     Ok(Bed { dir: tmp, engine, medium, blocks, data_offset })
 }
 
+/// `worker`, followed by an execution barrier after every call if `serialize` (see
+/// [`CoreArgs::serialize`]).
+fn paced<W: FnMut(&mut SmallRng)>(mut worker: W, serialize: bool) -> impl FnMut(&mut SmallRng) {
+    move |rng: &mut SmallRng| {
+        worker(rng);
+        if serialize {
+            pmcache_media::serialize_execution();
+        }
+    }
+}
+
 /// Runs `threads` workers for `seconds`, each call of a worker doing `ops_per_call`
 /// operations; returns total ops/s and merged sampled latencies (of whole calls).
 fn drive<W>(
     threads: usize,
     seconds: f64,
     ops_per_call: usize,
+    serialize: bool,
     make_worker: impl Fn(usize) -> W + Sync,
 ) -> (f64, Histogram<u64>)
 where
@@ -267,7 +287,7 @@ where
                 let stop = &stop;
                 let make_worker = &make_worker;
                 scope.spawn(move || {
-                    let mut worker = make_worker(t);
+                    let mut worker = paced(make_worker(t), serialize);
                     let mut rng = SmallRng::seed_from_u64(t as u64 + 1);
                     let mut histogram = Histogram::<u64>::new(3).expect("histogram");
                     let mut ops = 0u64;
@@ -300,7 +320,7 @@ where
 
 /// Operations each thread runs of one kind (baseline, floor or engine) before the next kind's
 /// turn in an interleaved run (the default; not with `--separate`).
-const INTERLEAVE_BLOCK_OPS: usize = 2048;
+pub(crate) const INTERLEAVE_BLOCK_OPS: usize = 2048;
 
 /// Runs `threads` threads, each with its own baseline, floor and engine worker (made by
 /// `make_workers`, in that order), taking turns in blocks of `INTERLEAVE_BLOCK_OPS`
@@ -318,6 +338,7 @@ fn drive_interleaved<R, F, E>(
     seconds: f64,
     ops_per_call: usize,
     run: usize,
+    serialize: bool,
     make_workers: impl Fn(usize) -> (R, F, E) + Sync,
 ) -> ([f64; 3], Histogram<u64>)
 where
@@ -340,7 +361,9 @@ where
             .map(|t| {
                 let (barrier, stop, make_workers) = (&barrier, &stop, &make_workers);
                 scope.spawn(move || {
-                    let (mut raw, mut floor, mut engine) = make_workers(t);
+                    let (raw, floor, engine) = make_workers(t);
+                    let (mut raw, mut floor, mut engine) =
+                        (paced(raw, serialize), paced(floor, serialize), paced(engine, serialize));
                     let seed = ((run as u64) << 32) | (t as u64 + 1);
                     let mut rng = SmallRng::seed_from_u64(seed);
                     let mut histograms: [Histogram<u64>; 3] =
@@ -432,8 +455,8 @@ fn raw_worker(bed: &Bed, mix: Mix) -> impl FnMut(&mut SmallRng) + Send + '_ {
     }
 }
 
-fn run_raw(bed: &Bed, mix: Mix, threads: usize, seconds: f64) -> f64 {
-    drive(threads, seconds, 1, |_| raw_worker(bed, mix)).0
+fn run_raw(bed: &Bed, mix: Mix, threads: usize, seconds: f64, serialize: bool) -> f64 {
+    drive(threads, seconds, 1, serialize, |_| raw_worker(bed, mix)).0
 }
 
 /// One thread's floor (see the module docs): `case.batch` requests per call.
@@ -495,8 +518,8 @@ fn floor_worker<'a>(
     }
 }
 
-fn run_floor(bed: &Bed, floor: &Floor, case: &Case, seconds: f64) -> f64 {
-    drive(case.threads, seconds, case.batch, |_| floor_worker(bed, floor, case)).0
+fn run_floor(bed: &Bed, floor: &Floor, case: &Case, seconds: f64, serialize: bool) -> f64 {
+    drive(case.threads, seconds, case.batch, serialize, |_| floor_worker(bed, floor, case)).0
 }
 
 /// One thread's requests to the engine, through a lane of its own: `batch` per call.
@@ -558,8 +581,9 @@ fn run_engine(
     threads: usize,
     batch: usize,
     seconds: f64,
+    serialize: bool,
 ) -> (f64, Histogram<u64>) {
-    drive(threads, seconds, batch, |_| engine_worker(bed, mix, batch))
+    drive(threads, seconds, batch, serialize, |_| engine_worker(bed, mix, batch))
 }
 
 /// The rows measure hits and overwrites of cached blocks only: the working set fits (90 % of
@@ -598,7 +622,7 @@ fn name_matches(name: &str, only: &str) -> bool {
 }
 
 /// The median: the middle value, or the mean of the two middle ones.
-fn median(values: &mut [f64]) -> f64 {
+pub(crate) fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     let half = values.len() / 2;
     if values.len() % 2 == 1 { values[half] } else { (values[half - 1] + values[half]) / 2.0 }
@@ -632,7 +656,7 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
     let bed = bed(&args.dir, cache_bytes, 32)?;
     let floor = floor_for(&bed)?;
     let setup = format!(
-        "{}; cache {} MiB, {} slots, working set {} blocks of 4 KiB{}",
+        "{}; cache {} MiB, {} slots, working set {} blocks of 4 KiB{}{}",
         setup_text(&args.dir, &bed.medium),
         cache_bytes >> 20,
         bed.engine.superblock().geometry.slot_count,
@@ -643,7 +667,8 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
             format!(
                 "; baseline, floor and engine alternated every {INTERLEAVE_BLOCK_OPS} operations"
             )
-        }
+        },
+        if args.serialize { "; an execution barrier after every call (--serialize)" } else { "" }
     );
     const READ: &str = "raw 4 KiB copy from the medium";
     const WRITE: &str = "raw 4 KiB copy + persist";
@@ -682,7 +707,7 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
         let before = bed.engine.stats();
         for run in 0..runs {
             let ([raw, floor_ops, ops], h) = if !args.separate {
-                drive_interleaved(case.threads, seconds, case.batch, run, |_| {
+                drive_interleaved(case.threads, seconds, case.batch, run, args.serialize, |_| {
                     (
                         raw_worker(&bed, case.mix),
                         floor_worker(&bed, &floor, case),
@@ -690,9 +715,11 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
                     )
                 })
             } else {
-                let raw = run_raw(&bed, case.mix, case.threads, seconds);
-                let floor_ops = run_floor(&bed, &floor, case, seconds);
-                let (ops, h) = run_engine(&bed, case.mix, case.threads, case.batch, seconds);
+                let serialize = args.serialize;
+                let raw = run_raw(&bed, case.mix, case.threads, seconds, serialize);
+                let floor_ops = run_floor(&bed, &floor, case, seconds, serialize);
+                let (ops, h) =
+                    run_engine(&bed, case.mix, case.threads, case.batch, seconds, serialize);
                 ([raw, floor_ops, ops], h)
             };
             histogram.add(h).expect("same shape");
@@ -730,7 +757,7 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
         let mut ratios = Vec::new();
         let mut histogram = Histogram::<u64>::new(3).expect("histogram");
         let before = bed.engine.stats();
-        let at = |threads| run_engine(&bed, Mix::Half, threads, 1, seconds);
+        let at = |threads| run_engine(&bed, Mix::Half, threads, 1, seconds, args.serialize);
         for run in 0..runs {
             // Alternately first, so that neither always follows the other.
             let ((base, _), (ops, h)) = if run % 2 == 0 {
@@ -956,7 +983,7 @@ mod tests {
             while Instant::now() < until {}
         };
         let ops_ref = &ops;
-        let ([raw, floor, engine], latencies) = drive_interleaved(2, 0.02, BATCH, 0, |_| {
+        let ([raw, floor, engine], latencies) = drive_interleaved(2, 0.02, BATCH, 0, false, |_| {
             (
                 move |_: &mut SmallRng| {
                     ops_ref[0].fetch_add(1, Ordering::Relaxed);
@@ -996,7 +1023,7 @@ mod tests {
             let until = Instant::now() + Duration::from_nanos(ns);
             while Instant::now() < until {}
         };
-        let rates = drive_interleaved(2, 0.03, 1, 0, |t| {
+        let rates = drive_interleaved(2, 0.03, 1, 0, false, |t| {
             let ns = if t == 0 { 8_000 } else { 2_000 };
             let kind = move |_: &mut SmallRng| spin(ns);
             (kind, kind, kind)
@@ -1008,6 +1035,21 @@ mod tests {
         for rate in rates {
             assert!((40_000.0..=262_000.0).contains(&rate), "rate {rate}");
         }
+    }
+
+    #[test]
+    fn a_paced_worker_runs_once_per_call_with_or_without_the_barrier() {
+        for serialize in [false, true] {
+            let mut calls = 0;
+            let mut worker = paced(|_: &mut SmallRng| calls += 1, serialize);
+            let mut rng = SmallRng::seed_from_u64(1);
+            (0..5).for_each(|_| worker(&mut rng));
+            drop(worker);
+            assert_eq!(calls, 5, "serialize {serialize}");
+        }
+        let parsed = Command::try_parse_from(["bench", "--serialize"]).expect("parses");
+        assert!(parsed.core.serialize);
+        assert!(!Command::try_parse_from(["bench"]).expect("parses").core.serialize);
     }
 
     #[test]

@@ -3,3 +3,4 @@
 
 pub mod engine_core;
 pub mod engines;
+pub mod lookup_cost;

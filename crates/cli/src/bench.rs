@@ -1,7 +1,7 @@
 //! `pmcache bench …`: the experiments of the papers, each beside its baseline.
 
 use clap::{Args, Subcommand};
-use pmcache_bench::{engine_core, engines};
+use pmcache_bench::{engine_core, engines, lookup_cost};
 
 /// `pmcache bench`.
 #[derive(Args)]
@@ -20,6 +20,10 @@ enum Experiment {
     /// engine chooses where a write goes (in address order, like a log), so its writes can pass
     /// the floor.
     Core(engine_core::CoreArgs),
+    /// What one dependent load from a DRAM table costs a 4 KiB read from the medium, by the
+    /// table's size: the most any cache whose block-to-slot map is in DRAM (an index of that
+    /// size) can reach, one read at a time, in `core`'s read-hit rows.
+    Lookup(lookup_cost::LookupArgs),
     /// Backing-store I/O engines against fio with the same engine and settings (paper 004).
     Engines(Box<engines::EnginesArgs>),
 }
@@ -27,6 +31,7 @@ enum Experiment {
 pub fn run(args: BenchArgs) -> Result<(), String> {
     match args.experiment {
         Experiment::Core(args) => engine_core::run_cli(&args),
+        Experiment::Lookup(args) => lookup_cost::run_cli(&args),
         Experiment::Engines(args) => engines::run_cli(&args),
     }
 }

@@ -28,7 +28,9 @@ pub use crash::{CrashMedium, CrashSwitch};
 pub use dram::{DramTable, ZeroValid};
 pub use error::{MediaError, Result};
 pub use mapped::PmemFile;
-pub use persist::{Crc32cInstruction, FlushInstruction, PersistPrimitives, prefetch};
+pub use persist::{
+    Crc32cInstruction, FlushInstruction, PersistPrimitives, prefetch, serialize_execution,
+};
 
 /// Size of a CPU cache line, the unit of [`Medium::flush`].
 pub const CACHE_LINE_BYTES: u64 = 64;

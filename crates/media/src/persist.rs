@@ -177,6 +177,24 @@ pub fn prefetch<T>(at: *const T) {
     let _ = at;
 }
 
+/// Lets no later instruction start before every earlier one has completed (`lfence` on
+/// x86-64, which Linux makes dispatch-serializing on AMD as well as Intel; elsewhere a
+/// sequentially consistent fence, which orders memory accesses only). A benchmark calls it
+/// between two requests to model a request/response boundary: without it, the CPU may start
+/// the next request's loads while the current one's copy is still finishing, which no client
+/// that waits for each reply gets.
+#[inline]
+pub fn serialize_execution() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `lfence` has no operands and no effect on memory or registers; SSE2 is part of
+    // the x86-64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_lfence()
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
 /// The CPU's CRC32C instruction (SSE4.2 `crc32`), for checksums computed on every write: a
 /// token that exists only where the instruction does.
 #[derive(Clone, Copy, Debug)]
