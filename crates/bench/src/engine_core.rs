@@ -92,11 +92,12 @@ pub struct CoreArgs {
     #[arg(long)]
     pub separate: bool,
     /// An execution barrier (`lfence` on x86-64) after every call of the baseline, the floor
-    /// and the engine: the next request starts only once the last one has completed, as
-    /// behind a request/response boundary (a frontend's reply and the client's next request).
-    /// Without it, the CPU may start a request's first loads while the previous copy is
-    /// still finishing; a short loop of raw copies gains from that the most
-    /// (docs/PERFORMANCE.md, session 29).
+    /// and the engine: the next call starts only once the last one has completed, as behind
+    /// a request/response boundary (a frontend's reply and the client's next request). A call
+    /// is one request, or 16 for the floor and the engine in the `-qd16` rows (one round trip
+    /// for a queue of 16), where the baseline still does one. Without it, the CPU may start a
+    /// request's first loads while the previous copy is still finishing; a short loop of raw
+    /// copies gains from that the most (docs/PERFORMANCE.md, session 29).
     #[arg(long)]
     pub serialize: bool,
     /// Run only the configurations whose name contains this (e.g. `read-hit`); skips recovery
@@ -258,11 +259,19 @@ fn bed(dir: &Path, cache_bytes: u64, lanes: usize) -> Result<Bed, String> {
 
 /// `worker`, followed by an execution barrier after every call if `serialize` (see
 /// [`CoreArgs::serialize`]).
-fn paced<W: FnMut(&mut SmallRng)>(mut worker: W, serialize: bool) -> impl FnMut(&mut SmallRng) {
+fn paced<W: FnMut(&mut SmallRng)>(worker: W, serialize: bool) -> impl FnMut(&mut SmallRng) {
+    paced_by(worker, serialize.then_some(pmcache_media::serialize_execution as fn()))
+}
+
+/// `worker`, followed by `barrier` after every call.
+fn paced_by<W: FnMut(&mut SmallRng)>(
+    mut worker: W,
+    barrier: Option<fn()>,
+) -> impl FnMut(&mut SmallRng) {
     move |rng: &mut SmallRng| {
         worker(rng);
-        if serialize {
-            pmcache_media::serialize_execution();
+        if let Some(barrier) = barrier {
+            barrier();
         }
     }
 }
@@ -1038,14 +1047,19 @@ mod tests {
     }
 
     #[test]
-    fn a_paced_worker_runs_once_per_call_with_or_without_the_barrier() {
-        for serialize in [false, true] {
+    fn a_paced_worker_is_followed_by_the_barrier_after_every_call_and_only_if_asked() {
+        static BARRIERS: AtomicU64 = AtomicU64::new(0);
+        fn count_barrier() {
+            BARRIERS.fetch_add(1, Ordering::Relaxed);
+        }
+        for (barrier, barriers_wanted) in [(None, 0), (Some(count_barrier as fn()), 5)] {
+            BARRIERS.store(0, Ordering::Relaxed);
             let mut calls = 0;
-            let mut worker = paced(|_: &mut SmallRng| calls += 1, serialize);
+            let mut worker = paced_by(|_: &mut SmallRng| calls += 1, barrier);
             let mut rng = SmallRng::seed_from_u64(1);
             (0..5).for_each(|_| worker(&mut rng));
             drop(worker);
-            assert_eq!(calls, 5, "serialize {serialize}");
+            assert_eq!((calls, BARRIERS.load(Ordering::Relaxed)), (5, barriers_wanted));
         }
         let parsed = Command::try_parse_from(["bench", "--serialize"]).expect("parses");
         assert!(parsed.core.serialize);

@@ -4,15 +4,16 @@
 //! A read hit of any cache whose block-to-slot map lives in DRAM (the index) loads
 //! from that map before it knows where its data is, so the load's miss cannot overlap the
 //! copy. This measures that cost alone, with nothing of the engine in it: one thread copies
-//! 4 KiB out of a random block of a mapped medium (the `bench core` baseline), and, for each
-//! table size, does the same after one load from a random place of a table of that size whose
-//! value picks the block. The kinds take turns every `INTERLEAVE_BLOCK_OPS` operations inside
-//! each run, so all of them see the same moment of the machine's load; the table shows the
-//! medians over runs of each kind's time per read and of its rate over the copy alone's in the
-//! same run.
+//! 4 KiB out of a random block of a mapped medium (as `bench core`'s baseline does, over 90 %
+//! of the medium), and, for each table size, does the same after one load from a random
+//! place of a table of that size whose value picks the block. The kinds take turns every
+//! `INTERLEAVE_BLOCK_OPS` reads inside each run, in an order shuffled every round, so that
+//! all of them see the same moment of the machine's load and none always follows the same
+//! other; the table shows the medians over runs of each kind's time per read and of its rate
+//! over the copy alone's in the same run.
 //!
-//! The ratio bounds the per-request read-hit ratio of `bench core` from above for an index of
-//! that size: the engine's read does this load and copy, and more (the generation check).
+//! For a uniformly random block, the ratio bounds from above the per-request read-hit ratio
+//! of a cache whose index is that size: its read does this load and copy, and more.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,17 +22,18 @@ use std::time::{Duration, Instant};
 use pmcache_engine::format::Geometry;
 use pmcache_media::{DramTable, Medium, PmemFile};
 use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::engine_core::{INTERLEAVE_BLOCK_OPS, median};
 
-const BLOCK: u64 = 4096;
+const BLOCK_BYTES: u64 = 4096;
 
 /// A 4 KiB buffer aligned like a page, as `bench core`'s (the copy's speed depends on the
 /// destination's alignment).
 #[repr(C, align(4096))]
-struct PageBuf([u8; BLOCK as usize]);
+struct PageBuf([u8; BLOCK_BYTES as usize]);
 
 /// Options of `pmcache bench lookup`.
 #[derive(Debug, Clone, clap::Args)]
@@ -91,50 +93,86 @@ struct Reader<'a> {
     buf: Box<PageBuf>,
 }
 
+/// `x` (uniform over 32 bits) scaled to `0..n` by a multiply and a shift: no division.
+#[inline]
+fn scale_u32(x: u64, n: u64) -> u64 {
+    ((x & 0xffff_ffff) * n) >> 32
+}
+
 impl Reader<'_> {
     #[inline]
     fn read(&mut self, rng: &mut SmallRng) {
-        let fresh: u64 = rng.r#gen();
+        let draw: u64 = rng.r#gen();
+        // Every kind draws a block the same way. A table kind adds the value it loads (a block
+        // number too), modulo the blocks by one compare: the copy cannot start before the
+        // load, and a small table's few values still reach every block.
+        let drawn_block = scale_u32(draw >> 32, self.blocks);
         let block = match self.table {
-            None => fresh % self.blocks,
-            // The block depends on the loaded value: the copy cannot start before the load.
+            None => drawn_block,
             Some(table) => {
-                let value = table[(fresh % table.len() as u64) as usize].load(Ordering::Relaxed);
-                value.wrapping_add(fresh >> 24) % self.blocks
+                let at = scale_u32(draw, table.len() as u64) as usize;
+                let sum = table[at].load(Ordering::Relaxed) + drawn_block;
+                if sum >= self.blocks { sum - self.blocks } else { sum }
             }
         };
-        self.medium.read(block * BLOCK, &mut self.buf.0);
+        self.medium.read(block * BLOCK_BYTES, &mut self.buf.0);
         std::hint::black_box(&self.buf);
     }
 }
 
 /// Runs every kind for at least `seconds` of its own, taking turns every
-/// `INTERLEAVE_BLOCK_OPS` reads (the first kind of a round rotates); returns the reads each
-/// kind did (the same for all) and the time each spent on them.
-fn run_interleaved(
-    readers: &mut [Reader<'_>],
+/// `INTERLEAVE_BLOCK_OPS` reads in an order shuffled every round; an execution barrier follows
+/// every read if `serialize`. Returns the reads each kind did (the same for all) and the time
+/// each spent on them.
+fn run_interleaved<K: FnMut(&mut SmallRng)>(
+    kinds: &mut [K],
     seconds: f64,
     run: usize,
     serialize: bool,
 ) -> (u64, Vec<Duration>) {
     let mut rng = SmallRng::seed_from_u64(0x100c_0000 + run as u64);
-    let mut busy = vec![Duration::ZERO; readers.len()];
-    let mut turns = 0usize;
+    let mut busy = vec![Duration::ZERO; kinds.len()];
+    let mut order: Vec<usize> = (0..kinds.len()).collect();
+    let mut rounds = 0u64;
     while busy.iter().any(|spent| spent.as_secs_f64() < seconds) {
-        for step in 0..readers.len() {
-            let kind = (step + turns) % readers.len();
+        order.shuffle(&mut rng);
+        for &kind in &order {
             let started = Instant::now();
             for _ in 0..INTERLEAVE_BLOCK_OPS {
-                readers[kind].read(&mut rng);
+                kinds[kind](&mut rng);
                 if serialize {
                     pmcache_media::serialize_execution();
                 }
             }
             busy[kind] += started.elapsed();
         }
-        turns += 1;
+        rounds += 1;
     }
-    ((turns * INTERLEAVE_BLOCK_OPS) as u64, busy)
+    (rounds * INTERLEAVE_BLOCK_OPS as u64, busy)
+}
+
+/// The rows from each run's rates (`rates[run][kind]`, kind 0 the copy alone, kind `i + 1`
+/// the table of `table_kib[i]`).
+fn rows(table_kib: &[u64], slots: u64, rates: &[Vec<f64>]) -> Vec<LookupResult> {
+    let mut copy_alone_ns: Vec<f64> = rates.iter().map(|r| 1e9 / r[0]).collect();
+    let copy_alone_ns = median(&mut copy_alone_ns);
+    table_kib
+        .iter()
+        .enumerate()
+        .map(|(i, &kib)| {
+            let mut ns: Vec<f64> = rates.iter().map(|r| 1e9 / r[i + 1]).collect();
+            let mut ratios: Vec<f64> = rates.iter().map(|r| r[i + 1] / r[0]).collect();
+            LookupResult {
+                name: format!("lookup-{kib}KiB"),
+                table_bytes: kib << 10,
+                table_bytes_per_slot: (kib << 10) as f64 / slots as f64,
+                read_ns: median(&mut ns),
+                copy_alone_ns,
+                ratio_to_copy: median(&mut ratios),
+                runs: rates.len(),
+            }
+        })
+        .collect()
 }
 
 /// Measures every table size; rows in the order of `--table-kib`.
@@ -147,8 +185,9 @@ pub fn run(args: &LookupArgs) -> Result<Vec<LookupResult>, String> {
     if runs == 0 || args.table_kib.is_empty() || args.table_kib.contains(&0) {
         return Err("--runs and every --table-kib must be at least 1".into());
     }
-    let slots =
-        Geometry::for_medium(cache_bytes, BLOCK as u32).map_err(|e| e.to_string())?.slot_count;
+    let slots = Geometry::for_medium(cache_bytes, BLOCK_BYTES as u32)
+        .map_err(|e| e.to_string())?
+        .slot_count;
     let dir =
         tempfile::tempdir_in(&args.dir).map_err(|e| format!("{}: {e}", args.dir.display()))?;
     let medium =
@@ -159,7 +198,7 @@ pub fn run(args: &LookupArgs) -> Result<Vec<LookupResult>, String> {
     for at in (0..cache_bytes).step_by(fill.len()) {
         medium.write(at, &fill[..fill.len().min((cache_bytes - at) as usize)]);
     }
-    let blocks = cache_bytes / BLOCK * 9 / 10;
+    let blocks = cache_bytes / BLOCK_BYTES * 9 / 10;
     let mut rng = SmallRng::seed_from_u64(0x7ab1e);
     let tables = args
         .table_kib
@@ -176,33 +215,14 @@ pub fn run(args: &LookupArgs) -> Result<Vec<LookupResult>, String> {
     let mut readers: Vec<Reader<'_>> = std::iter::once(reader(None))
         .chain(tables.iter().map(|table| reader(Some(table))))
         .collect();
-    // rates[run][kind], kind 0 the copy alone.
+    let mut kinds: Vec<_> = readers.iter_mut().map(|r| |rng: &mut SmallRng| r.read(rng)).collect();
     let rates: Vec<Vec<f64>> = (0..runs)
         .map(|run| {
-            let (reads, busy) = run_interleaved(&mut readers, seconds, run, args.serialize);
+            let (reads, busy) = run_interleaved(&mut kinds, seconds, run, args.serialize);
             busy.iter().map(|spent| reads as f64 / spent.as_secs_f64()).collect()
         })
         .collect();
-    let mut copy_alone_ns: Vec<f64> = rates.iter().map(|r| 1e9 / r[0]).collect();
-    let copy_alone_ns = median(&mut copy_alone_ns);
-    Ok(args
-        .table_kib
-        .iter()
-        .enumerate()
-        .map(|(i, &kib)| {
-            let mut ns: Vec<f64> = rates.iter().map(|r| 1e9 / r[i + 1]).collect();
-            let mut ratios: Vec<f64> = rates.iter().map(|r| r[i + 1] / r[0]).collect();
-            LookupResult {
-                name: format!("lookup-{kib}KiB"),
-                table_bytes: kib << 10,
-                table_bytes_per_slot: (kib << 10) as f64 / slots as f64,
-                read_ns: median(&mut ns),
-                copy_alone_ns,
-                ratio_to_copy: median(&mut ratios),
-                runs,
-            }
-        })
-        .collect())
+    Ok(rows(&args.table_kib, slots, &rates))
 }
 
 /// `pmcache bench lookup`: prints the table (or JSON lines).
@@ -256,42 +276,67 @@ mod tests {
     }
 
     #[test]
-    fn every_table_size_gets_a_row_with_its_own_size_and_the_same_copy_alone() {
-        let args = args(&["--quick", "--table-kib", "4,64", "--seconds", "0.005"]);
-        let rows = run(&args).expect("runs");
+    fn every_table_size_gets_a_row_of_its_own_rates_over_the_copy_alones() {
+        // Two runs: the copy alone at 100 and 200 reads/s, the 4 KiB table at 50 and 150, the
+        // 64 KiB one at 25 and 50.
+        let rates = vec![vec![100.0, 50.0, 25.0], vec![200.0, 150.0, 50.0]];
+        let rows = rows(&[4, 64], 1024, &rates);
         assert_eq!(rows.len(), 2);
-        assert_eq!(rows[0].name, "lookup-4KiB");
-        assert_eq!(rows[1].table_bytes, 64 << 10);
-        let slots = Geometry::for_medium(64 << 20, 4096).expect("geometry").slot_count;
-        assert_eq!(rows[1].table_bytes_per_slot, (64 << 10) as f64 / slots as f64);
-        assert_eq!(rows[0].copy_alone_ns, rows[1].copy_alone_ns);
-        for row in &rows {
-            assert_eq!(row.runs, 3);
-            assert!(row.read_ns > 0.0 && row.ratio_to_copy > 0.0, "{row:?}");
-        }
+        assert_eq!((rows[0].name.as_str(), rows[1].table_bytes), ("lookup-4KiB", 64 << 10));
+        assert_eq!(rows[1].table_bytes_per_slot, 64.0);
+        assert_eq!(rows[0].copy_alone_ns, (1e7 + 5e6) / 2.0);
+        assert_eq!(rows[0].ratio_to_copy, (0.5 + 0.75) / 2.0);
+        assert_eq!(rows[1].ratio_to_copy, (0.25 + 0.25) / 2.0);
+        assert_eq!(rows[1].read_ns, (4e7 + 2e7) / 2.0);
+        assert!(rows.iter().all(|row| row.runs == 2));
     }
 
     #[test]
-    fn interleaved_kinds_each_run_at_least_their_time_in_whole_turns() {
-        let dir = tempfile::tempdir().expect("dir");
-        let medium = PmemFile::open(&dir.path().join("m"), Some(1 << 20)).expect("medium");
-        let table = DramTable::<AtomicU64>::zeroed(512).expect("table");
-        let new = |table| Reader {
-            medium: &medium,
-            table,
-            blocks: 200,
-            buf: Box::new(PageBuf([0; 4096])),
-        };
-        let mut readers = vec![new(None), new(Some(&table)), new(Some(&table))];
-        let (reads, busy) = run_interleaved(&mut readers, 0.01, 0, true);
-        assert_eq!(busy.len(), 3);
-        assert!(reads > 0 && reads % INTERLEAVE_BLOCK_OPS as u64 == 0, "{reads}");
+    fn a_quick_run_measures_every_table_size() {
+        let args = args(&["--quick", "--serialize", "--table-kib", "4,64", "--seconds", "0.005"]);
+        let rows = run(&args).expect("runs");
+        assert_eq!(rows.iter().map(|row| row.table_bytes).collect::<Vec<_>>(), [4 << 10, 64 << 10]);
+        for row in &rows {
+            assert_eq!(row.runs, 3);
+            assert!(row.read_ns.is_finite() && row.ratio_to_copy.is_finite(), "{row:?}");
+        }
+    }
+
+    /// Each kind runs the same reads, and a kind's time is its own: a kind that spins 4 times
+    /// as long per read gets about 4 times the time.
+    #[test]
+    fn interleaved_kinds_run_the_same_reads_each_on_its_own_clock() {
+        let counts = [AtomicU64::new(0), AtomicU64::new(0)];
+        let mut kinds: Vec<_> = [(0, 1_000u64), (1, 4_000)]
+            .into_iter()
+            .map(|(kind, spin_ns)| {
+                let counts = &counts;
+                move |_: &mut SmallRng| {
+                    counts[kind].fetch_add(1, Ordering::Relaxed);
+                    let until = Instant::now() + Duration::from_nanos(spin_ns);
+                    while Instant::now() < until {}
+                }
+            })
+            .collect();
+        let (reads, busy) = run_interleaved(&mut kinds, 0.01, 0, true);
+        let done = counts.each_ref().map(|c| c.load(Ordering::Relaxed));
+        assert_eq!(done, [reads, reads]);
         assert!(busy.iter().all(|spent| spent.as_secs_f64() >= 0.01), "{busy:?}");
+        let slow_over_fast = busy[1].as_secs_f64() / busy[0].as_secs_f64();
+        assert!((2.0..6.0).contains(&slow_over_fast), "{slow_over_fast}");
     }
 
     #[test]
     fn a_zero_sized_table_is_refused() {
         let err = run(&args(&["--quick", "--table-kib", "0"])).expect_err("refused");
         assert!(err.contains("--table-kib"), "{err}");
+    }
+
+    #[test]
+    fn a_scaled_draw_stays_below_its_bound_and_reaches_its_top() {
+        assert_eq!(scale_u32(0, 10), 0);
+        assert_eq!(scale_u32(0xffff_ffff, 10), 9);
+        assert_eq!(scale_u32(0x8000_0000, 10), 5);
+        assert_eq!(scale_u32(u64::MAX, 7), 6, "only the low 32 bits count");
     }
 }

@@ -21,8 +21,9 @@ enum Experiment {
     /// the floor.
     Core(engine_core::CoreArgs),
     /// What one dependent load from a DRAM table costs a 4 KiB read from the medium, by the
-    /// table's size: the most any cache whose block-to-slot map is in DRAM (an index of that
-    /// size) can reach, one read at a time, in `core`'s read-hit rows.
+    /// table's size: for uniformly random blocks, a bound from above on what a cache whose
+    /// block-to-slot map in DRAM has that size can reach, one read at a time, in `core`'s
+    /// read-hit rows.
     Lookup(lookup_cost::LookupArgs),
     /// Backing-store I/O engines against fio with the same engine and settings (paper 004).
     Engines(Box<engines::EnginesArgs>),
