@@ -66,6 +66,13 @@ pub struct LookupArgs {
     pub quick: bool,
 }
 
+impl LookupArgs {
+    /// The medium's size: `--cache-mib`, or 64 MiB with `--quick`.
+    fn cache_bytes(&self) -> u64 {
+        if self.quick { 64 << 20 } else { self.cache_mib << 20 }
+    }
+}
+
 /// One row: a table size.
 #[derive(Debug, Clone, Serialize)]
 pub struct LookupResult {
@@ -177,10 +184,11 @@ fn rows(table_kib: &[u64], slots: u64, rates: &[Vec<f64>]) -> Vec<LookupResult> 
 
 /// Measures every table size; rows in the order of `--table-kib`.
 pub fn run(args: &LookupArgs) -> Result<Vec<LookupResult>, String> {
-    let (cache_bytes, seconds, runs) = if args.quick {
-        (64 << 20, args.seconds.min(0.05), args.runs.min(3))
+    let cache_bytes = args.cache_bytes();
+    let (seconds, runs) = if args.quick {
+        (args.seconds.min(0.05), args.runs.min(3))
     } else {
-        (args.cache_mib << 20, args.seconds, args.runs)
+        (args.seconds, args.runs)
     };
     if runs == 0 || args.table_kib.is_empty() || args.table_kib.contains(&0) {
         return Err("--runs and every --table-kib must be at least 1".into());
@@ -238,7 +246,7 @@ pub fn run_cli(args: &LookupArgs) -> Result<(), String> {
         "pmcache bench lookup — one thread; 4 KiB copies from random blocks of a {} MiB medium \
          in {}, each after one dependent load from a DRAM table of the size given{}; medians \
          of {} runs; ratio = (with the load) / (the copy alone, {:.0} ns) in the same run\n",
-        if args.quick { 64 } else { args.cache_mib },
+        args.cache_bytes() >> 20,
         args.dir.display(),
         if args.serialize { ", an execution barrier after every read" } else { "" },
         rows[0].runs,

@@ -180,10 +180,10 @@ pub fn prefetch<T>(at: *const T) {
 /// Lets no later instruction start before every earlier one has completed (`lfence` on
 /// x86-64: so on Intel, and on AMD where the kernel or the hypervisor sets the bit that makes
 /// it dispatch-serializing, as Linux does on bare metal; elsewhere a sequentially consistent
-/// fence, which orders memory accesses only). A benchmark calls it
-/// between two requests to model a request/response boundary: without it, the CPU may start
-/// the next request's loads while the current one's copy is still finishing, which no client
-/// that waits for each reply gets.
+/// fence, which orders memory accesses only). A benchmark calls it between two requests to
+/// model a request/response boundary: without it, the CPU may start the next request's loads
+/// while the current one's copy is still finishing, which no client that waits for each
+/// reply gets.
 #[inline]
 pub fn serialize_execution() {
     #[cfg(target_arch = "x86_64")]
