@@ -12,7 +12,7 @@
 # Prints the requests counted, all instructions per request, and those besides the
 # non-temporal block copy (`PersistPrimitives::copy_nontemporal`, which reads have none of).
 # Needs valgrind (`apt-get install -y valgrind`); not part of CI. docs/PERFORMANCE.md,
-# "Session 13", has what the write path's figures were and what they cost.
+# `bench core`, has the write path's instruction counts and what they cost.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

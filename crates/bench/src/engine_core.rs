@@ -72,7 +72,7 @@ pub struct CoreArgs {
     /// Runs per configuration (medians are reported). Many short runs rather than a few long
     /// ones: on a shared machine the load of other tenants drifts over seconds, and the
     /// medians of 25 runs of 0.2 s varied far less between invocations than those of 5 runs
-    /// of 1 s (docs/PERFORMANCE.md, session 13).
+    /// of 1 s (docs/PERFORMANCE.md, `bench core`).
     #[arg(long, default_value_t = 25)]
     pub runs: usize,
     /// Slots of the cache whose recovery is timed.
@@ -85,10 +85,10 @@ pub struct CoreArgs {
     #[arg(long)]
     pub quick: bool,
     /// Run the baseline, the floor and the engine each for the run's whole length in turn
-    /// (sessions 1–14's method) instead of alternating them every `INTERLEAVE_BLOCK_OPS`
-    /// operations per thread (about a millisecond). Alternating, the three see the same
-    /// moment of the machine's load, and the per-run ratios spread several times less
-    /// (docs/PERFORMANCE.md, session 15). The 16-thread row always runs in turn.
+    /// instead of alternating them every `INTERLEAVE_BLOCK_OPS` operations per thread (about a
+    /// millisecond). Alternating, the three see the same moment of the machine's load, and
+    /// the per-run ratios spread several times less (docs/PERFORMANCE.md, `bench core`). The
+    /// 16-thread row always runs in turn.
     #[arg(long)]
     pub separate: bool,
     /// An execution barrier (`lfence` on x86-64) after every call of the baseline, the floor
@@ -97,7 +97,7 @@ pub struct CoreArgs {
     /// is one request, or 16 for the floor and the engine in the `-qd16` rows (one round trip
     /// for a queue of 16), where the baseline still does one. Without it, the CPU may start a
     /// request's first loads while the previous copy is still finishing; a short loop of raw
-    /// copies gains from that the most (docs/PERFORMANCE.md, session 29).
+    /// copies gains from that the most (docs/PERFORMANCE.md, `bench core`).
     #[arg(long)]
     pub serialize: bool,
     /// Run only the configurations whose name contains this (e.g. `read-hit`); skips recovery

@@ -276,7 +276,8 @@ impl Superblock {
 
     /// Checks that `given` is the backing store this cache was formatted for.
     /// The size and path fingerprint must match; the instance (inode) too where both the
-    /// superblock and the store know it (caches formatted before session 25 record 0).
+    /// superblock and the store know it (0 is unknown: a block device, or a version-2 cache
+    /// whose bytes 104..112 were left zero when it was formatted).
     pub fn check_backing(&self, given: &BackingIdentity) -> Result<(), FormatError> {
         let recorded = &self.backing;
         if recorded.size_bytes == given.size_bytes && recorded.fingerprint == given.fingerprint {
@@ -557,13 +558,13 @@ mod tests {
             sb.check_backing(&replaced),
             Err(FormatError::BackingReplaced { recorded_instance: 77, given_instance: 78 })
         );
-        // Where either side does not know the inode (a block device; a cache formatted before
-        // the superblock recorded it), path and size decide, as they always did.
+        // Where either side does not know the inode (a block device; a superblock whose field
+        // reads 0), path and size decide.
         assert!(sb.check_backing(&BackingIdentity { instance: 0, ..sb.backing }).is_ok());
         let mut old = sb;
         old.backing.instance = 0;
         assert!(old.check_backing(&replaced).is_ok());
-        // The inode round-trips through the header, in the bytes that were reserved (zero).
+        // The inode round-trips through the header, in bytes 104..112.
         let bytes = sb.encode();
         assert_eq!(get_u64(&bytes, 104), 77);
         assert_eq!(

@@ -399,9 +399,9 @@ fn a_failing_backing_store_gives_eio_and_loses_nothing_acknowledged() {
 /// Writes acknowledged by an earlier process of the cache, which stopped without a clean
 /// shutdown (so without syncing the backing store), may still be in the backing store's
 /// volatile cache: the first flush after the next attach must sync them, though this process
-/// wrote nothing. It used to skip the sync (no write of its own since attach), and a power cut
-/// after that flush lost the writes (found by `crash.rs`'s runs with backing faults, whose
-/// segments end with such an attach).
+/// wrote nothing. A flush that skipped the sync (no write of its own since attach) would let a
+/// power cut after it lose the writes (`crash.rs`'s runs with backing faults, whose segments
+/// end with such an attach, reach this too).
 #[test]
 fn the_first_flush_after_an_attach_syncs_what_an_earlier_process_wrote() {
     for mode in [CacheMode::WriteThrough, CacheMode::WriteAround, CacheMode::PassThrough] {
@@ -551,7 +551,7 @@ impl pmcache_backing::BackingStore for SizedBacking {
 /// names the limit, each on its boundary: a backing store that is empty or not a whole number
 /// of cache blocks, one of more than 2^40 blocks (block numbers have 40 bits), no lanes, or
 /// fewer than 4 slots per lane. A refused format writes nothing: the medium (here holding an
-/// old cache's bytes) is left as it was, where before session 25 it was already formatted.
+/// old cache's bytes) is left as it was, not formatted before the refusal.
 #[test]
 fn caches_that_cannot_serve_are_refused_at_their_limits() {
     fn format_with(backing_bytes: u64, max_lanes: usize) -> pmcache_engine::Result<u64> {

@@ -144,8 +144,8 @@ fn write_through_beside_failing_write_backs(seed: u64) {
 /// Write-back, every slot dirty, and the backing store refusing one block, the oldest: new
 /// writes and overwrites still succeed (a reclaim writes back the other blocks), the refused
 /// block keeps its data in the cache, a drain writes back everything else and then reports
-/// the failure, and once the backing store takes the block again a drain finishes. Before
-/// session 25 a reclaim gave up at the refused block, so every write needing a slot failed.
+/// the failure, and once the backing store takes the block again a drain finishes. A reclaim
+/// that gave up at the refused block would fail every write needing a slot.
 #[test]
 fn one_block_the_backing_store_refuses_does_not_stop_a_full_write_back_cache() {
     let (engine, _medium, _backing) = fresh(CacheMode::WriteBack, 7);
@@ -188,9 +188,10 @@ fn one_block_the_backing_store_refuses_does_not_stop_a_full_write_back_cache() {
 /// larger cache) more than a reclaim's 256 candidates. The first writes needing a slot may
 /// fail, each after 8 refusals; refused blocks are then left out of the candidates while
 /// others exist, so every later write succeeds and no refused block is tried again while
-/// other dirty blocks remain. Before, every reclaim tried the oldest (refused) blocks first,
-/// and every write needing a slot failed (found by `crash.rs`'s runs with backing faults);
-/// and with refused blocks among the candidates, a run of 256 of them filled the list.
+/// other dirty blocks remain. Were every reclaim to try the oldest (refused) blocks first,
+/// every write needing a slot would fail (`crash.rs`'s runs with backing faults reach this
+/// too); and with refused blocks among the candidates, a run of 256 of them would fill the
+/// list.
 #[test]
 fn a_run_of_refused_blocks_is_passed_over_not_retried_by_every_write() {
     for (slots, refused) in [(128u64, 48u64), (1024, 600)] {
@@ -294,8 +295,8 @@ fn reattach(
 
 /// A write-through the backing store fails still counts as a write a flush must sync: it
 /// may have changed part of its range before failing (a short write, then an error), and a
-/// read can then admit that range as a clean block. (For a moment in session 25 only
-/// writes that succeeded counted, and this flush skipped the `fdatasync`.)
+/// read can then admit that range as a clean block. (Were only writes that succeeded
+/// counted, this flush would skip the `fdatasync`.)
 #[test]
 fn a_failed_write_is_still_synced_by_the_next_flush() {
     let (engine, _medium, backing) = fresh(CacheMode::WriteThrough, 11);

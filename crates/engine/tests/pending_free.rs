@@ -2,7 +2,7 @@
 //! copy's zeroed entry unfenced on its lane's thread; another lane that then drops the block's
 //! newest copy must make that zeroing durable first, or a power cut brings the old copy back as
 //! the block's only (dirty) entry. With the remover's settling of the pending free
-//! (`settle_pending_free`; a re-flush of the line before session 28) taken out of
+//! (`settle_pending_free`) taken out of
 //! `free_slot`, or the zeroing lane's zeroes taken out of its fence, these tests fail. Here
 //! the superseding lane's zeroes are always visible by the time the remover runs, so a
 //! settling reduced to a flush would pass: `cache::tests::
@@ -123,9 +123,10 @@ fn a_removal_on_another_lane_makes_the_pending_free_durable_first() {
 /// A power cut at any persist point *inside* the removal: the remover makes the pending free
 /// durable by a fence of its own before it zeroes the newest entry. Written back under one
 /// fence, the two zeroings are not ordered, and a cut at that fence could keep the removal and
-/// lose the older zeroing (DURABILITY.md invariant 2; the bug session 19 fixed). Before
-/// session 26 `regressions.rs` reached this through random workloads; with address-ordered
-/// allocation neither that script nor 20,000 random cases did, so it is pinned here.
+/// lose the older zeroing (DURABILITY.md invariant 2). With address-ordered allocation, random
+/// workloads do not reach this (neither `regressions.rs`
+/// `blocks_competing_for_index_room_survive_power_cuts` nor 20,000 random cases fail with the
+/// remover's own fence taken out), so it is pinned here.
 #[test]
 fn a_cut_inside_the_removal_never_brings_the_overwritten_copy_back() {
     let old = pattern(1, 0, BLOCK_BYTES);

@@ -150,7 +150,7 @@ impl PmemFile {
         if self.map_sync {
             // Real PM: 16-byte entries as PMDK writes anything below its non-temporal threshold
             // (256 bytes), with stores and a flush. Non-temporal entries were measured faster
-            // only on DRAM (docs/PERFORMANCE.md, session 28); partial-line non-temporal writes
+            // only on DRAM (docs/PERFORMANCE.md, `bench core`); partial-line non-temporal writes
             // cost Optane a read-modify-write of its 256-byte lines.
             self.primitives.nt_pair_store = false;
         }

@@ -26,7 +26,7 @@ pub struct PersistPrimitives {
     /// no read of the line before the store and no flush after it. Set together with
     /// `nt_block_copy` (x86-64 only): where bypassing the cache pays for a block it pays for a
     /// metadata line that is written once and not read again on the write path (see
-    /// docs/PERFORMANCE.md, session 28). Off on DAX (real PM), where it is not measured.
+    /// docs/PERFORMANCE.md, `bench core`). Off on DAX (real PM), where it is not measured.
     pub nt_pair_store: bool,
 }
 
