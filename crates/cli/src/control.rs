@@ -1,6 +1,8 @@
 //! The control socket of a running server: a unix socket speaking one command per connection,
 //! one line each way (`stats` → a JSON object; `flush` → `progress <dirty> <total>` lines then
-//! `done`; `detach` → write everything back, stop serving, mark the cache clean).
+//! `done`; `detach` → write everything back, stop serving, mark the cache clean; `set
+//! KEY=VALUE ...` → change cleaner settings, answered by `setting KEY VALUE` lines, all of
+//! them, then `done`; `set` alone lists them).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -48,6 +50,42 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
     object.insert("dram_bytes_per_slot".into(), stats.dram_bytes_per_slot.into());
     object.insert("mode".into(), engine.mode().to_string().into());
     object.insert("size_bytes".into(), engine.size_bytes().into());
+    let c = &stats.cleaner;
+    let cleaner = [
+        ("cleaner_running", serde_json::Value::from(c.running)),
+        ("cleaner_order", c.order.into()),
+        ("cleaner_adaptive", c.adaptive.into()),
+        ("cleaner_phase", c.phase.into()),
+        ("cleaner_target_blocks", c.target_blocks.into()),
+        ("cleaner_low_blocks", c.low_blocks.into()),
+        ("cleaner_high_blocks", c.high_blocks.into()),
+        ("cleaner_rate_blocks_per_s", c.rate.rate.into()),
+        ("cleaner_rate_error_blocks", c.rate.error_blocks.into()),
+        ("cleaner_rate_proportional", c.rate.proportional.into()),
+        ("cleaner_rate_integral", c.rate.integral.into()),
+        ("cleaner_rate_derivative", c.rate.derivative.into()),
+        ("cleaner_batches", c.batches.into()),
+        ("cleaner_blocks_cleaned", c.blocks_cleaned.into()),
+        ("cleaner_writes_issued", c.writes_issued.into()),
+        ("cleaner_blocks_superseded", c.blocks_superseded.into()),
+        ("cleaner_errors", c.errors.into()),
+        ("cleaner_boosts", c.boosts.into()),
+        ("cleaner_boosted_ns", c.boosted_ns.into()),
+        ("cleaner_boosted", c.boosted.into()),
+        ("stalls", c.stalls.into()),
+        ("stall_ns_total", c.stall_ns_total.into()),
+        ("stall_ns_p50", c.stall_ns_quantile(0.5).into()),
+        ("stall_ns_p99", c.stall_ns_quantile(0.99).into()),
+        ("stall_ns_max", c.stall_ns_max.into()),
+        ("stall_timeouts", c.stall_timeouts.into()),
+        ("inline_write_back_fallbacks", c.inline_fallbacks.into()),
+    ];
+    for (name, value) in cleaner {
+        object.insert(name.into(), value);
+    }
+    if let Some(note) = &c.priority_note {
+        object.insert("cleaner_priority_note".into(), note.clone().into());
+    }
     serde_json::Value::Object(object)
 }
 
@@ -96,14 +134,27 @@ fn handle(
                 Err(e) => writeln!(writer, "error {e}")?,
             }
         }
+        set if set == "set" || set.starts_with("set ") => {
+            let pairs = set.split_whitespace().skip(1);
+            match engine.set_cleaner_settings(pairs) {
+                Ok(config) => {
+                    for (key, value) in config.describe() {
+                        writeln!(writer, "setting {key} {value}")?;
+                    }
+                    writeln!(writer, "done")?;
+                }
+                Err(e) => writeln!(writer, "error {e}")?,
+            }
+        }
         "detach" => {
             detach.store(true, Ordering::SeqCst);
             shutdown.shutdown();
             writeln!(writer, "detaching")?;
         }
-        other => {
-            writeln!(writer, "error unknown command {other:?}; expected stats, flush or detach")?
-        }
+        other => writeln!(
+            writer,
+            "error unknown command {other:?}; expected stats, flush, set or detach"
+        )?,
     }
     Ok(())
 }

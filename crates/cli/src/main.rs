@@ -31,6 +31,8 @@ enum Command {
     Check(manage::CheckArgs),
     /// Statistics of a running server (table, --json or --prometheus).
     Stats(manage::StatsArgs),
+    /// Show or change the background cleaner's settings on a running server.
+    Set(manage::SetArgs),
     /// Write back every dirty block of a running server.
     Flush(manage::ControlArgs),
     /// Write back everything and mark the cache clean, so the backing store can be used alone.
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Command::Format(args) => manage::format(args),
         Command::Check(args) => manage::check(args),
         Command::Stats(args) => manage::stats(args),
+        Command::Set(args) => manage::set(args),
         Command::Flush(args) => manage::flush(args),
         Command::Detach(args) => manage::detach(args),
         Command::Bench(args) => bench::run(args),

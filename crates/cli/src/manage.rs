@@ -1,4 +1,4 @@
-//! `pmcache format`, `check`, `stats`, `flush` and `detach`.
+//! `pmcache format`, `check`, `stats`, `set`, `flush` and `detach`.
 
 use std::path::{Path, PathBuf};
 
@@ -204,6 +204,34 @@ fn progress_bar(total: u64) -> ProgressBar {
             .expect("valid template"),
     );
     bar
+}
+
+/// `pmcache set`.
+#[derive(Debug, clap::Args)]
+pub struct SetArgs {
+    #[command(flatten)]
+    server: ControlArgs,
+    /// Cleaner settings to change, `KEY=VALUE` (all or none are applied); none lists them.
+    #[arg(value_name = "KEY=VALUE")]
+    settings: Vec<String>,
+}
+
+pub fn set(args: SetArgs) -> Result<(), String> {
+    for pair in &args.settings {
+        if pair.split_whitespace().count() != 1 || !pair.contains('=') {
+            return Err(format!("{pair:?} is not of the form KEY=VALUE"));
+        }
+    }
+    let command = std::iter::once("set").chain(args.settings.iter().map(String::as_str));
+    let command = command.collect::<Vec<_>>().join(" ");
+    let mut text = String::new();
+    control::request(&args.server.path(), &command, |line| {
+        if let Some(setting) = line.strip_prefix("setting ") {
+            let (key, value) = setting.split_once(' ').unwrap_or((setting, ""));
+            text += &format!("{key:<20} {value}\n");
+        }
+    })?;
+    print_all(&text)
 }
 
 pub fn flush(args: ControlArgs) -> Result<(), String> {

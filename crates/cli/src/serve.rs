@@ -75,6 +75,13 @@ pub struct ServeArgs {
     /// Control socket for `pmcache stats/flush/detach` (default: the cache path + ".ctl").
     #[arg(long)]
     pub control: Option<PathBuf>,
+    /// A setting of the background cleaner, `KEY=VALUE` (repeatable; change it later with
+    /// `pmcache set`): order=lba|oldest|none, adaptive=off|boost|boost-pid, target_pct,
+    /// high_pct, low_pct, idle_target_pct, idle_ms, queue_depth, batch_blocks, merge_blocks,
+    /// kp, ki, kd, rate_min, rate_max, nice_base, nice_boost, stall_timeout_ms.
+    /// `order=none` runs no cleaner (writers then write back inline).
+    #[arg(long = "cleaner", value_name = "KEY=VALUE")]
+    pub cleaner: Vec<String>,
 }
 
 /// The control socket path of a cache.
@@ -212,6 +219,10 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             dir.display()
         ));
     }
+    let mut cleaner_config = pmcache_engine::CleanerConfig::default();
+    cleaner_config
+        .set_all(args.cleaner.iter().map(String::as_str))
+        .map_err(|e| format!("--cleaner: {e}"))?;
     // The control socket first: a second server on a live cache is refused before it opens
     // (and so touches) the medium. It is removed only when the cache is marked clean, which is
     // what an online `pmcache detach` waits for.
@@ -221,8 +232,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     if let Some(socket) = &args.socket {
         remove_stale_socket(socket)?;
     }
-    // One lane per connection, plus the control socket's and the final drain's.
-    let max_lanes = args.max_connections + 2;
+    // One lane per connection, plus the control socket's, the final drain's and the
+    // cleaner's.
+    let max_lanes = args.max_connections + 3;
     let (engine, opened) = open_or_format(&cache_args, max_lanes)?;
     match &opened {
         Opened::Formatted => eprintln!("pmcache: formatted {} as a new cache", cache.display()),
@@ -248,6 +260,18 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     }
     // The engine lives as long as the process; lanes borrow it from the connection threads.
     let engine: &'static CacheEngine = Box::leak(Box::new(engine));
+    let mut cleaner = engine.cleaner(cleaner_config).map_err(|e| format!("cleaner: {e}"))?;
+    let cleaner_thread = std::thread::Builder::new()
+        .name("pmcache-cleaner".into())
+        .spawn(move || {
+            cleaner.run(|note| {
+                if let Some(note) = note {
+                    eprintln!("pmcache: {note}; the cleaner runs at a fixed priority");
+                }
+            });
+            cleaner
+        })
+        .map_err(|e| format!("starting the cleaner: {e}"))?;
     let listen = match &args.socket {
         Some(path) => ListenAddr::Unix(path.clone()),
         None => ListenAddr::Tcp(args.listen),
@@ -318,7 +342,17 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     // unwinding through here).
     control_file.keep();
     let served = server.run().map_err(|e| e.to_string());
-    if detach.load(Ordering::SeqCst) {
+    engine.stop_cleaner();
+    let mut cleaner =
+        cleaner_thread.join().map_err(|_| "the cleaner thread panicked".to_string())?;
+    let detaching = detach.load(Ordering::SeqCst);
+    if detaching {
+        // The cleaner's queued, merged write-back first; then a lane's (below), which also
+        // retries blocks the backing store refused before and reports what stays dirty.
+        let _ = cleaner.drain();
+    }
+    drop(cleaner);
+    if detaching {
         let drained = engine.lane().and_then(|mut lane| lane.drain());
         if let Err(e) = drained {
             return Err(format!(
@@ -327,8 +361,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             ));
         }
     }
-    // Connection threads have ended and dropped their lanes; a control request may still
-    // hold one for a moment.
+    // Connection threads have ended and dropped their lanes (the cleaner too); a control
+    // request may still hold one for a moment.
     let mut attempts = 0;
     loop {
         match engine.shutdown() {

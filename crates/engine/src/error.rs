@@ -55,6 +55,26 @@ pub enum Error {
         "an earlier fdatasync of the backing store failed, so writes before it may be lost there (a later fdatasync would not say); restart pmcache: it recovers the cache and writes back again every block not known to be synced"
     )]
     BackingSyncFailedBefore,
+    /// A write found no free or clean slot and the cleaner wrote nothing back for the whole
+    /// stall timeout (a hung backing store): the write is refused; every acknowledged block
+    /// stays dirty in the cache.
+    #[error(
+        "the cache is full of dirty data and the cleaner wrote nothing back for {waited_ms} ms (is the backing store hung?); the write was not done, acknowledged data stays in the cache"
+    )]
+    CleanerStalled {
+        /// How long the write waited.
+        waited_ms: u64,
+    },
+    /// Write-back left blocks dirty: the backing store refused them.
+    #[error(
+        "write-back failed for {failed} blocks ({cleaned} were written back); they stay dirty in the cache"
+    )]
+    WriteBackIncomplete {
+        /// Blocks whose write-back failed.
+        failed: u64,
+        /// Blocks written back.
+        cleaned: u64,
+    },
 }
 
 impl Error {
@@ -68,6 +88,7 @@ impl Error {
             Error::ShutDown => libc::ESHUTDOWN,
             Error::Memory(_) => libc::ENOMEM,
             Error::BackingSyncFailedBefore => libc::EIO,
+            Error::CleanerStalled { .. } | Error::WriteBackIncomplete { .. } => libc::EIO,
         }
     }
 }

@@ -26,10 +26,14 @@ mod slots;
 mod stats;
 mod sync;
 pub mod testing;
+pub mod writeback;
 
-pub use cache::{Engine, Lane, READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest};
+pub use cache::{
+    BatchOutcome, Cleaner, Engine, Lane, READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest,
+};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{AdmissionConfig, CacheMode, Config, EvictionKind};
 pub use error::{Error, Result};
 pub use recovery::{CheckReport, RecoveryReport, check_medium};
 pub use stats::Stats;
+pub use writeback::{Adaptive, CleanerConfig, CleanerStats, WriteBackOrder};

@@ -4,12 +4,12 @@
 #[cfg(feature = "shuttle")]
 pub(crate) use shuttle::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64};
 #[cfg(feature = "shuttle")]
-pub(crate) use shuttle::sync::{Mutex, MutexGuard};
+pub(crate) use shuttle::sync::{Condvar, Mutex, MutexGuard};
 
 #[cfg(not(feature = "shuttle"))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64};
 #[cfg(not(feature = "shuttle"))]
-pub(crate) use std::sync::{Mutex, MutexGuard};
+pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 
 pub(crate) use std::sync::atomic::{Ordering, fence};
 

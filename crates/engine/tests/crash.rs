@@ -98,6 +98,7 @@ fn run_strategy() -> impl Strategy<Value = CrashRun> {
                     seed,
                     index_buckets: None,
                     concurrent_pairs: pairs,
+                    cleaner: None,
                 }
             },
         )
@@ -207,6 +208,7 @@ fn backing_faults_make_operations_fail_between_power_cuts() {
                 seed: rng.r#gen(),
                 index_buckets: None,
                 concurrent_pairs: rng.gen_bool(0.5),
+                cleaner: None,
             };
             let outcome = run_crash_case(&ops, &run)
                 .unwrap_or_else(|failure| panic!("{mode} ({run:?}): {failure}\nops: {ops:?}"));
@@ -280,6 +282,7 @@ fn ten_thousand_random_power_cuts() {
             seed: rng.r#gen(),
             index_buckets: None,
             concurrent_pairs: rng.gen_bool(0.5),
+            cleaner: None,
         };
         let outcome = run_crash_case(&ops, &run).unwrap_or_else(|failure| {
             panic!("run {runs} ({run:?}) failed: {failure}\nops: {ops:?}")
@@ -346,6 +349,7 @@ fn crash_point_enumeration() {
             seed: 7,
             index_buckets: None,
             concurrent_pairs: false,
+            cleaner: None,
         };
         let total = run_crash_case(&ops, &base)
             .expect("run without power cut")
@@ -401,6 +405,7 @@ fn crash_point_enumeration_with_a_failing_backing_store() {
             seed: 11,
             index_buckets: None,
             concurrent_pairs: false,
+            cleaner: None,
         };
         let clean = run_crash_case(&ops, &base).expect("run without power cut");
         assert!(clean.failed_ops >= 3, "{mode}: only {} operations failed", clean.failed_ops);

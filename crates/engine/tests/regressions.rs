@@ -2,10 +2,11 @@
 
 use pmcache_engine::testing::model::{CrashRun, Op, run_crash_case};
 use pmcache_engine::{AdmissionConfig, CacheMode, EvictionKind};
-/// Found by `model_holds_across_power_cuts`: in write-through mode a write superseded a dirty
-/// block (dirty after recovery's synced rule); the dirty copy was freed once the new data had
-/// been `pwrite`n but before the backing store was synced, the new clean copy was evicted, and
-/// a power cut rolled the block back to a version older than an acknowledged, durable one.
+/// A case of `model_holds_across_power_cuts`. Pins the sync before a write-through frees the
+/// dirty copy it supersedes (a block dirty after recovery's synced rule): were the dirty copy
+/// freed once the new data has been `pwrite`n but before the backing store is synced, the new
+/// clean copy could be evicted, and a power cut would roll the block back to a version older
+/// than an acknowledged, durable one.
 #[test]
 fn write_through_over_a_dirty_block_keeps_it_durable() {
     let ops = vec![
@@ -36,17 +37,19 @@ fn write_through_over_a_dirty_block_keeps_it_durable() {
         seed: 10954214153783984060,
         index_buckets: None,
         concurrent_pairs: false,
+        cleaner: None,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
     }
 }
 
-/// Found by `model_holds_across_power_cuts` once it alternated two lanes: lane 1 overwrote a
-/// block and deferred zeroing the superseded entry to its next fence; lane 0 then wrote the
-/// new copy back, marked it clean and evicted it, durably. A power cut left only the stale
-/// dirty entry, and recovery resurrected it over an acknowledged write. Frees are now durable
-/// before the block's stripe lock is released.
+/// A case of `model_holds_across_power_cuts` (two lanes, used alternately). Pins the stripe's
+/// pending free (DURABILITY.md invariant 2): lane 1 overwrites a block, the zeroing of the
+/// superseded entry left to its next fence; lane 0 then writes the new copy back, marks it
+/// clean and evicts it, durably. Unless the eviction settles the pending free first, a power
+/// cut leaves only the stale dirty entry, and recovery resurrects it over an acknowledged
+/// write.
 #[test]
 fn a_superseded_entry_never_outlives_the_eviction_of_its_successor() {
     let ops = vec![
@@ -97,18 +100,19 @@ fn a_superseded_entry_never_outlives_the_eviction_of_its_successor() {
         seed: 6105861013921432921,
         index_buckets: None,
         concurrent_pairs: false,
+        cleaner: None,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
     }
 }
 
-/// Found by `model_holds_across_power_cuts_with_blocks_competing_for_index_room` (an index of
-/// 2 buckets for 20 slots). Since session 26 (address-ordered allocation) this script no
-/// longer reaches the bug it was recorded for: it passes with that fix taken out (the
-/// remover's own fence for a pending free), and so did 20,000 random cases.
-/// `pending_free.rs` `a_cut_inside_the_removal_never_brings_the_overwritten_copy_back` pins
-/// it instead. Kept as a workload that once failed.
+/// A case of `model_holds_across_power_cuts_with_blocks_competing_for_index_room` (an index of
+/// 2 buckets for 20 slots, where removals for index room are constant). With address-ordered
+/// allocation this script does not reach a cut inside a removal that depends on the remover's
+/// own fence for a pending free: it passes with that fence taken out, as do 20,000 random
+/// cases. `pending_free.rs` `a_cut_inside_the_removal_never_brings_the_overwritten_copy_back`
+/// pins that fence; this script is kept as a workload of constant removals.
 #[test]
 fn blocks_competing_for_index_room_survive_power_cuts() {
     let ops = vec![
@@ -148,22 +152,21 @@ fn blocks_competing_for_index_room_survive_power_cuts() {
         seed: 7357249518273205890,
         index_buckets: Some(2),
         concurrent_pairs: false,
+        cleaner: None,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
     }
 }
 
-/// Found by `model_holds_across_power_cuts` once recoveries after a cut had to report no
-/// corrupt entry (session 23): a cut kept word 1 of a new entry and lost its word 0, so the
-/// slot read as free with word 1 still holding a sequence number. Recovery put it in the free
-/// pool as it was; the next entry written there (a sequence number with the same low byte) was
-/// cut in turn after its word 0, and the pair (new word 0, old word 1) failed its check:
-/// reported as corrupt, where a torn entry (dropped, not counted as corruption) was all a power
-/// cut had made. Recovery now zeroes word 1 of a free slot. Recorded again in session 26, when
-/// lanes began to allocate in address order: session 23's script no longer reused that slot
-/// (it passed with the fix taken out); this one, shrunk by proptest from a failure of the same
-/// property test with the fix taken out, fails without it.
+/// A case of `model_holds_across_power_cuts`, which requires every recovery after a cut to
+/// report no corrupt entry. Pins recovery's zeroing of word 1 of a free slot: a cut keeps word
+/// 1 of a new entry and loses its word 0, so the slot reads as free with word 1 still holding
+/// a sequence number. Were it put in the free pool as it is, and the next entry written there
+/// (a sequence number with the same low byte) cut in turn after its word 0, the pair (new word
+/// 0, old word 1) would fail its check: reported as corrupt, where a torn entry (dropped, not
+/// counted as corruption) is all a power cut made. Shrunk by proptest from a failure of that
+/// property test with the zeroing taken out; it fails without it.
 #[test]
 fn a_torn_entry_over_a_free_slots_old_word_1_is_not_corruption() {
     let ops = vec![
@@ -186,6 +189,7 @@ fn a_torn_entry_over_a_free_slots_old_word_1_is_not_corruption() {
         seed: 8758126944962122312,
         index_buckets: None,
         concurrent_pairs: true,
+        cleaner: None,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");

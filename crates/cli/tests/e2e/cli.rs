@@ -65,7 +65,8 @@ fn serve_refuses_a_cache_of_another_backing_store_without_touching_it() {
     server.kill9();
 
     // Another file moved onto the backing store's path (same path, same size): refused by
-    // its inode. Before session 25 the cache attached and served the old file's blocks.
+    // its inode. Checked by path and size alone, the cache would attach and serve the old
+    // file's blocks.
     let before = read_file(&setup.cache);
     let original = setup.disk.path().join("original.img");
     std::fs::rename(&setup.backing, &original).expect("keep the original");
@@ -334,13 +335,13 @@ fn the_medium_is_locked_and_detach_never_formats() {
     refused(&detach_offline(&setup.control_arg()), "has no cache superblock");
     assert!(read_file(&setup.cache) == medium, "a refused detach changed the medium");
     // Nor does `serve`: only a new (missing or empty) medium is formatted without --force.
-    // Before session 25 it formatted this one, and the dirty blocks were gone.
+    // Formatting this one would lose the dirty blocks.
     refused(&serve_refused(&setup, &setup.backing), "has no cache superblock (its first 4 KiB");
     assert!(read_file(&setup.cache) == medium, "a refused serve changed the medium");
 }
 
 /// `--control` naming something that is not a socket (the medium itself, by a slip) is
-/// refused and the file left alone; before session 25 it was deleted as a stale socket.
+/// refused and the file left alone, not deleted as a stale socket.
 #[test]
 fn a_control_path_that_is_not_a_socket_is_left_alone() {
     let setup = Setup::new("ctlfile", 64 * MIB, 4 * MIB);
@@ -400,8 +401,8 @@ fn a_new_medium_that_cannot_serve_is_not_left_behind() {
 }
 
 /// An online detach whose write-back fails (the backing store refuses writes past 16 MiB)
-/// fails too, saying so, and the cache keeps its dirty blocks: before session 25 `detach`
-/// reported "wrote every block back" while the data was only in the cache. A restart
+/// fails too, saying so, and the cache keeps its dirty blocks: `detach` must not report
+/// "wrote every block back" while the data is only in the cache. A restart
 /// recovers them, and once the backing store takes writes again a detach writes them back.
 #[test]
 fn a_detach_whose_write_back_fails_says_so_and_keeps_the_dirty_blocks() {
@@ -459,7 +460,8 @@ fn a_client_that_stopped_reading(addr: std::net::SocketAddr) -> NbdClient {
 #[test]
 fn a_second_signal_stops_a_slow_shutdown_at_once_and_nothing_acknowledged_is_lost() {
     let setup = Setup::new("sig2", 256 * MIB, 64 * MIB);
-    let server = setup.serve(Via::Tcp, &[]);
+    // No cleaner: the block must still be dirty (never written back) at the second signal.
+    let server = setup.serve(Via::Tcp, &["--cleaner", "order=none"]);
     let mut good = NbdClient::connect(server.addr());
     good.write_at(0, &[7; 4096], 0);
     let stuck = a_client_that_stopped_reading(server.addr());
@@ -526,8 +528,7 @@ fn a_detach_whose_server_dies_reports_an_unclean_stop() {
 
 /// A backing store failing under a write-through: the client gets the error (EFBIG arrives as
 /// `ENOSPC`), the server says so in its log at WARN with the command and range, counts it in
-/// `backing_errors`, and keeps serving the blocks the backing store takes. Before session 25
-/// such errors were logged only at DEBUG and counted nowhere.
+/// `backing_errors`, and keeps serving the blocks the backing store takes.
 #[test]
 fn a_failing_backing_store_is_reported_in_the_log_and_the_stats() {
     let setup = Setup::new("backerr", 64 * MIB, 4 * MIB);
@@ -552,9 +553,9 @@ fn a_failing_backing_store_is_reported_in_the_log_and_the_stats() {
 }
 
 /// Argument mistakes are refused before the medium is touched: a non-loopback address
-/// without `--allow-remote` (before session 25 it was refused only after the medium was
-/// created, or an existing cache recovered and left marked unclean), and a cache path in a
-/// directory that does not exist (it was reported as a control-socket error).
+/// without `--allow-remote` (refused only after opening the medium, it would leave a new
+/// medium created, or an existing cache recovered and marked unclean), and a cache path in a
+/// directory that does not exist (reported as such, not as a control-socket error).
 #[test]
 fn argument_mistakes_are_refused_before_the_medium_is_touched() {
     let setup = Setup::new("args", 64 * MIB, 4 * MIB);
@@ -593,8 +594,9 @@ fn argument_mistakes_are_refused_before_the_medium_is_touched() {
 
 /// `--cache-size` and `--block-size` shape a new cache. Given for an existing cache with
 /// another geometry, they are refused with the cache's own figures, and nothing on the medium
-/// changes; the figures the cache has are accepted. Before session 26 both were silently
-/// ignored, and `format --force --cache-size` kept the old size.
+/// changes; the figures the cache has are accepted. Neither is silently ignored, and
+/// `format --force` with another `--cache-size` is refused too, rather than keeping the old
+/// size.
 #[test]
 fn a_geometry_other_than_the_caches_is_refused_not_ignored() {
     let setup = Setup::new("geometry", 64 * MIB, 4 * MIB);

@@ -853,6 +853,20 @@ pub struct CrashRun {
     /// Run some pairs of consecutive operations on disjoint blocks on the two lanes at once
     /// (chosen from `seed`), so that power is also cut while two operations are in flight.
     pub concurrent_pairs: bool,
+    /// Run a cleaner with these settings on a thread of its own beside the workload, in every
+    /// segment (the engine then has a third lane for it): power is cut inside its batches, it
+    /// writes back blocks the workload overwrites, and writers that find no slot stall on it.
+    pub cleaner: Option<crate::CleanerConfig>,
+}
+
+/// Stops the engine's cleaner when dropped: a segment that ends early (an error) must not leave
+/// its scope waiting for a cleaner thread that never stops.
+struct StopCleaner<'e, M: Medium, B: BackingStore, C: Clock>(&'e Engine<M, B, C>);
+
+impl<M: Medium, B: BackingStore, C: Clock> Drop for StopCleaner<'_, M, B, C> {
+    fn drop(&mut self) {
+        self.0.stop_cleaner();
+    }
 }
 
 /// The blocks an operation that may run beside another touches (`None`: it must run alone —
@@ -911,6 +925,8 @@ pub struct RunOutcome {
     pub failed_ops: u64,
     /// Clean re-attaches after segments with injected faults (see `run_crash_case`).
     pub reattaches: u64,
+    /// Blocks the cleaner wrote back and marked clean (`CrashRun::cleaner`), over all segments.
+    pub cleaner_blocks_cleaned: u64,
 }
 
 /// How a segment of a crash run ended.
@@ -1001,9 +1017,11 @@ fn settle(
 /// Runs `ops` against the engine on the crash medium, cutting power as asked, checking every
 /// read, every recovery and (at the end) a drained backing store against the model.
 pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> {
+    let base = config(run.mode, run.eviction, run.admission);
     let cfg = Config {
         index_buckets: run.index_buckets,
-        ..config(run.mode, run.eviction, run.admission)
+        max_lanes: base.max_lanes + usize::from(run.cleaner.is_some()),
+        ..base
     };
     let clock = Arc::new(ManualClock::default());
     let mut world = World::fresh(run.seed);
@@ -1052,6 +1070,16 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                 to_lanes.push(op_tx);
                 from_lanes.push(done_rx);
             }
+            let cleaned_before = engine.stats().cleaner.blocks_cleaned;
+            let stop_cleaner = StopCleaner(&engine);
+            let cleaner_thread = match &run.cleaner {
+                Some(settings) => {
+                    let mut cleaner =
+                        engine.cleaner(settings.clone()).map_err(|e| format!("cleaner: {e}"))?;
+                    Some(scope.spawn(move || cleaner.run(|_| {})))
+                }
+                None => None,
+            };
             while next < ops.len() {
                 let op = &ops[next];
                 next += 1;
@@ -1140,6 +1168,12 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
             for worker in workers {
                 worker.join().map_err(|_| "a lane thread panicked".to_string())?;
             }
+            drop(stop_cleaner);
+            if let Some(thread) = cleaner_thread {
+                thread.join().map_err(|_| "the cleaner thread panicked".to_string())?;
+            }
+            outcome.cleaner_blocks_cleaned +=
+                engine.stats().cleaner.blocks_cleaned - cleaned_before;
             if segment == 0 {
                 outcome.persist_points_first_segment = world.switch.points() - format_points;
             }

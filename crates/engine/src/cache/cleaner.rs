@@ -1,0 +1,814 @@
+//! The cleaner: a background thread that writes dirty blocks back through the backing store's
+//! queued interface, in batches of one `fdatasync` each, at a rate set by watermarks, a PID
+//! controller and idleness, with its thread priority raised while writers stall (paper 002).
+//!
+//! A dirty slot never changes (writes go out of place), so the cleaner copies a block out of
+//! its slot under the block's stripe lock, releases the stripe, and writes the copy back with
+//! no lock held. After the batch's sync it takes each stripe again and marks the block clean
+//! only if its slot is still the same incarnation and dirty: an overwrite meanwhile freed the
+//! slot (a new generation), and the block stays dirty with the newer data.
+//!
+//! While a copy of a block of stripe `s` is on its way to the backing store, `s` counts it in
+//! `Stripe::cleaning`. Anyone else who writes that block's range of the backing store (an
+//! inline write-back, a write-through or write-around) holds the stripe and waits for the
+//! count to fall to zero first, so an older copy can never land after a newer one. The
+//! cleaner itself never waits for a stripe while it has writes in flight (it only tries the
+//! lock), and its completions lower the count without the lock: the wait cannot deadlock.
+//! Within one batch a block is copied at most once, and batches do not overlap.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use pmcache_backing::{IoBuf, IoCompletion, IoQueue, IoRequest};
+
+use super::*;
+use crate::sync::Condvar;
+use crate::writeback::priority::ThreadPriority;
+use crate::writeback::{
+    Adaptive, Candidate, CleanerConfig, CleanerStats, RateController, RateTerms, STALL_BUCKETS,
+    WriteBackOrder, stall_bucket,
+};
+
+/// Most candidates one scan of the slot table collects (16 bytes each).
+const CANDIDATES_MAX: usize = 1 << 16;
+/// Longest the cleaner sleeps between looks at the dirty level when resting.
+const REST_MS: u64 = 100;
+/// How long a stalled writer waits for the cleaner's next batch before it looks again.
+const STALL_POLL_MS: u64 = 20;
+
+/// The cleaner's state shared with the lanes: whether one runs, its settings, its wake-up and
+/// progress signals, and its figures.
+pub(crate) struct CleanerShared {
+    /// A cleaner runs and takes stalls: a writer that finds no slot waits for it instead of
+    /// writing back inline.
+    running: AtomicBool,
+    stop: AtomicBool,
+    /// The last batch failed (a backing error or sync failure) and cleaned nothing: writers
+    /// fall back to the inline path, which reports the error.
+    failing: AtomicBool,
+    config: Mutex<CleanerConfig>,
+    /// Set (and signalled) to wake a resting cleaner.
+    wake: Mutex<bool>,
+    wake_signal: Condvar,
+    /// Batches completed (cleaned something); stalled writers wait for it to move. Read
+    /// without the lock; `progress_lock` orders a waiter's check against the signal.
+    progress: AtomicU64,
+    progress_lock: Mutex<()>,
+    progress_signal: Condvar,
+    stalled_writers: AtomicU64,
+    status: Mutex<CleanerStats>,
+    stalls: AtomicU64,
+    stall_ns_total: AtomicU64,
+    stall_ns_max: AtomicU64,
+    stall_histogram: [AtomicU64; STALL_BUCKETS],
+    stall_timeouts: AtomicU64,
+    inline_fallbacks: AtomicU64,
+}
+
+impl CleanerShared {
+    pub(crate) fn new() -> Self {
+        Self {
+            running: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            failing: AtomicBool::new(false),
+            config: Mutex::new(CleanerConfig::default()),
+            wake: Mutex::new(false),
+            wake_signal: Condvar::new(),
+            progress: AtomicU64::new(0),
+            progress_lock: Mutex::new(()),
+            progress_signal: Condvar::new(),
+            stalled_writers: AtomicU64::new(0),
+            status: Mutex::new(CleanerStats { phase: "stopped", ..CleanerStats::default() }),
+            stalls: AtomicU64::new(0),
+            stall_ns_total: AtomicU64::new(0),
+            stall_ns_max: AtomicU64::new(0),
+            stall_histogram: std::array::from_fn(|_| AtomicU64::new(0)),
+            stall_timeouts: AtomicU64::new(0),
+            inline_fallbacks: AtomicU64::new(0),
+        }
+    }
+
+    fn wake(&self) {
+        *lock(&self.wake) = true;
+        self.wake_signal.notify_one();
+    }
+
+    /// Sleeps up to `timeout` or until woken.
+    fn rest(&self, timeout: Duration) {
+        let mut woken = lock(&self.wake);
+        if !*woken {
+            woken = self
+                .wake_signal
+                .wait_timeout(woken, timeout)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+        *woken = false;
+    }
+
+    fn progress_epoch(&self) -> u64 {
+        self.progress.load(Ordering::SeqCst)
+    }
+
+    fn advance_progress(&self) {
+        let _ordered = lock(&self.progress_lock);
+        self.progress.fetch_add(1, Ordering::SeqCst);
+        self.progress_signal.notify_all();
+    }
+
+    /// Waits up to `timeout` for the progress epoch to move past `seen`.
+    fn wait_progress(&self, seen: u64, timeout: Duration) {
+        let ordered = lock(&self.progress_lock);
+        if self.progress.load(Ordering::SeqCst) == seen {
+            let _ = self.progress_signal.wait_timeout(ordered, timeout);
+        }
+    }
+
+    fn record_stall(&self, ns: u64) {
+        self.stalls.fetch_add(1, Ordering::Relaxed);
+        self.stall_ns_total.fetch_add(ns, Ordering::Relaxed);
+        self.stall_ns_max.fetch_max(ns, Ordering::Relaxed);
+        self.stall_histogram[stall_bucket(ns)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stats(&self) -> CleanerStats {
+        let mut stats = lock(&self.status).clone();
+        stats.running = self.running.load(Ordering::Relaxed);
+        stats.stalls = self.stalls.load(Ordering::Relaxed);
+        stats.stall_ns_total = self.stall_ns_total.load(Ordering::Relaxed);
+        stats.stall_ns_max = self.stall_ns_max.load(Ordering::Relaxed);
+        stats.stall_histogram =
+            self.stall_histogram.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+        stats.stall_timeouts = self.stall_timeouts.load(Ordering::Relaxed);
+        stats.inline_fallbacks = self.inline_fallbacks.load(Ordering::Relaxed);
+        stats
+    }
+}
+
+impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
+    /// A cleaner for this engine with `config`, to run on a thread of its own
+    /// ([`Cleaner::run`]). It holds one lane, and a queue of `config.queue_depth` writes on the
+    /// backing store where the store has one (otherwise it writes synchronously).
+    pub fn cleaner(&self, config: CleanerConfig) -> Result<Cleaner<'_, M, B, C>> {
+        config.validate().map_err(Error::Config)?;
+        if self.cleaner.running.load(Ordering::SeqCst) {
+            return Err(Error::Config("a cleaner already runs on this cache".into()));
+        }
+        let lane = self.lane()?;
+        let queue = self.backing.open_queue(config.queue_depth).ok();
+        *lock(&self.cleaner.config) = config.clone();
+        self.cleaner.stop.store(false, Ordering::SeqCst);
+        let block = self.geometry.block_size as usize;
+        let depth = config.queue_depth;
+        Ok(Cleaner {
+            lane,
+            queue,
+            direct_done: Vec::with_capacity(depth),
+            buffers: (0..depth).map(|_| Some(IoBuf::new(config.merge_blocks * block))).collect(),
+            runs: (0..depth).map(|_| Vec::with_capacity(config.merge_blocks)).collect(),
+            run_first_lba: vec![0; depth],
+            free_buffers: (0..depth).rev().collect(),
+            completions: Vec::with_capacity(depth),
+            candidates: Vec::with_capacity(CANDIDATES_MAX.min(self.geometry.slot_count as usize)),
+            refused: Vec::with_capacity(64),
+            next_candidate: 0,
+            scan_cursor: 0,
+            resume_lba: 0,
+            in_batch: HashSet::with_capacity(config.batch_blocks.min(1 << 16)),
+            succeeded: Vec::with_capacity(config.batch_blocks.min(1 << 16)),
+            failed: Vec::new(),
+            config,
+        })
+    }
+
+    /// Asks a running cleaner to stop: [`Cleaner::run`] returns once its batch in flight is
+    /// done. Writers that need slots write back inline again.
+    pub fn stop_cleaner(&self) {
+        self.cleaner.stop.store(true, Ordering::SeqCst);
+        self.cleaner.running.store(false, Ordering::SeqCst);
+        self.cleaner.wake();
+        self.cleaner.advance_progress();
+    }
+
+    /// The cleaner's settings in force.
+    pub fn cleaner_config(&self) -> CleanerConfig {
+        lock(&self.cleaner.config).clone()
+    }
+
+    /// Changes cleaner settings (`key=value` pairs, all or none) while it runs.
+    pub fn set_cleaner_settings<'a>(
+        &self,
+        pairs: impl IntoIterator<Item = &'a str>,
+    ) -> Result<CleanerConfig> {
+        let mut config = lock(&self.cleaner.config);
+        config.set_all(pairs).map_err(Error::Config)?;
+        let changed = config.clone();
+        drop(config);
+        self.cleaner.wake();
+        Ok(changed)
+    }
+
+    /// Dirty slots now (the lanes' counters, summed as in [`Engine::stats`]).
+    pub fn dirty_slots(&self) -> u64 {
+        let delta = self
+            .lanes
+            .iter()
+            .fold(0u64, |sum, l| sum.wrapping_add(l.counters.dirty_delta.load(Ordering::Relaxed)));
+        (self.recovered_dirty.wrapping_add(delta) as i64).max(0) as u64
+    }
+
+    /// Blocks written so far, over all lanes (what tells the cleaner the foreground is busy).
+    fn writes_total(&self) -> u64 {
+        self.lanes.iter().map(|l| l.counters.writes.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Whether a running cleaner takes stalled writers (it is not failing): otherwise a writer
+    /// that needs a slot writes back inline (counted).
+    pub(super) fn cleaner_takes_stalls(&self) -> bool {
+        let shared = &self.cleaner;
+        let takes = shared.running.load(Ordering::SeqCst) && !shared.failing.load(Ordering::SeqCst);
+        if !takes && shared.running.load(Ordering::Relaxed) {
+            shared.inline_fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
+        takes
+    }
+
+    /// Waits, holding `stripe`, until no cleaner write of its blocks is in flight, before the
+    /// caller writes one of its blocks to the backing store: an older copy must not land
+    /// after the caller's.
+    pub(super) fn wait_cleaner_writes(&self, stripe: usize) {
+        let mut spins = 0u32;
+        while self.stripes[stripe].cleaning.load(Ordering::Acquire) != 0 {
+            spins += 1;
+            if spins < 64 {
+                crate::sync::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+}
+
+/// A stalled writer's wait, from its first failed search for a slot to its end.
+pub(super) struct Stall {
+    started: Instant,
+}
+
+impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
+    /// Called by `reclaim` when no free or clean slot could be had and a cleaner takes stalls
+    /// (`Engine::cleaner_takes_stalls`): waits for the cleaner to make progress. `Ok(true)`:
+    /// look again; an error: the cleaner made no progress within
+    /// `stall_timeout_ms` (a hung backing store), and the write fails, its data kept nowhere
+    /// but the caller's buffer and every acknowledged block still dirty in the cache.
+    pub(super) fn wait_for_cleaner(
+        &mut self,
+        stall: &mut Option<Stall>,
+        seen: u64,
+    ) -> Result<bool> {
+        let shared = &self.engine.cleaner;
+        let started = stall
+            .get_or_insert_with(|| {
+                shared.stalled_writers.fetch_add(1, Ordering::SeqCst);
+                Stall { started: Instant::now() }
+            })
+            .started;
+        shared.wake();
+        shared.wait_progress(seen, Duration::from_millis(STALL_POLL_MS));
+        let timeout_ms = lock(&shared.config).stall_timeout_ms;
+        let waited = started.elapsed();
+        if waited >= Duration::from_millis(timeout_ms) {
+            shared.stall_timeouts.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::CleanerStalled { waited_ms: waited.as_millis() as u64 });
+        }
+        Ok(true)
+    }
+
+    /// The progress epoch a stalled writer waits to see move.
+    pub(super) fn cleaner_epoch(&self) -> u64 {
+        self.engine.cleaner.progress_epoch()
+    }
+
+    /// Ends a stall (successful or not): counts it and its time.
+    pub(super) fn end_stall(&self, stall: Option<Stall>) {
+        if let Some(stall) = stall {
+            let shared = &self.engine.cleaner;
+            shared.stalled_writers.fetch_sub(1, Ordering::SeqCst);
+            shared.record_stall(stall.started.elapsed().as_nanos() as u64);
+        }
+    }
+}
+
+/// Clears `CleanerShared::running` when dropped.
+struct NotRunningOnExit<'a>(&'a CleanerShared);
+
+impl Drop for NotRunningOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::SeqCst);
+        self.0.advance_progress();
+    }
+}
+
+/// One block of a run in flight: its slot, the slot's word when copied, its entry.
+type InFlight = (u32, SlotWord, SlotEntry);
+
+/// What one batch did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Blocks written back and marked clean.
+    pub cleaned: u64,
+    /// Backing writes issued.
+    pub writes: u64,
+    /// Blocks copied whose slot an overwrite replaced before the mark (they stay dirty).
+    pub superseded: u64,
+    /// Blocks whose write failed (they stay dirty, marked refused), or all of the batch's
+    /// written blocks when its sync failed.
+    pub failed: u64,
+    /// Dirty blocks were found to write back (false: nothing to do).
+    pub found_dirty: bool,
+}
+
+/// The cleaner of one engine, run by [`Cleaner::run`] on its own thread (see the module docs).
+pub struct Cleaner<'e, M: Medium, B: BackingStore, C: Clock> {
+    lane: Lane<'e, M, B, C>,
+    queue: Option<Box<dyn IoQueue>>,
+    /// Completions of writes made synchronously (a store without a queue).
+    direct_done: Vec<IoCompletion>,
+    /// One buffer per write in flight, `merge_blocks` blocks each; `None` while in flight.
+    buffers: Vec<Option<IoBuf>>,
+    /// The blocks of each buffer's run.
+    runs: Vec<Vec<InFlight>>,
+    run_first_lba: Vec<u64>,
+    free_buffers: Vec<usize>,
+    completions: Vec<IoCompletion>,
+    /// The last scan's dirty blocks in write-back order, consumed from `next_candidate`.
+    candidates: Vec<Candidate>,
+    /// Dirty blocks whose write-back the backing store refused before, tried when the scan
+    /// found nothing else.
+    refused: Vec<Candidate>,
+    next_candidate: usize,
+    scan_cursor: u32,
+    resume_lba: u64,
+    in_batch: HashSet<u64>,
+    succeeded: Vec<InFlight>,
+    failed: Vec<InFlight>,
+    config: CleanerConfig,
+}
+
+impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
+    fn engine(&self) -> &Engine<M, B, C> {
+        self.lane.engine
+    }
+
+    /// Runs until [`Engine::stop_cleaner`]. `on_start` is called first, on this thread, with
+    /// why the thread's priority cannot be adapted, if it cannot (it then runs unboosted).
+    /// Afterwards the cleaner can still [`Cleaner::drain`] the cache.
+    pub fn run(&mut self, on_start: impl FnOnce(Option<&str>)) {
+        let engine = self.lane.engine;
+        let shared = &engine.cleaner;
+        let mut priority = ThreadPriority::current_thread();
+        let config = lock(&shared.config).clone();
+        let note = if config.adaptive.boosts() {
+            priority.probe(config.nice_base, config.nice_boost).err()
+        } else {
+            priority.set(config.nice_base).err()
+        };
+        let can_boost = note.is_none();
+        // Writers stop waiting for this cleaner however `run` ends, an unwinding panic too.
+        let _not_running = NotRunningOnExit(shared);
+        lock(&shared.status).priority_note = note.clone();
+        on_start(note.as_deref());
+
+        let mut controller = RateController::new();
+        let mut tokens = 0.0f64;
+        let mut last_step = Instant::now();
+        let mut last_writes = engine.writes_total();
+        let mut last_write_seen = Instant::now();
+        let mut full_speed = false;
+        let mut boosted_since: Option<Instant> = None;
+        let mut failures_in_a_row = 0u32;
+        while !shared.stop.load(Ordering::SeqCst) {
+            let config = lock(&shared.config).clone();
+            if config.order == WriteBackOrder::None {
+                shared.running.store(false, Ordering::SeqCst);
+                self.set_phase("off", RateTerms::default(), &config);
+                shared.rest(Duration::from_millis(REST_MS));
+                continue;
+            }
+            shared.running.store(true, Ordering::SeqCst);
+            if config != self.config {
+                if config.order != self.config.order {
+                    self.candidates.clear();
+                    self.next_candidate = 0;
+                }
+                controller.reset();
+                self.config = config.clone();
+            }
+            let slots = engine.geometry.slot_count;
+            let (target, high, low, idle_target) = (
+                slots * u64::from(config.target_pct) / 100,
+                slots * u64::from(config.high_pct) / 100,
+                slots * u64::from(config.low_pct) / 100,
+                slots * u64::from(config.idle_target_pct) / 100,
+            );
+            let dirty = engine.dirty_slots();
+            let now = Instant::now();
+            let writes = engine.writes_total();
+            if writes != last_writes {
+                last_writes = writes;
+                last_write_seen = now;
+            }
+            let idle = now.duration_since(last_write_seen) >= Duration::from_millis(config.idle_ms);
+            let stalled = shared.stalled_writers.load(Ordering::SeqCst) > 0;
+            if dirty >= high || stalled {
+                full_speed = true;
+            } else if dirty < low {
+                full_speed = false;
+            }
+            // Paper 002's adaptive priority: raised while writers stall or dirt is above the
+            // high watermark, lowered below the low one.
+            let boost = can_boost && config.adaptive.boosts() && full_speed;
+            match (boost, boosted_since) {
+                (true, None) if priority.set(config.nice_boost).is_ok() => {
+                    boosted_since = Some(now);
+                    lock(&shared.status).boosts += 1;
+                }
+                (false, Some(since)) if priority.set(config.nice_base).is_ok() => {
+                    boosted_since = None;
+                    lock(&shared.status).boosted_ns += since.elapsed().as_nanos() as u64;
+                }
+                _ => {}
+            }
+            lock(&shared.status).boosted = boosted_since.is_some();
+            let dt_s = now.duration_since(last_step).as_secs_f64();
+            last_step = now;
+            let budget = if full_speed {
+                self.set_phase("full", RateTerms::default(), &config);
+                Some(config.batch_blocks)
+            } else if idle && dirty > idle_target {
+                self.set_phase("idle", RateTerms::default(), &config);
+                Some(config.batch_blocks)
+            } else if config.adaptive.controls_rate() && dirty > target {
+                let terms = controller.update(
+                    (dirty - target) as f64,
+                    dt_s,
+                    (config.kp, config.ki, config.kd),
+                    config.rate_min,
+                    config.rate_max,
+                );
+                self.set_phase("rate", terms, &config);
+                tokens = (tokens + terms.rate * dt_s).min(config.batch_blocks as f64);
+                if tokens >= 1.0 {
+                    Some(tokens as usize)
+                } else {
+                    let wait_s = (1.0 - tokens) / terms.rate;
+                    shared.rest(Duration::from_secs_f64(wait_s.min(REST_MS as f64 / 1000.0)));
+                    None
+                }
+            } else {
+                controller.reset();
+                tokens = 0.0;
+                self.set_phase("resting", RateTerms::default(), &config);
+                shared.rest(Duration::from_millis(REST_MS));
+                None
+            };
+            let Some(budget) = budget else { continue };
+            let outcome = self.clean_batch(budget);
+            tokens = (tokens - outcome.cleaned as f64 - outcome.superseded as f64).max(0.0);
+            if outcome.failed > 0 && outcome.cleaned == 0 {
+                failures_in_a_row += 1;
+                shared.failing.store(true, Ordering::SeqCst);
+                lock(&shared.status).phase = "failing";
+                // Writers fall back inline meanwhile; wake any waiting so they see it.
+                shared.advance_progress();
+                let backoff_ms = (10u64 << failures_in_a_row.min(7)).min(1000);
+                shared.rest(Duration::from_millis(backoff_ms));
+            } else {
+                if outcome.cleaned > 0 {
+                    failures_in_a_row = 0;
+                    shared.failing.store(false, Ordering::SeqCst);
+                }
+                if !outcome.found_dirty || outcome.cleaned == 0 {
+                    // Nothing could be written back right now (every dirty block busy or just
+                    // cleaned by someone else): look again shortly rather than spin.
+                    shared.rest(Duration::from_millis(2));
+                }
+            }
+        }
+        shared.running.store(false, Ordering::SeqCst);
+        if let Some(since) = boosted_since {
+            let _ = priority.set(self.config.nice_base);
+            lock(&shared.status).boosted_ns += since.elapsed().as_nanos() as u64;
+        }
+        let mut status = lock(&shared.status);
+        status.boosted = false;
+        status.phase = "stopped";
+    }
+
+    fn set_phase(&self, phase: &'static str, rate: RateTerms, config: &CleanerConfig) {
+        let slots = self.engine().geometry.slot_count;
+        let mut status = lock(&self.engine().cleaner.status);
+        status.phase = phase;
+        status.rate = rate;
+        status.order = match config.order {
+            WriteBackOrder::Lba => "lba",
+            WriteBackOrder::Oldest => "oldest",
+            WriteBackOrder::None => "none",
+        };
+        status.adaptive = match config.adaptive {
+            Adaptive::Off => "off",
+            Adaptive::Boost => "boost",
+            Adaptive::BoostPid => "boost-pid",
+        };
+        status.target_blocks = slots * u64::from(config.target_pct) / 100;
+        status.high_blocks = slots * u64::from(config.high_pct) / 100;
+        status.low_blocks = slots * u64::from(config.low_pct) / 100;
+    }
+
+    /// Writes back every dirty block it can, batch after batch at full speed, and returns the
+    /// blocks cleaned; stops at a batch that cleans nothing (the first error then, if any).
+    pub fn drain(&mut self) -> Result<u64> {
+        let mut cleaned = 0;
+        loop {
+            let outcome = self.clean_batch(self.config.batch_blocks);
+            cleaned += outcome.cleaned;
+            if outcome.cleaned == 0 {
+                if outcome.failed > 0 {
+                    return Err(Error::WriteBackIncomplete { failed: outcome.failed, cleaned });
+                }
+                if !outcome.found_dirty || self.engine().dirty_slots() == 0 {
+                    return Ok(cleaned);
+                }
+            }
+        }
+    }
+
+    /// Fills the candidate list from the slot table: dirty blocks (those the backing store
+    /// refused before only when there are no others), in the policy's order.
+    fn scan(&mut self) {
+        let engine = self.lane.engine;
+        let slot_count = engine.slots.len();
+        self.candidates.clear();
+        self.refused.clear();
+        self.next_candidate = 0;
+        let capacity = self.candidates.capacity();
+        for i in 0..slot_count {
+            let slot =
+                ((u64::from(self.scan_cursor) + u64::from(i)) % u64::from(slot_count)) as u32;
+            let word = engine.slots.load(slot);
+            if word.state() != SlotState::Dirty {
+                continue;
+            }
+            let DecodedEntry::Valid(entry) = engine.read_entry(slot) else { continue };
+            let candidate = Candidate { lba: entry.lba, seq: entry.seq, slot };
+            if word.write_back_refused() {
+                if self.refused.len() < self.refused.capacity() {
+                    self.refused.push(candidate);
+                }
+            } else {
+                self.candidates.push(candidate);
+                if self.candidates.len() == capacity {
+                    self.scan_cursor = slot.wrapping_add(1) % slot_count;
+                    break;
+                }
+            }
+        }
+        if self.candidates.is_empty() {
+            self.candidates.append(&mut self.refused);
+        }
+        self.config.order.policy().order(&mut self.candidates, self.resume_lba);
+    }
+
+    /// One batch: up to `max_blocks` dirty blocks copied and written back (adjacent ones
+    /// merged, up to `queue_depth` writes in flight), one sync, then marked clean.
+    pub fn clean_batch(&mut self, max_blocks: usize) -> BatchOutcome {
+        let mut outcome = BatchOutcome::default();
+        if self.next_candidate >= self.candidates.len() {
+            self.scan();
+        }
+        if self.candidates.is_empty() {
+            return outcome;
+        }
+        outcome.found_dirty = true;
+        let engine = self.lane.engine;
+        let block = u64::from(engine.geometry.block_size);
+        let merge = self.config.merge_blocks.min(self.buffer_blocks());
+        self.in_batch.clear();
+        self.succeeded.clear();
+        self.failed.clear();
+        let mut copied = 0;
+        let mut open_run: Option<usize> = None;
+        while copied < max_blocks && self.next_candidate < self.candidates.len() {
+            let candidate = self.candidates[self.next_candidate];
+            self.next_candidate += 1;
+            if self.in_batch.contains(&candidate.lba) {
+                continue;
+            }
+            // An open run takes the block if it is empty or the block follows its last one.
+            let extends = open_run.is_some_and(|run| {
+                let len = self.runs[run].len() as u64;
+                len == 0 || (len < merge as u64 && self.run_first_lba[run] + len == candidate.lba)
+            });
+            if !extends {
+                if let Some(run) = open_run.take() {
+                    self.issue(run, &mut outcome);
+                }
+                open_run = Some(self.free_buffer(&mut outcome));
+            }
+            let run = open_run.expect("a run is open");
+            let stripe = engine.stripe_index(candidate.lba);
+            // Only tried: a stripe's holder may be waiting for this cleaner's writes.
+            let Ok(guard) = engine.stripes[stripe].lock.try_lock() else { continue };
+            let word = engine.slots.load(candidate.slot);
+            let current = match engine.read_entry(candidate.slot) {
+                DecodedEntry::Valid(entry)
+                    if word.state() == SlotState::Dirty
+                        && entry.lba == candidate.lba
+                        && entry.seq == candidate.seq =>
+                {
+                    entry
+                }
+                _ => continue,
+            };
+            let index = self.runs[run].len();
+            if index == 0 {
+                self.run_first_lba[run] = candidate.lba;
+            }
+            let buffer = self.buffers[run].as_mut().expect("an open run's buffer is here");
+            let at = index * block as usize;
+            engine.medium.read(
+                engine.geometry.data_offset(candidate.slot),
+                &mut buffer[at..at + block as usize],
+            );
+            engine.stripes[stripe].cleaning.fetch_add(1, Ordering::AcqRel);
+            drop(guard);
+            self.runs[run].push((candidate.slot, word, current));
+            self.in_batch.insert(candidate.lba);
+            self.resume_lba = candidate.lba + 1;
+            copied += 1;
+        }
+        if let Some(run) = open_run {
+            if self.runs[run].is_empty() {
+                self.free_buffers.push(run);
+            } else {
+                self.issue(run, &mut outcome);
+            }
+        }
+        while self.free_buffers.len() < self.buffers.len() {
+            self.reap(1, &mut outcome);
+        }
+        self.finish(&mut outcome);
+        outcome
+    }
+
+    fn buffer_blocks(&self) -> usize {
+        let block = self.lane.engine.geometry.block_size as usize;
+        self.buffers.iter().flatten().map(|b| b.capacity() / block).next().unwrap_or(1).max(1)
+    }
+
+    /// A buffer for a new run, reaping completions until one is free.
+    fn free_buffer(&mut self, outcome: &mut BatchOutcome) -> usize {
+        loop {
+            if let Some(run) = self.free_buffers.pop() {
+                self.runs[run].clear();
+                let buf = self.buffers[run].as_mut().expect("a free buffer is here");
+                buf.set_len(buf.capacity());
+                return run;
+            }
+            self.reap(1, outcome);
+        }
+    }
+
+    /// Sends run `run`'s buffer to the backing store.
+    fn issue(&mut self, run: usize, outcome: &mut BatchOutcome) {
+        let engine = self.lane.engine;
+        let block = engine.geometry.block_size as usize;
+        let mut buf = self.buffers[run].take().expect("issued once");
+        buf.set_len(self.runs[run].len() * block);
+        let offset = self.run_first_lba[run] * block as u64;
+        engine.backing_writes.fetch_add(1, Ordering::SeqCst);
+        outcome.writes += 1;
+        match self.queue.as_mut() {
+            Some(queue) => {
+                let request = IoRequest::write(offset, buf, run as u64);
+                if let Err(request) = queue.push(request) {
+                    // The queue holds at most one write per buffer: never full here.
+                    unreachable_queue_full(request);
+                }
+            }
+            None => {
+                let result = engine.backing.write_at(&buf, offset);
+                self.direct_done.push(IoCompletion {
+                    user_data: run as u64,
+                    op: pmcache_backing::IoOp::Write,
+                    offset,
+                    buf,
+                    result,
+                });
+            }
+        }
+    }
+
+    /// Collects at least `min` completions (fewer if fewer are in flight).
+    fn reap(&mut self, min: usize, outcome: &mut BatchOutcome) {
+        let engine = self.lane.engine;
+        self.completions.clear();
+        match self.queue.as_mut() {
+            Some(queue) => {
+                if let Err(e) = queue.reap(min, &mut self.completions) {
+                    // The queue itself failed (not one request): its writes' outcomes are
+                    // unknown, so wait them out request by request on later calls; nothing
+                    // in flight is counted as written.
+                    engine.backing_failed(e);
+                    std::thread::sleep(Duration::from_millis(1));
+                    return;
+                }
+            }
+            None => self.completions.append(&mut self.direct_done),
+        }
+        for completion in std::mem::take(&mut self.completions) {
+            let run = completion.user_data as usize;
+            for &(slot, word, entry) in &self.runs[run] {
+                let stripe = engine.stripe_index(entry.lba);
+                engine.stripes[stripe].cleaning.fetch_sub(1, Ordering::AcqRel);
+                if completion.result.is_ok() {
+                    self.succeeded.push((slot, word, entry));
+                } else {
+                    self.failed.push((slot, word, entry));
+                }
+            }
+            if let Err(e) = completion.result {
+                engine.backing_failed(e);
+                outcome.failed += self.runs[run].len() as u64;
+            }
+            let mut buf = completion.buf;
+            buf.set_len(0);
+            self.buffers[run] = Some(buf);
+            self.runs[run].clear();
+            self.free_buffers.push(run);
+        }
+    }
+
+    /// After every write of the batch completed: syncs, marks the written blocks clean (each
+    /// only if its slot is unchanged), and marks refused ones.
+    fn finish(&mut self, outcome: &mut BatchOutcome) {
+        let engine = self.lane.engine;
+        let shared = &engine.cleaner;
+        for &(slot, seen, entry) in &self.failed {
+            let _guard = engine.lock_stripe(entry.lba);
+            let now = engine.slots.load(slot);
+            if now.same_incarnation(seen) && now.state() == SlotState::Dirty {
+                engine.slots.mark_write_back_refused(slot, now);
+            }
+        }
+        let mut errors = 0;
+        if !self.failed.is_empty() {
+            errors += 1;
+        }
+        if !self.succeeded.is_empty() {
+            let sample = engine.last_issued_seq();
+            if engine.sync_backing().is_err() {
+                outcome.failed += self.succeeded.len() as u64;
+                errors += 1;
+            } else {
+                let mut cleaned = 0u64;
+                for &(slot, seen, entry) in &self.succeeded {
+                    let _guard = engine.lock_stripe(entry.lba);
+                    let now = engine.slots.load(slot);
+                    if now.same_incarnation(seen) && now.state() == SlotState::Dirty {
+                        self.lane.rewrite_entry_state(
+                            slot,
+                            SlotEntry { state: BlockState::Clean, ..entry },
+                        );
+                        engine.slots.set_clean(slot);
+                        cleaned += 1;
+                    } else {
+                        outcome.superseded += 1;
+                    }
+                }
+                self.lane.fence();
+                self.lane.advance_synced_seq(sample);
+                let counters = self.lane.counters();
+                bump(&counters.writebacks, cleaned);
+                bump(&counters.dirty_delta, cleaned.wrapping_neg());
+                outcome.cleaned = cleaned;
+            }
+        }
+        let mut status = lock(&shared.status);
+        status.errors += errors;
+        if outcome.writes > 0 {
+            status.batches += 1;
+        }
+        status.writes_issued += outcome.writes;
+        status.blocks_cleaned += outcome.cleaned;
+        status.blocks_superseded += outcome.superseded;
+        drop(status);
+        if outcome.cleaned > 0 {
+            shared.advance_progress();
+        }
+    }
+}
+
+#[cold]
+fn unreachable_queue_full(request: IoRequest) -> ! {
+    panic!("the cleaner's queue refused write {} with a buffer free", request.user_data)
+}

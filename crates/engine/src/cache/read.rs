@@ -1,0 +1,148 @@
+//! The read path: lock-free hits, the locked path, misses and admission.
+
+use super::*;
+
+impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
+    /// Reads `buf.len()` bytes at byte `offset`.
+    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let engine = self.engine;
+        engine.check_range("read", offset, buf.len() as u64)?;
+        // Sequential streams are tracked from the first miss on: hits need no admission
+        // decision, and tracking every hit would put shared stores on the hit path.
+        let mut sequential_tail = None;
+        let request_len = buf.len() as u64;
+        let mut done = 0;
+        for (lba, in_block, len) in pieces(offset, buf.len() as u64, self.block_bytes()) {
+            let out = &mut buf[done..done + len];
+            if !self.read_hit(lba, in_block, out) {
+                let tail = *sequential_tail.get_or_insert_with(|| {
+                    engine.admission.note_request(offset, request_len, engine.clock.now_ns())
+                });
+                self.read_locked(lba, in_block, out, !tail)?;
+            }
+            done += len;
+        }
+        bump(&self.counters().bytes_read, buf.len() as u64);
+        Ok(())
+    }
+
+    /// The lock-free hit path. Returns false on a miss or after repeated interference.
+    pub(super) fn read_hit(&mut self, lba: u64, in_block: usize, out: &mut [u8]) -> bool {
+        for _ in 0..READ_ATTEMPTS {
+            // Absent, or hidden (being filled under its stripe): the locked path.
+            let Some(found) = self.engine.index.lookup(lba).filter(|f| !f.hidden) else {
+                return false;
+            };
+            if self.copy_validated(&found, in_block, out) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Copies out of the slot `found` (a visible index entry) and validates the copy; counts a
+    /// hit, or a retry if the copy must be discarded.
+    #[inline]
+    pub(super) fn copy_validated(
+        &mut self,
+        found: &Found,
+        in_block: usize,
+        out: &mut [u8],
+    ) -> bool {
+        let engine = self.engine;
+        assert!(!found.hidden, "lock-free copy from a hidden index entry");
+        // The copy is validated after it is made: the block's index entry still holds the same
+        // slot *and the same slot generation*. A slot's data never changes while an entry
+        // points at it with its current generation (writes go out of place; a slot is freed —
+        // a new generation — before it is reused), so the copy is the block's data at a point
+        // inside the copy. A failed validation discards the copy. No other DRAM line is read.
+        engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
+        fence(Ordering::Acquire);
+        if engine.index.still_holds(found) {
+            if engine.marks_hits {
+                engine.index.touch(found);
+            }
+            bump(&self.counters().read_hits, 1);
+            return true;
+        }
+        bump(&self.counters().read_retries, 1);
+        false
+    }
+
+    /// The locked read path: a hit that raced with writers, or a miss (admitted or not).
+    pub(super) fn read_locked(
+        &mut self,
+        lba: u64,
+        in_block: usize,
+        out: &mut [u8],
+        may_admit: bool,
+    ) -> Result<()> {
+        let engine = self.engine;
+        let admit = may_admit && engine.mode().admits_reads() && engine.admission.admit_block(lba);
+        let reserved = self.reserve_for_admission(admit);
+        let mut guard = engine.lock_stripe(lba);
+        if let Some(found) = engine.index.lookup(lba) {
+            engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
+            drop(guard);
+            if let Some(slot) = reserved {
+                self.give_back(slot);
+            }
+            bump(&self.counters().read_hits, 1);
+            return Ok(());
+        }
+        let block = self.block_bytes();
+        let Some(slot) = reserved else {
+            engine.backing_read(out, lba * block + in_block as u64)?;
+            let counters = self.counters();
+            bump(
+                if may_admit {
+                    &counters.read_misses_bypassed
+                } else {
+                    &counters.read_misses_sequential
+                },
+                1,
+            );
+            return Ok(());
+        };
+        if let Err(err) = engine.backing_read(&mut self.block, lba * block) {
+            drop(guard);
+            self.give_back(slot);
+            return Err(err);
+        }
+        let inserted = match self.index_insert(lba, slot) {
+            Ok(inserted) => inserted,
+            Err(err) => {
+                drop(guard);
+                self.give_back(slot);
+                return Err(err);
+            }
+        };
+        // The sequence number is taken after the backing read completed (the synced rule).
+        let seq = engine.global_seq(&mut guard);
+        let data = std::mem::take(&mut self.block);
+        self.write_data(slot, &data);
+        self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
+        engine.index.replace(&inserted, slot, engine.slots.generation(slot));
+        engine.slots.publish(slot, SlotState::Clean);
+        out.copy_from_slice(&data[in_block..in_block + out.len()]);
+        self.block = data;
+        drop(guard);
+        bump(&self.counters().read_misses_admitted, 1);
+        Ok(())
+    }
+
+    /// Fills the scratch block with `lba`'s current contents (cache or backing). Stripe held.
+    pub(super) fn load_block(&mut self, lba: u64, cached: Option<&Found>) -> Result<()> {
+        let engine = self.engine;
+        match cached {
+            Some(found) => {
+                engine.medium.read(engine.geometry.data_offset(found.slot), &mut self.block)
+            }
+            None => {
+                let offset = lba * self.block_bytes();
+                engine.backing_read(&mut self.block, offset)?
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,318 @@
+//! The write paths: write-back (out of place into the cache), write-through, write-around
+//! and pass-through, write-zeroes and trim.
+
+use super::*;
+
+/// The unit of data a write carries.
+#[derive(Clone, Copy)]
+pub(super) enum Payload<'a> {
+    Data(&'a [u8]),
+    Zeroes(usize),
+}
+
+impl Payload<'_> {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Payload::Data(d) => d.len(),
+            Payload::Zeroes(n) => *n,
+        }
+    }
+    pub(super) fn apply(&self, block: &mut [u8], at: usize) {
+        match self {
+            Payload::Data(d) => block[at..at + d.len()].copy_from_slice(d),
+            Payload::Zeroes(n) => block[at..at + n].fill(0),
+        }
+    }
+}
+
+/// What `Lane::switch_in_dirty` did, for its caller to act on and count.
+#[must_use = "a true `must_fence` asks for a fence before the stripe is released"]
+#[derive(Clone, Copy)]
+pub(super) struct Switched {
+    /// The stripe's earlier pending free was not durable: fence before releasing the stripe.
+    pub(super) must_fence: bool,
+    /// The block had no dirty copy before (a dirty slot more).
+    pub(super) newly_dirty: bool,
+    /// The block had a copy (a write hit).
+    pub(super) hit: bool,
+}
+
+impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
+    /// Writes `data` at byte `offset`. With `fua`, the data is durable on return in every mode
+    /// (in write-back and write-only modes it always is).
+    pub fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.engine.check_range("write", offset, data.len() as u64)?;
+        let mut done = 0;
+        for (lba, in_block, len) in pieces(offset, data.len() as u64, self.block_bytes()) {
+            self.write_block(lba, in_block, Payload::Data(&data[done..done + len]))?;
+            done += len;
+        }
+        bump(&self.counters().bytes_written, data.len() as u64);
+        if fua && !self.engine.mode().writes_back() {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes zeroes over `len` bytes at `offset` (durable on return with `fua`, as `write`).
+    pub fn write_zeroes(&mut self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.engine.check_range("write_zeroes", offset, len)?;
+        for (lba, in_block, n) in pieces(offset, len, self.block_bytes()) {
+            self.write_block(lba, in_block, Payload::Zeroes(n))?;
+        }
+        if fua && !self.engine.mode().writes_back() {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn write_block(
+        &mut self,
+        lba: u64,
+        in_block: usize,
+        payload: Payload<'_>,
+    ) -> Result<()> {
+        bump(&self.counters().writes, 1);
+        let mode = self.engine.mode();
+        if mode.writes_back() {
+            self.write_block_cached(lba, in_block, payload)
+        } else {
+            self.write_block_backing(lba, in_block, payload, mode == CacheMode::WriteThrough)
+        }
+    }
+
+    /// Write-back: the new block goes to a free slot, is persisted, then its entry, then the
+    /// index switches and the old slot is freed.
+    pub(super) fn write_block_cached(
+        &mut self,
+        lba: u64,
+        in_block: usize,
+        payload: Payload<'_>,
+    ) -> Result<()> {
+        let engine = self.engine;
+        let slot = self.alloc()?;
+        let full = in_block == 0 && payload.len() as u64 == self.block_bytes();
+        // A whole block is copied and made durable before the stripe is taken: the slot is
+        // this lane's alone and nothing refers to it, and the lock's locked instruction then
+        // finds no write-back outstanding to wait for (docs/DURABILITY.md, write-back steps
+        // 1–2). The metadata lines this write touches are cache misses at random places: they
+        // load while the fence waits for the copy's stores (started before the copy, they
+        // slowed it).
+        if full {
+            let at = engine.geometry.data_offset(slot);
+            match payload {
+                Payload::Data(data) => engine.medium.write_flush(at, data),
+                Payload::Zeroes(_) => {
+                    self.block.fill(0);
+                    engine.medium.write_flush(at, &self.block);
+                }
+            }
+        }
+        let stripe = engine.stripe_index(lba);
+        engine.prefetch_slot_for_entry_store(slot);
+        engine.prefetch_stripe(stripe);
+        let key = engine.index.key(lba);
+        engine.index.prefetch_key(&key);
+        // The lane's next write goes to its next slot (address order, see `alloc`): touching
+        // that slot's data now walks its page table while this fence waits, instead of on the
+        // next write's path. About 10 % of a write (docs/PERFORMANCE.md, `bench core`); its
+        // entry line alone gained nothing, and the touch before this write's copy lost.
+        if let Some(&next) = self.free.last() {
+            engine.medium.prefetch(engine.geometry.data_offset(next), 1);
+        }
+        if full {
+            self.fence();
+        }
+        let mut guard = engine.lock_stripe_index(stripe);
+        let seq = self.local_seq(&mut guard);
+        let old = engine.index.lookup_key(&key);
+        if let Some(found) = old {
+            engine.prefetch_slot_for_entry_store(found.slot);
+        }
+        if !full {
+            if let Err(err) = self.load_block(lba, old.as_ref()) {
+                drop(guard);
+                self.give_back(slot);
+                return Err(err);
+            }
+            payload.apply(&mut self.block, in_block);
+            let merged = std::mem::take(&mut self.block);
+            self.write_data(slot, &merged);
+            self.block = merged;
+        }
+        let entry = match old.map_or_else(|| self.index_insert(lba, slot), Ok) {
+            Ok(entry) => entry,
+            Err(err) => {
+                drop(guard);
+                self.give_back(slot);
+                return Err(err);
+            }
+        };
+        self.persist_entry(slot, SlotEntry { lba, state: BlockState::Dirty, seq });
+        let switched = self.switch_in_dirty(stripe, slot, entry);
+        if switched.must_fence {
+            self.fence();
+        }
+        let counters = self.counters();
+        bump(&counters.dirty_delta, u64::from(switched.newly_dirty));
+        bump(&counters.write_hits, u64::from(switched.hit));
+        if !entry.hidden {
+            self.keep_free(entry.slot);
+        }
+        drop(guard);
+        self.zero_superseded_entries();
+        Ok(())
+    }
+
+    /// Makes the dirty copy of `lba` in `slot` (its entry durable) the visible one: points
+    /// `lba`'s index `entry` at `slot` — the entry of the copy it replaces, or the hidden one
+    /// inserted for a block new to the cache — publishes `slot`, and frees the replaced copy
+    /// as superseded. Shared by single and group writes. The caller holds the stripe, fences
+    /// before releasing it if `must_fence` comes back true (see `free_superseded`), hands a
+    /// replaced copy's slot (`entry.slot` unless `entry.hidden`) to `keep_free`, and counts
+    /// what this returns (a group counts once for all its writes).
+    #[inline(always)]
+    pub(super) fn switch_in_dirty(&mut self, stripe: usize, slot: u32, entry: Found) -> Switched {
+        let engine = self.engine;
+        let free_word = engine.slots.load(slot);
+        engine.index.replace(&entry, slot, free_word.generation());
+        engine.slots.publish_loaded(slot, free_word, SlotState::Dirty);
+        if entry.hidden {
+            return Switched { must_fence: false, newly_dirty: true, hit: false };
+        }
+        let (must_fence, old_state) = self.free_superseded(stripe, entry.slot);
+        Switched { must_fence, newly_dirty: old_state != SlotState::Dirty, hit: true }
+    }
+
+    /// Write-through, write-around and pass-through: the backing store is written under the
+    /// block's stripe; a clean cached copy is invalidated durably *before* it changes, a dirty
+    /// one only *after* (so a crash never exposes data older than what was acknowledged).
+    pub(super) fn write_block_backing(
+        &mut self,
+        lba: u64,
+        in_block: usize,
+        payload: Payload<'_>,
+        admit: bool,
+    ) -> Result<()> {
+        let engine = self.engine;
+        let block = self.block_bytes();
+        let full = in_block == 0 && payload.len() as u64 == block;
+        let reserved = self.reserve_for_admission(admit);
+        let mut guard = engine.lock_stripe(lba);
+        // An older copy of the block may be on its way from the cleaner: it must land first.
+        engine.wait_cleaner_writes(engine.stripe_index(lba));
+        let old = engine.index.lookup(lba);
+        let old_dirty = old.is_some_and(|f| engine.slots.load(f.slot).state() == SlotState::Dirty);
+        let fail = |lane: &mut Self, err: Error| {
+            if let Some(slot) = reserved {
+                lane.give_back(slot);
+            }
+            Err(err)
+        };
+        if !full {
+            if let Err(err) = self.load_block(lba, old.as_ref()) {
+                drop(guard);
+                return fail(self, err);
+            }
+            payload.apply(&mut self.block, in_block);
+        } else if admit {
+            self.block.fill(0);
+            payload.apply(&mut self.block, 0);
+        }
+        if let (Some(found), false) = (old, old_dirty) {
+            engine.index.remove(&found);
+            self.free_slot(lba, found.slot);
+        }
+        let written = match (full, payload) {
+            (true, Payload::Zeroes(_)) => engine.backing_write_zeroes(lba * block, block),
+            (true, Payload::Data(data)) => engine.backing_write(data, lba * block),
+            (false, _) => engine.backing_write(&self.block, lba * block),
+        };
+        if let Err(err) = written {
+            drop(guard);
+            return fail(self, err);
+        }
+        // A dirty cached copy is the only durable copy of the block's current data: it may be
+        // dropped only once the new data is durable on the backing store.
+        if old_dirty && let Err(err) = engine.sync_backing() {
+            drop(guard);
+            return fail(self, err);
+        }
+        let counters = self.counters();
+        match (reserved, old.filter(|_| old_dirty)) {
+            (Some(slot), dirty_old) => {
+                let entry = match dirty_old.map_or_else(|| self.index_insert(lba, slot), Ok) {
+                    Ok(entry) => entry,
+                    Err(err) => {
+                        drop(guard);
+                        // The write itself is done; it is just not cached.
+                        let _ = fail(self, err);
+                        return Ok(());
+                    }
+                };
+                let seq = engine.global_seq(&mut guard);
+                let data = std::mem::take(&mut self.block);
+                self.write_data(slot, &data);
+                self.block = data;
+                self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
+                engine.index.replace(&entry, slot, engine.slots.generation(slot));
+                engine.slots.publish(slot, SlotState::Clean);
+                if !entry.hidden {
+                    self.free_slot(lba, entry.slot);
+                    bump(&counters.dirty_delta, 1u64.wrapping_neg());
+                }
+            }
+            (None, Some(found)) => {
+                engine.index.remove(&found);
+                self.free_slot(lba, found.slot);
+                bump(&counters.dirty_delta, 1u64.wrapping_neg());
+            }
+            (None, None) => {}
+        }
+        if old.is_some() {
+            bump(&counters.write_hits, 1);
+        }
+        drop(guard);
+        Ok(())
+    }
+
+    // ----- trim, flush, drain -----
+
+    /// Discards the whole blocks inside `offset..offset + len` (partial blocks are left as
+    /// they are): cached copies are dropped and the range is discarded on the backing store.
+    /// Their contents are unspecified until written again.
+    pub fn trim(&mut self, offset: u64, len: u64) -> Result<()> {
+        let engine = self.engine;
+        engine.check_range("trim", offset, len)?;
+        let block = self.block_bytes();
+        let first = offset.div_ceil(block);
+        let end = (offset + len) / block;
+        if first >= end {
+            return Ok(());
+        }
+        // Discard first, then drop cached copies: a write racing with the trim then either
+        // lands after the discard (and its cached copy is dropped, the backing keeps it) or
+        // before (and both are discarded) — never a clean cached copy the backing lacks.
+        engine
+            .backing
+            .discard(first * block, (end - first) * block)
+            .map_err(|e| engine.backing_failed(e))?;
+        engine.backing_writes.fetch_add(1, Ordering::SeqCst);
+        let mut dropped_dirty = 0u64;
+        for lba in first..end {
+            let guard = engine.lock_stripe(lba);
+            if let Some(found) = engine.index.lookup(lba) {
+                if engine.slots.load(found.slot).state() == SlotState::Dirty {
+                    dropped_dirty += 1;
+                }
+                engine.index.remove(&found);
+                self.free_slot(lba, found.slot);
+            }
+            drop(guard);
+        }
+        let counters = self.counters();
+        bump(&counters.trims, end - first);
+        bump(&counters.dirty_delta, dropped_dirty.wrapping_neg());
+        Ok(())
+    }
+}

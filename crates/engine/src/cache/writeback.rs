@@ -1,0 +1,163 @@
+//! Writing dirty blocks back to the backing store: the inline write-back of reclaim and
+//! index room, flush and drain.
+
+use super::*;
+
+/// What a write-back did: the blocks it cleaned, and the first error. A block the backing
+/// store refused is skipped and stays dirty while the others are written; a failed sync
+/// cleans none.
+pub(super) struct WrittenBack {
+    pub(super) cleaned: usize,
+    /// Blocks whose backing write failed (each now marked refused, see `SlotWord`).
+    pub(super) refused: usize,
+    /// The sync after the writes failed (or an earlier one had): nothing is cleaned until
+    /// the cache is attached again.
+    pub(super) sync_failed: bool,
+    pub(super) error: Option<Error>,
+}
+
+impl WrittenBack {
+    /// The blocks cleaned, or the error when none was.
+    pub(super) fn into_result(self) -> Result<usize> {
+        match self.error {
+            Some(e) if self.cleaned == 0 => Err(e),
+            _ => Ok(self.cleaned),
+        }
+    }
+}
+
+impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
+    /// `held` is a stripe the caller holds (other stripes are then only tried, never waited on).
+    pub(super) fn write_back(&mut self, victims: &[u32], held: Option<usize>) -> WrittenBack {
+        let engine = self.engine;
+        let block = self.block_bytes();
+        let mut error = None;
+        let mut failures_in_a_row = 0;
+        let mut refused = 0;
+        self.written.clear();
+        for &slot in victims {
+            if failures_in_a_row == WRITE_BACK_FAILURES_MAX {
+                // A dead device: the rest stay dirty, and nobody waits out its timeouts for
+                // every one of them.
+                break;
+            }
+            let seen = engine.slots.load(slot);
+            if seen.state() != SlotState::Dirty {
+                continue;
+            }
+            let DecodedEntry::Valid(entry) = engine.read_entry(slot) else {
+                continue;
+            };
+            let Some(guard) = engine.lock_stripe_for_write_back(entry.lba, held) else {
+                continue;
+            };
+            let now = engine.slots.load(slot);
+            if !(now.same_incarnation(seen) && now.state() == SlotState::Dirty) {
+                continue;
+            }
+            // An older copy of the block may be on its way from the cleaner.
+            engine.wait_cleaner_writes(engine.stripe_index(entry.lba));
+            engine.medium.read(engine.geometry.data_offset(slot), &mut self.write_back_block);
+            if let Err(e) = engine.backing_write(&self.write_back_block, entry.lba * block) {
+                // This block stays dirty (its copy here is the one that counts); the others
+                // are still written back, so one bad block of the backing store does not stop
+                // the cache from freeing space or draining the rest. Reclaim tries it again
+                // only after the dirty blocks not refused yet.
+                engine.slots.mark_write_back_refused(slot, now);
+                error.get_or_insert(e);
+                failures_in_a_row += 1;
+                refused += 1;
+                continue;
+            }
+            failures_in_a_row = 0;
+            drop(guard);
+            self.written.push((slot, now, entry));
+        }
+        if self.written.is_empty() {
+            return WrittenBack { cleaned: 0, refused, sync_failed: false, error };
+        }
+        let sample = engine.last_issued_seq();
+        if let Err(e) = engine.sync_backing() {
+            return WrittenBack { cleaned: 0, refused, sync_failed: true, error: Some(e) };
+        }
+        let written = std::mem::take(&mut self.written);
+        let mut cleaned = 0;
+        for &(slot, seen, entry) in &written {
+            let Some(_guard) = engine.lock_stripe_for_write_back(entry.lba, held) else {
+                continue;
+            };
+            let now = engine.slots.load(slot);
+            if now.same_incarnation(seen) && now.state() == SlotState::Dirty {
+                self.rewrite_entry_state(slot, SlotEntry { state: BlockState::Clean, ..entry });
+                engine.slots.set_clean(slot);
+                cleaned += 1;
+            }
+        }
+        self.written = written;
+        self.fence();
+        self.advance_synced_seq(sample);
+        let counters = self.counters();
+        bump(&counters.writebacks, cleaned);
+        bump(&counters.dirty_delta, cleaned.wrapping_neg());
+        WrittenBack { cleaned: cleaned as usize, refused, sync_failed: false, error }
+    }
+
+    /// Inserts `lba -> slot` into the index, hidden (see `Index::insert`), evicting (or
+    /// writing back) a block of the same index buckets when they are full; returns the entry
+    /// Makes every acknowledged write durable: syncs the backing store if anything reached it
+    /// since the last sync, and records the synced sequence number.
+    pub fn flush(&mut self) -> Result<()> {
+        let engine = self.engine;
+        let sample = engine.last_issued_seq();
+        if engine.backing_writes.load(Ordering::SeqCst)
+            != engine.backing_writes_synced.load(Ordering::SeqCst)
+        {
+            engine.sync_backing()?;
+        }
+        self.advance_synced_seq(sample);
+        bump(&self.counters().flushes, 1);
+        Ok(())
+    }
+
+    /// Writes back every dirty block and marks it clean; the backing store then holds every
+    /// acknowledged write.
+    pub fn drain(&mut self) -> Result<()> {
+        let engine = self.engine;
+        let mut batch = Vec::with_capacity(DRAIN_BATCH);
+        // Everything that can be written back is, and the first failure is the result: a
+        // block the backing store refuses stays dirty, and so does nothing else.
+        let mut error = None;
+        let mut failed_batches = 0;
+        let mut write_back = |lane: &mut Self, batch: &[u32]| {
+            let written = lane.write_back(batch, None);
+            match written.error {
+                Some(e) => {
+                    failed_batches = if written.cleaned == 0 { failed_batches + 1 } else { 0 };
+                    error.get_or_insert(e);
+                }
+                None => failed_batches = 0,
+            }
+            failed_batches < DRAIN_FAILED_BATCHES_MAX
+        };
+        for slot in 0..engine.slots.len() {
+            if engine.slots.load(slot).state() == SlotState::Dirty {
+                batch.push(slot);
+                if batch.len() == DRAIN_BATCH {
+                    let go_on = write_back(self, &batch);
+                    batch.clear();
+                    if !go_on {
+                        break;
+                    }
+                }
+            }
+        }
+        if !batch.is_empty() {
+            write_back(self, &batch);
+        }
+        let flushed = self.flush();
+        match error {
+            Some(e) => Err(e),
+            None => flushed,
+        }
+    }
+}

@@ -1,0 +1,450 @@
+//! The background cleaner on simulated parts: power cuts inside its batches, overwrites during
+//! its write-backs, writers stalling on it, a failing and a hung backing store, idle decay.
+#![cfg(not(feature = "shuttle"))]
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use pmcache_backing::{BackingIdentity, BackingStore};
+use pmcache_engine::testing::SimBacking;
+use pmcache_engine::testing::model::{
+    BLOCK, BLOCKS, CrashRun, Op, World, config, pattern, run_crash_case,
+};
+use pmcache_engine::{
+    Adaptive, AdmissionConfig, CacheMode, CleanerConfig, Engine, Error, EvictionKind, ManualClock,
+    WriteBackOrder,
+};
+use pmcache_media::CrashMedium;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// Settings that keep the cleaner busy on the model's 20-slot cache: always "idle", cleaning
+/// down to nothing, in small batches of short merged runs.
+fn eager(order: WriteBackOrder) -> CleanerConfig {
+    CleanerConfig {
+        order,
+        target_pct: 0,
+        idle_target_pct: 0,
+        low_pct: 10,
+        high_pct: 30,
+        idle_ms: 0,
+        queue_depth: 2,
+        batch_blocks: 4,
+        merge_blocks: 2,
+        ..CleanerConfig::default()
+    }
+}
+
+/// Random power cuts while a cleaner runs beside a workload that overflows the cache: cuts
+/// land inside its batches (between its writes, its sync and its clean marks), writers stall
+/// on it, and it writes back blocks the workload overwrites. The model checks every read and
+/// every recovery; the final drain checks the backing store. The cleaner must have cleaned
+/// blocks, and writers must not have fallen back to writing back inline.
+#[test]
+fn power_cuts_with_the_cleaner_running_lose_nothing() {
+    let mut rng = SmallRng::seed_from_u64(0xc1ea_0001);
+    let mut cuts = 0u64;
+    let mut cleaned = 0u64;
+    let mut runs = 0u64;
+    while cuts < 1500 {
+        let mode = [CacheMode::WriteBack, CacheMode::WriteOnly, CacheMode::WriteThrough]
+            [rng.gen_range(0..3)];
+        let count = rng.gen_range(30..80);
+        let ops = random_ops(&mut rng, count);
+        let order = if rng.gen_bool(0.5) { WriteBackOrder::Lba } else { WriteBackOrder::Oldest };
+        let run = CrashRun {
+            mode,
+            eviction: EvictionKind::Clock,
+            admission: AdmissionConfig::Always,
+            cut_at_point: Some(rng.gen_range(1..400)),
+            cut_during_recovery_at: rng.gen_bool(0.2).then(|| rng.gen_range(1..5)),
+            seed: rng.r#gen(),
+            index_buckets: None,
+            concurrent_pairs: rng.gen_bool(0.5),
+            cleaner: Some(eager(order)),
+        };
+        let outcome = run_crash_case(&ops, &run)
+            .unwrap_or_else(|failure| panic!("run {runs} ({run:?}): {failure}\nops: {ops:?}"));
+        cuts += outcome.power_cuts;
+        cleaned += outcome.cleaner_blocks_cleaned;
+        runs += 1;
+    }
+    eprintln!("{cuts} power cuts over {runs} runs; the cleaner cleaned {cleaned} blocks");
+    assert!(cleaned >= 1000, "the cleaner cleaned only {cleaned} blocks");
+}
+
+/// Writes, reads, flushes and drains over the whole device (2.4 times the cache).
+fn random_ops(rng: &mut SmallRng, count: usize) -> Vec<Op> {
+    let block = BLOCK as u64;
+    (0..count)
+        .map(|_| {
+            let lba = rng.gen_range(0..BLOCKS as u64);
+            match rng.gen_range(0..20) {
+                0..=10 => Op::Write { offset: lba * block, len: block, fua: rng.gen_bool(0.1) },
+                11 => Op::Write { offset: lba * block + 100, len: 300, fua: false },
+                12..=16 => Op::Read { offset: lba * block, len: block },
+                17 => Op::WriteBatch {
+                    writes: (0..rng.gen_range(2..6))
+                        .map(|_| (rng.gen_range(0..BLOCKS as u64) * block, block))
+                        .collect(),
+                    fua: false,
+                },
+                18 => Op::Flush,
+                _ => Op::Trim { offset: lba * block, len: block },
+            }
+        })
+        .collect()
+}
+
+/// A backing store over a `SimBacking` that can hold writes at a gate (a hung device) and call
+/// a hook before each write.
+struct Hooked {
+    inner: SimBacking,
+    held: Mutex<bool>,
+    released: Condvar,
+    writes: AtomicUsize,
+    #[expect(clippy::type_complexity, reason = "a test hook")]
+    before_write: Mutex<Option<Box<dyn FnMut(u64) + Send>>>,
+}
+
+impl Hooked {
+    fn new(inner: SimBacking) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            held: Mutex::new(false),
+            released: Condvar::new(),
+            writes: AtomicUsize::new(0),
+            before_write: Mutex::new(None),
+        })
+    }
+    fn hold(&self, held: bool) {
+        *self.held.lock().unwrap() = held;
+        self.released.notify_all();
+    }
+}
+
+impl BackingStore for Hooked {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn identity(&self) -> BackingIdentity {
+        self.inner.identity()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> pmcache_backing::Result<()> {
+        if let Some(hook) = self.before_write.lock().unwrap().as_mut() {
+            hook(offset);
+        }
+        let mut held = self.held.lock().unwrap();
+        while *held {
+            held = self.released.wait(held).unwrap();
+        }
+        drop(held);
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.write_at(data, offset)
+    }
+    fn flush(&self) -> pmcache_backing::Result<()> {
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        self.inner.write_zeroes(offset, len)
+    }
+}
+
+type HookedEngine = Engine<CrashMedium, Arc<Hooked>, Arc<ManualClock>>;
+
+fn hooked_engine(seed: u64, max_lanes: usize) -> (World, Arc<Hooked>, HookedEngine) {
+    let world = World::fresh(seed);
+    let backing = Hooked::new(world.backing.clone());
+    let cfg = pmcache_engine::Config {
+        max_lanes,
+        ..config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always)
+    };
+    let clock = Arc::new(ManualClock::default());
+    let engine =
+        Engine::format(world.medium.clone(), backing.clone(), clock, &cfg).expect("format");
+    (world, backing, engine)
+}
+
+/// Waits until the cleaner just spawned takes stalls.
+fn wait_running(engine: &HookedEngine) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !engine.stats().cleaner.running {
+        assert!(Instant::now() < deadline, "the cleaner did not start");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn block_data(tag: u64) -> Vec<u8> {
+    pattern(tag, 0, BLOCK as u64)
+}
+
+/// A block overwritten while the cleaner's copy of it is on its way to the backing store stays
+/// dirty with the newer data: the cleaner marks clean only the slot it copied, and the
+/// overwrite replaced that slot. A later batch writes the newer data back.
+#[test]
+fn an_overwrite_during_write_back_keeps_the_block_dirty_with_the_newer_data() {
+    let (world, backing, engine) = hooked_engine(1, 3);
+    let engine = Arc::new(engine);
+    let block = BLOCK as u64;
+    engine.lane().unwrap().write(3 * block, &block_data(1), false).unwrap();
+    let mut cleaner = engine.cleaner(eager(WriteBackOrder::Lba)).unwrap();
+    // Inside the cleaner's backing write of block 3 (no stripe held): overwrite the block
+    // through a lane of its own.
+    let overwrote = Arc::new(AtomicBool::new(false));
+    let (flag, weak) = (overwrote.clone(), Arc::downgrade(&engine));
+    *backing.before_write.lock().unwrap() = Some(Box::new(move |offset| {
+        if offset == 3 * block && !flag.swap(true, Ordering::SeqCst) {
+            let engine = weak.upgrade().expect("engine alive");
+            engine.lane().unwrap().write(3 * block, &block_data(2), false).unwrap();
+        }
+    }));
+    let first = cleaner.clean_batch(16);
+    assert!(overwrote.load(Ordering::SeqCst), "the hook did not run");
+    assert_eq!((first.cleaned, first.superseded), (0, 1), "{first:?}");
+    assert_eq!(engine.dirty_slots(), 1, "the block stays dirty");
+    let mut buf = vec![0; BLOCK];
+    engine.lane().unwrap().read(3 * block, &mut buf).unwrap();
+    assert_eq!(buf, block_data(2));
+    let second = cleaner.clean_batch(16);
+    assert_eq!(second.cleaned, 1, "{second:?}");
+    assert_eq!(engine.dirty_slots(), 0);
+    let durable = world.backing.durable_contents();
+    assert_eq!(
+        &durable[3 * BLOCK..4 * BLOCK],
+        &block_data(2)[..],
+        "the newer data is written back"
+    );
+    let stats = engine.stats().cleaner;
+    assert_eq!((stats.blocks_cleaned, stats.blocks_superseded, stats.batches), (1, 1, 2));
+    drop(cleaner);
+    engine.audit().unwrap();
+}
+
+/// Adjacent dirty blocks are merged into one backing write, in ascending order.
+#[test]
+fn adjacent_dirty_blocks_go_back_in_one_write() {
+    let (world, backing, engine) = hooked_engine(2, 3);
+    let block = BLOCK as u64;
+    let mut lane = engine.lane().unwrap();
+    for lba in [9, 7, 8, 20, 6] {
+        lane.write(lba * block, &block_data(lba), false).unwrap();
+    }
+    drop(lane);
+    let mut cleaner =
+        engine.cleaner(CleanerConfig { merge_blocks: 8, ..eager(WriteBackOrder::Lba) }).unwrap();
+    let outcome = cleaner.clean_batch(64);
+    assert_eq!((outcome.cleaned, outcome.writes), (5, 2), "6..=9 merged, 20 alone: {outcome:?}");
+    assert_eq!(backing.writes.load(Ordering::SeqCst), 2);
+    let durable = world.backing.durable_contents();
+    for lba in [6, 7, 8, 9, 20] {
+        let at = lba as usize * BLOCK;
+        assert_eq!(&durable[at..at + BLOCK], &block_data(lba)[..], "block {lba}");
+    }
+}
+
+/// Writers that overflow the cache stall on a running cleaner instead of writing back inline,
+/// each stall is counted and timed, and every write lands.
+#[test]
+fn writers_stall_on_the_cleaner_and_never_write_back_inline() {
+    let (world, _backing, engine) = hooked_engine(3, 3);
+    let block = BLOCK as u64;
+    let settings =
+        CleanerConfig { idle_ms: 60_000, adaptive: Adaptive::Off, ..eager(WriteBackOrder::Lba) };
+    let mut cleaner = engine.cleaner(settings).unwrap();
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| cleaner.run(|_| {}));
+        wait_running(&engine);
+        let mut lane = engine.lane().unwrap();
+        for round in 0..5u64 {
+            for lba in 0..BLOCKS as u64 {
+                lane.write(lba * block, &block_data(round * 100 + lba), false).unwrap();
+            }
+        }
+        drop(lane);
+        engine.stop_cleaner();
+        running.join().unwrap();
+    });
+    let stats = engine.stats().cleaner;
+    assert!(stats.stalls > 0, "{stats:?}");
+    assert_eq!(stats.inline_fallbacks, 0, "{stats:?}");
+    assert!(stats.blocks_cleaned >= (5 * BLOCKS - 20) as u64, "{stats:?}");
+    assert_eq!(stats.stall_histogram.iter().sum::<u64>(), stats.stalls);
+    assert!(stats.stall_ns_max > 0 && stats.stall_ns_total >= stats.stall_ns_max);
+    let mut lane = engine.lane().unwrap();
+    for lba in 0..BLOCKS as u64 {
+        let mut buf = vec![0; BLOCK];
+        lane.read(lba * block, &mut buf).unwrap();
+        assert_eq!(buf, block_data(400 + lba), "block {lba}");
+    }
+    lane.drain().unwrap();
+    let durable = world.backing.durable_contents();
+    for lba in 0..BLOCKS {
+        assert_eq!(&durable[lba * BLOCK..(lba + 1) * BLOCK], &block_data(400 + lba as u64)[..]);
+    }
+    drop(lane);
+    drop(cleaner);
+    engine.audit().unwrap();
+}
+
+/// After a burst the foreground goes quiet: the cleaner writes everything back (idle cleaning
+/// down to `idle_target_pct`, here 0) without being asked, and rests.
+#[test]
+fn an_idle_cache_is_cleaned_down_to_its_idle_target() {
+    let (world, _backing, engine) = hooked_engine(4, 3);
+    let block = BLOCK as u64;
+    let mut lane = engine.lane().unwrap();
+    for lba in 0..15u64 {
+        lane.write(lba * block, &block_data(lba), false).unwrap();
+    }
+    drop(lane);
+    assert_eq!(engine.dirty_slots(), 15);
+    let settings = CleanerConfig {
+        idle_ms: 50,
+        target_pct: 50,
+        low_pct: 60,
+        high_pct: 90,
+        ..eager(WriteBackOrder::Oldest)
+    };
+    let mut cleaner = engine.cleaner(settings).unwrap();
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| cleaner.run(|_| {}));
+        wait_running(&engine);
+        while engine.dirty_slots() > 0 && started.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        engine.stop_cleaner();
+        running.join().unwrap();
+    });
+    assert_eq!(engine.dirty_slots(), 0, "idle cleaning stopped early");
+    assert!(started.elapsed() >= Duration::from_millis(50), "cleaned before the idle delay");
+    let durable = world.backing.durable_contents();
+    for lba in 0..15 {
+        assert_eq!(&durable[lba * BLOCK..(lba + 1) * BLOCK], &block_data(lba as u64)[..]);
+    }
+}
+
+/// A backing store that refuses writes to a range: the cleaner marks those blocks refused and
+/// keeps cleaning the others; once it cleans nothing it reports failing, and writers that need
+/// a slot fall back to the inline path, which fails with the backing store's error. Dirty data
+/// is kept throughout, and after the store heals everything is written back.
+#[test]
+fn a_failing_backing_store_keeps_dirty_data_and_the_cleaner_resumes_when_it_heals() {
+    let (world, _backing, engine) = hooked_engine(5, 3);
+    let block = BLOCK as u64;
+    let mut lane = engine.lane().unwrap();
+    for lba in 0..20u64 {
+        lane.write(lba * block, &block_data(lba), false).unwrap();
+    }
+    world.backing.fail_writes_in(0..(BLOCKS as u64 * block));
+    let mut cleaner = engine.cleaner(eager(WriteBackOrder::Lba)).unwrap();
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| cleaner.run(|_| {}));
+        wait_running(&engine);
+        // Every slot dirty, every write-back refused: a new block's write fails with the
+        // backing store's error (after the cleaner reports failing), never hangs.
+        let started = Instant::now();
+        let err = lane
+            .write(30 * block, &block_data(30), false)
+            .expect_err("a write found room with every write-back refused");
+        assert!(matches!(err, Error::Backing(_)), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        for lba in 0..20u64 {
+            let mut buf = vec![0; BLOCK];
+            lane.read(lba * block, &mut buf).unwrap();
+            assert_eq!(buf, block_data(lba), "hits are served while the store fails");
+        }
+        assert_eq!(engine.dirty_slots(), 20);
+        world.backing.heal();
+        let healed = Instant::now();
+        lane.write(30 * block, &block_data(30), false).unwrap();
+        while engine.dirty_slots() > 0 && healed.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        engine.stop_cleaner();
+        running.join().unwrap();
+    });
+    let stats = engine.stats().cleaner;
+    assert!(stats.errors > 0 && stats.inline_fallbacks > 0, "{stats:?}");
+    assert_eq!(engine.dirty_slots(), 0, "{stats:?}");
+    let durable = world.backing.durable_contents();
+    for lba in (0..20).chain([30]) {
+        assert_eq!(&durable[lba * BLOCK..(lba + 1) * BLOCK], &block_data(lba as u64)[..]);
+    }
+}
+
+/// A hung backing store (writes that do not complete): hits are still served, a writer that
+/// needs a slot waits `stall_timeout_ms` and then fails with a clear error, the dirty data is
+/// kept, and once the store answers again the cleaner resumes and writes succeed.
+#[test]
+fn a_hung_backing_store_bounds_the_writers_wait_and_the_cleaner_resumes() {
+    let (world, backing, engine) = hooked_engine(6, 3);
+    let block = BLOCK as u64;
+    let mut lane = engine.lane().unwrap();
+    for lba in 0..20u64 {
+        lane.write(lba * block, &block_data(lba), false).unwrap();
+    }
+    backing.hold(true);
+    let settings = CleanerConfig { stall_timeout_ms: 300, ..eager(WriteBackOrder::Lba) };
+    let mut cleaner = engine.cleaner(settings).unwrap();
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| cleaner.run(|_| {}));
+        wait_running(&engine);
+        let started = Instant::now();
+        let err = lane.write(30 * block, &block_data(30), false).unwrap_err();
+        let waited = started.elapsed();
+        assert!(matches!(err, Error::CleanerStalled { .. }), "{err}");
+        assert_eq!(err.errno(), libc::EIO);
+        assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(10));
+        for lba in 0..20u64 {
+            let mut buf = vec![0; BLOCK];
+            lane.read(lba * block, &mut buf).unwrap();
+            assert_eq!(buf, block_data(lba), "hits are served while the store hangs");
+        }
+        backing.hold(false);
+        lane.write(30 * block, &block_data(30), false).unwrap();
+        engine.stop_cleaner();
+        running.join().unwrap();
+    });
+    assert_eq!(engine.stats().cleaner.stall_timeouts, 1);
+    lane.drain().unwrap();
+    let durable = world.backing.durable_contents();
+    for lba in (0..20).chain([30]) {
+        assert_eq!(&durable[lba * BLOCK..(lba + 1) * BLOCK], &block_data(lba as u64)[..]);
+    }
+}
+
+/// Settings change at run time and are checked as a whole.
+#[test]
+fn settings_change_while_the_cleaner_runs() {
+    let (_world, _backing, engine) = hooked_engine(7, 3);
+    let mut cleaner = engine.cleaner(CleanerConfig::default()).unwrap();
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| cleaner.run(|_| {}));
+        wait_running(&engine);
+        let changed = engine.set_cleaner_settings(["target_pct=5", "order=oldest"]).unwrap();
+        assert_eq!((changed.target_pct, changed.order), (5, WriteBackOrder::Oldest));
+        let err = engine.set_cleaner_settings(["low_pct=99"]).unwrap_err();
+        assert!(err.to_string().contains("thresholds"), "{err}");
+        assert_eq!(engine.cleaner_config().low_pct, 50);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while engine.stats().cleaner.order != "oldest" && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(engine.stats().cleaner.order, "oldest");
+        assert!(engine.stats().cleaner.running);
+        engine.stop_cleaner();
+        running.join().unwrap();
+    });
+    assert_eq!(engine.stats().cleaner.phase, "stopped");
+}
