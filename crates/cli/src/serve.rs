@@ -343,16 +343,10 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     control_file.keep();
     let served = server.run().map_err(|e| e.to_string());
     engine.stop_cleaner();
-    let mut cleaner =
-        cleaner_thread.join().map_err(|_| "the cleaner thread panicked".to_string())?;
-    let detaching = detach.load(Ordering::SeqCst);
-    if detaching {
-        // The cleaner's queued, merged write-back first; then a lane's (below), which also
-        // retries blocks the backing store refused before and reports what stays dirty.
-        let _ = cleaner.drain();
-    }
+    // The cleaner's queue belongs to its thread: the final write-back goes through a lane.
+    let cleaner = cleaner_thread.join().map_err(|_| "the cleaner thread panicked".to_string())?;
     drop(cleaner);
-    if detaching {
+    if detach.load(Ordering::SeqCst) {
         let drained = engine.lane().and_then(|mut lane| lane.drain());
         if let Err(e) = drained {
             return Err(format!(

@@ -526,6 +526,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
 
     /// Writes back every dirty block it can, batch after batch at full speed, and returns the
     /// blocks cleaned; stops at a batch that cleans nothing (the first error then, if any).
+    /// Like every batch, it must run on the thread that first used the cleaner's queue (an
+    /// io_uring queue refuses other threads): before `run`, or on `run`'s thread.
     pub fn drain(&mut self) -> Result<u64> {
         let mut cleaned = 0;
         loop {
