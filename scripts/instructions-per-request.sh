@@ -26,7 +26,7 @@ trap '[[ -z "${CALLGRIND_OUT:-}" ]] || cp "$out/cg" "$CALLGRIND_OUT"; rm -rf "$o
 # --fair-sched lets the bench's timer thread run between the workers; --seconds is wall time,
 # so under valgrind the workers do far fewer requests than natively (enough for a count).
 valgrind --tool=callgrind --fair-sched=yes --callgrind-out-file="$out/cg" \
-    --toggle-collect='*run_engine*' \
+    --toggle-collect='*engine_worker*' \
     target/release/pmcache bench core --cache-mib 64 --seconds 2 --runs 1 --only "$config" \
     >"$out/bench.log" 2>"$out/valgrind.log"
 
