@@ -252,6 +252,31 @@ fn adjacent_dirty_blocks_go_back_in_one_write() {
     }
 }
 
+/// `Cleaner::drain` writes every dirty block back, batch after batch, and reports how many; a
+/// block the backing store refuses stays dirty and the drain says so.
+#[test]
+fn a_drain_writes_everything_back_or_says_what_stayed_dirty() {
+    let (world, _backing, engine) = hooked_engine(8, 3);
+    let block = BLOCK as u64;
+    let mut lane = engine.lane().unwrap();
+    for lba in 0..18u64 {
+        lane.write(lba * block, &block_data(lba), false).unwrap();
+    }
+    drop(lane);
+    let mut cleaner = engine.cleaner(eager(WriteBackOrder::Oldest)).unwrap();
+    world.backing.fail_writes_in(5 * block..6 * block);
+    let err = cleaner.drain().unwrap_err();
+    assert!(matches!(err, Error::WriteBackIncomplete { failed: 1, cleaned: 17 }), "{err}");
+    assert_eq!(engine.dirty_slots(), 1);
+    world.backing.heal();
+    assert_eq!(cleaner.drain().unwrap(), 1);
+    assert_eq!(engine.dirty_slots(), 0);
+    let durable = world.backing.durable_contents();
+    for lba in 0..18 {
+        assert_eq!(&durable[lba * BLOCK..(lba + 1) * BLOCK], &block_data(lba as u64)[..]);
+    }
+}
+
 /// Writers that overflow the cache stall on a running cleaner instead of writing back inline,
 /// each stall is counted and timed, and every write lands.
 #[test]

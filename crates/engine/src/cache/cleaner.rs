@@ -25,8 +25,8 @@ use super::*;
 use crate::sync::Condvar;
 use crate::writeback::priority::ThreadPriority;
 use crate::writeback::{
-    Adaptive, Candidate, CleanerConfig, CleanerStats, RateController, RateTerms, STALL_BUCKETS,
-    WriteBackOrder, stall_bucket,
+    Candidate, CleanerConfig, CleanerStats, DirtyThresholds, RateController, RateTerms,
+    STALL_BUCKETS, WriteBackOrder, stall_bucket,
 };
 
 /// Most candidates one scan of the slot table collects (16 bytes each).
@@ -165,6 +165,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             queue,
             direct_done: Vec::with_capacity(depth),
             buffers: (0..depth).map(|_| Some(IoBuf::new(config.merge_blocks * block))).collect(),
+            buffer_blocks: config.merge_blocks,
             runs: (0..depth).map(|_| Vec::with_capacity(config.merge_blocks)).collect(),
             run_first_lba: vec![0; depth],
             free_buffers: (0..depth).rev().collect(),
@@ -333,8 +334,11 @@ pub struct Cleaner<'e, M: Medium, B: BackingStore, C: Clock> {
     queue: Option<Box<dyn IoQueue>>,
     /// Completions of writes made synchronously (a store without a queue).
     direct_done: Vec<IoCompletion>,
-    /// One buffer per write in flight, `merge_blocks` blocks each; `None` while in flight.
+    /// One buffer per write in flight, `buffer_blocks` blocks each; `None` while in flight.
     buffers: Vec<Option<IoBuf>>,
+    /// Blocks a buffer holds: `merge_blocks` when the cleaner was made (a later, larger
+    /// setting merges no more than that).
+    buffer_blocks: usize,
     /// The blocks of each buffer's run.
     runs: Vec<Vec<InFlight>>,
     run_first_lba: Vec<u64>,
@@ -390,7 +394,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             let config = lock(&shared.config).clone();
             if config.order == WriteBackOrder::None {
                 shared.running.store(false, Ordering::SeqCst);
-                self.set_phase("off", RateTerms::default(), &config);
+                let levels = config.thresholds(engine.geometry.slot_count);
+                self.set_phase("off", RateTerms::default(), &config, levels);
                 shared.rest(Duration::from_millis(REST_MS));
                 continue;
             }
@@ -403,13 +408,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                 controller.reset();
                 self.config = config.clone();
             }
-            let slots = engine.geometry.slot_count;
-            let (target, high, low, idle_target) = (
-                slots * u64::from(config.target_pct) / 100,
-                slots * u64::from(config.high_pct) / 100,
-                slots * u64::from(config.low_pct) / 100,
-                slots * u64::from(config.idle_target_pct) / 100,
-            );
+            let levels = config.thresholds(engine.geometry.slot_count);
+            let DirtyThresholds { target, high, low, idle_target } = levels;
             let dirty = engine.dirty_slots();
             let now = Instant::now();
             let writes = engine.writes_total();
@@ -442,10 +442,10 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             let dt_s = now.duration_since(last_step).as_secs_f64();
             last_step = now;
             let budget = if full_speed {
-                self.set_phase("full", RateTerms::default(), &config);
+                self.set_phase("full", RateTerms::default(), &config, levels);
                 Some(config.batch_blocks)
             } else if idle && dirty > idle_target {
-                self.set_phase("idle", RateTerms::default(), &config);
+                self.set_phase("idle", RateTerms::default(), &config, levels);
                 Some(config.batch_blocks)
             } else if config.adaptive.controls_rate() && dirty > target {
                 let terms = controller.update(
@@ -455,7 +455,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                     config.rate_min,
                     config.rate_max,
                 );
-                self.set_phase("rate", terms, &config);
+                self.set_phase("rate", terms, &config, levels);
                 tokens = (tokens + terms.rate * dt_s).min(config.batch_blocks as f64);
                 if tokens >= 1.0 {
                     Some(tokens as usize)
@@ -467,7 +467,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             } else {
                 controller.reset();
                 tokens = 0.0;
-                self.set_phase("resting", RateTerms::default(), &config);
+                self.set_phase("resting", RateTerms::default(), &config, levels);
                 shared.rest(Duration::from_millis(REST_MS));
                 None
             };
@@ -504,24 +504,21 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         status.phase = "stopped";
     }
 
-    fn set_phase(&self, phase: &'static str, rate: RateTerms, config: &CleanerConfig) {
-        let slots = self.engine().geometry.slot_count;
+    fn set_phase(
+        &self,
+        phase: &'static str,
+        rate: RateTerms,
+        config: &CleanerConfig,
+        levels: DirtyThresholds,
+    ) {
         let mut status = lock(&self.engine().cleaner.status);
         status.phase = phase;
         status.rate = rate;
-        status.order = match config.order {
-            WriteBackOrder::Lba => "lba",
-            WriteBackOrder::Oldest => "oldest",
-            WriteBackOrder::None => "none",
-        };
-        status.adaptive = match config.adaptive {
-            Adaptive::Off => "off",
-            Adaptive::Boost => "boost",
-            Adaptive::BoostPid => "boost-pid",
-        };
-        status.target_blocks = slots * u64::from(config.target_pct) / 100;
-        status.high_blocks = slots * u64::from(config.high_pct) / 100;
-        status.low_blocks = slots * u64::from(config.low_pct) / 100;
+        status.order = config.order.as_str();
+        status.adaptive = config.adaptive.as_str();
+        status.target_blocks = levels.target;
+        status.high_blocks = levels.high;
+        status.low_blocks = levels.low;
     }
 
     /// Writes back every dirty block it can, batch after batch at full speed, and returns the
@@ -593,22 +590,31 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         outcome.found_dirty = true;
         let engine = self.lane.engine;
         let block = u64::from(engine.geometry.block_size);
-        let merge = self.config.merge_blocks.min(self.buffer_blocks());
+        let merge = self.config.merge_blocks.min(self.buffer_blocks);
         self.in_batch.clear();
         self.succeeded.clear();
         self.failed.clear();
         let mut copied = 0;
         let mut open_run: Option<usize> = None;
+        // The open run holds a block the backing store refused before: it takes no other.
+        let mut open_run_refused = false;
         while copied < max_blocks && self.next_candidate < self.candidates.len() {
             let candidate = self.candidates[self.next_candidate];
             self.next_candidate += 1;
             if self.in_batch.contains(&candidate.lba) {
                 continue;
             }
-            // An open run takes the block if it is empty or the block follows its last one.
+            // An open run takes the block if it is empty, or if the block follows its last one
+            // and neither was refused before: a refused block goes back alone, so that a bad
+            // block never fails the write of a good neighbour.
+            let refused = engine.slots.load(candidate.slot).write_back_refused();
             let extends = open_run.is_some_and(|run| {
                 let len = self.runs[run].len() as u64;
-                len == 0 || (len < merge as u64 && self.run_first_lba[run] + len == candidate.lba)
+                len == 0
+                    || (!refused
+                        && !open_run_refused
+                        && len < merge as u64
+                        && self.run_first_lba[run] + len == candidate.lba)
             });
             if !extends {
                 if let Some(run) = open_run.take() {
@@ -643,6 +649,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             );
             engine.stripes[stripe].cleaning.fetch_add(1, Ordering::AcqRel);
             drop(guard);
+            open_run_refused = (index > 0 && open_run_refused) || word.write_back_refused();
             self.runs[run].push((candidate.slot, word, current));
             self.in_batch.insert(candidate.lba);
             self.resume_lba = candidate.lba + 1;
@@ -662,18 +669,13 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         outcome
     }
 
-    fn buffer_blocks(&self) -> usize {
-        let block = self.lane.engine.geometry.block_size as usize;
-        self.buffers.iter().flatten().map(|b| b.capacity() / block).next().unwrap_or(1).max(1)
-    }
-
     /// A buffer for a new run, reaping completions until one is free.
     fn free_buffer(&mut self, outcome: &mut BatchOutcome) -> usize {
         loop {
             if let Some(run) = self.free_buffers.pop() {
                 self.runs[run].clear();
-                let buf = self.buffers[run].as_mut().expect("a free buffer is here");
-                buf.set_len(buf.capacity());
+                let len = self.buffer_blocks * self.lane.engine.geometry.block_size as usize;
+                self.buffers[run].as_mut().expect("a free buffer is here").set_len(len);
                 return run;
             }
             self.reap(1, outcome);

@@ -1,5 +1,6 @@
 //! The cleaner's settings: order, watermarks, rate controller, priorities, queue. Every field
-//! can be set at start and changed while the cleaner runs (`Engine::set_cleaner_setting`).
+//! can be set at start and changed while the cleaner runs (`Engine::set_cleaner_settings`;
+//! the queue's size at the next start).
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,7 +26,8 @@ impl WriteBackOrder {
     pub const ALL: [WriteBackOrder; 3] =
         [WriteBackOrder::Lba, WriteBackOrder::Oldest, WriteBackOrder::None];
 
-    fn name(self) -> &'static str {
+    /// The order's name, as settings and statistics spell it.
+    pub fn as_str(self) -> &'static str {
         match self {
             WriteBackOrder::Lba => "lba",
             WriteBackOrder::Oldest => "oldest",
@@ -36,7 +38,7 @@ impl WriteBackOrder {
 
 impl fmt::Display for WriteBackOrder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(self.as_str())
     }
 }
 
@@ -45,7 +47,7 @@ impl FromStr for WriteBackOrder {
     fn from_str(s: &str) -> Result<Self, String> {
         WriteBackOrder::ALL
             .into_iter()
-            .find(|o| o.name() == s)
+            .find(|o| o.as_str() == s)
             .ok_or_else(|| format!("unknown write-back order {s:?}; expected lba, oldest or none"))
     }
 }
@@ -69,7 +71,8 @@ impl Adaptive {
     /// Every mode, for help texts and tests.
     pub const ALL: [Adaptive; 3] = [Adaptive::Off, Adaptive::Boost, Adaptive::BoostPid];
 
-    fn name(self) -> &'static str {
+    /// The mode's name, as settings and statistics spell it.
+    pub fn as_str(self) -> &'static str {
         match self {
             Adaptive::Off => "off",
             Adaptive::Boost => "boost",
@@ -90,7 +93,7 @@ impl Adaptive {
 
 impl fmt::Display for Adaptive {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(self.as_str())
     }
 }
 
@@ -99,7 +102,7 @@ impl FromStr for Adaptive {
     fn from_str(s: &str) -> Result<Self, String> {
         Adaptive::ALL
             .into_iter()
-            .find(|a| a.name() == s)
+            .find(|a| a.as_str() == s)
             .ok_or_else(|| format!("unknown adaptive mode {s:?}; expected off, boost or boost-pid"))
     }
 }
@@ -124,11 +127,13 @@ pub struct CleanerConfig {
     pub idle_target_pct: u32,
     /// The foreground counts as idle after this long without a write, in milliseconds.
     pub idle_ms: u64,
-    /// Most writes the cleaner keeps in flight at the backing store.
+    /// Most writes the cleaner keeps in flight at the backing store. Its queue and buffers are
+    /// sized when the cleaner is made: a change while it runs takes effect at the next start.
     pub queue_depth: usize,
     /// Most blocks one batch writes back before its `fdatasync`.
     pub batch_blocks: usize,
-    /// Most adjacent blocks merged into one backing write.
+    /// Most adjacent blocks merged into one backing write. A change while the cleaner runs
+    /// may lower it; raising it above the value it started with takes effect at the next start.
     pub merge_blocks: usize,
     /// PID gains, per second: the rate in blocks per second is
     /// `kp * e + ki * ∫e dt + kd * de/dt`, `e` being dirty blocks above the target.
@@ -173,6 +178,19 @@ impl Default for CleanerConfig {
             stall_timeout_ms: 30_000,
         }
     }
+}
+
+/// The dirty-block counts the percentages of [`CleanerConfig`] stand for in one cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirtyThresholds {
+    /// `target_pct` of the slots.
+    pub target: u64,
+    /// `high_pct` of the slots.
+    pub high: u64,
+    /// `low_pct` of the slots.
+    pub low: u64,
+    /// `idle_target_pct` of the slots.
+    pub idle_target: u64,
 }
 
 /// The settable keys, in the order `describe` lists them.
@@ -272,6 +290,17 @@ impl CleanerConfig {
             self.stall_timeout_ms.to_string(),
         ];
         CLEANER_KEYS.into_iter().zip(values).collect()
+    }
+
+    /// The thresholds in blocks for a cache of `slots` slots.
+    pub fn thresholds(&self, slots: u64) -> DirtyThresholds {
+        let of = |pct: u32| slots * u64::from(pct) / 100;
+        DirtyThresholds {
+            target: of(self.target_pct),
+            high: of(self.high_pct),
+            low: of(self.low_pct),
+            idle_target: of(self.idle_target_pct),
+        }
     }
 
     /// Refuses settings that cannot work together.

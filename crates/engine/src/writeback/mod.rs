@@ -7,7 +7,7 @@ pub mod policy;
 pub mod priority;
 pub mod rate;
 
-pub use config::{Adaptive, CLEANER_KEYS, CleanerConfig, WriteBackOrder};
+pub use config::{Adaptive, CLEANER_KEYS, CleanerConfig, DirtyThresholds, WriteBackOrder};
 pub use policy::{Candidate, LbaSorted, NoWriteBack, OldestFirst, WriteBackPolicy};
 pub use rate::{RateController, RateTerms};
 
