@@ -33,6 +33,9 @@ cargo build --release -p pmcache-cli
 ./target/release/pmcache bench lookup --quick
 ./target/release/pmcache bench lookup --quick --serialize --json
 ./target/release/pmcache bench engines --quick --plot target/bench-engines-smoke.svg
+./target/release/pmcache bench writeback --quick --plot target/bench-writeback-smoke.svg
+./target/release/pmcache bench nbd --quick
+./target/release/pmcache bench paper002 --quick --plot target/bench-paper002-smoke.svg
 
 echo "== fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"
 if cargo +nightly fuzz --version >/dev/null 2>&1; then

@@ -1,7 +1,7 @@
 //! `pmcache bench …`: the experiments of the papers, each beside its baseline.
 
 use clap::{Args, Subcommand};
-use pmcache_bench::{engine_core, engines, lookup_cost};
+use pmcache_bench::{engine_core, engines, lookup_cost, nbd_fio, paper002, writeback};
 
 /// `pmcache bench`.
 #[derive(Args)]
@@ -27,6 +27,21 @@ enum Experiment {
     Lookup(lookup_cost::LookupArgs),
     /// Backing-store I/O engines against fio with the same engine and settings (paper 004).
     Engines(Box<engines::EnginesArgs>),
+    /// Sustained 4 KiB random writes into a write-back cache smaller than the span, backing
+    /// file on a disk: the background cleaner vs writers writing back inline vs fio on the
+    /// backing file itself (same engine, same total queue depth); per-second timelines, steady
+    /// IOPS, latency percentiles, dirty share; and the cleaner's drain of a full cache against
+    /// fio writing the same blocks.
+    Writeback(Box<writeback::WritebackArgs>),
+    /// pmcache served over NBD (the real server, fio's nbd engine) beside `nbdkit file` on the
+    /// same backing file and fio on the raw backing file: 4 KiB random writes and reads, QD16,
+    /// IOPS, latency percentiles, IOPS once the cache is full, the server's statistics.
+    Nbd(Box<nbd_fio::NbdArgs>),
+    /// Paper 002's experiment with pmcache in pblk's place: 4 MiB random writes over NBD into
+    /// a cache smaller than the span, the server confined to 1 or 2 CPUs, 1 or more writers,
+    /// adaptive boosting of the cleaner off vs on: bandwidth, stalls per write, context
+    /// switches, boosts; Table 1: the same beside a CPU-bound π job on the server's CPU.
+    Paper002(Box<paper002::Paper002Args>),
 }
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
@@ -34,5 +49,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         Experiment::Core(args) => engine_core::run_cli(&args),
         Experiment::Lookup(args) => lookup_cost::run_cli(&args),
         Experiment::Engines(args) => engines::run_cli(&args),
+        Experiment::Writeback(args) => writeback::run_cli(&args),
+        Experiment::Nbd(args) => nbd_fio::run_cli(&args),
+        Experiment::Paper002(args) => paper002::run_cli(&args),
     }
 }

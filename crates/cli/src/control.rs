@@ -1,8 +1,9 @@
 //! The control socket of a running server: a unix socket speaking one command per connection,
-//! one line each way (`stats` → a JSON object; `flush` → `progress <dirty> <total>` lines then
-//! `done`; `detach` → write everything back, stop serving, mark the cache clean; `set
-//! KEY=VALUE ...` → change cleaner settings, answered by `setting KEY VALUE` lines, all of
-//! them, then `done`; `set` alone lists them).
+//! one line each way (`stats` → a JSON object; `flush` → write back every dirty block, through
+//! the cleaner when one runs, answered by `progress <dirty> <total>` lines then `done <total>`;
+//! `detach` → write everything back, stop serving, mark the cache clean; `set KEY=VALUE ...` →
+//! change cleaner settings, answered by `setting KEY VALUE` lines, all of them, then `done`;
+//! `set` alone lists them).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use pmcache_engine::Error;
 use pmcache_nbd::server::ShutdownHandle;
 
 use crate::cache::CacheEngine;
@@ -68,6 +70,7 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
         ("cleaner_blocks_cleaned", c.blocks_cleaned.into()),
         ("cleaner_writes_issued", c.writes_issued.into()),
         ("cleaner_blocks_superseded", c.blocks_superseded.into()),
+        ("cleaner_blocks_evicted_for_writers", c.blocks_evicted_for_writers.into()),
         ("cleaner_errors", c.errors.into()),
         ("cleaner_boosts", c.boosts.into()),
         ("cleaner_boosted_ns", c.boosted_ns.into()),
@@ -120,16 +123,10 @@ fn handle(
         "" => {}
         "stats" => writeln!(writer, "{}", stats_json(engine))?,
         "flush" => {
-            let total = engine.stats().dirty_slots;
-            let result = std::thread::scope(|scope| {
-                let drain = scope.spawn(|| engine.lane().and_then(|mut lane| lane.drain()));
-                while !drain.is_finished() {
-                    let _ = writeln!(writer, "progress {} {total}", engine.stats().dirty_slots);
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                drain.join().expect("drain thread panicked")
-            });
-            match result {
+            let total = engine.dirty_slots();
+            match flush(engine, |dirty| {
+                let _ = writeln!(writer, "progress {dirty} {total}");
+            }) {
                 Ok(()) => writeln!(writer, "done {total}")?,
                 Err(e) => writeln!(writer, "error {e}")?,
             }
@@ -157,6 +154,34 @@ fn handle(
         )?,
     }
     Ok(())
+}
+
+/// Writes every dirty block back, calling `progress` with the dirty count every 100 ms: through
+/// the running cleaner (its thread and queue, at full speed: `Engine::request_drain`), or, when
+/// none takes requests (`order=none`, or stopped), through a lane of this thread's own.
+fn flush(engine: &'static CacheEngine, mut progress: impl FnMut(u64)) -> Result<(), String> {
+    const TICK: Duration = Duration::from_millis(100);
+    if let Some(ticket) = engine.request_drain() {
+        loop {
+            match engine.drain_outcome(ticket, TICK) {
+                None => progress(engine.dirty_slots()),
+                Some(Ok(_)) => return Ok(()),
+                Some(Err(Error::ShutDown)) => {
+                    return Err("the server began to stop before the flush was done".into());
+                }
+                Some(Err(e)) => return Err(e.to_string()),
+            }
+        }
+    }
+    std::thread::scope(|scope| {
+        let drain = scope.spawn(|| engine.lane().and_then(|mut lane| lane.drain()));
+        while !drain.is_finished() {
+            progress(engine.dirty_slots());
+            std::thread::sleep(TICK);
+        }
+        drain.join().expect("drain thread panicked")
+    })
+    .map_err(|e| e.to_string())
 }
 
 /// Sends one command to a running server and returns its reply lines through `on_line`.

@@ -11,6 +11,7 @@ mod cache;
 mod control;
 mod manage;
 mod serve;
+mod state;
 
 /// pmcache: a block cache on persistent memory, served over NBD.
 #[derive(Parser)]
@@ -23,7 +24,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a cache over NBD (with no options: a 1 GiB cache in /dev/shm in front of a sparse
-    /// 8 GiB file under ./pmcache-data, on 127.0.0.1:10809).
+    /// 8 GiB file under ./pmcache-data, on 127.0.0.1:10809). On a volatile medium (tmpfs,
+    /// ramfs) a stop writes every dirty block back first, and the attachment is recorded
+    /// beside the backing file.
     Serve(Box<serve::ServeArgs>),
     /// Format a cache medium for a backing store.
     Format(manage::FormatArgs),

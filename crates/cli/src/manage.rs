@@ -83,6 +83,11 @@ pub struct DetachArgs {
     /// restore), vouching that it holds the same data (see `serve --backing-moved`).
     #[arg(long)]
     backing_moved: bool,
+    /// The attachment state file `serve` keeps for a cache on a volatile medium (see `serve
+    /// --state-file`); an offline detach records in it that the backing store holds every
+    /// block.
+    #[arg(long, value_name = "PATH")]
+    state_file: Option<PathBuf>,
 }
 
 pub fn format(args: FormatArgs) -> Result<(), String> {
@@ -297,11 +302,17 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
         .map_err(|e| format!("write-back failed: {e}"))?;
     }
     bar.finish();
+    let uuid = engine.superblock().uuid;
     engine.shutdown().map_err(|e| e.to_string())?;
     println!(
         "detached {}: {dirty} dirty blocks written back, cache marked clean",
         args.cache.display()
     );
+    let state_path =
+        args.state_file.clone().unwrap_or_else(|| crate::state::default_path(&cache_args.backing));
+    if crate::state::mark_backing_complete(&state_path, &args.cache, uuid)? {
+        println!("{}: the backing store holds every block", state_path.display());
+    }
     Ok(())
 }
 

@@ -1,14 +1,18 @@
 //! `pmcache serve`: the cache as an NBD export, one engine lane per client connection, a
 //! control socket for `pmcache stats`, `flush` and `detach`, and a clean shutdown on SIGINT or
 //! SIGTERM (in-flight requests finish, the backing store is synced, the cache marked clean).
+//! On a volatile medium (tmpfs, ramfs) a stop writes every dirty block back first, and the
+//! attachment is recorded in a state file outside the medium (`crate::state`).
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use pmcache_engine::{Error, Lane, MonotonicClock, WriteRequest};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use pmcache_engine::{CacheMode, Error, Lane, MonotonicClock, WriteRequest};
 use pmcache_media::PmemFile;
 use pmcache_nbd::{
     BatchWrite, BlockSizes, Export, ExportConn, ExportError, ListenAddr, Server, ServerConfig,
@@ -18,6 +22,7 @@ use signal_hook::iterator::Signals;
 
 use crate::cache::{Backing, CacheArgs, CacheEngine, Opened, human, open_or_format, parse_size};
 use crate::control;
+use crate::state;
 
 /// Default cache medium of `pmcache serve` with no arguments.
 pub const DEFAULT_CACHE: &str = "/dev/shm/pmcache-default.pm";
@@ -82,6 +87,19 @@ pub struct ServeArgs {
     /// `order=none` runs no cleaner (writers then write back inline).
     #[arg(long = "cleaner", value_name = "KEY=VALUE")]
     pub cleaner: Vec<String>,
+    /// Where the attachment of the backing store to a cache on a volatile medium (tmpfs,
+    /// ramfs: lost at a reboot) is recorded, outside the medium [default: the backing file's
+    /// path + ".pmcache-state"; for a block device,
+    /// /var/lib/pmcache/<its path with / as ->.pmcache-state]. `serve` refuses to start when
+    /// it records blocks that may not have been written back from a cache that is gone
+    /// (docs/DURABILITY.md, "Stop and lost volatile media").
+    #[arg(long, value_name = "PATH")]
+    pub state_file: Option<PathBuf>,
+    /// Start although the state file records that the backing store may lack blocks that only
+    /// a volatile cache held, and that cache is gone (or is not the one given): those blocks
+    /// are abandoned, and the backing store is served as it is.
+    #[arg(long)]
+    pub accept_stale_backing: bool,
 }
 
 /// The control socket path of a cache.
@@ -147,6 +165,21 @@ impl ExportConn for CacheConn {
             .collect();
         let mut results = Vec::with_capacity(writes.len());
         self.lane.write_batch(&requests, &mut results);
+        outcomes.extend(results.into_iter().map(|r| r.map_err(export_error)));
+    }
+
+    /// The reads a client had in flight, pipelined by the engine (`Lane::read_batch`).
+    fn read_batch(
+        &mut self,
+        reads: &mut [pmcache_nbd::export::BatchRead<'_>],
+        outcomes: &mut Vec<Result<(), ExportError>>,
+    ) {
+        let mut requests: Vec<pmcache_engine::ReadRequest<'_>> = reads
+            .iter_mut()
+            .map(|r| pmcache_engine::ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf })
+            .collect();
+        let mut results = Vec::with_capacity(requests.len());
+        self.lane.read_batch(&mut requests, &mut results);
         outcomes.extend(results.into_iter().map(|r| r.map_err(export_error)));
     }
 
@@ -232,8 +265,12 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     if let Some(socket) = &args.socket {
         remove_stale_socket(socket)?;
     }
-    // One lane per connection, plus the control socket's, the final drain's and the
-    // cleaner's.
+    // A backing store whose newest blocks may be in a volatile cache that is gone is refused
+    // before the medium is opened (or created).
+    let state_path = args.state_file.clone().unwrap_or_else(|| state::default_path(&backing));
+    let overrode = check_state(&state_path, &cache, args.accept_stale_backing)?;
+    // One lane per connection, plus two for control requests (a flush without a cleaner
+    // drains through a lane) and the cleaner's.
     let max_lanes = args.max_connections + 3;
     let (engine, opened) = open_or_format(&cache_args, max_lanes)?;
     match &opened {
@@ -258,20 +295,55 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
              block was made dirty (it will be written back again)"
         );
     }
+    // A volatile medium: the attachment is recorded (the backing store possibly stale) before
+    // any client can write.
+    let volatile = state::volatile_medium(&cache);
+    let uuid = engine.superblock().uuid;
+    match &volatile {
+        Some(fs) => {
+            let may_dirty = matches!(args.mode, CacheMode::WriteBack | CacheMode::WriteOnly)
+                || engine.dirty_slots() > 0;
+            let record = state::Record {
+                backing: state::absolute(&backing),
+                cache: state::absolute(&cache),
+                cache_uuid: uuid,
+                cache_volatile: true,
+                backing_stale: may_dirty,
+                updated_unix_secs: state::now_unix_secs(),
+            };
+            state::store(&state_path, &record)?;
+            eprintln!(
+                "pmcache: the cache medium is volatile ({fs}: lost at a reboot): a stop writes \
+                 every dirty block back first; the attachment is recorded in {}",
+                state_path.display()
+            );
+        }
+        // A record that was overridden would refuse the next start again: it no longer
+        // describes this backing store.
+        None if overrode => state::remove(&state_path)?,
+        None => {}
+    }
     // The engine lives as long as the process; lanes borrow it from the connection threads.
     let engine: &'static CacheEngine = Box::leak(Box::new(engine));
     let mut cleaner = engine.cleaner(cleaner_config).map_err(|e| format!("cleaner: {e}"))?;
-    let cleaner_thread = std::thread::Builder::new()
-        .name("pmcache-cleaner".into())
-        .spawn(move || {
-            cleaner.run(|note| {
-                if let Some(note) = note {
-                    eprintln!("pmcache: {note}; the cleaner runs at a fixed priority");
-                }
-            });
-            cleaner
-        })
-        .map_err(|e| format!("starting the cleaner: {e}"))?;
+    // Set before the cleaner is stopped when every dirty block is to be written back (a
+    // volatile medium, or a detach): the cleaner's thread then does it after its run, through
+    // the cleaner's queue, which belongs to that thread.
+    let write_back_all = Arc::new(AtomicBool::new(false));
+    let cleaner_thread = {
+        let write_back_all = write_back_all.clone();
+        std::thread::Builder::new()
+            .name("pmcache-cleaner".into())
+            .spawn(move || {
+                cleaner.run(|note| {
+                    if let Some(note) = note {
+                        eprintln!("pmcache: {note}; the cleaner runs at a fixed priority");
+                    }
+                });
+                write_back_all.load(Ordering::SeqCst).then(|| cleaner.drain())
+            })
+            .map_err(|e| format!("starting the cleaner: {e}"))?
+    };
     let listen = match &args.socket {
         Some(path) => ListenAddr::Unix(path.clone()),
         None => ListenAddr::Tcp(args.listen),
@@ -299,14 +371,26 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
     {
         let shutdown = shutdown.clone();
+        let lost = if volatile.is_some() {
+            " (the medium is volatile: a reboot before that start loses the blocks not written \
+             back)"
+        } else {
+            ""
+        };
+        let then = if volatile.is_some() {
+            "every dirty block is written back (the medium is volatile) and the cache is marked \
+             clean"
+        } else {
+            "the cache is marked clean"
+        };
         std::thread::Builder::new()
             .name("pmcache-signals".into())
             .spawn(move || {
                 let mut received = signals.forever();
                 if received.next().is_some() {
                     eprintln!(
-                        "pmcache: shutting down: requests in flight finish, then the cache is \
-                         marked clean (a second SIGINT or SIGTERM stops at once)"
+                        "pmcache: shutting down: requests in flight finish, then {then} (a \
+                         second SIGINT or SIGTERM stops at once)"
                     );
                     shutdown.shutdown();
                 }
@@ -318,7 +402,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 if let Some(signal) = received.next() {
                     eprintln!(
                         "pmcache: second signal: stopping at once, without a clean shutdown; \
-                         acknowledged writes are on the medium and the next start recovers them"
+                         acknowledged writes are on the medium and the next start recovers \
+                         them{lost}"
                     );
                     std::process::exit(128 + signal);
                 }
@@ -342,18 +427,45 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     // unwinding through here).
     control_file.keep();
     let served = server.run().map_err(|e| e.to_string());
+    let detaching = detach.load(Ordering::SeqCst);
+    let writing_back = detaching || volatile.is_some();
+    write_back_all.store(writing_back, Ordering::SeqCst);
+    let total = engine.dirty_slots();
     engine.stop_cleaner();
-    // The cleaner's queue belongs to its thread: the final write-back goes through a lane.
-    let cleaner = cleaner_thread.join().map_err(|_| "the cleaner thread panicked".to_string())?;
-    drop(cleaner);
-    if detach.load(Ordering::SeqCst) {
-        let drained = engine.lane().and_then(|mut lane| lane.drain());
-        if let Err(e) = drained {
+    // Every dirty block written back by the cleaner's thread after its run (its queue belongs
+    // to that thread), when asked for above; this thread shows the progress.
+    if writing_back {
+        let started = Instant::now();
+        let mut progress = Progress::new(total, &backing);
+        while !cleaner_thread.is_finished() {
+            progress.update(total.saturating_sub(engine.dirty_slots()));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        progress.finish(total.saturating_sub(engine.dirty_slots()), started.elapsed());
+    }
+    let written_back = cleaner_thread
+        .join()
+        .map_err(|_| "the cleaner thread panicked".to_string())?
+        .map(|drained| drained.map_err(|e| e.to_string()));
+    match written_back {
+        Some(Err(e)) if detaching => {
             return Err(format!(
                 "write-back before detach failed: {e}; the cache keeps its dirty blocks (nothing \
                  acknowledged is lost) and was not marked clean"
             ));
         }
+        Some(Err(e)) => {
+            return Err(format!(
+                "write-back before stopping failed: {e}; the cache was not marked clean and keeps \
+                 its dirty blocks on {} (nothing acknowledged is lost while the medium lasts), \
+                 but that medium is volatile ({}): a reboot loses them. Make the backing store \
+                 take writes again, then start pmcache again on the same cache (it recovers \
+                 them) and stop or detach it",
+                cache.display(),
+                volatile.as_deref().unwrap_or("tmpfs")
+            ));
+        }
+        Some(Ok(_)) | None => {}
     }
     // Connection threads have ended and dropped their lanes (the cleaner too); a control
     // request may still hold one for a moment.
@@ -368,13 +480,122 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             Ok(()) => break,
         }
     }
+    // The backing store holds every block now: recorded before the control socket goes (an
+    // online `detach` waits for that).
+    let recorded = if written_back.is_some() {
+        state::mark_backing_complete(&state_path, &cache, uuid)
+    } else {
+        Ok(false)
+    };
     let _ = std::fs::remove_file(&control_path);
-    eprintln!(
-        "pmcache: {}: cache marked clean{}",
-        cache.display(),
-        if detach.load(Ordering::SeqCst) { " and detached (every block written back)" } else { "" }
-    );
+    let what = match (detaching, written_back.is_some()) {
+        (true, _) => " and detached (every block written back)",
+        (false, true) => " (every block written back: the medium is volatile)",
+        (false, false) => "",
+    };
+    eprintln!("pmcache: {}: cache marked clean{what}", cache.display());
+    match recorded {
+        Ok(true) => {
+            eprintln!("pmcache: {}: the backing store holds every block", state_path.display())
+        }
+        Ok(false) => {}
+        Err(e) => {
+            return Err(format!(
+                "{e}; the cache was written back and marked clean, but the state file still \
+                 says the backing store may lack blocks: if the medium is lost, start with \
+                 --accept-stale-backing"
+            ));
+        }
+    }
     served
+}
+
+/// Reads the state file and refuses (with what happened, what is lost and how to go on) a
+/// backing store whose newest blocks may be in a volatile cache that is gone, or that is
+/// still there but is not `cache`. Returns whether a refusal was overridden by
+/// `--accept-stale-backing`.
+fn check_state(path: &Path, cache: &Path, accept: bool) -> Result<bool, String> {
+    let record = match state::load(path) {
+        Ok(Some(record)) => record,
+        Ok(None) => return Ok(false),
+        Err(e) if accept => {
+            eprintln!("pmcache: warning: {e}; starting anyway (--accept-stale-backing)");
+            return Ok(true);
+        }
+        Err(e) => {
+            return Err(format!(
+                "{e}. It records whether the backing store may lack blocks held by a volatile \
+                 cache; inspect it, or pass --accept-stale-backing to start anyway"
+            ));
+        }
+    };
+    let now = state::probe_medium(&record.cache);
+    let same = state::same_file(&record.cache, cache);
+    match state::check(&record, now, same) {
+        Ok(()) => Ok(false),
+        Err(refusal) => {
+            let message = state::refusal_message(&refusal, &record, path, cache);
+            if !accept {
+                return Err(message);
+            }
+            eprintln!("pmcache: warning: --accept-stale-backing: {message}");
+            eprintln!("pmcache: starting anyway: the backing store is served as it is");
+            Ok(true)
+        }
+    }
+}
+
+/// Progress of the final write-back (the dirty count, polled) on stderr: a bar on a terminal,
+/// otherwise a line at the start, at each quarter and at the end.
+struct Progress {
+    total: u64,
+    bar: Option<ProgressBar>,
+    quarters_said: u64,
+}
+
+impl Progress {
+    fn new(total: u64, backing: &Path) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "pmcache: writing back {bar:40} {pos}/{len} dirty blocks ({eta})",
+                )
+                .expect("valid template"),
+            );
+            bar
+        });
+        if bar.is_none() {
+            eprintln!("pmcache: writing back {total} dirty blocks to {}", backing.display());
+        }
+        Self { total, bar, quarters_said: 0 }
+    }
+
+    fn update(&mut self, cleaned: u64) {
+        match &self.bar {
+            Some(bar) => bar.set_position(cleaned.min(self.total)),
+            None if self.total > 0 => {
+                let quarters = (cleaned.min(self.total) * 4 / self.total).min(3);
+                if quarters > self.quarters_said {
+                    self.quarters_said = quarters;
+                    eprintln!("pmcache: written back {cleaned} of {} dirty blocks", self.total);
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn finish(&self, cleaned: u64, took: Duration) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(cleaned.min(self.total));
+            bar.abandon();
+        }
+        eprintln!(
+            "pmcache: write-back ended after {:.1} s: {cleaned} of {} blocks written back",
+            took.as_secs_f64(),
+            self.total
+        );
+    }
 }
 
 /// Removes a file when dropped (the control socket, on every way out of `run` but those that

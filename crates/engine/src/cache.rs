@@ -40,6 +40,7 @@ mod alloc;
 mod batch;
 mod cleaner;
 mod lifecycle;
+mod misses;
 mod persist;
 mod read;
 mod shared;
@@ -256,6 +257,8 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     frees_unfenced: bool,
     /// Each lane's fence count as this lane last read it (see `unfenced_free`).
     fences_seen: Box<[u64]>,
+    /// The queue this lane's batched read misses go through (`misses.rs`).
+    miss_queue: misses::MissQueue,
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {

@@ -117,6 +117,15 @@ pub struct BatchWrite<'a> {
     pub fua: bool,
 }
 
+/// One read of a batch (see [`ExportConn::read_batch`]).
+#[derive(Debug, Default)]
+pub struct BatchRead<'a> {
+    /// Offset into the export.
+    pub offset_bytes: u64,
+    /// Where the bytes go; its length is the read's length.
+    pub buf: &'a mut [u8],
+}
+
 /// One connection's view of an export. Called from one thread at a time, with requests that
 /// are non-empty, in range and aligned. `fua` means: persist this write before returning.
 pub trait ExportConn: Send {
@@ -138,6 +147,23 @@ pub trait ExportConn: Send {
     ) {
         for w in writes {
             outcomes.push(self.write(w.offset_bytes, w.data, w.fua));
+        }
+    }
+
+    /// Reads several requests the client had in flight together (the server gathers the
+    /// reads whose headers have all arrived), filling each one's `buf` and pushing one result
+    /// per read, in order, onto `outcomes` (which the server passes in empty). A batch holds
+    /// reads only, with no write between them, so they may be served in any order or all at
+    /// once. The default reads them one by one; an export that can share work between them
+    /// (the cache's pipelined lookups and backing-store reads) overrides it. A failed read
+    /// fails alone: the others of its batch are answered with their data.
+    fn read_batch(
+        &mut self,
+        reads: &mut [BatchRead<'_>],
+        outcomes: &mut Vec<Result<(), ExportError>>,
+    ) {
+        for r in reads {
+            outcomes.push(self.read(r.offset_bytes, r.buf));
         }
     }
 
@@ -207,15 +233,22 @@ mod tests {
         assert_eq!((no_errno.errno(), no_errno.context()), (libc::EIO, "custom"));
     }
 
-    /// A connection that records its writes and fails the one at offset 13.
+    /// A connection that records its reads and writes and fails those at offset 13; a read
+    /// fills its buffer with its offset.
     #[derive(Default)]
     struct Recorder {
+        reads: Vec<(u64, usize)>,
         writes: Vec<(u64, Vec<u8>, bool)>,
     }
 
     impl ExportConn for Recorder {
-        fn read(&mut self, _offset_bytes: u64, _buf: &mut [u8]) -> Result<(), ExportError> {
-            unreachable!("not read")
+        fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+            self.reads.push((offset_bytes, buf.len()));
+            if offset_bytes == 13 {
+                return Err(ExportError::new(libc::EIO, "bad sector"));
+            }
+            buf.fill(offset_bytes as u8);
+            Ok(())
         }
         fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
             self.writes.push((offset_bytes, data.to_vec(), fua));
@@ -254,5 +287,25 @@ mod tests {
         assert_eq!(outcomes.len(), 3);
         assert!(outcomes[0].is_ok() && outcomes[2].is_ok());
         assert_eq!(outcomes[1].as_ref().unwrap_err().errno(), libc::EIO);
+    }
+
+    /// The default read batch reads one by one, in order, one outcome each: a failed read
+    /// fails alone and the others get their bytes.
+    #[test]
+    fn a_default_batch_reads_in_order_with_one_outcome_each() {
+        let mut conn = Recorder::default();
+        let (mut a, mut b, mut c) = ([0u8; 2], [0u8; 1], [0u8; 3]);
+        let mut batch = [
+            BatchRead { offset_bytes: 5, buf: &mut a },
+            BatchRead { offset_bytes: 13, buf: &mut b },
+            BatchRead { offset_bytes: 7, buf: &mut c },
+        ];
+        let mut outcomes = Vec::new();
+        conn.read_batch(&mut batch, &mut outcomes);
+        assert_eq!(conn.reads, [(5, 2), (13, 1), (7, 3)]);
+        assert_eq!(outcomes.len(), 3);
+        assert!(outcomes[0].is_ok() && outcomes[2].is_ok());
+        assert_eq!(outcomes[1].as_ref().unwrap_err().errno(), libc::EIO);
+        assert_eq!((a, b, c), ([5; 2], [0; 1], [7; 3]));
     }
 }

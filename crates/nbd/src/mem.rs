@@ -3,9 +3,9 @@
 //! The bytes live in fixed 1 MiB stripes, each behind its own `RwLock`, so connections that
 //! touch different stripes do not contend. Allocation is zeroed and lazy (untouched pages
 //! cost nothing). Flush and FUA are no-ops (RAM has nothing to persist to), which makes the
-//! export safe for `NBD_FLAG_CAN_MULTI_CONN`. Counters record flushes and FUA writes so tests
-//! can check that those requests reach the export, and a fault range makes every operation
-//! touching it fail with a chosen errno.
+//! export safe for `NBD_FLAG_CAN_MULTI_CONN`. Counters record flushes, FUA writes and batched
+//! reads and writes so tests can check that those requests reach the export, and a fault range
+//! makes every operation touching it fail with a chosen errno.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -19,6 +19,8 @@ const STRIPE_BYTES: u64 = 1 << 20;
 pub struct MemStats {
     /// Read calls.
     pub reads: u64,
+    /// Reads that arrived in a batch of two or more (also counted in `reads`).
+    pub batched_reads: u64,
     /// Write calls.
     pub writes: u64,
     /// Writes that arrived in a batch of two or more (also counted in `writes`).
@@ -38,6 +40,7 @@ pub struct MemStats {
 #[derive(Debug, Default)]
 struct Counters {
     reads: AtomicU64,
+    batched_reads: AtomicU64,
     writes: AtomicU64,
     batched_writes: AtomicU64,
     fua_ops: AtomicU64,
@@ -106,6 +109,7 @@ impl MemExport {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         MemStats {
             reads: get(&c.reads),
+            batched_reads: get(&c.batched_reads),
             writes: get(&c.writes),
             batched_writes: get(&c.batched_writes),
             fua_ops: get(&c.fua_ops),
@@ -244,6 +248,20 @@ impl ExportConn for MemConn {
     fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), ExportError> {
         self.count(|c| &c.reads, false);
         self.export.read_at(offset_bytes, buf)
+    }
+
+    fn read_batch(
+        &mut self,
+        reads: &mut [crate::export::BatchRead<'_>],
+        outcomes: &mut Vec<Result<(), ExportError>>,
+    ) {
+        if reads.len() > 1 {
+            let batched = &self.export.inner.counters.batched_reads;
+            batched.fetch_add(reads.len() as u64, Ordering::Relaxed);
+        }
+        for r in reads {
+            outcomes.push(self.read(r.offset_bytes, r.buf));
+        }
     }
 
     fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {

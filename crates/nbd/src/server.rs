@@ -4,11 +4,15 @@
 //! connection are pipelined: the thread decodes requests from a read buffer and executes
 //! them in order, appending replies to an output buffer that it writes out whenever no
 //! further complete request header is buffered (so a burst of pipelined requests costs one
-//! `read` and one `write` system call, and a lone request is answered at once). All buffers
-//! are allocated when a connection enters transmission, sized from the configuration: a
-//! 256 KiB read buffer, a write-payload buffer and a reply buffer of the maximum request
-//! size. A connection that misbehaves is closed alone; bad requests get the spec's error
-//! and the connection keeps working (see [`codec::Session::validate`]).
+//! `read` and one `write` system call, and a lone request is answered at once). Requests of
+//! the same kind that are already buffered go to the export together: a WRITE with the
+//! writes whose payloads have arrived after it ([`ExportConn::write_batch`], at most 32), a
+//! READ with the reads whose headers have arrived after it ([`ExportConn::read_batch`], at
+//! most [`READ_BATCH_MAX`] and [`READ_BATCH_BYTES_MAX`] of data). All buffers are allocated
+//! when a connection enters transmission, sized from the configuration: a 256 KiB read
+//! buffer, a write-payload buffer and a reply buffer of the maximum request size (a read
+//! batch's data fits in it too). A connection that misbehaves is closed alone; bad requests
+//! get the spec's error and the connection keeps working (see [`codec::Session::validate`]).
 //!
 //! Shutdown ([`ShutdownHandle::shutdown`], callable from any thread) stops accepting, shuts
 //! down the read side of every connection (each finishes the request it is executing, writes
@@ -32,7 +36,7 @@ use crate::codec::{
     OptionOutcome, ProtocolError, REQUEST_HEADER_BYTES, Request, STRING_BYTES_MAX,
     STRUCTURED_READ_HEADER_BYTES, Session,
 };
-use crate::export::{BatchWrite, BlockSizes, Export, ExportConn, ExportError};
+use crate::export::{BatchRead, BatchWrite, BlockSizes, Export, ExportConn, ExportError};
 
 /// The default NBD port.
 pub const DEFAULT_PORT: u16 = 10809;
@@ -47,6 +51,15 @@ const READ_BUFFER_BYTES: usize = 256 * 1024;
 const OUT_FLUSH_BYTES: usize = 256 * 1024;
 /// Writes handed to the export together at most.
 const WRITE_BATCH_MAX: usize = 32;
+/// Reads handed to the export together ([`ExportConn::read_batch`]) at most: the cache
+/// engine's pipelined read chunk.
+pub const READ_BATCH_MAX: usize = 32;
+/// Data bytes of the reads of one batch at most, when the maximum request size is larger
+/// (otherwise that size is the bound): a batch's replies are built in the reply buffer before
+/// any is sent, so this bounds what one batch pins there and how long its first reply waits.
+/// A read larger than the bound is a batch of its own. At 1 MiB, reads of up to 32 KiB fill a
+/// batch of [`READ_BATCH_MAX`].
+pub const READ_BATCH_BYTES_MAX: usize = 1 << 20;
 const SHUTDOWN_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the server listens.
@@ -351,7 +364,10 @@ pub fn serve_connection<E: Export, T: Transport>(
     };
     wire.t.end_handshake()?;
     let max_payload = session.max_payload_bytes as usize;
-    wire.out = Vec::with_capacity(max_payload + OUT_FLUSH_BYTES + STRUCTURED_READ_HEADER_BYTES);
+    // A read batch's data is at most `max_payload` (see `READ_BATCH_BYTES_MAX`), each of its
+    // replies with its header.
+    let headers = READ_BATCH_MAX * STRUCTURED_READ_HEADER_BYTES;
+    wire.out = Vec::with_capacity(max_payload + OUT_FLUSH_BYTES + headers);
     let mut payload = vec![0u8; max_payload];
     let result = transmission(&mut wire, &session, &mut conn, &mut payload);
     let flushed = wire.flush();
@@ -433,7 +449,8 @@ fn transmission<T: Transport, C: ExportConn>(
 ) -> Result<ConnEnd, ConnError> {
     let structured = session.structured_replies;
     let mut queued = Vec::with_capacity(WRITE_BATCH_MAX);
-    let mut outcomes = Vec::with_capacity(WRITE_BATCH_MAX);
+    let mut queued_reads = Vec::with_capacity(READ_BATCH_MAX);
+    let mut outcomes = Vec::with_capacity(WRITE_BATCH_MAX.max(READ_BATCH_MAX));
     let mut errors = ErrorLog::default();
     loop {
         if wire.buffered() < REQUEST_HEADER_BYTES {
@@ -468,23 +485,22 @@ fn transmission<T: Transport, C: ExportConn>(
             }
         };
         let result = match request {
+            Request::Read { offset_bytes, len_bytes } if len_bytes > 0 => {
+                let first = QueuedRead {
+                    cookie,
+                    offset_bytes,
+                    len: len_bytes as usize,
+                    reply_at: 0,
+                    data_at: 0,
+                };
+                let (queued, outcomes) = (&mut queued_reads, &mut outcomes);
+                read_buffered_batch(wire, session, conn, first, queued, outcomes, &mut errors)?;
+                continue;
+            }
             Request::Read { offset_bytes, len_bytes } => {
-                let len = len_bytes as usize;
-                wire.make_room(STRUCTURED_READ_HEADER_BYTES + len)?;
-                let mark = wire.out.len();
+                wire.make_room(STRUCTURED_READ_HEADER_BYTES)?;
                 codec::encode_read_ok(&mut wire.out, structured, cookie, offset_bytes, len_bytes);
-                if len == 0 {
-                    continue;
-                }
-                let start = wire.out.len();
-                wire.out.resize(start + len, 0);
-                match conn.read(offset_bytes, &mut wire.out[start..]) {
-                    Ok(()) => continue,
-                    Err(e) => {
-                        wire.out.truncate(mark);
-                        Err(e)
-                    }
-                }
+                continue;
             }
             Request::Write { offset_bytes, len_bytes, fua }
                 if len_bytes > 0 && wire.buffered() >= len_bytes as usize =>
@@ -637,6 +653,104 @@ fn write_buffered_batch<T: Transport, C: ExportConn>(
         }
         reply(wire, q.cookie, false, outcome)?;
     }
+    Ok(())
+}
+
+/// A read of a batch, and where its reply is built in the output buffer.
+struct QueuedRead {
+    cookie: u64,
+    offset_bytes: u64,
+    len: usize,
+    /// Where its reply (header, then data) starts in the output buffer.
+    reply_at: usize,
+    /// Where its data starts in the output buffer.
+    data_at: usize,
+}
+
+/// Serves `first` (a validated, non-empty read) together with the valid, non-empty reads whose
+/// headers follow it in the read buffer, up to [`READ_BATCH_MAX`] reads and a data budget of
+/// [`READ_BATCH_BYTES_MAX`] or the maximum request size, whichever is smaller (`first` always
+/// goes, however large): every reply is laid out in the output buffer, header then room for
+/// the data, and one `read_batch` call fills the data in place (no copy, no allocation). A
+/// read that fails gets an error reply in place of its own, the others keep theirs, all in
+/// request order, exactly as the reads one by one would be answered. Anything else — another
+/// command, an invalid or partial request — ends the batch and is left in the buffer for the
+/// ordinary path.
+fn read_buffered_batch<T: Transport, C: ExportConn>(
+    wire: &mut Wire<T>,
+    session: &Session,
+    conn: &mut C,
+    first: QueuedRead,
+    queued: &mut Vec<QueuedRead>,
+    outcomes: &mut Vec<Result<(), ExportError>>,
+    errors: &mut ErrorLog,
+) -> io::Result<()> {
+    let structured = session.structured_replies;
+    let budget = READ_BATCH_BYTES_MAX.min(session.max_payload_bytes as usize);
+    queued.clear();
+    let mut total = first.len;
+    queued.push(first);
+    while queued.len() < READ_BATCH_MAX && wire.buffered() >= REQUEST_HEADER_BYTES {
+        let mut hb = [0u8; REQUEST_HEADER_BYTES];
+        hb.copy_from_slice(&wire.rbuf[wire.rpos..wire.rpos + REQUEST_HEADER_BYTES]);
+        let Ok(h) = codec::decode_request_header(&hb) else { break };
+        let Ok(Request::Read { offset_bytes, len_bytes }) = session.validate(&h) else {
+            break;
+        };
+        let len = len_bytes as usize;
+        if len == 0 || total + len > budget {
+            break;
+        }
+        wire.rpos += REQUEST_HEADER_BYTES;
+        total += len;
+        queued.push(QueuedRead { cookie: h.cookie, offset_bytes, len, reply_at: 0, data_at: 0 });
+    }
+    wire.make_room(total + queued.len() * STRUCTURED_READ_HEADER_BYTES)?;
+    for q in queued.iter_mut() {
+        q.reply_at = wire.out.len();
+        codec::encode_read_ok(&mut wire.out, structured, q.cookie, q.offset_bytes, q.len as u32);
+        q.data_at = wire.out.len();
+        wire.out.resize(q.data_at + q.len, 0);
+    }
+    outcomes.clear();
+    {
+        // The data of each reply, split off the output buffer in order.
+        let mut reads: [BatchRead<'_>; READ_BATCH_MAX] =
+            std::array::from_fn(|_| BatchRead::default());
+        let mut rest = &mut wire.out[queued[0].reply_at..];
+        let mut rest_at = queued[0].reply_at;
+        for (q, r) in queued.iter().zip(reads.iter_mut()) {
+            let (_, data) = std::mem::take(&mut rest).split_at_mut(q.data_at - rest_at);
+            let (buf, after) = data.split_at_mut(q.len);
+            *r = BatchRead { offset_bytes: q.offset_bytes, buf };
+            rest = after;
+            rest_at = q.data_at + q.len;
+        }
+        conn.read_batch(&mut reads[..queued.len()], outcomes);
+    }
+    assert_eq!(outcomes.len(), queued.len(), "the export gave one result per read");
+    let Some(failed) = outcomes.iter().position(Result::is_err) else {
+        outcomes.clear();
+        return Ok(());
+    };
+    // From the first failed read on, the replies are taken out and put back one by one, each
+    // failed read's replaced by its error (only when a read failed: a copy of that tail).
+    let cut = queued[failed].reply_at;
+    let tail = wire.out.split_off(cut);
+    for (q, outcome) in queued[failed..].iter().zip(outcomes.drain(failed..)) {
+        match outcome {
+            Ok(()) => {
+                let answer = &tail[q.reply_at - cut..q.data_at + q.len - cut];
+                wire.make_room(answer.len())?;
+                wire.out.extend_from_slice(answer);
+            }
+            Err(e) => {
+                errors.note(codec::CMD_READ, q.offset_bytes, q.len as u32, &e);
+                reply(wire, q.cookie, structured, Err(e))?;
+            }
+        }
+    }
+    outcomes.clear();
     Ok(())
 }
 
@@ -1308,24 +1422,26 @@ mod tests {
         assert_eq!(back, [3; 512], "the write before the error was served");
     }
 
-    /// Replies are sent in pieces of at most the flush size plus one reply, however many
-    /// requests are pipelined: the reply buffer stays bounded.
+    /// Replies are sent in pieces of at most the flush size plus one read batch's replies,
+    /// however many requests are pipelined: the reply buffer stays bounded.
     #[test]
     fn pipelined_replies_go_out_in_bounded_pieces() {
         let export = mem(1 << 20, 512, 1 << 20);
         let info = export_info(&export, "pm", 1 << 20).expect("info");
         let mut input = handshake_bytes();
         let read_bytes = 64 << 10;
-        for i in 0..40u64 {
+        for i in 0..64u64 {
             request_bytes(&mut input, codec::CMD_READ, i, (i % 16) * read_bytes, read_bytes as u32);
         }
         let mut transport = Scripted::new(input);
         let end = serve_connection(&mut transport, &export, &info);
         assert!(matches!(end, Ok(ConnEnd::Closed)), "{end:?}");
         let total: usize = transport.write_sizes.iter().sum();
-        assert!(total > 40 * read_bytes as usize, "every read answered: {total} bytes");
+        assert!(total > 64 * read_bytes as usize, "every read answered: {total} bytes");
         let largest = transport.write_sizes.iter().copied().max().unwrap_or(0);
-        let bound = OUT_FLUSH_BYTES + read_bytes as usize + codec::SIMPLE_REPLY_BYTES;
+        let batch_replies = READ_BATCH_BYTES_MAX + READ_BATCH_MAX * codec::SIMPLE_REPLY_BYTES;
+        let bound = OUT_FLUSH_BYTES + batch_replies;
         assert!(largest <= bound, "a write of {largest} bytes, bound {bound}");
+        assert!(total > 2 * bound, "the replies were more than the bound");
     }
 }

@@ -99,6 +99,24 @@ impl Setup {
         Server::spawn(cmd, self.shm.path())
     }
 
+    /// `pmcache serve` on this setup's backing store with the cache medium at `cache` instead
+    /// of the setup's (and `extra` arguments), waiting until it listens.
+    pub fn serve_with_cache(&self, cache: &Path, via: Via, extra: &[&str]) -> Server {
+        let mut args = self.serve_args(via, extra);
+        args[2] = cache.into();
+        let mut cmd = Command::new(PMCACHE);
+        cmd.args(args);
+        Server::spawn(cmd, self.shm.path())
+    }
+
+    /// `pmcache serve` on this setup with the cache medium at `cache` (and `extra` arguments),
+    /// run to completion: a start that is refused.
+    pub fn serve_refused(&self, cache: &Path, extra: &[&str]) -> Output {
+        let mut args = self.serve_args(Via::Tcp, extra);
+        args[2] = cache.into();
+        run(Command::new(PMCACHE).args(args), Duration::from_secs(30))
+    }
+
     /// `pmcache serve` over TCP with the psync engine, whose writes to the backing store at or
     /// past `limit_bytes` fail with `EFBIG`: the process's file-size limit (`ulimit -f`), with
     /// SIGXFSZ ignored (a failing backing device, without a device-mapper here).

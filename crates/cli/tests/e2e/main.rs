@@ -2,7 +2,8 @@
 //! binary as a child process (cache medium in /dev/shm, sparse backing file in a temp dir,
 //! ephemeral TCP port or unix socket, control socket in the temp dir), driven by real NBD
 //! clients (qemu-io, qemu-img, nbdinfo, nbdcopy, fio) and by raw-socket clients, including
-//! kill -9 of the server mid-write and recovery on restart.
+//! kill -9 of the server mid-write and recovery on restart, and the write-back at a stop on a
+//! volatile medium with the refusal to start over a backing store whose cache was lost.
 //!
 //! A missing client binary fails the test with the apt package to install.
 
@@ -13,3 +14,4 @@ mod fio;
 mod libnbd;
 mod qemu;
 mod raw_socket;
+mod volatile;

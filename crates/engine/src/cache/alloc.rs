@@ -319,53 +319,80 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         true
     }
 
-    /// Writes dirty slots back to the backing store, syncs it, and marks them clean.
-    /// `held` is a stripe the caller holds (other stripes are then only tried, never waited on).
-    /// to reveal with `Index::replace`. The caller holds `lba`'s stripe.
+    /// Inserts a hidden index entry for `lba` in `slot`, to reveal with `Index::replace`,
+    /// making room in a full bucket first (evicting a clean occupant, or writing a dirty one
+    /// back). The caller holds `lba`'s stripe; other stripes are only tried, never waited on.
     pub(super) fn index_insert(&mut self, lba: u64, slot: u32) -> Result<Found> {
-        let engine = self.engine;
-        let held = Some(engine.stripe_index(lba));
         loop {
-            let full = match engine.index.insert(lba, slot) {
-                Ok(inserted) => return Ok(inserted),
-                Err(full) => full,
-            };
-            bump(&self.counters().index_conflicts, 1);
-            let clean = full.occupants.iter().copied().find(|&s| {
-                let word = engine.slots.load(s);
-                word.state() == SlotState::Clean && self.try_evict(s, word, held)
-            });
-            if clean.is_some() {
-                continue;
-            }
-            // No clean occupant could be evicted: write a dirty one back (evicted next round).
-            // One whose stripe another lane holds is skipped for the next: this lane holds
-            // its own stripe, and two lanes making room in each other's stripes must not wait
-            // on each other.
-            let mut written = false;
-            let mut error = None;
-            for &occupant in &full.occupants {
-                if engine.slots.load(occupant).state() != SlotState::Dirty {
-                    continue;
-                }
-                // One the backing store refuses stays; the next occupant may go instead.
-                match self.write_back(&[occupant], held).into_result() {
-                    Ok(0) => {}
-                    Ok(_) => {
-                        written = true;
-                        break;
-                    }
-                    Err(e) => {
-                        error.get_or_insert(e);
-                    }
-                }
-            }
-            if !written {
-                if let Some(e) = error {
-                    return Err(e);
-                }
-                crate::sync::yield_now();
+            match self.index_insert_round(lba, slot)? {
+                Insert::Done(inserted) => return Ok(inserted),
+                Insert::RoomMade => {}
+                Insert::Busy => crate::sync::yield_now(),
             }
         }
     }
+
+    /// `index_insert` for an admission that may be given up: `None` when no room could be
+    /// made (every occupant of the bucket busy — possibly in a stripe this lane holds for
+    /// another block of a batch) rather than a wait for the occupants.
+    pub(super) fn index_insert_optional(&mut self, lba: u64, slot: u32) -> Result<Option<Found>> {
+        for _ in 0..4 {
+            match self.index_insert_round(lba, slot)? {
+                Insert::Done(inserted) => return Ok(Some(inserted)),
+                Insert::RoomMade => {}
+                Insert::Busy => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
+    /// One try of `index_insert`.
+    fn index_insert_round(&mut self, lba: u64, slot: u32) -> Result<Insert> {
+        let engine = self.engine;
+        let held = Some(engine.stripe_index(lba));
+        let full = match engine.index.insert(lba, slot) {
+            Ok(inserted) => return Ok(Insert::Done(inserted)),
+            Err(full) => full,
+        };
+        bump(&self.counters().index_conflicts, 1);
+        let clean = full.occupants.iter().copied().find(|&s| {
+            let word = engine.slots.load(s);
+            word.state() == SlotState::Clean && self.try_evict(s, word, held)
+        });
+        if clean.is_some() {
+            return Ok(Insert::RoomMade);
+        }
+        // No clean occupant could be evicted: write a dirty one back (evicted next round).
+        // One whose stripe another lane holds is skipped for the next: this lane holds its
+        // own stripe, and two lanes making room in each other's stripes must not wait on each
+        // other.
+        let mut error = None;
+        for &occupant in &full.occupants {
+            if engine.slots.load(occupant).state() != SlotState::Dirty {
+                continue;
+            }
+            // One the backing store refuses stays; the next occupant may go instead.
+            match self.write_back(&[occupant], held).into_result() {
+                Ok(0) => {}
+                Ok(_) => return Ok(Insert::RoomMade),
+                Err(e) => {
+                    error.get_or_insert(e);
+                }
+            }
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(Insert::Busy),
+        }
+    }
+}
+
+/// What one try of an index insertion did.
+enum Insert {
+    /// Inserted (hidden, to reveal with `Index::replace`).
+    Done(Found),
+    /// Room was made: try again.
+    RoomMade,
+    /// No room could be made now: every occupant is busy.
+    Busy,
 }

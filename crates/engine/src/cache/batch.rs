@@ -4,7 +4,8 @@
 //! - Reads are software-pipelined in three passes over up to [`READ_CHUNK`] of them: prefetch
 //!   every index bucket, look every block up, then copy and validate each exactly as a single
 //!   lock-free hit does, starting the data of the read [`READ_DATA_PREFETCH_AHEAD`] places
-//!   further on.
+//!   further on. The chunk's misses then go to the backing store together through the lane's
+//!   I/O queue (`misses.rs`).
 //! - Whole-block writes in write-back mode are group-committed: the data of up to
 //!   [`GROUP_MAX`] writes to distinct blocks is copied and made durable with one fence
 //!   (before any stripe is locked), then their metadata entries with one fence, in rounds
@@ -32,8 +33,8 @@ use crate::stats::bump;
 use crate::sync::MutexGuard;
 use smallvec::SmallVec;
 
-/// Reads pipelined together at most.
-const READ_CHUNK: usize = 32;
+/// Reads pipelined together at most (and so misses queued together at most).
+pub(crate) const READ_CHUNK: usize = 32;
 
 /// How many reads ahead of the one being copied a batch starts loading its data (measured
 /// best on DRAM-emulated PM; `pmcache bench core`'s batched floor uses the same distance).
@@ -125,6 +126,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
         };
         (0..READ_DATA_PREFETCH_AHEAD).for_each(prefetch_data);
+        // Single-block reads that missed go to the backing store together, after the hits.
+        let base = outcomes.len();
+        let mut misses: SmallVec<[usize; READ_CHUNK]> = SmallVec::new();
         for (i, (r, f)) in reads.iter_mut().zip(found).enumerate() {
             prefetch_data(i + READ_DATA_PREFETCH_AHEAD);
             let hit = f.is_some_and(|hit| {
@@ -133,9 +137,15 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             if hit {
                 bump(&self.counters().bytes_read, r.buf.len() as u64);
                 outcomes.push(Ok(()));
+            } else if keys[i].is_some() {
+                misses.push(i);
+                outcomes.push(Ok(()));
             } else {
                 outcomes.push(self.read(r.offset, r.buf));
             }
+        }
+        if !misses.is_empty() {
+            self.read_misses(reads, &misses, base, outcomes);
         }
     }
 

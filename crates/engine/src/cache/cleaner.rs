@@ -14,13 +14,19 @@
 //! count to fall to zero first, so an older copy can never land after a newer one. The
 //! cleaner itself never waits for a stripe while it has writes in flight (it only tries the
 //! lock), and its completions lower the count without the lock: the wait cannot deadlock.
-//! Within one batch a block is copied at most once, and batches do not overlap.
+//! Within one batch a block is copied at most once.
+//!
+//! Batches are pipelined: once a batch's writes have completed, its flush (`fdatasync`) goes
+//! to the queue and the next batch's writes are issued while it runs; the batch is marked
+//! clean when its flush completes, before the next flush is issued. The batch being synced
+//! is left out of the next one (its blocks are still dirty until marked).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use pmcache_backing::{IoBuf, IoCompletion, IoQueue, IoRequest};
 
+use super::shared::SyncTicket;
 use super::*;
 use crate::sync::Condvar;
 use crate::writeback::priority::ThreadPriority;
@@ -35,6 +41,8 @@ const CANDIDATES_MAX: usize = 1 << 16;
 const REST_MS: u64 = 100;
 /// How long a stalled writer waits for the cleaner's next batch before it looks again.
 const STALL_POLL_MS: u64 = 20;
+/// The `user_data` of the cleaner's flushes (its writes carry their buffer's index).
+const FLUSH_TAG: u64 = u64::MAX;
 
 /// The cleaner's state shared with the lanes: whether one runs, its settings, its wake-up and
 /// progress signals, and its figures.
@@ -63,6 +71,8 @@ pub(crate) struct CleanerShared {
     stall_histogram: [AtomicU64; STALL_BUCKETS],
     stall_timeouts: AtomicU64,
     inline_fallbacks: AtomicU64,
+    /// Drains asked of the running cleaner (`Engine::request_drain`).
+    drains: DrainRequests,
 }
 
 impl CleanerShared {
@@ -85,6 +95,7 @@ impl CleanerShared {
             stall_histogram: std::array::from_fn(|_| AtomicU64::new(0)),
             stall_timeouts: AtomicU64::new(0),
             inline_fallbacks: AtomicU64::new(0),
+            drains: DrainRequests::new(),
         }
     }
 
@@ -155,7 +166,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             return Err(Error::Config("a cleaner already runs on this cache".into()));
         }
         let lane = self.lane()?;
-        let queue = self.backing.open_queue(config.queue_depth).ok();
+        // One write per buffer, and the flush of the batch before.
+        let queue = self.backing.open_queue(config.queue_depth + 1).ok();
         *lock(&self.cleaner.config) = config.clone();
         self.cleaner.stop.store(false, Ordering::SeqCst);
         let block = self.geometry.block_size as usize;
@@ -178,6 +190,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             in_batch: HashSet::with_capacity(config.batch_blocks.min(1 << 16)),
             succeeded: Vec::with_capacity(config.batch_blocks.min(1 << 16)),
             failed: Vec::new(),
+            syncing: None,
+            syncing_lbas: HashSet::with_capacity(config.batch_blocks.min(1 << 16)),
+            spare_blocks: Vec::with_capacity(config.batch_blocks.min(1 << 16)),
             config,
         })
     }
@@ -315,6 +330,8 @@ type InFlight = (u32, SlotWord, SlotEntry);
 /// What one batch did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BatchOutcome {
+    /// Blocks copied and sent to the backing store.
+    pub copied: u64,
     /// Blocks written back and marked clean.
     pub cleaned: u64,
     /// Backing writes issued.
@@ -355,7 +372,23 @@ pub struct Cleaner<'e, M: Medium, B: BackingStore, C: Clock> {
     in_batch: HashSet<u64>,
     succeeded: Vec<InFlight>,
     failed: Vec<InFlight>,
+    /// The batch whose writes completed and whose flush is on its way.
+    syncing: Option<SyncInFlight>,
+    /// The block numbers of `syncing` (left out of the next batch).
+    syncing_lbas: HashSet<u64>,
+    /// An empty list kept for the next batch's blocks.
+    spare_blocks: Vec<InFlight>,
     config: CleanerConfig,
+}
+
+/// A batch written and being synced.
+struct SyncInFlight {
+    blocks: Vec<InFlight>,
+    ticket: SyncTicket,
+    /// The last sequence number issued before the flush (see `advance_synced_seq`).
+    seq_sample: u64,
+    /// The flush's outcome once it completed.
+    result: Option<std::result::Result<(), pmcache_backing::BackingError>>,
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
@@ -379,6 +412,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         let can_boost = note.is_none();
         // Writers stop waiting for this cleaner however `run` ends, an unwinding panic too.
         let _not_running = NotRunningOnExit(shared);
+        // Drains are asked of this loop until it ends (those still waiting then are answered).
+        let _drains = shared.drains.serve();
         lock(&shared.status).priority_note = note.clone();
         on_start(note.as_deref());
 
@@ -391,11 +426,15 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         let mut boosted_since: Option<Instant> = None;
         let mut failures_in_a_row = 0u32;
         while !shared.stop.load(Ordering::SeqCst) {
+            if self.serve_drain_request() {
+                continue;
+            }
             let config = lock(&shared.config).clone();
             if config.order == WriteBackOrder::None {
                 shared.running.store(false, Ordering::SeqCst);
                 let levels = config.thresholds(engine.geometry.slot_count);
                 self.set_phase("off", RateTerms::default(), &config, levels);
+                self.settle();
                 shared.rest(Duration::from_millis(REST_MS));
                 continue;
             }
@@ -461,6 +500,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                     Some(tokens as usize)
                 } else {
                     let wait_s = (1.0 - tokens) / terms.rate;
+                    self.settle();
                     shared.rest(Duration::from_secs_f64(wait_s.min(REST_MS as f64 / 1000.0)));
                     None
                 }
@@ -468,32 +508,36 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                 controller.reset();
                 tokens = 0.0;
                 self.set_phase("resting", RateTerms::default(), &config, levels);
+                self.settle();
                 shared.rest(Duration::from_millis(REST_MS));
                 None
             };
             let Some(budget) = budget else { continue };
-            let outcome = self.clean_batch(budget);
-            tokens = (tokens - outcome.cleaned as f64 - outcome.superseded as f64).max(0.0);
-            if outcome.failed > 0 && outcome.cleaned == 0 {
+            let outcome = self.step(budget);
+            tokens = (tokens - outcome.copied as f64).max(0.0);
+            if outcome.failed > 0 && outcome.cleaned == 0 && self.syncing.is_none() {
                 failures_in_a_row += 1;
                 shared.failing.store(true, Ordering::SeqCst);
                 lock(&shared.status).phase = "failing";
                 // Writers fall back inline meanwhile; wake any waiting so they see it.
                 shared.advance_progress();
                 let backoff_ms = (10u64 << failures_in_a_row.min(7)).min(1000);
+                self.settle();
                 shared.rest(Duration::from_millis(backoff_ms));
             } else {
                 if outcome.cleaned > 0 {
                     failures_in_a_row = 0;
                     shared.failing.store(false, Ordering::SeqCst);
                 }
-                if !outcome.found_dirty || outcome.cleaned == 0 {
+                if outcome.copied == 0 {
                     // Nothing could be written back right now (every dirty block busy or just
                     // cleaned by someone else): look again shortly rather than spin.
+                    self.settle();
                     shared.rest(Duration::from_millis(2));
                 }
             }
         }
+        self.settle();
         shared.running.store(false, Ordering::SeqCst);
         if let Some(since) = boosted_since {
             let _ = priority.set(self.config.nice_base);
@@ -528,9 +572,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
     pub fn drain(&mut self) -> Result<u64> {
         let mut cleaned = 0;
         loop {
-            let outcome = self.clean_batch(self.config.batch_blocks);
+            let outcome = self.step(self.config.batch_blocks);
             cleaned += outcome.cleaned;
-            if outcome.cleaned == 0 {
+            if outcome.cleaned == 0 && self.syncing.is_none() {
                 if outcome.failed > 0 {
                     return Err(Error::WriteBackIncomplete { failed: outcome.failed, cleaned });
                 }
@@ -578,16 +622,55 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
     }
 
     /// One batch: up to `max_blocks` dirty blocks copied and written back (adjacent ones
-    /// merged, up to `queue_depth` writes in flight), one sync, then marked clean.
+    /// merged, up to `queue_depth` writes in flight), synced and marked clean before it
+    /// returns (with the batch before, if one was still syncing).
     pub fn clean_batch(&mut self, max_blocks: usize) -> BatchOutcome {
+        let mut outcome = self.step(max_blocks);
+        let settled = self.settle();
+        outcome.cleaned += settled.cleaned;
+        outcome.superseded += settled.superseded;
+        outcome.failed += settled.failed;
+        outcome
+    }
+
+    /// Completes the batch still syncing, if one is: waits for its flush and marks it clean.
+    pub fn settle(&mut self) -> BatchOutcome {
+        let mut outcome = BatchOutcome::default();
+        if self.syncing.is_some() {
+            while self.syncing.as_ref().is_some_and(|s| s.result.is_none()) {
+                self.reap(1, &mut outcome);
+            }
+            self.complete_sync(&mut outcome);
+            self.publish(&outcome);
+        }
+        outcome
+    }
+
+    /// One step of the pipeline: copies and writes a batch while the previous batch's flush
+    /// runs; then marks the previous batch clean and sends this one's flush.
+    fn step(&mut self, max_blocks: usize) -> BatchOutcome {
         let mut outcome = BatchOutcome::default();
         if self.next_candidate >= self.candidates.len() {
             self.scan();
         }
-        if self.candidates.is_empty() {
-            return outcome;
+        if !self.candidates.is_empty() {
+            outcome.found_dirty = true;
+            self.write_batch(max_blocks, &mut outcome);
         }
-        outcome.found_dirty = true;
+        // This batch's writes and the previous batch's flush, all completed.
+        while self.free_buffers.len() < self.buffers.len()
+            || self.syncing.as_ref().is_some_and(|s| s.result.is_none())
+        {
+            self.reap(1, &mut outcome);
+        }
+        self.complete_sync(&mut outcome);
+        self.start_sync(&mut outcome);
+        self.publish(&outcome);
+        outcome
+    }
+
+    /// Copies up to `max_blocks` candidates and sends them to the backing store.
+    fn write_batch(&mut self, max_blocks: usize, outcome: &mut BatchOutcome) {
         let engine = self.lane.engine;
         let block = u64::from(engine.geometry.block_size);
         let merge = self.config.merge_blocks.min(self.buffer_blocks);
@@ -601,7 +684,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         while copied < max_blocks && self.next_candidate < self.candidates.len() {
             let candidate = self.candidates[self.next_candidate];
             self.next_candidate += 1;
-            if self.in_batch.contains(&candidate.lba) {
+            if self.in_batch.contains(&candidate.lba) || self.syncing_lbas.contains(&candidate.lba)
+            {
                 continue;
             }
             // An open run takes the block if it is empty, or if the block follows its last one
@@ -618,9 +702,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             });
             if !extends {
                 if let Some(run) = open_run.take() {
-                    self.issue(run, &mut outcome);
+                    self.issue(run, outcome);
                 }
-                open_run = Some(self.free_buffer(&mut outcome));
+                open_run = Some(self.free_buffer(outcome));
             }
             let run = open_run.expect("a run is open");
             let stripe = engine.stripe_index(candidate.lba);
@@ -654,19 +738,15 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             self.in_batch.insert(candidate.lba);
             self.resume_lba = candidate.lba + 1;
             copied += 1;
+            outcome.copied += 1;
         }
         if let Some(run) = open_run {
             if self.runs[run].is_empty() {
                 self.free_buffers.push(run);
             } else {
-                self.issue(run, &mut outcome);
+                self.issue(run, outcome);
             }
         }
-        while self.free_buffers.len() < self.buffers.len() {
-            self.reap(1, &mut outcome);
-        }
-        self.finish(&mut outcome);
-        outcome
     }
 
     /// A buffer for a new run, reaping completions until one is free.
@@ -730,6 +810,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             None => self.completions.append(&mut self.direct_done),
         }
         for completion in std::mem::take(&mut self.completions) {
+            if completion.user_data == FLUSH_TAG {
+                let syncing = self.syncing.as_mut().expect("a flush completes for a batch");
+                syncing.result = Some(completion.result);
+                continue;
+            }
             let run = completion.user_data as usize;
             for &(slot, word, entry) in &self.runs[run] {
                 let stripe = engine.stripe_index(entry.lba);
@@ -752,11 +837,10 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         }
     }
 
-    /// After every write of the batch completed: syncs, marks the written blocks clean (each
-    /// only if its slot is unchanged), and marks refused ones.
-    fn finish(&mut self, outcome: &mut BatchOutcome) {
+    /// After every write of the batch completed: marks the refused blocks, and sends the
+    /// flush of those written (synchronously for a store without a queue).
+    fn start_sync(&mut self, outcome: &mut BatchOutcome) {
         let engine = self.lane.engine;
-        let shared = &engine.cleaner;
         for &(slot, seen, entry) in &self.failed {
             let _guard = engine.lock_stripe(entry.lba);
             let now = engine.slots.load(slot);
@@ -764,41 +848,94 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                 engine.slots.mark_write_back_refused(slot, now);
             }
         }
-        let mut errors = 0;
         if !self.failed.is_empty() {
-            errors += 1;
+            lock(&engine.cleaner.status).errors += 1;
         }
-        if !self.succeeded.is_empty() {
-            let sample = engine.last_issued_seq();
-            if engine.sync_backing().is_err() {
-                outcome.failed += self.succeeded.len() as u64;
-                errors += 1;
-            } else {
-                let mut cleaned = 0u64;
-                for &(slot, seen, entry) in &self.succeeded {
-                    let _guard = engine.lock_stripe(entry.lba);
-                    let now = engine.slots.load(slot);
-                    if now.same_incarnation(seen) && now.state() == SlotState::Dirty {
-                        self.lane.rewrite_entry_state(
-                            slot,
-                            SlotEntry { state: BlockState::Clean, ..entry },
-                        );
-                        engine.slots.set_clean(slot);
-                        cleaned += 1;
-                    } else {
-                        outcome.superseded += 1;
-                    }
+        self.failed.clear();
+        if self.succeeded.is_empty() {
+            return;
+        }
+        assert!(self.syncing.is_none(), "one batch syncs at a time");
+        let seq_sample = engine.last_issued_seq();
+        let Ok(ticket) = engine.begin_sync() else {
+            outcome.failed += self.succeeded.len() as u64;
+            lock(&engine.cleaner.status).errors += 1;
+            self.succeeded.clear();
+            return;
+        };
+        let blocks = std::mem::replace(&mut self.succeeded, std::mem::take(&mut self.spare_blocks));
+        self.syncing_lbas.clear();
+        self.syncing_lbas.extend(blocks.iter().map(|&(_, _, entry)| entry.lba));
+        let mut syncing = SyncInFlight { blocks, ticket, seq_sample, result: None };
+        match self.queue.as_mut() {
+            Some(queue) => {
+                if let Err(request) = queue.push(IoRequest::flush(FLUSH_TAG)) {
+                    // The queue has a place for the flush beside every write buffer.
+                    unreachable_queue_full(request);
                 }
-                self.lane.fence();
-                self.lane.advance_synced_seq(sample);
-                let counters = self.lane.counters();
-                bump(&counters.writebacks, cleaned);
-                bump(&counters.dirty_delta, cleaned.wrapping_neg());
-                outcome.cleaned = cleaned;
             }
+            None => syncing.result = Some(engine.backing.flush()),
         }
+        self.syncing = Some(syncing);
+    }
+
+    /// After the syncing batch's flush completed: marks its blocks clean (each only if its
+    /// slot is unchanged) and advances the synced sequence. While writers stall for slots,
+    /// the blocks are evicted too and their slots go straight to the free pool: the cache is
+    /// then all dirty but for them (any eviction would pick them), and a stalled writer takes
+    /// a slot from the pool at once instead of searching the slot table for the few clean
+    /// ones, where one writer can keep missing them while others take them.
+    fn complete_sync(&mut self, outcome: &mut BatchOutcome) {
+        let Some(syncing) = self.syncing.take() else { return };
+        let engine = self.lane.engine;
+        let evict = engine.cleaner.stalled_writers.load(Ordering::SeqCst) > 0;
+        let mut evicted = 0u64;
+        let SyncInFlight { mut blocks, ticket, seq_sample, result } = syncing;
+        let result = result.expect("the flush completed");
+        self.syncing_lbas.clear();
+        if engine.end_sync(ticket, result).is_err() {
+            outcome.failed += blocks.len() as u64;
+            lock(&engine.cleaner.status).errors += 1;
+        } else {
+            let mut cleaned = 0u64;
+            for &(slot, seen, entry) in &blocks {
+                let _guard = engine.lock_stripe(entry.lba);
+                let now = engine.slots.load(slot);
+                if now.same_incarnation(seen) && now.state() == SlotState::Dirty {
+                    self.lane
+                        .rewrite_entry_state(slot, SlotEntry { state: BlockState::Clean, ..entry });
+                    engine.slots.set_clean(slot);
+                    cleaned += 1;
+                    // Written back and synced: evicting it loses nothing.
+                    let stripe = engine.stripe_index(entry.lba);
+                    if evict && self.lane.try_evict(slot, engine.slots.load(slot), Some(stripe)) {
+                        evicted += 1;
+                    }
+                } else {
+                    outcome.superseded += 1;
+                }
+            }
+            self.lane.fence();
+            if evicted > 0 {
+                // Durably free after the fence: to the pool, for the stalled writers.
+                self.lane.return_durable_freed();
+                lock(&engine.cleaner.status).blocks_evicted_for_writers += evicted;
+            }
+            self.lane.advance_synced_seq(seq_sample);
+            let counters = self.lane.counters();
+            bump(&counters.writebacks, cleaned);
+            bump(&counters.dirty_delta, cleaned.wrapping_neg());
+            outcome.cleaned += cleaned;
+        }
+        blocks.clear();
+        self.spare_blocks = blocks;
+    }
+
+    /// Adds a step's figures to the cleaner's, and wakes stalled writers when slots came
+    /// clean.
+    fn publish(&self, outcome: &BatchOutcome) {
+        let shared = &self.lane.engine.cleaner;
         let mut status = lock(&shared.status);
-        status.errors += errors;
         if outcome.writes > 0 {
             status.batches += 1;
         }
@@ -815,4 +952,288 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
 #[cold]
 fn unreachable_queue_full(request: IoRequest) -> ! {
     panic!("the cleaner's queue refused write {} with a buffer free", request.user_data)
+}
+
+/// Batches in a row a requested drain lets clean nothing without an error (every dirty block
+/// busy under a writer's stripe, or overwritten while it was copied) before it ends, 1 ms
+/// apart.
+const DRAIN_FRUITLESS_MAX: u32 = 1000;
+/// A requested drain ends once it has written back this many times the cache's slots: writers
+/// that keep dirtying blocks as fast as they are cleaned would otherwise hold it forever.
+const DRAIN_SLOTS_FACTOR: u64 = 4;
+
+/// How a requested drain ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DrainAnswer {
+    /// No dirty block was left, or none could be written back for a while without an error
+    /// (writers keep them busy).
+    Drained { cleaned: u64 },
+    /// A batch cleaned nothing because the backing store refused writes or its sync failed.
+    Failed { failed: u64, cleaned: u64 },
+    /// The cleaner was stopped first (or its run ended before it got to the request).
+    Stopped,
+}
+
+/// Drains asked of a running cleaner ([`Engine::request_drain`]), served by its run loop on
+/// its own thread (whose queue only that thread may use) and answered through a condition
+/// variable. Requests are numbered; one drain answers every request made before it started.
+pub(crate) struct DrainRequests {
+    state: Mutex<DrainState>,
+    answered: Condvar,
+}
+
+#[derive(Default)]
+struct DrainState {
+    /// A run loop takes requests.
+    serving: bool,
+    /// The number of the last request made.
+    asked: u64,
+    /// Every request up to this number has its answer.
+    answered: u64,
+    /// The answer to the requests up to `answered`.
+    last: Option<DrainAnswer>,
+}
+
+impl DrainRequests {
+    fn new() -> Self {
+        Self { state: Mutex::new(DrainState::default()), answered: Condvar::new() }
+    }
+
+    /// Starts taking requests; the guard stops that and answers the requests left when the
+    /// run loop ends (an unwinding panic too).
+    fn serve(&self) -> StopServingDrains<'_> {
+        lock(&self.state).serving = true;
+        StopServingDrains(self)
+    }
+
+    /// The number of the newest request not answered yet, taken for a drain.
+    fn take(&self) -> Option<u64> {
+        let state = lock(&self.state);
+        (state.asked > state.answered).then_some(state.asked)
+    }
+
+    fn answer(&self, upto: u64, answer: DrainAnswer) {
+        let mut state = lock(&self.state);
+        if upto > state.answered {
+            state.answered = upto;
+            state.last = Some(answer);
+        }
+        drop(state);
+        self.answered.notify_all();
+    }
+}
+
+/// Ends a run loop's service of drain requests when dropped.
+struct StopServingDrains<'a>(&'a DrainRequests);
+
+impl Drop for StopServingDrains<'_> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.0.state);
+        state.serving = false;
+        if state.asked > state.answered {
+            state.answered = state.asked;
+            state.last = Some(DrainAnswer::Stopped);
+        }
+        drop(state);
+        self.0.answered.notify_all();
+    }
+}
+
+impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
+    /// Asks the running cleaner to write back every dirty block, at full speed, on its own
+    /// thread and through its queue: its run loop takes the request between two batches and
+    /// cleans batch after batch until no dirty block is left or a batch cleans nothing. Returns
+    /// the request's number, to wait on with [`Engine::drain_outcome`]; `None` when no cleaner
+    /// takes requests (none runs, it was stopped, or its order is `none`): the caller then
+    /// writes back through a lane of its own ([`Lane::drain`]).
+    pub fn request_drain(&self) -> Option<u64> {
+        let shared = &self.cleaner;
+        let mut state = lock(&shared.drains.state);
+        if !state.serving
+            || shared.stop.load(Ordering::SeqCst)
+            || lock(&shared.config).order == WriteBackOrder::None
+        {
+            return None;
+        }
+        state.asked += 1;
+        let ticket = state.asked;
+        drop(state);
+        shared.wake();
+        Some(ticket)
+    }
+
+    /// Waits up to `timeout` for the drain asked for as `ticket` ([`Engine::request_drain`]):
+    /// `None` while it runs; `Some(Ok(cleaned))` once no dirty block is left (or none could be
+    /// written back for a second without an error: writers keep them busy);
+    /// `Some(Err(WriteBackIncomplete))` when the backing store refused blocks (they stay dirty);
+    /// `Some(Err(ShutDown))` when the cleaner stopped before the drain was done.
+    pub fn drain_outcome(&self, ticket: u64, timeout: Duration) -> Option<Result<u64>> {
+        let drains = &self.cleaner.drains;
+        let mut state = lock(&drains.state);
+        if state.answered < ticket {
+            state = drains
+                .answered
+                .wait_timeout(state, timeout)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+        if state.answered < ticket {
+            return None;
+        }
+        Some(match state.last.unwrap_or(DrainAnswer::Stopped) {
+            DrainAnswer::Drained { cleaned } => Ok(cleaned),
+            DrainAnswer::Failed { failed, cleaned } => {
+                Err(Error::WriteBackIncomplete { failed, cleaned })
+            }
+            DrainAnswer::Stopped => Err(Error::ShutDown),
+        })
+    }
+}
+
+impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
+    /// Serves the drain requests made so far, if any (the run loop's hook, between batches):
+    /// batches at full speed until no dirty block is left, a batch fails, the cleaner is
+    /// stopped, or nothing could be cleaned for a while. Returns whether it served one.
+    fn serve_drain_request(&mut self) -> bool {
+        let engine = self.lane.engine;
+        let shared = &engine.cleaner;
+        let Some(upto) = shared.drains.take() else { return false };
+        lock(&shared.status).phase = "draining";
+        let slots = engine.geometry.slot_count;
+        let mut cleaned = 0u64;
+        let mut fruitless = 0u32;
+        let answer = loop {
+            if shared.stop.load(Ordering::SeqCst) {
+                break DrainAnswer::Stopped;
+            }
+            if engine.dirty_slots() == 0 || cleaned >= DRAIN_SLOTS_FACTOR * slots {
+                break DrainAnswer::Drained { cleaned };
+            }
+            let batch_blocks = lock(&shared.config).batch_blocks;
+            let outcome = self.clean_batch(batch_blocks);
+            cleaned += outcome.cleaned;
+            if outcome.cleaned > 0 {
+                fruitless = 0;
+                shared.failing.store(false, Ordering::SeqCst);
+                continue;
+            }
+            if outcome.failed > 0 {
+                break DrainAnswer::Failed { failed: outcome.failed, cleaned };
+            }
+            // Nothing cleaned and no error: every block found was busy or replaced meanwhile,
+            // or none was found while the count says some are dirty (blocks on their way to
+            // being marked clean). Look again shortly; the count decides when it is done.
+            fruitless += 1;
+            if fruitless >= DRAIN_FRUITLESS_MAX {
+                break DrainAnswer::Drained { cleaned };
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        shared.drains.answer(upto, answer);
+        true
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod drain_request_tests {
+    use std::sync::Arc;
+
+    use crate::testing::model::{BLOCK, World, config, pattern};
+    use crate::{AdmissionConfig, CacheMode, Engine, EvictionKind, ManualClock};
+
+    use super::*;
+
+    /// A cleaner that only works when asked: far from every watermark, never idle.
+    fn asleep() -> CleanerConfig {
+        CleanerConfig {
+            target_pct: 99,
+            high_pct: 100,
+            low_pct: 99,
+            idle_target_pct: 99,
+            idle_ms: 3_600_000,
+            queue_depth: 2,
+            batch_blocks: 4,
+            merge_blocks: 2,
+            ..CleanerConfig::default()
+        }
+    }
+
+    /// A drain asked of a running cleaner writes every dirty block back on the cleaner's
+    /// thread and answers with the count; a failing backing store is answered with the
+    /// blocks it refused (they stay dirty); a stopped cleaner takes no request, and one
+    /// whose order is `none` neither.
+    #[test]
+    fn a_requested_drain_is_served_by_the_running_cleaner() {
+        let world = World::fresh(41);
+        let cfg = config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always);
+        let engine = Engine::format(
+            world.medium.clone(),
+            world.backing.clone(),
+            Arc::new(ManualClock::default()),
+            &cfg,
+        )
+        .expect("format");
+        let block = BLOCK as u64;
+        let write = |lbas: std::ops::Range<u64>, tag: u64| {
+            let mut lane = engine.lane().expect("lane");
+            for lba in lbas {
+                lane.write(lba * block, &pattern(tag + lba, 0, block), false).expect("write");
+            }
+        };
+        assert!(engine.request_drain().is_none(), "no cleaner runs yet");
+        let mut cleaner = engine.cleaner(asleep()).expect("cleaner");
+        std::thread::scope(|scope| {
+            let running = scope.spawn(|| cleaner.run(|_| {}));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let ticket = loop {
+                if let Some(ticket) = engine.request_drain() {
+                    break ticket;
+                }
+                assert!(Instant::now() < deadline, "the cleaner takes no request");
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            // Asked before anything is dirty: answered at once with nothing cleaned.
+            let wait = |ticket| loop {
+                if let Some(outcome) = engine.drain_outcome(ticket, Duration::from_millis(50)) {
+                    break outcome;
+                }
+                assert!(Instant::now() < deadline, "no answer");
+            };
+            assert_eq!(wait(ticket).expect("drained"), 0);
+            write(0..12, 100);
+            assert_eq!(engine.dirty_slots(), 12);
+            let ticket = engine.request_drain().expect("taken");
+            assert_eq!(wait(ticket).expect("drained"), 12);
+            assert_eq!(engine.dirty_slots(), 0);
+            let durable = world.backing.durable_contents();
+            for lba in 0..12u64 {
+                let at = lba as usize * BLOCK;
+                assert_eq!(&durable[at..at + BLOCK], &pattern(100 + lba, 0, block)[..]);
+            }
+
+            write(0..6, 200);
+            world.backing.fail_writes_in(3 * block..4 * block);
+            let ticket = engine.request_drain().expect("taken");
+            let err = wait(ticket).expect_err("block 3 refused");
+            assert!(matches!(err, Error::WriteBackIncomplete { failed: 1, .. }), "{err}");
+            assert_eq!(engine.dirty_slots(), 1);
+            world.backing.heal();
+
+            engine.set_cleaner_settings(["order=none"]).expect("order none");
+            assert!(engine.request_drain().is_none(), "order none takes no request");
+            engine.set_cleaner_settings(["order=lba"]).expect("order lba");
+            let ticket = engine.request_drain().expect("taken");
+            assert_eq!(wait(ticket).expect("drained"), 1);
+            assert_eq!(engine.dirty_slots(), 0);
+
+            engine.stop_cleaner();
+            running.join().expect("cleaner thread");
+        });
+        assert!(engine.request_drain().is_none(), "a stopped cleaner takes no request");
+        // The cleaner drains after its run too, on the thread that ran it.
+        write(20..24, 300);
+        assert_eq!(cleaner.drain().expect("drain"), 4);
+        drop(cleaner);
+        engine.audit().expect("audit");
+    }
 }

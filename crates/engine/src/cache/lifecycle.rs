@@ -147,6 +147,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             group_alone: Vec::with_capacity(self.group_max),
             frees_unfenced: false,
             fences_seen: vec![0; self.lanes.len()].into_boxed_slice(),
+            miss_queue: super::misses::MissQueue::Unopened,
         })
     }
 

@@ -155,16 +155,34 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// would trust clean blocks the store lost. Attaching again re-dirties every clean block
     /// newer than the last good sync (`synced_seq`), which is written back once more.
     pub(super) fn sync_backing(&self) -> Result<()> {
+        let ticket = self.begin_sync()?;
+        let result = self.backing.flush();
+        self.end_sync(ticket, result)
+    }
+
+    /// The first half of a sync of the backing store whose flush is issued separately (the
+    /// cleaner's, through its queue): refuses after a failed sync, and notes the writes the
+    /// flush will cover — those issued before it.
+    pub(super) fn begin_sync(&self) -> Result<SyncTicket> {
         if self.backing_sync_failed.load(Ordering::SeqCst) {
             self.backing_errors.fetch_add(1, Ordering::Relaxed);
             return Err(Error::BackingSyncFailedBefore);
         }
-        let writes = self.backing_writes.load(Ordering::SeqCst);
-        if let Err(e) = self.backing.flush() {
+        Ok(SyncTicket { writes: self.backing_writes.load(Ordering::SeqCst) })
+    }
+
+    /// The second half: a failed flush fails every later sync too (after a failed fsync the
+    /// kernel may have dropped the dirty pages it could not write).
+    pub(super) fn end_sync(
+        &self,
+        ticket: SyncTicket,
+        result: std::result::Result<(), BackingError>,
+    ) -> Result<()> {
+        if let Err(e) = result {
             self.backing_sync_failed.store(true, Ordering::SeqCst);
             return Err(self.backing_failed(e));
         }
-        self.backing_writes_synced.fetch_max(writes, Ordering::SeqCst);
+        self.backing_writes_synced.fetch_max(ticket.writes, Ordering::SeqCst);
         Ok(())
     }
 
@@ -175,4 +193,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             _ => Err(Error::OutOfRange { op, offset, len, size_bytes }),
         }
     }
+}
+
+/// What a sync in progress covers (see [`Engine::begin_sync`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SyncTicket {
+    /// Backing writes issued before the flush.
+    writes: u64,
 }

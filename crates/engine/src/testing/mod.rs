@@ -50,6 +50,9 @@ struct Inner {
     fail_writes_in: Mutex<Vec<std::ops::Range<u64>>>,
     /// Flushes fail (without making anything durable) while set.
     fail_flushes: std::sync::atomic::AtomicBool,
+    /// `open_queue` gives a queue (requests run one by one as it submits them): the engine's
+    /// queued paths — the cleaner's pipelined batches, a batch's read misses — then run here.
+    queued: std::sync::atomic::AtomicBool,
     writes: AtomicU64,
     reads: AtomicU64,
     flushes: AtomicU64,
@@ -110,6 +113,7 @@ impl SimBacking {
             fail_reads_from: AtomicU64::new(u64::MAX),
             fail_writes_in: Mutex::new(Vec::new()),
             fail_flushes: std::sync::atomic::AtomicBool::new(false),
+            queued: std::sync::atomic::AtomicBool::new(false),
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
@@ -122,6 +126,17 @@ impl SimBacking {
             }
         }));
         Self { inner }
+    }
+
+    /// Offers a queue to the engine (`open_queue`), or not (the engine then does its I/O one
+    /// call at a time).
+    pub fn set_queued(&self, queued: bool) {
+        self.inner.queued.store(queued, Ordering::SeqCst);
+    }
+
+    /// Whether the device offers a queue.
+    pub fn is_queued(&self) -> bool {
+        self.inner.queued.load(Ordering::SeqCst)
     }
 
     /// The image captured when power was cut.
@@ -245,6 +260,20 @@ impl BackingStore for SimBacking {
 
     fn write_at(&self, data: &[u8], offset: u64) -> pmcache_backing::Result<()> {
         self.store("write", offset, data)
+    }
+
+    fn open_queue(
+        &self,
+        depth: usize,
+    ) -> pmcache_backing::Result<Box<dyn pmcache_backing::IoQueue>> {
+        if !self.is_queued() {
+            return Err(BackingError::Unsupported {
+                engine: "sim",
+                option: "queue",
+                reason: "this simulated device offers no queue".into(),
+            });
+        }
+        Ok(Box::new(pmcache_backing::SyncQueue::new(Arc::new(self.clone()), depth)))
     }
 
     fn flush(&self) -> pmcache_backing::Result<()> {

@@ -622,14 +622,13 @@ pub struct World {
 }
 
 impl World {
-    /// New, zeroed parts.
+    /// New, zeroed parts. Half the seeds give a backing store with a queue (the engine's
+    /// queued paths run), half one without (its one-call-at-a-time paths run).
     pub fn fresh(seed: u64) -> Self {
         let switch = CrashSwitch::new();
-        Self {
-            medium: CrashMedium::new(MEDIUM_BYTES, switch.clone(), seed),
-            backing: SimBacking::new(DEVICE_BYTES, switch.clone(), seed ^ 0xabc),
-            switch,
-        }
+        let backing = SimBacking::new(DEVICE_BYTES, switch.clone(), seed ^ 0xabc);
+        backing.set_queued(seed & 1 == 1);
+        Self { medium: CrashMedium::new(MEDIUM_BYTES, switch.clone(), seed), backing, switch }
     }
 
     /// The world a power cut leaves behind (the switch must have cut power).
@@ -637,9 +636,11 @@ impl World {
         let switch = CrashSwitch::new();
         let medium_image = self.medium.crash_image().expect("power was cut");
         let backing_image = self.backing.crash_image().expect("power was cut");
+        let backing = SimBacking::from_image(backing_image, switch.clone(), seed ^ 0xabc);
+        backing.set_queued(self.backing.is_queued());
         Self {
             medium: CrashMedium::from_image(medium_image, switch.clone(), seed),
-            backing: SimBacking::from_image(backing_image, switch.clone(), seed ^ 0xabc),
+            backing,
             switch,
         }
     }

@@ -45,6 +45,9 @@ pub struct CleanerStats {
     /// Blocks copied for write-back that an overwrite made stale before they could be marked
     /// clean (they stay dirty with the newer data).
     pub blocks_superseded: u64,
+    /// Blocks evicted as soon as they were clean, their slots handed to writers stalled for
+    /// one.
+    pub blocks_evicted_for_writers: u64,
     /// Backing writes or syncs that failed.
     pub errors: u64,
     /// Times the cleaner's priority was raised, and nanoseconds spent raised.

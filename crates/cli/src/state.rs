@@ -1,0 +1,545 @@
+//! The attachment state of a backing store served with a cache on a volatile medium (a file on
+//! tmpfs or ramfs, such as the embedded default in /dev/shm): which cache it is attached to,
+//! and whether that cache may hold blocks the backing store lacks. The record lives outside
+//! the medium (beside the backing file by default), so that it survives what the medium does
+//! not — a reboot — and `serve` can refuse to put a fresh cache over a backing store whose
+//! newest blocks were lost with the old one (docs/DURABILITY.md, "Stop and lost volatile
+//! media").
+//!
+//! The file is a few `key=value` lines:
+//!
+//! ```text
+//! # pmcache attachment state (docs/DURABILITY.md, "Stop and lost volatile media")
+//! format=1
+//! backing=/srv/pmcache-data/backing.img
+//! cache=/dev/shm/pmcache-default.pm
+//! cache_uuid=5f0c...e1
+//! cache_volatile=true
+//! backing_stale=true
+//! updated_unix_secs=1767225600
+//! ```
+//!
+//! `backing_stale=true`: the cache may hold blocks not yet written back (written when `serve`
+//! attaches, before any client connects); `false`: the backing store holds every block (written
+//! after a stop or detach wrote every dirty block back and marked the cache clean). It is
+//! replaced atomically: a temporary file, fsync, rename, fsync of the directory.
+
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+
+use pmcache_engine::format::{SUPERBLOCK_BYTES, Superblock, hex};
+
+/// The state file's format version.
+const STATE_FORMAT: u32 = 1;
+/// The file name suffix of a state file.
+const STATE_SUFFIX: &str = ".pmcache-state";
+/// Where the state of a backing store that is not a regular file (a block device) is kept by
+/// default: /dev is itself a tmpfs (devtmpfs), lost at a reboot like the cache.
+const DEVICE_STATE_DIR: &str = "/var/lib/pmcache";
+
+/// The default state file of a backing store: beside it (`<backing>.pmcache-state`) for a
+/// regular file; for anything else (a block device) under /var/lib/pmcache, named after the
+/// path given (`/dev/disk/by-id/X` → `dev-disk-by-id-X.pmcache-state`).
+pub fn default_path(backing: &Path) -> PathBuf {
+    let regular = std::fs::metadata(backing).map(|m| m.is_file()).unwrap_or(true);
+    if regular {
+        let mut name = backing.as_os_str().to_owned();
+        name.push(STATE_SUFFIX);
+        return PathBuf::from(name);
+    }
+    let absolute = absolute(backing);
+    let escaped: Vec<String> = absolute
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(part) => Some(part.to_string_lossy().into_owned()),
+            _ => None,
+        })
+        .collect();
+    Path::new(DEVICE_STATE_DIR).join(format!("{}{STATE_SUFFIX}", escaped.join("-")))
+}
+
+/// `path` made absolute: canonical if it exists, else its canonical directory joined with its
+/// name (or the current directory joined with it).
+pub fn absolute(path: &Path) -> PathBuf {
+    if let Ok(canonical) = std::fs::canonicalize(path) {
+        return canonical;
+    }
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return path.to_path_buf();
+    };
+    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    match std::fs::canonicalize(dir) {
+        Ok(dir) => dir.join(name),
+        Err(_) => std::env::current_dir().map(|cwd| cwd.join(path)).unwrap_or(path.to_path_buf()),
+    }
+}
+
+/// One attachment: a backing store, the cache in front of it, and whether the backing store
+/// may lack blocks that only the cache holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The backing store (absolute path).
+    pub backing: PathBuf,
+    /// The cache medium (absolute path).
+    pub cache: PathBuf,
+    /// The cache's identity: its superblock's uuid.
+    pub cache_uuid: [u8; 16],
+    /// The medium does not survive a reboot (tmpfs, ramfs).
+    pub cache_volatile: bool,
+    /// The cache may hold blocks the backing store lacks (dirty, or written since the last
+    /// complete write-back).
+    pub backing_stale: bool,
+    /// When the record was written (seconds since the Unix epoch).
+    pub updated_unix_secs: u64,
+}
+
+impl Record {
+    /// The file's text.
+    pub fn encode(&self) -> String {
+        format!(
+            "# pmcache attachment state (docs/DURABILITY.md, \"Stop and lost volatile media\")\n\
+             format={STATE_FORMAT}\nbacking={}\ncache={}\ncache_uuid={}\ncache_volatile={}\n\
+             backing_stale={}\nupdated_unix_secs={}\n",
+            self.backing.display(),
+            self.cache.display(),
+            hex(&self.cache_uuid),
+            self.cache_volatile,
+            self.backing_stale,
+            self.updated_unix_secs
+        )
+    }
+
+    /// Parses the file's text: every key above, in any order; comments, blank lines and
+    /// unknown keys are skipped.
+    pub fn parse(text: &str) -> Result<Record, String> {
+        let mut fields = std::collections::HashMap::new();
+        for (number, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (key, value) = line
+                .split_once('=')
+                .ok_or_else(|| format!("line {} is not KEY=VALUE: {line:?}", number + 1))?;
+            if fields.insert(key.trim(), value.trim()).is_some() {
+                return Err(format!("{} is given twice", key.trim()));
+            }
+        }
+        let field = |key: &str| fields.get(key).copied().ok_or_else(|| format!("no {key}"));
+        let flag = |key: &str| match field(key)? {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            other => Err(format!("{key}={other} is neither true nor false")),
+        };
+        let format = field("format")?;
+        if format != STATE_FORMAT.to_string() {
+            return Err(format!("format {format} is not {STATE_FORMAT}"));
+        }
+        let uuid = field("cache_uuid")?;
+        let cache_uuid =
+            parse_uuid(uuid).ok_or_else(|| format!("cache_uuid={uuid} is not 32 hex digits"))?;
+        let secs = field("updated_unix_secs")?;
+        Ok(Record {
+            backing: PathBuf::from(field("backing")?),
+            cache: PathBuf::from(field("cache")?),
+            cache_uuid,
+            cache_volatile: flag("cache_volatile")?,
+            backing_stale: flag("backing_stale")?,
+            updated_unix_secs: secs
+                .parse()
+                .map_err(|_| format!("updated_unix_secs={secs} is not a number"))?,
+        })
+    }
+}
+
+fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    if text.len() != 32 || !text.is_ascii() {
+        return None;
+    }
+    let mut uuid = [0u8; 16];
+    for (i, byte) in uuid.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(uuid)
+}
+
+/// Seconds since the Unix epoch.
+pub fn now_unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Reads the state file: `None` if there is none.
+pub fn load(path: &Path) -> Result<Option<Record>, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Record::parse(&text)
+            .map(Some)
+            .map_err(|e| format!("the state file {} cannot be read: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("the state file {}: {e}", path.display())),
+    }
+}
+
+/// Replaces the state file atomically: the record into a temporary file beside it, fsync,
+/// rename over the file, fsync of the directory.
+pub fn store(path: &Path, record: &Record) -> Result<(), String> {
+    let describe = |what: &str, e: std::io::Error| {
+        format!("writing the state file {} ({what}): {e}", path.display())
+    };
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.is_dir() {
+        std::fs::create_dir_all(&dir).map_err(|e| describe("creating its directory", e))?;
+    }
+    let mut temp_name = path.file_name().unwrap_or_default().to_owned();
+    temp_name.push(format!(".tmp{}", std::process::id()));
+    let temp = dir.join(temp_name);
+    let written = std::fs::File::create(&temp)
+        .and_then(|mut file| {
+            file.write_all(record.encode().as_bytes())?;
+            file.sync_all()
+        })
+        .map_err(|e| describe("temporary file", e));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(e);
+    }
+    if let Err(e) = std::fs::rename(&temp, path) {
+        let _ = std::fs::remove_file(&temp);
+        return Err(describe("rename", e));
+    }
+    std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| describe("directory sync", e))
+}
+
+/// Removes the state file (and syncs its directory); a missing file is fine.
+pub fn remove(path: &Path) -> Result<(), String> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(format!("removing the state file {}: {e}", path.display()));
+        }
+        _ => {}
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+    }
+    Ok(())
+}
+
+/// Marks the backing store complete (`backing_stale=false`) in the state file at `path`, if it
+/// records the cache at `cache` with `uuid`: after every dirty block was written back and the
+/// cache marked clean. Anything else recorded there is left alone. Returns whether it wrote.
+pub fn mark_backing_complete(path: &Path, cache: &Path, uuid: [u8; 16]) -> Result<bool, String> {
+    let Some(record) = load(path)? else { return Ok(false) };
+    if record.cache_uuid != uuid || !same_file(&record.cache, cache) || !record.backing_stale {
+        return Ok(false);
+    }
+    store(path, &Record { backing_stale: false, updated_unix_secs: now_unix_secs(), ..record })
+        .map(|()| true)
+}
+
+/// Whether two paths name the same file (by device and inode where both exist, else by
+/// absolute path).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => absolute(a) == absolute(b),
+    }
+}
+
+/// What a cache medium's path holds now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MediumNow {
+    /// No file.
+    Missing,
+    /// An empty file (re-created).
+    Empty,
+    /// No pmcache superblock (zeroes, foreign data, or unreadable).
+    NoCache,
+    /// A pmcache cache with this uuid.
+    Cache([u8; 16]),
+}
+
+/// Reads what the medium at `path` holds, by its superblock (a plain read, nothing written).
+pub fn probe_medium(path: &Path) -> MediumNow {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return if path.exists() { MediumNow::NoCache } else { MediumNow::Missing };
+    };
+    // The end, not the metadata's length: a device node has 0.
+    let Ok(len_bytes) = file.seek(SeekFrom::End(0)) else { return MediumNow::NoCache };
+    if len_bytes == 0 {
+        return MediumNow::Empty;
+    }
+    let mut head = vec![0u8; SUPERBLOCK_BYTES.min(len_bytes) as usize];
+    if file.seek(SeekFrom::Start(0)).and_then(|_| file.read_exact(&mut head)).is_err() {
+        return MediumNow::NoCache;
+    }
+    match Superblock::decode(&head, len_bytes) {
+        Ok(superblock) => MediumNow::Cache(superblock.uuid),
+        Err(_) => MediumNow::NoCache,
+    }
+}
+
+/// Why `serve` refuses to start over a backing store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The volatile cache that may hold the backing store's newest blocks is gone.
+    CacheLost(MediumNow),
+    /// That cache is still there, but another cache was asked for.
+    OtherCacheHoldsDirtyBlocks,
+}
+
+/// The start-up decision on a recorded attachment: `recorded_now` is what the recorded medium
+/// holds now, `same_medium` whether it is the medium `serve` was given. Refused only when the
+/// record says the backing store may be stale in a volatile cache and that cache is not the
+/// one being attached.
+pub fn check(record: &Record, recorded_now: MediumNow, same_medium: bool) -> Result<(), Refusal> {
+    if !record.backing_stale || !record.cache_volatile {
+        return Ok(());
+    }
+    match recorded_now {
+        MediumNow::Cache(uuid) if uuid == record.cache_uuid => {
+            if same_medium {
+                Ok(())
+            } else {
+                Err(Refusal::OtherCacheHoldsDirtyBlocks)
+            }
+        }
+        // The medium given still holds something that is not a cache (its superblock page
+        // lost, say, with the dirty entries still behind it): the attach refuses it with its
+        // own message, never formatting it, and that message says more.
+        MediumNow::NoCache if same_medium => Ok(()),
+        now => Err(Refusal::CacheLost(now)),
+    }
+}
+
+/// The message for a refusal: what happened, what is lost, how to go on.
+pub fn refusal_message(refusal: &Refusal, record: &Record, state: &Path, cache: &Path) -> String {
+    let recorded = record.cache.display();
+    let uuid = hex(&record.cache_uuid);
+    let backing = record.backing.display();
+    match refusal {
+        Refusal::CacheLost(now) => {
+            let what = match now {
+                MediumNow::Missing => "the medium file no longer exists".to_string(),
+                MediumNow::Empty => "the medium file is empty (re-created)".to_string(),
+                MediumNow::NoCache => "the medium holds no pmcache superblock".to_string(),
+                MediumNow::Cache(other) => {
+                    format!("the medium now holds another cache (uuid {})", hex(other))
+                }
+            };
+            format!(
+                "refusing to start: the state file {} records that {backing} was served through \
+                 the cache {recorded} (uuid {uuid}) on a volatile medium, with blocks that may \
+                 not have been written back, and that cache is gone: {what} (a reboot, or the \
+                 file was removed). The blocks that were dirty in it are lost: {backing} holds \
+                 older data for them, and what is on it (a file system, say) may be \
+                 inconsistent. Nothing was changed. To start anyway with a new cache over the \
+                 backing store as it is, pass --accept-stale-backing (then check what it holds, \
+                 e.g. with fsck)",
+                state.display()
+            )
+        }
+        Refusal::OtherCacheHoldsDirtyBlocks => format!(
+            "refusing to start: the state file {} records that {backing} is attached to the \
+             cache {recorded} (uuid {uuid}) on a volatile medium, which may hold blocks not yet \
+             written back and is still there; serving the backing store through {} would \
+             bypass them. Serve with --cache {recorded}, or write them back first with \
+             `pmcache detach --cache {recorded} --backing {backing}`. Nothing was changed \
+             (--accept-stale-backing starts anyway and abandons those blocks)",
+            state.display(),
+            cache.display()
+        ),
+    }
+}
+
+/// The file system type of the mount whose device is `major:minor`, from
+/// `/proc/self/mountinfo`'s text (fields: id, parent, major:minor, root, mount point,
+/// options, optional fields, `-`, type, source, super options). The last such mount wins (a
+/// later mount over an earlier one).
+pub fn fs_type_of_device(mountinfo: &str, major: u64, minor: u64) -> Option<String> {
+    let wanted = format!("{major}:{minor}");
+    mountinfo
+        .lines()
+        .filter(|line| line.split_whitespace().nth(2) == Some(wanted.as_str()))
+        .filter_map(|line| {
+            let mut after = line.split(" - ").nth(1)?.split_whitespace();
+            after.next().map(str::to_string)
+        })
+        .next_back()
+}
+
+/// The file system of `path` when it is a regular file on a file system that does not survive
+/// a reboot (tmpfs, ramfs: the kernel's TMPFS_MAGIC and RAMFS_MAGIC), found by the file's
+/// device in /proc/self/mountinfo; `None` for anything else (DAX, a device node, a disk file
+/// system, or unknown).
+pub fn volatile_medium(path: &Path) -> Option<String> {
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.file_type().is_file() {
+        return None;
+    }
+    let dev = meta.dev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    fs_type_of_device(&mountinfo, major, minor).filter(|t| t == "tmpfs" || t == "ramfs")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record {
+            backing: PathBuf::from("/srv/data/backing.img"),
+            cache: PathBuf::from("/dev/shm/cache.pm"),
+            cache_uuid: [0xab; 16],
+            cache_volatile: true,
+            backing_stale: true,
+            updated_unix_secs: 1_767_225_600,
+        }
+    }
+
+    #[test]
+    fn a_record_round_trips_and_bad_ones_are_named() {
+        let r = record();
+        let text = r.encode();
+        assert!(text.contains("backing_stale=true\n"), "{text}");
+        assert!(text.contains(&format!("cache_uuid={}\n", "ab".repeat(16))), "{text}");
+        assert_eq!(Record::parse(&text), Ok(r.clone()));
+        // Order, blank lines, comments and unknown keys do not matter.
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.reverse();
+        let shuffled = format!("\n# note\n{}\nfuture_key=1\n", lines.join("\n"));
+        assert_eq!(Record::parse(&shuffled), Ok(r));
+        let broken = [
+            (text.replace("backing_stale=true", "backing_stale=maybe"), "neither true nor false"),
+            (text.replace("format=1", "format=2"), "format 2 is not 1"),
+            (text.replace("cache_uuid=abab", "cache_uuid=zzab"), "not 32 hex digits"),
+            (text.replace("cache=/dev/shm/cache.pm\n", ""), "no cache"),
+            (format!("{text}cache=/x\n"), "cache is given twice"),
+            (format!("{text}garbage\n"), "is not KEY=VALUE"),
+        ];
+        for (text, why) in broken {
+            let err = Record::parse(&text).expect_err(why);
+            assert!(err.contains(why), "{err} (expected {why})");
+        }
+    }
+
+    #[test]
+    fn serve_refuses_only_a_stale_backing_store_whose_volatile_cache_is_not_attached() {
+        let r = record();
+        let same = MediumNow::Cache(r.cache_uuid);
+        // The recorded cache is there and is the one attached: it recovers the dirty blocks.
+        assert_eq!(check(&r, same, true), Ok(()));
+        // It is there, and another medium was asked for.
+        assert_eq!(check(&r, same, false), Err(Refusal::OtherCacheHoldsDirtyBlocks));
+        // It is gone, however it went.
+        for now in
+            [MediumNow::Missing, MediumNow::Empty, MediumNow::NoCache, MediumNow::Cache([1; 16])]
+        {
+            assert_eq!(check(&r, now, false), Err(Refusal::CacheLost(now)));
+            if now != MediumNow::NoCache {
+                assert_eq!(check(&r, now, true), Err(Refusal::CacheLost(now)));
+            }
+        }
+        // The medium given holds no superblock: left to the attach, which refuses it without
+        // formatting.
+        assert_eq!(check(&r, MediumNow::NoCache, true), Ok(()));
+        // A backing store recorded complete, or a cache recorded persistent, starts anyway.
+        let complete = Record { backing_stale: false, ..r.clone() };
+        let persistent = Record { cache_volatile: false, ..r.clone() };
+        for r in [complete, persistent] {
+            assert_eq!(check(&r, MediumNow::Missing, false), Ok(()));
+        }
+        let message = refusal_message(
+            &Refusal::CacheLost(MediumNow::Missing),
+            &record(),
+            Path::new("/srv/data/backing.img.pmcache-state"),
+            Path::new("/dev/shm/cache.pm"),
+        );
+        for part in [
+            "refusing to start",
+            "/srv/data/backing.img.pmcache-state",
+            "the medium file no longer exists",
+            "are lost",
+            "Nothing was changed",
+            "--accept-stale-backing",
+        ] {
+            assert!(message.contains(part), "{part}: {message}");
+        }
+    }
+
+    #[test]
+    fn the_state_file_is_replaced_atomically_and_marked_complete_for_its_cache_only() {
+        let dir = std::env::temp_dir().join(format!("pmcache-state-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let cache = dir.join("cache.pm");
+        std::fs::write(&cache, b"medium").expect("cache");
+        let path = dir.join("backing.img.pmcache-state");
+        assert_eq!(load(&path), Ok(None));
+        let r = Record { cache: cache.clone(), ..record() };
+        store(&path, &r).expect("store");
+        assert_eq!(load(&path), Ok(Some(r.clone())));
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .expect("list")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+        // Another cache's uuid, or another medium: left alone.
+        assert_eq!(mark_backing_complete(&path, &cache, [1; 16]), Ok(false));
+        assert_eq!(mark_backing_complete(&path, &dir.join("other.pm"), r.cache_uuid), Ok(false));
+        assert!(load(&path).expect("load").expect("record").backing_stale);
+        assert_eq!(mark_backing_complete(&path, &cache, r.cache_uuid), Ok(true));
+        let marked = load(&path).expect("load").expect("record");
+        assert!(!marked.backing_stale && marked.cache == cache, "{marked:?}");
+        std::fs::write(&path, "format=1\n").expect("truncated");
+        assert!(load(&path).expect_err("refused").contains("cannot be read: no cache_uuid"));
+        remove(&path).expect("remove");
+        remove(&path).expect("remove again");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_file_system_of_a_device_is_read_from_mountinfo() {
+        let mountinfo = "\
+24 27 0:6 / /dev rw,relatime - devtmpfs devtmpfs rw,size=123k,mode=755
+25 24 0:23 / /dev/shm rw,relatime - tmpfs tmpfs rw,size=246k
+27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard
+30 25 0:27 / /dev/shm rw,relatime - tmpfs tmpfs rw,size=246k
+33 27 0:40 / /mnt/ram rw - ramfs none rw
+";
+        assert_eq!(fs_type_of_device(mountinfo, 0, 27).as_deref(), Some("tmpfs"));
+        assert_eq!(fs_type_of_device(mountinfo, 254, 0).as_deref(), Some("ext4"));
+        assert_eq!(fs_type_of_device(mountinfo, 0, 6).as_deref(), Some("devtmpfs"));
+        assert_eq!(fs_type_of_device(mountinfo, 0, 40).as_deref(), Some("ramfs"));
+        assert_eq!(fs_type_of_device(mountinfo, 9, 9), None);
+        // On this machine: a file in /dev/shm is volatile; a device node or a missing file is
+        // not taken for one.
+        let shm = Path::new("/dev/shm").join(format!("pmcache-state-probe-{}", std::process::id()));
+        if std::fs::write(&shm, b"x").is_ok() {
+            assert_eq!(volatile_medium(&shm).as_deref(), Some("tmpfs"));
+            let _ = std::fs::remove_file(&shm);
+        }
+        assert_eq!(volatile_medium(Path::new("/dev/null")), None);
+        assert_eq!(volatile_medium(Path::new("/no/such/file")), None);
+    }
+
+    #[test]
+    fn state_files_default_beside_a_backing_file() {
+        assert_eq!(
+            default_path(Path::new("./pmcache-data/backing.img")),
+            PathBuf::from("./pmcache-data/backing.img.pmcache-state")
+        );
+        assert_eq!(
+            default_path(Path::new("/dev/null")),
+            PathBuf::from("/var/lib/pmcache/dev-null.pmcache-state")
+        );
+    }
+}
