@@ -82,6 +82,9 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
         ("stall_ns_max", c.stall_ns_max.into()),
         ("stall_timeouts", c.stall_timeouts.into()),
         ("inline_write_back_fallbacks", c.inline_fallbacks.into()),
+        ("pace_blocks_per_s", c.pace_blocks_per_s.into()),
+        ("throttled_writes", c.throttled_writes.into()),
+        ("throttle_ns_total", c.throttle_ns_total.into()),
     ];
     for (name, value) in cleaner {
         object.insert(name.into(), value);

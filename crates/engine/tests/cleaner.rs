@@ -473,3 +473,68 @@ fn settings_change_while_the_cleaner_runs() {
     });
     assert_eq!(engine.stats().cleaner.phase, "stopped");
 }
+
+/// Writers faster than the backing store are paced once dirty data passes `throttle_pct`:
+/// the cleaner measures its write-back rate and writers take turns at it, so that some writes
+/// wait a little (counted, timed) and every write still lands; with `throttle_pct=100` none
+/// is paced.
+#[test]
+fn writers_are_paced_above_the_throttle_threshold_and_not_with_it_off() {
+    for throttle_pct in [80, 100] {
+        let (world, backing, engine) = hooked_engine(5, 3);
+        // A slow device: 200 µs per write.
+        *backing.before_write.lock().unwrap() =
+            Some(Box::new(|_| std::thread::sleep(Duration::from_micros(200))));
+        let block = BLOCK as u64;
+        let settings = CleanerConfig {
+            idle_ms: 60_000,
+            adaptive: Adaptive::Off,
+            throttle_pct,
+            ..eager(WriteBackOrder::Lba)
+        };
+        let mut cleaner = engine.cleaner(settings).unwrap();
+        let mut last = vec![0u64; BLOCKS];
+        let mut paced_seen = false;
+        std::thread::scope(|scope| {
+            let running = scope.spawn(|| cleaner.run(|_| {}));
+            wait_running(&engine);
+            let mut lane = engine.lane().unwrap();
+            let mut rng = SmallRng::seed_from_u64(7);
+            let started = Instant::now();
+            let mut tag = 1;
+            while started.elapsed() < Duration::from_millis(1500) {
+                let lba = rng.gen_range(0..BLOCKS as u64);
+                lane.write(lba * block, &block_data(tag), false).unwrap();
+                last[lba as usize] = tag;
+                tag += 1;
+                paced_seen |= engine.stats().cleaner.pace_blocks_per_s > 0.0;
+            }
+            drop(lane);
+            engine.stop_cleaner();
+            running.join().unwrap();
+        });
+        let stats = engine.stats().cleaner;
+        if throttle_pct == 100 {
+            assert_eq!(stats.throttled_writes, 0, "{stats:?}");
+            assert!(!paced_seen);
+        } else {
+            assert!(paced_seen, "writers were never paced: {stats:?}");
+            assert!(stats.throttled_writes > 0, "{stats:?}");
+            assert!(stats.throttle_ns_total > 0, "{stats:?}");
+        }
+        let mut lane = engine.lane().unwrap();
+        for (lba, &tag) in last.iter().enumerate().filter(|(_, t)| **t > 0) {
+            let mut buf = vec![0; BLOCK];
+            lane.read(lba as u64 * block, &mut buf).unwrap();
+            assert_eq!(buf, block_data(tag), "block {lba}");
+        }
+        lane.drain().unwrap();
+        let durable = world.backing.durable_contents();
+        for (lba, &tag) in last.iter().enumerate().filter(|(_, t)| **t > 0) {
+            assert_eq!(&durable[lba * BLOCK..(lba + 1) * BLOCK], &block_data(tag)[..]);
+        }
+        drop(lane);
+        drop(cleaner);
+        engine.audit().unwrap();
+    }
+}

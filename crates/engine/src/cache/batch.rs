@@ -157,6 +157,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let group_max = self.engine.group_max;
         // Read once per batch: a mode change made during a batch applies from the next one.
         let writes_back = self.engine.mode().writes_back();
+        if writes_back {
+            self.engine.pace_writes(writes.len() as u64);
+        }
         let backing_blocks = self.engine.backing_blocks;
         outcomes.clear();
         outcomes.extend(writes.iter().map(|_| Ok(())));

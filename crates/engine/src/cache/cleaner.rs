@@ -43,6 +43,15 @@ const REST_MS: u64 = 100;
 const STALL_POLL_MS: u64 = 20;
 /// The `user_data` of the cleaner's flushes (its writes carry their buffer's index).
 const FLUSH_TAG: u64 = u64::MAX;
+/// Longest a paced writer waits for its turn (a debt beyond it is forgiven: stalls bound the
+/// rest), in nanoseconds.
+const PACE_WAIT_MAX_NS: u64 = 50_000_000;
+/// Waits shorter than this are not slept (the sleep itself costs about as much): the debt
+/// stays in the schedule and a later write waits for it.
+const PACE_SLEEP_MIN_NS: u64 = 20_000;
+/// Busy time over which the cleaner's write-back rate is measured before it updates its
+/// estimate.
+const RATE_WINDOW: Duration = Duration::from_millis(200);
 
 /// The cleaner's state shared with the lanes: whether one runs, its settings, its wake-up and
 /// progress signals, and its figures.
@@ -71,6 +80,14 @@ pub(crate) struct CleanerShared {
     stall_histogram: [AtomicU64; STALL_BUCKETS],
     stall_timeouts: AtomicU64,
     inline_fallbacks: AtomicU64,
+    /// Writers' pacing (`CleanerConfig::throttle_pct`): nanoseconds of schedule per block
+    /// written (0: writers are not paced), and the schedule's next free time, in nanoseconds
+    /// since `pace_epoch`.
+    pace_ns_per_block: AtomicU64,
+    pace_next_ns: AtomicU64,
+    pace_epoch: Instant,
+    throttled_writes: AtomicU64,
+    throttle_ns_total: AtomicU64,
     /// Drains asked of the running cleaner (`Engine::request_drain`).
     drains: DrainRequests,
 }
@@ -95,6 +112,11 @@ impl CleanerShared {
             stall_histogram: std::array::from_fn(|_| AtomicU64::new(0)),
             stall_timeouts: AtomicU64::new(0),
             inline_fallbacks: AtomicU64::new(0),
+            pace_ns_per_block: AtomicU64::new(0),
+            pace_next_ns: AtomicU64::new(0),
+            pace_epoch: Instant::now(),
+            throttled_writes: AtomicU64::new(0),
+            throttle_ns_total: AtomicU64::new(0),
             drains: DrainRequests::new(),
         }
     }
@@ -152,6 +174,10 @@ impl CleanerShared {
             self.stall_histogram.iter().map(|b| b.load(Ordering::Relaxed)).collect();
         stats.stall_timeouts = self.stall_timeouts.load(Ordering::Relaxed);
         stats.inline_fallbacks = self.inline_fallbacks.load(Ordering::Relaxed);
+        let per_block = self.pace_ns_per_block.load(Ordering::Relaxed);
+        stats.pace_blocks_per_s = if per_block == 0 { 0.0 } else { 1e9 / per_block as f64 };
+        stats.throttled_writes = self.throttled_writes.load(Ordering::Relaxed);
+        stats.throttle_ns_total = self.throttle_ns_total.load(Ordering::Relaxed);
         stats
     }
 }
@@ -193,6 +219,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             syncing: None,
             syncing_lbas: HashSet::with_capacity(config.batch_blocks.min(1 << 16)),
             spare_blocks: Vec::with_capacity(config.batch_blocks.min(1 << 16)),
+            rate_blocks_per_s: 0.0,
+            rate_window_blocks: 0,
+            rate_window_busy: Duration::ZERO,
             config,
         })
     }
@@ -231,6 +260,39 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             .iter()
             .fold(0u64, |sum, l| sum.wrapping_add(l.counters.dirty_delta.load(Ordering::Relaxed)));
         (self.recovered_dirty.wrapping_add(delta) as i64).max(0) as u64
+    }
+
+    /// Paces a writer about to write `blocks` blocks into the cache while dirty data is above
+    /// the throttle threshold (`CleanerConfig::throttle_pct`): takes the next `blocks` turns of
+    /// a schedule spaced at the pace the cleaner set, and sleeps until the first. One relaxed
+    /// load when writers are not paced.
+    pub(super) fn pace_writes(&self, blocks: u64) {
+        let shared = &self.cleaner;
+        let per_block = shared.pace_ns_per_block.load(Ordering::Relaxed);
+        if per_block == 0 {
+            return;
+        }
+        let cost = per_block.saturating_mul(blocks);
+        let now = shared.pace_epoch.elapsed().as_nanos() as u64;
+        let mut next = shared.pace_next_ns.load(Ordering::Relaxed);
+        let start = loop {
+            let start = next.clamp(now, now + PACE_WAIT_MAX_NS);
+            match shared.pace_next_ns.compare_exchange_weak(
+                next,
+                start + cost,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break start,
+                Err(seen) => next = seen,
+            }
+        };
+        let wait_ns = start - now;
+        if wait_ns >= PACE_SLEEP_MIN_NS {
+            std::thread::sleep(Duration::from_nanos(wait_ns));
+            shared.throttled_writes.fetch_add(1, Ordering::Relaxed);
+            shared.throttle_ns_total.fetch_add(wait_ns, Ordering::Relaxed);
+        }
     }
 
     /// Blocks written so far, over all lanes (what tells the cleaner the foreground is busy).
@@ -319,6 +381,7 @@ struct NotRunningOnExit<'a>(&'a CleanerShared);
 
 impl Drop for NotRunningOnExit<'_> {
     fn drop(&mut self) {
+        self.0.pace_ns_per_block.store(0, Ordering::SeqCst);
         self.0.running.store(false, Ordering::SeqCst);
         self.0.advance_progress();
     }
@@ -378,6 +441,11 @@ pub struct Cleaner<'e, M: Medium, B: BackingStore, C: Clock> {
     syncing_lbas: HashSet<u64>,
     /// An empty list kept for the next batch's blocks.
     spare_blocks: Vec<InFlight>,
+    /// The write-back rate at full speed, blocks per second (0: not measured yet), and the
+    /// blocks and busy time measured since it was last updated.
+    rate_blocks_per_s: f64,
+    rate_window_blocks: u64,
+    rate_window_busy: Duration,
     config: CleanerConfig,
 }
 
@@ -434,6 +502,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                 shared.running.store(false, Ordering::SeqCst);
                 let levels = config.thresholds(engine.geometry.slot_count);
                 self.set_phase("off", RateTerms::default(), &config, levels);
+                shared.pace_ns_per_block.store(0, Ordering::SeqCst);
                 self.settle();
                 shared.rest(Duration::from_millis(REST_MS));
                 continue;
@@ -512,8 +581,13 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                 shared.rest(Duration::from_millis(REST_MS));
                 None
             };
+            self.set_pace(dirty, &config);
             let Some(budget) = budget else { continue };
+            let started = Instant::now();
             let outcome = self.step(budget);
+            if budget == config.batch_blocks {
+                self.measure_rate(outcome.cleaned, started.elapsed());
+            }
             tokens = (tokens - outcome.copied as f64).max(0.0);
             if outcome.failed > 0 && outcome.cleaned == 0 && self.syncing.is_none() {
                 failures_in_a_row += 1;
@@ -546,6 +620,39 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         let mut status = lock(&shared.status);
         status.boosted = false;
         status.phase = "stopped";
+    }
+
+    /// Folds a full-speed step (`cleaned` blocks in `busy`) into the write-back rate estimate.
+    fn measure_rate(&mut self, cleaned: u64, busy: Duration) {
+        self.rate_window_blocks += cleaned;
+        self.rate_window_busy += busy;
+        if self.rate_window_busy >= RATE_WINDOW {
+            let now = self.rate_window_blocks as f64 / self.rate_window_busy.as_secs_f64();
+            self.rate_blocks_per_s = if self.rate_blocks_per_s == 0.0 {
+                now
+            } else {
+                0.5 * self.rate_blocks_per_s + 0.5 * now
+            };
+            self.rate_window_blocks = 0;
+            self.rate_window_busy = Duration::ZERO;
+        }
+    }
+
+    /// Sets the writers' pace from the dirty share: none below the throttle threshold; above
+    /// it, the measured write-back rate scaled down linearly to a twentieth of it at 100 %.
+    fn set_pace(&self, dirty: u64, config: &CleanerConfig) {
+        let shared = &self.lane.engine.cleaner;
+        let slots = self.lane.engine.geometry.slot_count.max(1);
+        let start = f64::from(config.throttle_pct.max(config.high_pct)) / 100.0;
+        let share = dirty as f64 / slots as f64;
+        let paced = config.throttle_pct < 100 && share >= start && self.rate_blocks_per_s > 0.0;
+        let per_block = if paced {
+            let scale = ((1.0 - share) / (1.0 - start).max(1e-6)).clamp(0.05, 1.0);
+            (1e9 / (self.rate_blocks_per_s * scale)).max(1.0) as u64
+        } else {
+            0
+        };
+        shared.pace_ns_per_block.store(per_block, Ordering::Relaxed);
     }
 
     fn set_phase(

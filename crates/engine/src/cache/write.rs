@@ -42,6 +42,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// (in write-back and write-only modes it always is).
     pub fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.engine.check_range("write", offset, data.len() as u64)?;
+        if self.engine.mode().writes_back() {
+            let blocks = (data.len() as u64).div_ceil(self.block_bytes()).max(1);
+            self.engine.pace_writes(blocks);
+        }
         let mut done = 0;
         for (lba, in_block, len) in pieces(offset, data.len() as u64, self.block_bytes()) {
             self.write_block(lba, in_block, Payload::Data(&data[done..done + len]))?;

@@ -153,6 +153,13 @@ pub struct CleanerConfig {
     /// How long a writer that finds no free or clean slot waits for the cleaner before its
     /// write fails, in milliseconds (a hung backing device).
     pub stall_timeout_ms: u64,
+    /// Dirty share above which writers are paced (write-back and write-only modes), in
+    /// percent: the cache's writes are spread to the cleaner's measured write-back rate, scaled
+    /// down linearly to nothing at 100 % — as the kernel's dirty-page throttle does — so that a
+    /// foreground faster than the backing store waits a little on each write rather than a
+    /// lot on a few (a stall lasts a whole batch and its flush). Pacing starts at the higher
+    /// of this and `high_pct` (where the cleaner already runs at full speed); 100 turns it off.
+    pub throttle_pct: u32,
 }
 
 impl Default for CleanerConfig {
@@ -176,6 +183,7 @@ impl Default for CleanerConfig {
             nice_base: 0,
             nice_boost: -10,
             stall_timeout_ms: 30_000,
+            throttle_pct: 80,
         }
     }
 }
@@ -194,7 +202,7 @@ pub struct DirtyThresholds {
 }
 
 /// The settable keys, in the order `describe` lists them.
-pub const CLEANER_KEYS: [&str; 18] = [
+pub const CLEANER_KEYS: [&str; 19] = [
     "order",
     "adaptive",
     "target_pct",
@@ -213,6 +221,7 @@ pub const CLEANER_KEYS: [&str; 18] = [
     "nice_base",
     "nice_boost",
     "stall_timeout_ms",
+    "throttle_pct",
 ];
 
 fn parse<T: FromStr>(key: &str, value: &str) -> Result<T, String> {
@@ -242,6 +251,7 @@ impl CleanerConfig {
             "nice_base" => next.nice_base = parse(key, value)?,
             "nice_boost" => next.nice_boost = parse(key, value)?,
             "stall_timeout_ms" => next.stall_timeout_ms = parse(key, value)?,
+            "throttle_pct" => next.throttle_pct = parse(key, value)?,
             _ => {
                 return Err(format!(
                     "unknown cleaner setting {key:?}; expected one of {}",
@@ -288,6 +298,7 @@ impl CleanerConfig {
             self.nice_base.to_string(),
             self.nice_boost.to_string(),
             self.stall_timeout_ms.to_string(),
+            self.throttle_pct.to_string(),
         ];
         CLEANER_KEYS.into_iter().zip(values).collect()
     }
@@ -315,6 +326,9 @@ impl CleanerConfig {
                  high_pct <= 100 (got {} <= {} <= {} < {} <= 100)",
                 self.idle_target_pct, self.target_pct, self.low_pct, self.high_pct
             ));
+        }
+        if self.throttle_pct > 100 {
+            return Err(format!("throttle_pct {} is above 100", self.throttle_pct));
         }
         if !(1..=4096).contains(&self.queue_depth) {
             return Err(format!("queue_depth {} is not within 1..=4096", self.queue_depth));

@@ -71,6 +71,13 @@ pub struct CleanerStats {
     pub stall_timeouts: u64,
     /// Writes that fell back to writing back inline (no cleaner, or a failing one).
     pub inline_fallbacks: u64,
+    /// The pace writers are held to (blocks per second; 0: not paced), and the writes that
+    /// waited for their turn and how long in all (`CleanerConfig::throttle_pct`).
+    pub pace_blocks_per_s: f64,
+    /// See `pace_blocks_per_s`.
+    pub throttled_writes: u64,
+    /// See `pace_blocks_per_s`.
+    pub throttle_ns_total: u64,
 }
 
 impl CleanerStats {
