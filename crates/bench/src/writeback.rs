@@ -1092,7 +1092,9 @@ fn summary(plan: &Plan, rows: &[ShapeRow], drains: &[DrainRun]) -> String {
 
 fn plot(report: &Report, path: &Path) -> Result<(), String> {
     use plotters::prelude::*;
-    let shapes: Vec<Shape> = report.rows.iter().fold(Vec::new(), |mut v, r| {
+    // The write shapes (the read-miss rows have no dirty share to plot).
+    let written = |r: &&ShapeRow| ["raw", "cleaner", "inline"].contains(&r.config.as_str());
+    let shapes: Vec<Shape> = report.rows.iter().filter(written).fold(Vec::new(), |mut v, r| {
         if !v.contains(&r.shape) {
             v.push(r.shape);
         }

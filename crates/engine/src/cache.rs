@@ -110,7 +110,7 @@ pub(crate) struct Stripe {
     pending_free_fences: AtomicU64,
     /// Copies of the stripe's blocks the cleaner has on their way to the backing store
     /// (raised under `lock`, lowered without it at completion). Whoever else writes one of
-    /// the stripe's blocks to the backing store waits for zero first (`cache/cleaner.rs`).
+    /// the stripe's blocks to the backing store waits for zero first (`cache/cleaner/`).
     cleaning: AtomicU32,
 }
 
@@ -146,7 +146,7 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     mode: AtomicU8,
     admission: Admission,
     eviction: &'static dyn EvictionPolicy,
-    /// The background cleaner's shared state (`cache/cleaner.rs`).
+    /// The background cleaner's shared state (`cache/cleaner/`).
     cleaner: CleanerShared,
     /// `eviction.marks_hits()`, read once: every read hit asks.
     marks_hits: bool,

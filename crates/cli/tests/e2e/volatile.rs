@@ -320,3 +320,29 @@ fn a_stop_whose_write_back_fails_keeps_the_dirty_blocks_and_says_so() {
     assert!(read_file_at(&setup.backing, 32 * MIB, 4096) == vec![2u8; 4096]);
     assert_eq!(state(&setup)["backing_stale"], "false");
 }
+
+/// Idle decay through the real server: after a burst below the target dirty share, nothing
+/// is written back while writes go on; once the clients are quiet for `idle_ms`, the running
+/// cleaner writes everything back (down to `idle_target_pct`, 0 %) without being asked.
+#[test]
+fn an_idle_server_writes_its_dirty_blocks_back_by_itself() {
+    let setup = Setup::new("volidle", 256 * MIB, 64 * MIB);
+    let server = setup.serve(Via::Tcp, &["--cleaner", "idle_ms=500"]);
+    let mut c = NbdClient::connect(server.addr());
+    let written = write_chunks(&mut c, 8, 500);
+    let dirty_after_burst = setup.stats()["dirty_slots"].as_u64().unwrap();
+    assert!(dirty_after_burst > 0, "the burst left nothing dirty");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let stats = loop {
+        let stats = setup.stats();
+        if stats["dirty_slots"] == 0 || std::time::Instant::now() > deadline {
+            break stats;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(stats["dirty_slots"], 0, "idle cleaning did not empty the cache: {stats}");
+    assert!(stats["cleaner_blocks_cleaned"].as_u64().unwrap() >= 2048, "{stats}");
+    assert_backing_holds(&setup, &written, "after idle cleaning");
+    drop(c);
+    server.terminate();
+}

@@ -1,6 +1,6 @@
 //! Background write-back: the cleaner's settings, its write-back policies, its rate controller
 //! and its thread priority, and what it reports. The cleaner itself runs on the engine's
-//! internals (`cache/cleaner.rs`).
+//! internals (`cache/cleaner/`).
 
 pub mod config;
 pub mod policy;
