@@ -2,9 +2,10 @@
 
 #![forbid(unsafe_code)]
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 mod bench;
 mod cache;
@@ -19,6 +20,32 @@ mod state;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines on stderr are written: `text` (coloured only when stderr is a terminal)
+    /// or `json` (one object per line, for a log collector).
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+/// The format of log lines.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs to stderr: `RUST_LOG` filters (default `info`); colour only on a terminal, so that a
+/// log written to a file or a pipe carries no escape codes.
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -45,8 +72,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).init();
     let cli = Cli::parse();
+    init_logs(cli.log_format);
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
         Command::Format(args) => manage::format(args),

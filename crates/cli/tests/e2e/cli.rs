@@ -649,3 +649,26 @@ fn a_geometry_other_than_the_caches_is_refused_not_ignored() {
     assert!(NbdClient::connect(server.addr()).read_at(0, 64 * 1024) == data);
     server.terminate();
 }
+
+/// Logs written to a file (not a terminal) carry no colour codes, and `--log-format json`
+/// writes each log line as one JSON object a collector can parse.
+#[test]
+fn logs_to_a_file_have_no_colour_and_json_logs_parse() {
+    let setup = Setup::new("logs", 64 * MIB, 16 * MIB);
+    let server = setup.serve(Via::Tcp, &[]);
+    let text = server.terminate();
+    assert!(text.contains("NBD server listening"), "{text}");
+    assert!(!text.contains('\u{1b}'), "escape codes in a log written to a file: {text:?}");
+
+    let server = setup.serve(Via::Tcp, &["--log-format", "json"]);
+    let logs = server.terminate();
+    let listening: Vec<serde_json::Value> = logs
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?} is not JSON: {e}")))
+        .filter(|v: &serde_json::Value| v["fields"]["message"] == "NBD server listening")
+        .collect();
+    assert_eq!(listening.len(), 1, "{logs}");
+    assert_eq!(listening[0]["level"], "INFO");
+    assert!(!logs.contains('\u{1b}'), "{logs:?}");
+}
