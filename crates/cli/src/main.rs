@@ -13,6 +13,7 @@ mod control;
 mod manage;
 mod serve;
 mod state;
+mod tls;
 
 /// pmcache: a block cache on persistent memory, served over NBD.
 #[derive(Parser)]

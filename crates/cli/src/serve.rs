@@ -23,6 +23,7 @@ use signal_hook::iterator::Signals;
 use crate::cache::{Backing, CacheArgs, CacheEngine, Opened, human, open_or_format, parse_size};
 use crate::control;
 use crate::state;
+use crate::tls::TlsArgs;
 
 /// Default cache medium of `pmcache serve` with no arguments.
 pub const DEFAULT_CACHE: &str = "/dev/shm/pmcache-default.pm";
@@ -71,6 +72,8 @@ pub struct ServeArgs {
     /// Allow listening on a non-loopback address.
     #[arg(long)]
     pub allow_remote: bool,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Export name.
     #[arg(long, default_value = "pmcache")]
     pub export: String,
@@ -243,6 +246,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             args.listen
         ));
     }
+    let tls = args.tls.config()?;
     if let Some(dir) = cache.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.is_dir()
     {
@@ -353,8 +357,12 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         listen,
         allow_remote: args.allow_remote,
         max_connections: args.max_connections,
+        tls,
         ..ServerConfig::default()
     };
+    if let Some(warning) = args.tls.remote_warning(&config.listen, config.allow_remote) {
+        eprintln!("{warning}");
+    }
     let server =
         Server::bind(config, Arc::new(CacheExport { engine })).map_err(|e| e.to_string())?;
     let shutdown = server.shutdown_handle();
@@ -421,6 +429,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         engine,
         &control_path,
     );
+    if let Some(lines) = args.tls.how_to_connect(&server.local_addr(), &args.export) {
+        println!("{lines}");
+    }
     // From here the control socket stays unless the cache is marked clean: an online
     // `pmcache detach` takes its removal for "every block written back and the cache marked
     // clean", and a socket nobody answers on for a stop without that (an error, or a panic

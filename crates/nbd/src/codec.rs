@@ -73,7 +73,7 @@ pub const OPT_EXPORT_NAME: u32 = 1;
 pub const OPT_ABORT: u32 = 2;
 /// Option: list exports.
 pub const OPT_LIST: u32 = 3;
-/// Option: start TLS (unsupported).
+/// Option: start TLS (acknowledged when TLS is on; the TLS handshake follows the ACK).
 pub const OPT_STARTTLS: u32 = 5;
 /// Option: describe an export.
 pub const OPT_INFO: u32 = 6;
@@ -98,6 +98,8 @@ pub const REP_ERR_UNSUP: u32 = 0x8000_0001;
 pub const REP_ERR_POLICY: u32 = 0x8000_0002;
 /// Option error: syntactically invalid option.
 pub const REP_ERR_INVALID: u32 = 0x8000_0003;
+/// Option error: TLS must be started first (`NBD_OPT_STARTTLS`).
+pub const REP_ERR_TLS_REQD: u32 = 0x8000_0005;
 /// Option error: no such export.
 pub const REP_ERR_UNKNOWN: u32 = 0x8000_0006;
 /// Option error: the server is shutting down.
@@ -231,6 +233,10 @@ pub enum ProtocolError {
     /// `NBD_OPT_EXPORT_NAME` named an export we do not have (no error reply is possible).
     #[error("unknown export requested with NBD_OPT_EXPORT_NAME")]
     UnknownExport,
+    /// `NBD_OPT_EXPORT_NAME` before TLS on a server that requires TLS (no error reply is
+    /// possible).
+    #[error("NBD_OPT_EXPORT_NAME before TLS, which this server requires")]
+    TlsRequired,
     /// A request did not start with the request magic.
     #[error("bad request magic {0:#x}")]
     BadRequestMagic(u32),
@@ -382,6 +388,23 @@ pub enum OptionOutcome {
     Transmission(Session),
     /// Close the connection without further replies.
     Close(ProtocolError),
+    /// Send the appended `ACK`, then run the TLS handshake on the connection; the following
+    /// options arrive over TLS. The negotiation already counts TLS as active.
+    StartTls,
+}
+
+/// Whether the handshake offers TLS (`NBD_OPT_STARTTLS`), as the spec's server modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TlsMode {
+    /// NOTLS: `NBD_OPT_STARTTLS` gets `NBD_REP_ERR_POLICY`.
+    #[default]
+    Off,
+    /// TLS at the client's choice (SELECTIVETLS with no TLS-only export): plain clients are
+    /// served too.
+    On,
+    /// FORCEDTLS: before TLS, every option but `NBD_OPT_STARTTLS` and `NBD_OPT_ABORT` gets
+    /// `NBD_REP_ERR_TLS_REQD` (`NBD_OPT_EXPORT_NAME`, which has no error reply, closes).
+    Require,
 }
 
 /// The handshake state machine after the greeting and client flags: one call per option.
@@ -391,6 +414,8 @@ pub struct Negotiation<'a> {
     no_zeroes: bool,
     structured_replies: bool,
     options_seen: u32,
+    tls_mode: TlsMode,
+    tls_active: bool,
 }
 
 impl<'a> Negotiation<'a> {
@@ -408,7 +433,49 @@ impl<'a> Negotiation<'a> {
             no_zeroes: flags & FLAG_C_NO_ZEROES != 0,
             structured_replies: false,
             options_seen: 0,
+            tls_mode: TlsMode::Off,
+            tls_active: false,
         })
+    }
+
+    /// Sets how the negotiation treats TLS (default [`TlsMode::Off`]).
+    pub fn with_tls(self, tls_mode: TlsMode) -> Self {
+        Self { tls_mode, ..self }
+    }
+
+    /// True once `NBD_OPT_STARTTLS` was acknowledged: the options since came over TLS.
+    pub fn tls_active(&self) -> bool {
+        self.tls_active
+    }
+
+    /// Answers what TLS decides before the option itself: `NBD_OPT_STARTTLS` in every mode,
+    /// and in [`TlsMode::Require`] before TLS every option but `NBD_OPT_ABORT`.
+    fn tls_gate(&mut self, opt: u32, data: &[u8], out: &mut Vec<u8>) -> Option<OptionOutcome> {
+        if opt == OPT_STARTTLS {
+            if self.tls_mode == TlsMode::Off {
+                error_reply(out, opt, REP_ERR_POLICY, "TLS is not enabled on this server");
+            } else if self.tls_active {
+                error_reply(out, opt, REP_ERR_INVALID, "TLS is already active");
+            } else if !data.is_empty() {
+                error_reply(out, opt, REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data");
+            } else {
+                encode_option_reply(out, opt, REP_ACK, &[]);
+                // Nothing negotiated in clear survives the upgrade (a man in the middle could
+                // have chosen it).
+                self.structured_replies = false;
+                self.tls_active = true;
+                return Some(OptionOutcome::StartTls);
+            }
+            return Some(OptionOutcome::Continue);
+        }
+        if self.tls_mode != TlsMode::Require || self.tls_active || opt == OPT_ABORT {
+            return None;
+        }
+        if opt == OPT_EXPORT_NAME {
+            return Some(OptionOutcome::Close(ProtocolError::TlsRequired));
+        }
+        error_reply(out, opt, REP_ERR_TLS_REQD, "this server requires TLS: send NBD_OPT_STARTTLS");
+        Some(OptionOutcome::Continue)
     }
 
     /// Answers an option whose data is too large to handle ([`OptionHeader::is_oversized`]):
@@ -449,6 +516,9 @@ impl<'a> Negotiation<'a> {
             return self.refuse_oversized(header, out);
         }
         let opt = header.option;
+        if let Some(outcome) = self.tls_gate(opt, data, out) {
+            return outcome;
+        }
         match opt {
             OPT_EXPORT_NAME => self.export_name(data, out),
             OPT_ABORT => {
@@ -1187,7 +1257,8 @@ pub(crate) mod tests {
     }
 
     /// ABORT is acknowledged, then the server closes; LIST names the one export, then
-    /// ends the list, and refuses data; unknown options (STARTTLS here) are unsupported.
+    /// ends the list, and refuses data; unknown options are unsupported, STARTTLS refused while
+    /// TLS is off.
     #[test]
     fn abort_list_and_unsupported_options() {
         let e = export();
@@ -1206,9 +1277,12 @@ pub(crate) mod tests {
             option_replies(&out)[..1].iter().map(|r| r.1).collect::<Vec<_>>(),
             [REP_ERR_INVALID]
         );
-        let (outcome, out) = option(&mut n, OPT_STARTTLS, &[]);
+        let (outcome, out) = option(&mut n, 4, &[]);
         assert_eq!(outcome, OptionOutcome::Continue);
         assert_eq!(option_replies(&out)[0].1, REP_ERR_UNSUP);
+        let (outcome, out) = option(&mut n, OPT_STARTTLS, &[]);
+        assert_eq!(outcome, OptionOutcome::Continue);
+        assert_eq!(option_replies(&out)[0].1, REP_ERR_POLICY, "TLS is off by default");
         let (outcome, out) = option(&mut n, OPT_ABORT, &[]);
         assert_eq!(outcome, OptionOutcome::Abort);
         assert_eq!(option_replies(&out), [(OPT_ABORT, REP_ACK, Vec::new())]);

@@ -37,6 +37,7 @@ use crate::codec::{
     STRUCTURED_READ_HEADER_BYTES, Session,
 };
 use crate::export::{BatchRead, BatchWrite, BlockSizes, Export, ExportConn, ExportError};
+use crate::tls::{ConnTls, MaybeTls, TlsConfig, TlsError};
 
 /// The default NBD port.
 pub const DEFAULT_PORT: u16 = 10809;
@@ -98,6 +99,8 @@ pub struct ServerConfig {
     pub max_request_bytes: u32,
     /// A client must finish the handshake within this time. Default: 10 s.
     pub handshake_timeout: Duration,
+    /// TLS (`NBD_OPT_STARTTLS`): off, offered or required, and the credentials. Default: off.
+    pub tls: TlsConfig,
 }
 
 impl Default for ServerConfig {
@@ -109,6 +112,7 @@ impl Default for ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             handshake_timeout: Duration::from_secs(10),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -122,6 +126,9 @@ pub enum ServerError {
     /// The configuration or the export's geometry is invalid.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// The TLS configuration or its credentials are invalid.
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
     /// Binding the listener failed.
     #[error("cannot listen on {addr:?}: {source}")]
     Bind {
@@ -144,6 +151,9 @@ pub enum ConnError {
     /// The export could not open a connection.
     #[error("export: {0}")]
     Export(#[from] ExportError),
+    /// TLS could not start.
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
 }
 
 /// How a connection ended without error.
@@ -355,8 +365,19 @@ pub fn serve_connection<E: Export, T: Transport>(
     export: &E,
     info: &ExportInfo,
 ) -> Result<ConnEnd, ConnError> {
-    let mut wire = Wire::new(transport, READ_BUFFER_BYTES);
-    let (session, mut conn) = match handshake(&mut wire, info, export) {
+    serve_connection_tls(transport, export, info, &ConnTls::Off)
+}
+
+/// [`serve_connection`] with TLS as `tls` offers it: after an acknowledged
+/// `NBD_OPT_STARTTLS`, the rest of the connection is served over TLS on `transport`.
+pub fn serve_connection_tls<E: Export, T: Transport>(
+    transport: T,
+    export: &E,
+    info: &ExportInfo,
+    tls: &ConnTls,
+) -> Result<ConnEnd, ConnError> {
+    let mut wire = Wire::new(MaybeTls::Plain(transport), READ_BUFFER_BYTES);
+    let (session, mut conn) = match handshake(&mut wire, info, export, tls) {
         Ok(Some(opened)) => opened,
         Ok(None) => return Ok(ConnEnd::Aborted),
         Err(ConnError::Io(e)) if is_eof(&e) => return Ok(ConnEnd::Closed),
@@ -388,15 +409,16 @@ pub fn serve_connection<E: Export, T: Transport>(
 /// lane free, the cache shutting down), a GO gets `ERR_SHUTDOWN` with the reason and the
 /// haggling goes on, instead of an acknowledged GO followed by a dropped connection.
 fn handshake<T: Transport, E: Export>(
-    wire: &mut Wire<T>,
+    wire: &mut Wire<MaybeTls<T>>,
     info: &ExportInfo,
     export: &E,
+    tls: &ConnTls,
 ) -> Result<Option<(Session, E::Conn)>, ConnError> {
     wire.out.extend_from_slice(&codec::greeting());
     wire.flush()?;
     let mut flags = [0u8; CLIENT_FLAGS_BYTES];
     wire.read_exact(&mut flags)?;
-    let mut negotiation = Negotiation::new(info, flags)?;
+    let mut negotiation = Negotiation::new(info, flags)?.with_tls(tls.mode());
     let mut data = vec![0u8; OPTION_DATA_BYTES_MAX as usize];
     loop {
         let mut hb = [0u8; OPTION_HEADER_BYTES];
@@ -420,6 +442,16 @@ fn handshake<T: Transport, E: Export>(
             OptionOutcome::Continue => None,
             OptionOutcome::Abort => Some(Ok(None)),
             OptionOutcome::Close(e) => Some(Err(e.into())),
+            OptionOutcome::StartTls => {
+                // The ACK goes out in clear; the client must wait for it before its
+                // ClientHello, so nothing may be buffered past it.
+                wire.flush()?;
+                match wire.buffered() {
+                    0 => wire.t.start_tls(tls)?,
+                    n => return Err(TlsError::BytesBeforeHandshake(n).into()),
+                }
+                None
+            }
             OptionOutcome::Transmission(s) => match export.open_conn() {
                 Ok(conn) => Some(Ok(Some((s, conn)))),
                 // `EXPORT_NAME` has no error reply: the connection closes.
@@ -959,6 +991,7 @@ pub struct Server<E: Export> {
     export: Arc<E>,
     info: Arc<ExportInfo>,
     config: ServerConfig,
+    tls: ConnTls,
     shared: Arc<Shared>,
 }
 
@@ -969,6 +1002,7 @@ impl<E: Export> Server<E> {
             return Err(ServerError::InvalidConfig("max_connections must be at least 1".into()));
         }
         let info = export_info(&*export, &config.export_name, config.max_request_bytes)?;
+        let tls = config.tls.load()?;
         let bind_err = |source| ServerError::Bind { addr: config.listen.clone(), source };
         let listener = match &config.listen {
             ListenAddr::Tcp(a) => {
@@ -987,7 +1021,7 @@ impl<E: Export> Server<E> {
             wake_addr,
             conns: Mutex::new(HashMap::new()),
         });
-        Ok(Self { listener, export, info: Arc::new(info), config, shared })
+        Ok(Self { listener, export, info: Arc::new(info), config, tls, shared })
     }
 
     /// The bound address (with the real port if port 0 was requested).
@@ -1073,6 +1107,7 @@ impl<E: Export> Server<E> {
         self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(id, registered);
         let export = self.export.clone();
         let info = self.info.clone();
+        let tls = self.tls.clone();
         let shared = self.shared.clone();
         let spawned = thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
             // Unregisters the connection however the thread ends, a panic included: the
@@ -1081,7 +1116,7 @@ impl<E: Export> Server<E> {
             let _registered = Unregister { shared, id };
             debug!(id, "connection opened");
             let conn = ConnSock { sock, handshake_deadline: Some(deadline) };
-            match serve_connection(conn, &*export, &info) {
+            match serve_connection_tls(conn, &*export, &info, &tls) {
                 Ok(end) => debug!(id, ?end, "connection ended"),
                 Err(e) => warn!(id, error = %e, "connection closed"),
             }

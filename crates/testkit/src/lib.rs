@@ -6,6 +6,8 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod tls;
+
 /// Fails the test unless `bin` is on PATH, naming the apt package that provides it.
 pub fn require_tool(bin: &str, apt_package: &str) {
     let found = std::env::var_os("PATH")

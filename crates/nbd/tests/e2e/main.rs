@@ -8,3 +8,4 @@ mod fio;
 mod libnbd;
 mod qemu;
 mod raw_socket;
+mod tls;
