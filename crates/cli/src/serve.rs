@@ -247,6 +247,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         ));
     }
     let tls = args.tls.config()?;
+    tls.load().map_err(|e| format!("TLS: {e}"))?;
     if let Some(dir) = cache.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.is_dir()
     {

@@ -14,4 +14,5 @@ mod fio;
 mod libnbd;
 mod qemu;
 mod raw_socket;
+mod tls;
 mod volatile;

@@ -9,3 +9,4 @@ mod libnbd;
 mod qemu;
 mod raw_socket;
 mod tls;
+mod tls_raw;

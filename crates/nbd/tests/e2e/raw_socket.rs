@@ -319,7 +319,7 @@ fn option_errors_keep_the_handshake_going() {
         (OPT_SET_META_CONTEXT, vec![0x49; 20_000], REP_ERR_TOO_BIG),
         (99, vec![0x49; 1 << 20], REP_ERR_TOO_BIG),
         (99, vec![1, 2, 3], REP_ERR_UNSUP),
-        (OPT_STARTTLS, vec![], REP_ERR_UNSUP),
+        (OPT_STARTTLS, vec![], REP_ERR_POLICY),
         (OPT_GO, go_data("nope", &[INFO_BLOCK_SIZE]), REP_ERR_UNKNOWN),
         (OPT_GO, vec![0, 0, 0, 9, 1], REP_ERR_INVALID),
         (OPT_SET_META_CONTEXT, vec![0; 8], REP_ERR_INVALID),

@@ -12,6 +12,7 @@ use pmcache_testkit::tls::{X509Dirs, psk_file, x509_credentials};
 use serde_json::Value;
 
 use crate::common::{NAME, TestServer, Via, pseudo_random, read_file, require_tool, run_ok};
+use crate::tls_raw::garbage_for_a_client_hello_closes;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const SIZE_BYTES: usize = 16 << 20;
@@ -122,6 +123,7 @@ fn x509_required_serves_libnbd_and_qemu_and_refuses_plain_clients() {
     let other = tempfile::tempdir().expect("tempdir");
     let stranger = x509_credentials(other.path());
     refused(&nbds(&server, "", &x509_query(&stranger.anonymous)), "certificate");
+    garbage_for_a_client_hello_closes(server.tcp_addr(), Duration::from_secs(2));
     assert_eq!(nbdinfo(&uri), Ok(SIZE_BYTES as u64), "the server keeps serving");
     server.stop();
 }
