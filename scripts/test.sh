@@ -35,6 +35,7 @@ cargo build --release -p pmcache-cli
 ./target/release/pmcache bench engines --quick --plot target/bench-engines-smoke.svg
 ./target/release/pmcache bench writeback --quick --plot target/bench-writeback-smoke.svg
 ./target/release/pmcache bench nbd --quick
+./target/release/pmcache bench tls --quick
 ./target/release/pmcache bench paper002 --quick --plot target/bench-paper002-smoke.svg
 
 echo "== fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"

@@ -5,5 +5,6 @@ pub mod engine_core;
 pub mod engines;
 pub mod lookup_cost;
 pub mod nbd_fio;
+pub mod nbd_tls;
 pub mod paper002;
 pub mod writeback;

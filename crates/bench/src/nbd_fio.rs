@@ -491,6 +491,8 @@ pub(crate) struct PmcacheServe<'a> {
     pub(crate) cpus: Option<(&'a str, &'a str)>,
     /// Most client connections.
     pub(crate) max_connections: usize,
+    /// Further `pmcache serve` arguments (e.g. `--mode`, `--tls`).
+    pub(crate) extra_args: &'a [String],
 }
 
 /// A server process (pmcache or nbdkit) that is stopped, and its files removed, when
@@ -541,6 +543,7 @@ impl Server {
         for setting in serve.cleaner {
             command.arg("--cleaner").arg(setting);
         }
+        command.args(serve.extra_args);
         let mut server = Server::spawn(command, "pmcache serve", serve.log, serve.socket)?;
         server.control = Some(serve.control.to_path_buf());
         server.medium = Some(serve.medium.to_path_buf());
@@ -721,6 +724,15 @@ fn wait_until(child: &mut Child, deadline: Instant, interruptible: bool) -> Opti
 pub(crate) enum FioTarget {
     /// An NBD export (`--ioengine=nbd --uri=...`), one connection per job.
     Nbd(String),
+    /// An NBD export over TLS with X.509: libnbd finds the CA in `home`/.pki/libnbd (fio's
+    /// engine cannot pass credentials: libnbd refuses file paths in a URI unless the program
+    /// allows them).
+    NbdTls {
+        /// `nbds://` or `nbds+unix://`.
+        uri: String,
+        /// fio's `HOME`.
+        home: PathBuf,
+    },
     /// A file, with `io_uring` and `O_DIRECT`.
     File(PathBuf),
 }
@@ -801,6 +813,9 @@ impl FioRun {
         match &spec.target {
             FioTarget::Nbd(uri) => {
                 command.arg("--ioengine=nbd").arg(format!("--uri={uri}"));
+            }
+            FioTarget::NbdTls { uri, home } => {
+                command.arg("--ioengine=nbd").arg(format!("--uri={uri}")).env("HOME", home);
             }
             FioTarget::File(path) => {
                 command
@@ -1282,6 +1297,7 @@ fn measure(
                 cleaner: &config.cleaner,
                 cpus: None,
                 max_connections: 16,
+                extra_args: &[],
             })?;
             let result = FioRun::run(&fio(FioTarget::Nbd(server.uri())))?;
             let stats = server.stats()?;

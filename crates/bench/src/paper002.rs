@@ -532,6 +532,7 @@ impl Bed<'_> {
             cleaner: &cleaner,
             cpus: Some((&cpu_list, &self.args.taskset)),
             max_connections: writers.max(16),
+            extra_args: &[],
         })
     }
 

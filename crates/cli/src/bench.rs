@@ -1,7 +1,7 @@
 //! `pmcache bench …`: the experiments of the papers, each beside its baseline.
 
 use clap::{Args, Subcommand};
-use pmcache_bench::{engine_core, engines, lookup_cost, nbd_fio, paper002, writeback};
+use pmcache_bench::{engine_core, engines, lookup_cost, nbd_fio, nbd_tls, paper002, writeback};
 
 /// `pmcache bench`.
 #[derive(Args)]
@@ -37,6 +37,10 @@ enum Experiment {
     /// same backing file and fio on the raw backing file: 4 KiB random writes and reads, QD16,
     /// IOPS, latency percentiles, IOPS once the cache is full, the server's statistics.
     Nbd(Box<nbd_fio::NbdArgs>),
+    /// What TLS costs an NBD client of `pmcache serve`: 4 KiB random reads (cache hits), fio's
+    /// nbd engine in clear and over TLS (X.509) against the same server, alternating runs;
+    /// median IOPS, latency and the IOPS ratio.
+    Tls(Box<nbd_tls::TlsArgs>),
     /// Paper 002's experiment with pmcache in pblk's place: 4 MiB random writes over NBD into
     /// a cache smaller than the span, the server confined to 1 or 2 CPUs, 1 or more writers,
     /// adaptive boosting of the cleaner off vs on: bandwidth, stalls per write, context
@@ -51,6 +55,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         Experiment::Engines(args) => engines::run_cli(&args),
         Experiment::Writeback(args) => writeback::run_cli(&args),
         Experiment::Nbd(args) => nbd_fio::run_cli(&args),
+        Experiment::Tls(args) => nbd_tls::run_cli(&args),
         Experiment::Paper002(args) => paper002::run_cli(&args),
     }
 }
