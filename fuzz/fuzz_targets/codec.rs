@@ -7,7 +7,7 @@ use libfuzzer_sys::fuzz_target;
 use pmcache_nbd::BlockSizes;
 use pmcache_nbd::codec::{
     ExportInfo, Negotiation, OPTION_HEADER_BYTES, OptionHeader, REQUEST_HEADER_BYTES,
-    REQUEST_MAGIC, Session, decode_option_header, decode_request_header,
+    REQUEST_MAGIC, Session, TlsMode, decode_option_header, decode_request_header,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -30,7 +30,9 @@ fuzz_target!(|data: &[u8]| {
         },
         can_multi_conn: head[1] & 1 == 1,
     };
-    if let Ok(mut negotiation) = Negotiation::new(&info, [head[2], head[3], head[4], head[5]]) {
+    let tls = [TlsMode::Off, TlsMode::On, TlsMode::Require][usize::from(head[1] >> 1) % 3];
+    if let Ok(negotiation) = Negotiation::new(&info, [head[2], head[3], head[4], head[5]]) {
+        let mut negotiation = negotiation.with_tls(tls);
         let option = u32::from(head[6] % 16);
         let mut out = Vec::new();
         let header = OptionHeader { option, data_len_bytes: body.len() as u32 };

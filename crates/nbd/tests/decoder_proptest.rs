@@ -4,7 +4,10 @@
 
 use pmcache_nbd::codec::*;
 use pmcache_nbd::server::export_info;
-use pmcache_nbd::{BlockSizes, ConnEnd, MemExport, ReplayTransport, serve_connection};
+use pmcache_nbd::{
+    BlockSizes, ConnEnd, ConnTls, MemExport, ReplayTransport, TlsConfig, TlsMode, serve_connection,
+    serve_connection_tls,
+};
 use proptest::prelude::*;
 
 const SIZE: u64 = 1 << 20;
@@ -16,6 +19,20 @@ fn mem() -> (MemExport, ExportInfo) {
     let m = MemExport::new(SIZE, bs).expect("mem");
     let info = export_info(&m, "pm", MAX_PAYLOAD).expect("info");
     (m, info)
+}
+
+/// TLS required, with a PSK for alice (the file is read once per test process).
+fn psk_tls() -> ConnTls {
+    static TLS: std::sync::OnceLock<ConnTls> = std::sync::OnceLock::new();
+    TLS.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("keys.psk");
+        std::fs::write(&file, "alice:000102030405060708090a0b0c0d0e0f\n").expect("psk file");
+        let config =
+            TlsConfig { mode: TlsMode::Require, psk_file: Some(file), ..TlsConfig::default() };
+        config.load().expect("PSK configuration")
+    })
+    .clone()
 }
 
 fn option(out: &mut Vec<u8>, opt: u32, data: &[u8]) {
@@ -186,6 +203,63 @@ proptest! {
             at += 20 + be32(&out, at + 16) as usize;
         }
         prop_assert_eq!(at, out.len());
+    }
+
+    /// Random options under every TLS mode: every reply is framed, and a server that
+    /// requires TLS never enters transmission (nor answers with anything but `TLS_REQD`,
+    /// `ABORT`'s `ACK` or `STARTTLS`'s replies) before `STARTTLS` is acknowledged.
+    #[test]
+    fn tls_modes_gate_every_option(
+        options in proptest::collection::vec((0u32..12, proptest::collection::vec(any::<u8>(), 0..64)), 1..24),
+        mode in prop_oneof![Just(TlsMode::Off), Just(TlsMode::On), Just(TlsMode::Require)],
+    ) {
+        let (_m, info) = mem();
+        let mut n = Negotiation::new(&info, [0, 0, 0, 3]).expect("flags").with_tls(mode);
+        for (opt, data) in options {
+            let tls_before = n.tls_active();
+            let mut out = Vec::new();
+            let header = OptionHeader { option: opt, data_len_bytes: data.len() as u32 };
+            let outcome = n.handle_option(header, &data, &mut out);
+            if mode == TlsMode::Require && !tls_before {
+                prop_assert!(!matches!(outcome, OptionOutcome::Transmission(_)), "{outcome:?}");
+                if opt != OPT_STARTTLS && opt != OPT_ABORT && opt != OPT_EXPORT_NAME {
+                    prop_assert_eq!(be32(&out, 12), REP_ERR_TLS_REQD);
+                }
+            }
+            prop_assert_eq!(outcome == OptionOutcome::StartTls, n.tls_active() && !tls_before);
+            if mode == TlsMode::Off {
+                prop_assert!(!n.tls_active());
+            }
+            match outcome {
+                OptionOutcome::Continue | OptionOutcome::StartTls => {}
+                _ => break,
+            }
+            let mut at = 0;
+            while at < out.len() {
+                prop_assert_eq!(be64(&out, at), OPTION_REPLY_MAGIC);
+                at += 20 + be32(&out, at + 16) as usize;
+            }
+            prop_assert_eq!(at, out.len());
+        }
+    }
+
+    /// A whole connection to a server that requires TLS (PSK), fed random bytes, or
+    /// `STARTTLS` and then random bytes for a ClientHello: never a panic, never transmission.
+    #[test]
+    fn random_streams_to_a_tls_server_never_panic(
+        bytes in proptest::collection::vec(any::<u8>(), 0..1024),
+        starttls in any::<bool>(),
+    ) {
+        let (m, info) = mem();
+        let tls = psk_tls();
+        let mut input = 3u32.to_be_bytes().to_vec();
+        if starttls {
+            option(&mut input, OPT_STARTTLS, &[]);
+        }
+        input.extend_from_slice(&bytes);
+        let mut t = ReplayTransport::new(input);
+        let end = serve_connection_tls(&mut t, &m, &info, &tls);
+        prop_assert!(m.stats().conns_opened == 0, "{end:?}");
     }
 
     #[test]
