@@ -241,8 +241,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     if args.socket.is_none() && !args.listen.ip().is_loopback() && !args.allow_remote {
         return Err(format!(
             "refusing to listen on {}, which is not a loopback address, without --allow-remote \
-             (NBD has no authentication here: anyone who reaches the port reads and writes the \
-             device)",
+             (without --tls=require, NBD has no authentication: anyone who reaches the port \
+             reads and writes the device)",
             args.listen
         ));
     }

@@ -152,7 +152,7 @@ pub enum ConnError {
     #[error("export: {0}")]
     Export(#[from] ExportError),
     /// TLS could not start.
-    #[error("TLS: {0}")]
+    #[error("{0}")]
     Tls(#[from] TlsError),
 }
 
