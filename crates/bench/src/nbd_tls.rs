@@ -92,7 +92,12 @@ pub fn run_cli(args: &TlsArgs) -> Result<(), String> {
         return Err("--span must be at least 4 KiB".into());
     }
     let fio_version = check_fio(&args.fio)?;
-    let openssl = tool_version("openssl", "version", "openssl")?;
+    // "OpenSSL 3.0.19 27 Jan 2026 (Library: ...)": the name and the version.
+    let openssl = tool_version("openssl", "version", "openssl")?
+        .split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ");
     catch_interrupts();
     let scratch = Scratch::new(&args.dir, &args.shm_dir, "tls", false)?;
     std::fs::File::create(&scratch.backing)
@@ -195,8 +200,11 @@ fn table(r: &Report) -> String {
         r.seconds
     );
     let _ = writeln!(out, "# host: {} CPUs, {}, kernel {}", m.cpus, m.cpu_model, m.kernel);
-    let _ =
-        writeln!(out, "# {}, {}; client libnbd (GnuTLS), server rustls (X.509)", m.fio, r.openssl);
+    let _ = writeln!(
+        out,
+        "# {}; client libnbd (GnuTLS), server rustls (X.509, a P-256 certificate made by {})",
+        m.fio, r.openssl
+    );
     let _ = writeln!(out, "client        iops  lat_p50_us  lat_p99_us  ratio");
     for (row, ratio) in [(&r.plain, None), (&r.tls, r.tls_ratio_median)] {
         let _ = writeln!(
