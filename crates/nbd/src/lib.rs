@@ -19,9 +19,9 @@ pub mod export;
 pub mod mem;
 pub mod server;
 
-pub use export::{BatchWrite, BlockSizes, Export, ExportConn, ExportError};
+pub use export::{BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError};
 pub use mem::{MemExport, MemStats};
 pub use server::{
     ConnEnd, ConnError, ListenAddr, ReplayTransport, RunningServer, Server, ServerConfig,
-    ServerError, ShutdownHandle, Transport, serve_connection,
+    ServerError, ServerStats, ShutdownHandle, Transport, serve_connection,
 };
