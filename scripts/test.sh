@@ -37,6 +37,8 @@ cargo build --release -p pmcache-cli
 ./target/release/pmcache bench nbd --quick
 ./target/release/pmcache bench tls --quick
 ./target/release/pmcache bench paper002 --quick --plot target/bench-paper002-smoke.svg
+./target/release/pmcache bench media-kinds --quick
+./target/release/pmcache bench memory --quick
 
 echo "== fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"
 if cargo +nightly fuzz --version >/dev/null 2>&1; then

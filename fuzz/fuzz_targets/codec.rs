@@ -53,6 +53,7 @@ fuzz_target!(|data: &[u8]| {
             min_block_bytes: info.block_sizes.min_bytes,
             max_payload_bytes: info.block_sizes.max_bytes,
             block_sizes_agreed: true,
+            base_allocation: head[7] & 4 == 4,
         };
         let _ = session.validate(&h);
     }

@@ -292,6 +292,28 @@ impl BackingFile {
         self.write_zero_chunks(offset, len).map_err(io)
     }
 
+    /// The extent at `offset` (at most `len` bytes, `len` > 0): a hole or data, from
+    /// `SEEK_DATA`/`SEEK_HOLE`. A block device, or a file system without them, says data.
+    pub fn extent_at(&self, offset: u64, len: u64) -> Result<crate::Extent> {
+        self.check_range("extent_at", offset, len)?;
+        let data = crate::Extent { len, hole: false };
+        if self.is_block_device || len == 0 {
+            return Ok(data);
+        }
+        let io = |source| BackingError::Io { op: "extent_at", offset, len, source };
+        let Some(data_at) = seek(&self.file, offset, libc::SEEK_DATA).map_err(io)? else {
+            // No data from `offset` to the end of the file.
+            return Ok(crate::Extent { len, hole: true });
+        };
+        if data_at > offset {
+            return Ok(crate::Extent { len: (data_at - offset).min(len), hole: true });
+        }
+        let hole_at = seek(&self.file, offset, libc::SEEK_HOLE).map_err(io)?;
+        // Every file ends in a (virtual) hole; a file system without SEEK_HOLE reports the end.
+        let run = hole_at.map_or(len, |at| at.saturating_sub(offset).clamp(1, len));
+        Ok(crate::Extent { len: run, ..data })
+    }
+
     /// Writes zeroes over a range with plain writes, [`ZERO_CHUNK_BYTES`] at a time (for file
     /// systems that can neither zero a range nor punch a hole).
     fn write_zero_chunks(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -363,6 +385,29 @@ pub(crate) fn fallocate(file: &File, mode: libc::c_int, offset: u64, len: u64) -
     // SAFETY: fallocate only reads its integer arguments; the fd is owned by `file` and open.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, len) };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// `lseek(fd, offset, whence)` for `SEEK_DATA`/`SEEK_HOLE`: the offset found, or `None` when
+/// there is none past `offset` (`ENXIO`). A file system without them says EINVAL: taken as data
+/// to the end (`Some(offset)` for `SEEK_DATA`, `None` for `SEEK_HOLE`).
+fn seek(file: &File, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+    let Ok(at) = i64::try_from(offset) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    // SAFETY: lseek only reads its integer arguments; the fd is owned by `file` and open. The
+    // file offset it moves is not used by this crate, which reads and writes at explicit
+    // offsets (pread/pwrite and the queues').
+    let found = unsafe { libc::lseek(file.as_raw_fd(), at, whence) };
+    if found >= 0 {
+        return Ok(Some(found as u64));
+    }
+    match io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::ENXIO) => Ok(None),
+        e if e.raw_os_error() == Some(libc::EINVAL) => {
+            Ok(if whence == libc::SEEK_DATA { Some(offset) } else { None })
+        }
+        e => Err(e),
+    }
 }
 
 /// Converts a kernel result (`-errno` or a byte count) into an `io::Result`.
@@ -485,6 +530,28 @@ mod tests {
         assert!(after[at..at + n].iter().all(|&b| b == 0), "the range");
         assert!(after[at + n..].iter().all(|&b| b == 0xff), "after the range");
         file.write_zero_chunks(0, 0).expect("an empty range");
+    }
+
+    /// Extents of a sparse file (in the temp dir): the hole before data, the data run,
+    /// the hole after it to the end, each clipped to the query's length.
+    #[test]
+    fn extents_follow_the_holes_and_data_of_a_sparse_file() {
+        const MIB: u64 = 1 << 20;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sparse");
+        let sparse = std::fs::File::create(&path).expect("create");
+        sparse.set_len(8 * MIB).expect("size");
+        std::os::unix::fs::FileExt::write_all_at(&sparse, &[7u8; 65536], 2 * MIB).expect("data");
+        let file = BackingFile::open(&path, "psync", BUFFERED).expect("open");
+        let hole = |len| crate::Extent { len, hole: true };
+        let data = |len| crate::Extent { len, hole: false };
+        assert_eq!(file.extent_at(0, 8 * MIB).expect("extent"), hole(2 * MIB));
+        assert_eq!(file.extent_at(0, MIB).expect("extent"), hole(MIB), "clipped");
+        let run = file.extent_at(2 * MIB, 6 * MIB).expect("extent");
+        assert!(!run.hole && run.len >= 65536 && run.len < 6 * MIB, "{run:?}");
+        assert_eq!(file.extent_at(2 * MIB + 4096, 4096).expect("extent"), data(4096));
+        assert_eq!(file.extent_at(4 * MIB, 4 * MIB).expect("extent"), hole(4 * MIB), "to the end");
+        assert!(file.extent_at(7 * MIB, 2 * MIB).is_err(), "past the end is refused");
     }
 
     /// A file system that rejects `O_DIRECT` (procfs here) is named as such, with what to do;

@@ -58,6 +58,17 @@ pub struct BackingIdentity {
     pub instance: u64,
 }
 
+/// A stretch of a backing store, as block status reports it (see
+/// [`BackingStore::extent_at`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// Its length in bytes (never 0 for a non-empty query).
+    pub len: u64,
+    /// A hole: it holds no space on the store and reads as zeroes. `false` means allocated,
+    /// or not known.
+    pub hole: bool,
+}
+
 /// The block interface the cache engine drives. All methods may be called from many threads.
 pub trait BackingStore: Send + Sync {
     /// Size in bytes.
@@ -84,6 +95,12 @@ pub trait BackingStore: Send + Sync {
     /// Whether the store bypasses the page cache (`O_DIRECT`).
     fn is_direct(&self) -> bool {
         false
+    }
+    /// The extent that starts at `offset`, at most `len` bytes long (`len` > 0): a hole or
+    /// data. Files answer from `SEEK_DATA`/`SEEK_HOLE`; a store that cannot tell says data.
+    fn extent_at(&self, offset: u64, len: u64) -> Result<Extent> {
+        let _ = offset;
+        Ok(Extent { len, hole: false })
     }
     /// Opens a queue of `depth` requests for the calling thread (see [`IoQueue`]). Stores
     /// without a native queue refuse; [`SyncQueue`] runs a queue over any store.
@@ -121,6 +138,9 @@ impl<T: BackingStore + ?Sized> BackingStore for std::sync::Arc<T> {
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         (**self).write_zeroes(offset, len)
+    }
+    fn extent_at(&self, offset: u64, len: u64) -> Result<Extent> {
+        (**self).extent_at(offset, len)
     }
     fn engine_name(&self) -> &'static str {
         (**self).engine_name()

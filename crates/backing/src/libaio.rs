@@ -225,6 +225,9 @@ impl BackingStore for LibaioFile {
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.shared.file.write_zeroes(offset, len)
     }
+    fn extent_at(&self, offset: u64, len: u64) -> Result<crate::Extent> {
+        self.shared.file.extent_at(offset, len)
+    }
     fn engine_name(&self) -> &'static str {
         "libaio"
     }

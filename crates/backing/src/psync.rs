@@ -70,6 +70,9 @@ impl BackingStore for SyncCore {
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.file.write_zeroes(offset, len)
     }
+    fn extent_at(&self, offset: u64, len: u64) -> Result<crate::Extent> {
+        self.file.extent_at(offset, len)
+    }
     fn engine_name(&self) -> &'static str {
         self.file.engine
     }
@@ -101,6 +104,9 @@ macro_rules! sync_engine_store {
             }
             fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
                 self.core.write_zeroes(offset, len)
+            }
+            fn extent_at(&self, offset: u64, len: u64) -> Result<crate::Extent> {
+                self.core.extent_at(offset, len)
             }
             fn engine_name(&self) -> &'static str {
                 self.core.engine_name()

@@ -4,7 +4,9 @@
 pub mod engine_core;
 pub mod engines;
 pub mod lookup_cost;
+pub mod media_kinds;
 pub mod nbd_fio;
 pub mod nbd_tls;
 pub mod paper002;
+pub mod serve_memory;
 pub mod writeback;

@@ -277,8 +277,8 @@ mod tests {
     }
 
     fn args(extra: &[&str]) -> LookupArgs {
-        let dir = std::env::temp_dir();
-        let mut argv = vec!["lookup", "--dir", dir.to_str().expect("utf-8")];
+        // The medium's directory: a tmpfs (a file on a disk file system is refused).
+        let mut argv = vec!["lookup", "--dir", "/dev/shm"];
         argv.extend_from_slice(extra);
         Command::parse_from(argv).lookup
     }

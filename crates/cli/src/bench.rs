@@ -1,7 +1,10 @@
 //! `pmcache bench …`: the experiments of the papers, each beside its baseline.
 
 use clap::{Args, Subcommand};
-use pmcache_bench::{engine_core, engines, lookup_cost, nbd_fio, nbd_tls, paper002, writeback};
+use pmcache_bench::{
+    engine_core, engines, lookup_cost, media_kinds, nbd_fio, nbd_tls, paper002, serve_memory,
+    writeback,
+};
 
 /// `pmcache bench`.
 #[derive(Args)]
@@ -46,6 +49,15 @@ enum Experiment {
     /// adaptive boosting of the cleaner off vs on: bandwidth, stalls per write, context
     /// switches, boosts; Table 1: the same beside a CPU-bound π job on the server's CPU.
     Paper002(Box<paper002::Paper002Args>),
+    /// What `--medium-sync msync` costs: 4 KiB write-back writes per second through the
+    /// engine with the medium on a disk file system in msync mode (every persist msyncs its
+    /// pages) beside the same with the medium in /dev/shm (volatile), in the same run, taking
+    /// turns; medians of several runs and their ratio.
+    MediaKinds(media_kinds::MediaKindsArgs),
+    /// The resident memory of `pmcache serve` (its own, apart from the cache medium it maps)
+    /// with no connection, 16 idle connections, and 16 busy ones (fio, 4 KiB and 1 MiB random
+    /// reads and writes): what the per-connection buffers and bounds hold in practice.
+    Memory(serve_memory::MemoryArgs),
 }
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
@@ -57,5 +69,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         Experiment::Nbd(args) => nbd_fio::run_cli(&args),
         Experiment::Tls(args) => nbd_tls::run_cli(&args),
         Experiment::Paper002(args) => paper002::run_cli(&args),
+        Experiment::MediaKinds(args) => media_kinds::run_cli(&args),
+        Experiment::Memory(args) => serve_memory::run_cli(&args),
     }
 }

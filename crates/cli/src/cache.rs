@@ -9,7 +9,7 @@ use pmcache_engine::format::{FormatError, MAGIC, SUPERBLOCK_BYTES, Superblock};
 use pmcache_engine::{
     AdmissionConfig, CacheMode, Config, Engine, Error, EvictionKind, MonotonicClock, RecoveryReport,
 };
-use pmcache_media::{Medium, PmemFile};
+use pmcache_media::{Medium, MediumOptions, MediumSync, PmemFile};
 
 /// The backing store as the CLI opens it: any engine.
 pub type Backing = Arc<dyn BackingStore>;
@@ -21,13 +21,29 @@ pub const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
 /// The block size of a new cache when `--block-size` is not given.
 pub const DEFAULT_BLOCK_BYTES: u32 = 4096;
 
+/// `--medium-sync`'s long help (shared by the commands that open a medium).
+pub const MEDIUM_SYNC_HELP: &str = "How a cache medium that is neither DAX nor volatile is made \
+durable. `auto`: DAX (a MAP_SYNC mapping: a file on a DAX file system, or device-dax) is \
+persistent; a file on tmpfs, ramfs or hugetlbfs (/dev/shm) is volatile (survives a crash of \
+the process, not a reboot); anything else (a file on ext4, xfs, ..., a block device) is \
+refused, since its mapping lives in the page cache and would come back from a power cut as an \
+arbitrary subset of its pages. `msync`: accept such a medium and make every persist call \
+msync(MS_SYNC) on the pages it covers, so that each acknowledged write is on the device. The \
+cost: every cache write waits for two msyncs (its data block's page, then its metadata \
+entry's), each a page write and a device flush: some hundreds of writes per second on a disk against hundreds of thousands \
+on /dev/shm (`pmcache bench media-kinds` measures it here).";
+
 /// Options shared by the commands that open a cache.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CacheArgs {
     /// The cache medium: a file on a DAX file system, a device-dax node, or a file in
-    /// /dev/shm (emulated PM). Created with --cache-size when missing or empty.
+    /// /dev/shm (emulated PM); any other file only with --medium-sync msync. Created with
+    /// --cache-size when missing or empty.
     #[arg(long)]
     pub cache: PathBuf,
+    /// How a medium that is neither DAX nor volatile is made durable.
+    #[arg(long, default_value = "auto", value_name = "auto|msync", long_help = MEDIUM_SYNC_HELP)]
+    pub medium_sync: MediumSync,
     /// The backing store: a file or block device.
     #[arg(long)]
     pub backing: PathBuf,
@@ -133,6 +149,9 @@ impl BackingStore for MovedBacking {
     fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
         self.0.write_zeroes(offset, len)
     }
+    fn extent_at(&self, offset: u64, len: u64) -> pmcache_backing::Result<pmcache_backing::Extent> {
+        self.0.extent_at(offset, len)
+    }
     fn engine_name(&self) -> &'static str {
         self.0.engine_name()
     }
@@ -190,7 +209,9 @@ pub enum Opened {
 /// reserves its space: on a file system without room for it (a full `/dev/shm`) the cache
 /// must fail now with a message, not die of SIGBUS at its first store into a hole.
 fn open_medium(args: &CacheArgs) -> Result<PmemFile, MediumError> {
-    let medium = PmemFile::open(&args.cache, Some(args.new_cache_bytes()))
+    let options =
+        MediumOptions { create_len_bytes: Some(args.new_cache_bytes()), sync: args.medium_sync };
+    let medium = PmemFile::open_with(&args.cache, &options)
         .map_err(|e| MediumError::Other(e.to_string()))?;
     medium.lock_exclusive().map_err(|e| MediumError::Locked(e.to_string()))?;
     medium.reserve().map_err(|e| MediumError::Other(e.to_string()))?;

@@ -51,6 +51,7 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
     object.insert("block_size".into(), stats.block_size.into());
     object.insert("dram_bytes_per_slot".into(), stats.dram_bytes_per_slot.into());
     object.insert("mode".into(), engine.mode().to_string().into());
+    object.insert("medium".into(), engine.medium().kind().name().into());
     object.insert("size_bytes".into(), engine.size_bytes().into());
     let c = &stats.cleaner;
     let cleaner = [
@@ -124,7 +125,23 @@ fn handle(
     match command.trim() {
         // A connection closed without a command: a liveness probe (`detach` waiting).
         "" => {}
-        "stats" => writeln!(writer, "{}", stats_json(engine))?,
+        "stats" => {
+            let mut stats = stats_json(engine);
+            let server = shutdown.stats();
+            let connections = [
+                ("connections_open", server.connections_open),
+                ("connections_accepted", server.connections_accepted),
+                ("connections_refused_at_limit", server.connections_refused_at_limit),
+                ("connections_dropped_write_timeout", server.connections_dropped_write_timeout),
+                ("connections_dropped_idle", server.connections_dropped_idle),
+            ];
+            if let Some(object) = stats.as_object_mut() {
+                for (name, value) in connections {
+                    object.insert(name.into(), value.into());
+                }
+            }
+            writeln!(writer, "{stats}")?
+        }
         "flush" => {
             let total = engine.dirty_slots();
             match flush(engine, |dirty| {

@@ -52,9 +52,10 @@ fn init_logs(format: LogFormat) {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a cache over NBD (with no options: a 1 GiB cache in /dev/shm in front of a sparse
-    /// 8 GiB file under ./pmcache-data, on 127.0.0.1:10809). On a volatile medium (tmpfs,
-    /// ramfs) a stop writes every dirty block back first, and the attachment is recorded
-    /// beside the backing file.
+    /// 8 GiB file under ./pmcache-data, on 127.0.0.1:10809). The medium is DAX (persistent),
+    /// volatile (tmpfs, ramfs, hugetlbfs: a stop writes every dirty block back first, and the
+    /// attachment is recorded beside the backing file), or, with --medium-sync msync, a file
+    /// on another file system synced at every persist; any other medium is refused.
     Serve(Box<serve::ServeArgs>),
     /// Format a cache medium for a backing store.
     Format(manage::FormatArgs),

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressStyle};
 use pmcache_engine::check_medium;
 use pmcache_engine::format::Superblock;
-use pmcache_media::Medium;
+use pmcache_media::{FileSystem, Medium, MediumKind, MediumSync};
 
-use crate::cache::{CacheArgs, human, open_existing};
+use crate::cache::{CacheArgs, MEDIUM_SYNC_HELP, human, open_existing};
 use crate::control;
 use crate::serve::default_control_path;
 
@@ -76,6 +76,10 @@ pub struct DetachArgs {
     /// Backing-store I/O engine (when no server is running).
     #[arg(long)]
     engine: Option<String>,
+    /// How a medium that is neither DAX nor volatile is made durable, when no server is
+    /// running: `msync` for a cache served with `--medium-sync msync`.
+    #[arg(long, default_value = "auto", value_name = "auto|msync", long_help = MEDIUM_SYNC_HELP)]
+    medium_sync: MediumSync,
     /// The control socket, if not the default.
     #[arg(long)]
     control: Option<PathBuf>,
@@ -112,9 +116,12 @@ pub fn check(args: CheckArgs) -> Result<(), String> {
     let medium = MetadataSnapshot::read(&args.cache)?;
     let report = check_medium(&medium).map_err(|e| format!("{}: {e}", args.cache.display()))?;
     let superblock = report.superblock.expect("a decoded superblock");
+    let (kind, file_system) = medium_kind(&args.cache)?;
     if args.json {
         let json = serde_json::json!({
             "cache": args.cache.display().to_string(),
+            "medium": kind.name(),
+            "file_system": file_system,
             "slots": superblock.geometry.slot_count,
             "block_size": superblock.geometry.block_size,
             "backing_bytes": superblock.backing.size_bytes,
@@ -136,6 +143,16 @@ pub fn check(args: CheckArgs) -> Result<(), String> {
             superblock.geometry.block_size,
             human(superblock.backing.size_bytes)
         );
+        let promise = match kind {
+            MediumKind::Dax => "persistent memory, mapped MAP_SYNC".to_string(),
+            MediumKind::Volatile => {
+                format!("{file_system}: survives a process crash, not a reboot")
+            }
+            MediumKind::Msync => format!(
+                "{file_system}: durable only in msync mode, served with --medium-sync msync"
+            ),
+        };
+        println!("  medium: {kind} ({promise})");
         println!(
             "  last shutdown: {}",
             if report.was_clean_shutdown { "clean" } else { "unclean (or still attached)" }
@@ -160,6 +177,15 @@ pub fn check(args: CheckArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The kind a medium is served as (a medium that is neither DAX nor volatile can only be
+/// served in msync mode) and its file system's name, probed without writing to it.
+fn medium_kind(path: &Path) -> Result<(MediumKind, String), String> {
+    let kind = pmcache_media::probe_kind(path, MediumSync::Msync).map_err(|e| e.to_string())?;
+    let file_system =
+        FileSystem::of_path(path).map_err(|e| format!("{}: fstatfs: {e}", path.display()))?;
+    Ok((kind, file_system.name))
+}
+
 pub fn stats(args: StatsArgs) -> Result<(), String> {
     let mut reply = String::new();
     control::request(&args.server.path(), "stats", |line| reply = line.to_string())?;
@@ -173,6 +199,7 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
         for (name, value) in object {
             if let Some(number) = value.as_f64() {
                 let gauge = name.ends_with("slots")
+                    || name == "connections_open"
                     || name == "block_size"
                     || name.starts_with("dram")
                     || name == "size_bytes";
@@ -183,6 +210,11 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
         if let Some(mode) = object.get("mode").and_then(|m| m.as_str()) {
             text += &format!(
                 "# TYPE pmcache_mode_info gauge\npmcache_mode_info{{mode=\"{mode}\"}} 1\n"
+            );
+        }
+        if let Some(medium) = object.get("medium").and_then(|m| m.as_str()) {
+            text += &format!(
+                "# TYPE pmcache_medium_info gauge\npmcache_medium_info{{medium=\"{medium}\"}} 1\n"
             );
         }
     } else {
@@ -276,6 +308,7 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
     std::fs::metadata(&args.cache).map_err(|e| format!("{}: {e}", args.cache.display()))?;
     let cache_args = CacheArgs {
         cache: args.cache.clone(),
+        medium_sync: args.medium_sync,
         backing,
         cache_size: None,
         block_size: None,

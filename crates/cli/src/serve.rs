@@ -1,7 +1,7 @@
 //! `pmcache serve`: the cache as an NBD export, one engine lane per client connection, a
 //! control socket for `pmcache stats`, `flush` and `detach`, and a clean shutdown on SIGINT or
 //! SIGTERM (in-flight requests finish, the backing store is synced, the cache marked clean).
-//! On a volatile medium (tmpfs, ramfs) a stop writes every dirty block back first, and the
+//! On a volatile medium (tmpfs, ramfs, hugetlbfs) a stop writes every dirty block back first, and the
 //! attachment is recorded in a state file outside the medium (`crate::state`).
 
 use std::io::IsTerminal;
@@ -13,14 +13,17 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pmcache_engine::{CacheMode, Error, Lane, MonotonicClock, WriteRequest};
-use pmcache_media::PmemFile;
+use pmcache_media::{FileSystem, MediumKind, MediumSync, PmemFile};
 use pmcache_nbd::{
-    BatchWrite, BlockSizes, Export, ExportConn, ExportError, ListenAddr, Server, ServerConfig,
+    BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, ListenAddr, Server,
+    ServerConfig,
 };
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use crate::cache::{Backing, CacheArgs, CacheEngine, Opened, human, open_or_format, parse_size};
+use crate::cache::{
+    Backing, CacheArgs, CacheEngine, MEDIUM_SYNC_HELP, Opened, human, open_or_format, parse_size,
+};
 use crate::control;
 use crate::state;
 use crate::tls::TlsArgs;
@@ -34,9 +37,15 @@ const DEFAULT_BACKING_BYTES: u64 = 8 << 30;
 /// Options of `pmcache serve`. With none, it runs on the embedded default.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// The cache medium (default: a 1 GiB file in /dev/shm, emulated PM).
+    /// The cache medium: a file on a DAX file system, a device-dax node, or a file in /dev/shm
+    /// (emulated PM); any other file only with --medium-sync msync (default: a 1 GiB file in
+    /// /dev/shm).
     #[arg(long)]
     pub cache: Option<PathBuf>,
+    /// How a medium that is neither DAX nor volatile is made durable: `auto` refuses it,
+    /// `msync` syncs its pages at every persist (slow: a device write per cache write).
+    #[arg(long, default_value = "auto", value_name = "auto|msync", long_help = MEDIUM_SYNC_HELP)]
+    pub medium_sync: MediumSync,
     /// The backing store (default: a sparse 8 GiB file under ./pmcache-data, created if missing).
     #[arg(long)]
     pub backing: Option<PathBuf>,
@@ -80,6 +89,16 @@ pub struct ServeArgs {
     /// Most simultaneous client connections.
     #[arg(long, default_value_t = 16)]
     pub max_connections: usize,
+    /// Seconds a client has to take each batch of replies off its socket; a client that stops
+    /// reading (or reads too slowly) is dropped then, freeing its connection, engine lane and
+    /// buffers.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = positive_seconds)]
+    pub write_timeout: f64,
+    /// Seconds a connection may stay idle (no request from its client) before it is dropped;
+    /// 0 keeps idle connections (the default: the kernel's NBD client keeps an idle mounted
+    /// device's connection open for as long as the mount lives).
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.0, value_parser = seconds)]
+    pub idle_timeout: f64,
     /// Control socket for `pmcache stats/flush/detach` (default: the cache path + ".ctl").
     #[arg(long)]
     pub control: Option<PathBuf>,
@@ -91,7 +110,7 @@ pub struct ServeArgs {
     #[arg(long = "cleaner", value_name = "KEY=VALUE")]
     pub cleaner: Vec<String>,
     /// Where the attachment of the backing store to a cache on a volatile medium (tmpfs,
-    /// ramfs: lost at a reboot) is recorded, outside the medium [default: the backing file's
+    /// ramfs, hugetlbfs: lost at a reboot) is recorded, outside the medium [default: the backing file's
     /// path + ".pmcache-state"; for a block device,
     /// /var/lib/pmcache/<its path with / as ->.pmcache-state]. `serve` refuses to start when
     /// it records blocks that may not have been written back from a cache that is gone
@@ -190,6 +209,29 @@ impl ExportConn for CacheConn {
         self.lane.flush().map_err(export_error)
     }
 
+    /// Holes of the backing store not cached are holes that read as zeroes; the rest is
+    /// data (`Engine::extents`).
+    fn block_status(
+        &mut self,
+        offset_bytes: u64,
+        len_bytes: u32,
+        extents_max: usize,
+        extents: &mut Vec<BlockExtent>,
+    ) -> Result<(), ExportError> {
+        let mut found = Vec::with_capacity(extents_max.min(64));
+        let engine = self.lane.engine();
+        engine
+            .extents(offset_bytes, u64::from(len_bytes), extents_max, &mut found)
+            .map_err(export_error)?;
+        extents.extend(found.into_iter().map(|e| BlockExtent {
+            // Within the request's length, a u32.
+            len_bytes: u32::try_from(e.len).unwrap_or(len_bytes),
+            hole: e.hole,
+            zero: e.hole,
+        }));
+        Ok(())
+    }
+
     fn trim(&mut self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<(), ExportError> {
         self.lane.trim(offset_bytes, len_bytes).map_err(export_error)?;
         if fua { self.flush() } else { Ok(()) }
@@ -204,6 +246,19 @@ impl ExportConn for CacheConn {
     ) -> Result<(), ExportError> {
         self.lane.write_zeroes(offset_bytes, len_bytes, fua).map_err(export_error)
     }
+}
+
+/// A number of seconds, 0 or more (at most a day).
+fn seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if (0.0..=86_400.0).contains(&s) => Ok(s),
+        _ => Err(format!("{text:?} is not a number of seconds between 0 and 86400")),
+    }
+}
+
+/// A number of seconds above 0 (at most a day).
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    seconds(text).and_then(|s| if s > 0.0 { Ok(s) } else { Err("must be above 0".into()) })
 }
 
 fn ensure_default_backing(path: &Path) -> Result<(), String> {
@@ -228,6 +283,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let cache = args.cache.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE));
     let cache_args = CacheArgs {
         cache: cache.clone(),
+        medium_sync: args.medium_sync,
         backing: backing.clone(),
         cache_size: args.cache_size,
         block_size: args.block_size,
@@ -302,7 +358,17 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     }
     // A volatile medium: the attachment is recorded (the backing store possibly stale) before
     // any client can write.
-    let volatile = state::volatile_medium(&cache);
+    let kind = engine.medium().kind();
+    let file_system = FileSystem::of_path(&cache)
+        .map(|fs| fs.name)
+        .unwrap_or_else(|e| format!("a file system that could not be read ({e})"));
+    let volatile = (kind == MediumKind::Volatile).then(|| file_system.clone());
+    if kind == MediumKind::Msync {
+        eprintln!(
+            "pmcache: the cache medium is in msync mode ({file_system}): every persist waits for \
+             msync(MS_SYNC) of its pages, so each write waits for the device"
+        );
+    }
     let uuid = engine.superblock().uuid;
     match &volatile {
         Some(fs) => {
@@ -358,6 +424,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         listen,
         allow_remote: args.allow_remote,
         max_connections: args.max_connections,
+        write_timeout: Duration::from_secs_f64(args.write_timeout),
+        idle_timeout: (args.idle_timeout > 0.0).then(|| Duration::from_secs_f64(args.idle_timeout)),
         tls,
         ..ServerConfig::default()
     };
@@ -656,9 +724,10 @@ fn print_how_to_connect(
 ) {
     let slots = engine.superblock().geometry.slot_count;
     println!(
-        "pmcache: serving {} ({} cache, {} slots of {} B, {}) in front of {} ({})",
+        "pmcache: serving {} ({} cache, medium: {}, {} slots of {} B, {}) in front of {} ({})",
         cache.display(),
         human(engine.superblock().geometry.medium_bytes),
+        engine.medium().kind(),
         slots,
         engine.block_size(),
         engine.mode(),

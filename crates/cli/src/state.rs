@@ -1,5 +1,5 @@
 //! The attachment state of a backing store served with a cache on a volatile medium (a file on
-//! tmpfs or ramfs, such as the embedded default in /dev/shm): which cache it is attached to,
+//! tmpfs, ramfs or hugetlbfs, such as the embedded default in /dev/shm): which cache it is attached to,
 //! and whether that cache may hold blocks the backing store lacks. The record lives outside
 //! the medium (beside the backing file by default), so that it survives what the medium does
 //! not — a reboot — and `serve` can refuse to put a fresh cache over a backing store whose
@@ -85,7 +85,7 @@ pub struct Record {
     pub cache: PathBuf,
     /// The cache's identity: its superblock's uuid.
     pub cache_uuid: [u8; 16],
-    /// The medium does not survive a reboot (tmpfs, ramfs).
+    /// The medium does not survive a reboot (tmpfs, ramfs, hugetlbfs).
     pub cache_volatile: bool,
     /// The cache may hold blocks the backing store lacks (dirty, or written since the last
     /// complete write-back).
@@ -358,38 +358,6 @@ pub fn refusal_message(refusal: &Refusal, record: &Record, state: &Path, cache: 
     }
 }
 
-/// The file system type of the mount whose device is `major:minor`, from
-/// `/proc/self/mountinfo`'s text (fields: id, parent, major:minor, root, mount point,
-/// options, optional fields, `-`, type, source, super options). The last such mount wins (a
-/// later mount over an earlier one).
-pub fn fs_type_of_device(mountinfo: &str, major: u64, minor: u64) -> Option<String> {
-    let wanted = format!("{major}:{minor}");
-    mountinfo
-        .lines()
-        .filter(|line| line.split_whitespace().nth(2) == Some(wanted.as_str()))
-        .filter_map(|line| {
-            let mut after = line.split(" - ").nth(1)?.split_whitespace();
-            after.next().map(str::to_string)
-        })
-        .next_back()
-}
-
-/// The file system of `path` when it is a regular file on a file system that does not survive
-/// a reboot (tmpfs, ramfs: the kernel's TMPFS_MAGIC and RAMFS_MAGIC), found by the file's
-/// device in /proc/self/mountinfo; `None` for anything else (DAX, a device node, a disk file
-/// system, or unknown).
-pub fn volatile_medium(path: &Path) -> Option<String> {
-    let meta = std::fs::metadata(path).ok()?;
-    if !meta.file_type().is_file() {
-        return None;
-    }
-    let dev = meta.dev();
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    fs_type_of_device(&mountinfo, major, minor).filter(|t| t == "tmpfs" || t == "ramfs")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,31 +472,6 @@ mod tests {
         remove(&path).expect("remove");
         remove(&path).expect("remove again");
         let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn the_file_system_of_a_device_is_read_from_mountinfo() {
-        let mountinfo = "\
-24 27 0:6 / /dev rw,relatime - devtmpfs devtmpfs rw,size=123k,mode=755
-25 24 0:23 / /dev/shm rw,relatime - tmpfs tmpfs rw,size=246k
-27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard
-30 25 0:27 / /dev/shm rw,relatime - tmpfs tmpfs rw,size=246k
-33 27 0:40 / /mnt/ram rw - ramfs none rw
-";
-        assert_eq!(fs_type_of_device(mountinfo, 0, 27).as_deref(), Some("tmpfs"));
-        assert_eq!(fs_type_of_device(mountinfo, 254, 0).as_deref(), Some("ext4"));
-        assert_eq!(fs_type_of_device(mountinfo, 0, 6).as_deref(), Some("devtmpfs"));
-        assert_eq!(fs_type_of_device(mountinfo, 0, 40).as_deref(), Some("ramfs"));
-        assert_eq!(fs_type_of_device(mountinfo, 9, 9), None);
-        // On this machine: a file in /dev/shm is volatile; a device node or a missing file is
-        // not taken for one.
-        let shm = Path::new("/dev/shm").join(format!("pmcache-state-probe-{}", std::process::id()));
-        if std::fs::write(&shm, b"x").is_ok() {
-            assert_eq!(volatile_medium(&shm).as_deref(), Some("tmpfs"));
-            let _ = std::fs::remove_file(&shm);
-        }
-        assert_eq!(volatile_medium(Path::new("/dev/null")), None);
-        assert_eq!(volatile_medium(Path::new("/no/such/file")), None);
     }
 
     #[test]

@@ -19,6 +19,7 @@ use pmcache_backing::{BackingError, BackingStore};
 use pmcache_media::Medium;
 use rand::RngCore;
 
+use crate::abort::AbortOnUnwind;
 use crate::admission::Admission;
 use crate::clock::Clock;
 use crate::config::{CacheMode, Config};
@@ -33,12 +34,13 @@ use crate::index::{Found, Index};
 use crate::slots::{SlotState, SlotTable, SlotWord};
 use crate::stats::{LaneCounters, PaddedCounters, Stats, bump};
 use crate::sync::{
-    AtomicBool, AtomicU8, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering, fence, lock,
+    AtomicBool, AtomicU8, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering, fence, lock, try_lock,
 };
 
 mod alloc;
 mod batch;
 mod cleaner;
+mod extents;
 mod lifecycle;
 mod misses;
 mod persist;
@@ -48,6 +50,7 @@ mod shared;
 mod tests;
 mod write;
 mod writeback;
+mod zeroes;
 
 pub use batch::{READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest};
 use cleaner::CleanerShared;
@@ -160,6 +163,9 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     /// once, so all lanes' groups together never hold more than half the cache (their free
     /// runs and freed slots are bounded apart: `refill_batch`, `freed_spill`).
     group_max: usize,
+    /// Whole blocks from which a write-zeroes in a write-back mode zeroes uncached blocks on
+    /// the backing store (`cache/zeroes.rs`).
+    zero_through_blocks_min: AtomicU64,
 }
 
 /// Writes zeroes over a medium range and persists them.

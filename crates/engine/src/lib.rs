@@ -12,12 +12,14 @@
 
 #![forbid(unsafe_code)]
 
+mod abort;
 mod admission;
 mod cache;
 mod clock;
 mod config;
 mod error;
 pub mod eviction;
+mod failpoint;
 pub mod format;
 mod freepool;
 mod index;

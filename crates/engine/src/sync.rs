@@ -11,12 +11,32 @@ pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64};
 #[cfg(not(feature = "shuttle"))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 
+use std::sync::TryLockError;
 pub(crate) use std::sync::atomic::{Ordering, fence};
 
-/// Locks `mutex`, ignoring poisoning: the engine's critical sections keep their invariants
-/// with `assert!`, so a panic elsewhere does not leave the protected data inconsistent.
+/// Locks `mutex`. A poisoned lock aborts the process: a thread panicked while holding it, so
+/// what it protects may be half changed (`crate::abort`).
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex.lock().unwrap_or_else(|_| crate::abort::poisoned())
+}
+
+/// Locks `mutex` if no one holds it; aborts the process if it is poisoned, as [`lock`].
+pub(crate) fn try_lock<T>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match mutex.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::WouldBlock) => None,
+        Err(TryLockError::Poisoned(_)) => crate::abort::poisoned(),
+    }
+}
+
+/// Waits on `condvar` for up to `timeout`, as `Condvar::wait_timeout`; aborts the process if
+/// the lock is poisoned, as [`lock`].
+pub(crate) fn wait_timeout<'a, T>(
+    condvar: &Condvar,
+    guard: MutexGuard<'a, T>,
+    timeout: std::time::Duration,
+) -> MutexGuard<'a, T> {
+    condvar.wait_timeout(guard, timeout).map_or_else(|_| crate::abort::poisoned(), |(g, _)| g)
 }
 
 /// Lets other threads run (a scheduling point under shuttle).

@@ -4,7 +4,7 @@
 //! result right and in order. A writer overwriting the blocks meanwhile never lets a stale
 //! block into the cache.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -35,7 +35,7 @@ fn decode(data: &[u8]) -> (u64, u64) {
     (first >> 32, first & 0xffff_ffff)
 }
 
-/// A write-back cache of 256 slots on a medium in `dir`, over a backing file (io_uring,
+/// A write-back cache of 256 slots on a medium in /dev/shm, over a backing file (io_uring,
 /// O_DIRECT where the file system takes it) holding version 1 of every block.
 fn engine_in(dir: &Path, lanes: usize) -> FileEngine {
     let backing_path = dir.join("backing");
@@ -45,8 +45,15 @@ fn engine_in(dir: &Path, lanes: usize) -> FileEngine {
     let store = open_backing(&backing_path, &direct)
         .or_else(|_| open_backing(&backing_path, &EngineOptions::new(EngineKind::IoUring, false)))
         .expect("an io_uring backing store");
-    let medium = PmemFile::open(&dir.join("medium"), Some(8192 + 256 * BLOCK as u64 + 65536))
-        .expect("medium");
+    // The medium in /dev/shm (emulated PM; a file on a disk file system is refused), mapped
+    // and then unlinked: the mapping keeps it for as long as the engine lives.
+    static MEDIA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = MEDIA.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let medium_path =
+        PathBuf::from(format!("/dev/shm/pmcache-misses-{}-{n}.pm", std::process::id()));
+    let medium =
+        PmemFile::open(&medium_path, Some(8192 + 256 * BLOCK as u64 + 65536)).expect("medium");
+    std::fs::remove_file(&medium_path).expect("unlink the mapped medium");
     let config = Config {
         mode: CacheMode::WriteBack,
         block_size: BLOCK as u32,

@@ -32,6 +32,23 @@ pub enum MediaError {
         /// The minimum.
         min_bytes: u64,
     },
+    /// The medium is neither DAX nor in DRAM, and msync mode was not asked for: a shared
+    /// mapping of it would not be durable.
+    #[error(
+        "cache medium {path} is {what}, which has no DAX: mapped, its pages live in the page \
+         cache, and after a power cut it comes back as any subset of the pages written, so \
+         acknowledged writes could be lost and stale blocks served; refusing it. Put the cache \
+         on a DAX file system or a device-dax node (persistent), on tmpfs such as /dev/shm \
+         (volatile: survives a crash of the process, not a reboot), or keep it here in msync \
+         mode (`--medium-sync msync`; `MediumSync::Msync` in the library): every persist then \
+         waits for msync(MS_SYNC), a device write per cache write"
+    )]
+    NotDurable {
+        /// The path given.
+        path: String,
+        /// What it is: `a file on ext4`, `a block device (...)`.
+        what: String,
+    },
 }
 
 impl MediaError {
@@ -40,6 +57,7 @@ impl MediaError {
         match self {
             MediaError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             MediaError::Empty { .. } | MediaError::TooSmall { .. } => libc::EINVAL,
+            MediaError::NotDurable { .. } => libc::EOPNOTSUPP,
         }
     }
 }
@@ -59,5 +77,7 @@ mod tests {
         assert_eq!(MediaError::Empty { path: "p".into() }.errno(), libc::EINVAL);
         let small = MediaError::TooSmall { path: "p".into(), len_bytes: 1, min_bytes: 2 };
         assert_eq!(small.errno(), libc::EINVAL);
+        let disk = MediaError::NotDurable { path: "p".into(), what: "a file on ext4".into() };
+        assert_eq!(disk.errno(), libc::EOPNOTSUPP);
     }
 }

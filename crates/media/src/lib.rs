@@ -9,9 +9,12 @@
 //! nothing larger is.
 //!
 //! Two implementations:
-//! - [`PmemFile`]: a mapped file — DAX (MAP_SYNC) when the file system offers it, otherwise a
-//!   plain shared mapping (a file in `/dev/shm` emulates PM: it survives a process crash, not a
-//!   reboot). The only cache-side `unsafe` in pmcache lives in this crate.
+//! - [`PmemFile`]: a mapped file of one of three kinds ([`MediumKind`]): DAX (MAP_SYNC) when
+//!   the file system offers it; volatile, a plain shared mapping of a file on tmpfs, ramfs or
+//!   hugetlbfs (a file in `/dev/shm` emulates PM: it survives a process crash, not a reboot);
+//!   or, asked for with [`MediumSync::Msync`], any other file made durable by `msync` at every
+//!   flush. Any other file is refused. The only cache-side `unsafe` in pmcache lives in this
+//!   crate.
 //! - [`CrashMedium`]: a test medium that keeps a volatile and a durable image at 8-byte
 //!   granularity and can simulate a power cut at any persist point.
 //!
@@ -21,13 +24,15 @@
 mod crash;
 mod dram;
 mod error;
+mod kind;
 mod mapped;
 mod persist;
 
 pub use crash::{CrashMedium, CrashSwitch};
 pub use dram::{DramTable, ZeroValid};
 pub use error::{MediaError, Result};
-pub use mapped::PmemFile;
+pub use kind::{FileSystem, MediumKind, MediumSync, fs_type_of_device, probe_kind};
+pub use mapped::{MediumOptions, MsyncCounts, PmemFile};
 pub use persist::{
     Crc32cInstruction, FlushInstruction, PersistPrimitives, prefetch, serialize_execution,
 };

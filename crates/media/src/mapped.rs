@@ -1,10 +1,15 @@
-//! [`PmemFile`]: a file mapped into the address space as the cache medium.
+//! [`PmemFile`]: a file mapped into the address space as the cache medium, of one of three
+//! kinds ([`MediumKind`], decided at open by `crate::kind`).
 //!
 //! On a DAX file system (or a device-dax node) the mapping is made with
-//! `MAP_SHARED_VALIDATE | MAP_SYNC`, so flushed cache lines are durable without msync. On any
-//! other file — `/dev/shm` is how pmcache emulates PM on machines without it — a plain
-//! `MAP_SHARED` mapping is used with the same flush and fence instructions: the contents then
-//! survive a crash of the process (they live in the page cache), but not a reboot or power loss.
+//! `MAP_SHARED_VALIDATE | MAP_SYNC`, so flushed cache lines are durable without msync. A
+//! regular file on tmpfs, ramfs or hugetlbfs (`/dev/shm` is how pmcache emulates PM on
+//! machines without it) gets a plain `MAP_SHARED` mapping with the same flush and fence
+//! instructions: its contents survive a crash of the process (they live in the page cache),
+//! not a reboot or power loss. Any other file or device is refused unless msync mode is asked
+//! for ([`MediumSync::Msync`]): then every flush also calls `msync(MS_SYNC)` on the pages it
+//! covers before it returns, so what is flushed is on the device when the flush returns, and
+//! non-temporal stores are not used (they would bypass the flush that syncs them).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -14,11 +19,31 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::kind::{MediumKind, MediumSync, classify, page_bytes};
 use crate::persist::{PersistPrimitives, store_fence};
 use crate::{MediaError, Medium, Result, check_bounds};
 
 /// Smallest medium accepted: room for a superblock, one metadata block and one data block.
 const MIN_MEDIUM_BYTES: u64 = 3 * 4096;
+
+/// How to open a [`PmemFile`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MediumOptions {
+    /// Create the file at this length when it is missing or empty.
+    pub create_len_bytes: Option<u64>,
+    /// Whether a medium that is neither DAX nor volatile is accepted, `msync`ed at every
+    /// flush, or refused (the default).
+    pub sync: MediumSync,
+}
+
+/// What msync mode has synced so far ([`PmemFile::msync_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MsyncCounts {
+    /// `msync` calls made.
+    pub calls: u64,
+    /// Bytes they covered (whole pages).
+    pub synced_bytes: u64,
+}
 
 /// A mapped cache medium.
 #[derive(Debug)]
@@ -26,7 +51,12 @@ pub struct PmemFile {
     base: NonNull<u8>,
     len_bytes: u64,
     primitives: PersistPrimitives,
-    map_sync: bool,
+    kind: MediumKind,
+    /// The page size, the unit `msync` works in.
+    page_bytes: u64,
+    /// `msync` calls and bytes synced (msync mode only).
+    msync_calls: AtomicU64,
+    msync_bytes: AtomicU64,
     /// Where the medium lives (for messages).
     path: String,
     _file: File,
@@ -40,8 +70,19 @@ unsafe impl Sync for PmemFile {}
 
 impl PmemFile {
     /// Opens (or, when `create_len_bytes` is given and the file is missing or empty, creates)
-    /// the medium at `path` and maps all of it.
+    /// the medium at `path` and maps all of it: [`PmemFile::open_with`] with the default
+    /// [`MediumSync::Auto`] (DAX or volatile media only).
     pub fn open(path: &Path, create_len_bytes: Option<u64>) -> Result<Self> {
+        Self::open_with(path, &MediumOptions { create_len_bytes, sync: MediumSync::Auto })
+    }
+
+    /// Opens (or, when `options.create_len_bytes` is given and the file is missing or empty,
+    /// creates) the medium at `path` and maps all of it, as DAX if `MAP_SYNC` is accepted,
+    /// else as a volatile medium if it is a file on tmpfs, ramfs or hugetlbfs, else in msync
+    /// mode if `options.sync` asks for it; otherwise it is refused with
+    /// [`MediaError::NotDurable`] (a file this call sized is truncated back to empty).
+    pub fn open_with(path: &Path, options: &MediumOptions) -> Result<Self> {
+        let create_len_bytes = options.create_len_bytes;
         let err = |action: &'static str| {
             move |source: io::Error| MediaError::Io {
                 path: path.display().to_string(),
@@ -57,6 +98,7 @@ impl PmemFile {
             .open(path)
             .map_err(err("open"))?;
         let mut len_bytes = crate_file_len(&file).map_err(err("stat"))?;
+        let sized_here = len_bytes == 0;
         if len_bytes == 0 {
             let Some(create_len) = create_len_bytes else {
                 return Err(MediaError::Empty { path: path.display().to_string() });
@@ -71,12 +113,30 @@ impl PmemFile {
                 min_bytes: MIN_MEDIUM_BYTES,
             });
         }
-        let (base, map_sync) = map(&file, len_bytes).map_err(err("mmap"))?;
+        let synced = map(&file, len_bytes, true).map_err(err("mmap"))?;
+        let kind = match classify(&file, path, synced.is_some(), options.sync) {
+            Ok(kind) => kind,
+            Err(refused) => {
+                if sized_here {
+                    let _ = file.set_len(0);
+                }
+                return Err(refused);
+            }
+        };
+        let base = match synced {
+            Some(base) => base,
+            None => map(&file, len_bytes, false)
+                .map_err(err("mmap"))?
+                .expect("a plain shared mapping is never refused as unsupported"),
+        };
         let mut medium = Self {
             base,
             len_bytes,
             primitives: PersistPrimitives::detect(),
-            map_sync,
+            kind,
+            page_bytes: page_bytes() as u64,
+            msync_calls: AtomicU64::new(0),
+            msync_bytes: AtomicU64::new(0),
             path: path.display().to_string(),
             _file: file,
         };
@@ -133,7 +193,58 @@ impl PmemFile {
 
     /// Whether the mapping is synchronous (DAX): flushed lines are durable across power loss.
     pub fn is_dax(&self) -> bool {
-        self.map_sync
+        self.kind == MediumKind::Dax
+    }
+
+    /// What this medium promises: DAX, volatile, or durable by msync.
+    pub fn kind(&self) -> MediumKind {
+        self.kind
+    }
+
+    /// The `msync` calls made so far and the bytes they covered (zero unless
+    /// [`MediumKind::Msync`]).
+    pub fn msync_counts(&self) -> MsyncCounts {
+        MsyncCounts {
+            calls: self.msync_calls.load(Ordering::Relaxed),
+            synced_bytes: self.msync_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// In msync mode, writes the pages covering `offset..offset + len` to the device and waits
+    /// (`msync(MS_SYNC)`); elsewhere nothing. A failure is fail-stop: the process aborts, since
+    /// a flush cannot report it and the engine would otherwise acknowledge a write that is not
+    /// durable (the next start recovers from what reached the device).
+    fn sync_pages(&self, offset: u64, len: u64) {
+        if self.kind != MediumKind::Msync || len == 0 {
+            return;
+        }
+        let start = offset - offset % self.page_bytes;
+        let end = (offset + len).div_ceil(self.page_bytes) * self.page_bytes;
+        // The stores and write-backs before it are ordered before the sync reads the pages.
+        store_fence();
+        // SAFETY: `start` is page aligned and inside the mapping (`offset` was bounds checked by
+        // the caller); the span ends within the mapping's last page, which the kernel rounds
+        // the mapping up to. msync reads no memory of ours.
+        let rc = unsafe {
+            libc::msync(
+                self.base.as_ptr().add(start as usize) as *mut libc::c_void,
+                (end - start) as usize,
+                libc::MS_SYNC,
+            )
+        };
+        if rc != 0 {
+            let error = io::Error::last_os_error();
+            eprintln!(
+                "pmcache: cache medium {}: msync of {} bytes at {start} failed: {error}; \
+                 stopping at once (the write being persisted may not be durable; the next start \
+                 recovers from what reached the device)",
+                self.path,
+                end - start
+            );
+            std::process::abort();
+        }
+        self.msync_calls.fetch_add(1, Ordering::Relaxed);
+        self.msync_bytes.fetch_add(end - start, Ordering::Relaxed);
     }
 
     /// The persistence primitives in use.
@@ -145,9 +256,11 @@ impl PmemFile {
     /// at open: for a comparison that must run the same instructions on two media (`pmcache
     /// bench core`'s floor beside the engine's medium), or a test of either choice. The flush
     /// instruction stays the one detected, and on DAX entries stay stored and flushed.
+    /// In msync mode they stay off: every write reaches the medium through a flush, which
+    /// syncs it.
     pub fn use_nontemporal(&mut self, on: bool) {
-        self.primitives.set_nontemporal(on);
-        if self.map_sync {
+        self.primitives.set_nontemporal(on && self.kind != MediumKind::Msync);
+        if self.kind == MediumKind::Dax {
             // Real PM: 16-byte entries as PMDK writes anything below its non-temporal threshold
             // (256 bytes), with stores and a flush. Non-temporal entries were measured faster
             // only on DRAM (docs/PERFORMANCE.md, `bench core`); partial-line non-temporal writes
@@ -183,8 +296,10 @@ impl PmemFile {
     /// non-temporal copy+fence are timed on a private anonymous mapping — never on the medium,
     /// whose contents must not change just because it was opened.
     fn nontemporal_is_faster(&self) -> bool {
-        if self.map_sync {
-            return true;
+        match self.kind {
+            MediumKind::Dax => return true,
+            MediumKind::Msync => return false,
+            MediumKind::Volatile => {}
         }
         const BLOCK: usize = 4096;
         const BLOCKS: usize = 16;
@@ -267,29 +382,23 @@ fn crate_file_len(file: &File) -> io::Result<u64> {
     Ok(len)
 }
 
-/// Maps `len` bytes of `file`, synchronously (DAX) if the file system supports it.
-fn map(file: &File, len: u64) -> io::Result<(NonNull<u8>, bool)> {
+/// Maps `len` bytes of `file`: synchronously (`MAP_SYNC`) if `sync`, which only DAX accepts
+/// (`None` elsewhere), else with a plain `MAP_SHARED`.
+fn map(file: &File, len: u64, sync: bool) -> io::Result<Option<NonNull<u8>>> {
     let fd = file.as_raw_fd();
     let prot = libc::PROT_READ | libc::PROT_WRITE;
     let len = usize::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-    for (flags, map_sync) in
-        [(libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC, true), (libc::MAP_SHARED, false)]
-    {
-        // SAFETY: a fresh mapping at an address of the kernel's choosing; `fd` is open and owned
-        // by `file`, which the returned `PmemFile` keeps alive as long as the mapping.
-        let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
-        if addr != libc::MAP_FAILED {
-            let base = NonNull::new(addr as *mut u8).expect("mmap returned null");
-            return Ok((base, map_sync));
-        }
-        let error = io::Error::last_os_error();
-        // MAP_SYNC on a non-DAX file fails with EOPNOTSUPP (or EINVAL on older kernels).
-        let unsupported = matches!(error.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL));
-        if !(map_sync && unsupported) {
-            return Err(error);
-        }
+    let flags = if sync { libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC } else { libc::MAP_SHARED };
+    // SAFETY: a fresh mapping at an address of the kernel's choosing; `fd` is open and owned
+    // by `file`, which the returned `PmemFile` keeps alive as long as the mapping.
+    let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+    if addr != libc::MAP_FAILED {
+        return Ok(Some(NonNull::new(addr as *mut u8).expect("mmap returned null")));
     }
-    unreachable!("the plain MAP_SHARED attempt returns")
+    let error = io::Error::last_os_error();
+    // MAP_SYNC on a non-DAX file fails with EOPNOTSUPP (or EINVAL on older kernels).
+    let unsupported = matches!(error.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL));
+    if sync && unsupported { Ok(None) } else { Err(error) }
 }
 
 impl Drop for PmemFile {
@@ -351,6 +460,7 @@ impl Medium for PmemFile {
         let start = self.ptr(offset, len);
         // SAFETY: the range is inside the mapping (bounds checked by `ptr`).
         unsafe { self.primitives.flush_range(start, len as usize) };
+        self.sync_pages(offset, len);
     }
 
     fn drain(&self) {
@@ -392,6 +502,7 @@ impl Medium for PmemFile {
         let start = self.store_pair_at(offset, word0, word1);
         // SAFETY: `store_pair_at` checked that `start..start + 16` lies inside the mapping.
         unsafe { self.primitives.flush_range(start, 16) };
+        self.sync_pages(offset, 16);
     }
 
     fn write_flush(&self, offset: u64, data: &[u8]) {
@@ -415,9 +526,101 @@ impl Medium for PmemFile {
 mod tests {
     use super::*;
 
+    /// A directory on tmpfs, where a medium is volatile.
+    fn shm_dir() -> tempfile::TempDir {
+        tempfile::tempdir_in("/dev/shm").expect("a directory in /dev/shm")
+    }
+
+    /// A directory on the file system the tests are built on (a disk: ext4 here), asserted not
+    /// to be volatile: where a medium is refused without msync mode.
+    fn disk_dir() -> tempfile::TempDir {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let dir = tempfile::tempdir_in(exe.parent().expect("its directory")).expect("a disk dir");
+        let fs = crate::FileSystem::of_path(dir.path()).expect("fstatfs");
+        assert!(!fs.is_volatile(), "the build directory is on {}: no disk here", fs.name);
+        dir
+    }
+
+    /// Kilobytes of the mapping at `base` that `/proc/self/smaps` reports dirty (in the page
+    /// tables or the page cache): what an msync writes back and cleans.
+    fn dirty_kib(base: *const u8) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
+        let start = format!("{:x}-", base as usize);
+        let mut lines = smaps.lines().skip_while(|line| !line.starts_with(&start));
+        assert!(lines.next().is_some(), "no mapping at {base:p} in smaps");
+        lines
+            .take_while(|line| line.split_whitespace().next().is_some_and(|key| key.ends_with(':')))
+            .filter(|line| line.starts_with("Shared_Dirty:") || line.starts_with("Private_Dirty:"))
+            .map(|line| line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
+            .sum()
+    }
+
+    /// A file on a disk file system is refused with a message naming the file, its file
+    /// system and the way out, and the file it created is left empty; in msync mode it opens
+    /// as `msync`. A file on tmpfs is volatile whatever was asked.
+    #[test]
+    fn a_disk_file_is_refused_unless_msync_is_asked_for() {
+        let dir = disk_dir();
+        let path = dir.path().join("pm");
+        let err = PmemFile::open(&path, Some(1 << 20)).unwrap_err();
+        let fs = crate::FileSystem::of_path(dir.path()).unwrap();
+        let text = err.to_string();
+        assert!(matches!(err, MediaError::NotDurable { .. }), "{text}");
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert!(text.contains(&format!("a file on {}", fs.name)), "{text}");
+        assert!(text.contains("--medium-sync msync") && text.contains("/dev/shm"), "{text}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "the refused file was sized");
+        let options = MediumOptions { create_len_bytes: Some(1 << 20), sync: MediumSync::Msync };
+        let medium = PmemFile::open_with(&path, &options).unwrap();
+        assert_eq!(medium.kind(), MediumKind::Msync);
+        assert!(!medium.primitives().nt_block_copy && !medium.primitives().nt_pair_store);
+        assert_eq!(crate::probe_kind(&path, MediumSync::Msync).unwrap(), MediumKind::Msync);
+        assert!(crate::probe_kind(&path, MediumSync::Auto).is_err());
+
+        let shm = shm_dir();
+        let medium = PmemFile::open_with(&shm.path().join("pm"), &options).unwrap();
+        assert_eq!(medium.kind(), MediumKind::Volatile);
+        medium.write_persist(4096, &[1; 4096]);
+        assert_eq!(medium.msync_counts(), MsyncCounts::default(), "a volatile medium msynced");
+    }
+
+    /// In msync mode every flush syncs the whole pages it covers and leaves none of them
+    /// dirty (smaps: the kernel wrote them back); a store not yet flushed stays dirty. Entry
+    /// pairs, unaligned spans across a page boundary and whole blocks alike.
+    #[test]
+    fn msync_mode_syncs_every_page_a_flush_covers() {
+        let dir = disk_dir();
+        let options = MediumOptions { create_len_bytes: Some(1 << 20), sync: MediumSync::Msync };
+        let medium = PmemFile::open_with(&dir.path().join("pm"), &options).unwrap();
+        let base = medium.base.as_ptr();
+        let page = medium.page_bytes;
+        medium.write(2 * page, &[1; 4096]);
+        assert!(dirty_kib(base) >= 4, "a stored page is not dirty: no observable");
+        assert_eq!(medium.msync_counts(), MsyncCounts::default());
+        medium.flush(2 * page, 4096);
+        assert_eq!(dirty_kib(base), 0, "a flushed page left dirty");
+        assert_eq!(medium.msync_counts(), MsyncCounts { calls: 1, synced_bytes: page });
+
+        // 5000 bytes from 100 bytes into page 5: pages 5 and 6.
+        medium.write(5 * page + 100, &[2; 5000]);
+        medium.persist(5 * page + 100, 5000);
+        assert_eq!(dirty_kib(base), 0);
+        assert_eq!(medium.msync_counts(), MsyncCounts { calls: 2, synced_bytes: 3 * page });
+
+        medium.store_pair_flush(9 * page + 32, 0x11, 0x22);
+        medium.drain();
+        medium.write_persist(12 * page, &[3; 4096]);
+        assert_eq!(dirty_kib(base), 0);
+        assert_eq!(medium.msync_counts(), MsyncCounts { calls: 4, synced_bytes: 5 * page });
+        let file = std::fs::read(dir.path().join("pm")).unwrap();
+        let at = |offset: u64, len: usize| &file[offset as usize..offset as usize + len];
+        assert!(at(5 * page + 100, 5000).iter().all(|&b| b == 2));
+        assert_eq!(at(9 * page + 32, 16), [0x11, 0, 0, 0, 0, 0, 0, 0, 0x22, 0, 0, 0, 0, 0, 0, 0]);
+    }
+
     #[test]
     fn round_trips_and_survives_reopen() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = shm_dir();
         let path = dir.path().join("pm");
         let medium = PmemFile::open(&path, Some(1 << 20)).unwrap();
         assert_eq!(medium.len_bytes(), 1 << 20);
@@ -436,7 +639,7 @@ mod tests {
     /// first holds it, and can once the first is dropped.
     #[test]
     fn the_exclusive_lock_has_one_holder() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = shm_dir();
         let path = dir.path().join("pm");
         let first = PmemFile::open(&path, Some(1 << 20)).unwrap();
         first.lock_exclusive().unwrap();
@@ -451,7 +654,7 @@ mod tests {
     #[test]
     fn reserving_allocates_every_block_and_keeps_the_contents() {
         use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let dir = shm_dir();
         let path = dir.path().join("pm");
         let len = 16u64 << 20;
         let medium = PmemFile::open(&path, Some(len)).unwrap();
@@ -469,7 +672,7 @@ mod tests {
 
     #[test]
     fn opening_a_medium_changes_none_of_its_bytes() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = shm_dir();
         let path = dir.path().join("pm");
         let contents: Vec<u8> =
             (0..(1u32 << 18)).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
@@ -481,7 +684,7 @@ mod tests {
 
     #[test]
     fn refuses_missing_empty_and_tiny_files() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = shm_dir();
         let missing = PmemFile::open(&dir.path().join("nope"), None).unwrap_err();
         assert!(matches!(missing, MediaError::Io { action: "open", .. }), "{missing}");
         let empty = dir.path().join("empty");
@@ -497,7 +700,7 @@ mod tests {
     /// /dev/shm (tmpfs) is not DAX: mapped without MAP_SYNC, and said so.
     #[test]
     fn the_minimum_size_opens_and_tmpfs_is_not_dax() {
-        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let dir = shm_dir();
         // A superblock page, a metadata page and a data block.
         let min_bytes = 3 * 4096;
         let medium = PmemFile::open(&dir.path().join("min"), Some(min_bytes)).unwrap();
@@ -516,7 +719,7 @@ mod tests {
     /// and off.
     #[test]
     fn write_flush_copies_every_alignment_with_and_without_nontemporal_stores() {
-        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let dir = shm_dir();
         let mut medium = PmemFile::open(&dir.path().join("pm"), Some(1 << 16)).unwrap();
         for nontemporal in [true, false] {
             medium.primitives.set_nontemporal(nontemporal);
@@ -540,7 +743,7 @@ mod tests {
     #[test]
     fn a_pair_store_writes_both_words_and_survives_reopen() {
         for nontemporal in [true, false] {
-            let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+            let dir = shm_dir();
             let path = dir.path().join("pm");
             let mut medium = PmemFile::open(&path, Some(1 << 16)).unwrap();
             medium.use_nontemporal(nontemporal);
@@ -569,7 +772,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "outside a medium")]
     fn a_pair_store_past_the_end_is_a_bug() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = shm_dir();
         let medium = PmemFile::open(&dir.path().join("pm"), Some(1 << 16)).unwrap();
         medium.store_pair_flush(1 << 16, 1, 2);
     }
@@ -577,7 +780,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "unaligned pair store")]
     fn an_unaligned_pair_store_is_a_bug() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = shm_dir();
         let medium = PmemFile::open(&dir.path().join("pm"), Some(1 << 16)).unwrap();
         medium.store_pair(8, 1, 2);
     }
@@ -585,7 +788,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "outside a medium")]
     fn out_of_bounds_access_is_a_bug() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = shm_dir();
         let medium = PmemFile::open(&dir.path().join("pm"), Some(1 << 16)).unwrap();
         medium.write((1 << 16) - 4, &[0u8; 8]);
     }

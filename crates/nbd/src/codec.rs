@@ -92,6 +92,8 @@ pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 /// Option reply: one information item (for `NBD_OPT_INFO` / `NBD_OPT_GO`).
 pub const REP_INFO: u32 = 3;
+/// Option reply: one metadata context (for `NBD_OPT_LIST_META_CONTEXT` / `SET_META_CONTEXT`).
+pub const REP_META_CONTEXT: u32 = 4;
 /// Option error: option unknown to this server.
 pub const REP_ERR_UNSUP: u32 = 0x8000_0001;
 /// Option error: forbidden by policy.
@@ -167,6 +169,16 @@ pub const REPLY_FLAG_DONE: u16 = 1 << 0;
 pub const REPLY_TYPE_NONE: u16 = 0;
 /// Structured reply type: offset plus data.
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+/// Structured reply chunk: block status descriptors of one metadata context.
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+/// The `base:allocation` metadata context, the one this server offers.
+pub const META_BASE_ALLOCATION: &str = "base:allocation";
+/// The id this server gives `base:allocation` in `NBD_REP_META_CONTEXT` and block status.
+pub const META_BASE_ALLOCATION_ID: u32 = 1;
+/// `base:allocation` flag: the extent is a hole (no storage allocated).
+pub const STATE_HOLE: u32 = 1 << 0;
+/// `base:allocation` flag: the extent reads as zeroes.
+pub const STATE_ZERO: u32 = 1 << 1;
 /// Structured reply type: error plus message.
 pub const REPLY_TYPE_ERROR: u16 = 0x8001;
 
@@ -413,6 +425,8 @@ pub struct Negotiation<'a> {
     export: &'a ExportInfo,
     no_zeroes: bool,
     structured_replies: bool,
+    /// `base:allocation` was selected with `NBD_OPT_SET_META_CONTEXT`.
+    base_allocation: bool,
     options_seen: u32,
     tls_mode: TlsMode,
     tls_active: bool,
@@ -432,6 +446,7 @@ impl<'a> Negotiation<'a> {
             export,
             no_zeroes: flags & FLAG_C_NO_ZEROES != 0,
             structured_replies: false,
+            base_allocation: false,
             options_seen: 0,
             tls_mode: TlsMode::Off,
             tls_active: false,
@@ -552,14 +567,7 @@ impl<'a> Negotiation<'a> {
                 OptionOutcome::Continue
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                if !self.structured_replies {
-                    error_reply(out, opt, REP_ERR_INVALID, "structured replies not negotiated");
-                } else if parse_meta_context(data).is_none() {
-                    error_reply(out, opt, REP_ERR_INVALID, "malformed meta context option");
-                } else {
-                    // No metadata contexts are offered: an ACK selects none.
-                    encode_option_reply(out, opt, REP_ACK, &[]);
-                }
+                self.meta_context(opt, data, out);
                 OptionOutcome::Continue
             }
             _ => {
@@ -567,6 +575,42 @@ impl<'a> Negotiation<'a> {
                 OptionOutcome::Continue
             }
         }
+    }
+
+    /// `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT`: the one context offered is
+    /// `base:allocation`. A list with no query, or a `base:` query, lists it; a query naming it
+    /// exactly selects it (a SET replaces what an earlier SET selected). Other namespaces and
+    /// names select nothing, which is not an error.
+    fn meta_context(&mut self, opt: u32, data: &[u8], out: &mut Vec<u8>) {
+        if !self.structured_replies {
+            error_reply(out, opt, REP_ERR_INVALID, "structured replies not negotiated");
+            return;
+        }
+        let Some((name, queries)) = parse_meta_context(data) else {
+            error_reply(out, opt, REP_ERR_INVALID, "malformed meta context option");
+            return;
+        };
+        let set = opt == OPT_SET_META_CONTEXT;
+        if !self.export.matches(name) {
+            if set {
+                self.base_allocation = false;
+            }
+            error_reply(out, opt, REP_ERR_UNKNOWN, "no such export");
+            return;
+        }
+        let mut matched = !set && queries.iter().all(Option::is_none);
+        for query in queries.iter().flatten() {
+            matched |= *query == META_BASE_ALLOCATION.as_bytes() || (!set && *query == b"base:");
+        }
+        if set {
+            self.base_allocation = matched;
+        }
+        if matched {
+            let id = if set { META_BASE_ALLOCATION_ID } else { 0 };
+            let name = META_BASE_ALLOCATION.as_bytes();
+            encode_option_reply(out, opt, REP_META_CONTEXT, &[&id.to_be_bytes(), name]);
+        }
+        encode_option_reply(out, opt, REP_ACK, &[]);
     }
 
     fn export_name(&self, data: &[u8], out: &mut Vec<u8>) -> OptionOutcome {
@@ -649,6 +693,7 @@ impl<'a> Negotiation<'a> {
             min_block_bytes: bs.min_bytes,
             max_payload_bytes: bs.max_bytes,
             block_sizes_agreed,
+            base_allocation: self.base_allocation && self.structured_replies,
         }
     }
 }
@@ -670,23 +715,35 @@ fn parse_info_request(data: &[u8]) -> Option<(&[u8], &[u8])> {
     f.bytes.is_empty().then_some((name, requests))
 }
 
+/// How many queries of one meta context option are looked at; later ones are ignored (this
+/// server has one context to match).
+const META_QUERIES_MAX: usize = 16;
+
+/// The queries of a meta context option that are looked at.
+type MetaQueries<'a> = [Option<&'a [u8]>; META_QUERIES_MAX];
+
 /// Meta context option data: name length u32, name, query count u32, queries (u32 len + str).
-fn parse_meta_context(data: &[u8]) -> Option<()> {
+/// Returns the export name and the first [`META_QUERIES_MAX`] queries.
+fn parse_meta_context(data: &[u8]) -> Option<(&[u8], MetaQueries<'_>)> {
     let mut f = Fields { bytes: data };
     let name_len = usize::try_from(f.u32()?).ok()?;
     if name_len > STRING_BYTES_MAX {
         return None;
     }
-    f.take(name_len)?;
+    let name = f.take(name_len)?;
     let count = f.u32()?;
-    for _ in 0..count {
+    let mut queries = [None; META_QUERIES_MAX];
+    for i in 0..count {
         let len = usize::try_from(f.u32()?).ok()?;
         if len > STRING_BYTES_MAX {
             return None;
         }
-        f.take(len)?;
+        let query = f.take(len)?;
+        if let Some(q) = queries.get_mut(i as usize) {
+            *q = Some(query);
+        }
     }
-    f.bytes.is_empty().then_some(())
+    f.bytes.is_empty().then_some((name, queries))
 }
 
 /// What was agreed in the handshake; validates transmission requests.
@@ -704,6 +761,8 @@ pub struct Session {
     pub max_payload_bytes: u32,
     /// The client saw the block size constraints (`NBD_OPT_INFO`/`GO`, not `EXPORT_NAME`).
     pub block_sizes_agreed: bool,
+    /// `base:allocation` was selected: `NBD_CMD_BLOCK_STATUS` is served.
+    pub base_allocation: bool,
 }
 
 /// A decoded request header (only the magic is checked).
@@ -790,6 +849,15 @@ pub enum Request {
         /// The server may punch a hole (`NBD_CMD_FLAG_NO_HOLE` clear).
         may_trim: bool,
     },
+    /// Block status of `base:allocation`.
+    BlockStatus {
+        /// Offset into the export.
+        offset_bytes: u64,
+        /// Length of the range asked about (not 0).
+        len_bytes: u32,
+        /// `NBD_CMD_FLAG_REQ_ONE`: one extent is enough.
+        req_one: bool,
+    },
 }
 
 /// A request the server refuses; the connection keeps working.
@@ -840,6 +908,20 @@ impl Session {
                     len_bytes: h.len_bytes,
                     fua,
                     may_trim: h.flags & CMD_FLAG_NO_HOLE == 0,
+                })
+            }
+            CMD_BLOCK_STATUS => {
+                if !self.base_allocation {
+                    return Err(refuse(NBD_EINVAL, "block status without a selected meta context"));
+                }
+                self.check(h, CMD_FLAG_FUA | CMD_FLAG_REQ_ONE, false, NBD_EINVAL)?;
+                if h.len_bytes == 0 {
+                    return Err(refuse(NBD_EINVAL, "block status of an empty range"));
+                }
+                Ok(Request::BlockStatus {
+                    offset_bytes: h.offset_bytes,
+                    len_bytes: h.len_bytes,
+                    req_one: h.flags & CMD_FLAG_REQ_ONE != 0,
                 })
             }
             _ => Err(refuse(NBD_EINVAL, "unknown or unsupported command")),
@@ -912,6 +994,22 @@ pub fn encode_read_ok(
         let chunk_len = len_bytes.saturating_add(8);
         encode_chunk_header(out, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, cookie, chunk_len);
         out.extend_from_slice(&offset_bytes.to_be_bytes());
+    }
+}
+
+/// Appends a `base:allocation` block status reply: one `BLOCK_STATUS` chunk with the `DONE`
+/// flag, carrying `(length, flags)` descriptors (`STATE_*` flags).
+pub fn encode_block_status(
+    out: &mut Vec<u8>,
+    cookie: u64,
+    extents: impl ExactSizeIterator<Item = (u32, u32)>,
+) {
+    let chunk_len = u32::try_from(4 + 8 * extents.len()).unwrap_or(u32::MAX);
+    encode_chunk_header(out, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, cookie, chunk_len);
+    out.extend_from_slice(&META_BASE_ALLOCATION_ID.to_be_bytes());
+    for (len_bytes, flags) in extents {
+        out.extend_from_slice(&len_bytes.to_be_bytes());
+        out.extend_from_slice(&flags.to_be_bytes());
     }
 }
 
@@ -1301,8 +1399,9 @@ pub(crate) mod tests {
         d
     }
 
-    /// LIST/SET_META_CONTEXT need structured replies first, and well-formed data; then they
-    /// are acknowledged with no context (none is offered).
+    /// LIST/SET_META_CONTEXT need structured replies first, and well-formed data naming the
+    /// export; then `base:allocation` is listed for no query or `base:`, selected only when a
+    /// SET names it, and the session serves block status only if the last SET selected it.
     #[test]
     fn meta_context_options() {
         let e = export();
@@ -1320,23 +1419,92 @@ pub(crate) mod tests {
         let too_long = vec![b'q'; STRING_BYTES_MAX + 1];
         let mut trailing = good.clone();
         trailing.push(0);
-        let cases: [(Vec<u8>, bool); 7] = [
-            (good.clone(), true),
-            (meta(b"", &[]), true),
-            (meta(&long, &[&long]), true),
-            (meta(&too_long, &[]), false),
-            (meta(b"pm", &[&too_long]), false),
-            (trailing, false),
-            (good[..good.len() - 1].to_vec(), false),
+        let base = META_BASE_ALLOCATION.as_bytes();
+        let listed = |id: u32| {
+            let mut d = id.to_be_bytes().to_vec();
+            d.extend_from_slice(base);
+            d
+        };
+        // (data, LIST's replies, SET's replies); an empty reply list means ACK alone.
+        let ack = |opt| vec![(opt, REP_ACK, Vec::new())];
+        let context =
+            |opt, id| vec![(opt, REP_META_CONTEXT, listed(id)), (opt, REP_ACK, Vec::new())];
+        let (list, set) = (OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT);
+        let error = |opt, ty| vec![(opt, ty)];
+        type Replies = Vec<(u32, u32, Vec<u8>)>;
+        let cases: [(Vec<u8>, Replies, Replies); 4] = [
+            (good.clone(), context(list, 0), ack(set)),
+            (meta(b"", &[]), context(list, 0), ack(set)),
+            (meta(b"pm", &[b"x-y:z", base]), context(list, 0), context(set, 1)),
+            (meta(b"pm", &[b"base:allocations"]), ack(list), ack(set)),
         ];
-        for (i, (data, ok)) in cases.iter().enumerate() {
-            for opt in [OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT] {
+        for (i, (data, want_list, want_set)) in cases.iter().enumerate() {
+            let (_, out) = option(&mut n, list, data);
+            assert_eq!(&option_replies(&out), want_list, "case {i}, list");
+            let (_, out) = option(&mut n, set, data);
+            assert_eq!(&option_replies(&out), want_set, "case {i}, set");
+        }
+        let bad: [(Vec<u8>, u32); 5] = [
+            (meta(&long, &[&long]), REP_ERR_UNKNOWN),
+            (meta(&too_long, &[]), REP_ERR_INVALID),
+            (meta(b"pm", &[&too_long]), REP_ERR_INVALID),
+            (trailing, REP_ERR_INVALID),
+            (good[..good.len() - 1].to_vec(), REP_ERR_INVALID),
+        ];
+        for (i, (data, ty)) in bad.iter().enumerate() {
+            for opt in [list, set] {
                 let (outcome, out) = option(&mut n, opt, data);
                 assert_eq!(outcome, OptionOutcome::Continue);
-                let want = if *ok { REP_ACK } else { REP_ERR_INVALID };
-                assert_eq!(option_replies(&out)[0].1, want, "case {i}, option {opt}");
+                let got: Vec<(u32, u32)> =
+                    option_replies(&out).into_iter().map(|r| (r.0, r.1)).collect();
+                assert_eq!(got, error(opt, *ty), "bad case {i}");
             }
         }
+        // The last SET (an unknown export) selected nothing: block status is refused.
+        let data = go(b"pm", &[INFO_BLOCK_SIZE]);
+        let h = OptionHeader { option: OPT_GO, data_len_bytes: data.len() as u32 };
+        let OptionOutcome::Transmission(session) = n.handle_option(h, &data, &mut Vec::new())
+        else {
+            panic!("no transmission")
+        };
+        assert!(!session.base_allocation);
+    }
+
+    /// A SET selecting `base:allocation` lets block status through validation: flags FUA
+    /// and REQ_ONE only, a non-empty range inside the export.
+    #[test]
+    fn block_status_is_validated_once_selected() {
+        let e = export();
+        let mut n = Negotiation::new(&e, [0, 0, 0, 1]).expect("valid flags");
+        let mut out = Vec::new();
+        let h = OptionHeader { option: OPT_STRUCTURED_REPLY, data_len_bytes: 0 };
+        n.handle_option(h, &[], &mut out);
+        let data = meta(b"pm", &[META_BASE_ALLOCATION.as_bytes()]);
+        let h = OptionHeader { option: OPT_SET_META_CONTEXT, data_len_bytes: data.len() as u32 };
+        n.handle_option(h, &data, &mut out);
+        let data = go(b"pm", &[INFO_BLOCK_SIZE]);
+        let h = OptionHeader { option: OPT_GO, data_len_bytes: data.len() as u32 };
+        let OptionOutcome::Transmission(session) = n.handle_option(h, &data, &mut out) else {
+            panic!("no transmission")
+        };
+        assert!(session.base_allocation);
+        let bs = |flags, offset_bytes, len_bytes| RequestHeader {
+            flags,
+            command: CMD_BLOCK_STATUS,
+            cookie: 1,
+            offset_bytes,
+            len_bytes,
+        };
+        assert_eq!(
+            session.validate(&bs(CMD_FLAG_REQ_ONE, 0, 4096)),
+            Ok(Request::BlockStatus { offset_bytes: 0, len_bytes: 4096, req_one: true })
+        );
+        for bad in [bs(CMD_FLAG_NO_HOLE, 0, 4096), bs(0, 0, 0), bs(0, e.size_bytes, 4096)] {
+            assert_eq!(session.validate(&bad).map_err(|r| r.nbd_error), Err(NBD_EINVAL), "{bad:?}");
+        }
+        let mut plain = session;
+        plain.base_allocation = false;
+        assert!(plain.validate(&bs(0, 0, 4096)).is_err(), "not selected");
     }
 
     /// EXPORT_NAME enters transmission with the size and flags, then 124 zero bytes unless

@@ -126,6 +126,25 @@ pub struct BatchRead<'a> {
     pub buf: &'a mut [u8],
 }
 
+/// One extent of `base:allocation` block status (see [`ExportConn::block_status`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockExtent {
+    /// Its length in bytes.
+    pub len_bytes: u32,
+    /// It is a hole: no storage is allocated for it.
+    pub hole: bool,
+    /// It reads as zeroes.
+    pub zero: bool,
+}
+
+impl BlockExtent {
+    /// Its `NBD_STATE_*` flags.
+    pub fn flags(&self) -> u32 {
+        let hole = if self.hole { crate::codec::STATE_HOLE } else { 0 };
+        hole | if self.zero { crate::codec::STATE_ZERO } else { 0 }
+    }
+}
+
 /// One connection's view of an export. Called from one thread at a time, with requests that
 /// are non-empty, in range and aligned. `fua` means: persist this write before returning.
 pub trait ExportConn: Send {
@@ -169,6 +188,22 @@ pub trait ExportConn: Send {
 
     /// Makes every write completed before this call durable.
     fn flush(&mut self) -> Result<(), ExportError>;
+
+    /// Describes `offset_bytes..offset_bytes + len_bytes` for the `base:allocation` metadata
+    /// context: appends extents from `offset_bytes` on, in order, each non-empty, at most
+    /// `extents_max` of them and together at most `len_bytes` (fewer is allowed: the client
+    /// asks again for the rest). The default says the range is allocated data.
+    fn block_status(
+        &mut self,
+        offset_bytes: u64,
+        len_bytes: u32,
+        extents_max: usize,
+        extents: &mut Vec<BlockExtent>,
+    ) -> Result<(), ExportError> {
+        let _ = (offset_bytes, extents_max);
+        extents.push(BlockExtent { len_bytes, hole: false, zero: false });
+        Ok(())
+    }
 
     /// Discards a range; its contents are unspecified until rewritten.
     fn trim(&mut self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<(), ExportError>;

@@ -23,10 +23,10 @@ pub mod server;
 pub mod tls;
 
 pub use codec::TlsMode;
-pub use export::{BatchWrite, BlockSizes, Export, ExportConn, ExportError};
+pub use export::{BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError};
 pub use mem::{MemExport, MemStats};
 pub use server::{
     ConnEnd, ConnError, ListenAddr, ReplayTransport, RunningServer, Server, ServerConfig,
-    ServerError, ShutdownHandle, Transport, serve_connection, serve_connection_tls,
+    ServerError, ServerStats, ShutdownHandle, Transport, serve_connection, serve_connection_tls,
 };
 pub use tls::{ConnTls, TlsAcceptor, TlsConfig, TlsError, TlsStream};

@@ -283,6 +283,34 @@ impl ExportConn for MemConn {
         }
     }
 
+    /// All-zero 4 KiB pieces are reported as holes that read as zeroes (as a sparse RAM disk
+    /// would keep them), the rest as data.
+    fn block_status(
+        &mut self,
+        offset_bytes: u64,
+        len_bytes: u32,
+        extents_max: usize,
+        extents: &mut Vec<crate::export::BlockExtent>,
+    ) -> Result<(), ExportError> {
+        const PIECE_BYTES: u32 = 4096;
+        let mut piece = [0u8; PIECE_BYTES as usize];
+        let mut done = 0u32;
+        while done < len_bytes {
+            let n = (len_bytes - done)
+                .min(PIECE_BYTES - (offset_bytes + u64::from(done)) as u32 % PIECE_BYTES);
+            self.export.read_at(offset_bytes + u64::from(done), &mut piece[..n as usize])?;
+            let zero = piece[..n as usize].iter().all(|&b| b == 0);
+            let full = extents.len() == extents_max;
+            match extents.last_mut() {
+                Some(last) if last.zero == zero => last.len_bytes += n,
+                _ if full => break,
+                _ => extents.push(crate::export::BlockExtent { len_bytes: n, hole: zero, zero }),
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
     fn flush(&mut self) -> Result<(), ExportError> {
         self.count(|c| &c.flushes, false);
         self.export.inner.check(0, 0)

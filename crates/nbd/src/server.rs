@@ -24,7 +24,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -36,7 +36,9 @@ use crate::codec::{
     OptionOutcome, ProtocolError, REQUEST_HEADER_BYTES, Request, STRING_BYTES_MAX,
     STRUCTURED_READ_HEADER_BYTES, Session,
 };
-use crate::export::{BatchRead, BatchWrite, BlockSizes, Export, ExportConn, ExportError};
+use crate::export::{
+    BatchRead, BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError,
+};
 use crate::tls::{ConnTls, MaybeTls, TlsConfig, TlsError};
 
 /// The default NBD port.
@@ -61,7 +63,12 @@ pub const READ_BATCH_MAX: usize = 32;
 /// A read larger than the bound is a batch of its own. At 1 MiB, reads of up to 32 KiB fill a
 /// batch of [`READ_BATCH_MAX`].
 pub const READ_BATCH_BYTES_MAX: usize = 1 << 20;
+/// Most extents in one block status reply (8 KiB of descriptors); a client asks again for
+/// the rest of a range.
+pub const BLOCK_STATUS_EXTENTS_MAX: usize = 1024;
 const SHUTDOWN_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default [`ServerConfig::write_timeout`].
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where the server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,6 +106,14 @@ pub struct ServerConfig {
     pub max_request_bytes: u32,
     /// A client must finish the handshake within this time. Default: 10 s.
     pub handshake_timeout: Duration,
+    /// A client must take each batch of replies (at most the largest read plus 256 KiB) off
+    /// the socket within this time, or its connection is dropped: a client that stops reading
+    /// cannot pin a connection thread, its engine lane and its buffers. Default: 30 s.
+    pub write_timeout: Duration,
+    /// A connection whose client sends nothing for this long in transmission is dropped
+    /// (`None`: never). Default: `None`, because the kernel's NBD client keeps an idle
+    /// mounted device's connection open for as long as the mount lives.
+    pub idle_timeout: Option<Duration>,
     /// TLS (`NBD_OPT_STARTTLS`): off, offered or required, and the credentials. Default: off.
     pub tls: TlsConfig,
 }
@@ -112,6 +127,8 @@ impl Default for ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             handshake_timeout: Duration::from_secs(10),
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+            idle_timeout: None,
             tls: TlsConfig::default(),
         }
     }
@@ -174,11 +191,22 @@ pub trait Transport: Read + Write {
     fn end_handshake(&mut self) -> io::Result<()> {
         Ok(())
     }
+
+    /// Called when a batch of replies has been written out and flushed (the server uses it to
+    /// end the batch's write deadline). Apart from `flush`, which a TLS library may also call
+    /// for each record it sends.
+    fn end_replies(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for &mut T {
     fn end_handshake(&mut self) -> io::Result<()> {
         (**self).end_handshake()
+    }
+
+    fn end_replies(&mut self) -> io::Result<()> {
+        (**self).end_replies()
     }
 }
 
@@ -324,7 +352,8 @@ impl<T: Transport> Wire<T> {
             self.t.write_all(&self.out)?;
             self.out.clear();
         }
-        self.t.flush()
+        self.t.flush()?;
+        self.t.end_replies()
     }
 
     /// Writes out pending replies if `more` bytes would push the buffer past its flush size.
@@ -447,7 +476,11 @@ fn handshake<T: Transport, E: Export>(
                 // ClientHello, so nothing may be buffered past it.
                 wire.flush()?;
                 match wire.buffered() {
-                    0 => wire.t.start_tls(tls)?,
+                    0 => {
+                        wire.t.start_tls(tls)?;
+                        // The TLS handshake's records were a batch of their own.
+                        wire.t.end_replies()?;
+                    }
                     n => return Err(TlsError::BytesBeforeHandshake(n).into()),
                 }
                 None
@@ -483,6 +516,7 @@ fn transmission<T: Transport, C: ExportConn>(
     let mut queued = Vec::with_capacity(WRITE_BATCH_MAX);
     let mut queued_reads = Vec::with_capacity(READ_BATCH_MAX);
     let mut outcomes = Vec::with_capacity(WRITE_BATCH_MAX.max(READ_BATCH_MAX));
+    let mut extents = Vec::with_capacity(BLOCK_STATUS_EXTENTS_MAX);
     let mut errors = ErrorLog::default();
     loop {
         if wire.buffered() < REQUEST_HEADER_BYTES {
@@ -505,7 +539,9 @@ fn transmission<T: Transport, C: ExportConn>(
                 wire.discard(payload_len)?;
                 debug!(?h, %refused, "request refused");
                 wire.make_room(STRUCTURED_READ_HEADER_BYTES + codec::ERROR_MESSAGE_BYTES_MAX)?;
-                let structured_read = structured && h.command == codec::CMD_READ;
+                // Reads and block status are answered with chunks, their errors too.
+                let structured_read =
+                    structured && matches!(h.command, codec::CMD_READ | codec::CMD_BLOCK_STATUS);
                 codec::encode_error(
                     &mut wire.out,
                     structured_read,
@@ -568,6 +604,22 @@ fn transmission<T: Transport, C: ExportConn>(
             Request::WriteZeroes { offset_bytes, len_bytes, fua, may_trim } => {
                 conn.write_zeroes(offset_bytes, u64::from(len_bytes), fua, may_trim)
             }
+            Request::BlockStatus { offset_bytes, len_bytes, req_one } => {
+                let max = if req_one { 1 } else { BLOCK_STATUS_EXTENTS_MAX };
+                match block_status(conn, offset_bytes, len_bytes, max, &mut extents) {
+                    Ok(()) => {
+                        wire.make_room(codec::STRUCTURED_HEADER_BYTES + 4 + 8 * extents.len())?;
+                        let pairs = extents.iter().map(|e| (e.len_bytes, e.flags()));
+                        codec::encode_block_status(&mut wire.out, cookie, pairs);
+                        continue;
+                    }
+                    Err(e) => {
+                        errors.note(h.command, h.offset_bytes, h.len_bytes, &e);
+                        reply(wire, cookie, true, Err(e))?;
+                        continue;
+                    }
+                }
+            }
             Request::Disconnect => return Ok(ConnEnd::Disconnected),
         };
         if let Err(e) = &result {
@@ -576,6 +628,37 @@ fn transmission<T: Transport, C: ExportConn>(
         let structured_read = structured && h.command == codec::CMD_READ;
         reply(wire, cookie, structured_read, result)?;
     }
+}
+
+/// Asks the export for the block status of a range and keeps its answer to the rules of the
+/// reply: at most `extents_max` extents, none empty, together within the range; an answer with
+/// none says the whole range is allocated data.
+fn block_status<C: ExportConn>(
+    conn: &mut C,
+    offset_bytes: u64,
+    len_bytes: u32,
+    extents_max: usize,
+    extents: &mut Vec<BlockExtent>,
+) -> Result<(), ExportError> {
+    extents.clear();
+    conn.block_status(offset_bytes, len_bytes, extents_max, extents)?;
+    extents.retain(|e| e.len_bytes > 0);
+    extents.truncate(extents_max);
+    let mut left = len_bytes;
+    let mut kept = 0;
+    for e in extents.iter_mut() {
+        if left == 0 {
+            break;
+        }
+        e.len_bytes = e.len_bytes.min(left);
+        left -= e.len_bytes;
+        kept += 1;
+    }
+    extents.truncate(kept);
+    if extents.is_empty() {
+        extents.push(BlockExtent { len_bytes, hole: false, zero: false });
+    }
+    Ok(())
 }
 
 /// Export errors of one connection, logged at WARN so an operator sees a failing backing
@@ -845,14 +928,68 @@ impl Write for Sock {
     }
 }
 
-/// A connection's socket with its handshake deadline: every read during the handshake waits
-/// at most until the deadline, so a client trickling bytes cannot hold the connection (and
-/// one of `max_connections`) past `handshake_timeout`, as a timeout restarted by every read
-/// would let it.
+/// A connection's socket with its deadlines.
+///
+/// - Handshake: every read during the handshake waits at most until the deadline, so a
+///   client trickling bytes cannot hold the connection (and one of `max_connections`) past
+///   `handshake_timeout`, as a timeout restarted by every read would let it.
+/// - Replies: the writes of one batch of replies (from its first `write` to the
+///   `end_replies` that ends it) share one deadline, `write_timeout` after the first: a
+///   client that stops reading, or reads a byte at a time, is dropped when it passes.
+/// - Idle: in transmission, a read waits at most `idle_timeout` (if set).
 #[derive(Debug)]
 struct ConnSock {
     sock: Sock,
+    id: u64,
     handshake_deadline: Option<Instant>,
+    write_timeout: Duration,
+    idle_timeout: Option<Duration>,
+    /// The deadline of the batch of replies under way, set by its first write.
+    flush_deadline: Option<Instant>,
+    /// The socket's send timeout is shorter than `write_timeout` (a flush's later writes
+    /// shorten it to what is left); restored when the flush ends.
+    send_timeout_shortened: bool,
+    /// The connection is being dropped for a timeout (counted and logged once).
+    timed_out: bool,
+    counters: Arc<ServerCounters>,
+}
+
+impl ConnSock {
+    fn new(sock: Sock, id: u64, config: &ServerConfig, counters: Arc<ServerCounters>) -> Self {
+        Self {
+            sock,
+            id,
+            handshake_deadline: Some(Instant::now() + config.handshake_timeout),
+            write_timeout: config.write_timeout,
+            idle_timeout: config.idle_timeout,
+            flush_deadline: None,
+            send_timeout_shortened: false,
+            timed_out: false,
+            counters,
+        }
+    }
+
+    fn write_timed_out(&mut self) -> io::Error {
+        if !std::mem::replace(&mut self.timed_out, true) {
+            self.counters.dropped_write_timeout.fetch_add(1, Ordering::Relaxed);
+            warn!(
+                id = self.id,
+                write_timeout_s = self.write_timeout.as_secs_f64(),
+                "dropping a connection whose client did not read its replies in time"
+            );
+        }
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the client did not read its replies within the write timeout ({:?})",
+                self.write_timeout
+            ),
+        )
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
 impl Read for ConnSock {
@@ -866,14 +1003,51 @@ impl Read for ConnSock {
                 ));
             }
             self.sock.set_read_timeout(Some(left))?;
+            return self.sock.read(buf);
         }
-        self.sock.read(buf)
+        match self.sock.read(buf) {
+            Err(e) if is_timeout(&e) => {
+                let idle = self.idle_timeout.unwrap_or_default();
+                if !std::mem::replace(&mut self.timed_out, true) {
+                    self.counters.dropped_idle.fetch_add(1, Ordering::Relaxed);
+                    warn!(
+                        id = self.id,
+                        idle_timeout_s = idle.as_secs_f64(),
+                        "dropping a connection whose client sent nothing within the idle timeout"
+                    );
+                }
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the client sent nothing within the idle timeout ({idle:?})"),
+                ))
+            }
+            other => other,
+        }
     }
 }
 
 impl Write for ConnSock {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.sock.write(buf)
+        if self.timed_out {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the connection timed out"));
+        }
+        let now = Instant::now();
+        match self.flush_deadline {
+            // The socket's send timeout is `write_timeout` already.
+            None => self.flush_deadline = Some(now + self.write_timeout),
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(now);
+                if left.is_zero() {
+                    return Err(self.write_timed_out());
+                }
+                self.sock.set_write_timeout(Some(left))?;
+                self.send_timeout_shortened = true;
+            }
+        }
+        match self.sock.write(buf) {
+            Err(e) if is_timeout(&e) => Err(self.write_timed_out()),
+            other => other,
+        }
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -884,8 +1058,41 @@ impl Write for ConnSock {
 impl Transport for ConnSock {
     fn end_handshake(&mut self) -> io::Result<()> {
         self.handshake_deadline = None;
-        self.sock.set_read_timeout(None)
+        self.sock.set_read_timeout(self.idle_timeout)
     }
+
+    /// Ends the batch of replies under way: the next write starts a new deadline.
+    fn end_replies(&mut self) -> io::Result<()> {
+        self.flush_deadline = None;
+        if std::mem::take(&mut self.send_timeout_shortened) {
+            self.sock.set_write_timeout(Some(self.write_timeout))?;
+        }
+        Ok(())
+    }
+}
+
+/// What the server counts (see [`ServerStats`]).
+#[derive(Debug, Default)]
+struct ServerCounters {
+    accepted: AtomicU64,
+    refused_at_limit: AtomicU64,
+    dropped_write_timeout: AtomicU64,
+    dropped_idle: AtomicU64,
+}
+
+/// The server's connection counts since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections accepted and served.
+    pub connections_accepted: u64,
+    /// Connections closed at once because `max_connections` were open.
+    pub connections_refused_at_limit: u64,
+    /// Connections dropped because their client did not read replies within `write_timeout`.
+    pub connections_dropped_write_timeout: u64,
+    /// Connections dropped because their client sent nothing within `idle_timeout`.
+    pub connections_dropped_idle: u64,
+    /// Connections open now.
+    pub connections_open: u64,
 }
 
 #[derive(Debug)]
@@ -919,6 +1126,7 @@ struct Shared {
     stop: AtomicBool,
     wake_addr: ListenAddr,
     conns: Mutex<HashMap<u64, Sock>>,
+    counters: Arc<ServerCounters>,
 }
 
 impl Shared {
@@ -982,6 +1190,19 @@ impl ShutdownHandle {
     pub fn is_shutdown(&self) -> bool {
         self.shared.stop.load(Ordering::SeqCst)
     }
+
+    /// The server's connection counts.
+    pub fn stats(&self) -> ServerStats {
+        let c = &self.shared.counters;
+        let open = self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).len();
+        ServerStats {
+            connections_accepted: c.accepted.load(Ordering::Relaxed),
+            connections_refused_at_limit: c.refused_at_limit.load(Ordering::Relaxed),
+            connections_dropped_write_timeout: c.dropped_write_timeout.load(Ordering::Relaxed),
+            connections_dropped_idle: c.dropped_idle.load(Ordering::Relaxed),
+            connections_open: open as u64,
+        }
+    }
 }
 
 /// An NBD server for one export.
@@ -1020,6 +1241,7 @@ impl<E: Export> Server<E> {
             stop: AtomicBool::new(false),
             wake_addr,
             conns: Mutex::new(HashMap::new()),
+            counters: Arc::default(),
         });
         Ok(Self { listener, export, info: Arc::new(info), config, tls, shared })
     }
@@ -1067,6 +1289,7 @@ impl<E: Export> Server<E> {
             };
             workers.retain(|w| !w.is_finished());
             if workers.len() >= self.config.max_connections {
+                self.shared.counters.refused_at_limit.fetch_add(1, Ordering::Relaxed);
                 warn!(
                     max = self.config.max_connections,
                     "connection limit reached; closing new connection"
@@ -1101,9 +1324,10 @@ impl<E: Export> Server<E> {
     }
 
     fn start_conn(&self, id: u64, sock: Sock) -> io::Result<JoinHandle<()>> {
-        let deadline = Instant::now() + self.config.handshake_timeout;
         sock.set_read_timeout(Some(self.config.handshake_timeout))?;
-        let registered = sock.try_clone()?;
+        sock.set_write_timeout(Some(self.config.write_timeout))?;
+        let conn = ConnSock::new(sock, id, &self.config, self.shared.counters.clone());
+        let registered = conn.sock.try_clone()?;
         self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(id, registered);
         let export = self.export.clone();
         let info = self.info.clone();
@@ -1115,7 +1339,6 @@ impl<E: Export> Server<E> {
             // the client would wait instead of seeing it close.
             let _registered = Unregister { shared, id };
             debug!(id, "connection opened");
-            let conn = ConnSock { sock, handshake_deadline: Some(deadline) };
             match serve_connection_tls(conn, &*export, &info, &tls) {
                 Ok(end) => debug!(id, ?end, "connection ended"),
                 Err(e) => warn!(id, error = %e, "connection closed"),
@@ -1123,6 +1346,8 @@ impl<E: Export> Server<E> {
         });
         if spawned.is_err() {
             self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        } else {
+            self.shared.counters.accepted.fetch_add(1, Ordering::Relaxed);
         }
         spawned
     }
@@ -1157,6 +1382,11 @@ impl RunningServer {
     /// A handle that stops the server.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         self.handle.clone()
+    }
+
+    /// The server's connection counts.
+    pub fn stats(&self) -> ServerStats {
+        self.handle.stats()
     }
 
     /// Shuts down and waits for the server to return.

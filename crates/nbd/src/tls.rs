@@ -464,6 +464,14 @@ impl<T: Transport> Transport for MaybeTls<T> {
             MaybeTls::Failed => Err(failed()),
         }
     }
+
+    fn end_replies(&mut self) -> io::Result<()> {
+        match self {
+            MaybeTls::Plain(t) => t.end_replies(),
+            MaybeTls::Tls(s) => s.get_mut().end_replies(),
+            MaybeTls::Failed => Err(failed()),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -177,6 +177,7 @@ proptest! {
                 min_block_bytes: MIN,
                 max_payload_bytes: MAX_PAYLOAD,
                 block_sizes_agreed: true,
+                base_allocation: structured,
             };
             let _ = session.validate(&h);
         }
@@ -308,7 +309,9 @@ proptest! {
         let mut model = vec![0u8; SIZE as usize];
         for (i, r) in reqs.iter().enumerate() {
             let want = expected_error(r, structured);
-            let (error, data) = if structured && r.command == CMD_READ {
+            // Reads and block status (refused here: no context is selected) get chunks.
+            let chunked = matches!(r.command, CMD_READ | CMD_BLOCK_STATUS);
+            let (error, data) = if structured && chunked {
                 prop_assert_eq!(be32(out, at), STRUCTURED_REPLY_MAGIC);
                 let flags = u16::from_be_bytes([out[at + 4], out[at + 5]]);
                 let ty = u16::from_be_bytes([out[at + 6], out[at + 7]]);

@@ -224,6 +224,9 @@ impl<S: BackingStore> BackingStore for FaultStore<S> {
             _ => self.inner.write_zeroes(offset, len),
         }
     }
+    fn extent_at(&self, offset: u64, len: u64) -> Result<crate::Extent> {
+        self.inner.extent_at(offset, len)
+    }
     fn engine_name(&self) -> &'static str {
         self.inner.engine_name()
     }

@@ -146,6 +146,9 @@ impl<S: BackingStore> BackingStore for LatencyStore<S> {
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.timed(OpMask::DISCARD, || self.inner.write_zeroes(offset, len))
     }
+    fn extent_at(&self, offset: u64, len: u64) -> Result<crate::Extent> {
+        self.inner.extent_at(offset, len)
+    }
     fn engine_name(&self) -> &'static str {
         self.inner.engine_name()
     }

@@ -297,6 +297,42 @@ impl Drop for Server {
     }
 }
 
+/// A directory on a disk file system (the test target's scratch directory), or `None` if it
+/// is on tmpfs or ramfs too.
+pub fn disk_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&dir).ok()?;
+    let probe = dir.join(format!("pmcache-fs-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"x").ok()?;
+    let out =
+        run(Command::new("stat").args(["-f", "-c", "%T"]).arg(&probe), Duration::from_secs(10));
+    let _ = std::fs::remove_file(&probe);
+    let fs = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && fs != "tmpfs" && fs != "ramfs").then_some(dir)
+}
+
+/// Kilobytes of `pid`'s mappings of `file` that `/proc/<pid>/smaps` reports dirty: pages
+/// stored to and not yet written back to the file.
+pub fn dirty_kib_mapped(pid: u32, file: &Path) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("smaps");
+    let name = file.display().to_string();
+    let mut dirty = 0;
+    let mut inside = false;
+    let mut found = false;
+    for line in smaps.lines() {
+        let key = line.split_whitespace().next().unwrap_or("");
+        if !key.ends_with(':') {
+            inside = line.ends_with(&name);
+            found |= inside;
+        } else if inside && (key == "Shared_Dirty:" || key == "Private_Dirty:") {
+            dirty +=
+                line.split_whitespace().nth(1).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    assert!(found, "{name} is not mapped by process {pid}");
+    dirty
+}
+
 /// Fails unless fio is installed and has its nbd engine.
 pub fn require_fio_nbd() {
     require_tool("fio", "fio");

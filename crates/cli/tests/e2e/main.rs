@@ -3,7 +3,9 @@
 //! ephemeral TCP port or unix socket, control socket in the temp dir), driven by real NBD
 //! clients (qemu-io, qemu-img, nbdinfo, nbdcopy, fio) and by raw-socket clients, including
 //! kill -9 of the server mid-write and recovery on restart, and the write-back at a stop on a
-//! volatile medium with the refusal to start over a backing store whose cache was lost.
+//! volatile medium with the refusal to start over a backing store whose cache was lost, and
+//! the kinds of medium (a disk file refused, or served in msync mode), block status and
+//! oversized requests, and a soak with stalled and misbehaving clients beside 16 verifying ones.
 //!
 //! A missing client binary fails the test with the apt package to install.
 
@@ -12,7 +14,11 @@ mod common;
 mod crash;
 mod fio;
 mod libnbd;
+mod medium;
+mod panic;
 mod qemu;
 mod raw_socket;
+mod requests;
+mod soak;
 mod tls;
 mod volatile;

@@ -25,12 +25,13 @@ use pmcache_backing::BackingStore;
 use pmcache_media::Medium;
 
 use super::{Lane, block_of, offset_in_block};
+use crate::abort::AbortOnUnwind;
 use crate::clock::Clock;
 use crate::error::Result;
 use crate::format::{BlockState, SlotEntry};
 use crate::index::{Found, Key};
 use crate::stats::bump;
-use crate::sync::MutexGuard;
+use crate::sync::{MutexGuard, try_lock};
 use smallvec::SmallVec;
 
 /// Reads pipelined together at most (and so misses queued together at most).
@@ -83,6 +84,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Reads every request of `reads`, pipelining their cache misses; `outcomes` receives one
     /// result per request, in order.
     pub fn read_batch(&mut self, reads: &mut [ReadRequest<'_>], outcomes: &mut Vec<Result<()>>) {
+        let _unwind = AbortOnUnwind::new("Lane::read_batch");
         outcomes.clear();
         for chunk in reads.chunks_mut(READ_CHUNK) {
             self.read_chunk(chunk, outcomes);
@@ -153,6 +155,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// mode; `outcomes` receives one result per request, in order. Each write is durable (in
     /// write-back mode, or with `fua`) when this returns, as with `write`.
     pub fn write_batch(&mut self, writes: &[WriteRequest<'_>], outcomes: &mut Vec<Result<()>>) {
+        let _unwind = AbortOnUnwind::new("Lane::write_batch");
         let block = self.block_bytes();
         let group_max = self.engine.group_max;
         // Read once per batch: a mode change made during a batch applies from the next one.
@@ -294,7 +297,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let guard = if guards.is_empty() {
                 Some(engine.lock_stripe_index(g.stripe))
             } else {
-                engine.stripes[g.stripe].lock.try_lock().ok()
+                try_lock(&engine.stripes[g.stripe].lock)
             };
             g.guard = match guard {
                 Some(guard) => {
@@ -341,6 +344,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 },
             };
             g.entry = Some(entry);
+            crate::failpoint::mid_write();
             self.store_entry(
                 g.slot,
                 SlotEntry { lba: g.lba, state: BlockState::Dirty, seq: g.seq },

@@ -17,6 +17,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         // Every refusal comes before the first write: a format that cannot serve leaves the
         // medium as it was (an old cache on it included).
         check_fit(&geometry, backing.size_bytes(), config)?;
+        crate::failpoint::arm_from_env().map_err(Error::Config)?;
         let identity = backing.identity();
         let mut uuid = [0u8; 16];
         rand::thread_rng().fill_bytes(&mut uuid);
@@ -52,6 +53,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         superblock: Superblock,
         synced_seq: u64,
     ) -> Result<Self> {
+        crate::failpoint::arm_from_env().map_err(Error::Config)?;
         let geometry = superblock.geometry;
         let eviction = config.eviction.policy();
         let backing_blocks = check_fit(&geometry, backing.size_bytes(), config)?;
@@ -102,6 +104,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             refill_batch: (lane_free_max / 2).clamp(1, 64),
             freed_spill: lane_free_max.min(FREED_SPILL_MAX),
             group_max: (slot_count as usize / (2 * config.max_lanes)).clamp(1, batch::GROUP_MAX),
+            zero_through_blocks_min: AtomicU64::new(zeroes::ZERO_THROUGH_BLOCKS_MIN),
             medium,
             backing,
             clock,
@@ -159,6 +162,14 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// Changes the cache mode. Dirty blocks stay dirty until written back.
     pub fn set_mode(&self, mode: CacheMode) {
         self.mode.store(mode.to_u8(), Ordering::Relaxed);
+    }
+
+    /// Sets how many whole blocks a write-zeroes in a write-back mode must cover for its
+    /// uncached blocks to be zeroed on the backing store instead of written into the cache as
+    /// zero blocks (default 256; at least 1). Tests lower it to reach that path with a small
+    /// device.
+    pub fn set_zero_through_blocks_min(&self, blocks: u64) {
+        self.zero_through_blocks_min.store(blocks.max(1), Ordering::Relaxed);
     }
 
     /// Size of the exported device in bytes (the backing store's size).

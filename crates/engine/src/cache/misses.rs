@@ -97,7 +97,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let stripe = engine.stripe_index(lba);
             // Tried only: this lane may hold it for an earlier miss, another lane may hold it
             // while it waits for something this batch holds.
-            let Ok(guard) = engine.stripes[stripe].lock.try_lock() else {
+            let Some(guard) = try_lock(&engine.stripes[stripe].lock) else {
                 if let Some(slot) = slot {
                     self.give_back(slot);
                 }

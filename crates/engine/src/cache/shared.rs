@@ -71,7 +71,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         if held == Some(stripe) {
             return Some(StripeGuard::AlreadyHeld);
         }
-        self.stripes[stripe].lock.try_lock().ok().map(StripeGuard::Locked)
+        try_lock(&self.stripes[stripe].lock).map(StripeGuard::Locked)
     }
 
     /// The stripe lock of `lba` for a write-back: waited for when the caller holds no stripe,

@@ -41,6 +41,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Writes `data` at byte `offset`. With `fua`, the data is durable on return in every mode
     /// (in write-back and write-only modes it always is).
     pub fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        let _unwind = AbortOnUnwind::new("Lane::write");
         self.engine.check_range("write", offset, data.len() as u64)?;
         if self.engine.mode().writes_back() {
             let blocks = (data.len() as u64).div_ceil(self.block_bytes()).max(1);
@@ -60,8 +61,25 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     /// Writes zeroes over `len` bytes at `offset` (durable on return with `fua`, as `write`).
     pub fn write_zeroes(&mut self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        let _unwind = AbortOnUnwind::new("Lane::write_zeroes");
         self.engine.check_range("write_zeroes", offset, len)?;
-        for (lba, in_block, n) in pieces(offset, len, self.block_bytes()) {
+        let block = self.block_bytes();
+        let (first, end) = (offset.div_ceil(block), (offset + len) / block);
+        let through = self.engine.zero_through_blocks_min.load(Ordering::Relaxed);
+        if self.engine.mode().writes_back() && end > first && end - first >= through {
+            // Many whole blocks: bounded work (cache/zeroes.rs); the partial blocks at either
+            // end through the cache.
+            let (head, tail) = (first * block - offset, offset + len - end * block);
+            for (lba, in_block, n) in pieces(offset, head, block) {
+                self.write_block(lba, in_block, Payload::Zeroes(n))?;
+            }
+            self.write_zeroes_through(first, end)?;
+            for (lba, in_block, n) in pieces(end * block, tail, block) {
+                self.write_block(lba, in_block, Payload::Zeroes(n))?;
+            }
+            return Ok(());
+        }
+        for (lba, in_block, n) in pieces(offset, len, block) {
             self.write_block(lba, in_block, Payload::Zeroes(n))?;
         }
         if fua && !self.engine.mode().writes_back() {
@@ -152,6 +170,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 return Err(err);
             }
         };
+        crate::failpoint::mid_write();
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Dirty, seq });
         let switched = self.switch_in_dirty(stripe, slot, entry);
         if switched.must_fence {
@@ -286,6 +305,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// they are): cached copies are dropped and the range is discarded on the backing store.
     /// Their contents are unspecified until written again.
     pub fn trim(&mut self, offset: u64, len: u64) -> Result<()> {
+        let _unwind = AbortOnUnwind::new("Lane::trim");
         let engine = self.engine;
         engine.check_range("trim", offset, len)?;
         let block = self.block_bytes();

@@ -107,6 +107,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Makes every acknowledged write durable: syncs the backing store if anything reached it
     /// since the last sync, and records the synced sequence number.
     pub fn flush(&mut self) -> Result<()> {
+        let _unwind = AbortOnUnwind::new("Lane::flush");
         let engine = self.engine;
         let sample = engine.last_issued_seq();
         if engine.backing_writes.load(Ordering::SeqCst)
@@ -122,6 +123,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Writes back every dirty block and marks it clean; the backing store then holds every
     /// acknowledged write.
     pub fn drain(&mut self) -> Result<()> {
+        let _unwind = AbortOnUnwind::new("Lane::drain");
         let engine = self.engine;
         let mut batch = Vec::with_capacity(DRAIN_BATCH);
         // Everything that can be written back is, and the first failure is the result: a

@@ -292,6 +292,9 @@ pub struct Model {
     blocks: Vec<BlockModel>,
     durable_at_ack: bool,
     writes: u64,
+    /// Whole blocks from which the engine zeroes uncached blocks on the backing store in a
+    /// write-back mode (`Engine::set_zero_through_blocks_min`).
+    zero_through_blocks_min: u64,
 }
 
 /// Bytes of the `id`-th write: unique per write and position.
@@ -328,7 +331,13 @@ impl Model {
             ],
             durable_at_ack: mode.writes_back(),
             writes: 0,
+            zero_through_blocks_min: u64::MAX,
         }
+    }
+
+    /// Follows the engine's `set_zero_through_blocks_min`.
+    pub fn set_zero_through_blocks_min(&mut self, blocks: u64) {
+        self.zero_through_blocks_min = blocks.max(1);
     }
 
     /// The data the next write op will carry.
@@ -466,7 +475,26 @@ impl Model {
                 }
             }
             Op::WriteZeroes { offset, len, fua } => {
-                self.write_blocks(offset, &vec![0u8; len as usize], fua, false)
+                // Many whole blocks in a write-back mode go to the backing store directly
+                // (those not cached): interrupted, such a block may hold a mix of sectors of
+                // what it held and zeroes, as a disk's write may.
+                let (first, end) = (offset.div_ceil(BLOCK as u64), (offset + len) / BLOCK as u64);
+                let through = self.durable_at_ack
+                    && end > first
+                    && end - first >= self.zero_through_blocks_min;
+                let before: Vec<Expect> = (first..end.max(first))
+                    .map(|b| {
+                        let model = &self.blocks[b as usize];
+                        model.tear.clone().unwrap_or_else(|| model.durable.clone())
+                    })
+                    .collect();
+                self.write_blocks(offset, &vec![0u8; len as usize], fua, false);
+                if through {
+                    let zero = Expect::OneOf(vec![vec![0u8; BLOCK]]);
+                    for (b, before) in (first..end).zip(before) {
+                        self.blocks[b as usize].tear = Some(before.union(&zero));
+                    }
+                }
             }
             Op::Trim { offset, len } => self.trim_blocks(offset, len),
             _ => {}
@@ -1042,6 +1070,11 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
     let mut faults_seen = false;
     let mut pairing = rand::rngs::SmallRng::seed_from_u64(run.seed ^ 0x9a12);
     loop {
+        // Half the seeds zero from 2 whole blocks on through the backing store (the path of
+        // a large write-zeroes, cache/zeroes.rs), half through the cache.
+        let zero_through_blocks_min = if run.seed & 2 == 2 { 2 } else { 1 << 20 };
+        engine.set_zero_through_blocks_min(zero_through_blocks_min);
+        model.set_zero_through_blocks_min(zero_through_blocks_min);
         // Two lanes, used alternately, each on a thread of its own: a block's versions come
         // from different lanes, so recovery's "newest wins" depends on cross-lane sequence
         // order; and the crash medium keeps unfenced flushes per thread, so a lane that relied

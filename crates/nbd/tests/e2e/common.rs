@@ -81,6 +81,11 @@ impl TestServer {
         self.dir.path().join(name)
     }
 
+    /// The server's connection counts.
+    pub fn stats(&self) -> pmcache_nbd::ServerStats {
+        self.running.as_ref().expect("running").stats()
+    }
+
     /// Stops the server and waits for it.
     pub fn stop(mut self) {
         if let Some(r) = self.running.take() {

@@ -3,6 +3,7 @@
 //!
 //! A missing client binary fails the test with the apt package to install.
 
+mod block_status;
 mod common;
 mod fio;
 mod libnbd;

@@ -728,3 +728,86 @@ fn an_idle_client_outlives_the_handshake_timeout() {
     c.assert_works(4096, 10);
     server.stop();
 }
+
+/// Clients that send reads and stop reading the replies are dropped at the write timeout:
+/// with `max_connections` such clients, a new client is still served (without the timeout
+/// their threads block in a send forever and every later connection is refused), and the
+/// drops are counted.
+#[test]
+fn clients_that_stop_reading_are_dropped_at_the_write_timeout() {
+    let bs = BlockSizes { min_bytes: 512, preferred_bytes: 4096, max_bytes: 32 * MIB as u32 };
+    let server = TestServer::start_with(64 * MIB, bs, Via::Tcp, |c| {
+        c.max_request_bytes = 32 * MIB as u32;
+        c.max_connections = 2;
+        c.write_timeout = Duration::from_secs(1);
+    });
+    let mut stuck: Vec<Client> = (0..2).map(|_| Client::ready(server.tcp_addr(), false)).collect();
+    for c in &mut stuck {
+        // 128 MiB of replies: far more than the socket buffers hold.
+        for cookie in 0..4 {
+            c.request(CMD_READ, 0, cookie, cookie * 16 * MIB, 32 * MIB as u32, &[]);
+        }
+    }
+    let started = Instant::now();
+    while server.stats().connections_dropped_write_timeout < 2 {
+        assert!(started.elapsed() < Duration::from_secs(10), "not dropped: {:?}", server.stats());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(900), "dropped before the timeout: {took:?}");
+    while server.stats().connections_open > 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "still open: {:?}", server.stats());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut fresh = Client::ready(server.tcp_addr(), false);
+    fresh.assert_works(0, 1);
+    let stats = server.stats();
+    assert_eq!(stats.connections_dropped_write_timeout, 2, "{stats:?}");
+    assert_eq!((stats.connections_dropped_idle, stats.connections_refused_at_limit), (0, 0));
+    drop(stuck);
+    server.stop();
+}
+
+/// A client that reads a reply a byte at a time keeps making progress, but its replies must
+/// all be taken within one write timeout: it is dropped, not served forever.
+#[test]
+fn a_client_reading_a_trickle_is_dropped_at_the_write_timeout() {
+    let bs = BlockSizes { min_bytes: 512, preferred_bytes: 4096, max_bytes: 32 * MIB as u32 };
+    let server = TestServer::start_with(64 * MIB, bs, Via::Tcp, |c| {
+        c.max_request_bytes = 32 * MIB as u32;
+        c.write_timeout = Duration::from_secs(1);
+    });
+    let mut slow = Client::ready(server.tcp_addr(), false);
+    slow.request(CMD_READ, 0, 1, 0, 32 * MIB as u32, &[]);
+    let started = Instant::now();
+    let mut b = [0u8; 4096];
+    while server.stats().connections_dropped_write_timeout == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never dropped");
+        // 40 KiB/s: 32 MiB would take over 13 minutes.
+        let _ = slow.s.read(&mut b);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    server.stop();
+}
+
+/// With an idle timeout, a client that sends nothing for longer is dropped and counted; one
+/// that keeps sending requests within it is served throughout.
+#[test]
+fn an_idle_client_is_dropped_at_the_idle_timeout() {
+    let server = TestServer::start_with(MIB, BlockSizes::default(), Via::Tcp, |c| {
+        c.idle_timeout = Some(Duration::from_millis(400));
+    });
+    let mut idle = Client::ready(server.tcp_addr(), false);
+    let mut busy = Client::ready(server.tcp_addr(), false);
+    for round in 0..6 {
+        busy.assert_works(4096, 10 + 2 * round);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(idle.is_closed(), "the idle client was not dropped");
+    let stats = server.stats();
+    assert_eq!(stats.connections_dropped_idle, 1, "{stats:?}");
+    assert_eq!(stats.connections_open, 1, "{stats:?}");
+    busy.assert_works(0, 100);
+    server.stop();
+}

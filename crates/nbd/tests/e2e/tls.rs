@@ -182,3 +182,34 @@ fn tls_on_serves_both_and_tls_off_refuses_starttls() {
     assert_eq!(nbdinfo(&off.uri), Ok(SIZE_BYTES as u64));
     off.stop();
 }
+
+/// Over TLS the write timeout covers each batch of replies, not the connection's life: a
+/// client pausing longer than the timeout between requests is still served (the TLS
+/// stream's flush ends each batch's deadline on the socket underneath).
+#[test]
+fn the_write_timeout_restarts_with_every_batch_of_replies_over_tls() {
+    require_tool("qemu-io", "qemu-utils");
+    let pki = tempfile::tempdir().expect("tempdir");
+    let dirs = x509_credentials(pki.path());
+    let server = TestServer::start_with(SIZE_BYTES as u64, BlockSizes::default(), Via::Tcp, |c| {
+        c.tls = x509(TlsMode::Require, &dirs, false);
+        c.write_timeout = Duration::from_millis(500);
+    });
+    let addr = server.tcp_addr();
+    let object = format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", dirs.anonymous.display());
+    let opts = format!(
+        "driver=nbd,server.type=inet,server.host={},server.port={},export={NAME},tls-creds=tls0",
+        addr.ip(),
+        addr.port()
+    );
+    let out = run_ok(
+        Command::new("qemu-io")
+            .args(["--object", &object, "--image-opts", &opts])
+            .args(["-c", "write -P 7 0 64k", "-c", "sleep 1200", "-c", "read -P 7 0 64k"])
+            .args(["-c", "sleep 1200", "-c", "read -P 7 0 64k"]),
+        TIMEOUT,
+    );
+    assert_eq!(out.matches("read 65536/65536").count(), 2, "{out}");
+    assert_eq!(server.stats().connections_dropped_write_timeout, 0);
+    server.stop();
+}

@@ -9,6 +9,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
     /// Like every batch, it must run on the thread that first used the cleaner's queue (an
     /// io_uring queue refuses other threads): before `run`, or on `run`'s thread.
     pub fn drain(&mut self) -> Result<u64> {
+        let _unwind = AbortOnUnwind::new("Cleaner::drain");
         let mut cleaned = 0;
         loop {
             let outcome = self.step(self.config.batch_blocks);
@@ -64,6 +65,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
     /// merged, up to `queue_depth` writes in flight), synced and marked clean before it
     /// returns (with the batch before, if one was still syncing).
     pub fn clean_batch(&mut self, max_blocks: usize) -> BatchOutcome {
+        let _unwind = AbortOnUnwind::new("Cleaner::clean_batch");
         let mut outcome = self.step(max_blocks);
         let settled = self.settle();
         outcome.cleaned += settled.cleaned;
@@ -74,6 +76,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
 
     /// Completes the batch still syncing, if one is: waits for its flush and marks it clean.
     pub fn settle(&mut self) -> BatchOutcome {
+        let _unwind = AbortOnUnwind::new("Cleaner::settle");
         let mut outcome = BatchOutcome::default();
         if self.syncing.is_some() {
             while self.syncing.as_ref().is_some_and(|s| s.result.is_none()) {
@@ -148,7 +151,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             let run = open_run.expect("a run is open");
             let stripe = engine.stripe_index(candidate.lba);
             // Only tried: a stripe's holder may be waiting for this cleaner's writes.
-            let Ok(guard) = engine.stripes[stripe].lock.try_lock() else { continue };
+            let Some(guard) = try_lock(&engine.stripes[stripe].lock) else { continue };
             let word = engine.slots.load(candidate.slot);
             let current = match engine.read_entry(candidate.slot) {
                 DecodedEntry::Valid(entry)

@@ -120,11 +120,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         let drains = &self.cleaner.drains;
         let mut state = lock(&drains.state);
         if state.answered < ticket {
-            state = drains
-                .answered
-                .wait_timeout(state, timeout)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+            state = wait_timeout(&drains.answered, state, timeout);
         }
         if state.answered < ticket {
             return None;

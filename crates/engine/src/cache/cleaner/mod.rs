@@ -28,7 +28,7 @@ use pmcache_backing::{IoBuf, IoCompletion, IoQueue, IoRequest};
 
 use super::shared::SyncTicket;
 use super::*;
-use crate::sync::Condvar;
+use crate::sync::{Condvar, wait_timeout};
 use crate::writeback::priority::ThreadPriority;
 use crate::writeback::{
     Candidate, CleanerConfig, CleanerStats, DirtyThresholds, RateController, RateTerms,
@@ -135,11 +135,7 @@ impl CleanerShared {
     fn rest(&self, timeout: Duration) {
         let mut woken = lock(&self.wake);
         if !*woken {
-            woken = self
-                .wake_signal
-                .wait_timeout(woken, timeout)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+            woken = wait_timeout(&self.wake_signal, woken, timeout);
         }
         *woken = false;
     }
@@ -158,7 +154,7 @@ impl CleanerShared {
     fn wait_progress(&self, seen: u64, timeout: Duration) {
         let ordered = lock(&self.progress_lock);
         if self.progress.load(Ordering::SeqCst) == seen {
-            let _ = self.progress_signal.wait_timeout(ordered, timeout);
+            drop(wait_timeout(&self.progress_signal, ordered, timeout));
         }
     }
 
@@ -473,6 +469,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
     /// why the thread's priority cannot be adapted, if it cannot (it then runs unboosted).
     /// Afterwards the cleaner can still [`Cleaner::drain`] the cache.
     pub fn run(&mut self, on_start: impl FnOnce(Option<&str>)) {
+        let _unwind = AbortOnUnwind::new("Cleaner::run");
         let engine = self.lane.engine;
         let shared = &engine.cleaner;
         let mut priority = ThreadPriority::current_thread();
