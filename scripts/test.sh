@@ -25,6 +25,12 @@ cargo test --profile test-opt -p pmcache-engine --features shuttle --lib --test 
 echo "== io_uring IOPOLL conformance in a QEMU guest (NVMe with poll queues; this host has none)"
 scripts/guest/iopoll-conformance.sh
 
+echo "== the kernel's NBD client on pmcache serve in a QEMU guest: mkfs.ext4, mount, fio verify"
+scripts/guest/nbd-kernel-e2e.sh
+
+echo "== pmcache serve --ublk in a QEMU guest: mkfs.ext4, mount, fio verify, detach, fsck"
+scripts/guest/ublk-e2e.sh
+
 echo "== bench smoke runs"
 cargo build --release -p pmcache-cli
 ./target/release/pmcache bench core --quick
@@ -39,6 +45,7 @@ cargo build --release -p pmcache-cli
 ./target/release/pmcache bench paper002 --quick --plot target/bench-paper002-smoke.svg
 ./target/release/pmcache bench media-kinds --quick
 ./target/release/pmcache bench memory --quick
+./target/release/pmcache bench ublk-mapping --quick
 
 echo "== fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"
 if cargo +nightly fuzz --version >/dev/null 2>&1; then

@@ -167,8 +167,14 @@ kit="$cache/kit-$kpkg"
 # Modules loaded in the guest, each followed by its dependencies (resolved below). The crypto
 # drivers are soft dependencies (by alias) of ext4/jbd2 (crc32c) and t10-pi (crct10dif,
 # crc64-rocksoft): load the generic C ones explicitly, no modprobe runs in the guest.
-# (Newer kernels lack some of these or build them in; only nvme and ext4 are required.)
-wanted_modules=(crc32c_generic? crct10dif_generic? crc64_rocksoft_generic? nvme ext4)
+# (Newer kernels lack some of these or build them in; only nvme and ext4 are required.) The
+# block-device frontends' tests want ublk_drv (/dev/ublk-control, /dev/ublkbN) and nbd
+# (/dev/nbdN): loaded where the kernel has them.
+wanted_modules=(crc32c_generic? crct10dif_generic? crc64_rocksoft_generic? nvme ext4 ublk_drv? nbd?)
+# A kit prepared for another list of modules is prepared again.
+if [[ -f "$kit/ready" && "$(cat "$kit/wanted" 2>/dev/null)" != "${wanted_modules[*]}" ]]; then
+  rm -f "$kit/ready"
+fi
 if [[ ! -f "$kit/ready" ]]; then
   say "preparing guest kernel from $kpkg (downloaded, not installed) in $kit"
   work="$cache/extract.$$"
@@ -237,6 +243,7 @@ if [[ ! -f "$kit/ready" ]]; then
     echo "$base" >> "$kit/modules.order"
   done
   rm -rf "$work"
+  echo "${wanted_modules[*]}" > "$kit/wanted"
   touch "$kit/ready"
 fi
 [[ -n "$kdeb" || -n "${PMCACHE_GUEST_KERNEL_PKG:-}" ]] || echo "$kpkg" > "$pointer"

@@ -9,4 +9,5 @@ pub mod nbd_fio;
 pub mod nbd_tls;
 pub mod paper002;
 pub mod serve_memory;
+pub mod ublk_mapping;
 pub mod writeback;

@@ -3,7 +3,7 @@
 use clap::{Args, Subcommand};
 use pmcache_bench::{
     engine_core, engines, lookup_cost, media_kinds, nbd_fio, nbd_tls, paper002, serve_memory,
-    writeback,
+    ublk_mapping, writeback,
 };
 
 /// `pmcache bench`.
@@ -58,6 +58,11 @@ enum Experiment {
     /// with no connection, 16 idle connections, and 16 busy ones (fio, 4 KiB and 1 MiB random
     /// reads and writes): what the per-connection buffers and bounds hold in practice.
     Memory(serve_memory::MemoryArgs),
+    /// What the ublk frontend's request path costs, without a kernel: a ublk descriptor
+    /// decoded, validated and dispatched into the engine (one request per dispatch, and 16:
+    /// the engine's batch calls) beside the engine call alone, 4 KiB read hits and write-back
+    /// writes, same run; ns per request, medians of runs.
+    UblkMapping(ublk_mapping::UblkMappingArgs),
 }
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
@@ -71,5 +76,6 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         Experiment::Paper002(args) => paper002::run_cli(&args),
         Experiment::MediaKinds(args) => media_kinds::run_cli(&args),
         Experiment::Memory(args) => serve_memory::run_cli(&args),
+        Experiment::UblkMapping(args) => ublk_mapping::run_cli(&args),
     }
 }

@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use pmcache_engine::Error;
-use pmcache_nbd::server::ShutdownHandle;
 
 use crate::cache::CacheEngine;
+use crate::serving::Frontend;
 
 /// Binds the control socket, replacing a stale one (no server answering on it). Anything at
 /// the path that is not a socket (a mistyped `--control` naming the medium, or any file) is
@@ -100,12 +100,12 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
 pub fn serve(
     listener: UnixListener,
     engine: &'static CacheEngine,
-    shutdown: ShutdownHandle,
+    frontend: impl Frontend,
     detach: Arc<AtomicBool>,
 ) {
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
-        if let Err(e) = handle(stream, engine, &shutdown, &detach) {
+        if let Err(e) = handle(stream, engine, &frontend, &detach) {
             eprintln!("pmcache: control connection: {e}");
         }
     }
@@ -114,7 +114,7 @@ pub fn serve(
 fn handle(
     stream: UnixStream,
     engine: &'static CacheEngine,
-    shutdown: &ShutdownHandle,
+    frontend: &impl Frontend,
     detach: &AtomicBool,
 ) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -127,16 +127,8 @@ fn handle(
         "" => {}
         "stats" => {
             let mut stats = stats_json(engine);
-            let server = shutdown.stats();
-            let connections = [
-                ("connections_open", server.connections_open),
-                ("connections_accepted", server.connections_accepted),
-                ("connections_refused_at_limit", server.connections_refused_at_limit),
-                ("connections_dropped_write_timeout", server.connections_dropped_write_timeout),
-                ("connections_dropped_idle", server.connections_dropped_idle),
-            ];
             if let Some(object) = stats.as_object_mut() {
-                for (name, value) in connections {
+                for (name, value) in frontend.stats() {
                     object.insert(name.into(), value.into());
                 }
             }
@@ -165,7 +157,7 @@ fn handle(
         }
         "detach" => {
             detach.store(true, Ordering::SeqCst);
-            shutdown.shutdown();
+            frontend.stop();
             writeln!(writer, "detaching")?;
         }
         other => writeln!(

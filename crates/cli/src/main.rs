@@ -1,4 +1,5 @@
-//! The `pmcache` command: serve a cache over NBD, manage caches, run the experiments.
+//! The `pmcache` command: serve a cache over NBD or as a ublk block device, manage caches, run
+//! the experiments.
 
 #![forbid(unsafe_code)]
 
@@ -12,10 +13,12 @@ mod cache;
 mod control;
 mod manage;
 mod serve;
+mod serving;
 mod state;
 mod tls;
+mod ublk;
 
-/// pmcache: a block cache on persistent memory, served over NBD.
+/// pmcache: a block cache on persistent memory, served over NBD or as a ublk block device.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
 struct Cli {
@@ -55,7 +58,8 @@ enum Command {
     /// 8 GiB file under ./pmcache-data, on 127.0.0.1:10809). The medium is DAX (persistent),
     /// volatile (tmpfs, ramfs, hugetlbfs: a stop writes every dirty block back first, and the
     /// attachment is recorded beside the backing file), or, with --medium-sync msync, a file
-    /// on another file system synced at every persist; any other medium is refused.
+    /// on another file system synced at every persist; any other medium is refused. With
+    /// --ublk: a kernel block device, /dev/ublkbN, instead of NBD.
     Serve(Box<serve::ServeArgs>),
     /// Format a cache medium for a backing store.
     Format(manage::FormatArgs),

@@ -2,37 +2,30 @@
 //! control socket for `pmcache stats`, `flush` and `detach`, and a clean shutdown on SIGINT or
 //! SIGTERM (in-flight requests finish, the backing store is synced, the cache marked clean).
 //! On a volatile medium (tmpfs, ramfs, hugetlbfs) a stop writes every dirty block back first, and the
-//! attachment is recorded in a state file outside the medium (`crate::state`).
+//! attachment is recorded in a state file outside the medium (`crate::state`). What both
+//! frontends share around serving is `crate::serving`; `--ublk` serves a kernel block device
+//! instead (`crate::ublk`).
 
-use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pmcache_engine::{CacheMode, Error, Lane, MonotonicClock, WriteRequest};
-use pmcache_media::{FileSystem, MediumKind, MediumSync, PmemFile};
+use pmcache_engine::{Error, Lane, MonotonicClock, WriteRequest};
+use pmcache_media::{MediumSync, PmemFile};
 use pmcache_nbd::{
     BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, ListenAddr, Server,
     ServerConfig,
 };
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 
-use crate::cache::{
-    Backing, CacheArgs, CacheEngine, MEDIUM_SYNC_HELP, Opened, human, open_or_format, parse_size,
-};
-use crate::control;
-use crate::state;
+use crate::cache::{Backing, CacheEngine, MEDIUM_SYNC_HELP, human, parse_size};
+use crate::serving::Serving;
 use crate::tls::TlsArgs;
 
 /// Default cache medium of `pmcache serve` with no arguments.
 pub const DEFAULT_CACHE: &str = "/dev/shm/pmcache-default.pm";
 /// Default backing file of `pmcache serve` with no arguments.
 pub const DEFAULT_BACKING: &str = "./pmcache-data/backing.img";
-const DEFAULT_BACKING_BYTES: u64 = 8 << 30;
 
 /// Options of `pmcache serve`. With none, it runs on the embedded default.
 #[derive(Debug, Clone, clap::Args)]
@@ -117,6 +110,17 @@ pub struct ServeArgs {
     /// (docs/DURABILITY.md, "Stop and lost volatile media").
     #[arg(long, value_name = "PATH")]
     pub state_file: Option<PathBuf>,
+    /// Serve the cache as a kernel block device, /dev/ublkbN, through the kernel's ublk
+    /// driver (Linux 6.0 or later, module ublk_drv; needs root) instead of over NBD
+    /// (docs/UBLK.md). One thread and one engine lane per queue.
+    #[arg(long, conflicts_with_all = ["listen", "socket", "allow_remote", "export"])]
+    pub ublk: bool,
+    /// ublk hardware queues: a thread and an engine lane each.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "ublk")]
+    pub ublk_queues: u16,
+    /// ublk tags per queue: the requests each queue can have in flight.
+    #[arg(long, value_name = "N", default_value_t = 128, requires = "ublk")]
+    pub ublk_depth: u16,
     /// Start although the state file records that the backing store may lack blocks that only
     /// a volatile cache held, and that cache is gone (or is not the one given): those blocks
     /// are abandoned, and the backing store is served as it is.
@@ -135,8 +139,10 @@ struct CacheExport {
     engine: &'static CacheEngine,
 }
 
-struct CacheConn {
-    lane: Lane<'static, PmemFile, Backing, MonotonicClock>,
+/// One engine lane, served by one frontend connection or queue: NBD's `ExportConn` here,
+/// ublk's `Target` in `crate::ublk`.
+pub(crate) struct CacheConn {
+    pub(crate) lane: Lane<'static, PmemFile, Backing, MonotonicClock>,
 }
 
 fn export_error(err: Error) -> ExportError {
@@ -261,37 +267,11 @@ fn positive_seconds(text: &str) -> Result<f64, String> {
     seconds(text).and_then(|s| if s > 0.0 { Ok(s) } else { Err("must be above 0".into()) })
 }
 
-fn ensure_default_backing(path: &Path) -> Result<(), String> {
-    if path.exists() {
-        return Ok(());
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    }
-    std::fs::File::create(path)
-        .and_then(|f| f.set_len(DEFAULT_BACKING_BYTES))
-        .map_err(|e| format!("{}: {e}", path.display()))
-}
-
 /// Runs the server until SIGINT, SIGTERM or `pmcache detach`.
 pub fn run(args: ServeArgs) -> Result<(), String> {
-    let embedded = args.backing.is_none();
-    let backing = args.backing.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_BACKING));
-    if embedded {
-        ensure_default_backing(&backing)?;
+    if args.ublk {
+        return crate::ublk::run(args);
     }
-    let cache = args.cache.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE));
-    let cache_args = CacheArgs {
-        cache: cache.clone(),
-        medium_sync: args.medium_sync,
-        backing: backing.clone(),
-        cache_size: args.cache_size,
-        block_size: args.block_size,
-        mode: args.mode,
-        engine: args.engine.clone(),
-        eviction: args.eviction,
-        backing_moved: args.backing_moved,
-    };
     // Mistakes in the arguments are refused before anything is opened (a recovery run and
     // then undone by a refused address would leave a clean cache marked unclean).
     if args.socket.is_none() && !args.listen.ip().is_loopback() && !args.allow_remote {
@@ -304,117 +284,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     }
     let tls = args.tls.config()?;
     tls.load().map_err(|e| format!("TLS: {e}"))?;
-    if let Some(dir) = cache.parent().filter(|d| !d.as_os_str().is_empty())
-        && !dir.is_dir()
-    {
-        return Err(format!(
-            "the directory of the cache medium {} does not exist: {}",
-            cache.display(),
-            dir.display()
-        ));
-    }
-    let mut cleaner_config = pmcache_engine::CleanerConfig::default();
-    cleaner_config
-        .set_all(args.cleaner.iter().map(String::as_str))
-        .map_err(|e| format!("--cleaner: {e}"))?;
-    // The control socket first: a second server on a live cache is refused before it opens
-    // (and so touches) the medium. It is removed only when the cache is marked clean, which is
-    // what an online `pmcache detach` waits for.
-    let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&cache));
-    let control_listener = control::bind(&control_path)?;
-    let mut control_file = RemoveOnDrop(Some(control_path.clone()));
-    if let Some(socket) = &args.socket {
-        remove_stale_socket(socket)?;
-    }
-    // A backing store whose newest blocks may be in a volatile cache that is gone is refused
-    // before the medium is opened (or created).
-    let state_path = args.state_file.clone().unwrap_or_else(|| state::default_path(&backing));
-    let overrode = check_state(&state_path, &cache, args.accept_stale_backing)?;
     // One lane per connection, plus two for control requests (a flush without a cleaner
     // drains through a lane) and the cleaner's.
-    let max_lanes = args.max_connections + 3;
-    let (engine, opened) = open_or_format(&cache_args, max_lanes)?;
-    match &opened {
-        Opened::Formatted => eprintln!("pmcache: formatted {} as a new cache", cache.display()),
-        Opened::Attached(report) => eprintln!(
-            "pmcache: attached {} ({} shutdown): {} clean and {} dirty blocks, {} made dirty by the synced rule, {} torn and {} corrupt entries dropped, in {:.1} ms",
-            cache.display(),
-            if report.was_clean_shutdown { "clean" } else { "unclean" },
-            report.clean,
-            report.dirty,
-            report.clean_made_dirty,
-            report.torn,
-            report.corrupt,
-            report.duration_ns as f64 / 1e6
-        ),
-    }
-    if let Opened::Attached(report) = &opened
-        && report.synced_seq_invalid
-    {
-        eprintln!(
-            "pmcache: warning: the synced sequence word was corrupt; taken as 0, so every clean \
-             block was made dirty (it will be written back again)"
-        );
-    }
-    // A volatile medium: the attachment is recorded (the backing store possibly stale) before
-    // any client can write.
-    let kind = engine.medium().kind();
-    let file_system = FileSystem::of_path(&cache)
-        .map(|fs| fs.name)
-        .unwrap_or_else(|e| format!("a file system that could not be read ({e})"));
-    let volatile = (kind == MediumKind::Volatile).then(|| file_system.clone());
-    if kind == MediumKind::Msync {
-        eprintln!(
-            "pmcache: the cache medium is in msync mode ({file_system}): every persist waits for \
-             msync(MS_SYNC) of its pages, so each write waits for the device"
-        );
-    }
-    let uuid = engine.superblock().uuid;
-    match &volatile {
-        Some(fs) => {
-            let may_dirty = matches!(args.mode, CacheMode::WriteBack | CacheMode::WriteOnly)
-                || engine.dirty_slots() > 0;
-            let record = state::Record {
-                backing: state::absolute(&backing),
-                cache: state::absolute(&cache),
-                cache_uuid: uuid,
-                cache_volatile: true,
-                backing_stale: may_dirty,
-                updated_unix_secs: state::now_unix_secs(),
-            };
-            state::store(&state_path, &record)?;
-            eprintln!(
-                "pmcache: the cache medium is volatile ({fs}: lost at a reboot): a stop writes \
-                 every dirty block back first; the attachment is recorded in {}",
-                state_path.display()
-            );
-        }
-        // A record that was overridden would refuse the next start again: it no longer
-        // describes this backing store.
-        None if overrode => state::remove(&state_path)?,
-        None => {}
-    }
-    // The engine lives as long as the process; lanes borrow it from the connection threads.
-    let engine: &'static CacheEngine = Box::leak(Box::new(engine));
-    let mut cleaner = engine.cleaner(cleaner_config).map_err(|e| format!("cleaner: {e}"))?;
-    // Set before the cleaner is stopped when every dirty block is to be written back (a
-    // volatile medium, or a detach): the cleaner's thread then does it after its run, through
-    // the cleaner's queue, which belongs to that thread.
-    let write_back_all = Arc::new(AtomicBool::new(false));
-    let cleaner_thread = {
-        let write_back_all = write_back_all.clone();
-        std::thread::Builder::new()
-            .name("pmcache-cleaner".into())
-            .spawn(move || {
-                cleaner.run(|note| {
-                    if let Some(note) = note {
-                        eprintln!("pmcache: {note}; the cleaner runs at a fixed priority");
-                    }
-                });
-                write_back_all.load(Ordering::SeqCst).then(|| cleaner.drain())
-            })
-            .map_err(|e| format!("starting the cleaner: {e}"))?
-    };
+    let mut serving = Serving::open(&args, args.max_connections + 3, || match &args.socket {
+        Some(socket) => remove_stale_socket(socket),
+        None => Ok(()),
+    })?;
+    let engine = serving.engine;
     let listen = match &args.socket {
         Some(path) => ListenAddr::Unix(path.clone()),
         None => ListenAddr::Tcp(args.listen),
@@ -434,266 +310,23 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     }
     let server =
         Server::bind(config, Arc::new(CacheExport { engine })).map_err(|e| e.to_string())?;
-    let shutdown = server.shutdown_handle();
-    let detach = Arc::new(AtomicBool::new(false));
-
-    {
-        let shutdown = shutdown.clone();
-        let detach = detach.clone();
-        std::thread::Builder::new()
-            .name("pmcache-control".into())
-            .spawn(move || control::serve(control_listener, engine, shutdown, detach))
-            .map_err(|e| e.to_string())?;
-    }
-    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
-    {
-        let shutdown = shutdown.clone();
-        let lost = if volatile.is_some() {
-            " (the medium is volatile: a reboot before that start loses the blocks not written \
-             back)"
-        } else {
-            ""
-        };
-        let then = if volatile.is_some() {
-            "every dirty block is written back (the medium is volatile) and the cache is marked \
-             clean"
-        } else {
-            "the cache is marked clean"
-        };
-        std::thread::Builder::new()
-            .name("pmcache-signals".into())
-            .spawn(move || {
-                let mut received = signals.forever();
-                if received.next().is_some() {
-                    eprintln!(
-                        "pmcache: shutting down: requests in flight finish, then {then} (a \
-                         second SIGINT or SIGTERM stops at once)"
-                    );
-                    shutdown.shutdown();
-                }
-                // A shutdown can wait (a client that stopped reading is cut after a grace
-                // period; a detach writes everything back): a second signal ends the process
-                // at once. Nothing acknowledged is lost by that: every acknowledged write is
-                // already durable on the medium, and the next start recovers the cache as
-                // after a crash (unclean shutdown).
-                if let Some(signal) = received.next() {
-                    eprintln!(
-                        "pmcache: second signal: stopping at once, without a clean shutdown; \
-                         acknowledged writes are on the medium and the next start recovers \
-                         them{lost}"
-                    );
-                    std::process::exit(128 + signal);
-                }
-            })
-            .map_err(|e| e.to_string())?;
-    }
-
+    serving.start_control(server.shutdown_handle())?;
     let uri = server.local_addr().nbd_uri(&args.export);
     print_how_to_connect(
         &server.local_addr(),
         &args.export,
         &uri,
-        &cache,
-        &backing,
+        &serving.cache,
+        &serving.backing,
         engine,
-        &control_path,
+        &serving.control_path,
     );
     if let Some(lines) = args.tls.how_to_connect(&server.local_addr(), &args.export) {
         println!("{lines}");
     }
-    // From here the control socket stays unless the cache is marked clean: an online
-    // `pmcache detach` takes its removal for "every block written back and the cache marked
-    // clean", and a socket nobody answers on for a stop without that (an error, or a panic
-    // unwinding through here).
-    control_file.keep();
+    serving.keep_control_socket();
     let served = server.run().map_err(|e| e.to_string());
-    let detaching = detach.load(Ordering::SeqCst);
-    let writing_back = detaching || volatile.is_some();
-    write_back_all.store(writing_back, Ordering::SeqCst);
-    let total = engine.dirty_slots();
-    engine.stop_cleaner();
-    // Every dirty block written back by the cleaner's thread after its run (its queue belongs
-    // to that thread), when asked for above; this thread shows the progress.
-    if writing_back {
-        let started = Instant::now();
-        let mut progress = Progress::new(total, &backing);
-        while !cleaner_thread.is_finished() {
-            progress.update(total.saturating_sub(engine.dirty_slots()));
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        progress.finish(total.saturating_sub(engine.dirty_slots()), started.elapsed());
-    }
-    let written_back = cleaner_thread
-        .join()
-        .map_err(|_| "the cleaner thread panicked".to_string())?
-        .map(|drained| drained.map_err(|e| e.to_string()));
-    match written_back {
-        Some(Err(e)) if detaching => {
-            return Err(format!(
-                "write-back before detach failed: {e}; the cache keeps its dirty blocks (nothing \
-                 acknowledged is lost) and was not marked clean"
-            ));
-        }
-        Some(Err(e)) => {
-            return Err(format!(
-                "write-back before stopping failed: {e}; the cache was not marked clean and keeps \
-                 its dirty blocks on {} (nothing acknowledged is lost while the medium lasts), \
-                 but that medium is volatile ({}): a reboot loses them. Make the backing store \
-                 take writes again, then start pmcache again on the same cache (it recovers \
-                 them) and stop or detach it",
-                cache.display(),
-                volatile.as_deref().unwrap_or("tmpfs")
-            ));
-        }
-        Some(Ok(_)) | None => {}
-    }
-    // Connection threads have ended and dropped their lanes (the cleaner too); a control
-    // request may still hold one for a moment.
-    let mut attempts = 0;
-    loop {
-        match engine.shutdown() {
-            Err(Error::LanesOpen { .. }) if attempts < 600 => {
-                attempts += 1;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => return Err(format!("clean shutdown failed: {e}")),
-            Ok(()) => break,
-        }
-    }
-    // The backing store holds every block now: recorded before the control socket goes (an
-    // online `detach` waits for that).
-    let recorded = if written_back.is_some() {
-        state::mark_backing_complete(&state_path, &cache, uuid)
-    } else {
-        Ok(false)
-    };
-    let _ = std::fs::remove_file(&control_path);
-    let what = match (detaching, written_back.is_some()) {
-        (true, _) => " and detached (every block written back)",
-        (false, true) => " (every block written back: the medium is volatile)",
-        (false, false) => "",
-    };
-    eprintln!("pmcache: {}: cache marked clean{what}", cache.display());
-    match recorded {
-        Ok(true) => {
-            eprintln!("pmcache: {}: the backing store holds every block", state_path.display())
-        }
-        Ok(false) => {}
-        Err(e) => {
-            return Err(format!(
-                "{e}; the cache was written back and marked clean, but the state file still \
-                 says the backing store may lack blocks: if the medium is lost, start with \
-                 --accept-stale-backing"
-            ));
-        }
-    }
-    served
-}
-
-/// Reads the state file and refuses (with what happened, what is lost and how to go on) a
-/// backing store whose newest blocks may be in a volatile cache that is gone, or that is
-/// still there but is not `cache`. Returns whether a refusal was overridden by
-/// `--accept-stale-backing`.
-fn check_state(path: &Path, cache: &Path, accept: bool) -> Result<bool, String> {
-    let record = match state::load(path) {
-        Ok(Some(record)) => record,
-        Ok(None) => return Ok(false),
-        Err(e) if accept => {
-            eprintln!("pmcache: warning: {e}; starting anyway (--accept-stale-backing)");
-            return Ok(true);
-        }
-        Err(e) => {
-            return Err(format!(
-                "{e}. It records whether the backing store may lack blocks held by a volatile \
-                 cache; inspect it, or pass --accept-stale-backing to start anyway"
-            ));
-        }
-    };
-    let now = state::probe_medium(&record.cache);
-    let same = state::same_file(&record.cache, cache);
-    match state::check(&record, now, same) {
-        Ok(()) => Ok(false),
-        Err(refusal) => {
-            let message = state::refusal_message(&refusal, &record, path, cache);
-            if !accept {
-                return Err(message);
-            }
-            eprintln!("pmcache: warning: --accept-stale-backing: {message}");
-            eprintln!("pmcache: starting anyway: the backing store is served as it is");
-            Ok(true)
-        }
-    }
-}
-
-/// Progress of the final write-back (the dirty count, polled) on stderr: a bar on a terminal,
-/// otherwise a line at the start, at each quarter and at the end.
-struct Progress {
-    total: u64,
-    bar: Option<ProgressBar>,
-    quarters_said: u64,
-}
-
-impl Progress {
-    fn new(total: u64, backing: &Path) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "pmcache: writing back {bar:40} {pos}/{len} dirty blocks ({eta})",
-                )
-                .expect("valid template"),
-            );
-            bar
-        });
-        if bar.is_none() {
-            eprintln!("pmcache: writing back {total} dirty blocks to {}", backing.display());
-        }
-        Self { total, bar, quarters_said: 0 }
-    }
-
-    fn update(&mut self, cleaned: u64) {
-        match &self.bar {
-            Some(bar) => bar.set_position(cleaned.min(self.total)),
-            None if self.total > 0 => {
-                let quarters = (cleaned.min(self.total) * 4 / self.total).min(3);
-                if quarters > self.quarters_said {
-                    self.quarters_said = quarters;
-                    eprintln!("pmcache: written back {cleaned} of {} dirty blocks", self.total);
-                }
-            }
-            None => {}
-        }
-    }
-
-    fn finish(&self, cleaned: u64, took: Duration) {
-        if let Some(bar) = &self.bar {
-            bar.set_position(cleaned.min(self.total));
-            bar.abandon();
-        }
-        eprintln!(
-            "pmcache: write-back ended after {:.1} s: {cleaned} of {} blocks written back",
-            took.as_secs_f64(),
-            self.total
-        );
-    }
-}
-
-/// Removes a file when dropped (the control socket, on every way out of `run` but those that
-/// `keep` it).
-struct RemoveOnDrop(Option<PathBuf>);
-
-impl RemoveOnDrop {
-    fn keep(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if let Some(path) = &self.0 {
-            let _ = std::fs::remove_file(path);
-        }
-    }
+    serving.finish(served)
 }
 
 /// Removes a unix socket left behind by a server that was killed (nothing answers on it), so
@@ -722,18 +355,7 @@ fn print_how_to_connect(
     engine: &CacheEngine,
     control: &Path,
 ) {
-    let slots = engine.superblock().geometry.slot_count;
-    println!(
-        "pmcache: serving {} ({} cache, medium: {}, {} slots of {} B, {}) in front of {} ({})",
-        cache.display(),
-        human(engine.superblock().geometry.medium_bytes),
-        engine.medium().kind(),
-        slots,
-        engine.block_size(),
-        engine.mode(),
-        backing.display(),
-        human(engine.size_bytes())
-    );
+    print_serving(cache, backing, engine);
     println!("  NBD URI:     {uri}");
     println!("  qemu-io:     qemu-io -f raw {uri}");
     println!("  nbdinfo:     nbdinfo {uri}");
@@ -753,5 +375,20 @@ fn print_how_to_connect(
     println!(
         "  stop:        Ctrl-C (clean shutdown), or `pmcache detach --cache {}`",
         cache.display()
+    );
+}
+
+/// The startup line: the cache (size, medium kind, slots, mode) in front of its backing store.
+pub(crate) fn print_serving(cache: &Path, backing: &Path, engine: &CacheEngine) {
+    println!(
+        "pmcache: serving {} ({} cache, medium: {}, {} slots of {} B, {}) in front of {} ({})",
+        cache.display(),
+        human(engine.superblock().geometry.medium_bytes),
+        engine.medium().kind(),
+        engine.superblock().geometry.slot_count,
+        engine.block_size(),
+        engine.mode(),
+        backing.display(),
+        human(engine.size_bytes())
     );
 }

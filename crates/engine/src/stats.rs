@@ -32,7 +32,9 @@ macro_rules! counters {
 
         impl LaneCounters {
             pub(crate) fn add_to(&self, stats: &mut Stats) {
-                $(stats.$name += self.$name.load(Ordering::Relaxed);)*
+                // Wrapping: `dirty_delta` counts down as well as up (a lane's share may be
+                // "negative"), so the sum of the lanes' shares wraps by design.
+                $(stats.$name = stats.$name.wrapping_add(self.$name.load(Ordering::Relaxed));)*
             }
         }
 

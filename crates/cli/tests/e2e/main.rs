@@ -5,7 +5,8 @@
 //! kill -9 of the server mid-write and recovery on restart, and the write-back at a stop on a
 //! volatile medium with the refusal to start over a backing store whose cache was lost, and
 //! the kinds of medium (a disk file refused, or served in msync mode), block status and
-//! oversized requests, and a soak with stalled and misbehaving clients beside 16 verifying ones.
+//! oversized requests, a soak with stalled and misbehaving clients beside 16 verifying ones,
+//! and `serve --ublk` refused on a kernel without the ublk driver.
 //!
 //! A missing client binary fails the test with the apt package to install.
 
@@ -21,4 +22,5 @@ mod raw_socket;
 mod requests;
 mod soak;
 mod tls;
+mod ublk;
 mod volatile;

@@ -1,0 +1,498 @@
+//! What both frontends of `pmcache serve` (NBD in `crate::serve`, ublk in `crate::ublk`) do
+//! around serving: open the cache (format or attach, after binding its control socket and
+//! checking the state file of a volatile medium), start the cleaner, serve the control socket
+//! and stop the frontend on SIGINT or SIGTERM, and at the end write back what must be, mark
+//! the cache clean and remove the control socket.
+
+use std::io::IsTerminal;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use pmcache_engine::{CacheMode, Error};
+use pmcache_media::{FileSystem, MediumKind};
+use pmcache_nbd::ShutdownHandle;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use crate::cache::{CacheArgs, CacheEngine, Opened, open_or_format};
+use crate::control;
+use crate::serve::{DEFAULT_BACKING, DEFAULT_CACHE, ServeArgs, default_control_path};
+use crate::state;
+
+const DEFAULT_BACKING_BYTES: u64 = 8 << 30;
+
+fn ensure_default_backing(path: &Path) -> Result<(), String> {
+    if path.exists() {
+        return Ok(());
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    std::fs::File::create(path)
+        .and_then(|f| f.set_len(DEFAULT_BACKING_BYTES))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The cache a frontend serves, with what goes with it for as long as it is served: the
+/// control socket, the state file of a volatile medium, the cleaner's thread. Both frontends
+/// (NBD here, ublk in `crate::ublk`) open it, serve, and finish it.
+pub(crate) struct Serving {
+    /// The engine, for the whole process.
+    pub(crate) engine: &'static CacheEngine,
+    /// The cache medium's path.
+    pub(crate) cache: PathBuf,
+    /// The backing store's path.
+    pub(crate) backing: PathBuf,
+    /// The control socket's path.
+    pub(crate) control_path: PathBuf,
+    control_listener: Option<UnixListener>,
+    control_file: RemoveOnDrop,
+    state_path: PathBuf,
+    uuid: [u8; 16],
+    /// The file system of a volatile medium.
+    volatile: Option<String>,
+    write_back_all: Arc<AtomicBool>,
+    cleaner_thread: std::thread::JoinHandle<Option<pmcache_engine::Result<u64>>>,
+    detach: Arc<AtomicBool>,
+}
+
+/// What the control socket and the signals stop: the running frontend.
+pub(crate) trait Frontend: Clone + Send + 'static {
+    /// Stops serving: requests in flight finish, then the frontend's `run` returns.
+    fn stop(&self);
+
+    /// The frontend's own counters for `pmcache stats`.
+    fn stats(&self) -> Vec<(&'static str, u64)>;
+}
+
+impl Frontend for ShutdownHandle {
+    fn stop(&self) {
+        self.shutdown();
+    }
+
+    fn stats(&self) -> Vec<(&'static str, u64)> {
+        let server = ShutdownHandle::stats(self);
+        vec![
+            ("connections_open", server.connections_open),
+            ("connections_accepted", server.connections_accepted),
+            ("connections_refused_at_limit", server.connections_refused_at_limit),
+            ("connections_dropped_write_timeout", server.connections_dropped_write_timeout),
+            ("connections_dropped_idle", server.connections_dropped_idle),
+        ]
+    }
+}
+
+impl Serving {
+    /// Opens (formats or attaches) the cache of `args` with room for `max_lanes` lanes, after
+    /// binding its control socket and calling `before_open`, and starts its cleaner.
+    pub(crate) fn open(
+        args: &ServeArgs,
+        max_lanes: usize,
+        before_open: impl FnOnce() -> Result<(), String>,
+    ) -> Result<Self, String> {
+        let embedded = args.backing.is_none();
+        let backing = args.backing.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_BACKING));
+        if embedded {
+            ensure_default_backing(&backing)?;
+        }
+        let cache = args.cache.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE));
+        let cache_args = CacheArgs {
+            cache: cache.clone(),
+            medium_sync: args.medium_sync,
+            backing: backing.clone(),
+            cache_size: args.cache_size,
+            block_size: args.block_size,
+            mode: args.mode,
+            engine: args.engine.clone(),
+            eviction: args.eviction,
+            backing_moved: args.backing_moved,
+        };
+        if let Some(dir) = cache.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            return Err(format!(
+                "the directory of the cache medium {} does not exist: {}",
+                cache.display(),
+                dir.display()
+            ));
+        }
+        let mut cleaner_config = pmcache_engine::CleanerConfig::default();
+        cleaner_config
+            .set_all(args.cleaner.iter().map(String::as_str))
+            .map_err(|e| format!("--cleaner: {e}"))?;
+        // The control socket first: a second server on a live cache is refused before it
+        // opens (and so touches) the medium. It is removed only when the cache is marked
+        // clean, which is what an online `pmcache detach` waits for.
+        let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&cache));
+        let control_listener = control::bind(&control_path)?;
+        let control_file = RemoveOnDrop(Some(control_path.clone()));
+        before_open()?;
+        // A backing store whose newest blocks may be in a volatile cache that is gone is
+        // refused before the medium is opened (or created).
+        let state_path = args.state_file.clone().unwrap_or_else(|| state::default_path(&backing));
+        let overrode = check_state(&state_path, &cache, args.accept_stale_backing)?;
+        let (engine, opened) = open_or_format(&cache_args, max_lanes)?;
+        report_opened(&cache, &opened);
+        // A volatile medium: the attachment is recorded (the backing store possibly stale)
+        // before any client can write.
+        let kind = engine.medium().kind();
+        let file_system = FileSystem::of_path(&cache)
+            .map(|fs| fs.name)
+            .unwrap_or_else(|e| format!("a file system that could not be read ({e})"));
+        let volatile = (kind == MediumKind::Volatile).then(|| file_system.clone());
+        if kind == MediumKind::Msync {
+            eprintln!(
+                "pmcache: the cache medium is in msync mode ({file_system}): every persist waits \
+                 for msync(MS_SYNC) of its pages, so each write waits for the device"
+            );
+        }
+        let uuid = engine.superblock().uuid;
+        match &volatile {
+            Some(fs) => {
+                let may_dirty = matches!(args.mode, CacheMode::WriteBack | CacheMode::WriteOnly)
+                    || engine.dirty_slots() > 0;
+                let record = state::Record {
+                    backing: state::absolute(&backing),
+                    cache: state::absolute(&cache),
+                    cache_uuid: uuid,
+                    cache_volatile: true,
+                    backing_stale: may_dirty,
+                    updated_unix_secs: state::now_unix_secs(),
+                };
+                state::store(&state_path, &record)?;
+                eprintln!(
+                    "pmcache: the cache medium is volatile ({fs}: lost at a reboot): a stop \
+                     writes every dirty block back first; the attachment is recorded in {}",
+                    state_path.display()
+                );
+            }
+            // A record that was overridden would refuse the next start again: it no longer
+            // describes this backing store.
+            None if overrode => state::remove(&state_path)?,
+            None => {}
+        }
+        // The engine lives as long as the process; lanes borrow it from the serving threads.
+        let engine: &'static CacheEngine = Box::leak(Box::new(engine));
+        let mut cleaner = engine.cleaner(cleaner_config).map_err(|e| format!("cleaner: {e}"))?;
+        // Set before the cleaner is stopped when every dirty block is to be written back (a
+        // volatile medium, or a detach): the cleaner's thread then does it after its run,
+        // through the cleaner's queue, which belongs to that thread.
+        let write_back_all = Arc::new(AtomicBool::new(false));
+        let cleaner_thread = {
+            let write_back_all = write_back_all.clone();
+            std::thread::Builder::new()
+                .name("pmcache-cleaner".into())
+                .spawn(move || {
+                    cleaner.run(|note| {
+                        if let Some(note) = note {
+                            eprintln!("pmcache: {note}; the cleaner runs at a fixed priority");
+                        }
+                    });
+                    write_back_all.load(Ordering::SeqCst).then(|| cleaner.drain())
+                })
+                .map_err(|e| format!("starting the cleaner: {e}"))?
+        };
+        Ok(Self {
+            engine,
+            cache,
+            backing,
+            control_path,
+            control_listener: Some(control_listener),
+            control_file,
+            state_path,
+            uuid,
+            volatile,
+            write_back_all,
+            cleaner_thread,
+            detach: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// Serves the control socket and stops `frontend` on SIGINT or SIGTERM (a second signal
+    /// ends the process at once).
+    pub(crate) fn start_control(&mut self, frontend: impl Frontend) -> Result<(), String> {
+        let engine = self.engine;
+        if let Some(listener) = self.control_listener.take() {
+            let frontend = frontend.clone();
+            let detach = self.detach.clone();
+            std::thread::Builder::new()
+                .name("pmcache-control".into())
+                .spawn(move || control::serve(listener, engine, frontend, detach))
+                .map_err(|e| e.to_string())?;
+        }
+        let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
+        let volatile = self.volatile.is_some();
+        let lost = if volatile {
+            " (the medium is volatile: a reboot before that start loses the blocks not written \
+             back)"
+        } else {
+            ""
+        };
+        let then = if volatile {
+            "every dirty block is written back (the medium is volatile) and the cache is marked \
+             clean"
+        } else {
+            "the cache is marked clean"
+        };
+        std::thread::Builder::new()
+            .name("pmcache-signals".into())
+            .spawn(move || {
+                let mut received = signals.forever();
+                if received.next().is_some() {
+                    eprintln!(
+                        "pmcache: shutting down: requests in flight finish, then {then} (a \
+                         second SIGINT or SIGTERM stops at once)"
+                    );
+                    frontend.stop();
+                }
+                // A shutdown can wait (a client that stopped reading is cut after a grace
+                // period; a detach writes everything back): a second signal ends the process
+                // at once. Nothing acknowledged is lost by that: every acknowledged write is
+                // already durable on the medium, and the next start recovers the cache as
+                // after a crash (unclean shutdown).
+                if let Some(signal) = received.next() {
+                    eprintln!(
+                        "pmcache: second signal: stopping at once, without a clean shutdown; \
+                         acknowledged writes are on the medium and the next start recovers \
+                         them{lost}"
+                    );
+                    std::process::exit(128 + signal);
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// From here the control socket stays unless the cache is marked clean: an online
+    /// `pmcache detach` takes its removal for "every block written back and the cache marked
+    /// clean", and a socket nobody answers on for a stop without that (an error, or a panic
+    /// unwinding through here).
+    pub(crate) fn keep_control_socket(&mut self) {
+        self.control_file.keep();
+    }
+
+    /// After the frontend has stopped (`served` is how): stops the cleaner, writes every
+    /// dirty block back if detaching or on a volatile medium, marks the cache clean, removes
+    /// the control socket.
+    pub(crate) fn finish(self, served: Result<(), String>) -> Result<(), String> {
+        let Self { engine, cache, backing, control_path, state_path, uuid, volatile, .. } = self;
+        let detaching = self.detach.load(Ordering::SeqCst);
+        let writing_back = detaching || volatile.is_some();
+        self.write_back_all.store(writing_back, Ordering::SeqCst);
+        let total = engine.dirty_slots();
+        engine.stop_cleaner();
+        // Every dirty block written back by the cleaner's thread after its run (its queue
+        // belongs to that thread), when asked for above; this thread shows the progress.
+        if writing_back {
+            let started = Instant::now();
+            let mut progress = Progress::new(total, &backing);
+            while !self.cleaner_thread.is_finished() {
+                progress.update(total.saturating_sub(engine.dirty_slots()));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            progress.finish(total.saturating_sub(engine.dirty_slots()), started.elapsed());
+        }
+        let written_back = self
+            .cleaner_thread
+            .join()
+            .map_err(|_| "the cleaner thread panicked".to_string())?
+            .map(|drained| drained.map_err(|e| e.to_string()));
+        match written_back {
+            Some(Err(e)) if detaching => {
+                return Err(format!(
+                    "write-back before detach failed: {e}; the cache keeps its dirty blocks \
+                     (nothing acknowledged is lost) and was not marked clean"
+                ));
+            }
+            Some(Err(e)) => {
+                return Err(format!(
+                    "write-back before stopping failed: {e}; the cache was not marked clean and \
+                     keeps its dirty blocks on {} (nothing acknowledged is lost while the medium \
+                     lasts), but that medium is volatile ({}): a reboot loses them. Make the \
+                     backing store take writes again, then start pmcache again on the same \
+                     cache (it recovers them) and stop or detach it",
+                    cache.display(),
+                    volatile.as_deref().unwrap_or("tmpfs")
+                ));
+            }
+            Some(Ok(_)) | None => {}
+        }
+        // The frontend's threads have ended and dropped their lanes (the cleaner too); a
+        // control request may still hold one for a moment.
+        let mut attempts = 0;
+        loop {
+            match engine.shutdown() {
+                Err(Error::LanesOpen { .. }) if attempts < 600 => {
+                    attempts += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(format!("clean shutdown failed: {e}")),
+                Ok(()) => break,
+            }
+        }
+        // The backing store holds every block now: recorded before the control socket goes
+        // (an online `detach` waits for that).
+        let recorded = if written_back.is_some() {
+            state::mark_backing_complete(&state_path, &cache, uuid)
+        } else {
+            Ok(false)
+        };
+        let _ = std::fs::remove_file(&control_path);
+        let what = match (detaching, written_back.is_some()) {
+            (true, _) => " and detached (every block written back)",
+            (false, true) => " (every block written back: the medium is volatile)",
+            (false, false) => "",
+        };
+        eprintln!("pmcache: {}: cache marked clean{what}", cache.display());
+        match recorded {
+            Ok(true) => {
+                eprintln!("pmcache: {}: the backing store holds every block", state_path.display())
+            }
+            Ok(false) => {}
+            Err(e) => {
+                return Err(format!(
+                    "{e}; the cache was written back and marked clean, but the state file still \
+                     says the backing store may lack blocks: if the medium is lost, start with \
+                     --accept-stale-backing"
+                ));
+            }
+        }
+        served
+    }
+}
+
+/// The startup report of the cache opened: formatted, or attached with what recovery found.
+fn report_opened(cache: &Path, opened: &Opened) {
+    match opened {
+        Opened::Formatted => eprintln!("pmcache: formatted {} as a new cache", cache.display()),
+        Opened::Attached(report) => eprintln!(
+            "pmcache: attached {} ({} shutdown): {} clean and {} dirty blocks, {} made dirty by the synced rule, {} torn and {} corrupt entries dropped, in {:.1} ms",
+            cache.display(),
+            if report.was_clean_shutdown { "clean" } else { "unclean" },
+            report.clean,
+            report.dirty,
+            report.clean_made_dirty,
+            report.torn,
+            report.corrupt,
+            report.duration_ns as f64 / 1e6
+        ),
+    }
+    if let Opened::Attached(report) = opened
+        && report.synced_seq_invalid
+    {
+        eprintln!(
+            "pmcache: warning: the synced sequence word was corrupt; taken as 0, so every clean \
+             block was made dirty (it will be written back again)"
+        );
+    }
+}
+
+/// Reads the state file and refuses (with what happened, what is lost and how to go on) a
+/// backing store whose newest blocks may be in a volatile cache that is gone, or that is
+/// still there but is not `cache`. Returns whether a refusal was overridden by
+/// `--accept-stale-backing`.
+fn check_state(path: &Path, cache: &Path, accept: bool) -> Result<bool, String> {
+    let record = match state::load(path) {
+        Ok(Some(record)) => record,
+        Ok(None) => return Ok(false),
+        Err(e) if accept => {
+            eprintln!("pmcache: warning: {e}; starting anyway (--accept-stale-backing)");
+            return Ok(true);
+        }
+        Err(e) => {
+            return Err(format!(
+                "{e}. It records whether the backing store may lack blocks held by a volatile \
+                 cache; inspect it, or pass --accept-stale-backing to start anyway"
+            ));
+        }
+    };
+    let now = state::probe_medium(&record.cache);
+    let same = state::same_file(&record.cache, cache);
+    match state::check(&record, now, same) {
+        Ok(()) => Ok(false),
+        Err(refusal) => {
+            let message = state::refusal_message(&refusal, &record, path, cache);
+            if !accept {
+                return Err(message);
+            }
+            eprintln!("pmcache: warning: --accept-stale-backing: {message}");
+            eprintln!("pmcache: starting anyway: the backing store is served as it is");
+            Ok(true)
+        }
+    }
+}
+
+/// Progress of the final write-back (the dirty count, polled) on stderr: a bar on a terminal,
+/// otherwise a line at the start, at each quarter and at the end.
+struct Progress {
+    total: u64,
+    bar: Option<ProgressBar>,
+    quarters_said: u64,
+}
+
+impl Progress {
+    fn new(total: u64, backing: &Path) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "pmcache: writing back {bar:40} {pos}/{len} dirty blocks ({eta})",
+                )
+                .expect("valid template"),
+            );
+            bar
+        });
+        if bar.is_none() {
+            eprintln!("pmcache: writing back {total} dirty blocks to {}", backing.display());
+        }
+        Self { total, bar, quarters_said: 0 }
+    }
+
+    fn update(&mut self, cleaned: u64) {
+        match &self.bar {
+            Some(bar) => bar.set_position(cleaned.min(self.total)),
+            None if self.total > 0 => {
+                let quarters = (cleaned.min(self.total) * 4 / self.total).min(3);
+                if quarters > self.quarters_said {
+                    self.quarters_said = quarters;
+                    eprintln!("pmcache: written back {cleaned} of {} dirty blocks", self.total);
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn finish(&self, cleaned: u64, took: Duration) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(cleaned.min(self.total));
+            bar.abandon();
+        }
+        eprintln!(
+            "pmcache: write-back ended after {:.1} s: {cleaned} of {} blocks written back",
+            took.as_secs_f64(),
+            self.total
+        );
+    }
+}
+
+/// Removes a file when dropped (the control socket, on every way out of `run` but those that
+/// `keep` it).
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl RemoveOnDrop {
+    fn keep(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! `pmcache serve --ublk` on a kernel without the ublk driver: refused before anything is
+//! opened, with an error that names the missing control device and says what to do (load
+//! `ublk_drv`, or serve over NBD). The device itself runs only where the driver is (the QEMU
+//! guest of `scripts/guest/`).
+
+use std::path::Path;
+
+use crate::common::*;
+
+/// Without `/dev/ublk-control`, `serve --ublk` fails at once: the error names the control
+/// device, `modprobe ublk_drv` and NBD, and neither the cache medium nor the control socket
+/// is created.
+#[test]
+fn serve_ublk_without_the_driver_is_refused_and_says_what_to_do() {
+    if Path::new("/dev/ublk-control").exists() {
+        eprintln!("skipped: this kernel has the ublk driver (/dev/ublk-control exists)");
+        return;
+    }
+    let setup = Setup::new("ublk-missing", 64 * MIB, 4 * MIB);
+    let (cache, backing, control) = (setup.cache_arg(), setup.backing_arg(), setup.control_arg());
+    let out = setup.pmcache(&[
+        "serve",
+        "--ublk",
+        "--ublk-queues",
+        "2",
+        "--cache",
+        &cache,
+        "--cache-size",
+        "4M",
+        "--backing",
+        &backing,
+        "--control",
+        &control,
+    ]);
+    assert!(!out.status.success(), "serve --ublk started without the driver");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for part in ["/dev/ublk-control does not exist", "modprobe ublk_drv", "NBD"] {
+        assert!(err.contains(part), "missing {part:?} in: {err}");
+    }
+    assert!(!setup.cache.exists(), "a refused serve --ublk created the cache medium");
+    assert!(!setup.control.exists(), "a refused serve --ublk left a control socket");
+}
+
+/// The ublk options are refused without `--ublk`, and `--ublk` with NBD's listening options.
+#[test]
+fn ublk_options_need_ublk_and_exclude_nbds() {
+    let setup = Setup::new("ublk-args", 64 * MIB, 4 * MIB);
+    let (cache, backing) = (setup.cache_arg(), setup.backing_arg());
+    let base = ["serve", "--cache", &cache, "--backing", &backing];
+    for extra in [&["--ublk-queues", "2"][..], &["--ublk", "--socket", "/tmp/x.sock"][..]] {
+        let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
+        let out = setup.pmcache(&args);
+        assert!(!out.status.success(), "{extra:?} accepted");
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: not a usage error");
+        assert!(!setup.cache.exists(), "{extra:?}: created the cache medium");
+    }
+}

@@ -1,0 +1,30 @@
+//! ublk frontend for pmcache: the cache as a kernel block device (`/dev/ublkbN`) served from
+//! userspace through the kernel's ublk driver (Linux 6.0 and later, module `ublk_drv`).
+//!
+//! - [`mapping`]: the pure request mapping — a ublk I/O descriptor decoded into a
+//!   [`Request`], validated against the device's [`Geometry`], and an outcome turned into the
+//!   completion result (bytes done or a negative errno). No kernel needed; unit-tested.
+//! - [`target`]: the [`Target`] trait a queue serves (one per queue: the cache gives each its
+//!   own engine lane), with batch hooks, and [`TargetError`] (an errno).
+//! - [`queue`]: the [`Dispatcher`] of one queue — the requests it received together served
+//!   as batches (reads together, writes together: group commit), one completion per tag.
+//!   Pure as well: `pmcache bench ublk-mapping` measures it without a kernel.
+//! - [`device`]: the device itself through libublk — added, served one thread per queue,
+//!   stopped from another thread, deleted.
+//!
+//! `docs/UBLK.md` at the repository root says what is served and how to run it.
+
+#![forbid(unsafe_code)]
+
+pub mod device;
+pub mod mapping;
+pub mod queue;
+pub mod target;
+
+/// The per-tag I/O buffer the device uses (libublk's, 4096-byte aligned).
+pub use libublk::helpers::IoBuf;
+
+pub use device::{CONTROL_PATH, Device, DeviceConfig, DeviceError, Started, Stopper, check_driver};
+pub use mapping::{Geometry, IoDesc, MapError, Request};
+pub use queue::Dispatcher;
+pub use target::{BatchRead, BatchWrite, Target, TargetError};

@@ -1,0 +1,106 @@
+//! The target abstraction: what a ublk queue serves.
+//!
+//! Each queue of the device has its own [`Target`] (the cache gives each one its own engine
+//! lane), called only from that queue's thread, and only with requests that
+//! [`crate::mapping::decode`] has validated: non-empty, in range, aligned to the logical block
+//! size, reads and writes no longer than a tag's buffer. Failures are values: a
+//! [`TargetError`] carries an errno, which the completion turns into one the block layer
+//! reports ([`crate::mapping::error_result`]).
+
+/// An operating error from a target: an errno plus context for the log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{context}: {}", std::io::Error::from_raw_os_error(*.errno))]
+pub struct TargetError {
+    errno: i32,
+    context: String,
+}
+
+impl TargetError {
+    /// An error with an errno (`libc::EIO`, ...) and a short description.
+    pub fn new(errno: i32, context: impl Into<String>) -> Self {
+        Self { errno, context: context.into() }
+    }
+
+    /// The errno.
+    pub fn errno(&self) -> i32 {
+        self.errno
+    }
+
+    /// The context given at construction.
+    pub fn context(&self) -> &str {
+        &self.context
+    }
+}
+
+/// One write of a batch (see [`Target::write_batch`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchWrite<'a> {
+    /// Byte offset on the device.
+    pub offset_bytes: u64,
+    /// The payload.
+    pub data: &'a [u8],
+    /// Durable on return.
+    pub fua: bool,
+}
+
+/// One read of a batch (see [`Target::read_batch`]).
+#[derive(Debug)]
+pub struct BatchRead<'a> {
+    /// Byte offset on the device.
+    pub offset_bytes: u64,
+    /// Where the bytes go; its length is the read's length.
+    pub buf: &'a mut [u8],
+}
+
+/// One queue's view of the device. Called from the queue's thread only, with validated
+/// requests. `fua` means: durable before returning.
+pub trait Target {
+    /// Fills `buf` with the bytes at `offset_bytes`.
+    fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), TargetError>;
+
+    /// Writes `data` at `offset_bytes`.
+    fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), TargetError>;
+
+    /// Writes that the queue received together, pushing one result per write, in order, onto
+    /// `outcomes` (passed in empty). The kernel does not order requests it has in flight
+    /// together, so writes to the same bytes may take effect in any order. The default writes
+    /// them one by one; a target that shares work between them (the cache's group commit)
+    /// overrides it.
+    fn write_batch(
+        &mut self,
+        writes: &[BatchWrite<'_>],
+        outcomes: &mut Vec<Result<(), TargetError>>,
+    ) {
+        for w in writes {
+            outcomes.push(self.write(w.offset_bytes, w.data, w.fua));
+        }
+    }
+
+    /// Reads that the queue received together, filling each `buf` and pushing one result per
+    /// read, in order, onto `outcomes` (passed in empty). A failed read fails alone. The
+    /// default reads them one by one; a target that shares work between them overrides it.
+    fn read_batch(
+        &mut self,
+        reads: &mut [BatchRead<'_>],
+        outcomes: &mut Vec<Result<(), TargetError>>,
+    ) {
+        for r in reads {
+            outcomes.push(self.read(r.offset_bytes, r.buf));
+        }
+    }
+
+    /// Makes every write completed before this call durable.
+    fn flush(&mut self) -> Result<(), TargetError>;
+
+    /// Discards a range: its contents are unspecified until rewritten.
+    fn discard(&mut self, offset_bytes: u64, len_bytes: u64) -> Result<(), TargetError>;
+
+    /// Makes a range read as zeroes; `may_unmap` allows deallocating it.
+    fn write_zeroes(
+        &mut self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fua: bool,
+        may_unmap: bool,
+    ) -> Result<(), TargetError>;
+}
