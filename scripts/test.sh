@@ -31,6 +31,9 @@ scripts/guest/nbd-kernel-e2e.sh
 echo "== pmcache serve --ublk in a QEMU guest: mkfs.ext4, mount, fio verify, detach, fsck"
 scripts/guest/ublk-e2e.sh
 
+echo "== serve --ublk in a QEMU guest: kill -9 under fio, take-over (--recover), re-attach"
+scripts/guest/ublk-recovery-e2e.sh
+
 echo "== bench smoke runs"
 cargo build --release -p pmcache-cli
 ./target/release/pmcache bench core --quick

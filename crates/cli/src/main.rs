@@ -41,7 +41,8 @@ enum LogFormat {
 /// log written to a file or a pipe carries no escape codes.
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // libublk logs each control device it opens at info: its own lines from warn on.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,libublk=warn"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -75,6 +76,8 @@ enum Command {
     Detach(manage::DetachArgs),
     /// Run an experiment and print its figures beside their baselines.
     Bench(bench::BenchArgs),
+    /// List ublk devices, or remove one a server that died left behind.
+    Ublk(ublk::UblkArgs),
 }
 
 fn main() -> ExitCode {
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
         Command::Flush(args) => manage::flush(args),
         Command::Detach(args) => manage::detach(args),
         Command::Bench(args) => bench::run(args),
+        Command::Ublk(args) => ublk::manage(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

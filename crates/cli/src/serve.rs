@@ -121,6 +121,13 @@ pub struct ServeArgs {
     /// ublk tags per queue: the requests each queue can have in flight.
     #[arg(long, value_name = "N", default_value_t = 128, requires = "ublk")]
     pub ublk_depth: u16,
+    /// Take over /dev/ublkbN, left by a server of this cache that died (user recovery): the
+    /// cache is recovered from its medium, the device keeps its number, queues and depth, and
+    /// a file system mounted on it carries on. Refused for a device of another cache, a
+    /// device still served, or one added without user recovery (`pmcache ublk list` shows
+    /// them all).
+    #[arg(long, value_name = "N", requires = "ublk")]
+    pub recover: Option<u32>,
     /// Start although the state file records that the backing store may lack blocks that only
     /// a volatile cache held, and that cache is gone (or is not the one given): those blocks
     /// are abandoned, and the backing store is served as it is.

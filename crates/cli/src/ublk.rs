@@ -3,14 +3,21 @@
 //! requests a queue received together served as the engine's batches. The cache, the
 //! cleaner, the control socket and the stop are those of NBD serving (`crate::serving`);
 //! SIGINT or SIGTERM stops the device (the driver lets in-flight requests complete), then
-//! the device is deleted and the cache marked clean.
+//! the device is deleted and the cache marked clean. A server killed leaves the device (user
+//! recovery); `--recover N` takes it over, and `pmcache ublk remove N` deletes it.
 
 use pmcache_engine::{Error, ReadRequest, WriteRequest};
 use pmcache_ublk::{
-    BatchRead, BatchWrite, Device, DeviceConfig, Started, Stopper, Target, TargetError,
+    BatchRead, BatchWrite, Device, DeviceConfig, DeviceInfo, OwnerTag, Started, Stopper, Target,
+    TargetError, recovery,
 };
 
-use crate::serve::{CacheConn, ServeArgs};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use pmcache_engine::format::{HEADER_BYTES, Superblock};
+
+use crate::serve::{CacheConn, DEFAULT_CACHE, ServeArgs};
 use crate::serving::{Frontend, Serving};
 
 /// Largest read or write a request carries: each tag's buffer (per queue: depth × this).
@@ -106,19 +113,44 @@ impl Frontend for UblkFrontend {
     }
 }
 
-/// Serves the cache as `/dev/ublkbN` until SIGINT, SIGTERM or `pmcache detach`.
+/// Serves the cache as `/dev/ublkbN` until SIGINT, SIGTERM or `pmcache detach`; with
+/// `--recover N`, takes over device N, left by a server of this cache that died.
 pub fn run(args: ServeArgs) -> Result<(), String> {
     // Without the driver nothing is opened: the error says what to load, or to use NBD.
     pmcache_ublk::check_driver().map_err(|e| e.to_string())?;
-    let (queues, depth) = (args.ublk_queues, args.ublk_depth);
+    // A device taken over keeps its queues and depth: read them before the lanes are sized.
+    let takeover = args.recover.map(recovery::probe).transpose().map_err(|e| e.to_string())?;
+    // Refusals that depend only on the medium's identity come before the medium is opened
+    // (opening runs recovery; a refused start would then stop cleanly, writing back).
+    let cache = args.cache.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE));
+    if let Some(owner) = owner_of_medium(&cache) {
+        match &takeover {
+            // The device's shape is checked against the cache's once it is open.
+            Some(info) => {
+                let (size, block) = (info.size_bytes, info.logical_block_bytes);
+                if let Some(why) = recovery::takeover_refusal(info, owner, size, block) {
+                    return Err(why);
+                }
+            }
+            None => refuse_orphans(owner)?,
+        }
+    }
+    let (queues, depth) =
+        takeover.as_ref().map_or((args.ublk_queues, args.ublk_depth), |d| (d.queues, d.depth));
     // One lane per queue, plus two for control requests and the cleaner's.
     let mut serving = Serving::open(&args, usize::from(queues) + 3, || Ok(()))?;
-    let served = serve_device(&mut serving, queues, depth);
+    let served = serve_device(&mut serving, queues, depth, takeover.as_ref());
     serving.finish(served)
 }
 
-/// Adds the device over the opened cache and serves it until it is stopped.
-fn serve_device(serving: &mut Serving, queues: u16, depth: u16) -> Result<(), String> {
+/// Adds the device over the opened cache (or takes over `takeover`) and serves it until it
+/// is stopped.
+fn serve_device(
+    serving: &mut Serving,
+    queues: u16,
+    depth: u16,
+    takeover: Option<&DeviceInfo>,
+) -> Result<(), String> {
     let engine = serving.engine;
     let block = engine.block_size();
     let config = DeviceConfig {
@@ -129,8 +161,13 @@ fn serve_device(serving: &mut Serving, queues: u16, depth: u16) -> Result<(), St
         physical_block_bytes: block,
         max_io_bytes: MAX_IO_BYTES.max(block),
         user_recovery: true,
+        owner: OwnerTag::of_uuid(&engine.superblock().uuid),
     };
-    let device = Device::add(config).map_err(|e| e.to_string())?;
+    let device = match takeover {
+        Some(info) => Device::recover(info.id, config),
+        None => Device::add(config),
+    }
+    .map_err(|e| e.to_string())?;
     let targets = (0..queues)
         .map(|_| engine.lane().map(|lane| CacheConn { lane }))
         .collect::<Result<Vec<_>, _>>()
@@ -143,10 +180,25 @@ fn serve_device(serving: &mut Serving, queues: u16, depth: u16) -> Result<(), St
     device
         .run(targets, move |started: &Started| {
             crate::serve::print_serving(&cache, &backing, engine);
-            let recovery = if started.user_recovery { "on" } else { "not offered by the driver" };
             let device = started.block_path.display();
-            println!("  ublk device: {device} ({queues} queues of depth {depth}, user recovery {recovery})");
-            println!("  format:      mkfs.ext4 {device}");
+            let id = started.id;
+            if started.recovered {
+                println!("  ublk device: {device}, taken over ({queues} queues of depth {depth})");
+            } else {
+                println!("  ublk device: {device} ({queues} queues of depth {depth})");
+                println!("  format:      mkfs.ext4 {device}");
+            }
+            if started.user_recovery {
+                println!(
+                    "  if killed:   the device stays; `pmcache serve --ublk --recover {id}` with \
+                     the same cache takes it over"
+                );
+            } else {
+                println!(
+                    "  if killed:   the device fails its requests (this kernel offers no user \
+                     recovery); a restart serves a new device"
+                );
+            }
             println!("  stats:       pmcache stats --control {}", control.display());
             println!(
                 "  stop:        Ctrl-C or SIGTERM (the device is removed once the requests in \
@@ -155,4 +207,89 @@ fn serve_device(serving: &mut Serving, queues: u16, depth: u16) -> Result<(), St
             );
         })
         .map_err(|e| e.to_string())
+}
+
+/// The owner tag of the cache on the medium at `path`, from its superblock; `None` when there
+/// is no medium there or it has no valid superblock (then no device can be its).
+fn owner_of_medium(path: &Path) -> Option<OwnerTag> {
+    let mut file = std::fs::File::open(path).ok()?;
+    let medium_bytes = file.metadata().ok()?.len();
+    let mut header = [0u8; HEADER_BYTES];
+    file.read_exact(&mut header).ok()?;
+    let superblock = Superblock::decode(&header, medium_bytes).ok()?;
+    Some(OwnerTag::of_uuid(&superblock.uuid))
+}
+
+/// Refuses to add a device for a cache that a device left by a dead server still holds: the
+/// file system mounted on it would wait forever, and its blocks are this cache's.
+fn refuse_orphans(owner: OwnerTag) -> Result<(), String> {
+    // Listing is best effort: a device that cannot be read is not this cache's orphan.
+    let devices = recovery::list().unwrap_or_default();
+    match devices.iter().find(|d| d.owner == owner && d.orphaned()) {
+        None => Ok(()),
+        Some(orphan) => Err(format!(
+            "/dev/ublkb{id} ({state}, left by process {pid}) serves this cache: take it over \
+             with `pmcache serve --ublk --recover {id}` (a file system mounted on it carries \
+             on), or remove it with `pmcache ublk remove {id}` (its waiting requests fail) and \
+             start again",
+            id = orphan.id,
+            state = orphan.state,
+            pid = orphan.server_pid,
+        )),
+    }
+}
+
+/// `pmcache ublk`: the ublk devices there are, and removing one a dead server left.
+#[derive(clap::Args)]
+pub struct UblkArgs {
+    #[command(subcommand)]
+    command: UblkCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum UblkCommand {
+    /// List the ublk devices: state, server, queues, size, and whether a successor can take
+    /// them over.
+    List,
+    /// Remove device N, which no running server holds (left by one that died): requests
+    /// waiting on it fail, and a file system mounted on it sees I/O errors. The cache keeps
+    /// every acknowledged write; `pmcache serve --ublk` serves it again on a new device.
+    Remove {
+        /// The device number N of /dev/ublkbN.
+        id: u32,
+    },
+}
+
+/// Runs `pmcache ublk …`.
+pub fn manage(args: UblkArgs) -> Result<(), String> {
+    match args.command {
+        UblkCommand::List => {
+            let devices = recovery::list().map_err(|e| e.to_string())?;
+            if devices.is_empty() {
+                println!("no ublk devices");
+            }
+            for d in devices {
+                let server = if d.server_alive { "running" } else { "gone" };
+                let recovery = match (d.user_recovery, d.orphaned()) {
+                    (false, _) => "no user recovery",
+                    (true, true) => "can be taken over",
+                    (true, false) => "user recovery on",
+                };
+                println!(
+                    "/dev/ublkb{}: {}, server {} ({server}), {} queues of depth {}, {} B, owner \
+                     {:#018x}, {recovery}",
+                    d.id, d.state, d.server_pid, d.queues, d.depth, d.size_bytes, d.owner.0
+                );
+            }
+            Ok(())
+        }
+        UblkCommand::Remove { id } => {
+            recovery::remove(id).map_err(|e| e.to_string())?;
+            println!(
+                "removed /dev/ublkb{id}: its number is free once nothing holds it (unmount a \
+                 file system mounted on it)"
+            );
+            Ok(())
+        }
+    }
 }

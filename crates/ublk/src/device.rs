@@ -10,9 +10,9 @@
 //!
 //! [`Device::add`] creates the device (with `UBLK_F_USER_RECOVERY` and, where offered,
 //! `UBLK_F_USER_RECOVERY_REISSUE`, when asked for and the driver offers them: a server that
-//! dies leaves the device to a successor); [`Device::run`] serves it until it is stopped
-//! ([`Stopper::stop`]: the driver lets in-flight requests complete, then ends the queues) and
-//! deletes it.
+//! dies leaves the device to a successor, which takes it over with [`Device::recover`]);
+//! [`Device::run`] serves it until it is stopped ([`Stopper::stop`]: the driver lets
+//! in-flight requests complete, then ends the queues) and deletes it.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -23,6 +23,7 @@ use libublk::{BufDesc, BufDescList, UblkError, UblkFlags, UblkIORes, UblkUringDa
 
 use crate::mapping::{self, Geometry, IoDesc, SECTOR_BYTES};
 use crate::queue::Dispatcher;
+use crate::recovery::OwnerTag;
 use crate::target::Target;
 
 /// The ublk driver's control device.
@@ -65,9 +66,12 @@ pub enum DeviceError {
     /// The control device exists but cannot be used.
     #[error("{CONTROL_PATH}: {0} (adding a ublk device needs root, or CAP_SYS_ADMIN)")]
     ControlAccess(std::io::Error),
-    /// A configuration the driver would refuse.
-    #[error("ublk device configuration: {0}")]
+    /// A configuration the driver would refuse, or a device that cannot be used as asked.
+    #[error("ublk device: {0}")]
     Config(String),
+    /// There is no such device.
+    #[error("there is no ublk device {0} (/dev/ublkc{0} does not exist)")]
+    NoDevice(u32),
     /// A libublk call failed.
     #[error("ublk: {what}: {}", describe(.source))]
     Ublk {
@@ -89,7 +93,7 @@ fn describe(e: &UblkError) -> String {
     }
 }
 
-fn ublk(what: &'static str) -> impl FnOnce(UblkError) -> DeviceError {
+pub(crate) fn ublk(what: &'static str) -> impl FnOnce(UblkError) -> DeviceError {
     move |source| DeviceError::Ublk { what, source }
 }
 
@@ -122,6 +126,8 @@ pub struct DeviceConfig {
     pub max_io_bytes: u32,
     /// Ask for user recovery (`UBLK_F_USER_RECOVERY`) where the driver offers it.
     pub user_recovery: bool,
+    /// The cache served, recorded in the device (see [`crate::recovery`]).
+    pub owner: OwnerTag,
 }
 
 impl DeviceConfig {
@@ -204,11 +210,13 @@ impl DeviceConfig {
     }
 }
 
-/// The control flags asked of the driver: user recovery with re-issue where `features` (what
-/// the driver offers, `UBLK_U_CMD_GET_FEATURES`; `None` on kernels before 6.5, which cannot
-/// say) has them and `user_recovery` asks for it.
+/// The control flags asked of the driver: user recovery with re-issue when `user_recovery`
+/// asks for it and `features` (what the driver offers, `UBLK_U_CMD_GET_FEATURES`) has them.
+/// Kernels before 6.5 cannot list their features (`None`): both are asked for, and the
+/// driver clears from a new device's flags those it does not know (its feature negotiation),
+/// so the flags read back after the add say what is on.
 pub fn control_flags(user_recovery: bool, features: Option<u64>) -> u64 {
-    let offered = |flag: u64| features.is_some_and(|f| f & flag != 0);
+    let offered = |flag: u64| features.is_none_or(|f| f & flag != 0);
     let recovery = u64::from(sys::UBLK_F_USER_RECOVERY);
     let reissue = u64::from(sys::UBLK_F_USER_RECOVERY_REISSUE);
     if !user_recovery || !offered(recovery) {
@@ -220,8 +228,10 @@ pub fn control_flags(user_recovery: bool, features: Option<u64>) -> u64 {
 /// A device added to the driver, not yet serving. Dropped without [`Device::run`], it is
 /// deleted.
 pub struct Device {
-    ctrl: Arc<UblkCtrl>,
-    config: DeviceConfig,
+    pub(crate) ctrl: Arc<UblkCtrl>,
+    pub(crate) config: DeviceConfig,
+    /// Taken over from a server that died ([`Device::recover`]), rather than added.
+    pub(crate) recovered: bool,
 }
 
 /// What the started device is, given to `run`'s `started` callback.
@@ -233,6 +243,8 @@ pub struct Started {
     pub block_path: PathBuf,
     /// User recovery is on: a server that dies leaves the device for a successor.
     pub user_recovery: bool,
+    /// The device was taken over from a server that died.
+    pub recovered: bool,
 }
 
 /// Entries of the control ring a [`Stopper`] opens on its thread.
@@ -278,10 +290,13 @@ impl Device {
             .depth(config.depth)
             .io_buf_bytes(config.max_io_bytes)
             .ctrl_flags(flags)
+            .ctrl_target_flags(config.owner.0)
             .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
             .build()
             .map_err(ublk("adding the device"))?;
-        Ok(Self { ctrl: Arc::new(ctrl), config })
+        // The flags the driver kept (it clears those it does not know).
+        ctrl.read_dev_info().map_err(ublk("reading the new device's information"))?;
+        Ok(Self { ctrl: Arc::new(ctrl), config, recovered: false })
     }
 
     /// The device number N.
@@ -331,17 +346,22 @@ impl Device {
                 None => tracing::error!(queue, "ublk queue started twice"),
             }
         };
-        let user_recovery = self.user_recovery();
+        let (user_recovery, recovered) = (self.user_recovery(), self.recovered);
         let on_started = move |ctrl: &UblkCtrl| {
             started(&Started {
                 id: ctrl.dev_info().dev_id,
                 block_path: PathBuf::from(ctrl.get_bdev_path()),
                 user_recovery,
+                recovered,
             });
         };
         self.ctrl.run_target(init, serve, on_started).map_err(ublk("serving the device"))?;
-        // The queues have ended and the device is stopped: deleting it is left to the control's
-        // drop (here, unless a `Stopper` is upgraded at this moment: then at its end).
+        // The queues have ended and the device is stopped. An added device is deleted by the
+        // control's drop (here, unless a `Stopper` is upgraded at this moment: then at its
+        // end); one taken over is deleted here.
+        if recovered {
+            self.ctrl.del_dev().map_err(ublk("deleting the device"))?;
+        }
         Ok(())
     }
 }
@@ -410,6 +430,7 @@ mod tests {
             physical_block_bytes: 4096,
             max_io_bytes: 1 << 20,
             user_recovery: true,
+            owner: OwnerTag(1),
         }
     }
 
@@ -452,12 +473,15 @@ mod tests {
         }
     }
 
-    /// User recovery (with re-issue where offered) only when asked for and offered.
+    /// User recovery (with re-issue where offered) only when asked for and not known to be
+    /// missing.
     #[test]
     fn user_recovery_only_where_offered() {
         let recovery = u64::from(sys::UBLK_F_USER_RECOVERY);
         let reissue = u64::from(sys::UBLK_F_USER_RECOVERY_REISSUE);
-        assert_eq!(control_flags(true, None), 0);
+        // A kernel that cannot list its features is asked for both.
+        assert_eq!(control_flags(true, None), recovery | reissue);
+        assert_eq!(control_flags(false, None), 0);
         assert_eq!(control_flags(false, Some(u64::MAX)), 0);
         assert_eq!(control_flags(true, Some(recovery)), recovery);
         assert_eq!(control_flags(true, Some(recovery | reissue)), recovery | reissue);

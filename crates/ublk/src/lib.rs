@@ -11,6 +11,8 @@
 //!   Pure as well: `pmcache bench ublk-mapping` measures it without a kernel.
 //! - [`device`]: the device itself through libublk — added, served one thread per queue,
 //!   stopped from another thread, deleted.
+//! - [`recovery`]: devices a server that died left behind (user recovery): described,
+//!   listed, removed, or taken over by a new server of the same cache.
 //!
 //! `docs/UBLK.md` at the repository root says what is served and how to run it.
 
@@ -19,6 +21,7 @@
 pub mod device;
 pub mod mapping;
 pub mod queue;
+pub mod recovery;
 pub mod target;
 
 /// The per-tag I/O buffer the device uses (libublk's, 4096-byte aligned).
@@ -27,4 +30,5 @@ pub use libublk::helpers::IoBuf;
 pub use device::{CONTROL_PATH, Device, DeviceConfig, DeviceError, Started, Stopper, check_driver};
 pub use mapping::{Geometry, IoDesc, MapError, Request};
 pub use queue::Dispatcher;
+pub use recovery::{DeviceInfo, DeviceState, OwnerTag};
 pub use target::{BatchRead, BatchWrite, Target, TargetError};

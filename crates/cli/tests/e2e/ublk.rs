@@ -47,11 +47,49 @@ fn ublk_options_need_ublk_and_exclude_nbds() {
     let setup = Setup::new("ublk-args", 64 * MIB, 4 * MIB);
     let (cache, backing) = (setup.cache_arg(), setup.backing_arg());
     let base = ["serve", "--cache", &cache, "--backing", &backing];
-    for extra in [&["--ublk-queues", "2"][..], &["--ublk", "--socket", "/tmp/x.sock"][..]] {
+    for extra in [
+        &["--ublk-queues", "2"][..],
+        &["--recover", "0"][..],
+        &["--ublk", "--socket", "/tmp/x.sock"][..],
+    ] {
         let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
         let out = setup.pmcache(&args);
         assert!(!out.status.success(), "{extra:?} accepted");
         assert_eq!(out.status.code(), Some(2), "{extra:?}: not a usage error");
         assert!(!setup.cache.exists(), "{extra:?}: created the cache medium");
     }
+}
+
+/// Without the driver, a take-over (`serve --ublk --recover N`) and `pmcache ublk list` and
+/// `remove` fail with the same precise message, and nothing is created.
+#[test]
+fn recovery_and_device_management_without_the_driver_say_what_to_do() {
+    if Path::new("/dev/ublk-control").exists() {
+        eprintln!("skipped: this kernel has the ublk driver (/dev/ublk-control exists)");
+        return;
+    }
+    let setup = Setup::new("ublk-recover-missing", 64 * MIB, 4 * MIB);
+    let (cache, backing, control) = (setup.cache_arg(), setup.backing_arg(), setup.control_arg());
+    let serve = [
+        "serve",
+        "--ublk",
+        "--recover",
+        "3",
+        "--cache",
+        &cache,
+        "--backing",
+        &backing,
+        "--control",
+        &control,
+    ];
+    for args in [&serve[..], &["ublk", "list"][..], &["ublk", "remove", "3"][..]] {
+        let out = setup.pmcache(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        for part in ["/dev/ublk-control does not exist", "modprobe ublk_drv"] {
+            assert!(err.contains(part), "{args:?}: missing {part:?} in: {err}");
+        }
+    }
+    assert!(!setup.cache.exists(), "a refused take-over created the cache medium");
+    assert!(!setup.control.exists(), "a refused take-over left a control socket");
 }

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Crash and take-over of `pmcache serve --ublk`, in the QEMU guest of run-in-guest.sh (this
+# host's kernel has no ublk_drv). In the guest, over a backing file on the guest's ext4 disk,
+# a 16 MiB cache in /dev/shm served as /dev/ublkb0 with an ext4 file system mounted on it:
+#
+#  0. fio writes and fsyncs a first set of files ("keep"), verified later.
+#  1. Take-over: fio writes and verifies (crc32c) 32 MiB; the server is killed with SIGKILL
+#     while fio runs; /dev/ublkb0 stays (user recovery) and `pmcache ublk list` shows it can be
+#     taken over; a fresh `pmcache serve --ublk` of the same cache is refused, naming the
+#     device; `pmcache serve --ublk --recover 0` recovers the cache from its medium and takes
+#     the device over; fio finishes with every block verified and no I/O error.
+#  2. Re-attach: fio writes again; the server is killed again; `pmcache ublk remove 0` deletes
+#     the device (fio fails: its device is gone); the file system is unmounted; a fresh process
+#     serves the same medium on a new device; the file system mounts (journal replayed),
+#     every block of the fsynced files of steps 0 and 1 verifies, and e2fsck -fn finds it
+#     clean. SIGTERM stops the server and removes the device.
+#
+#   scripts/guest/ublk-recovery-e2e.sh
+#
+# Builds `pmcache` (profile test-opt) and installs fio and e2fsprogs on the host when missing
+# (their binaries and libraries are copied into the guest).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+here=scripts/guest
+export PMCACHE_GUEST_KERNEL_SUITE="${PMCACHE_GUEST_KERNEL_SUITE-bookworm-backports}"
+start=$SECONDS
+
+as_root() { if ((EUID == 0)); then "$@"; else sudo "$@"; fi; }
+missing=()
+for tool in fio:fio mkfs.ext4:e2fsprogs e2fsck:e2fsprogs; do
+  command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
+done
+if ((${#missing[@]})); then
+  as_root apt-get update -q
+  as_root apt-get install -y -q "${missing[@]}"
+fi
+
+echo "== building pmcache (profile test-opt)"
+cargo build --profile test-opt -p pmcache-cli
+exe="${CARGO_TARGET_DIR:-target}/test-opt/pmcache"
+exe=$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")
+
+script=$(mktemp "${TMPDIR:-/tmp}/ublk-recovery-e2e.XXXXXX.sh")
+trap 'rm -f "$script"' EXIT
+cat > "$script" <<GUEST
+set -eu
+PM=$exe
+B=/mnt/nvme/backing.img
+M=/mnt/fs
+C=/dev/shm/cache.pm
+SERVE="\$PM serve --ublk --cache \$C --cache-size 16M --backing \$B --control /tmp/pm.ctl"
+fail() { echo "ublk-recovery-e2e: FAILED: \$*"; tail -n 30 /tmp/serve*.log 2>/dev/null; exit 1; }
+wait_for() { # wait_for TEST WHAT: up to 60 s
+  i=0; while ! eval "\$1"; do i=\$((i+1)); [ \$i -lt 600 ] || fail "\$2"; sleep 0.1; done
+}
+# fio JOB SIZE EXTRA...: 2 jobs of 4 KiB random writes over SIZE each, verified (crc32c);
+# each file is fsynced at the end of its write phase.
+fio_job() {
+  name=\$1 size=\$2; shift 2
+  fio --name=\$name --directory=\$M --ioengine=psync --direct=1 --rw=randwrite --bs=4k \\
+    --size=\$size --numjobs=2 --verify=crc32c --verify_fatal=1 --end_fsync=1 \\
+    --verify_state_save=0 --group_reporting "\$@"
+}
+kill_server_under_fio() { # kill_server_under_fio FIO_PID: SIGKILL once fio has written
+  sleep 4
+  kill -0 \$1 2>/dev/null || fail "fio ended before the server was killed"
+  kill -KILL \$SERVER; wait \$SERVER 2>/dev/null || true
+  echo "ublk-recovery-e2e: server killed (SIGKILL) under fio"
+}
+
+rm -f \$C \$B.pmcache-state
+dd if=/dev/zero of=\$B bs=1M count=0 seek=512 2>/dev/null
+\$SERVE > /tmp/serve0.log 2>&1 &
+SERVER=\$!
+wait_for "[ -b /dev/ublkb0 ]" "no /dev/ublkb0"
+grep -q "recover 0" /tmp/serve0.log || fail "user recovery is not on"
+mkfs.ext4 -q -F /dev/ublkb0 || fail "mkfs.ext4"
+mkdir -p \$M && mount -t ext4 /dev/ublkb0 \$M || fail "mount"
+fio_job keep 4m --do_verify=1 > /tmp/fio-keep.log 2>&1 || { cat /tmp/fio-keep.log; fail "fio keep"; }
+
+echo "== 1. kill -9 under fio, take-over with --recover"
+fio_job crash1 16m --do_verify=1 > /tmp/fio1.log 2>&1 &
+FIO=\$!
+kill_server_under_fio \$FIO
+[ -b /dev/ublkb0 ] || fail "/dev/ublkb0 went with the server"
+wait_for "\$PM ublk list | grep -q 'ublkb0: .*can be taken over'" "ublk list never showed device 0 as orphaned"
+\$PM ublk list
+if \$SERVE > /tmp/refused.log 2>&1; then fail "a fresh serve of the cache was not refused"; fi
+grep -q "recover 0" /tmp/refused.log || { cat /tmp/refused.log; fail "the refusal does not name --recover 0"; }
+echo "ublk-recovery-e2e: a fresh serve is refused: \$(grep -o '/dev/ublkb0 (.*) serves this cache' /tmp/refused.log)"
+\$SERVE --recover 0 > /tmp/serve1.log 2>&1 &
+SERVER=\$!
+wait_for "grep -q 'taken over' /tmp/serve1.log" "no take-over"
+grep -q "unclean shutdown" /tmp/serve1.log || { cat /tmp/serve1.log; fail "no recovery of the medium reported"; }
+wait \$FIO || { cat /tmp/fio1.log; fail "fio under the take-over"; }
+grep -q "err= 0" /tmp/fio1.log || { cat /tmp/fio1.log; fail "fio reported errors"; }
+grep -E "WRITE:|READ:" /tmp/fio1.log
+echo "ublk-recovery-e2e: fio carried on through the take-over, every block verified"
+
+echo "== 2. kill -9 under fio, device removed, medium re-attached by a fresh process"
+fio_job crash2 16m --do_verify=1 > /tmp/fio2.log 2>&1 &
+FIO=\$!
+kill_server_under_fio \$FIO
+wait_for "\$PM ublk list | grep -q 'ublkb0: .*can be taken over'" "device 0 never orphaned"
+\$PM ublk remove 0 || fail "ublk remove"
+if wait \$FIO; then fail "fio did not see its device go"; fi
+umount \$M || umount -l \$M || fail "umount after removal"
+wait_for "[ ! -e /dev/ublkc0 ]" "device 0 never went"
+\$SERVE > /tmp/serve2.log 2>&1 &
+SERVER=\$!
+wait_for "[ -b /dev/ublkb0 ]" "no /dev/ublkb0 after re-attaching"
+grep -q "unclean shutdown" /tmp/serve2.log || { cat /tmp/serve2.log; fail "no recovery of the medium reported"; }
+mount -t ext4 /dev/ublkb0 \$M || fail "mount after re-attaching"
+for job in keep:4m crash1:16m; do
+  fio_job \${job%%:*} \${job#*:} --verify_only > /tmp/fio-v.log 2>&1 || { cat /tmp/fio-v.log; fail "verify of \${job%%:*}"; }
+done
+echo "ublk-recovery-e2e: every fsynced block of keep and crash1 verified after re-attaching"
+umount \$M
+e2fsck -fn /dev/ublkb0 > /tmp/fsck.log 2>&1 || { cat /tmp/fsck.log; fail "e2fsck after re-attaching"; }
+echo "ublk-recovery-e2e: e2fsck -fn: clean"
+kill -TERM \$SERVER; wait \$SERVER || fail "serve exited with \$? on SIGTERM"
+[ ! -b /dev/ublkb0 ] || fail "/dev/ublkb0 is still there after SIGTERM"
+echo "ublk-recovery-e2e: OK"
+GUEST
+
+echo "== pmcache serve --ublk: crash and take-over in the guest"
+"$here/run-in-guest.sh" --timeout 900 --mem 2048 --disk-mib 1024 ${PMCACHE_GUEST_ARGS:-} \
+  --copy "$exe" --copy "$(command -v fio)" \
+  --copy "$(command -v mkfs.ext4)" --copy "$(command -v e2fsck)" --copy "$script" \
+  -- sh "$script"
+echo "ublk-recovery-e2e: passed ($((SECONDS - start)) s in all)"
