@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# fio 4 KiB random reads and writes at queue depth 1 and 32 on four block devices in one QEMU
+# guest (run-in-guest.sh; this host's kernel has no ublk_drv or nbd), in rounds that
+# alternate between them:
+#
+#   null-copy      rublk's ublk null target, copying data as pmcache does (the ublk frontend
+#                  alone: the driver, the io_uring commands and the copy, no target work)
+#   null-usercopy  the same with UBLK_F_USER_COPY: the null target never reads the data, so
+#                  this is the frontend without the copy
+#   pmcache-ublk   pmcache serve --ublk (1 queue of depth 128)
+#   pmcache-nbd    pmcache serve on a Unix socket, through the kernel's NBD client
+#
+# Both caches are 256 MiB in /dev/shm over a 1 GiB backing file; fio works on the first
+# 128 MiB, written and flushed first, so reads are hits and writes overwrite cached blocks.
+# The guest is emulated (TCG): only ratios within the run mean anything. Prints the median
+# IOPS of each device and case and the ratios to the null target.
+#
+#   scripts/guest/ublk-bench.sh [ROUNDS (3)] [SECONDS per run (5)]
+#
+# Needs rublk (`cargo install rublk`; RUBLK=path, or found in PATH, or installed under
+# target/rublk), nbd-client and fio on the host (installed when missing); builds pmcache in
+# release.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+here=scripts/guest
+export PMCACHE_GUEST_KERNEL_SUITE="${PMCACHE_GUEST_KERNEL_SUITE-bookworm-backports}"
+rounds="${1:-3}"
+seconds="${2:-5}"
+
+as_root() { if ((EUID == 0)); then "$@"; else sudo "$@"; fi; }
+missing=()
+for tool in nbd-client:nbd-client fio:fio; do
+  command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
+done
+if ((${#missing[@]})); then
+  as_root apt-get update -q
+  as_root apt-get install -y -q "${missing[@]}"
+fi
+rublk="${RUBLK:-$(command -v rublk || true)}"
+if [[ -z "$rublk" ]]; then
+  rublk="$PWD/target/rublk/bin/rublk"
+  [[ -x "$rublk" ]] || cargo install rublk --locked --root target/rublk
+fi
+
+echo "== building pmcache (release)"
+cargo build --release -p pmcache-cli
+exe="${CARGO_TARGET_DIR:-target}/release/pmcache"
+exe=$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")
+commit=$(git rev-parse --short HEAD)
+
+script=$(mktemp "${TMPDIR:-/tmp}/ublk-bench.XXXXXX.sh")
+out=$(mktemp "${TMPDIR:-/tmp}/ublk-bench.XXXXXX.log")
+trap 'rm -f "$script" "$out"' EXIT
+cat > "$script" <<GUEST
+set -eu
+PM=$exe
+RUBLK=$rublk
+fail() { echo "ublk-bench: FAILED: \$*"; tail -n 20 /tmp/*.log 2>/dev/null; exit 1; }
+wait_for() { i=0; while ! eval "\$1"; do i=\$((i+1)); [ \$i -lt 600 ] || fail "\$2"; sleep 0.1; done; }
+for b in u n; do dd if=/dev/zero of=/mnt/nvme/\$b.img bs=1M count=0 seek=1024 2>/dev/null; done
+\$PM serve --ublk --cache /dev/shm/u.pm --cache-size 256M --backing /mnt/nvme/u.img \\
+  --control /tmp/u.ctl > /tmp/serve-ublk.log 2>&1 &
+wait_for "[ -b /dev/ublkb0 ]" "no /dev/ublkb0"
+\$PM serve --cache /dev/shm/n.pm --cache-size 256M --backing /mnt/nvme/n.img \\
+  --socket /tmp/nbd.sock --control /tmp/n.ctl > /tmp/serve-nbd.log 2>&1 &
+wait_for "[ -S /tmp/nbd.sock ]" "no NBD socket"
+nbd-client -u /tmp/nbd.sock /dev/nbd0 -N pmcache -b 4096 > /dev/null || fail "nbd-client"
+\$RUBLK add null -n 1 -q 1 -d 128 --quiet > /tmp/rublk1.log 2>&1 || fail "rublk null"
+\$RUBLK add null -n 2 -q 1 -d 128 -u --quiet > /tmp/rublk2.log 2>&1 || fail "rublk null -u"
+wait_for "[ -b /dev/ublkb1 ] && [ -b /dev/ublkb2 ]" "no rublk devices"
+for dev in /dev/ublkb0 /dev/nbd0; do
+  fio --name=fill --filename=\$dev --rw=write --bs=1M --size=128M --direct=1 \\
+    --ioengine=libaio --iodepth=4 > /tmp/fill.log 2>&1 || fail "filling \$dev"
+done
+\$PM flush --control /tmp/u.ctl > /dev/null 2>&1 && \$PM flush --control /tmp/n.ctl > /dev/null 2>&1
+echo "ublk-bench: 4 devices up; \$(nproc) vCPUs; $rounds rounds of $seconds s runs"
+for round in \$(seq 1 $rounds); do
+  for case in randread:1 randread:32 randwrite:1 randwrite:32; do
+    rw=\${case%%:*} qd=\${case#*:}
+    for target in null-copy:/dev/ublkb1 null-usercopy:/dev/ublkb2 pmcache-ublk:/dev/ublkb0 pmcache-nbd:/dev/nbd0; do
+      name=\${target%%:*} dev=\${target#*:}
+      line=\$(fio --name=b --filename=\$dev --rw=\$rw --bs=4k --size=128M --direct=1 \\
+        --ioengine=libaio --iodepth=\$qd --time_based --runtime=$seconds --ramp_time=1 \\
+        --minimal) || fail "fio \$rw QD\$qd on \$name"
+      if [ \$rw = randread ]; then iops=\$(echo "\$line" | cut -d';' -f8); else iops=\$(echo "\$line" | cut -d';' -f49); fi
+      echo "BENCH \$rw QD\$qd \$name \$round \$iops"
+    done
+  done
+done
+nbd-client -d /dev/nbd0 > /dev/null
+\$RUBLK del -n 1 > /dev/null 2>&1; \$RUBLK del -n 2 > /dev/null 2>&1
+kill -TERM %1 %2 2>/dev/null || true
+wait
+echo "ublk-bench: done"
+GUEST
+
+echo "== ublk and NBD devices under fio in the guest (commit $commit)"
+"$here/run-in-guest.sh" --timeout 2400 --mem 3072 --disk-mib 3072 ${PMCACHE_GUEST_ARGS:-} \
+  --copy "$exe" --copy "$rublk" --copy "$(command -v nbd-client)" --copy "$(command -v fio)" \
+  --copy "$script" -- sh "$script" | tee "$out"
+grep -q "^ublk-bench: done" "$out" || { echo "ublk-bench: the guest run failed"; exit 1; }
+
+# Medians per case and device, then ratios to the null target (copying) of the same case.
+grep "^BENCH " "$out" | awk -v rounds="$rounds" '
+  { key = $2 " " $3; dev = $4; v[key, dev, ++n[key, dev]] = $6; cases[key] = 1; devs[dev] = 1 }
+  function median(key, dev,   i, j, k, t, a) {
+    k = n[key, dev]
+    for (i = 1; i <= k; i++) a[i] = v[key, dev, i]
+    for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+    return (k % 2) ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
+  }
+  END {
+    printf "%-14s %-15s %12s %10s   %s\n", "case", "device", "IOPS (median)", "vs null", "runs"
+    split("randread QD1,randread QD32,randwrite QD1,randwrite QD32", order, ",")
+    split("null-copy,null-usercopy,pmcache-ublk,pmcache-nbd", names, ",")
+    for (c = 1; c <= 4; c++) {
+      key = order[c]; base = median(key, "null-copy")
+      for (d = 1; d <= 4; d++) {
+        dev = names[d]; m = median(key, dev); runs = ""
+        for (i = 1; i <= n[key, dev]; i++) runs = runs (i > 1 ? ", " : "") v[key, dev, i]
+        printf "%-14s %-15s %12.0f %10.3f   %s\n", key, dev, m, m / base, runs
+      }
+      printf "%-14s %-15s %12s %10.3f   (pmcache-ublk / pmcache-nbd)\n", key, "ublk vs nbd", "", median(key, "pmcache-ublk") / median(key, "pmcache-nbd")
+    }
+  }'
