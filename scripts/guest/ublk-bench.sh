@@ -20,36 +20,21 @@
 # Needs rublk (`cargo install rublk`; RUBLK=path, or found in PATH, or installed under
 # target/rublk), nbd-client and fio on the host (installed when missing); builds pmcache in
 # release.
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-here=scripts/guest
-export PMCACHE_GUEST_KERNEL_SUITE="${PMCACHE_GUEST_KERNEL_SUITE-bookworm-backports}"
+source "$(dirname "$0")/lib.sh"
 rounds="${1:-3}"
 seconds="${2:-5}"
 
-as_root() { if ((EUID == 0)); then "$@"; else sudo "$@"; fi; }
-missing=()
-for tool in nbd-client:nbd-client fio:fio; do
-  command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
-done
-if ((${#missing[@]})); then
-  as_root apt-get update -q
-  as_root apt-get install -y -q "${missing[@]}"
-fi
+need_tools nbd-client:nbd-client fio:fio
 rublk="${RUBLK:-$(command -v rublk || true)}"
 if [[ -z "$rublk" ]]; then
   rublk="$PWD/target/rublk/bin/rublk"
   [[ -x "$rublk" ]] || cargo install rublk --locked --root target/rublk
 fi
 
-echo "== building pmcache (release)"
-cargo build --release -p pmcache-cli
-exe="${CARGO_TARGET_DIR:-target}/release/pmcache"
-exe=$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")
+build_pmcache release
 commit=$(git rev-parse --short HEAD)
-
-script=$(mktemp "${TMPDIR:-/tmp}/ublk-bench.XXXXXX.sh")
-out=$(mktemp "${TMPDIR:-/tmp}/ublk-bench.XXXXXX.log")
+guest_script ublk-bench
+out="$script.out"
 trap 'rm -f "$script" "$out"' EXIT
 cat > "$script" <<GUEST
 set -eu

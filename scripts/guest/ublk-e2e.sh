@@ -11,29 +11,10 @@
 #
 # Builds `pmcache` (profile test-opt) and installs fio and e2fsprogs on the host when missing
 # (their binaries and libraries are copied into the guest).
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-here=scripts/guest
-export PMCACHE_GUEST_KERNEL_SUITE="${PMCACHE_GUEST_KERNEL_SUITE-bookworm-backports}"
-start=$SECONDS
-
-as_root() { if ((EUID == 0)); then "$@"; else sudo "$@"; fi; }
-missing=()
-for tool in fio:fio mkfs.ext4:e2fsprogs e2fsck:e2fsprogs; do
-  command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
-done
-if ((${#missing[@]})); then
-  as_root apt-get update -q
-  as_root apt-get install -y -q "${missing[@]}"
-fi
-
-echo "== building pmcache (profile test-opt)"
-cargo build --profile test-opt -p pmcache-cli
-exe="${CARGO_TARGET_DIR:-target}/test-opt/pmcache"
-exe=$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")
-
-script=$(mktemp "${TMPDIR:-/tmp}/ublk-e2e.XXXXXX.sh")
-trap 'rm -f "$script"' EXIT
+source "$(dirname "$0")/lib.sh"
+need_tools fio:fio mkfs.ext4:e2fsprogs e2fsck:e2fsprogs
+build_pmcache test-opt
+guest_script ublk-e2e
 cat > "$script" <<GUEST
 set -eu
 PM=$exe

@@ -1,0 +1,41 @@
+# Shared by the guest test and bench scripts (sourced, not run): the repository root as the
+# working directory, the guest kernel's suite, and helpers to install the host tools copied
+# into the guest, build pmcache, and write the script the guest runs.
+#
+#   source "$(dirname "$0")/lib.sh"
+
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+here=scripts/guest
+export PMCACHE_GUEST_KERNEL_SUITE="${PMCACHE_GUEST_KERNEL_SUITE-bookworm-backports}"
+start=$SECONDS
+
+as_root() { if ((EUID == 0)); then "$@"; else sudo "$@"; fi; }
+
+# need_tools TOOL:PACKAGE...: installs the packages of the tools missing on the host.
+need_tools() {
+  local missing=() tool
+  for tool in "$@"; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
+  done
+  if ((${#missing[@]})); then
+    as_root apt-get update -q
+    as_root apt-get install -y -q "${missing[@]}"
+  fi
+}
+
+# build_pmcache PROFILE: builds the pmcache binary; sets exe to its absolute path.
+build_pmcache() {
+  echo "== building pmcache (profile $1)"
+  cargo build --profile "$1" -p pmcache-cli
+  exe="${CARGO_TARGET_DIR:-target}/$1/pmcache"
+  exe=$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")
+}
+
+# guest_script NAME: a new temporary file for the guest's script, removed at exit; sets
+# script to its path.
+guest_script() {
+  script=$(mktemp "${TMPDIR:-/tmp}/$1.XXXXXX.sh")
+  # shellcheck disable=SC2064 # the path is fixed now
+  trap "rm -f '$script'" EXIT
+}
