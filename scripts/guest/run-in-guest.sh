@@ -169,8 +169,8 @@ kit="$cache/kit-$kpkg"
 # crc64-rocksoft): load the generic C ones explicitly, no modprobe runs in the guest.
 # (Newer kernels lack some of these or build them in; only nvme and ext4 are required.) The
 # block-device frontends' tests want ublk_drv (/dev/ublk-control, /dev/ublkbN) and nbd
-# (/dev/nbdN): loaded where the kernel has them.
-wanted_modules=(crc32c_generic? crct10dif_generic? crc64_rocksoft_generic? nvme ext4 ublk_drv? nbd?)
+# (/dev/nbdN), and loop to mount a backing file itself: loaded where the kernel has them.
+wanted_modules=(crc32c_generic? crct10dif_generic? crc64_rocksoft_generic? nvme ext4 ublk_drv? nbd? loop?)
 # A kit prepared for another list of modules is prepared again.
 if [[ -f "$kit/ready" && "$(cat "$kit/wanted" 2>/dev/null)" != "${wanted_modules[*]}" ]]; then
   rm -f "$kit/ready"

@@ -4,7 +4,8 @@
 # /dev/shm over a backing file on the guest's ext4 disk as /dev/ublkb0; mkfs.ext4, mount, fio
 # writing and verifying (crc32c) 32 MiB, more than the cache holds, so the cleaner writes back
 # (checked in `stats`); unmount; `pmcache detach` (every dirty block written back, the device
-# removed); e2fsck the backing file itself; then serve it again with a fresh cache and verify
+# removed); e2fsck the backing file itself, mount it through a loop device and verify every
+# block fio wrote in it, without pmcache; then serve it again with a fresh cache and verify
 # every block fio wrote through the new device, and stop with SIGTERM.
 #
 #   scripts/guest/ublk-e2e.sh
@@ -46,6 +47,14 @@ wait \$SERVER || fail "serve exited with \$? after detach"
 [ ! -b /dev/ublkb0 ] || fail "/dev/ublkb0 is still there after detach"
 e2fsck -fn \$B > /tmp/fsck.log 2>&1 || { cat /tmp/fsck.log; fail "e2fsck of the backing file"; }
 echo "ublk-e2e: detached; e2fsck -fn of the backing file: clean"
+# The backing file's own bytes, without pmcache: mounted through a loop device, every block
+# fio wrote verified.
+mkdir -p /mnt/raw && mount -t ext4 -o loop \$B /mnt/raw || fail "loop mount of the backing file"
+fio --name=verify --directory=/mnt/raw --ioengine=psync --direct=1 --rw=randwrite --bs=4k \\
+  --size=16m --numjobs=2 --verify=crc32c --verify_fatal=1 --verify_only \\
+  --verify_state_save=0 --group_reporting > /tmp/fio-raw.log 2>&1 || { cat /tmp/fio-raw.log; fail "fio verify of the backing file"; }
+umount /mnt/raw
+echo "ublk-e2e: every block fio wrote is in the backing file itself (loop mount, fio verify)"
 serve /tmp/serve2.log
 mount -t ext4 /dev/ublkb0 \$M || fail "mount (again)"
 fio --name=verify --directory=\$M --ioengine=psync --direct=1 --rw=randwrite --bs=4k \\

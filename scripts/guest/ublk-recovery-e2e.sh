@@ -13,7 +13,13 @@
 #     the device (fio fails: its device is gone); the file system is unmounted; a fresh process
 #     serves the same medium on a new device; the file system mounts (journal replayed),
 #     every block of the fsynced files of steps 0 and 1 verifies, and e2fsck -fn finds it
-#     clean. SIGTERM stops the server and removes the device.
+#     clean.
+#  3. SIGTERM with the file system still mounted, after fio wrote files without fsync: the
+#     server stops (the driver syncs the file system first), the cache is marked clean, the
+#     device goes.
+#  4. --ublk-recovery off: every file so far verifies; SIGKILL under fio, whose I/O fails at
+#     once instead of waiting, and the driver stops the device; a fresh process removes that
+#     dead device, serves the medium on a new one, every fsynced file verifies, e2fsck clean.
 #
 #   scripts/guest/ublk-recovery-e2e.sh
 #
@@ -53,7 +59,7 @@ rm -f \$C \$B.pmcache-state
 dd if=/dev/zero of=\$B bs=1M count=0 seek=512 2>/dev/null
 \$SERVE > /tmp/serve0.log 2>&1 &
 SERVER=\$!
-wait_for "[ -b /dev/ublkb0 ]" "no /dev/ublkb0"
+wait_for "grep -q 'if killed' /tmp/serve0.log" "no /dev/ublkb0"
 grep -q "recover 0" /tmp/serve0.log || fail "user recovery is not on"
 mkfs.ext4 -q -F /dev/ublkb0 || fail "mkfs.ext4"
 mkdir -p \$M && mount -t ext4 /dev/ublkb0 \$M || fail "mount"
@@ -99,8 +105,51 @@ echo "ublk-recovery-e2e: every fsynced block of keep and crash1 verified after r
 umount \$M
 e2fsck -fn /dev/ublkb0 > /tmp/fsck.log 2>&1 || { cat /tmp/fsck.log; fail "e2fsck after re-attaching"; }
 echo "ublk-recovery-e2e: e2fsck -fn: clean"
+
+echo "== 3. SIGTERM with the file system still mounted"
+mount -t ext4 /dev/ublkb0 \$M || fail "mount before the stop"
+fio_job term 4m --do_verify=0 --end_fsync=0 > /tmp/fio-term.log 2>&1 || { cat /tmp/fio-term.log; fail "fio term"; }
+kill -TERM \$SERVER
+wait_for "! kill -0 \$SERVER 2>/dev/null" "the server did not stop on SIGTERM with a file system mounted"
+wait \$SERVER || fail "serve exited with \$? on SIGTERM"
+grep -q "cache marked clean" /tmp/serve2.log || fail "no clean stop"
+umount \$M 2>/dev/null || umount -l \$M
+wait_for "[ ! -e /dev/ublkc0 ]" "device 0 never went after the stop"
+echo "ublk-recovery-e2e: SIGTERM stopped the server and removed the device with the file system mounted"
+
+echo "== 4. --ublk-recovery off: kill -9 under fio fails its I/O at once"
+\$SERVE --ublk-recovery off > /tmp/serve3.log 2>&1 &
+SERVER=\$!
+wait_for "grep -q 'if killed' /tmp/serve3.log" "no /dev/ublkb0 with --ublk-recovery off"
+grep -q "user recovery off" /tmp/serve3.log || { cat /tmp/serve3.log; fail "the startup does not say recovery is off"; }
+mount -t ext4 /dev/ublkb0 \$M || fail "mount with recovery off"
+for job in keep:4m crash1:16m term:4m; do
+  fio_job \${job%%:*} \${job#*:} --verify_only > /tmp/fio-v.log 2>&1 || { cat /tmp/fio-v.log; fail "verify of \${job%%:*}"; }
+done
+echo "ublk-recovery-e2e: keep, crash1 and term (written before the SIGTERM, not fsynced) verified"
+fio_job crash3 16m --do_verify=1 > /tmp/fio3.log 2>&1 &
+FIO=\$!
+kill_server_under_fio \$FIO
+wait_for "! kill -0 \$FIO 2>/dev/null" "fio hangs on a device without user recovery whose server died"
+if wait \$FIO; then fail "fio did not see its server die"; fi
+\$PM ublk list | tee /tmp/list3.log
+grep -q "ublkb0: dead" /tmp/list3.log || fail "the driver did not stop device 0 after its server died"
+umount \$M 2>/dev/null || umount -l \$M
+\$SERVE > /tmp/serve4.log 2>&1 &
+SERVER=\$!
+wait_for "grep -q 'ublk device:' /tmp/serve4.log" "no device after the crash without recovery"
+grep -q "removed /dev/ublkb0, stopped" /tmp/serve4.log || { cat /tmp/serve4.log; fail "the dead device 0 was not removed"; }
+DEV=\$(sed -n 's|.*ublk device: \(/dev/ublkb[0-9]*\).*|\1|p' /tmp/serve4.log)
+grep -q "unclean shutdown" /tmp/serve4.log || { cat /tmp/serve4.log; fail "no recovery of the medium reported"; }
+mount -t ext4 \$DEV \$M || fail "mount of \$DEV after the crash without recovery"
+for job in keep:4m crash1:16m term:4m; do
+  fio_job \${job%%:*} \${job#*:} --verify_only > /tmp/fio-v.log 2>&1 || { cat /tmp/fio-v.log; fail "verify of \${job%%:*}"; }
+done
+umount \$M
+e2fsck -fn \$DEV > /tmp/fsck.log 2>&1 || { cat /tmp/fsck.log; fail "e2fsck after the crash without recovery"; }
+echo "ublk-recovery-e2e: without recovery, fio failed at once; the restart removed the dead device, every fsynced block verified on \$DEV, e2fsck clean"
 kill -TERM \$SERVER; wait \$SERVER || fail "serve exited with \$? on SIGTERM"
-[ ! -b /dev/ublkb0 ] || fail "/dev/ublkb0 is still there after SIGTERM"
+[ ! -b \$DEV ] || fail "\$DEV is still there after SIGTERM"
 echo "ublk-recovery-e2e: OK"
 GUEST
 

@@ -121,6 +121,12 @@ pub struct ServeArgs {
     /// ublk tags per queue: the requests each queue can have in flight.
     #[arg(long, value_name = "N", default_value_t = 128, requires = "ublk")]
     pub ublk_depth: u16,
+    /// What a device does when its server dies: `on`, it stays with its requests waiting
+    /// (and a file system mounted on it waiting too) until `--recover N` takes it over; `off`,
+    /// the driver fails its requests at once (the file system sees I/O errors) and `pmcache
+    /// ublk remove N` deletes it. Kernels without user recovery behave as `off`.
+    #[arg(long, value_enum, value_name = "on|off", default_value = "on", requires = "ublk")]
+    pub ublk_recovery: Switch,
     /// Take over /dev/ublkbN, left by a server of this cache that died (user recovery): the
     /// cache is recovered from its medium, the device keeps its number, queues and depth, and
     /// a file system mounted on it carries on. Refused for a device of another cache, a
@@ -133,6 +139,15 @@ pub struct ServeArgs {
     /// are abandoned, and the backing store is served as it is.
     #[arg(long)]
     pub accept_stale_backing: bool,
+}
+
+/// A feature turned on or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    /// Turned on.
+    On,
+    /// Turned off.
+    Off,
 }
 
 /// The control socket path of a cache.

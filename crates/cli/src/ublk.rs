@@ -8,8 +8,8 @@
 
 use pmcache_engine::{Error, ReadRequest, WriteRequest};
 use pmcache_ublk::{
-    BatchRead, BatchWrite, Device, DeviceConfig, DeviceInfo, OwnerTag, Started, Stopper, Target,
-    TargetError, recovery,
+    BatchRead, BatchWrite, Device, DeviceConfig, DeviceInfo, DeviceState, OwnerTag, Started,
+    Stopper, Target, TargetError, recovery,
 };
 
 use std::io::Read;
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use pmcache_engine::format::{HEADER_BYTES, Superblock};
 
-use crate::serve::{CacheConn, DEFAULT_CACHE, ServeArgs};
+use crate::serve::{CacheConn, DEFAULT_CACHE, ServeArgs, Switch};
 use crate::serving::{Frontend, Serving};
 
 /// Largest read or write a request carries: each tag's buffer (per queue: depth × this).
@@ -139,7 +139,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         takeover.as_ref().map_or((args.ublk_queues, args.ublk_depth), |d| (d.queues, d.depth));
     // One lane per queue, plus two for control requests and the cleaner's.
     let mut serving = Serving::open(&args, usize::from(queues) + 3, || Ok(()))?;
-    let served = serve_device(&mut serving, queues, depth, takeover.as_ref());
+    let recovery = args.ublk_recovery == Switch::On;
+    let served = serve_device(&mut serving, queues, depth, recovery, takeover.as_ref());
     serving.finish(served)
 }
 
@@ -149,6 +150,7 @@ fn serve_device(
     serving: &mut Serving,
     queues: u16,
     depth: u16,
+    user_recovery: bool,
     takeover: Option<&DeviceInfo>,
 ) -> Result<(), String> {
     let engine = serving.engine;
@@ -160,7 +162,7 @@ fn serve_device(
         logical_block_bytes: block.min(MAX_LOGICAL_BLOCK_BYTES),
         physical_block_bytes: block,
         max_io_bytes: MAX_IO_BYTES.max(block),
-        user_recovery: true,
+        user_recovery,
         owner: OwnerTag::of_uuid(&engine.superblock().uuid),
     };
     let device = match takeover {
@@ -195,8 +197,9 @@ fn serve_device(
                 );
             } else {
                 println!(
-                    "  if killed:   the device fails its requests (this kernel offers no user \
-                     recovery); a restart serves a new device"
+                    "  if killed:   the device fails its requests (user recovery {}); `pmcache \
+                     ublk remove {id}` deletes it, and a restart serves a new device",
+                    if user_recovery { "not offered by this kernel" } else { "off" }
                 );
             }
             println!("  stats:       pmcache stats --control {}", control.display());
@@ -221,12 +224,30 @@ fn owner_of_medium(path: &Path) -> Option<OwnerTag> {
 }
 
 /// Refuses to add a device for a cache that a device left by a dead server still holds: the
-/// file system mounted on it would wait forever, and its blocks are this cache's.
+/// file system mounted on it would wait forever, and its blocks are this cache's. Devices of
+/// this cache that the driver already stopped (their server died without user recovery) are
+/// removed: nothing waits on them.
 fn refuse_orphans(owner: OwnerTag) -> Result<(), String> {
     // Listing is best effort: a device that cannot be read is not this cache's orphan.
     let devices = recovery::list().unwrap_or_default();
-    match devices.iter().find(|d| d.owner == owner && d.orphaned()) {
+    let ours = devices.iter().filter(|d| d.owner == owner && !d.server_alive);
+    for dead in ours.clone().filter(|d| d.state == DeviceState::Dead) {
+        match recovery::remove(dead.id) {
+            Ok(()) => eprintln!(
+                "pmcache: removed /dev/ublkb{}, stopped after its server (process {}) died",
+                dead.id, dead.server_pid
+            ),
+            Err(e) => eprintln!("pmcache: warning: /dev/ublkb{} stays: {e}", dead.id),
+        }
+    }
+    match ours.clone().find(|d| d.orphaned()) {
         None => Ok(()),
+        Some(orphan) if !orphan.user_recovery => Err(format!(
+            "/dev/ublkb{id} (left by process {pid}, which died; no user recovery: its requests \
+             fail) serves this cache: remove it with `pmcache ublk remove {id}` and start again",
+            id = orphan.id,
+            pid = orphan.server_pid,
+        )),
         Some(orphan) => Err(format!(
             "/dev/ublkb{id} ({state}, left by process {pid}) serves this cache: take it over \
              with `pmcache serve --ublk --recover {id}` (a file system mounted on it carries \

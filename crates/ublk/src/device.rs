@@ -255,10 +255,26 @@ const CONTROL_RING_DEPTH: u32 = 8;
 pub struct Stopper(Weak<UblkCtrl>);
 
 impl Stopper {
-    /// Stops the device: the driver completes the requests in flight through the queues, then
-    /// ends them, and [`Device::run`] returns. Does nothing once the device is gone.
+    /// Stops the device: a file system still mounted on it is synced first (the stop is a
+    /// surprise removal for it: [`crate::mounts`]), then the driver completes the requests in
+    /// flight through the queues, ends them, and [`Device::run`] returns. Does nothing once
+    /// the device is gone.
     pub fn stop(&self) -> Result<(), DeviceError> {
         let Some(ctrl) = self.0.upgrade() else { return Ok(()) };
+        let name = format!("ublkb{}", ctrl.dev_info().dev_id);
+        for (mount_point, synced) in crate::mounts::sync_mounted(&name) {
+            let point = mount_point.display();
+            match synced {
+                Ok(()) => tracing::warn!(
+                    "/dev/{name} is still mounted at {point}: synced it before stopping; it \
+                     sees I/O errors from now on (unmount file systems before stopping)"
+                ),
+                Err(e) => tracing::error!(
+                    "/dev/{name} is still mounted at {point} and could not be synced ({e}): \
+                     what it had not written is lost at the stop"
+                ),
+            }
+        }
         // libublk sends control commands through a ring of the calling thread's own; a thread
         // other than the one that added the device (a signal handler's) needs one first.
         libublk::ctrl::ublk_init_ctrl_task_ring(|ring| {
@@ -356,10 +372,12 @@ impl Device {
             });
         };
         self.ctrl.run_target(init, serve, on_started).map_err(ublk("serving the device"))?;
-        // The queues have ended and the device is stopped. An added device is deleted by the
-        // control's drop (here, unless a `Stopper` is upgraded at this moment: then at its
-        // end); one taken over is deleted here.
-        if recovered {
+        // The queues have ended and the device is stopped (the driver had a file system still
+        // mounted on it synced first; it sees I/O errors from now on). Deleted here without
+        // waiting for that file system's unmount where the driver can (`DEL_DEV_ASYNC`, Linux
+        // 6.9: the number is freed at the unmount); older drivers are sent `DEL_DEV`, which
+        // waits for it.
+        if self.ctrl.del_dev_async().is_err() {
             self.ctrl.del_dev().map_err(ublk("deleting the device"))?;
         }
         Ok(())

@@ -50,6 +50,7 @@ fn ublk_options_need_ublk_and_exclude_nbds() {
     for extra in [
         &["--ublk-queues", "2"][..],
         &["--recover", "0"][..],
+        &["--ublk-recovery", "off"][..],
         &["--ublk", "--socket", "/tmp/x.sock"][..],
     ] {
         let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
