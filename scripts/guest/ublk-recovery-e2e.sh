@@ -15,7 +15,7 @@
 #     every block of the fsynced files of steps 0 and 1 verifies, and e2fsck -fn finds it
 #     clean.
 #  3. SIGTERM with the file system still mounted, after fio wrote files without fsync: the
-#     server stops (the driver syncs the file system first), the cache is marked clean, the
+#     server stops (it syncs the file system first), the cache is marked clean, the
 #     device goes.
 #  4. --ublk-recovery off: every file so far verifies; SIGKILL under fio, whose I/O fails at
 #     once instead of waiting, and the driver stops the device; a fresh process removes that

@@ -119,7 +119,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     // Without the driver nothing is opened: the error says what to load, or to use NBD.
     pmcache_ublk::check_driver().map_err(|e| e.to_string())?;
     // A device taken over keeps its queues and depth: read them before the lanes are sized.
-    let takeover = args.recover.map(recovery::probe).transpose().map_err(|e| e.to_string())?;
+    // A server killed moments ago may not have been noticed by the driver yet: waited for.
+    let takeover = args.recover.map(recovery::settle).transpose().map_err(|e| e.to_string())?;
     // Refusals that depend only on the medium's identity come before the medium is opened
     // (opening runs recovery; a refused start would then stop cleanly, writing back).
     let cache = args.cache.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE));
@@ -228,10 +229,16 @@ fn owner_of_medium(path: &Path) -> Option<OwnerTag> {
 /// this cache that the driver already stopped (their server died without user recovery) are
 /// removed: nothing waits on them.
 fn refuse_orphans(owner: OwnerTag) -> Result<(), String> {
-    // Listing is best effort: a device that cannot be read is not this cache's orphan.
-    let devices = recovery::list().unwrap_or_default();
-    let ours = devices.iter().filter(|d| d.owner == owner && !d.server_alive);
-    for dead in ours.clone().filter(|d| d.state == DeviceState::Dead) {
+    // Listing is best effort: a device that cannot be read is not this cache's orphan. One
+    // whose server died moments ago is waited for until the driver has noticed.
+    let devices: Vec<DeviceInfo> = recovery::list()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|d| d.owner == owner)
+        .map(|d| if d.server_alive { d } else { recovery::settle(d.id).unwrap_or(d) })
+        .collect();
+    let ours = devices.iter();
+    for dead in ours.clone().filter(|d| d.state == DeviceState::Dead && !d.server_alive) {
         match recovery::remove(dead.id) {
             Ok(()) => eprintln!(
                 "pmcache: removed /dev/ublkb{}, stopped after its server (process {}) died",

@@ -15,6 +15,7 @@
 //! in-flight requests complete, then ends the queues) and deletes it.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
@@ -229,6 +230,8 @@ pub fn control_flags(user_recovery: bool, features: Option<u64>) -> u64 {
 /// deleted.
 pub struct Device {
     pub(crate) ctrl: Arc<UblkCtrl>,
+    /// Set by a [`Stopper`].
+    pub(crate) stop_requested: Arc<AtomicBool>,
     pub(crate) config: DeviceConfig,
     /// Taken over from a server that died ([`Device::recover`]), rather than added.
     pub(crate) recovered: bool,
@@ -252,7 +255,12 @@ const CONTROL_RING_DEPTH: u32 = 8;
 
 /// Stops a running device from another thread.
 #[derive(Clone)]
-pub struct Stopper(Weak<UblkCtrl>);
+pub struct Stopper {
+    ctrl: Weak<UblkCtrl>,
+    /// Set by the first stop: a stop that comes before the device has started (when the
+    /// driver ignores it) is made when it starts.
+    requested: Arc<AtomicBool>,
+}
 
 impl Stopper {
     /// Stops the device: a file system still mounted on it is synced first (the stop is a
@@ -260,7 +268,8 @@ impl Stopper {
     /// flight through the queues, ends them, and [`Device::run`] returns. Does nothing once
     /// the device is gone.
     pub fn stop(&self) -> Result<(), DeviceError> {
-        let Some(ctrl) = self.0.upgrade() else { return Ok(()) };
+        self.requested.store(true, Ordering::SeqCst);
+        let Some(ctrl) = self.ctrl.upgrade() else { return Ok(()) };
         let name = format!("ublkb{}", ctrl.dev_info().dev_id);
         for (mount_point, synced) in crate::mounts::sync_mounted(&name) {
             let point = mount_point.display();
@@ -312,7 +321,7 @@ impl Device {
             .map_err(ublk("adding the device"))?;
         // The flags the driver kept (it clears those it does not know).
         ctrl.read_dev_info().map_err(ublk("reading the new device's information"))?;
-        Ok(Self { ctrl: Arc::new(ctrl), config, recovered: false })
+        Ok(Self { ctrl: Arc::new(ctrl), stop_requested: Arc::default(), config, recovered: false })
     }
 
     /// The device number N.
@@ -327,7 +336,7 @@ impl Device {
 
     /// A handle that stops the device from another thread.
     pub fn stopper(&self) -> Stopper {
-        Stopper(Arc::downgrade(&self.ctrl))
+        Stopper { ctrl: Arc::downgrade(&self.ctrl), requested: self.stop_requested.clone() }
     }
 
     /// Serves the device, queue `q` on `targets[q]` (one per queue) in a thread of its own,
@@ -363,7 +372,15 @@ impl Device {
             }
         };
         let (user_recovery, recovered) = (self.user_recovery(), self.recovered);
+        let stop_requested = self.stop_requested.clone();
         let on_started = move |ctrl: &UblkCtrl| {
+            // A stop made before the device started was ignored by the driver: made now.
+            if stop_requested.load(Ordering::SeqCst) {
+                if let Err(e) = ctrl.kill_dev() {
+                    tracing::error!("stopping the device asked to stop: {}", describe(&e));
+                }
+                return;
+            }
             started(&Started {
                 id: ctrl.dev_info().dev_id,
                 block_path: PathBuf::from(ctrl.get_bdev_path()),
@@ -371,9 +388,19 @@ impl Device {
                 recovered,
             });
         };
-        self.ctrl.run_target(init, serve, on_started).map_err(ublk("serving the device"))?;
-        // The queues have ended and the device is stopped (the driver had a file system still
-        // mounted on it synced first; it sees I/O errors from now on). Deleted here without
+        if recovered {
+            // Sent only now, with everything that can fail before it done: a recovery started
+            // and left without queues makes the driver refuse the next start.
+            crate::recovery::start_user_recovery(&self.ctrl)?;
+        }
+        if let Err(e) = self.ctrl.run_target(init, serve, on_started) {
+            // Queue threads may still hold the device: deleted without waiting for them (the
+            // process ends on this error, and with it they).
+            let _ = self.ctrl.del_dev_async();
+            return Err(DeviceError::Ublk { what: "serving the device", source: e });
+        }
+        // The queues have ended and the device is stopped (a file system still mounted on it
+        // was synced by the stop, and sees I/O errors from now on). Deleted here without
         // waiting for that file system's unmount where the driver can (`DEL_DEV_ASYNC`, Linux
         // 6.9: the number is freed at the unmount); older drivers are sent `DEL_DEV`, which
         // waits for it.
@@ -395,6 +422,8 @@ fn serve_queue<T: Target>(queue_id: u16, dev: &UblkDev, mut target: T, geometry:
         Ok(queue) => queue,
         Err(e) => {
             tracing::error!(queue = queue_id, "ublk queue setup failed: {}", describe(&e));
+            // The device's start waits for every queue: told this one failed, it fails.
+            dev.notify_buffer_registration_complete(true);
             return;
         }
     };

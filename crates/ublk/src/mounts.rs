@@ -6,16 +6,28 @@
 //! every file system mounted on the device or one of its partitions, while the queues still
 //! serve the writes that causes.
 
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
-/// The device numbers (`major:minor`) of block device `name` (e.g. `ublkb0`) and of its
-/// partitions, from sysfs.
-fn device_numbers(name: &str) -> Vec<String> {
+/// A device number, `major:minor`.
+pub type DeviceNumber = (u32, u32);
+
+fn parse_number(text: &str) -> Option<DeviceNumber> {
+    let (major, minor) = text.trim().split_once(':')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// The device numbers of block device `name` (e.g. `ublkb0`) and of its partitions, from
+/// sysfs.
+fn device_numbers(name: &str) -> Vec<DeviceNumber> {
     let disk = Path::new("/sys/block").join(name);
     let mut numbers = Vec::new();
     let mut read = |dir: &Path| {
-        if let Ok(text) = std::fs::read_to_string(dir.join("dev")) {
-            numbers.push(text.trim().to_string());
+        if let Some(number) =
+            std::fs::read_to_string(dir.join("dev")).ok().as_deref().and_then(parse_number)
+        {
+            numbers.push(number);
         }
     };
     read(&disk);
@@ -29,8 +41,9 @@ fn device_numbers(name: &str) -> Vec<String> {
     numbers
 }
 
-/// Undoes mountinfo's octal escapes (`\040` for a space, `\011`, `\012`, `\134`).
-fn unescape(field: &str) -> String {
+/// Undoes mountinfo's octal escapes (`\040` for a space, `\011`, `\012`, `\134`); a path
+/// need not be UTF-8.
+fn unescape(field: &str) -> OsString {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -47,21 +60,32 @@ fn unescape(field: &str) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    OsString::from_vec(out)
 }
 
 /// The mount points in `mountinfo` (`/proc/self/mountinfo`'s text) of the devices numbered
 /// `numbers`.
-pub fn mount_points(mountinfo: &str, numbers: &[String]) -> Vec<PathBuf> {
+pub fn mount_points(mountinfo: &str, numbers: &[DeviceNumber]) -> Vec<PathBuf> {
     mountinfo
         .lines()
         .filter_map(|line| {
             let mut fields = line.split(' ');
-            let number = fields.nth(2)?;
+            let number = parse_number(fields.nth(2)?)?;
             let mount_point = fields.nth(1)?;
-            numbers.iter().any(|n| n == number).then(|| PathBuf::from(unescape(mount_point)))
+            numbers.contains(&number).then(|| PathBuf::from(unescape(mount_point)))
         })
         .collect()
+}
+
+/// Syncs the file system at `mount_point` if it is on one of `numbers` (another may be
+/// mounted over it, and then it cannot be reached by its path).
+fn sync_at(mount_point: &Path, numbers: &[DeviceNumber]) -> std::io::Result<()> {
+    let dir = std::fs::File::open(mount_point)?;
+    let dev = rustix::fs::fstat(&dir)?.st_dev;
+    if !numbers.contains(&(rustix::fs::major(dev), rustix::fs::minor(dev))) {
+        return Err(std::io::Error::other("another file system is mounted over it"));
+    }
+    Ok(rustix::fs::syncfs(&dir)?)
 }
 
 /// Syncs every file system mounted on block device `name` or its partitions; returns each
@@ -75,8 +99,7 @@ pub fn sync_mounted(name: &str) -> Vec<(PathBuf, std::io::Result<()>)> {
     mount_points(&mountinfo, &numbers)
         .into_iter()
         .map(|point| {
-            let synced = std::fs::File::open(&point)
-                .and_then(|dir| rustix::fs::syncfs(&dir).map_err(std::io::Error::from));
+            let synced = sync_at(&point, &numbers);
             (point, synced)
         })
         .collect()
@@ -98,12 +121,12 @@ mod tests {
     /// with escaped characters restored.
     #[test]
     fn the_mounts_of_a_device_and_its_partitions() {
-        let numbers = ["259:7".to_string(), "259:8".to_string()];
+        let numbers = [(259, 7), (259, 8)];
         let points = mount_points(MOUNTINFO, &numbers);
         let expected = ["/mnt/fs", "/mnt/with space", "/mnt/bind"].map(PathBuf::from);
         assert_eq!(points, expected);
-        assert!(mount_points(MOUNTINFO, &["9:9".to_string()]).is_empty());
-        assert!(mount_points("garbage\n\n1 2\n", &numbers).is_empty());
+        assert!(mount_points(MOUNTINFO, &[(9, 9)]).is_empty());
+        assert!(mount_points("garbage\n\n1 2\n1 2 x:y 4 5\n", &numbers).is_empty());
     }
 
     #[test]
@@ -111,5 +134,18 @@ mod tests {
         assert_eq!(unescape(r"a\040b\011c\134d"), "a b\tc\\d");
         assert_eq!(unescape(r"trailing\04"), r"trailing\04");
         assert_eq!(unescape(r"\999"), r"\999");
+        // Bytes that are not UTF-8 are kept as they are.
+        assert_eq!(unescape(r"\377x").into_vec(), vec![0xff, b'x']);
+    }
+
+    /// The root file system is synced only when it is on one of the numbers given.
+    #[test]
+    fn a_mount_point_on_another_device_is_not_synced() {
+        let dev = rustix::fs::stat("/").unwrap().st_dev;
+        let root = (rustix::fs::major(dev), rustix::fs::minor(dev));
+        assert!(sync_at(Path::new("/"), &[root]).is_ok());
+        let other = (root.0, root.1.wrapping_add(1));
+        let err = sync_at(Path::new("/"), &[other]).unwrap_err();
+        assert!(err.to_string().contains("mounted over"), "{err}");
     }
 }

@@ -108,14 +108,68 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
-    /// Whether a server that died left the device for a successor: quiesced or failing I/O,
-    /// or still live with its server gone (the driver notices within a few seconds).
+    /// Whether a server that died left the device for a successor: quiesced or failing I/O.
+    /// (A live device whose server seems gone is not: the process may be in another PID
+    /// namespace; the driver moves a dead server's device on within seconds: [`settle`].)
     pub fn orphaned(&self) -> bool {
-        match self.state {
-            DeviceState::Quiesced | DeviceState::FailIo => true,
-            DeviceState::Live => !self.server_alive,
-            DeviceState::Dead | DeviceState::Other(_) => false,
+        matches!(self.state, DeviceState::Quiesced | DeviceState::FailIo)
+    }
+
+    /// Live, with no process of its server to be seen: a server that died moments ago, or
+    /// one in another PID namespace.
+    fn settling(&self) -> bool {
+        self.state == DeviceState::Live && !self.server_alive
+    }
+}
+
+/// How long [`settle`] waits for the driver to notice a dead server.
+const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Describes device `id` once the driver has noticed that its server died: while it is live
+/// with no process of its server to be seen, waits (up to 15 s) for it to be quiesced or
+/// stopped.
+pub fn settle(id: u32) -> Result<DeviceInfo, DeviceError> {
+    let started = std::time::Instant::now();
+    loop {
+        let info = probe(id)?;
+        if !info.settling() || started.elapsed() > SETTLE_TIMEOUT {
+            return Ok(info);
         }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// `START_USER_RECOVERY` on `ctrl`'s device (libublk retries for 30 s while the driver still
+/// holds the dead server's queues, and then returns `-EBUSY` as a success).
+pub(crate) fn start_user_recovery(ctrl: &UblkCtrl) -> Result<(), DeviceError> {
+    let id = ctrl.dev_info().dev_id;
+    match ctrl.start_user_recover() {
+        Ok(r) if r >= 0 => Ok(()),
+        Ok(r) | Err(libublk::UblkError::UringIOError(r) | libublk::UblkError::OtherError(r))
+            if -r == libc::EBUSY =>
+        {
+            Err(DeviceError::Config(format!(
+                "device {id} is still held by its old server after 30 s (START_USER_RECOVERY: \
+                 busy)"
+            )))
+        }
+        Err(libublk::UblkError::UringIOError(r) | libublk::UblkError::OtherError(r))
+            if -r == libc::EINVAL =>
+        {
+            Err(DeviceError::Config(format!(
+                "the driver refuses to recover device {id} (START_USER_RECOVERY: invalid; a \
+                 recovery started before may have left it without queues): remove it with \
+                 `pmcache ublk remove {id}`"
+            )))
+        }
+        Ok(r) => Err(DeviceError::Ublk {
+            what: "starting the user recovery (START_USER_RECOVERY)",
+            source: libublk::UblkError::OtherError(r),
+        }),
+        Err(e) => Err(DeviceError::Ublk {
+            what: "starting the user recovery (START_USER_RECOVERY)",
+            source: e,
+        }),
     }
 }
 
@@ -129,7 +183,9 @@ pub fn probe(id: u32) -> Result<DeviceInfo, DeviceError> {
     check_driver()?;
     let signed = i32::try_from(id).map_err(|_| DeviceError::NoDevice(id))?;
     let ctrl = UblkCtrl::new_simple(signed).map_err(|e| match e {
-        libublk::UblkError::OtherError(errno) if -errno == libc::ENODEV => {
+        libublk::UblkError::UringIOError(errno) | libublk::UblkError::OtherError(errno)
+            if -errno == libc::ENODEV =>
+        {
             DeviceError::NoDevice(id)
         }
         e => DeviceError::Ublk { what: "reading the device's information", source: e },
@@ -204,7 +260,8 @@ pub fn takeover_refusal(
     match info.state {
         _ if info.orphaned() => None,
         DeviceState::Live => Some(format!(
-            "device {id} is live, served by process {} (stop that server first)",
+            "device {id} is live, served by process {} (stop that server first; a server that \
+             died moves its device to quiesced within seconds)",
             info.server_pid
         )),
         state => Some(format!("device {id} is {state}: there is nothing to take over")),
@@ -217,8 +274,8 @@ pub fn takeover_refusal(
 /// freed once nothing holds the device (a file system mounted on it is unmounted); older
 /// drivers are sent `DEL_DEV`, which waits for that.
 pub fn remove(id: u32) -> Result<(), DeviceError> {
-    let info = probe(id)?;
-    if info.state == DeviceState::Live && info.server_alive {
+    let info = settle(id)?;
+    if info.state == DeviceState::Live {
         return Err(DeviceError::Config(format!(
             "device {id} is live, served by process {}: stop that server (SIGTERM, or `pmcache \
              detach`) and it removes the device itself",
@@ -233,29 +290,33 @@ pub fn remove(id: u32) -> Result<(), DeviceError> {
 }
 
 impl Device {
-    /// Takes over device `id`, left by a server that died, for `config`'s cache
-    /// (`START_USER_RECOVERY`; [`Device::run`] sets the queues up and ends the recovery).
+    /// Takes over device `id`, left by a server that died, for `config`'s cache ([`Device::run`]
+    /// sends `START_USER_RECOVERY`, sets the queues up and ends the recovery).
     /// The device keeps its number, queues and depth (`config` must have them: see
     /// [`probe`]); refused, with the reason, unless [`takeover_refusal`] finds nothing.
     pub fn recover(id: u32, config: DeviceConfig) -> Result<Self, DeviceError> {
         config.validate()?;
-        let info = probe(id)?;
+        let info = settle(id)?;
         if let Some(why) =
             takeover_refusal(&info, config.owner, config.size_bytes, config.logical_block_bytes)
         {
             return Err(DeviceError::Config(why));
         }
-        if (info.queues, info.depth) != (config.queues, config.depth) {
+        let shape = (info.queues, info.depth, info.max_io_bytes);
+        if shape != (config.queues, config.depth, config.max_io_bytes) {
             return Err(DeviceError::Config(format!(
-                "device {id} has {} queues of depth {}; asked for {} of depth {}",
-                info.queues, info.depth, config.queues, config.depth
+                "device {id} has {} queues of depth {} and {} B requests; asked for {} of depth \
+                 {} and {} B",
+                info.queues,
+                info.depth,
+                info.max_io_bytes,
+                config.queues,
+                config.depth,
+                config.max_io_bytes
             )));
         }
         let signed = id as i32;
-        // Waits (up to 30 s) while the driver still holds the dead server's queues.
-        UblkCtrl::new_simple(signed)
-            .and_then(|ctrl| ctrl.start_user_recover())
-            .map_err(ublk("starting the user recovery (START_USER_RECOVERY)"))?;
+        // START_USER_RECOVERY is sent by `run`, once everything that can fail is done.
         let ctrl = UblkCtrlBuilder::default()
             .name("pmcache")
             .id(signed)
@@ -267,7 +328,7 @@ impl Device {
             .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
             .build()
             .map_err(ublk("opening the device to take it over"))?;
-        Ok(Self { ctrl: Arc::new(ctrl), config, recovered: true })
+        Ok(Self { ctrl: Arc::new(ctrl), stop_requested: Arc::default(), config, recovered: true })
     }
 }
 
@@ -298,13 +359,11 @@ mod tests {
         takeover_refusal(info, OWNER, 8 << 30, 4096)
     }
 
-    /// A device quiesced, failing I/O, or live with its server gone, of the same cache and
-    /// shape, is taken over.
+    /// A device quiesced or failing I/O, of the same cache and shape, is taken over.
     #[test]
     fn an_orphan_of_the_same_cache_is_taken_over() {
         assert_eq!(refusal(&orphan()), None);
         assert_eq!(refusal(&DeviceInfo { state: DeviceState::FailIo, ..orphan() }), None);
-        assert_eq!(refusal(&DeviceInfo { state: DeviceState::Live, ..orphan() }), None);
     }
 
     /// Everything else is refused, saying why.
@@ -319,6 +378,9 @@ mod tests {
                 DeviceInfo { state: DeviceState::Live, server_alive: true, ..orphan() },
                 "served by process 4242",
             ),
+            // A live device whose server cannot be seen (another PID namespace, or a death
+            // the driver has not noticed yet) is never taken over.
+            (DeviceInfo { state: DeviceState::Live, ..orphan() }, "served by process 4242"),
             (DeviceInfo { state: DeviceState::Dead, ..orphan() }, "nothing to take over"),
         ];
         for (info, why) in cases {
@@ -335,13 +397,17 @@ mod tests {
         assert_eq!(OwnerTag::of_uuid(&uuid), OwnerTag(0x0807_0605_0403_0201));
     }
 
-    /// Orphaned: the server is gone and the device still there.
+    /// Orphaned: the driver says the server died and the device is still there.
     #[test]
-    fn orphaned_means_the_server_is_gone() {
+    fn orphaned_means_the_driver_saw_the_server_die() {
         assert!(orphan().orphaned());
+        assert!(DeviceInfo { state: DeviceState::FailIo, ..orphan() }.orphaned());
+        for state in [DeviceState::Live, DeviceState::Dead, DeviceState::Other(9)] {
+            assert!(!DeviceInfo { state, ..orphan() }.orphaned(), "{state}");
+        }
+        assert!(DeviceInfo { state: DeviceState::Live, ..orphan() }.settling());
         assert!(
-            !DeviceInfo { state: DeviceState::Live, server_alive: true, ..orphan() }.orphaned()
+            !DeviceInfo { state: DeviceState::Live, server_alive: true, ..orphan() }.settling()
         );
-        assert!(!DeviceInfo { state: DeviceState::Dead, ..orphan() }.orphaned());
     }
 }
