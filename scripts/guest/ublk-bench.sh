@@ -17,12 +17,15 @@
 #
 #   scripts/guest/ublk-bench.sh [ROUNDS (3)] [SECONDS per run (5)]
 #
+# UBLK_QUEUES=N gives the ublk devices (pmcache's and the null targets) N queues (default 1).
+#
 # Needs rublk (`cargo install rublk`; RUBLK=path, or found in PATH, or installed under
 # target/rublk), nbd-client and fio on the host (installed when missing); builds pmcache in
 # release.
 source "$(dirname "$0")/lib.sh"
 rounds="${1:-3}"
 seconds="${2:-5}"
+queues="${UBLK_QUEUES:-1}"
 
 need_tools nbd-client:nbd-client fio:fio
 rublk="${RUBLK:-$(command -v rublk || true)}"
@@ -43,32 +46,49 @@ RUBLK=$rublk
 fail() { echo "ublk-bench: FAILED: \$*"; tail -n 20 /tmp/*.log 2>/dev/null; exit 1; }
 wait_for() { i=0; while ! eval "\$1"; do i=\$((i+1)); [ \$i -lt 600 ] || fail "\$2"; sleep 0.1; done; }
 for b in u n; do dd if=/dev/zero of=/mnt/nvme/\$b.img bs=1M count=0 seek=1024 2>/dev/null; done
-\$PM serve --ublk --cache /dev/shm/u.pm --cache-size 256M --backing /mnt/nvme/u.img \\
+\$PM serve --ublk --ublk-queues $queues --cache /dev/shm/u.pm --cache-size 256M --backing /mnt/nvme/u.img \\
   --control /tmp/u.ctl > /tmp/serve-ublk.log 2>&1 &
+UPID=\$!
 wait_for "[ -b /dev/ublkb0 ]" "no /dev/ublkb0"
 \$PM serve --cache /dev/shm/n.pm --cache-size 256M --backing /mnt/nvme/n.img \\
   --socket /tmp/nbd.sock --control /tmp/n.ctl > /tmp/serve-nbd.log 2>&1 &
+NPID=\$!
 wait_for "[ -S /tmp/nbd.sock ]" "no NBD socket"
 nbd-client -u /tmp/nbd.sock /dev/nbd0 -N pmcache -b 4096 > /dev/null || fail "nbd-client"
-\$RUBLK add null -n 1 -q 1 -d 128 --quiet > /tmp/rublk1.log 2>&1 || fail "rublk null"
-\$RUBLK add null -n 2 -q 1 -d 128 -u --quiet > /tmp/rublk2.log 2>&1 || fail "rublk null -u"
+\$RUBLK add null -n 1 -q $queues -d 128 --quiet > /tmp/rublk1.log 2>&1 || fail "rublk null"
+\$RUBLK add null -n 2 -q $queues -d 128 -u --quiet > /tmp/rublk2.log 2>&1 || fail "rublk null -u"
 wait_for "[ -b /dev/ublkb1 ] && [ -b /dev/ublkb2 ]" "no rublk devices"
+# cpu PID: clock ticks (user + system) of the whole process, and of its cleaner thread.
+cpu() {
+  all=\$(awk '{print \$14 + \$15}' /proc/\$1/stat)
+  cleaner=0
+  for t in /proc/\$1/task/*; do
+    [ "\$(cat \$t/comm)" = pmcache-cleaner ] && cleaner=\$(awk '{print \$14 + \$15}' \$t/stat)
+  done
+  echo "\$all \$cleaner \$(awk '{print \$1 * 100}' /proc/uptime)"
+}
 for dev in /dev/ublkb0 /dev/nbd0; do
   fio --name=fill --filename=\$dev --rw=write --bs=1M --size=128M --direct=1 \\
     --ioengine=libaio --iodepth=4 > /tmp/fill.log 2>&1 || fail "filling \$dev"
 done
 \$PM flush --control /tmp/u.ctl > /dev/null 2>&1 && \$PM flush --control /tmp/n.ctl > /dev/null 2>&1
-echo "ublk-bench: 4 devices up; \$(nproc) vCPUs; $rounds rounds of $seconds s runs"
+echo "ublk-bench: 4 devices up (ublk: $queues queues of depth 128); \$(nproc) vCPUs; $rounds rounds of $seconds s runs"
 for round in \$(seq 1 $rounds); do
   for case in randread:1 randread:32 randwrite:1 randwrite:32; do
     rw=\${case%%:*} qd=\${case#*:}
     for target in null-copy:/dev/ublkb1 null-usercopy:/dev/ublkb2 pmcache-ublk:/dev/ublkb0 pmcache-nbd:/dev/nbd0; do
       name=\${target%%:*} dev=\${target#*:}
+      pid=; [ \$name = pmcache-ublk ] && pid=\$UPID; [ \$name = pmcache-nbd ] && pid=\$NPID
+      [ -n "\$pid" ] && before=\$(cpu \$pid)
       line=\$(fio --name=b --filename=\$dev --rw=\$rw --bs=4k --size=128M --direct=1 \\
         --ioengine=libaio --iodepth=\$qd --time_based --runtime=$seconds --ramp_time=1 \\
         --minimal) || fail "fio \$rw QD\$qd on \$name"
       if [ \$rw = randread ]; then iops=\$(echo "\$line" | cut -d';' -f8); else iops=\$(echo "\$line" | cut -d';' -f49); fi
       echo "BENCH \$rw QD\$qd \$name \$round \$iops"
+      if [ -n "\$pid" ]; then
+        echo "\$before \$(cpu \$pid)" | awk -v c="\$rw QD\$qd \$name \$round" \
+          '{ t = \$6 - \$3; printf "CPU %s %.2f %.2f\\n", c, (\$4 - \$1) / t, (\$5 - \$2) / t }'
+      fi
     done
   done
 done
@@ -106,5 +126,25 @@ grep "^BENCH " "$out" | awk -v rounds="$rounds" '
         printf "%-14s %-15s %12.0f %10.3f   %s\n", key, dev, m, m / base, runs
       }
       printf "%-14s %-15s %12s %10.3f   (pmcache-ublk / pmcache-nbd)\n", key, "ublk vs nbd", "", median(key, "pmcache-ublk") / median(key, "pmcache-nbd")
+    }
+  }'
+
+# The servers' CPU over each run (ramp included), in cores busy: the whole process and its
+# cleaner thread; medians of the rounds.
+echo
+grep "^CPU " "$out" | awk '
+  { key = $2 " " $3 " " $4; k = ++n[key]; all[key, k] = $6; cl[key, k] = $7; keys[key] = 1 }
+  function median(arr, key, count,   i, j, t, a) {
+    for (i = 1; i <= count; i++) a[i] = arr[key, i]
+    for (i = 1; i <= count; i++) for (j = i + 1; j <= count; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+    return (count % 2) ? a[(count + 1) / 2] : (a[count / 2] + a[count / 2 + 1]) / 2
+  }
+  END {
+    printf "%-14s %-13s %18s %16s\n", "case", "server", "CPU (cores busy)", "of it, cleaner"
+    split("randread QD1,randread QD32,randwrite QD1,randwrite QD32", order, ",")
+    split("pmcache-ublk,pmcache-nbd", names, ",")
+    for (c = 1; c <= 4; c++) for (d = 1; d <= 2; d++) {
+      key = order[c] " " names[d]
+      if (n[key]) printf "%-14s %-13s %18.2f %16.2f\n", order[c], names[d], median(all, key, n[key]), median(cl, key, n[key])
     }
   }'
