@@ -48,6 +48,8 @@ fio_job() {
     --size=\$size --numjobs=2 --verify=crc32c --verify_fatal=1 --end_fsync=1 \\
     --verify_state_save=0 --group_reporting "\$@"
 }
+# The crash jobs write at most 500 blocks/s per job (--rate_iops=,500), so their write phase
+# lasts at least 8 s on any machine and the kill after 4 s lands in it.
 kill_server_under_fio() { # kill_server_under_fio FIO_PID: SIGKILL once fio has written
   sleep 4
   kill -0 \$1 2>/dev/null || fail "fio ended before the server was killed"
@@ -66,7 +68,7 @@ mkdir -p \$M && mount -t ext4 /dev/ublkb0 \$M || fail "mount"
 fio_job keep 4m --do_verify=1 > /tmp/fio-keep.log 2>&1 || { cat /tmp/fio-keep.log; fail "fio keep"; }
 
 echo "== 1. kill -9 under fio, take-over with --recover"
-fio_job crash1 16m --do_verify=1 > /tmp/fio1.log 2>&1 &
+fio_job crash1 16m --do_verify=1 --rate_iops=,500 > /tmp/fio1.log 2>&1 &
 FIO=\$!
 kill_server_under_fio \$FIO
 [ -b /dev/ublkb0 ] || fail "/dev/ublkb0 went with the server"
@@ -85,7 +87,7 @@ grep -E "WRITE:|READ:" /tmp/fio1.log
 echo "ublk-recovery-e2e: fio carried on through the take-over, every block verified"
 
 echo "== 2. kill -9 under fio, device removed, medium re-attached by a fresh process"
-fio_job crash2 16m --do_verify=1 > /tmp/fio2.log 2>&1 &
+fio_job crash2 16m --do_verify=1 --rate_iops=,500 > /tmp/fio2.log 2>&1 &
 FIO=\$!
 kill_server_under_fio \$FIO
 wait_for "\$PM ublk list | grep -q 'ublkb0: .*can be taken over'" "device 0 never orphaned"
@@ -127,7 +129,7 @@ for job in keep:4m crash1:16m term:4m; do
   fio_job \${job%%:*} \${job#*:} --verify_only > /tmp/fio-v.log 2>&1 || { cat /tmp/fio-v.log; fail "verify of \${job%%:*}"; }
 done
 echo "ublk-recovery-e2e: keep, crash1 and term (written before the SIGTERM, not fsynced) verified"
-fio_job crash3 16m --do_verify=1 > /tmp/fio3.log 2>&1 &
+fio_job crash3 16m --do_verify=1 --rate_iops=,500 > /tmp/fio3.log 2>&1 &
 FIO=\$!
 kill_server_under_fio \$FIO
 wait_for "! kill -0 \$FIO 2>/dev/null" "fio hangs on a device without user recovery whose server died"
