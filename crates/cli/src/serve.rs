@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use pmcache_engine::{Error, Lane, MonotonicClock, WriteRequest};
+use pmcache_engine::{Error, Lane, MonotonicClock, ReadRequest, WriteRequest};
 use pmcache_media::{MediumSync, PmemFile};
 use pmcache_nbd::{
     BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, ListenAddr, Server,
@@ -165,6 +165,40 @@ struct CacheExport {
 /// ublk's `Target` in `crate::ublk`.
 pub(crate) struct CacheConn {
     pub(crate) lane: Lane<'static, PmemFile, Backing, MonotonicClock>,
+    /// The engine's outcomes of one batch, kept from batch to batch.
+    results: Vec<Result<(), Error>>,
+}
+
+impl CacheConn {
+    pub(crate) fn new(lane: Lane<'static, PmemFile, Backing, MonotonicClock>) -> Self {
+        Self { lane, results: Vec::new() }
+    }
+
+    /// The writes a frontend had in flight together, group-committed by the engine
+    /// (`Lane::write_batch`); their outcomes appended to `outcomes` through `map`.
+    pub(crate) fn write_batch_into<'a, E>(
+        &mut self,
+        writes: impl Iterator<Item = WriteRequest<'a>>,
+        outcomes: &mut Vec<Result<(), E>>,
+        map: fn(Error) -> E,
+    ) {
+        let requests: Vec<WriteRequest<'a>> = writes.collect();
+        self.lane.write_batch(&requests, &mut self.results);
+        outcomes.extend(self.results.drain(..).map(|r| r.map_err(map)));
+    }
+
+    /// The reads a frontend had in flight together, pipelined by the engine
+    /// (`Lane::read_batch`); their outcomes appended to `outcomes` through `map`.
+    pub(crate) fn read_batch_into<'a, E>(
+        &mut self,
+        reads: impl Iterator<Item = ReadRequest<'a>>,
+        outcomes: &mut Vec<Result<(), E>>,
+        map: fn(Error) -> E,
+    ) {
+        let mut requests: Vec<ReadRequest<'a>> = reads.collect();
+        self.lane.read_batch(&mut requests, &mut self.results);
+        outcomes.extend(self.results.drain(..).map(|r| r.map_err(map)));
+    }
 }
 
 fn export_error(err: Error) -> ExportError {
@@ -175,7 +209,7 @@ impl Export for CacheExport {
     type Conn = CacheConn;
 
     fn open_conn(&self) -> Result<CacheConn, ExportError> {
-        self.engine.lane().map(|lane| CacheConn { lane }).map_err(export_error)
+        self.engine.lane().map(CacheConn::new).map_err(export_error)
     }
 
     fn size_bytes(&self) -> u64 {
@@ -209,13 +243,12 @@ impl ExportConn for CacheConn {
         writes: &[BatchWrite<'_>],
         outcomes: &mut Vec<Result<(), ExportError>>,
     ) {
-        let requests: Vec<WriteRequest<'_>> = writes
-            .iter()
-            .map(|w| WriteRequest { offset: w.offset_bytes, data: w.data, fua: w.fua })
-            .collect();
-        let mut results = Vec::with_capacity(writes.len());
-        self.lane.write_batch(&requests, &mut results);
-        outcomes.extend(results.into_iter().map(|r| r.map_err(export_error)));
+        let requests = writes.iter().map(|w| WriteRequest {
+            offset: w.offset_bytes,
+            data: w.data,
+            fua: w.fua,
+        });
+        self.write_batch_into(requests, outcomes, export_error);
     }
 
     /// The reads a client had in flight, pipelined by the engine (`Lane::read_batch`).
@@ -224,13 +257,9 @@ impl ExportConn for CacheConn {
         reads: &mut [pmcache_nbd::export::BatchRead<'_>],
         outcomes: &mut Vec<Result<(), ExportError>>,
     ) {
-        let mut requests: Vec<pmcache_engine::ReadRequest<'_>> = reads
-            .iter_mut()
-            .map(|r| pmcache_engine::ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf })
-            .collect();
-        let mut results = Vec::with_capacity(requests.len());
-        self.lane.read_batch(&mut requests, &mut results);
-        outcomes.extend(results.into_iter().map(|r| r.map_err(export_error)));
+        let requests =
+            reads.iter_mut().map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf });
+        self.read_batch_into(requests, outcomes, export_error);
     }
 
     fn flush(&mut self) -> Result<(), ExportError> {

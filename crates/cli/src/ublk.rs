@@ -45,13 +45,12 @@ impl Target for CacheConn {
         writes: &[BatchWrite<'_>],
         outcomes: &mut Vec<Result<(), TargetError>>,
     ) {
-        let requests: Vec<WriteRequest<'_>> = writes
-            .iter()
-            .map(|w| WriteRequest { offset: w.offset_bytes, data: w.data, fua: w.fua })
-            .collect();
-        let mut results = Vec::with_capacity(writes.len());
-        self.lane.write_batch(&requests, &mut results);
-        outcomes.extend(results.into_iter().map(|r| r.map_err(target_error)));
+        let requests = writes.iter().map(|w| WriteRequest {
+            offset: w.offset_bytes,
+            data: w.data,
+            fua: w.fua,
+        });
+        self.write_batch_into(requests, outcomes, target_error);
     }
 
     /// The reads a queue received together, pipelined by the engine (`Lane::read_batch`).
@@ -60,13 +59,9 @@ impl Target for CacheConn {
         reads: &mut [BatchRead<'_>],
         outcomes: &mut Vec<Result<(), TargetError>>,
     ) {
-        let mut requests: Vec<ReadRequest<'_>> = reads
-            .iter_mut()
-            .map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf })
-            .collect();
-        let mut results = Vec::with_capacity(requests.len());
-        self.lane.read_batch(&mut requests, &mut results);
-        outcomes.extend(results.into_iter().map(|r| r.map_err(target_error)));
+        let requests =
+            reads.iter_mut().map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf });
+        self.read_batch_into(requests, outcomes, target_error);
     }
 
     fn flush(&mut self) -> Result<(), TargetError> {
@@ -172,7 +167,7 @@ fn serve_device(
     }
     .map_err(|e| e.to_string())?;
     let targets = (0..queues)
-        .map(|_| engine.lane().map(|lane| CacheConn { lane }))
+        .map(|_| engine.lane().map(CacheConn::new))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("engine lanes for the ublk queues: {e}"))?;
     let frontend = UblkFrontend { stopper: device.stopper(), id: device.id(), queues, depth };
