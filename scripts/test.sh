@@ -1,9 +1,30 @@
 #!/usr/bin/env bash
 # Runs every check pmcache's CI runs: format, lints, the whole test suite (release build, with
-# assertions on), the shuttle concurrency tests, the io_uring IOPOLL conformance tests in a
-# QEMU (TCG) guest whose NVMe drive has poll queues, and smoke runs of the benches.
+# assertions on) with every feature (the ublk frontend too) and the default build's own tests,
+# the shuttle concurrency tests, the io_uring IOPOLL conformance tests and the kernel-client
+# tests in QEMU (TCG) guests, and smoke runs of the benches.
+#
+# The system packages the tests use (scripts/deps.sh lists them) are installed first when some
+# are missing and this runs as root with apt-get; otherwise it stops at once with the command
+# that installs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+missing=$(bash scripts/deps.sh missing)
+if [[ -n "$missing" ]]; then
+  if ((EUID == 0)) && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing the system packages the tests use (missing: $missing)"
+    bash scripts/deps.sh install
+  else
+    echo "test.sh: the tests need system packages that are missing: $missing" >&2
+    echo "test.sh: install them (as root) with: $(bash scripts/deps.sh line)" >&2
+    exit 1
+  fi
+fi
+
+# The ublk frontend (cargo feature `ublk` of pmcache-cli) is built, linted and tested here;
+# the default build (without it) is linted and its own tests run too, so neither rots.
+all_features=(--features pmcache-cli/ublk)
 
 # Property tests draw from a fixed seed here so that CI is reproducible; run them with another
 # PROPTEST_RNG_SEED (or none: `cargo test`) to explore further. A failure prints its seed.
@@ -12,12 +33,16 @@ export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261122}"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== cargo clippy (all targets, warnings are errors)"
+echo "== cargo clippy (all targets, warnings are errors; with the ublk feature, then without)"
+cargo clippy --workspace --all-targets "${all_features[@]}" -- -D warnings
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p pmcache-engine --features shuttle --all-targets -- -D warnings
 
-echo "== cargo test (release optimisation: profile test-opt, release without LTO)"
-cargo test --workspace --profile test-opt
+echo "== cargo test (release optimisation: profile test-opt, release without LTO; every feature)"
+cargo test --workspace --profile test-opt "${all_features[@]}"
+
+echo "== the default build (no ublk feature): its own tests of what --ublk says"
+cargo test --profile test-opt -p pmcache-cli --test e2e ublk
 
 echo "== shuttle: reader / writer / evictor interleavings, admission counters"
 cargo test --profile test-opt -p pmcache-engine --features shuttle --lib --test shuttle

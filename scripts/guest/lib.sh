@@ -24,10 +24,11 @@ need_tools() {
   fi
 }
 
-# build_pmcache PROFILE: builds the pmcache binary; sets exe to its absolute path.
+# build_pmcache PROFILE: builds the pmcache binary with the ublk frontend (cargo feature
+# `ublk`); sets exe to its absolute path.
 build_pmcache() {
-  echo "== building pmcache (profile $1)"
-  cargo build --profile "$1" -p pmcache-cli
+  echo "== building pmcache (profile $1, feature ublk)"
+  cargo build --profile "$1" -p pmcache-cli --features ublk
   exe="${CARGO_TARGET_DIR:-target}/$1/pmcache"
   exe=$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")
 }

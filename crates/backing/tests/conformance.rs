@@ -803,7 +803,7 @@ impl LoopDevice {
             .args(["--find", "--show", "--sector-size", &sector_bytes.to_string()])
             .arg(file.path())
             .output()
-            .map_err(|e| format!("losetup: {e}"))?;
+            .map_err(|e| format!("losetup (`apt-get install -y mount`): {e}"))?;
         if !out.status.success() {
             return Err(format!("losetup: {}", String::from_utf8_lossy(&out.stderr).trim()));
         }

@@ -13,16 +13,14 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use pmcache_backing::PsyncFile;
+use pmcache_backing::{IoBuf, PsyncFile};
 use pmcache_engine::{
     AdmissionConfig, CacheMode, Config, Engine, EvictionKind, Lane, MonotonicClock, ReadRequest,
     WriteRequest,
 };
 use pmcache_media::{MediumOptions, MediumSync, PmemFile};
 use pmcache_ublk::mapping::{UBLK_IO_OP_READ, UBLK_IO_OP_WRITE};
-use pmcache_ublk::{
-    BatchRead, BatchWrite, Dispatcher, Geometry, IoBuf, IoDesc, Target, TargetError,
-};
+use pmcache_ublk::{BatchRead, BatchWrite, Dispatcher, Geometry, IoDesc, Target, TargetError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -178,7 +176,7 @@ enum Kind {
 struct Bed<'e> {
     target: LaneTarget<'e>,
     dispatcher: Dispatcher,
-    bufs: Vec<IoBuf<u8>>,
+    bufs: Vec<IoBuf>,
     blocks: Vec<u64>,
 }
 
@@ -215,10 +213,7 @@ impl Bed<'_> {
                     let mut requests: Vec<ReadRequest<'_>> = chunk
                         .iter()
                         .zip(direct.iter_mut())
-                        .map(|(&b, buf)| ReadRequest {
-                            offset: b * BLOCK_BYTES,
-                            buf: buf.as_mut_slice(),
-                        })
+                        .map(|(&b, buf)| ReadRequest { offset: b * BLOCK_BYTES, buf: &mut buf[..] })
                         .collect();
                     outcomes.clear();
                     lane.read_batch(&mut requests, &mut outcomes);
@@ -250,11 +245,11 @@ impl Bed<'_> {
 
 /// `BATCH` buffers of `bytes` filled with `fill`, 4096-byte aligned as the device's are (the
 /// engine's slots are too: a copy between them is at the same offset in a page).
-fn buffers(bytes: usize, fill: u8) -> Vec<IoBuf<u8>> {
+fn buffers(bytes: usize, fill: u8) -> Vec<IoBuf> {
     (0..BATCH)
         .map(|_| {
-            let mut buf = IoBuf::<u8>::new(bytes);
-            buf.as_mut_slice().fill(fill);
+            let mut buf = IoBuf::with_align(bytes, 4096);
+            buf.fill(fill);
             buf
         })
         .collect()

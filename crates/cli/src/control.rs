@@ -7,7 +7,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -15,7 +15,22 @@ use std::time::Duration;
 use pmcache_engine::Error;
 
 use crate::cache::CacheEngine;
-use crate::serving::Frontend;
+
+/// The control socket path of a cache.
+pub fn default_control_path(cache: &Path) -> PathBuf {
+    let mut name = cache.as_os_str().to_owned();
+    name.push(".ctl");
+    PathBuf::from(name)
+}
+
+/// What the control socket and the signals stop: the running frontend.
+pub(crate) trait Frontend: Clone + Send + 'static {
+    /// Stops serving: requests in flight finish, then the frontend's `run` returns.
+    fn stop(&self);
+
+    /// The frontend's own counters for `pmcache stats`.
+    fn stats(&self) -> Vec<(&'static str, u64)>;
+}
 
 /// Binds the control socket, replacing a stale one (no server answering on it). Anything at
 /// the path that is not a socket (a mistyped `--control` naming the medium, or any file) is

@@ -8,14 +8,18 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod args;
 mod bench;
 mod cache;
+mod conn;
 mod control;
 mod manage;
+mod nbd;
 mod serve;
 mod serving;
 mod state;
 mod tls;
+#[cfg(feature = "ublk")]
 mod ublk;
 
 /// pmcache: a block cache on persistent memory, served over NBD or as a ublk block device.
@@ -61,7 +65,7 @@ enum Command {
     /// attachment is recorded beside the backing file), or, with --medium-sync msync, a file
     /// on another file system synced at every persist; any other medium is refused. With
     /// --ublk: a kernel block device, /dev/ublkbN, instead of NBD.
-    Serve(Box<serve::ServeArgs>),
+    Serve(Box<args::ServeArgs>),
     /// Format a cache medium for a backing store.
     Format(manage::FormatArgs),
     /// Verify a cache medium's superblock and metadata (non-zero exit on corruption).
@@ -77,7 +81,17 @@ enum Command {
     /// Run an experiment and print its figures beside their baselines.
     Bench(bench::BenchArgs),
     /// List ublk devices, or remove one a server that died left behind.
-    Ublk(ublk::UblkArgs),
+    Ublk(args::UblkArgs),
+}
+
+#[cfg(feature = "ublk")]
+fn manage_ublk(args: args::UblkArgs) -> Result<(), String> {
+    ublk::manage(args)
+}
+
+#[cfg(not(feature = "ublk"))]
+fn manage_ublk(_args: args::UblkArgs) -> Result<(), String> {
+    Err(serve::UBLK_NOT_BUILT.to_string())
 }
 
 fn main() -> ExitCode {
@@ -92,7 +106,7 @@ fn main() -> ExitCode {
         Command::Flush(args) => manage::flush(args),
         Command::Detach(args) => manage::detach(args),
         Command::Bench(args) => bench::run(args),
-        Command::Ublk(args) => ublk::manage(args),
+        Command::Ublk(args) => manage_ublk(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

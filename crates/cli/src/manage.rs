@@ -8,8 +8,7 @@ use pmcache_engine::format::Superblock;
 use pmcache_media::{FileSystem, Medium, MediumKind, MediumSync};
 
 use crate::cache::{CacheArgs, MEDIUM_SYNC_HELP, human, open_existing};
-use crate::control;
-use crate::serve::default_control_path;
+use crate::control::{self, default_control_path};
 
 /// `pmcache format`.
 #[derive(Debug, clap::Args)]

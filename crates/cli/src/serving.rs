@@ -1,4 +1,4 @@
-//! What both frontends of `pmcache serve` (NBD in `crate::serve`, ublk in `crate::ublk`) do
+//! What both frontends of `pmcache serve` (NBD in `crate::nbd`, ublk in `crate::ublk`) do
 //! around serving: open the cache (format or attach, after binding its control socket and
 //! checking the state file of a volatile medium), start the cleaner, serve the control socket
 //! and stop the frontend on SIGINT or SIGTERM, and at the end write back what must be, mark
@@ -14,13 +14,12 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pmcache_engine::{CacheMode, Error};
 use pmcache_media::{FileSystem, MediumKind};
-use pmcache_nbd::ShutdownHandle;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use crate::cache::{CacheArgs, CacheEngine, Opened, open_or_format};
-use crate::control;
-use crate::serve::{DEFAULT_BACKING, DEFAULT_CACHE, ServeArgs, default_control_path};
+use crate::args::{DEFAULT_BACKING, DEFAULT_CACHE, ServeArgs};
+use crate::cache::{CacheArgs, CacheEngine, Opened, human, open_or_format};
+use crate::control::{self, Frontend, default_control_path};
 use crate::state;
 
 const DEFAULT_BACKING_BYTES: u64 = 8 << 30;
@@ -39,7 +38,7 @@ fn ensure_default_backing(path: &Path) -> Result<(), String> {
 
 /// The cache a frontend serves, with what goes with it for as long as it is served: the
 /// control socket, the state file of a volatile medium, the cleaner's thread. Both frontends
-/// (NBD here, ublk in `crate::ublk`) open it, serve, and finish it.
+/// (NBD in `crate::nbd`, ublk in `crate::ublk`) open it, serve, and finish it.
 pub(crate) struct Serving {
     /// The engine, for the whole process.
     pub(crate) engine: &'static CacheEngine,
@@ -58,32 +57,6 @@ pub(crate) struct Serving {
     write_back_all: Arc<AtomicBool>,
     cleaner_thread: std::thread::JoinHandle<Option<pmcache_engine::Result<u64>>>,
     detach: Arc<AtomicBool>,
-}
-
-/// What the control socket and the signals stop: the running frontend.
-pub(crate) trait Frontend: Clone + Send + 'static {
-    /// Stops serving: requests in flight finish, then the frontend's `run` returns.
-    fn stop(&self);
-
-    /// The frontend's own counters for `pmcache stats`.
-    fn stats(&self) -> Vec<(&'static str, u64)>;
-}
-
-impl Frontend for ShutdownHandle {
-    fn stop(&self) {
-        self.shutdown();
-    }
-
-    fn stats(&self) -> Vec<(&'static str, u64)> {
-        let server = ShutdownHandle::stats(self);
-        vec![
-            ("connections_open", server.connections_open),
-            ("connections_accepted", server.connections_accepted),
-            ("connections_refused_at_limit", server.connections_refused_at_limit),
-            ("connections_dropped_write_timeout", server.connections_dropped_write_timeout),
-            ("connections_dropped_idle", server.connections_dropped_idle),
-        ]
-    }
 }
 
 impl Serving {
@@ -495,4 +468,19 @@ impl Drop for RemoveOnDrop {
             let _ = std::fs::remove_file(path);
         }
     }
+}
+
+/// The startup line: the cache (size, medium kind, slots, mode) in front of its backing store.
+pub(crate) fn print_serving(cache: &Path, backing: &Path, engine: &CacheEngine) {
+    println!(
+        "pmcache: serving {} ({} cache, medium: {}, {} slots of {} B, {}) in front of {} ({})",
+        cache.display(),
+        human(engine.superblock().geometry.medium_bytes),
+        engine.medium().kind(),
+        engine.superblock().geometry.slot_count,
+        engine.block_size(),
+        engine.mode(),
+        backing.display(),
+        human(engine.size_bytes())
+    );
 }

@@ -1,7 +1,7 @@
 //! `pmcache serve --ublk`: the cache as a kernel block device, `/dev/ublkbN`, through the
 //! kernel's ublk driver (`pmcache_ublk`): one queue per thread, one engine lane per queue, the
 //! requests a queue received together served as the engine's batches. The cache, the
-//! cleaner, the control socket and the stop are those of NBD serving (`crate::serving`);
+//! cleaner, the control socket and the stop are those both frontends share (`crate::serving`);
 //! SIGINT or SIGTERM stops the device (the driver lets in-flight requests complete), then
 //! the device is deleted and the cache marked clean. A server killed leaves the device (user
 //! recovery); `--recover N` takes it over, and `pmcache ublk remove N` deletes it.
@@ -17,8 +17,10 @@ use std::path::{Path, PathBuf};
 
 use pmcache_engine::format::{HEADER_BYTES, Superblock};
 
-use crate::serve::{CacheConn, DEFAULT_CACHE, ServeArgs, Switch};
-use crate::serving::{Frontend, Serving};
+use crate::args::{DEFAULT_CACHE, ServeArgs, Switch, UblkArgs, UblkCommand};
+use crate::conn::CacheConn;
+use crate::control::Frontend;
+use crate::serving::{Serving, print_serving};
 
 /// Largest read or write a request carries: each tag's buffer (per queue: depth × this).
 const MAX_IO_BYTES: u32 = 1 << 20;
@@ -110,7 +112,7 @@ impl Frontend for UblkFrontend {
 
 /// Serves the cache as `/dev/ublkbN` until SIGINT, SIGTERM or `pmcache detach`; with
 /// `--recover N`, takes over device N, left by a server of this cache that died.
-pub fn run(args: ServeArgs) -> Result<(), String> {
+pub fn run(args: &ServeArgs) -> Result<(), String> {
     // Without the driver nothing is opened: the error says what to load, or to use NBD.
     pmcache_ublk::check_driver().map_err(|e| e.to_string())?;
     // A device taken over keeps its queues and depth: read them before the lanes are sized.
@@ -134,7 +136,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     let (queues, depth) =
         takeover.as_ref().map_or((args.ublk_queues, args.ublk_depth), |d| (d.queues, d.depth));
     // One lane per queue, plus two for control requests and the cleaner's.
-    let mut serving = Serving::open(&args, usize::from(queues) + 3, || Ok(()))?;
+    let mut serving = Serving::open(args, usize::from(queues) + 3, || Ok(()))?;
     let recovery = args.ublk_recovery == Switch::On;
     let served = serve_device(&mut serving, queues, depth, recovery, takeover.as_ref());
     serving.finish(served)
@@ -177,7 +179,7 @@ fn serve_device(
     serving.keep_control_socket();
     device
         .run(targets, move |started: &Started| {
-            crate::serve::print_serving(&cache, &backing, engine);
+            print_serving(&cache, &backing, engine);
             let device = started.block_path.display();
             let id = started.id;
             if started.recovered {
@@ -260,27 +262,6 @@ fn refuse_orphans(owner: OwnerTag) -> Result<(), String> {
             pid = orphan.server_pid,
         )),
     }
-}
-
-/// `pmcache ublk`: the ublk devices there are, and removing one a dead server left.
-#[derive(clap::Args)]
-pub struct UblkArgs {
-    #[command(subcommand)]
-    command: UblkCommand,
-}
-
-#[derive(clap::Subcommand)]
-enum UblkCommand {
-    /// List the ublk devices: state, server, queues, size, and whether a successor can take
-    /// them over.
-    List,
-    /// Remove device N, which no running server holds (left by one that died): requests
-    /// waiting on it fail, and a file system mounted on it sees I/O errors. The cache keeps
-    /// every acknowledged write; `pmcache serve --ublk` serves it again on a new device.
-    Remove {
-        /// The device number N of /dev/ublkbN.
-        id: u32,
-    },
 }
 
 /// Runs `pmcache ublk …`.

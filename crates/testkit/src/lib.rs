@@ -8,6 +8,34 @@ use std::time::{Duration, Instant};
 
 pub mod tls;
 
+/// The Debian package that provides each external program the tests run (`scripts/deps.sh`
+/// installs them all).
+const TOOL_PACKAGES: &[(&str, &str)] = &[
+    ("fio", "fio"),
+    ("nbdinfo", "libnbd-bin"),
+    ("nbdcopy", "libnbd-bin"),
+    ("nbdfuse", "nbdfuse"),
+    ("nbdkit", "nbdkit"),
+    ("qemu-io", "qemu-utils"),
+    ("qemu-img", "qemu-utils"),
+    ("qemu-nbd", "qemu-utils"),
+    ("openssl", "openssl"),
+    ("losetup", "mount"),
+    ("findmnt", "util-linux"),
+];
+
+/// What to say when the program `bin` cannot be found: which package brings it.
+pub fn missing_tool_message(bin: &str) -> String {
+    let package = TOOL_PACKAGES.iter().find(|(tool, _)| *tool == bin).map(|(_, p)| *p);
+    match package {
+        Some(package) => format!(
+            "`{bin}` not found on PATH: install it with `apt-get install -y {package}` \
+             (scripts/test.sh installs every package the tests use)"
+        ),
+        None => format!("`{bin}` not found on PATH"),
+    }
+}
+
 /// Fails the test unless `bin` is on PATH, naming the apt package that provides it.
 pub fn require_tool(bin: &str, apt_package: &str) {
     let found = std::env::var_os("PATH")
@@ -24,7 +52,13 @@ pub fn run(cmd: &mut Command, timeout: Duration) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {desc}: {e}"));
+        .unwrap_or_else(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                let bin = cmd.get_program().to_string_lossy().into_owned();
+                panic!("cannot start {desc}: {}", missing_tool_message(&bin))
+            }
+            _ => panic!("cannot start {desc}: {e}"),
+        });
     let deadline = Instant::now() + timeout;
     // Drain pipes on threads so a chatty child cannot block on a full pipe.
     let mut stdout = child.stdout.take().expect("stdout");

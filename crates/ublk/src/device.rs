@@ -13,6 +13,65 @@
 //! dies leaves the device to a successor, which takes it over with [`Device::recover`]);
 //! [`Device::run`] serves it until it is stopped ([`Stopper::stop`]: the driver lets
 //! in-flight requests complete, then ends the queues) and deletes it.
+//!
+//! Serving a device, and taking one over after its server died (needs the driver and root):
+//!
+//! ```no_run
+//! use pmcache_ublk::{Device, DeviceConfig, OwnerTag, Target, TargetError, recovery};
+//!
+//! /// A RAM disk: what a queue serves. (Its bytes die with the server; a target whose device
+//! /// is to be taken over keeps them where the next server finds them, as pmcache's medium.)
+//! struct Ram(Vec<u8>);
+//!
+//! impl Target for Ram {
+//!     fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), TargetError> {
+//!         let at = offset as usize;
+//!         buf.copy_from_slice(&self.0[at..at + buf.len()]);
+//!         Ok(())
+//!     }
+//!     fn write(&mut self, offset: u64, data: &[u8], _fua: bool) -> Result<(), TargetError> {
+//!         let at = offset as usize;
+//!         self.0[at..at + data.len()].copy_from_slice(data);
+//!         Ok(())
+//!     }
+//!     fn flush(&mut self) -> Result<(), TargetError> {
+//!         Ok(())
+//!     }
+//!     fn discard(&mut self, _offset: u64, _len: u64) -> Result<(), TargetError> {
+//!         Ok(())
+//!     }
+//!     fn write_zeroes(&mut self, offset: u64, len: u64, _fua: bool, _unmap: bool)
+//!         -> Result<(), TargetError> {
+//!         self.0[offset as usize..(offset + len) as usize].fill(0);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let config = DeviceConfig {
+//!     queues: 1,
+//!     depth: 64,
+//!     size_bytes: 64 << 20,
+//!     logical_block_bytes: 4096,
+//!     physical_block_bytes: 4096,
+//!     max_io_bytes: 1 << 20,
+//!     user_recovery: true,
+//!     owner: OwnerTag(0x5eed), // what identifies the data served, recorded in the device
+//! };
+//! // A device left by a dead server of the same data is taken over; otherwise a new one.
+//! let orphan = recovery::list()?
+//!     .into_iter()
+//!     .find(|d| d.owner == config.owner && d.orphaned());
+//! let device = match orphan {
+//!     Some(d) => Device::recover(d.id, config)?,
+//!     None => Device::add(config)?,
+//! };
+//! let stopper = device.stopper(); // `stopper.stop()` from another thread ends `run`
+//! device.run(vec![Ram(vec![0; 64 << 20])], |started| {
+//!     println!("serving {}", started.block_path.display());
+//! })?;
+//! # drop(stopper);
+//! # Ok::<(), pmcache_ublk::DeviceError>(())
+//! ```
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

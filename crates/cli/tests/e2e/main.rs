@@ -6,7 +6,8 @@
 //! volatile medium with the refusal to start over a backing store whose cache was lost, and
 //! the kinds of medium (a disk file refused, or served in msync mode), block status and
 //! oversized requests, a soak with stalled and misbehaving clients beside 16 verifying ones,
-//! and `serve --ublk` refused on a kernel without the ublk driver.
+//! and `serve --ublk` refused in a build without the ublk feature or on a kernel without the
+//! ublk driver.
 //!
 //! A missing client binary fails the test with the apt package to install.
 

@@ -1,0 +1,174 @@
+//! The command line of `pmcache serve` (NBD or ublk) and of `pmcache ublk`: parsed and
+//! checked by clap, nothing opened. Every frontend reads its options from here, whether or
+//! not it was built (a build without the `ublk` feature still parses `--ublk`, to refuse it
+//! with what to do).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use pmcache_media::MediumSync;
+
+use crate::cache::{MEDIUM_SYNC_HELP, parse_size};
+use crate::tls::TlsArgs;
+
+/// Default cache medium of `pmcache serve` with no arguments.
+pub const DEFAULT_CACHE: &str = "/dev/shm/pmcache-default.pm";
+/// Default backing file of `pmcache serve` with no arguments.
+pub const DEFAULT_BACKING: &str = "./pmcache-data/backing.img";
+
+/// Options of `pmcache serve`. With none, it runs on the embedded default.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// The cache medium: a file on a DAX file system, a device-dax node, or a file in /dev/shm
+    /// (emulated PM); any other file only with --medium-sync msync (default: a 1 GiB file in
+    /// /dev/shm).
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// How a medium that is neither DAX nor volatile is made durable: `auto` refuses it,
+    /// `msync` syncs its pages at every persist (slow: a device write per cache write).
+    #[arg(long, default_value = "auto", value_name = "auto|msync", long_help = MEDIUM_SYNC_HELP)]
+    pub medium_sync: MediumSync,
+    /// The backing store (default: a sparse 8 GiB file under ./pmcache-data, created if missing).
+    #[arg(long)]
+    pub backing: Option<PathBuf>,
+    /// Size of a new cache medium [default: 1G]. Given for an existing cache, it must be the
+    /// medium's size.
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
+    /// Cache block size in bytes, for a new cache [default: 4096]. Given for an existing
+    /// cache, it must be the cache's.
+    #[arg(long)]
+    pub block_size: Option<u32>,
+    /// Cache mode: writeback, writethrough, writearound, passthrough, writeonly.
+    #[arg(long, default_value = "writeback")]
+    pub mode: pmcache_engine::CacheMode,
+    /// Backing-store I/O engine (default: io_uring).
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// Eviction policy: clock or fifo.
+    #[arg(long, default_value = "clock")]
+    pub eviction: pmcache_engine::EvictionKind,
+    /// Attach an existing cache although the file at --backing is another file than the one
+    /// it was formatted for (another inode: a copy, a move across file systems, a restore).
+    /// You vouch that it holds the data the cache was written over; its size and path must
+    /// still match. Needed at every attach until the cache is formatted again.
+    #[arg(long)]
+    pub backing_moved: bool,
+    /// TCP address to listen on (loopback unless --allow-remote).
+    #[arg(long, default_value = "127.0.0.1:10809", conflicts_with = "socket")]
+    pub listen: SocketAddr,
+    /// Listen on a unix socket instead of TCP.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Allow listening on a non-loopback address.
+    #[arg(long)]
+    pub allow_remote: bool,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Export name.
+    #[arg(long, default_value = "pmcache")]
+    pub export: String,
+    /// Most simultaneous client connections.
+    #[arg(long, default_value_t = 16)]
+    pub max_connections: usize,
+    /// Seconds a client has to take each batch of replies off its socket; a client that stops
+    /// reading (or reads too slowly) is dropped then, freeing its connection, engine lane and
+    /// buffers.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = positive_seconds)]
+    pub write_timeout: f64,
+    /// Seconds a connection may stay idle (no request from its client) before it is dropped;
+    /// 0 keeps idle connections (the default: the kernel's NBD client keeps an idle mounted
+    /// device's connection open for as long as the mount lives).
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.0, value_parser = seconds)]
+    pub idle_timeout: f64,
+    /// Control socket for `pmcache stats/flush/detach` (default: the cache path + ".ctl").
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+    /// A setting of the background cleaner, `KEY=VALUE` (repeatable; change it later with
+    /// `pmcache set`): order=lba|oldest|none, adaptive=off|boost|boost-pid, target_pct,
+    /// high_pct, low_pct, idle_target_pct, idle_ms, queue_depth, batch_blocks, merge_blocks,
+    /// kp, ki, kd, rate_min, rate_max, nice_base, nice_boost, stall_timeout_ms.
+    /// `order=none` runs no cleaner (writers then write back inline).
+    #[arg(long = "cleaner", value_name = "KEY=VALUE")]
+    pub cleaner: Vec<String>,
+    /// Where the attachment of the backing store to a cache on a volatile medium (tmpfs,
+    /// ramfs, hugetlbfs: lost at a reboot) is recorded, outside the medium [default: the backing file's
+    /// path + ".pmcache-state"; for a block device,
+    /// /var/lib/pmcache/<its path with / as ->.pmcache-state]. `serve` refuses to start when
+    /// it records blocks that may not have been written back from a cache that is gone
+    /// (docs/DURABILITY.md, "Stop and lost volatile media").
+    #[arg(long, value_name = "PATH")]
+    pub state_file: Option<PathBuf>,
+    /// Serve the cache as a kernel block device, /dev/ublkbN, through the kernel's ublk
+    /// driver (Linux 6.0 or later, module ublk_drv; needs root) instead of over NBD
+    /// (docs/UBLK.md). One thread and one engine lane per queue.
+    #[arg(long, conflicts_with_all = ["listen", "socket", "allow_remote", "export"])]
+    pub ublk: bool,
+    /// ublk hardware queues: a thread and an engine lane each.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "ublk")]
+    pub ublk_queues: u16,
+    /// ublk tags per queue: the requests each queue can have in flight.
+    #[arg(long, value_name = "N", default_value_t = 128, requires = "ublk")]
+    pub ublk_depth: u16,
+    /// What a device does when its server dies: `on`, it stays with its requests waiting
+    /// (and a file system mounted on it waiting too) until `--recover N` takes it over; `off`,
+    /// the driver fails its requests at once (the file system sees I/O errors) and `pmcache
+    /// ublk remove N` deletes it. Kernels without user recovery behave as `off`.
+    #[arg(long, value_enum, value_name = "on|off", default_value = "on", requires = "ublk")]
+    pub ublk_recovery: Switch,
+    /// Take over /dev/ublkbN, left by a server of this cache that died (user recovery): the
+    /// cache is recovered from its medium, the device keeps its number, queues and depth, and
+    /// a file system mounted on it carries on. Refused for a device of another cache, a
+    /// device still served, or one added without user recovery (`pmcache ublk list` shows
+    /// them all).
+    #[arg(long, value_name = "N", requires = "ublk")]
+    pub recover: Option<u32>,
+    /// Start although the state file records that the backing store may lack blocks that only
+    /// a volatile cache held, and that cache is gone (or is not the one given): those blocks
+    /// are abandoned, and the backing store is served as it is.
+    #[arg(long)]
+    pub accept_stale_backing: bool,
+}
+
+/// A feature turned on or off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    /// Turned on.
+    On,
+    /// Turned off.
+    Off,
+}
+
+/// A number of seconds, 0 or more (at most a day).
+fn seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if (0.0..=86_400.0).contains(&s) => Ok(s),
+        _ => Err(format!("{text:?} is not a number of seconds between 0 and 86400")),
+    }
+}
+
+/// A number of seconds above 0 (at most a day).
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    seconds(text).and_then(|s| if s > 0.0 { Ok(s) } else { Err("must be above 0".into()) })
+}
+
+/// `pmcache ublk`: the ublk devices there are, and removing one a dead server left.
+#[derive(clap::Args)]
+pub struct UblkArgs {
+    #[command(subcommand)]
+    pub command: UblkCommand,
+}
+
+#[derive(clap::Subcommand)]
+pub enum UblkCommand {
+    /// List the ublk devices: state, server, queues, size, and whether a successor can take
+    /// them over.
+    List,
+    /// Remove device N, which no running server holds (left by one that died): requests
+    /// waiting on it fail, and a file system mounted on it sees I/O errors. The cache keeps
+    /// every acknowledged write; `pmcache serve --ublk` serves it again on a new device.
+    Remove {
+        /// The device number N of /dev/ublkbN.
+        id: u32,
+    },
+}
