@@ -60,9 +60,16 @@ pub struct ServeArgs {
     /// Listen on a unix socket instead of TCP.
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Allow listening on a non-loopback address.
+    /// Allow listening on a non-loopback address. Other hosts must then be authenticated
+    /// (--tls=require with --tls-psk, or with --tls-certificates and --tls-verify-peer) unless
+    /// --allow-unauthenticated is given.
     #[arg(long)]
     pub allow_remote: bool,
+    /// With --allow-remote: serve other hosts although no client is authenticated (TLS off,
+    /// `--tls=on`, which serves plain clients too, or certificates without
+    /// --tls-verify-peer): anyone who reaches the port reads and writes the device.
+    #[arg(long, requires = "allow_remote")]
+    pub allow_unauthenticated: bool,
     #[command(flatten)]
     pub tls: TlsArgs,
     /// Export name.
@@ -102,7 +109,7 @@ pub struct ServeArgs {
     /// Serve the cache as a kernel block device, /dev/ublkbN, through the kernel's ublk
     /// driver (Linux 6.0 or later, module ublk_drv; needs root) instead of over NBD
     /// (docs/UBLK.md). One thread and one engine lane per queue.
-    #[arg(long, conflicts_with_all = ["listen", "socket", "allow_remote", "export"])]
+    #[arg(long, conflicts_with_all = ["listen", "socket", "allow_remote", "allow_unauthenticated", "export"])]
     pub ublk: bool,
     /// ublk hardware queues: a thread and an engine lane each.
     #[arg(long, value_name = "N", default_value_t = 1, requires = "ublk")]

@@ -1,5 +1,6 @@
 //! `pmcache format`, `check`, `stats`, `set`, `flush` and `detach`.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -349,27 +350,73 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
 }
 
 /// Waits for a detaching server to remove its control socket (it does so once the cache is
-/// marked clean). A socket that stays but no longer answers means the server ended without
-/// that: killed, or stopped at once by a second signal.
+/// marked clean), however long its write-back takes, showing its progress (the dirty count,
+/// polled through `stats`: a bar on a terminal, otherwise a line every few seconds). A socket
+/// that stays but no longer answers means the server ended without marking the cache clean:
+/// its write-back or flush failed, it was killed, or a second signal stopped it at once.
 fn wait_for_exit(control: &Path) -> Result<(), String> {
-    for _ in 0..600 {
+    const POLL: std::time::Duration = std::time::Duration::from_millis(100);
+    const LINE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+    let started = std::time::Instant::now();
+    let terminal = std::io::stdout().is_terminal();
+    let mut total: Option<u64> = None;
+    let mut bar: Option<ProgressBar> = None;
+    let mut last_line = started;
+    loop {
         if !control.exists() {
+            if let Some(bar) = &bar {
+                bar.finish();
+            }
             println!(
-                "detached: the server wrote every block back, marked the cache clean and stopped"
+                "detached: the server wrote every block back, marked the cache clean and \
+                 stopped ({:.1} s)",
+                started.elapsed().as_secs_f64()
             );
             return Ok(());
         }
-        if std::os::unix::net::UnixStream::connect(control).is_err() && control.exists() {
-            return Err("the server stopped without marking the cache clean (its write-back \
-                        or its backing store's flush failed, see its log; or it was killed, or \
-                        stopped at once by a second signal): nothing acknowledged is lost, but \
-                        not every block was written back; start it again (it recovers the \
-                        cache) and detach again"
-                .into());
+        match dirty_slots_of(control) {
+            Some(dirty) => {
+                let total = *total.get_or_insert(dirty);
+                let done = total.saturating_sub(dirty);
+                if terminal {
+                    bar.get_or_insert_with(|| progress_bar(total)).set_position(done);
+                } else if last_line.elapsed() >= LINE_EVERY {
+                    last_line = std::time::Instant::now();
+                    println!(
+                        "detaching: {done} of {total} dirty blocks written back ({:.0} s)",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            }
+            // Gone between the two looks: removed, so detached (the next turn says so).
+            None if !control.exists() => {}
+            None if std::os::unix::net::UnixStream::connect(control).is_ok() => {}
+            None => {
+                if let Some(bar) = &bar {
+                    bar.abandon();
+                }
+                return Err("the server stopped without marking the cache clean (its write-back \
+                            or its backing store's flush failed, see its log; or it was killed, \
+                            or stopped at once by a second signal): nothing acknowledged is \
+                            lost, but not every block was written back; start it again (it \
+                            recovers the cache) and detach again"
+                    .into());
+            }
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::thread::sleep(POLL);
     }
-    Err("the server did not stop within 60 s".into())
+}
+
+/// The dirty count a running server reports through its control socket (`None`: no answer).
+fn dirty_slots_of(control: &Path) -> Option<u64> {
+    let mut dirty = None;
+    control::request(control, "stats", |line| {
+        dirty = serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|stats| stats.get("dirty_slots").and_then(serde_json::Value::as_u64));
+    })
+    .ok()?;
+    dirty
 }
 
 /// A read-only copy of a medium's superblock and metadata table (everything before the data
@@ -439,4 +486,73 @@ impl Medium for MetadataSnapshot {
     fn flush(&self, _offset: u64, _len: u64) {}
 
     fn drain(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// A control socket that answers `stats` with a dirty count falling by one a call, from
+    /// `dirty`, and then, after `for_how_long`, is removed (`clean`) or left unanswered.
+    fn fake_detaching_server(
+        path: &Path,
+        dirty: u64,
+        for_how_long: Duration,
+        clean: bool,
+    ) -> std::thread::JoinHandle<u64> {
+        let listener = UnixListener::bind(path).expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let path = path.to_path_buf();
+        std::thread::spawn(move || {
+            let until = Instant::now() + for_how_long;
+            let mut answered = 0u64;
+            while Instant::now() < until {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        stream.set_nonblocking(false).expect("blocking");
+                        let mut line = String::new();
+                        let _ = BufReader::new(&stream).read_line(&mut line);
+                        if line.trim() == "stats" {
+                            let left = dirty.saturating_sub(answered);
+                            answered += 1;
+                            let _ = writeln!(&stream, "{{\"dirty_slots\":{left}}}");
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+            drop(listener);
+            if clean {
+                std::fs::remove_file(&path).expect("remove the socket");
+            }
+            answered
+        })
+    }
+
+    /// A detach waits as long as the server's write-back takes, polling its progress, and
+    /// succeeds when the server removes its control socket.
+    #[test]
+    fn a_detach_waits_for_the_write_back_with_its_progress_and_succeeds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache.pm.ctl");
+        let server = fake_detaching_server(&path, 1000, Duration::from_millis(1500), true);
+        wait_for_exit(&path).expect("detached");
+        assert!(server.join().expect("server") >= 5, "the progress was not polled");
+    }
+
+    /// A server that ends without removing its socket (its write-back failed) is reported as
+    /// such.
+    #[test]
+    fn a_detach_whose_server_ends_without_marking_the_cache_clean_fails() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache.pm.ctl");
+        let server = fake_detaching_server(&path, 1000, Duration::from_millis(500), false);
+        let error = wait_for_exit(&path).expect_err("not detached");
+        assert!(error.contains("without marking the cache clean"), "{error}");
+        server.join().expect("server");
+    }
 }

@@ -149,12 +149,17 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     if args.socket.is_none() && !args.listen.ip().is_loopback() && !args.allow_remote {
         return Err(format!(
             "refusing to listen on {}, which is not a loopback address, without --allow-remote \
-             (without --tls=require, NBD has no authentication: anyone who reaches the port \
-             reads and writes the device)",
+             (NBD itself authenticates nobody: anyone who reaches the port reads and writes the \
+             device unless --tls=require authenticates clients by a key or a certificate)",
             args.listen
         ));
     }
     let tls = args.tls.config()?;
+    let listen = match &args.socket {
+        Some(path) => ListenAddr::Unix(path.clone()),
+        None => ListenAddr::Tcp(args.listen),
+    };
+    let warning = args.tls.check_remote(&listen, args.allow_remote, args.allow_unauthenticated)?;
     tls.load().map_err(|e| format!("TLS: {e}"))?;
     // One lane per connection, plus two for control requests (a flush without a cleaner
     // drains through a lane) and the cleaner's.
@@ -163,10 +168,6 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         None => Ok(()),
     })?;
     let engine = serving.engine;
-    let listen = match &args.socket {
-        Some(path) => ListenAddr::Unix(path.clone()),
-        None => ListenAddr::Tcp(args.listen),
-    };
     let config = ServerConfig {
         export_name: args.export.clone(),
         listen,
@@ -177,7 +178,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         tls,
         ..ServerConfig::default()
     };
-    if let Some(warning) = args.tls.remote_warning(&config.listen, config.allow_remote) {
+    if let Some(warning) = warning {
         eprintln!("{warning}");
     }
     let server =
@@ -196,6 +197,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     if let Some(lines) = args.tls.how_to_connect(&server.local_addr(), &args.export) {
         println!("{lines}");
     }
+    println!("{}", args.tls.clients_line(&server.local_addr()));
     serving.keep_control_socket();
     let served = server.run().map_err(|e| e.to_string());
     serving.finish(served)

@@ -26,6 +26,17 @@ pub struct TlsArgs {
     pub tls_verify_peer: bool,
 }
 
+/// Which clients a server authenticates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// By a pre-shared key of this file (TLS required).
+    Psk(PathBuf),
+    /// By a client certificate signed by this directory's `ca-cert.pem` (TLS required).
+    Certificate(PathBuf),
+    /// Nobody: every client that reaches the listener is served.
+    Nobody,
+}
+
 /// The `--tls` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TlsFlag {
@@ -72,15 +83,76 @@ impl TlsArgs {
         })
     }
 
-    /// A warning for a listener other hosts reach without TLS.
-    pub fn remote_warning(&self, listen: &ListenAddr, allow_remote: bool) -> Option<String> {
+    /// Which clients these flags authenticate. Only `--tls=require` authenticates anyone:
+    /// with `--tls=on` a plain client is served too.
+    pub fn client_auth(&self) -> ClientAuth {
+        if self.tls != TlsFlag::Require {
+            return ClientAuth::Nobody;
+        }
+        match (&self.tls_psk, &self.tls_certificates) {
+            (Some(psk), _) => ClientAuth::Psk(psk.clone()),
+            (None, Some(dir)) if self.tls_verify_peer => ClientAuth::Certificate(dir.clone()),
+            _ => ClientAuth::Nobody,
+        }
+    }
+
+    /// Whether these flags may serve `listen`: a listener other hosts reach
+    /// (`--allow-remote` on a non-loopback address) with no client authenticated is refused
+    /// unless `allow_unauthenticated` (`--allow-unauthenticated`) says so; served then, with
+    /// the warning returned.
+    pub fn check_remote(
+        &self,
+        listen: &ListenAddr,
+        allow_remote: bool,
+        allow_unauthenticated: bool,
+    ) -> Result<Option<String>, String> {
         let remote = matches!(listen, ListenAddr::Tcp(a) if !a.ip().is_loopback());
-        (allow_remote && remote && self.tls == TlsFlag::Off).then(|| {
-            "pmcache: warning: --allow-remote with --tls=off: the export travels in clear and \
-             anyone who reaches the port reads and writes it; consider --tls=require with \
-             --tls-certificates or --tls-psk"
-                .to_owned()
-        })
+        if !(allow_remote && remote) || self.client_auth() != ClientAuth::Nobody {
+            return Ok(None);
+        }
+        let why = match (self.tls, self.tls_certificates.is_some()) {
+            (TlsFlag::Off, _) => "with --tls=off the export travels in clear, and",
+            (TlsFlag::On, _) => "--tls=on serves plain clients too, so",
+            (TlsFlag::Require, _) => {
+                "--tls=require with --tls-certificates and no --tls-verify-peer encrypts but                  checks no client certificate, so"
+            }
+        };
+        if !allow_unauthenticated {
+            return Err(format!(
+                "refusing to serve {listen} to other hosts with no client authentication: {why}                  anyone who reaches the port reads and writes the device. Authenticate clients                  with --tls=require and --tls-psk FILE, or --tls=require, --tls-certificates                  DIR and --tls-verify-peer; or pass --allow-unauthenticated to serve anyone",
+                listen = match listen {
+                    ListenAddr::Tcp(a) => a.to_string(),
+                    ListenAddr::Unix(p) => p.display().to_string(),
+                }
+            ));
+        }
+        Ok(Some(format!(
+            "pmcache: warning: --allow-unauthenticated: {why} anyone who reaches the port reads              and writes the device"
+        )))
+    }
+
+    /// The start-up banner's line on which clients are authenticated.
+    pub fn clients_line(&self, listen: &ListenAddr) -> String {
+        let local = match listen {
+            ListenAddr::Tcp(a) if a.ip().is_loopback() => Some("processes on this host"),
+            ListenAddr::Tcp(_) => None,
+            ListenAddr::Unix(_) => Some("processes that may open the socket"),
+        };
+        let who = match self.client_auth() {
+            ClientAuth::Psk(file) => {
+                format!("authenticated by TLS-PSK (a key of {})", file.display())
+            }
+            ClientAuth::Certificate(dir) => format!(
+                "authenticated by a client certificate signed by {}",
+                dir.join("ca-cert.pem").display()
+            ),
+            ClientAuth::Nobody => match local {
+                Some(who) => format!("not authenticated ({who} reach it)"),
+                None => "NOT AUTHENTICATED: anyone who reaches the port reads and writes the                          device"
+                    .to_owned(),
+            },
+        };
+        format!("  clients:     {who}")
     }
 
     /// How TLS clients connect, for the start-up banner (`None` with TLS off).
@@ -150,12 +222,46 @@ mod tests {
     }
 
     #[test]
-    fn only_a_remote_listener_without_tls_is_warned_about() {
+    fn only_tls_required_with_a_key_or_a_verified_certificate_authenticates_clients() {
+        let auth = |a: TlsArgs| a.client_auth();
+        assert!(matches!(auth(args(TlsFlag::Require, false, true, false)), ClientAuth::Psk(_)));
+        assert!(matches!(
+            auth(args(TlsFlag::Require, true, false, true)),
+            ClientAuth::Certificate(_)
+        ));
+        assert_eq!(auth(args(TlsFlag::Require, true, false, false)), ClientAuth::Nobody);
+        assert_eq!(auth(args(TlsFlag::On, false, true, false)), ClientAuth::Nobody);
+        assert_eq!(auth(args(TlsFlag::On, true, false, true)), ClientAuth::Nobody);
+        assert_eq!(auth(args(TlsFlag::Off, false, false, false)), ClientAuth::Nobody);
+    }
+
+    #[test]
+    fn a_remote_listener_with_no_client_authenticated_needs_allow_unauthenticated() {
         let remote = ListenAddr::Tcp("0.0.0.0:10809".parse().expect("addr"));
         let local = ListenAddr::Tcp("127.0.0.1:10809".parse().expect("addr"));
-        let off = args(TlsFlag::Off, false, false, false);
-        assert!(off.remote_warning(&remote, true).is_some());
-        assert!(off.remote_warning(&local, true).is_none());
-        assert!(args(TlsFlag::Require, false, true, false).remote_warning(&remote, true).is_none());
+        let unauthenticated = [
+            (args(TlsFlag::Off, false, false, false), "--tls=off"),
+            (args(TlsFlag::On, false, true, false), "--tls=on serves plain clients"),
+            (args(TlsFlag::On, true, false, true), "--tls=on serves plain clients"),
+            (args(TlsFlag::Require, true, false, false), "no --tls-verify-peer"),
+        ];
+        for (a, why) in &unauthenticated {
+            let refused = a.check_remote(&remote, true, false).expect_err("refused");
+            assert!(
+                refused.contains(why) && refused.contains("--allow-unauthenticated"),
+                "{refused}"
+            );
+            let warned = a.check_remote(&remote, true, true).expect("served").expect("warned");
+            assert!(warned.contains("anyone who reaches the port"), "{warned}");
+            assert_eq!(a.check_remote(&local, true, false), Ok(None), "loopback");
+            assert!(a.clients_line(&remote).contains("NOT AUTHENTICATED"));
+            assert!(a.clients_line(&local).contains("not authenticated (processes on this host"));
+        }
+        for a in
+            [args(TlsFlag::Require, false, true, false), args(TlsFlag::Require, true, false, true)]
+        {
+            assert_eq!(a.check_remote(&remote, true, false), Ok(None));
+            assert!(a.clients_line(&remote).contains("authenticated by"));
+        }
     }
 }

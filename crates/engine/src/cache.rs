@@ -18,6 +18,7 @@ use crossbeam_utils::CachePadded;
 use pmcache_backing::{BackingError, BackingStore};
 use pmcache_media::Medium;
 use rand::RngCore;
+use smallvec::SmallVec;
 
 use crate::abort::AbortOnUnwind;
 use crate::admission::Admission;
@@ -43,6 +44,7 @@ mod cleaner;
 mod extents;
 mod lifecycle;
 mod misses;
+mod ordering;
 mod persist;
 mod read;
 mod shared;
@@ -112,8 +114,9 @@ pub(crate) struct Stripe {
     /// The superseding lane's fence count when it recorded `pending_free`. Under `lock` only.
     pending_free_fences: AtomicU64,
     /// Copies of the stripe's blocks the cleaner has on their way to the backing store
-    /// (raised under `lock`, lowered without it at completion). Whoever else writes one of
-    /// the stripe's blocks to the backing store waits for zero first (`cache/cleaner/`).
+    /// (raised under `lock`, lowered without it at completion). Whoever else writes or
+    /// discards one of the stripe's blocks on the backing store waits for zero first
+    /// (`cache/ordering.rs`).
     cleaning: AtomicU32,
 }
 

@@ -2,12 +2,11 @@
 //! its write-backs, writers stalling on it, a failing and a hung backing store, idle decay.
 #![cfg(not(feature = "shuttle"))]
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use pmcache_backing::{BackingIdentity, BackingStore};
-use pmcache_engine::testing::SimBacking;
+use pmcache_engine::testing::hooked::HookedBacking;
 use pmcache_engine::testing::model::{
     BLOCK, BLOCKS, CrashRun, Op, World, config, pattern, run_crash_case,
 };
@@ -97,74 +96,11 @@ fn random_ops(rng: &mut SmallRng, count: usize) -> Vec<Op> {
         .collect()
 }
 
-/// A backing store over a `SimBacking` that can hold writes at a gate (a hung device) and call
-/// a hook before each write.
-struct Hooked {
-    inner: SimBacking,
-    held: Mutex<bool>,
-    released: Condvar,
-    writes: AtomicUsize,
-    #[expect(clippy::type_complexity, reason = "a test hook")]
-    before_write: Mutex<Option<Box<dyn FnMut(u64) + Send>>>,
-}
+type HookedEngine = Engine<CrashMedium, Arc<HookedBacking>, Arc<ManualClock>>;
 
-impl Hooked {
-    fn new(inner: SimBacking) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
-            held: Mutex::new(false),
-            released: Condvar::new(),
-            writes: AtomicUsize::new(0),
-            before_write: Mutex::new(None),
-        })
-    }
-    fn hold(&self, held: bool) {
-        *self.held.lock().unwrap() = held;
-        self.released.notify_all();
-    }
-}
-
-impl BackingStore for Hooked {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn identity(&self) -> BackingIdentity {
-        self.inner.identity()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, data: &[u8], offset: u64) -> pmcache_backing::Result<()> {
-        if let Some(hook) = self.before_write.lock().unwrap().as_mut() {
-            hook(offset);
-        }
-        let mut held = self.held.lock().unwrap();
-        while *held {
-            held = self.released.wait(held).unwrap();
-        }
-        drop(held);
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.write_at(data, offset)
-    }
-    fn flush(&self) -> pmcache_backing::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
-        self.inner.write_zeroes(offset, len)
-    }
-}
-
-type HookedEngine = Engine<CrashMedium, Arc<Hooked>, Arc<ManualClock>>;
-
-fn hooked_engine(seed: u64, max_lanes: usize) -> (World, Arc<Hooked>, HookedEngine) {
+fn hooked_engine(seed: u64, max_lanes: usize) -> (World, Arc<HookedBacking>, HookedEngine) {
     let world = World::fresh(seed);
-    let backing = Hooked::new(world.backing.clone());
+    let backing = HookedBacking::new(world.backing.clone());
     let cfg = pmcache_engine::Config {
         max_lanes,
         ..config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always)

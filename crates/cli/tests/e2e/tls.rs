@@ -85,3 +85,87 @@ fn tls_flags_that_make_no_configuration_are_refused_before_the_cache_is_opened()
         assert!(!setup.cache.exists(), "{extra:?}: refused after the cache was opened");
     }
 }
+
+/// A listener other hosts reach is refused when no client would be authenticated —
+/// certificates without `--tls-verify-peer`, `--tls=on`, TLS off — with the flags that
+/// authenticate clients named and nothing created; `--allow-unauthenticated` serves anyway,
+/// and the banner says that nobody is authenticated. A PSK server on the same address starts
+/// and says its clients are authenticated by their key.
+#[test]
+fn a_remote_listener_authenticates_clients_or_says_it_does_not() {
+    let setup = Setup::new("tls-remote", 64 * MIB, 4 * MIB);
+    let dirs = x509_credentials(setup.disk.path());
+    let certs = dirs.server.display().to_string();
+    let psk =
+        psk_file(&setup.disk.path().join("psk"), "alice", b"0123456789abcdef0123456789abcdef");
+    let psk = psk.display().to_string();
+    let base = [
+        "serve",
+        "--cache",
+        &setup.cache_arg(),
+        "--cache-size",
+        "4M",
+        "--backing",
+        &setup.backing_arg(),
+        "--control",
+        &setup.control_arg(),
+        "--listen",
+        "0.0.0.0:0",
+        "--allow-remote",
+    ];
+    for (extra, why) in [
+        (&["--tls=require", "--tls-certificates", &certs][..], "no --tls-verify-peer"),
+        (&["--tls=on", "--tls-psk", &psk][..], "--tls=on serves plain clients too"),
+        (&[][..], "--tls=off"),
+    ] {
+        let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
+        let out = setup.pmcache(&args);
+        assert_eq!(out.status.code(), Some(1), "{extra:?} served");
+        let err = String::from_utf8_lossy(&out.stderr);
+        for part in
+            [why, "no client authentication", "--tls-verify-peer", "--allow-unauthenticated"]
+        {
+            assert!(err.contains(part), "{extra:?}: missing {part:?} in: {err}");
+        }
+        assert!(!setup.cache.exists(), "{extra:?}: a refused start created the medium");
+    }
+    let unauthenticated: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--tls=require", "--tls-certificates", &certs, "--allow-unauthenticated"])
+        .collect();
+    let banner = started_banner(&setup, &unauthenticated);
+    assert!(banner.contains("clients:     NOT AUTHENTICATED"), "{banner}");
+    let authenticated: Vec<&str> =
+        base.iter().copied().chain(["--tls=require", "--tls-psk", &psk]).collect();
+    let banner = started_banner(&setup, &authenticated);
+    assert!(banner.contains("clients:     authenticated by TLS-PSK"), "{banner}");
+}
+
+/// Starts `pmcache` with `args`, reads its start-up banner (stdout up to the `clients:` line),
+/// and stops it with SIGTERM.
+fn started_banner(setup: &Setup, args: &[&str]) -> String {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pmcache"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start pmcache");
+    let mut banner = String::new();
+    let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    for line in lines.by_ref() {
+        let line = line.expect("banner");
+        banner.push_str(&line);
+        banner.push('\n');
+        if line.contains("clients:") {
+            break;
+        }
+    }
+    let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "the server did not stop cleanly: {status}; banner: {banner}");
+    let _ = std::fs::remove_file(&setup.cache);
+    banner
+}

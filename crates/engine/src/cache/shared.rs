@@ -132,21 +132,6 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         self.backing.read_at(buf, offset).map_err(|e| self.backing_failed(e))
     }
 
-    /// Writes the backing store. Every write counts as one a later flush must sync, a failed
-    /// one too: it may have changed part of its range (a short write, then an error) before
-    /// a read admits that range as a clean block.
-    pub(super) fn backing_write(&self, data: &[u8], offset: u64) -> Result<()> {
-        let result = self.backing.write_at(data, offset);
-        self.backing_writes.fetch_add(1, Ordering::SeqCst);
-        result.map_err(|e| self.backing_failed(e))
-    }
-
-    pub(super) fn backing_write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        let result = self.backing.write_zeroes(offset, len);
-        self.backing_writes.fetch_add(1, Ordering::SeqCst);
-        result.map_err(|e| self.backing_failed(e))
-    }
-
     /// `fdatasync`s the backing store, noting which writes it covered.
     ///
     /// After one fails, every later one fails too, until the engine is attached again: Linux

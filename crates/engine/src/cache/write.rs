@@ -1,6 +1,7 @@
 //! The write paths: write-back (out of place into the cache), write-through, write-around
 //! and pass-through, write-zeroes and trim.
 
+use super::ordering::RANGE_HOLD_BLOCKS_MAX;
 use super::*;
 
 /// The unit of data a write carries.
@@ -222,8 +223,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let full = in_block == 0 && payload.len() as u64 == block;
         let reserved = self.reserve_for_admission(admit);
         let mut guard = engine.lock_stripe(lba);
-        // An older copy of the block may be on its way from the cleaner: it must land first.
-        engine.wait_cleaner_writes(engine.stripe_index(lba));
+        // An older copy of the block may be on its way from the cleaner: it lands first.
+        let turn = engine.backing_turn(lba, &guard);
         let old = engine.index.lookup(lba);
         let old_dirty = old.is_some_and(|f| engine.slots.load(f.slot).state() == SlotState::Dirty);
         let fail = |lane: &mut Self, err: Error| {
@@ -247,9 +248,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.free_slot(lba, found.slot);
         }
         let written = match (full, payload) {
-            (true, Payload::Zeroes(_)) => engine.backing_write_zeroes(lba * block, block),
-            (true, Payload::Data(data)) => engine.backing_write(data, lba * block),
-            (false, _) => engine.backing_write(&self.block, lba * block),
+            (true, Payload::Zeroes(_)) => engine.backing_write_zeroes(lba * block, block, &turn),
+            (true, Payload::Data(data)) => engine.backing_write(data, lba * block, &turn),
+            (false, _) => engine.backing_write(&self.block, lba * block, &turn),
         };
         if let Err(err) = written {
             drop(guard);
@@ -304,6 +305,11 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Discards the whole blocks inside `offset..offset + len` (partial blocks are left as
     /// they are): cached copies are dropped and the range is discarded on the backing store.
     /// Their contents are unspecified until written again.
+    ///
+    /// Run by run of blocks whose stripes it holds together (`Engine::hold_range`): under
+    /// them, once the cleaner's copies of those blocks have landed, the run is discarded on the
+    /// backing store and its cached copies dropped. A request racing with the trim on one of
+    /// its blocks then runs wholly before or wholly after it there.
     pub fn trim(&mut self, offset: u64, len: u64) -> Result<()> {
         let _unwind = AbortOnUnwind::new("Lane::trim");
         let engine = self.engine;
@@ -314,29 +320,34 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         if first >= end {
             return Ok(());
         }
-        // Discard first, then drop cached copies: a write racing with the trim then either
-        // lands after the discard (and its cached copy is dropped, the backing keeps it) or
-        // before (and both are discarded) — never a clean cached copy the backing lacks.
-        engine
-            .backing
-            .discard(first * block, (end - first) * block)
-            .map_err(|e| engine.backing_failed(e))?;
-        engine.backing_writes.fetch_add(1, Ordering::SeqCst);
         let mut dropped_dirty = 0u64;
-        for lba in first..end {
-            let guard = engine.lock_stripe(lba);
-            if let Some(found) = engine.index.lookup(lba) {
-                if engine.slots.load(found.slot).state() == SlotState::Dirty {
-                    dropped_dirty += 1;
-                }
-                engine.index.remove(&found);
-                self.free_slot(lba, found.slot);
+        let mut lba = first;
+        let trimmed = loop {
+            if lba >= end {
+                break Ok(());
             }
-            drop(guard);
-        }
+            let hold = engine.hold_range(lba, end, RANGE_HOLD_BLOCKS_MAX);
+            let run_end = hold.end();
+            if let Err(e) =
+                engine.backing_discard(lba * block, (run_end - lba) * block, &hold.turn())
+            {
+                break Err(e);
+            }
+            for b in lba..run_end {
+                if let Some(found) = engine.index.lookup(b) {
+                    if engine.slots.load(found.slot).state() == SlotState::Dirty {
+                        dropped_dirty += 1;
+                    }
+                    engine.index.remove(&found);
+                    self.free_slot(b, found.slot);
+                }
+            }
+            drop(hold);
+            lba = run_end;
+        };
         let counters = self.counters();
-        bump(&counters.trims, end - first);
+        bump(&counters.trims, lba - first);
         bump(&counters.dirty_delta, dropped_dirty.wrapping_neg());
-        Ok(())
+        trimmed
     }
 }

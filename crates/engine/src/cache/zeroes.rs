@@ -5,45 +5,48 @@
 //! the cleaner. From [`ZERO_THROUGH_BLOCKS_MIN`] whole blocks on, the work is bounded instead:
 //! - a block cached when looked at gets a zero block in the cache, as a write would (at most
 //!   as many as the cache holds);
-//! - a run of uncached blocks is zeroed on the backing store with one call per extent that is
-//!   not a hole already (a hole reads as zeroes), then every clean copy a read miss brought
-//!   into the cache meanwhile is dropped under its stripe (a miss reads the backing store
-//!   under the stripe, so none can survive holding the old data); a dirty copy there is a
-//!   concurrent write's, and stays;
+//! - a run of blocks not cached is zeroed on the backing store with one call per extent that
+//!   is not a hole already (a hole reads as zeroes), while the run's stripes are held
+//!   (`Engine::hold_range`, which also waits for the cleaner's copies of them to land): the
+//!   run is looked up again under them, and until they are released no request can cache,
+//!   write or write back one of its blocks. A write racing with the zeroes on one of them so
+//!   runs wholly before (the block is cached: it gets a zero block in the cache) or wholly
+//!   after (it reads the zeroes from the backing store);
 //! - the backing store is synced once at the end, so the zeroes are durable when the request
 //!   is acknowledged, as every write-back write is.
 
+use super::ordering::{BackingTurn, RANGE_HOLD_BLOCKS_MAX};
 use super::write::Payload;
 use super::*;
 
 /// Whole blocks from which a write-zeroes in a write-back mode zeroes uncached blocks on the
 /// backing store instead of writing zero blocks into the cache.
 pub(super) const ZERO_THROUGH_BLOCKS_MIN: u64 = 256;
-/// Most blocks zeroed on the backing store in one run (the stripe pass after it then takes
-/// at most this many locks in a row).
-const ZERO_RUN_BLOCKS_MAX: u64 = 16_384;
+/// Most blocks zeroed on the backing store in one run: the stripes held at once.
+const ZERO_RUN_BLOCKS_MAX: u64 = RANGE_HOLD_BLOCKS_MAX;
 
 impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
     /// Zeroes the whole blocks `first..end` (see the module's comment).
     pub(super) fn write_zeroes_through(&mut self, first: u64, end: u64) -> Result<()> {
         let engine = self.engine;
-        let block = self.block_bytes();
         let mut backing_written = false;
         let mut lba = first;
         while lba < end {
             if engine.index.lookup(lba).is_some() {
-                self.write_block(lba, 0, Payload::Zeroes(block as usize))?;
+                self.write_block(lba, 0, Payload::Zeroes(self.block_bytes() as usize))?;
                 lba += 1;
                 continue;
             }
-            let mut run_end = lba + 1;
-            while run_end < end
-                && run_end - lba < ZERO_RUN_BLOCKS_MAX
-                && engine.index.lookup(run_end).is_none()
-            {
-                run_end += 1;
+            let hold = engine.hold_range(lba, end, ZERO_RUN_BLOCKS_MAX);
+            // Under the stripes: the blocks from `lba` on that are still not cached.
+            let run_end =
+                (lba..hold.end()).find(|&b| engine.index.lookup(b).is_some()).unwrap_or(hold.end());
+            if run_end == lba {
+                // Cached meanwhile: a zero block in the cache, on the next turn.
+                continue;
             }
-            backing_written |= self.zero_uncached_run(lba, run_end)?;
+            backing_written |= self.zero_uncached_run(lba, run_end, &hold.turn())?;
+            drop(hold);
             bump(&self.counters().writes, run_end - lba);
             lba = run_end;
         }
@@ -53,10 +56,10 @@ impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
         Ok(())
     }
 
-    /// Zeroes `first..end`, blocks that were not cached when looked at, on the backing store
-    /// where it is not a hole already, then drops the clean copies cached since. Returns
-    /// whether the backing store was written.
-    fn zero_uncached_run(&mut self, first: u64, end: u64) -> Result<bool> {
+    /// Zeroes `first..end`, blocks not cached whose stripes the caller holds (`turn`), on the
+    /// backing store where it is not a hole already. Returns whether the backing store was
+    /// written.
+    fn zero_uncached_run(&mut self, first: u64, end: u64, turn: &BackingTurn) -> Result<bool> {
         let engine = self.engine;
         let block = self.block_bytes();
         let stop = end * block;
@@ -66,24 +69,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
             let extent =
                 engine.backing.extent_at(at, stop - at).map_err(|e| engine.backing_failed(e))?;
             if !extent.hole {
-                engine.backing_write_zeroes(at, extent.len)?;
+                engine.backing_write_zeroes(at, extent.len.min(stop - at), turn)?;
                 written = true;
             }
             at += extent.len.max(1);
         }
-        if !written {
-            return Ok(false);
-        }
-        for lba in first..end {
-            let guard = engine.lock_stripe(lba);
-            if let Some(found) = engine.index.lookup(lba)
-                && engine.slots.load(found.slot).state() != SlotState::Dirty
-            {
-                engine.index.remove(&found);
-                self.free_slot(lba, found.slot);
-            }
-            drop(guard);
-        }
-        Ok(true)
+        Ok(written)
     }
 }

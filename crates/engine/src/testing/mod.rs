@@ -3,6 +3,7 @@
 
 #[cfg(all(test, not(feature = "shuttle")))]
 pub(crate) mod full_buckets;
+pub mod hooked;
 pub mod model;
 
 use std::io;

@@ -9,9 +9,9 @@
 //! slot (a new generation), and the block stays dirty with the newer data.
 //!
 //! While a copy of a block of stripe `s` is on its way to the backing store, `s` counts it in
-//! `Stripe::cleaning`. Anyone else who writes that block's range of the backing store (an
-//! inline write-back, a write-through or write-around) holds the stripe and waits for the
-//! count to fall to zero first, so an older copy can never land after a newer one. The
+//! `Stripe::cleaning`. Anyone else who writes or discards that block's range of the backing
+//! store holds the stripe and waits for the count to fall to zero first (`cache/ordering.rs`,
+//! the one place that rule lives), so an older copy can never land after a newer one. The
 //! cleaner itself never waits for a stripe while it has writes in flight (it only tries the
 //! lock), and its completions lower the count without the lock: the wait cannot deadlock.
 //! Within one batch a block is copied at most once.
@@ -310,21 +310,6 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             shared.inline_fallbacks.fetch_add(1, Ordering::Relaxed);
         }
         takes
-    }
-
-    /// Waits, holding `stripe`, until no cleaner write of its blocks is in flight, before the
-    /// caller writes one of its blocks to the backing store: an older copy must not land
-    /// after the caller's.
-    pub(super) fn wait_cleaner_writes(&self, stripe: usize) {
-        let mut spins = 0u32;
-        while self.stripes[stripe].cleaning.load(Ordering::Acquire) != 0 {
-            spins += 1;
-            if spins < 64 {
-                crate::sync::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
-        }
     }
 }
 

@@ -1,0 +1,125 @@
+//! A backing store over a [`SimBacking`] with hooks: a test runs code of its own at the moment
+//! the engine writes, zeroes, discards or flushes (before the operation reaches the device),
+//! or holds writes at a gate (a hung device). What the engine's ordering rules are about —
+//! an operation of one request landing while another is in flight — is staged with these.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+
+use pmcache_backing::{BackingIdentity, BackingStore};
+
+use super::SimBacking;
+
+/// A hook, called with the operation's offset in bytes.
+pub type Hook = Box<dyn FnMut(u64) + Send>;
+
+/// A [`SimBacking`] with hooks before each write, write-zeroes, discard and flush, and a gate
+/// that holds writes.
+pub struct HookedBacking {
+    /// The device underneath.
+    pub inner: SimBacking,
+    held: Mutex<bool>,
+    released: Condvar,
+    /// Writes that reached the device.
+    pub writes: AtomicUsize,
+    /// Called before each write reaches the device (then the gate is waited for).
+    pub before_write: Mutex<Option<Hook>>,
+    /// Called before each write-zeroes reaches the device.
+    pub before_write_zeroes: Mutex<Option<Hook>>,
+    /// Called before each discard reaches the device.
+    pub before_discard: Mutex<Option<Hook>>,
+    /// Called before each flush reaches the device (with offset 0).
+    pub before_flush: Mutex<Option<Hook>>,
+}
+
+impl HookedBacking {
+    /// No hooks, the gate open.
+    pub fn new(inner: SimBacking) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            inner,
+            held: Mutex::new(false),
+            released: Condvar::new(),
+            writes: AtomicUsize::new(0),
+            before_write: Mutex::new(None),
+            before_write_zeroes: Mutex::new(None),
+            before_discard: Mutex::new(None),
+            before_flush: Mutex::new(None),
+        })
+    }
+
+    /// Closes (`true`) or opens the gate that writes wait at.
+    pub fn hold(&self, held: bool) {
+        *self.held.lock().expect("poisoned") = held;
+        self.released.notify_all();
+    }
+
+    /// Sets the hook before writes.
+    pub fn on_write(&self, hook: impl FnMut(u64) + Send + 'static) {
+        *self.before_write.lock().expect("poisoned") = Some(Box::new(hook));
+    }
+
+    /// Sets the hook before write-zeroes.
+    pub fn on_write_zeroes(&self, hook: impl FnMut(u64) + Send + 'static) {
+        *self.before_write_zeroes.lock().expect("poisoned") = Some(Box::new(hook));
+    }
+
+    /// Sets the hook before discards.
+    pub fn on_discard(&self, hook: impl FnMut(u64) + Send + 'static) {
+        *self.before_discard.lock().expect("poisoned") = Some(Box::new(hook));
+    }
+
+    /// Sets the hook before flushes.
+    pub fn on_flush(&self, hook: impl FnMut(u64) + Send + 'static) {
+        *self.before_flush.lock().expect("poisoned") = Some(Box::new(hook));
+    }
+
+    fn call(hook: &Mutex<Option<Hook>>, offset: u64) {
+        // Taken out while it runs: a hook may make the engine call the same operation again
+        // (from another thread), which then runs without it.
+        let taken = hook.lock().expect("poisoned").take();
+        if let Some(mut f) = taken {
+            f(offset);
+            let mut slot = hook.lock().expect("poisoned");
+            if slot.is_none() {
+                *slot = Some(f);
+            }
+        }
+    }
+}
+
+impl BackingStore for HookedBacking {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn identity(&self) -> BackingIdentity {
+        self.inner.identity()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> pmcache_backing::Result<()> {
+        HookedBacking::call(&self.before_write, offset);
+        let mut held = self.held.lock().expect("poisoned");
+        while *held {
+            held = self.released.wait(held).expect("poisoned");
+        }
+        drop(held);
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.write_at(data, offset)
+    }
+    fn flush(&self) -> pmcache_backing::Result<()> {
+        HookedBacking::call(&self.before_flush, 0);
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        HookedBacking::call(&self.before_discard, offset);
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        HookedBacking::call(&self.before_write_zeroes, offset);
+        self.inner.write_zeroes(offset, len)
+    }
+}

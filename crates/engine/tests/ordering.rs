@@ -1,0 +1,242 @@
+//! The order of backing-store writes between the cleaner and everything else that writes or
+//! discards a block there: an older copy never lands after a newer one, and two overlapping
+//! requests in flight end as one of their two orders, block by block. Each test stages the
+//! race with the hooks of `HookedBacking`: a second request is started at the moment one
+//! operation is about to reach the device, and given a bounded time to finish before that
+//! operation goes on (where the engine orders the second after the first, it waits, and the
+//! test goes on when that time is up).
+#![cfg(not(feature = "shuttle"))]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use pmcache_backing::BackingStore;
+use pmcache_engine::testing::hooked::HookedBacking;
+use pmcache_engine::testing::model::{BLOCK, World, config, pattern};
+use pmcache_engine::{
+    AdmissionConfig, CacheMode, CleanerConfig, Engine, EvictionKind, ManualClock, WriteBackOrder,
+};
+use pmcache_media::CrashMedium;
+
+type HookedEngine = Engine<CrashMedium, Arc<HookedBacking>, Arc<ManualClock>>;
+
+/// How long a hook lets the request it started run before the operation it interrupted goes
+/// on: ample for a request that nothing holds back.
+const RACE_WINDOW: Duration = Duration::from_millis(400);
+
+const B: u64 = BLOCK as u64;
+
+fn hooked_engine(seed: u64) -> (World, Arc<HookedBacking>, Arc<HookedEngine>) {
+    let world = World::fresh(seed);
+    let backing = HookedBacking::new(world.backing.clone());
+    let cfg = pmcache_engine::Config {
+        max_lanes: 4,
+        ..config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always)
+    };
+    let clock = Arc::new(ManualClock::default());
+    let engine =
+        Engine::format(world.medium.clone(), backing.clone(), clock, &cfg).expect("format");
+    // Write-zeroes of 2 whole blocks or more go through to the backing store (256 by default):
+    // the model's device has 48.
+    engine.set_zero_through_blocks_min(2);
+    (world, backing, Arc::new(engine))
+}
+
+fn cleaner_config() -> CleanerConfig {
+    CleanerConfig {
+        order: WriteBackOrder::Lba,
+        target_pct: 0,
+        idle_target_pct: 0,
+        idle_ms: 0,
+        queue_depth: 2,
+        batch_blocks: 4,
+        merge_blocks: 1,
+        ..CleanerConfig::default()
+    }
+}
+
+/// Runs `request` on a thread of its own and waits for it at most `RACE_WINDOW`; returns
+/// whether it finished in that time (it goes on either way, and `join` waits for the rest).
+fn race(request: impl FnOnce() + Send + 'static) -> (bool, std::thread::JoinHandle<()>) {
+    let (done, finished) = mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        request();
+        let _ = done.send(());
+    });
+    (finished.recv_timeout(RACE_WINDOW).is_ok(), thread)
+}
+
+fn read_block(engine: &HookedEngine, lba: u64) -> Vec<u8> {
+    let mut buf = vec![0u8; BLOCK];
+    engine.lane().unwrap().read(lba * B, &mut buf).unwrap();
+    buf
+}
+
+/// Asserts that `got` is `want`, naming the first byte that differs (not the whole block).
+fn assert_block(got: &[u8], want: &[u8], what: &str) {
+    if let Some(at) = got.iter().zip(want).position(|(g, w)| g != w) {
+        panic!("{what}: byte {at} is {:#x}, not {:#x}", got[at], want[at]);
+    }
+}
+
+/// What the backing store holds of `lba`, durably.
+fn durable_block(world: &World, lba: u64) -> Vec<u8> {
+    world.backing.durable_contents()[(lba * B) as usize..((lba + 1) * B) as usize].to_vec()
+}
+
+/// A dirty block's copy is on its way from the cleaner; meanwhile a client trims the block
+/// (acknowledged), then zeroes a range of whole blocks over it, which goes to the backing
+/// store directly since the block is no longer cached (acknowledged). The cleaner's old copy
+/// must not land after the zeroes: the block reads zeroes, now and from the backing store.
+#[test]
+fn trim_then_write_zeroes_during_the_cleaners_copy_read_zeroes() {
+    let (world, backing, engine) = hooked_engine(2);
+    let old = pattern(1, 3 * B, B);
+    engine.lane().unwrap().write(3 * B, &old, false).unwrap();
+    let mut cleaner = engine.cleaner(cleaner_config()).unwrap();
+    let fired = Arc::new(AtomicBool::new(false));
+    let threads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        let (engine, fired, threads) = (engine.clone(), fired.clone(), threads.clone());
+        backing.on_write(move |offset| {
+            if offset != 3 * B || fired.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            let engine = engine.clone();
+            let (_, thread) = race(move || {
+                let mut lane = engine.lane().unwrap();
+                lane.trim(3 * B, B).unwrap();
+                lane.write_zeroes(0, 8 * B, false).unwrap();
+            });
+            threads.lock().unwrap().push(thread);
+        });
+    }
+    cleaner.clean_batch(16);
+    assert!(fired.load(Ordering::SeqCst), "the cleaner did not write block 3");
+    for thread in threads.lock().unwrap().drain(..) {
+        thread.join().unwrap();
+    }
+    cleaner.clean_batch(16);
+    drop(cleaner);
+    assert_block(&read_block(&engine, 3), &[0u8; BLOCK], "block 3 after trim and zeroes");
+    engine.lane().unwrap().flush().unwrap();
+    assert_block(&durable_block(&world, 3), &[0u8; BLOCK], "block 3 on the backing store");
+    engine.audit().unwrap();
+}
+
+/// A write-zeroes over uncached blocks is about to zero them on the backing store when a
+/// partial write of one of them arrives (it merges with the block's old bytes there). The
+/// outcome must be one of the two orders: the partial write's bytes over zeroes (zeroes
+/// first), or all zeroes (the write first) — never the old bytes around the written ones.
+#[test]
+fn a_partial_write_racing_a_write_zeroes_through_ends_in_one_of_the_two_orders() {
+    let (world, backing, engine) = hooked_engine(4);
+    let old = pattern(1, 0, 8 * B);
+    world.backing.write_at(&old, 0).unwrap();
+    world.backing.flush().unwrap();
+    let piece = pattern(2, 5 * B + 100, 50);
+    let fired = Arc::new(AtomicBool::new(false));
+    let threads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        let (engine, fired, threads, piece) =
+            (engine.clone(), fired.clone(), threads.clone(), piece.clone());
+        backing.on_write_zeroes(move |_| {
+            if fired.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            let (engine, piece) = (engine.clone(), piece.clone());
+            let (_, thread) = race(move || {
+                engine.lane().unwrap().write(5 * B + 100, &piece, false).unwrap();
+            });
+            threads.lock().unwrap().push(thread);
+        });
+    }
+    engine.lane().unwrap().write_zeroes(0, 8 * B, false).unwrap();
+    assert!(fired.load(Ordering::SeqCst), "the zeroes did not go to the backing store");
+    for thread in threads.lock().unwrap().drain(..) {
+        thread.join().unwrap();
+    }
+    let zeroes_first = {
+        let mut block = vec![0u8; BLOCK];
+        block[100..150].copy_from_slice(&piece);
+        block
+    };
+    let got = read_block(&engine, 5);
+    assert!(
+        got == zeroes_first || got == vec![0u8; BLOCK],
+        "block 5 is neither order: old bytes {} of {} kept",
+        got.iter().zip(&old[5 * BLOCK..6 * BLOCK]).filter(|(g, o)| g == o && **o != 0).count(),
+        BLOCK
+    );
+    let mut cleaner = engine.cleaner(cleaner_config()).unwrap();
+    cleaner.drain().unwrap();
+    drop(cleaner);
+    assert_block(&durable_block(&world, 5), &got, "the backing store after a drain");
+    engine.audit().unwrap();
+}
+
+/// A write-zeroes over an uncached block is about to zero it on the backing store when a
+/// full write of the block arrives and the cleaner writes it back; the cleaner's clean mark
+/// comes after the zeroes landed. The block must read what the backing store holds once
+/// nothing is dirty: a copy marked clean over zeroes would lose the write at eviction.
+#[test]
+fn a_full_write_cleaned_while_a_write_zeroes_through_lands_is_not_lost() {
+    let (world, backing, engine) = hooked_engine(6);
+    let old = pattern(1, 0, 8 * B);
+    world.backing.write_at(&old, 0).unwrap();
+    world.backing.flush().unwrap();
+    let new = pattern(3, 6 * B, B);
+    let zeroes_landed = Arc::new(AtomicBool::new(false));
+    let fired = Arc::new(AtomicBool::new(false));
+    let threads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        // The cleaner's flush (of its batch with the new block) waits until the zeroes have
+        // landed, so its clean mark comes after them.
+        let (zeroes_landed, fired) = (zeroes_landed.clone(), fired.clone());
+        backing.on_flush(move |_| {
+            if fired.load(Ordering::SeqCst) && !zeroes_landed.load(Ordering::SeqCst) {
+                let deadline = std::time::Instant::now() + RACE_WINDOW * 2;
+                while !zeroes_landed.load(Ordering::SeqCst) && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        });
+    }
+    {
+        let (engine, fired, threads, new, zeroes_landed) =
+            (engine.clone(), fired.clone(), threads.clone(), new.clone(), zeroes_landed.clone());
+        backing.on_write_zeroes(move |_| {
+            if fired.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            let (engine, new) = (engine.clone(), new.clone());
+            let (_, thread) = race(move || {
+                engine.lane().unwrap().write(6 * B, &new, false).unwrap();
+                let mut cleaner = engine.cleaner(cleaner_config()).unwrap();
+                cleaner.clean_batch(16);
+            });
+            threads.lock().unwrap().push(thread);
+            // The zeroes land when this hook returns: a moment after it.
+            let zeroes_landed = zeroes_landed.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                zeroes_landed.store(true, Ordering::SeqCst);
+            });
+        });
+    }
+    engine.lane().unwrap().write_zeroes(0, 8 * B, false).unwrap();
+    for thread in threads.lock().unwrap().drain(..) {
+        thread.join().unwrap();
+    }
+    let got = read_block(&engine, 6);
+    assert!(got == new || got == vec![0u8; BLOCK], "block 6 is neither order");
+    let mut cleaner = engine.cleaner(cleaner_config()).unwrap();
+    cleaner.drain().unwrap();
+    drop(cleaner);
+    assert_eq!(engine.dirty_slots(), 0);
+    assert_block(&durable_block(&world, 6), &got, "the backing store lacks what the cache serves");
+    engine.audit().unwrap();
+}
