@@ -99,13 +99,18 @@ pub struct ServeArgs {
     #[arg(long = "cleaner", value_name = "KEY=VALUE")]
     pub cleaner: Vec<String>,
     /// Where the attachment of the backing store to a cache on a volatile medium (tmpfs,
-    /// ramfs, hugetlbfs: lost at a reboot) is recorded, outside the medium [default: the backing file's
-    /// path + ".pmcache-state"; for a block device,
-    /// /var/lib/pmcache/<its path with / as ->.pmcache-state]. `serve` refuses to start when
-    /// it records blocks that may not have been written back from a cache that is gone
-    /// (docs/DURABILITY.md, "Stop and lost volatile media").
+    /// ramfs, hugetlbfs: lost at a reboot) is recorded, outside the medium [default: found by
+    /// the backing store's identity — beside a backing file, under its canonical path (or the
+    /// record in its directory that names its inode, after a rename); for a block device,
+    /// <state dir>/<its persistent name>.pmcache-state, the name from its device-mapper UUID,
+    /// loop file, WWID or /dev/disk/by-id]. `serve` refuses to start when it records blocks
+    /// that may not have been written back from a cache that is gone (docs/DURABILITY.md,
+    /// "Stop and lost volatile media").
     #[arg(long, value_name = "PATH")]
     pub state_file: Option<PathBuf>,
+    /// The directory of the state records of block devices [default: /var/lib/pmcache].
+    #[arg(long, value_name = "DIR", conflicts_with = "state_file")]
+    pub state_dir: Option<PathBuf>,
     /// Serve the cache as a kernel block device, /dev/ublkbN, through the kernel's ublk
     /// driver (Linux 6.0 or later, module ublk_drv; needs root) instead of over NBD
     /// (docs/UBLK.md). One thread and one engine lane per queue.

@@ -92,6 +92,9 @@ pub struct DetachArgs {
     /// block.
     #[arg(long, value_name = "PATH")]
     state_file: Option<PathBuf>,
+    /// The directory of the state records of block devices (see `serve --state-dir`).
+    #[arg(long, value_name = "DIR", conflicts_with = "state_file")]
+    state_dir: Option<PathBuf>,
 }
 
 pub fn format(args: FormatArgs) -> Result<(), String> {
@@ -341,8 +344,12 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
         "detached {}: {dirty} dirty blocks written back, cache marked clean",
         args.cache.display()
     );
-    let state_path =
-        args.state_file.clone().unwrap_or_else(|| crate::state::default_path(&cache_args.backing));
+    let state_path = match &args.state_file {
+        Some(path) => path.clone(),
+        None => crate::state::locate(&cache_args.backing, args.state_dir.as_deref())
+            .read_path()
+            .to_owned(),
+    };
     if crate::state::mark_backing_complete(&state_path, &args.cache, uuid)? {
         println!("{}: the backing store holds every block", state_path.display());
     }

@@ -106,8 +106,14 @@ impl Serving {
         before_open()?;
         // A backing store whose newest blocks may be in a volatile cache that is gone is
         // refused before the medium is opened (or created).
-        let state_path = args.state_file.clone().unwrap_or_else(|| state::default_path(&backing));
-        let overrode = check_state(&state_path, &cache, args.accept_stale_backing)?;
+        let located = match &args.state_file {
+            Some(path) => state::Located::given(path, &backing),
+            None => state::locate(&backing, args.state_dir.as_deref()),
+        };
+        if let Some(warning) = &located.warning {
+            eprintln!("pmcache: warning: {warning}");
+        }
+        let overrode = check_state(located.read_path(), &cache, args.accept_stale_backing)?;
         let (engine, opened) = open_or_format(&cache_args, max_lanes)?;
         report_opened(&cache, &opened);
         // A volatile medium: the attachment is recorded (the backing store possibly stale)
@@ -130,24 +136,28 @@ impl Serving {
                     || engine.dirty_slots() > 0;
                 let record = state::Record {
                     backing: state::absolute(&backing),
+                    backing_id: located.backing_id.clone(),
                     cache: state::absolute(&cache),
                     cache_uuid: uuid,
                     cache_volatile: true,
                     backing_stale: may_dirty,
                     updated_unix_secs: state::now_unix_secs(),
                 };
-                state::store(&state_path, &record)?;
+                located.store(&record)?;
                 eprintln!(
                     "pmcache: the cache medium is volatile ({fs}: lost at a reboot): a stop \
                      writes every dirty block back first; the attachment is recorded in {}",
-                    state_path.display()
+                    located.path.display()
                 );
             }
             // A record that was overridden would refuse the next start again: it no longer
             // describes this backing store.
-            None if overrode => state::remove(&state_path)?,
+            None if overrode => state::remove(located.read_path())?,
             None => {}
         }
+        // Where the record is now, if there is one.
+        let state_path =
+            if volatile.is_some() { located.path.clone() } else { located.read_path().to_owned() };
         // The engine lives as long as the process; lanes borrow it from the serving threads.
         let engine: &'static CacheEngine = Box::leak(Box::new(engine));
         let mut cleaner = engine.cleaner(cleaner_config).map_err(|e| format!("cleaner: {e}"))?;

@@ -10,14 +10,22 @@
 //!
 //! ```text
 //! # pmcache attachment state (docs/DURABILITY.md, "Stop and lost volatile media")
-//! format=1
+//! format=2
 //! backing=/srv/pmcache-data/backing.img
+//! backing_id=file-inode-1835011
 //! cache=/dev/shm/pmcache-default.pm
 //! cache_uuid=5f0c...e1
 //! cache_volatile=true
 //! backing_stale=true
 //! updated_unix_secs=1767225600
 //! ```
+//!
+//! `backing_id` is the backing store's identity (`crate::backing_id`): the record of a file
+//! lives beside it under its canonical path and is found after a rename in its directory by
+//! that inode; the record of a block device lives under the state directory
+//! (`/var/lib/pmcache`, `--state-dir`), named after the device's persistent name, so that it
+//! is found whichever node names the device after a reboot. Format 1 (no `backing_id`) is
+//! still read.
 //!
 //! `backing_stale=true`: the cache may hold blocks not yet written back (written when `serve`
 //! attaches, before any client connects); `false`: the backing store holds every block (written
@@ -26,37 +34,112 @@
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use pmcache_engine::format::{SUPERBLOCK_BYTES, Superblock, hex};
 
-/// The state file's format version.
-const STATE_FORMAT: u32 = 1;
+use crate::backing_id::BackingId;
+
+/// The state file's format version (1: without `backing_id`, still read).
+const STATE_FORMAT: u32 = 2;
 /// The file name suffix of a state file.
 const STATE_SUFFIX: &str = ".pmcache-state";
 /// Where the state of a backing store that is not a regular file (a block device) is kept by
-/// default: /dev is itself a tmpfs (devtmpfs), lost at a reboot like the cache.
-const DEVICE_STATE_DIR: &str = "/var/lib/pmcache";
+/// default (`--state-dir`): /dev is itself a tmpfs (devtmpfs), lost at a reboot like the cache.
+pub const DEVICE_STATE_DIR: &str = "/var/lib/pmcache";
 
-/// The default state file of a backing store: beside it (`<backing>.pmcache-state`) for a
-/// regular file; for anything else (a block device) under /var/lib/pmcache, named after the
-/// path given (`/dev/disk/by-id/X` → `dev-disk-by-id-X.pmcache-state`).
-pub fn default_path(backing: &Path) -> PathBuf {
-    let regular = std::fs::metadata(backing).map(|m| m.is_file()).unwrap_or(true);
-    if regular {
-        let mut name = backing.as_os_str().to_owned();
-        name.push(STATE_SUFFIX);
-        return PathBuf::from(name);
+/// Where a backing store's state record is: found by its identity ([`BackingId`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Located {
+    /// Where the record is written.
+    pub path: PathBuf,
+    /// Where the record was found, if not at `path` (a backing file renamed in its
+    /// directory): read from there, and moved to `path` when it is next written.
+    pub found_at: Option<PathBuf>,
+    /// The backing store's key (`backing_id=`), when its identity could be read.
+    pub backing_id: Option<String>,
+    /// What to tell the operator about the key (a device without a persistent name).
+    pub warning: Option<String>,
+}
+
+impl Located {
+    /// The record at `path`, given by `--state-file`.
+    pub fn given(path: &Path, backing: &Path) -> Located {
+        let backing_id = BackingId::of(backing).ok().map(|id| id.key());
+        Located { path: path.to_path_buf(), found_at: None, backing_id, warning: None }
     }
-    let absolute = absolute(backing);
-    let escaped: Vec<String> = absolute
-        .components()
-        .filter_map(|c| match c {
-            Component::Normal(part) => Some(part.to_string_lossy().into_owned()),
-            _ => None,
+
+    /// Where the record is read from.
+    pub fn read_path(&self) -> &Path {
+        self.found_at.as_deref().unwrap_or(&self.path)
+    }
+
+    /// Writes `record` at `path`, and removes the record it was found at elsewhere.
+    pub fn store(&self, record: &Record) -> Result<(), String> {
+        store(&self.path, record)?;
+        match &self.found_at {
+            Some(old) => remove(old),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The state record of the backing store at `backing` (see the module): beside a regular file
+/// (`<canonical path>.pmcache-state`, or a record in its directory that names its inode); for
+/// a block device `<state_dir>/<persistent name>.pmcache-state` (`state_dir` defaults to
+/// /var/lib/pmcache). A path that cannot be read (not there yet) is named as given.
+pub fn locate(backing: &Path, state_dir: Option<&Path>) -> Located {
+    let suffixed = |path: &Path| {
+        let mut name = path.as_os_str().to_owned();
+        name.push(STATE_SUFFIX);
+        PathBuf::from(name)
+    };
+    let Ok(id) = BackingId::of(backing) else {
+        return Located {
+            path: suffixed(backing),
+            found_at: None,
+            backing_id: None,
+            warning: None,
+        };
+    };
+    let key = id.key();
+    match &id {
+        BackingId::File { canonical, .. } => {
+            let path = suffixed(canonical);
+            let found_at = if path.exists() {
+                None
+            } else {
+                canonical.parent().and_then(|dir| find_by_id(dir, &key))
+            };
+            Located { path, found_at, backing_id: Some(key), warning: None }
+        }
+        BackingId::Device { stable, .. } => {
+            let dir = state_dir.unwrap_or(Path::new(DEVICE_STATE_DIR));
+            let warning = (!stable).then(|| {
+                format!(
+                    "{} has no persistent name (no device-mapper UUID, loop file, WWID or \
+                     /dev/disk/by-id link): its state record is named after this path, which \
+                     may name another device after a reboot; give --state-file to keep it \
+                     elsewhere",
+                    backing.display()
+                )
+            });
+            let path = dir.join(format!("{key}{STATE_SUFFIX}"));
+            Located { path, found_at: None, backing_id: Some(key), warning }
+        }
+    }
+}
+
+/// A state record in `dir` whose `backing_id` is `key`.
+fn find_by_id(dir: &Path, key: &str) -> Option<PathBuf> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.path())
+        .filter(|path| path.to_string_lossy().ends_with(STATE_SUFFIX))
+        .find(|path| {
+            load(path).ok().flatten().and_then(|record| record.backing_id).as_deref() == Some(key)
         })
-        .collect();
-    Path::new(DEVICE_STATE_DIR).join(format!("{}{STATE_SUFFIX}", escaped.join("-")))
 }
 
 /// `path` made absolute: canonical if it exists, else its canonical directory joined with its
@@ -81,6 +164,8 @@ pub fn absolute(path: &Path) -> PathBuf {
 pub struct Record {
     /// The backing store (absolute path).
     pub backing: PathBuf,
+    /// The backing store's identity (`crate::backing_id`); `None` in a format 1 record.
+    pub backing_id: Option<String>,
     /// The cache medium (absolute path).
     pub cache: PathBuf,
     /// The cache's identity: its superblock's uuid.
@@ -99,9 +184,10 @@ impl Record {
     pub fn encode(&self) -> String {
         format!(
             "# pmcache attachment state (docs/DURABILITY.md, \"Stop and lost volatile media\")\n\
-             format={STATE_FORMAT}\nbacking={}\ncache={}\ncache_uuid={}\ncache_volatile={}\n\
+             format={STATE_FORMAT}\nbacking={}\n{}cache={}\ncache_uuid={}\ncache_volatile={}\n\
              backing_stale={}\nupdated_unix_secs={}\n",
             self.backing.display(),
+            self.backing_id.as_ref().map(|id| format!("backing_id={id}\n")).unwrap_or_default(),
             self.cache.display(),
             hex(&self.cache_uuid),
             self.cache_volatile,
@@ -133,8 +219,8 @@ impl Record {
             other => Err(format!("{key}={other} is neither true nor false")),
         };
         let format = field("format")?;
-        if format != STATE_FORMAT.to_string() {
-            return Err(format!("format {format} is not {STATE_FORMAT}"));
+        if format != "1" && format != STATE_FORMAT.to_string() {
+            return Err(format!("format {format} is neither 1 nor {STATE_FORMAT}"));
         }
         let uuid = field("cache_uuid")?;
         let cache_uuid =
@@ -142,6 +228,7 @@ impl Record {
         let secs = field("updated_unix_secs")?;
         Ok(Record {
             backing: PathBuf::from(field("backing")?),
+            backing_id: field("backing_id").ok().map(str::to_owned),
             cache: PathBuf::from(field("cache")?),
             cache_uuid,
             cache_volatile: flag("cache_volatile")?,
@@ -365,6 +452,7 @@ mod tests {
     fn record() -> Record {
         Record {
             backing: PathBuf::from("/srv/data/backing.img"),
+            backing_id: Some("file-inode-1835011".into()),
             cache: PathBuf::from("/dev/shm/cache.pm"),
             cache_uuid: [0xab; 16],
             cache_volatile: true,
@@ -387,7 +475,7 @@ mod tests {
         assert_eq!(Record::parse(&shuffled), Ok(r));
         let broken = [
             (text.replace("backing_stale=true", "backing_stale=maybe"), "neither true nor false"),
-            (text.replace("format=1", "format=2"), "format 2 is not 1"),
+            (text.replace("format=2", "format=3"), "format 3 is neither 1 nor 2"),
             (text.replace("cache_uuid=abab", "cache_uuid=zzab"), "not 32 hex digits"),
             (text.replace("cache=/dev/shm/cache.pm\n", ""), "no cache"),
             (format!("{text}cache=/x\n"), "cache is given twice"),
@@ -475,14 +563,41 @@ mod tests {
     }
 
     #[test]
-    fn state_files_default_beside_a_backing_file() {
-        assert_eq!(
-            default_path(Path::new("./pmcache-data/backing.img")),
-            PathBuf::from("./pmcache-data/backing.img.pmcache-state")
-        );
-        assert_eq!(
-            default_path(Path::new("/dev/null")),
-            PathBuf::from("/var/lib/pmcache/dev-null.pmcache-state")
-        );
+    fn a_format_1_record_is_still_read() {
+        let text = record()
+            .encode()
+            .replace("format=2", "format=1")
+            .replace("backing_id=file-inode-1835011\n", "");
+        assert_eq!(Record::parse(&text), Ok(Record { backing_id: None, ..record() }));
+    }
+
+    /// A file's record is beside it under its canonical path (a symlink finds it); after a
+    /// rename in its directory it is found by the inode it names, and moved beside the file
+    /// when next written. A path that is not there is named as given.
+    #[test]
+    fn a_files_record_is_found_through_a_symlink_and_after_a_rename() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("backing.img");
+        std::fs::write(&file, b"data").expect("backing");
+        let link = dir.path().join("link.img");
+        std::os::unix::fs::symlink(&file, &link).expect("link");
+        let located = locate(&file, None);
+        let canonical = std::fs::canonicalize(&file).expect("canonical");
+        assert_eq!(located.path, PathBuf::from(format!("{}.pmcache-state", canonical.display())));
+        assert_eq!(locate(&link, None), located);
+        let r = Record { backing_id: located.backing_id.clone(), ..record() };
+        located.store(&r).expect("store");
+
+        let renamed = dir.path().join("renamed.img");
+        std::fs::rename(&file, &renamed).expect("rename");
+        let after = locate(&renamed, None);
+        assert_eq!(after.read_path(), located.path, "found by its inode");
+        assert_eq!(load(after.read_path()), Ok(Some(r.clone())));
+        after.store(&r).expect("store");
+        assert!(!located.path.exists(), "the old record stays");
+        assert_eq!(locate(&renamed, None).read_path(), after.path);
+
+        let missing = dir.path().join("none.img");
+        assert_eq!(locate(&missing, None).path, dir.path().join("none.img.pmcache-state"));
     }
 }

@@ -117,6 +117,24 @@ impl Setup {
         run(Command::new(PMCACHE).args(args), Duration::from_secs(30))
     }
 
+    /// `pmcache serve` on this setup with the backing store at `backing` instead of the
+    /// setup's (and `extra` arguments), waiting until it listens.
+    pub fn serve_on(&self, backing: &Path, extra: &[&str]) -> Server {
+        let mut args = self.serve_args(Via::Tcp, extra);
+        args[6] = backing.into();
+        let mut cmd = Command::new(PMCACHE);
+        cmd.args(args);
+        Server::spawn(cmd, self.shm.path())
+    }
+
+    /// `pmcache serve` on this setup with the backing store at `backing` (and `extra`
+    /// arguments), run to completion: a start that is refused.
+    pub fn serve_refused_on(&self, backing: &Path, extra: &[&str]) -> Output {
+        let mut args = self.serve_args(Via::Tcp, extra);
+        args[6] = backing.into();
+        run(Command::new(PMCACHE).args(args), Duration::from_secs(30))
+    }
+
     /// `pmcache serve` over TCP with the psync engine, whose writes to the backing store at or
     /// past `limit_bytes` fail with `EFBIG`: the process's file-size limit (`ulimit -f`), with
     /// SIGXFSZ ignored (a failing backing device, without a device-mapper here).

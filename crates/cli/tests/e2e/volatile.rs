@@ -332,3 +332,83 @@ fn an_idle_server_writes_its_dirty_blocks_back_by_itself() {
     drop(c);
     server.terminate();
 }
+
+/// The state record of a backing file is found whichever path names the file: a start through
+/// a symlink, and one after the file was renamed in its directory, are refused when its
+/// volatile cache was lost with dirty blocks.
+#[test]
+fn a_lost_volatile_cache_is_found_through_a_symlink_and_after_a_rename() {
+    let setup = Setup::new("vollost-names", 64 * MIB, 4 * MIB);
+    let server = setup.serve(Via::Tcp, &["--cleaner", "order=none"]);
+    NbdClient::connect(server.addr()).write_at(0, &[7; 65536], 0);
+    server.kill9();
+    std::fs::remove_file(&setup.cache).expect("rm medium");
+    let link = setup.disk.path().join("link.img");
+    std::os::unix::fs::symlink(&setup.backing, &link).expect("symlink");
+    let out = setup.serve_refused_on(&link, &[]);
+    assert!(stderr(&out).contains("refusing to start"), "through a symlink: {}", stderr(&out));
+    let renamed = setup.disk.path().join("renamed.img");
+    std::fs::rename(&setup.backing, &renamed).expect("rename");
+    let out = setup.serve_refused_on(&renamed, &[]);
+    let err = stderr(&out);
+    assert!(err.contains("refusing to start"), "after a rename: {err}");
+    assert!(err.contains(&state_path(&setup).display().to_string()), "{err}");
+    assert!(!setup.cache.exists(), "a refused serve created the medium");
+}
+
+/// A loop device attached under another number (what a reboot does to `loopN`, `dm-N` and
+/// `sdX` names) is the same backing store: its record, named after the loop's backing file in
+/// the state directory, is found, and the start refused when the volatile cache was lost.
+#[test]
+fn a_lost_volatile_cache_is_found_when_its_device_has_another_name() {
+    let setup = Setup::new("vollost-loop", 64 * MIB, 4 * MIB);
+    let image = setup.disk.path().join("disk.img");
+    std::fs::File::create(&image).and_then(|f| f.set_len(64 * MIB)).expect("image");
+    let Some(first) = attach_loop(&image) else { return };
+    let state_dir = setup.shm.path().join("state");
+    let dir = state_dir.display().to_string();
+    let server = setup.serve_on(&first, &["--cleaner", "order=none", "--state-dir", &dir]);
+    NbdClient::connect(server.addr()).write_at(0, &[7; 65536], 0);
+    server.kill9();
+    std::fs::remove_file(&setup.cache).expect("rm medium");
+    let records: Vec<String> = std::fs::read_dir(&state_dir)
+        .expect("state dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        records.len() == 1 && records[0].starts_with("loop-file-"),
+        "the record is not named after the loop's file: {records:?}"
+    );
+    detach_loop(&first);
+    // Another device takes the first number; the image comes back under another.
+    let filler = setup.disk.path().join("filler.img");
+    std::fs::File::create(&filler).and_then(|f| f.set_len(MIB)).expect("filler");
+    let taken = attach_loop(&filler).expect("loop");
+    let second = attach_loop(&image).expect("loop");
+    assert_ne!(first, second, "the image came back under the same name");
+    let out = setup.serve_refused_on(&second, &["--state-dir", &dir]);
+    detach_loop(&second);
+    detach_loop(&taken);
+    let err = stderr(&out);
+    assert!(err.contains("refusing to start") && err.contains("loop-file-"), "{err}");
+    assert!(!setup.cache.exists(), "a refused serve created the medium");
+}
+
+/// Attaches `file` to a free loop device; `None` (the test skipped, said on stderr) where this
+/// machine has none.
+fn attach_loop(file: &Path) -> Option<PathBuf> {
+    let out = std::process::Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(file)
+        .output()
+        .unwrap_or_else(|e| panic!("losetup (`apt-get install -y mount`): {e}"));
+    if !out.status.success() {
+        eprintln!("skipped: no loop device ({})", String::from_utf8_lossy(&out.stderr).trim());
+        return None;
+    }
+    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn detach_loop(device: &Path) {
+    let _ = std::process::Command::new("losetup").arg("-d").arg(device).status();
+}
