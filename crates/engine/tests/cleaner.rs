@@ -37,15 +37,20 @@ fn eager(order: WriteBackOrder) -> CleanerConfig {
 
 /// Random power cuts while a cleaner runs beside a workload that overflows the cache: cuts
 /// land inside its batches (between its writes, its sync and its clean marks), writers stall
-/// on it, and it writes back blocks the workload overwrites. The model checks every read and
-/// every recovery; the final drain checks the backing store. The cleaner must have cleaned
-/// blocks, and writers must not have fallen back to writing back inline.
+/// on it, and it writes back blocks the workload overwrites, trims and zeroes (half the runs
+/// zero 2 whole blocks or more on the backing store, the path of a large write-zeroes; half
+/// the runs' backing store has a queue, the cleaner's pipelined path). Pairs of operations run
+/// at once on the two lanes, in half the runs also on the same blocks, where the model takes
+/// each block from whichever order the engine shows. The model checks every read and every
+/// recovery; the final drain checks the backing store. The cleaner must have cleaned blocks.
 #[test]
 fn power_cuts_with_the_cleaner_running_lose_nothing() {
     let mut rng = SmallRng::seed_from_u64(0xc1ea_0001);
     let mut cuts = 0u64;
     let mut cleaned = 0u64;
     let mut runs = 0u64;
+    let (mut with_zeroes, mut with_zero_through, mut with_trims) = (0u64, 0u64, 0u64);
+    let (mut overlapping, mut queued) = (0u64, 0u64);
     while cuts < 1500 {
         let mode = [CacheMode::WriteBack, CacheMode::WriteOnly, CacheMode::WriteThrough]
             [rng.gen_range(0..3)];
@@ -60,26 +65,41 @@ fn power_cuts_with_the_cleaner_running_lose_nothing() {
             cut_during_recovery_at: rng.gen_bool(0.2).then(|| rng.gen_range(1..5)),
             seed: rng.r#gen(),
             index_buckets: None,
-            concurrent_pairs: rng.gen_bool(0.5),
+            concurrent_pairs: rng.gen_bool(0.7),
+            overlapping_pairs: rng.gen_bool(0.5),
             cleaner: Some(eager(order)),
         };
         let outcome = run_crash_case(&ops, &run)
             .unwrap_or_else(|failure| panic!("run {runs} ({run:?}): {failure}\nops: {ops:?}"));
         cuts += outcome.power_cuts;
         cleaned += outcome.cleaner_blocks_cleaned;
+        overlapping += outcome.overlapping_pairs;
         runs += 1;
+        let zeroes = ops.iter().any(|op| matches!(op, Op::WriteZeroes { .. }));
+        with_zeroes += u64::from(zeroes);
+        // The run's seed picks the zero-through threshold (bit 1) and a queue (bit 0).
+        with_zero_through += u64::from(zeroes && run.seed & 2 == 2);
+        with_trims += u64::from(ops.iter().any(|op| matches!(op, Op::Trim { .. })));
+        queued += u64::from(run.seed & 1 == 1);
     }
-    eprintln!("{cuts} power cuts over {runs} runs; the cleaner cleaned {cleaned} blocks");
+    eprintln!(
+        "{cuts} power cuts over {runs} runs with the cleaner; runs with write-zeroes \
+         {with_zeroes} ({with_zero_through} zeroing through), with trims {with_trims}, with a \
+         queued backing store {queued}; {overlapping} pairs on the same blocks; the cleaner \
+         cleaned {cleaned} blocks"
+    );
     assert!(cleaned >= 1000, "the cleaner cleaned only {cleaned} blocks");
+    assert!(with_zero_through >= 50 && with_trims >= 50, "too few runs zero or trim");
+    assert!(overlapping >= 200, "only {overlapping} pairs on the same blocks");
 }
 
-/// Writes, reads, flushes and drains over the whole device (2.4 times the cache).
+/// Writes, reads, flushes, trims and write-zeroes over the whole device (2.4 times the cache).
 fn random_ops(rng: &mut SmallRng, count: usize) -> Vec<Op> {
     let block = BLOCK as u64;
     (0..count)
         .map(|_| {
-            let lba = rng.gen_range(0..BLOCKS as u64);
-            match rng.gen_range(0..20) {
+            let lba = rng.gen_range(0..BLOCKS as u64 - 6);
+            match rng.gen_range(0..23) {
                 0..=10 => Op::Write { offset: lba * block, len: block, fua: rng.gen_bool(0.1) },
                 11 => Op::Write { offset: lba * block + 100, len: 300, fua: false },
                 12..=16 => Op::Read { offset: lba * block, len: block },
@@ -90,7 +110,15 @@ fn random_ops(rng: &mut SmallRng, count: usize) -> Vec<Op> {
                     fua: false,
                 },
                 18 => Op::Flush,
-                _ => Op::Trim { offset: lba * block, len: block },
+                19 => Op::Trim { offset: lba * block, len: block * rng.gen_range(1..4) },
+                // Whole blocks (the zero-through path when the run's threshold is 2), or a
+                // range with partial blocks at its ends.
+                20..=21 => Op::WriteZeroes {
+                    offset: lba * block,
+                    len: block * rng.gen_range(1..6),
+                    fua: rng.gen_bool(0.2),
+                },
+                _ => Op::WriteZeroes { offset: lba * block + 200, len: block * 3, fua: false },
             }
         })
         .collect()

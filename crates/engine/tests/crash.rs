@@ -102,6 +102,7 @@ fn run_strategy() -> impl Strategy<Value = CrashRun> {
                     seed,
                     index_buckets: None,
                     concurrent_pairs: pairs,
+                    overlapping_pairs: false,
                     cleaner: None,
                 }
             },
@@ -212,6 +213,7 @@ fn backing_faults_make_operations_fail_between_power_cuts() {
                 seed: rng.r#gen(),
                 index_buckets: None,
                 concurrent_pairs: rng.gen_bool(0.5),
+                overlapping_pairs: false,
                 cleaner: None,
             };
             let outcome = run_crash_case(&ops, &run)
@@ -265,13 +267,16 @@ fn random_ops(rng: &mut SmallRng, count: usize) -> Vec<Op> {
 /// 10,000 power cuts at random persist points: mid-write, mid-eviction and write-back,
 /// mid-drain, mid-flush, and (in a third of the runs, armed for the recovery after the first
 /// cut) again mid-recovery — counted, and required to be at least 500 — and, in half the
-/// runs, while two operations on disjoint blocks are in flight on the two lanes (at least 500).
+/// runs, while two operations are in flight on the two lanes (at least 500): on disjoint
+/// blocks, or, in half of those runs, also two writes, trims or write-zeroes on the same
+/// blocks, which must end as one of their two orders, block by block.
 #[test]
 fn ten_thousand_random_power_cuts() {
     let mut rng = SmallRng::seed_from_u64(0x5eed_0001);
     let mut cuts = 0u64;
     let mut in_recovery = 0u64;
     let mut in_pairs = 0u64;
+    let mut overlapping = 0u64;
     let mut runs = 0u64;
     while cuts < 10_000 {
         let mode = CacheMode::ALL[rng.gen_range(0..CacheMode::ALL.len())];
@@ -286,6 +291,7 @@ fn ten_thousand_random_power_cuts() {
             seed: rng.r#gen(),
             index_buckets: None,
             concurrent_pairs: rng.gen_bool(0.5),
+            overlapping_pairs: rng.gen_bool(0.5),
             cleaner: None,
         };
         let outcome = run_crash_case(&ops, &run).unwrap_or_else(|failure| {
@@ -294,12 +300,14 @@ fn ten_thousand_random_power_cuts() {
         cuts += outcome.power_cuts;
         in_recovery += outcome.cuts_during_recovery;
         in_pairs += outcome.cuts_during_pairs;
+        overlapping += outcome.overlapping_pairs;
         runs += 1;
     }
     eprintln!(
         "{cuts} power cuts over {runs} runs, {in_recovery} of them inside a recovery, \
-         {in_pairs} with two operations in flight"
+         {in_pairs} with two operations in flight; {overlapping} pairs on the same blocks"
     );
+    assert!(overlapping >= 500, "only {overlapping} pairs on the same blocks");
     assert!(in_recovery >= 500, "only {in_recovery} power cuts landed inside a recovery");
     assert!(in_pairs >= 500, "only {in_pairs} power cuts landed with two operations in flight");
 }
@@ -353,6 +361,7 @@ fn crash_point_enumeration() {
             seed: 7,
             index_buckets: None,
             concurrent_pairs: false,
+            overlapping_pairs: false,
             cleaner: None,
         };
         let total = run_crash_case(&ops, &base)
@@ -409,6 +418,7 @@ fn crash_point_enumeration_with_a_failing_backing_store() {
             seed: 11,
             index_buckets: None,
             concurrent_pairs: false,
+            overlapping_pairs: false,
             cleaner: None,
         };
         let clean = run_crash_case(&ops, &base).expect("run without power cut");

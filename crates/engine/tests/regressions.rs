@@ -37,6 +37,7 @@ fn write_through_over_a_dirty_block_keeps_it_durable() {
         seed: 10954214153783984060,
         index_buckets: None,
         concurrent_pairs: false,
+        overlapping_pairs: false,
         cleaner: None,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
@@ -100,6 +101,7 @@ fn a_superseded_entry_never_outlives_the_eviction_of_its_successor() {
         seed: 6105861013921432921,
         index_buckets: None,
         concurrent_pairs: false,
+        overlapping_pairs: false,
         cleaner: None,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
@@ -152,6 +154,7 @@ fn blocks_competing_for_index_room_survive_power_cuts() {
         seed: 7357249518273205890,
         index_buckets: Some(2),
         concurrent_pairs: false,
+        overlapping_pairs: false,
         cleaner: None,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
@@ -189,6 +192,7 @@ fn a_torn_entry_over_a_free_slots_old_word_1_is_not_corruption() {
         seed: 8758126944962122312,
         index_buckets: None,
         concurrent_pairs: true,
+        overlapping_pairs: false,
         cleaner: None,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {

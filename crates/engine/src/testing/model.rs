@@ -288,6 +288,7 @@ struct BlockModel {
 }
 
 /// The reference model.
+#[derive(Clone)]
 pub struct Model {
     blocks: Vec<BlockModel>,
     durable_at_ack: bool,
@@ -501,6 +502,26 @@ impl Model {
         }
     }
 
+    /// Takes block `block`'s expectations from `other` (a model of the same device).
+    fn take_block(&mut self, other: &Model, block: usize) {
+        self.blocks[block] = other.blocks[block].clone();
+    }
+
+    /// Widens every block to what either this model or `other` allows (two orders of the same
+    /// operations, when which one happened is not known).
+    fn widen_to(&mut self, other: &Model) {
+        for (mine, theirs) in self.blocks.iter_mut().zip(&other.blocks) {
+            mine.current = mine.current.union(&theirs.current);
+            mine.durable = mine.durable.union(&theirs.durable);
+            mine.tear = match (&mine.tear, &theirs.tear) {
+                (None, None) => None,
+                (Some(a), None) | (None, Some(a)) => Some(a.clone()),
+                (Some(a), Some(b)) => Some(a.union(b)),
+            };
+            mine.settled &= theirs.settled;
+        }
+    }
+
     /// Power is lost: each block now holds one of its durable candidates (or, where the
     /// backing store may have torn a write, a mix of their sectors).
     pub fn power_cut(&mut self) {
@@ -687,7 +708,7 @@ pub fn config(mode: CacheMode, eviction: EvictionKind, admission: AdmissionConfi
 }
 
 /// What one operation did.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Done {
     /// The data its writes carried, one after another.
     pub data: Vec<u8>,
@@ -725,7 +746,7 @@ pub fn run_op<M: Medium, B: BackingStore, C: Clock>(
 }
 
 /// Why an operation failed (a batch: why some of its requests did).
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct OpFailure {
     /// The operation and the (first) error.
     pub message: String,
@@ -882,6 +903,12 @@ pub struct CrashRun {
     /// Run some pairs of consecutive operations on disjoint blocks on the two lanes at once
     /// (chosen from `seed`), so that power is also cut while two operations are in flight.
     pub concurrent_pairs: bool,
+    /// With `concurrent_pairs`: pairs may also be two writes, trims or write-zeroes that touch
+    /// the same blocks (not while backing faults are injected). The engine must end them as one
+    /// of their two orders, block by block: after the pair, each block both touched is read
+    /// back and the model takes that block from whichever order the read matches (a power
+    /// cut inside the pair allows what either order allows).
+    pub overlapping_pairs: bool,
     /// Run a cleaner with these settings on a thread of its own beside the workload, in every
     /// segment (the engine then has a third lane for it): power is cut inside its batches, it
     /// writes back blocks the workload overwrites, and writers that find no slot stall on it.
@@ -935,6 +962,31 @@ fn may_run_together(a: &Op, b: &Op) -> bool {
     }
 }
 
+/// Whether `a` and `b` may run at once although they touch the same blocks: both change
+/// blocks (a write, a batch of writes, a trim, a write-zeroes).
+fn may_overlap(a: &Op, b: &Op) -> bool {
+    let changes = |op: &Op| {
+        matches!(
+            op,
+            Op::Write { .. } | Op::WriteBatch { .. } | Op::Trim { .. } | Op::WriteZeroes { .. }
+        )
+    };
+    changes(a) && changes(b)
+}
+
+/// The blocks both `a` and `b` touch.
+fn blocks_in_both(a: &Op, b: &Op) -> Vec<u64> {
+    match (blocks_touched(a), blocks_touched(b)) {
+        (Some(a), Some(b)) => {
+            let mut both: Vec<u64> = a.into_iter().filter(|block| b.contains(block)).collect();
+            both.sort_unstable();
+            both.dedup();
+            both
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// What a run did, for the enumeration tests.
 #[derive(Debug, Default)]
 pub struct RunOutcome {
@@ -948,6 +1000,8 @@ pub struct RunOutcome {
     pub cuts_during_recovery: u64,
     /// Of those, cuts that landed while two operations were in flight.
     pub cuts_during_pairs: u64,
+    /// Pairs run at once that touched the same blocks (`CrashRun::overlapping_pairs`).
+    pub overlapping_pairs: u64,
     /// Backing-store fault operations run (`Op::FailBacking*`, `Op::HealBacking`).
     pub backing_fault_ops: u64,
     /// Operations that failed with a backing-store error while faults were injected.
@@ -1043,6 +1097,83 @@ fn settle(
     Ok(())
 }
 
+/// A lane thread's channels: operations (with their writes' data) in, results (with whether
+/// power was off when it returned) out.
+type LaneChannels<'a> = (
+    &'a std::sync::mpsc::Sender<(Op, Vec<Vec<u8>>)>,
+    &'a std::sync::mpsc::Receiver<(Result<Done, OpFailure>, bool)>,
+);
+
+/// Settles a pair that ran at once on overlapping blocks `both` (see
+/// `CrashRun::overlapping_pairs`): the model of each order is made; without a power cut, each
+/// block in `both` is read back through a lane (`lane`: its channels) and taken from the order
+/// the read matches, or the pair fails the run; with a cut (during the pair or during those
+/// reads), the model allows what either order allows. Returns whether power was cut.
+#[expect(clippy::too_many_arguments, reason = "the pair's whole context, from one call site")]
+fn settle_overlapping(
+    model: &mut Model,
+    pair: [&Op; 2],
+    data: &[Vec<u8>],
+    results: [(Result<Done, OpFailure>, bool); 2],
+    both: &[u64],
+    lane: LaneChannels<'_>,
+    switch: &CrashSwitch,
+    outcome: &mut RunOutcome,
+) -> Result<bool, String> {
+    let [(first, first_cut), (second, second_cut)] = results;
+    let mut orders = [model.clone(), model.clone()];
+    for (order, sequence) in orders.iter_mut().zip([[0usize, 1], [1, 0]]) {
+        for at in sequence {
+            let (result, cut) = if at == 0 { (&first, first_cut) } else { (&second, second_cut) };
+            let result = match result {
+                Ok(done) => Ok(done.clone()),
+                Err(failure) if cut || switch.has_crashed() => Err(failure.clone()),
+                Err(failure) => return Err(format!("failed: {}", failure.message)),
+            };
+            settle(order, pair[at], &data[at], result, cut, Faults::default(), outcome)?;
+        }
+    }
+    let [mut ab, ba] = orders;
+    let widen = |ab: &mut Model, ba: &Model| {
+        ab.widen_to(ba);
+        true
+    };
+    if switch.has_crashed() {
+        let ended = widen(&mut ab, &ba);
+        *model = ab;
+        return Ok(ended);
+    }
+    let mut chosen = ab.clone();
+    for &block in both {
+        let offset = block * BLOCK as u64;
+        let read = Op::Read { offset, len: BLOCK as u64 };
+        lane.0.send((read, Vec::new())).map_err(|e| e.to_string())?;
+        let (result, _) = lane.1.recv().map_err(|e| e.to_string())?;
+        if switch.has_crashed() {
+            let ended = widen(&mut ab, &ba);
+            *model = ab;
+            return Ok(ended);
+        }
+        let done =
+            result.map_err(|failure| format!("reading block {block} back: {}", failure.message))?;
+        let bytes = &done.reads[0].1;
+        let mut from_ab = ab.clone();
+        let mut from_ba = ba.clone();
+        if from_ab.check_read(offset, bytes).is_ok() {
+            chosen.take_block(&from_ab, block as usize);
+        } else if let Err(e) = from_ba.check_read(offset, bytes) {
+            return Err(format!(
+                "block {block} after {:?} and {:?} at once is neither order: {e}",
+                pair[0], pair[1]
+            ));
+        } else {
+            chosen.take_block(&from_ba, block as usize);
+        }
+    }
+    *model = chosen;
+    Ok(false)
+}
+
 /// Runs `ops` against the engine on the crash medium, cutting power as asked, checking every
 /// read, every recovery and (at the end) a drained backing store against the model.
 pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> {
@@ -1130,7 +1261,8 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                 }
                 if run.concurrent_pairs
                     && let Some(second) = ops.get(next)
-                    && may_run_together(op, second)
+                    && (may_run_together(op, second)
+                        || (run.overlapping_pairs && !faults.active && may_overlap(op, second)))
                     && pairing.gen_bool(0.5)
                 {
                     next += 1;
@@ -1153,6 +1285,26 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                             world.switch.points(),
                             world.switch.has_crashed()
                         );
+                    }
+                    let both = blocks_in_both(pair[0], pair[1]);
+                    if !both.is_empty() {
+                        outcome.overlapping_pairs += 1;
+                        let ended = settle_overlapping(
+                            &mut model,
+                            pair,
+                            &pair_data,
+                            results,
+                            &both,
+                            (&to_lanes[0], &from_lanes[0]),
+                            &world.switch,
+                            &mut outcome,
+                        )
+                        .map_err(|e| format!("ops {} and {}: {e}", next - 1, next))?;
+                        if ended {
+                            outcome.cuts_during_pairs += 1;
+                            break;
+                        }
+                        continue;
                     }
                     // Disjoint blocks: the two commute, so the model applies them in order. One
                     // that returned before a cut is applied as acknowledged, one the cut
