@@ -85,6 +85,15 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// for; the others are only tried, and the run stops before the first block whose stripe
     /// another holds. At least block `first` is held.
     pub(super) fn hold_range(&self, first: u64, end: u64, max_blocks: u64) -> RangeHold<'_> {
+        let hold = self.lock_range(first, end, max_blocks);
+        for &stripe in &hold.stripes {
+            self.wait_cleaner_writes(stripe);
+        }
+        hold
+    }
+
+    /// The locking half of [`Engine::hold_range`].
+    fn lock_range(&self, first: u64, end: u64, max_blocks: u64) -> RangeHold<'_> {
         assert!(first < end, "an empty range {first}..{end} to hold");
         let last = end.min(first.saturating_add(max_blocks.max(1)));
         let mut hold =
@@ -104,9 +113,6 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 hold.guards.push(guard);
             }
             hold.end = lba + 1;
-        }
-        for &stripe in &hold.stripes {
-            self.wait_cleaner_writes(stripe);
         }
         hold
     }
