@@ -78,7 +78,8 @@ EOF
     cargo test -q --profile test-opt -p pmcache-engine --features shuttle --lib --test shuttle \
       --no-fail-fast 2>&1
   ) >"$log" 2>&1 || true
-  failed=$(grep -E '^test .* \.\.\. FAILED$|^    [a-z_:]+$' "$log" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/; s/^ +//' | sort -u | tr '\n' ' ')
+  failed=$( (grep -E '^test .* \.\.\. FAILED$|^    [a-z_:]+$' "$log" || true) \
+    | sed -E 's/^test (.*) \.\.\. FAILED$/\1/; s/^ +//' | sort -u | tr '\n' ' ')
   if grep -q "error\[E" "$log"; then
     echo "$name: DOES NOT COMPILE (see $log)"
     survived=1

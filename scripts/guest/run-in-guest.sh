@@ -169,8 +169,12 @@ kit="$cache/kit-$kpkg"
 # crc64-rocksoft): load the generic C ones explicitly, no modprobe runs in the guest.
 # (Newer kernels lack some of these or build them in; only nvme and ext4 are required.) The
 # block-device frontends' tests want ublk_drv (/dev/ublk-control, /dev/ublkbN) and nbd
-# (/dev/nbdN), and loop to mount a backing file itself: loaded where the kernel has them.
-wanted_modules=(crc32c_generic? crct10dif_generic? crc64_rocksoft_generic? nvme ext4 ublk_drv? nbd? loop?)
+# (/dev/nbdN), and loop to mount a backing file itself; the DAX tests want the NVDIMM stack
+# (nfit finds QEMU's emulated NVDIMMs, nd_pmem serves /dev/pmemN for fsdax, dax_pmem and
+# device_dax /dev/daxX.Y for devdax): loaded where the kernel has them (without an NVDIMM
+# they find nothing).
+wanted_modules=(crc32c_generic? crct10dif_generic? crc64_rocksoft_generic? nvme ext4 ublk_drv? nbd? loop?
+  nfit? nd_pmem? dax_pmem? device_dax?)
 # A kit prepared for another list of modules is prepared again.
 if [[ -f "$kit/ready" && "$(cat "$kit/wanted" 2>/dev/null)" != "${wanted_modules[*]}" ]]; then
   rm -f "$kit/ready"

@@ -237,10 +237,14 @@ fn refuse_orphans(owner: OwnerTag) -> Result<(), String> {
     let ours = devices.iter();
     for dead in ours.clone().filter(|d| d.state == DeviceState::Dead && !d.server_alive) {
         match recovery::remove(dead.id) {
-            Ok(()) => eprintln!(
+            // The driver forgets the server's process once it stops the device (-1).
+            Ok(()) if dead.server_pid > 0 => eprintln!(
                 "pmcache: removed /dev/ublkb{}, stopped after its server (process {}) died",
                 dead.id, dead.server_pid
             ),
+            Ok(()) => {
+                eprintln!("pmcache: removed /dev/ublkb{}, stopped after its server died", dead.id)
+            }
             Err(e) => eprintln!("pmcache: warning: /dev/ublkb{} stays: {e}", dead.id),
         }
     }

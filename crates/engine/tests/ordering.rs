@@ -57,6 +57,9 @@ fn cleaner_config() -> CleanerConfig {
     }
 }
 
+/// The threads of the requests a hook started, to join.
+type RaceThreads = Arc<std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>>;
+
 /// Runs `request` on a thread of its own and waits for it at most `RACE_WINDOW`; returns
 /// whether it finished in that time (it goes on either way, and `join` waits for the rest).
 fn race(request: impl FnOnce() + Send + 'static) -> (bool, std::thread::JoinHandle<()>) {
@@ -238,5 +241,89 @@ fn a_full_write_cleaned_while_a_write_zeroes_through_lands_is_not_lost() {
     drop(cleaner);
     assert_eq!(engine.dirty_slots(), 0);
     assert_block(&durable_block(&world, 6), &got, "the backing store lacks what the cache serves");
+    engine.audit().unwrap();
+}
+
+/// Stages a second request inside the cleaner's backing write of block `lba` (its copy of the
+/// block's older data is on its way): `request` runs on a thread of its own, given
+/// `RACE_WINDOW` before that write lands. Returns the threads to join.
+fn inside_the_cleaners_write(
+    backing: &Arc<HookedBacking>,
+    lba: u64,
+    request: impl FnOnce() + Send + 'static,
+) -> (Arc<AtomicBool>, RaceThreads) {
+    let fired = Arc::new(AtomicBool::new(false));
+    let threads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut request = Some(request);
+    let (flag, list) = (fired.clone(), threads.clone());
+    backing.on_write(move |offset| {
+        if offset != lba * B || flag.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Some(request) = request.take() {
+            let (_, thread) = race(request);
+            list.lock().unwrap().push(thread);
+        }
+    });
+    (fired, threads)
+}
+
+/// A write-through write of a block whose older dirty copy the cleaner is writing back (the
+/// cache switched from write-back to write-through with dirty blocks): the write-through's
+/// backing write must land after the cleaner's, or the backing store keeps the older data
+/// while the cache drops its copy.
+#[test]
+fn a_write_through_during_the_cleaners_copy_lands_after_it() {
+    let (world, backing, engine) = hooked_engine(8);
+    engine.lane().unwrap().write(3 * B, &pattern(1, 3 * B, B), false).unwrap();
+    engine.set_mode(CacheMode::WriteThrough);
+    let newer = pattern(2, 3 * B, B);
+    let mut cleaner = engine.cleaner(cleaner_config()).unwrap();
+    let (fired, threads) = {
+        let (engine, newer) = (engine.clone(), newer.clone());
+        inside_the_cleaners_write(&backing, 3, move || {
+            engine.lane().unwrap().write(3 * B, &newer, false).unwrap();
+        })
+    };
+    cleaner.clean_batch(16);
+    assert!(fired.load(Ordering::SeqCst), "the cleaner did not write block 3");
+    for thread in threads.lock().unwrap().drain(..) {
+        thread.join().unwrap();
+    }
+    drop(cleaner);
+    assert_block(&read_block(&engine, 3), &newer, "block 3 read");
+    engine.lane().unwrap().flush().unwrap();
+    assert_block(&durable_block(&world, 3), &newer, "block 3 on the backing store");
+    engine.audit().unwrap();
+}
+
+/// A drain through a lane (an inline write-back) of a block overwritten while the cleaner's
+/// copy of its older data is on its way: the drain's write must land after the cleaner's, or
+/// the newer data is marked clean over a backing store that ends with the older.
+#[test]
+fn an_inline_write_back_during_the_cleaners_copy_lands_after_it() {
+    let (world, backing, engine) = hooked_engine(10);
+    engine.lane().unwrap().write(3 * B, &pattern(1, 3 * B, B), false).unwrap();
+    let newer = pattern(2, 3 * B, B);
+    let mut cleaner = engine.cleaner(cleaner_config()).unwrap();
+    let (fired, threads) = {
+        let (engine, newer) = (engine.clone(), newer.clone());
+        inside_the_cleaners_write(&backing, 3, move || {
+            let mut lane = engine.lane().unwrap();
+            lane.write(3 * B, &newer, false).unwrap();
+            lane.drain().unwrap();
+        })
+    };
+    cleaner.clean_batch(16);
+    assert!(fired.load(Ordering::SeqCst), "the cleaner did not write block 3");
+    for thread in threads.lock().unwrap().drain(..) {
+        thread.join().unwrap();
+    }
+    cleaner.clean_batch(16);
+    drop(cleaner);
+    assert_block(&read_block(&engine, 3), &newer, "block 3 read");
+    engine.lane().unwrap().drain().unwrap();
+    assert_eq!(engine.dirty_slots(), 0);
+    assert_block(&durable_block(&world, 3), &newer, "block 3 on the backing store");
     engine.audit().unwrap();
 }

@@ -370,16 +370,55 @@ impl Drop for Scratch {
     }
 }
 
+/// The medium's length: a regular file's size; a device-dax node's from sysfs (it has no
+/// size a seek can find: `/sys/dev/char/MAJ:MIN/size`, rounded down to its mapping alignment,
+/// `align`, which every mapping of it must be a multiple of); another device's by a seek to
+/// its end.
 fn crate_file_len(file: &File) -> io::Result<u64> {
     use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let meta = file.metadata()?;
     if meta.is_file() {
         return Ok(meta.len());
+    }
+    if meta.file_type().is_char_device() {
+        let (major, minor) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
+        let sys = std::path::PathBuf::from(format!("/sys/dev/char/{major}:{minor}"));
+        return char_device_len(&sys);
     }
     let mut handle = file;
     let len = handle.seek(SeekFrom::End(0))?;
     handle.seek(SeekFrom::Start(0))?;
     Ok(len)
+}
+
+/// The usable length of the character device whose sysfs directory is `sys`: its `size`,
+/// rounded down to a multiple of its `align` (device-dax; 1 where there is none). A device
+/// without a `size` (not a device-dax) has no length.
+fn char_device_len(sys: &Path) -> io::Result<u64> {
+    let read = |name: &str| -> io::Result<Option<u64>> {
+        match std::fs::read_to_string(sys.join(name)) {
+            Ok(text) => text.trim().parse().map(Some).map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}/{name}: {:?} is not a number", sys.display(), text.trim()),
+                )
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    let Some(size) = read("size")? else {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "a character device without a size in sysfs ({}): not a device-dax",
+                sys.display()
+            ),
+        ));
+    };
+    let align = read("align")?.filter(|&a| a > 0).unwrap_or(1);
+    Ok(size / align * align)
 }
 
 /// Maps `len` bytes of `file`: synchronously (`MAP_SYNC`) if `sync`, which only DAX accepts
@@ -668,6 +707,25 @@ mod tests {
         assert_eq!(buf, [9u8; 4096]);
         medium.read(len - 4096, &mut buf);
         assert_eq!(buf, [0u8; 4096]);
+    }
+
+    #[test]
+    fn a_device_dax_length_comes_from_sysfs_rounded_to_its_alignment() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path();
+        assert_eq!(
+            char_device_len(sys).unwrap_err().kind(),
+            io::ErrorKind::Unsupported,
+            "no size: not a device-dax"
+        );
+        std::fs::write(sys.join("size"), "262144000\n").unwrap();
+        assert_eq!(char_device_len(sys).unwrap(), 262_144_000, "no align file: the size");
+        std::fs::write(sys.join("align"), "2097152\n").unwrap();
+        assert_eq!(char_device_len(sys).unwrap(), 262_144_000, "a multiple of 2 MiB");
+        std::fs::write(sys.join("size"), "263000000\n").unwrap();
+        assert_eq!(char_device_len(sys).unwrap(), 262_144_000, "rounded down to 2 MiB");
+        std::fs::write(sys.join("size"), "lots\n").unwrap();
+        assert!(char_device_len(sys).unwrap_err().to_string().contains("not a number"));
     }
 
     #[test]
