@@ -59,6 +59,9 @@ scripts/guest/ublk-e2e.sh
 echo "== serve --ublk in a QEMU guest: kill -9 under fio, take-over (--recover), re-attach"
 scripts/guest/ublk-recovery-e2e.sh
 
+echo "== the dax medium on emulated NVDIMMs in a QEMU guest: fsdax, devdax, kill -9, power cut"
+scripts/guest/dax-e2e.sh
+
 echo "== bench smoke runs"
 cargo build --release -p pmcache-cli
 ./target/release/pmcache bench core --quick

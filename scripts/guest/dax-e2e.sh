@@ -2,7 +2,8 @@
 # The `dax` medium kind on real DAX mappings: QEMU emulates two NVDIMMs (files on the host,
 # shared), the guest's nfit, nd_pmem, dax_pmem and device_dax drivers serve them, and ndctl
 # makes the first an fsdax namespace (/dev/pmem0, ext4 mounted -o dax) and the second a devdax
-# one (/dev/dax1.0, 2 MiB aligned). In the guest, for each: `pmcache serve --ublk` with its
+# one (/dev/dax1.0, 2 MiB aligned; `pmcache format` formats it, as serve formats only a file it
+# creates). In the guest, for each: `pmcache serve --ublk` with its
 # medium there (the startup line must name the kind `dax`: a MAP_SYNC mapping was accepted),
 # fio writing and verifying (crc32c) through /dev/ublkbN, kill -9, a restart that recovers the
 # cache from the medium (an unclean shutdown), and fio verifying every block again. Then
@@ -84,7 +85,10 @@ for medium in fsdax devdax; do
   if [ \$medium = fsdax ]; then
     cache=/mnt/pmem/cache.pm; backing=/mnt/pmem/backing.img; size="--cache-size 16M"
   else
+    # A device is formatted by \`pmcache format\` (serve formats only a file it creates).
     cache=/dev/dax1.0; backing=/mnt/nvme/backing.img; size=
+    \$PM format --cache \$cache --backing \$backing > /tmp/format.log 2>&1 || { cat /tmp/format.log; fail "format /dev/dax1.0"; }
+    cat /tmp/format.log
   fi
   serve /tmp/serve-\$medium.log \$cache \$backing \$size
   fio_job /tmp/fio-\$medium.log --size=48m --do_verify=1
