@@ -24,7 +24,7 @@ export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261122}"
 # their locks) taken out.
 helpers='
 impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
-    pub(super) fn backing_turn_unordered<'"'"'g, G>(&self, lba: u64, _held: &'"'"'g G) -> BackingTurn<'"'"'g> {
+    pub(super) fn backing_turn_unordered<'"'"'g>(&self, lba: u64, _held: &'"'"'g impl HoldsStripe) -> BackingTurn<'"'"'g> {
         BackingTurn { first: lba, end: lba + 1, _held: PhantomData }
     }
     pub(super) fn hold_range_unordered(&self, first: u64, end: u64, max: u64) -> RangeHold<'"'"'_> {
@@ -47,6 +47,7 @@ mutations=(
   "no-wait-inline-write-back|crates/engine/src/cache/writeback.rs|engine.backing_turn(entry.lba, \&guard)|engine.backing_turn_unordered(entry.lba, \&guard)"
   "no-wait-trim|crates/engine/src/cache/write.rs|engine.hold_range(lba, end, RANGE_HOLD_BLOCKS_MAX)|engine.hold_range_unordered(lba, end, RANGE_HOLD_BLOCKS_MAX)"
   "no-wait-zero-through|crates/engine/src/cache/zeroes.rs|engine.hold_range(lba, end, ZERO_RUN_BLOCKS_MAX)|engine.hold_range_unordered(lba, end, ZERO_RUN_BLOCKS_MAX)"
+  "no-wait-range-holds|crates/engine/src/cache/ordering.rs|            self.wait_cleaner_writes(stripe);\n        }\n        hold|        }\n        hold"
   "no-stripe-hold-zero-through|crates/engine/src/cache/zeroes.rs|engine.hold_range(lba, end, ZERO_RUN_BLOCKS_MAX)|engine.hold_range_unlocked(lba, end, ZERO_RUN_BLOCKS_MAX)"
   "no-stripe-hold-trim|crates/engine/src/cache/write.rs|engine.hold_range(lba, end, RANGE_HOLD_BLOCKS_MAX)|engine.hold_range_unlocked(lba, end, RANGE_HOLD_BLOCKS_MAX)"
   "no-generation-check-cleaner|crates/engine/src/cache/cleaner/batch.rs|if now.same_incarnation(seen) \&\& now.state() == SlotState::Dirty {\n                    self.lane|if now.state() == SlotState::Dirty {\n                    self.lane"
@@ -74,12 +75,17 @@ EOF
   log="$root/target/mutants/$name.log"
   (
     cd "$tree"
-    cargo test -q --profile test-opt -p pmcache-engine --no-fail-fast 2>&1
-    cargo test -q --profile test-opt -p pmcache-engine --features shuttle --lib --test shuttle \
-      --no-fail-fast 2>&1
+    # A test the mutation makes hang counts as failed (killed after 10 minutes).
+    timeout -k 10 600 cargo test -q --profile test-opt -p pmcache-engine --no-fail-fast 2>&1 \
+      || echo "    (the engine tests ended with status $?: 124 is the timeout)"
+    timeout -k 10 600 cargo test -q --profile test-opt -p pmcache-engine --features shuttle \
+      --lib --test shuttle --no-fail-fast 2>&1
   ) >"$log" 2>&1 || true
   failed=$( (grep -E '^test .* \.\.\. FAILED$|^    [a-z_:]+$' "$log" || true) \
     | sed -E 's/^test (.*) \.\.\. FAILED$/\1/; s/^ +//' | sort -u | tr '\n' ' ')
+  if grep -q "ended with status 124" "$log"; then
+    failed="$failed(and a test hung: killed) "
+  fi
   if grep -q "error\[E" "$log"; then
     echo "$name: DOES NOT COMPILE (see $log)"
     survived=1

@@ -51,6 +51,14 @@ impl BackingTurn<'_> {
     }
 }
 
+/// A guard of one stripe lock: what [`Engine::backing_turn`] borrows for as long as its turn
+/// lasts.
+pub(super) trait HoldsStripe {}
+
+impl HoldsStripe for MutexGuard<'_, u64> {}
+
+impl HoldsStripe for StripeGuard<'_> {}
+
 /// The stripes of blocks `first..end`, held together (see [`Engine::hold_range`]).
 pub(super) struct RangeHold<'e> {
     first: u64,
@@ -74,7 +82,7 @@ impl RangeHold<'_> {
 impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// The turn to write block `lba` to the backing store, whose stripe the caller holds
     /// (`held` is its guard): waits for the cleaner's copies of the stripe's blocks first.
-    pub(super) fn backing_turn<'g, G>(&self, lba: u64, held: &'g G) -> BackingTurn<'g> {
+    pub(super) fn backing_turn<'g>(&self, lba: u64, held: &'g impl HoldsStripe) -> BackingTurn<'g> {
         let _ = held;
         self.wait_cleaner_writes(self.stripe_index(lba));
         BackingTurn { first: lba, end: lba + 1, _held: PhantomData }
