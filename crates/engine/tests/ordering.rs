@@ -29,8 +29,16 @@ const RACE_WINDOW: Duration = Duration::from_millis(400);
 const B: u64 = BLOCK as u64;
 
 fn hooked_engine(seed: u64) -> (World, Arc<HookedBacking>, Arc<HookedEngine>) {
+    hooked_engine_over(seed, HookedBacking::new)
+}
+
+/// [`hooked_engine`] over the backing store `wrap` makes of the world's device.
+fn hooked_engine_over(
+    seed: u64,
+    wrap: fn(pmcache_engine::testing::SimBacking) -> Arc<HookedBacking>,
+) -> (World, Arc<HookedBacking>, Arc<HookedEngine>) {
     let world = World::fresh(seed);
-    let backing = HookedBacking::new(world.backing.clone());
+    let backing = wrap(world.backing.clone());
     let cfg = pmcache_engine::Config {
         max_lanes: 4,
         ..config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always)
@@ -325,5 +333,24 @@ fn an_inline_write_back_during_the_cleaners_copy_lands_after_it() {
     engine.lane().unwrap().drain().unwrap();
     assert_eq!(engine.dirty_slots(), 0);
     assert_block(&durable_block(&world, 3), &newer, "block 3 on the backing store");
+    engine.audit().unwrap();
+}
+
+/// A write-zeroes of whole blocks over holes that a TRIM punched and nothing synced yet writes
+/// nothing to the backing store (a hole reads as zeroes already); acknowledged, its zeroes must
+/// be durable all the same, so the punch is synced before the acknowledgement.
+#[test]
+fn a_write_zeroes_over_unsynced_holes_is_durable_when_acknowledged() {
+    let (world, _backing, engine) = hooked_engine_over(12, HookedBacking::with_holes);
+    let old = pattern(1, 0, 8 * B);
+    world.backing.write_at(&old, 0).unwrap();
+    world.backing.flush().unwrap();
+    let mut lane = engine.lane().unwrap();
+    lane.trim(0, 8 * B).unwrap();
+    lane.write_zeroes(0, 8 * B, false).unwrap();
+    // No flush: what the backing store holds durably now.
+    let durable = world.backing.durable_contents();
+    assert_block(&durable[..8 * BLOCK], &[0u8; 8 * BLOCK], "blocks 0..8, durably");
+    drop(lane);
     engine.audit().unwrap();
 }

@@ -12,8 +12,10 @@
 //!   write or write back one of its blocks. A write racing with the zeroes on one of them so
 //!   runs wholly before (the block is cached: it gets a zero block in the cache) or wholly
 //!   after (it reads the zeroes from the backing store);
-//! - the backing store is synced once at the end, so the zeroes are durable when the request
-//!   is acknowledged, as every write-back write is.
+//! - the backing store is synced once at the end — when it wrote zeroes, or when any earlier
+//!   write of it is not synced yet (a hole skipped may be one a TRIM punched and nothing
+//!   synced) — so the zeroes are durable when the request is acknowledged, as every
+//!   write-back write is.
 
 use super::ordering::{BackingTurn, RANGE_HOLD_BLOCKS_MAX};
 use super::write::Payload;
@@ -50,7 +52,12 @@ impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
             bump(&self.counters().writes, run_end - lba);
             lba = run_end;
         }
-        if backing_written {
+        // Acknowledged zeroes are durable: the zeroes written, and the holes skipped — a hole
+        // a TRIM punched (or any earlier write) may not be synced yet.
+        if backing_written
+            || engine.backing_writes.load(Ordering::SeqCst)
+                != engine.backing_writes_synced.load(Ordering::SeqCst)
+        {
             engine.sync_backing()?;
         }
         Ok(())

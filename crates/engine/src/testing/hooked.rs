@@ -8,7 +8,7 @@ use std::sync::{Condvar, Mutex};
 
 use pmcache_backing::{BackingIdentity, BackingStore};
 
-use super::SimBacking;
+use super::{SIM_SECTOR_BYTES, SimBacking};
 
 /// A hook, called with the operation's offset in bytes.
 pub type Hook = Box<dyn FnMut(u64) + Send>;
@@ -30,12 +30,28 @@ pub struct HookedBacking {
     pub before_discard: Mutex<Option<Hook>>,
     /// Called before each flush reaches the device (with offset 0).
     pub before_flush: Mutex<Option<Hook>>,
+    /// With [`HookedBacking::with_holes`]: per sector, whether it is a hole (discarded since
+    /// it was last written), as a file's punched range is.
+    holes: Option<Mutex<Vec<bool>>>,
 }
 
 impl HookedBacking {
     /// No hooks, the gate open.
     pub fn new(inner: SimBacking) -> std::sync::Arc<Self> {
+        Self::build(inner, false)
+    }
+
+    /// As [`HookedBacking::new`], over a device whose discards punch holes, as a file's do: a
+    /// discarded sector reads as zeroes and `extent_at` reports it as a hole until it is
+    /// written again. The discard, like any write, is durable only after a flush.
+    pub fn with_holes(inner: SimBacking) -> std::sync::Arc<Self> {
+        Self::build(inner, true)
+    }
+
+    fn build(inner: SimBacking, holes: bool) -> std::sync::Arc<Self> {
+        let sectors = inner.size_bytes() as usize / SIM_SECTOR_BYTES;
         std::sync::Arc::new(Self {
+            holes: holes.then(|| Mutex::new(vec![false; sectors])),
             inner,
             held: Mutex::new(false),
             released: Condvar::new(),
@@ -73,6 +89,18 @@ impl HookedBacking {
         *self.before_flush.lock().expect("poisoned") = Some(Box::new(hook));
     }
 
+    /// Marks the sectors of `offset..offset + len` holes (or data).
+    fn mark(&self, offset: u64, len: u64, hole: bool) {
+        if let Some(holes) = &self.holes {
+            let sector = SIM_SECTOR_BYTES as u64;
+            let (first, end) = (offset / sector, (offset + len).div_ceil(sector));
+            let mut holes = holes.lock().expect("poisoned");
+            for at in first..end.min(holes.len() as u64) {
+                holes[at as usize] = hole;
+            }
+        }
+    }
+
     fn call(hook: &Mutex<Option<Hook>>, offset: u64) {
         // Taken out while it runs: a hook may make the engine call the same operation again
         // (from another thread), which then runs without it.
@@ -108,6 +136,7 @@ impl BackingStore for HookedBacking {
         }
         drop(held);
         self.writes.fetch_add(1, Ordering::SeqCst);
+        self.mark(offset, data.len() as u64, false);
         self.inner.write_at(data, offset)
     }
     fn flush(&self) -> pmcache_backing::Result<()> {
@@ -116,10 +145,30 @@ impl BackingStore for HookedBacking {
     }
     fn discard(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
         HookedBacking::call(&self.before_discard, offset);
-        self.inner.discard(offset, len)
+        if self.holes.is_none() {
+            return self.inner.discard(offset, len);
+        }
+        // A punched hole reads as zeroes; durable, like the write it is, after a flush.
+        self.mark(offset, len, true);
+        self.inner.write_zeroes(offset, len)
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
         HookedBacking::call(&self.before_write_zeroes, offset);
+        self.mark(offset, len, false);
         self.inner.write_zeroes(offset, len)
+    }
+    fn extent_at(&self, offset: u64, len: u64) -> pmcache_backing::Result<pmcache_backing::Extent> {
+        let Some(holes) = &self.holes else {
+            return Ok(pmcache_backing::Extent { len, hole: false });
+        };
+        let holes = holes.lock().expect("poisoned");
+        let sector = SIM_SECTOR_BYTES as u64;
+        let hole_at = |at: u64| holes.get((at / sector) as usize).copied().unwrap_or(false);
+        let hole = hole_at(offset);
+        let mut end = offset;
+        while end < offset + len && hole_at(end) == hole {
+            end = (end / sector + 1) * sector;
+        }
+        Ok(pmcache_backing::Extent { len: end.min(offset + len) - offset, hole })
     }
 }
