@@ -107,28 +107,16 @@ fn trim_then_write_zeroes_during_the_cleaners_copy_read_zeroes() {
     let old = pattern(1, 3 * B, B);
     engine.lane().unwrap().write(3 * B, &old, false).unwrap();
     let mut cleaner = engine.cleaner(cleaner_config()).unwrap();
-    let fired = Arc::new(AtomicBool::new(false));
-    let threads = Arc::new(std::sync::Mutex::new(Vec::new()));
-    {
-        let (engine, fired, threads) = (engine.clone(), fired.clone(), threads.clone());
-        backing.on_write(move |offset| {
-            if offset != 3 * B || fired.swap(true, Ordering::SeqCst) {
-                return;
-            }
-            let engine = engine.clone();
-            let (_, thread) = race(move || {
-                let mut lane = engine.lane().unwrap();
-                lane.trim(3 * B, B).unwrap();
-                lane.write_zeroes(0, 8 * B, false).unwrap();
-            });
-            threads.lock().unwrap().push(thread);
-        });
-    }
+    let staged = {
+        let engine = engine.clone();
+        inside_the_cleaners_write(&backing, 3, move || {
+            let mut lane = engine.lane().unwrap();
+            lane.trim(3 * B, B).unwrap();
+            lane.write_zeroes(0, 8 * B, false).unwrap();
+        })
+    };
     cleaner.clean_batch(16);
-    assert!(fired.load(Ordering::SeqCst), "the cleaner did not write block 3");
-    for thread in threads.lock().unwrap().drain(..) {
-        thread.join().unwrap();
-    }
+    staged.join("the cleaner's write of block 3");
     cleaner.clean_batch(16);
     drop(cleaner);
     assert_block(&read_block(&engine, 3), &[0u8; BLOCK], "block 3 after trim and zeroes");
@@ -148,27 +136,16 @@ fn a_partial_write_racing_a_write_zeroes_through_ends_in_one_of_the_two_orders()
     world.backing.write_at(&old, 0).unwrap();
     world.backing.flush().unwrap();
     let piece = pattern(2, 5 * B + 100, 50);
-    let fired = Arc::new(AtomicBool::new(false));
-    let threads = Arc::new(std::sync::Mutex::new(Vec::new()));
-    {
-        let (engine, fired, threads, piece) =
-            (engine.clone(), fired.clone(), threads.clone(), piece.clone());
-        backing.on_write_zeroes(move |_| {
-            if fired.swap(true, Ordering::SeqCst) {
-                return;
-            }
-            let (engine, piece) = (engine.clone(), piece.clone());
-            let (_, thread) = race(move || {
-                engine.lane().unwrap().write(5 * B + 100, &piece, false).unwrap();
-            });
-            threads.lock().unwrap().push(thread);
-        });
-    }
+    let staged = {
+        let (engine, piece) = (engine.clone(), piece.clone());
+        stage(
+            |hook| backing.on_write_zeroes(hook),
+            |_| true,
+            move || engine.lane().unwrap().write(5 * B + 100, &piece, false).unwrap(),
+        )
+    };
     engine.lane().unwrap().write_zeroes(0, 8 * B, false).unwrap();
-    assert!(fired.load(Ordering::SeqCst), "the zeroes did not go to the backing store");
-    for thread in threads.lock().unwrap().drain(..) {
-        thread.join().unwrap();
-    }
+    staged.join("the zeroes' write to the backing store");
     let zeroes_first = {
         let mut block = vec![0u8; BLOCK];
         block[100..150].copy_from_slice(&piece);
@@ -252,28 +229,54 @@ fn a_full_write_cleaned_while_a_write_zeroes_through_lands_is_not_lost() {
     engine.audit().unwrap();
 }
 
-/// Stages a second request inside the cleaner's backing write of block `lba` (its copy of the
-/// block's older data is on its way): `request` runs on a thread of its own, given
-/// `RACE_WINDOW` before that write lands. Returns the threads to join.
-fn inside_the_cleaners_write(
-    backing: &Arc<HookedBacking>,
-    lba: u64,
+/// A request staged inside one backing-store operation (see [`stage`]).
+struct Staged {
+    fired: Arc<AtomicBool>,
+    threads: RaceThreads,
+}
+
+impl Staged {
+    /// Asserts that the operation happened (`what` it was), and waits for the request.
+    fn join(&self, what: &str) {
+        assert!(self.fired.load(Ordering::SeqCst), "{what} did not happen");
+        for thread in self.threads.lock().unwrap().drain(..) {
+            thread.join().unwrap();
+        }
+    }
+}
+
+/// Stages `request` inside the first operation a hook set by `set_hook` sees with an offset
+/// `at` accepts: the request runs on a thread of its own, given `RACE_WINDOW` before that
+/// operation reaches the device.
+fn stage(
+    set_hook: impl FnOnce(Box<dyn FnMut(u64) + Send>),
+    at: impl Fn(u64) -> bool + Send + 'static,
     request: impl FnOnce() + Send + 'static,
-) -> (Arc<AtomicBool>, RaceThreads) {
-    let fired = Arc::new(AtomicBool::new(false));
-    let threads = Arc::new(std::sync::Mutex::new(Vec::new()));
+) -> Staged {
+    let staged =
+        Staged { fired: Arc::new(AtomicBool::new(false)), threads: RaceThreads::default() };
     let mut request = Some(request);
-    let (flag, list) = (fired.clone(), threads.clone());
-    backing.on_write(move |offset| {
-        if offset != lba * B || flag.swap(true, Ordering::SeqCst) {
+    let (fired, threads) = (staged.fired.clone(), staged.threads.clone());
+    set_hook(Box::new(move |offset| {
+        if !at(offset) || fired.swap(true, Ordering::SeqCst) {
             return;
         }
         if let Some(request) = request.take() {
             let (_, thread) = race(request);
-            list.lock().unwrap().push(thread);
+            threads.lock().unwrap().push(thread);
         }
-    });
-    (fired, threads)
+    }));
+    staged
+}
+
+/// Stages `request` inside the cleaner's backing write of block `lba` (its copy of the block's
+/// older data is on its way).
+fn inside_the_cleaners_write(
+    backing: &Arc<HookedBacking>,
+    lba: u64,
+    request: impl FnOnce() + Send + 'static,
+) -> Staged {
+    stage(|hook| backing.on_write(hook), move |offset| offset == lba * B, request)
 }
 
 /// A write-through write of a block whose older dirty copy the cleaner is writing back (the
@@ -287,17 +290,14 @@ fn a_write_through_during_the_cleaners_copy_lands_after_it() {
     engine.set_mode(CacheMode::WriteThrough);
     let newer = pattern(2, 3 * B, B);
     let mut cleaner = engine.cleaner(cleaner_config()).unwrap();
-    let (fired, threads) = {
+    let staged = {
         let (engine, newer) = (engine.clone(), newer.clone());
         inside_the_cleaners_write(&backing, 3, move || {
             engine.lane().unwrap().write(3 * B, &newer, false).unwrap();
         })
     };
     cleaner.clean_batch(16);
-    assert!(fired.load(Ordering::SeqCst), "the cleaner did not write block 3");
-    for thread in threads.lock().unwrap().drain(..) {
-        thread.join().unwrap();
-    }
+    staged.join("the cleaner's write of block 3");
     drop(cleaner);
     assert_block(&read_block(&engine, 3), &newer, "block 3 read");
     engine.lane().unwrap().flush().unwrap();
@@ -314,7 +314,7 @@ fn an_inline_write_back_during_the_cleaners_copy_lands_after_it() {
     engine.lane().unwrap().write(3 * B, &pattern(1, 3 * B, B), false).unwrap();
     let newer = pattern(2, 3 * B, B);
     let mut cleaner = engine.cleaner(cleaner_config()).unwrap();
-    let (fired, threads) = {
+    let staged = {
         let (engine, newer) = (engine.clone(), newer.clone());
         inside_the_cleaners_write(&backing, 3, move || {
             let mut lane = engine.lane().unwrap();
@@ -323,10 +323,7 @@ fn an_inline_write_back_during_the_cleaners_copy_lands_after_it() {
         })
     };
     cleaner.clean_batch(16);
-    assert!(fired.load(Ordering::SeqCst), "the cleaner did not write block 3");
-    for thread in threads.lock().unwrap().drain(..) {
-        thread.join().unwrap();
-    }
+    staged.join("the cleaner's write of block 3");
     cleaner.clean_batch(16);
     drop(cleaner);
     assert_block(&read_block(&engine, 3), &newer, "block 3 read");
