@@ -77,6 +77,7 @@ cargo build --release -p pmcache-cli
 ./target/release/pmcache bench media-kinds --quick
 ./target/release/pmcache bench memory --quick
 ./target/release/pmcache bench ublk-mapping --quick
+./target/release/pmcache bench mixed --quick
 
 echo "== fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"
 if cargo +nightly fuzz --version >/dev/null 2>&1; then

@@ -112,6 +112,12 @@ pub trait IoQueue: Send {
     /// completion work is deferred to its thread, or an IOPOLL ring, posts nothing until it is
     /// entered; libaio keeps them in its context until collected).
     fn reap(&mut self, min: usize, out: &mut Vec<IoCompletion>) -> Result<usize>;
+    /// A file descriptor that polls readable when a completion may be ready to reap (a
+    /// wake-up may find none), for a thread that waits on other things too; `None` when the
+    /// queue offers none (its caller then waits in `reap`).
+    fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// Bookkeeping shared by the asynchronous engines: a fixed table of slots (one per request in

@@ -13,7 +13,9 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use rustix::event::{EventfdFlags, eventfd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -529,6 +531,10 @@ impl BackingStore for UringFile {
             Ok(()) => FileRef::Registered,
             Err(_) => FileRef::Fd(fd),
         };
+        let completion_event = (self.shared.mode != UringMode::Iopoll)
+            .then(|| eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC).ok())
+            .flatten()
+            .filter(|event| ring.submitter().register_eventfd(event.as_raw_fd()).is_ok());
         Ok(Box::new(UringQueue {
             shared: self.shared.clone(),
             ring,
@@ -541,6 +547,7 @@ impl BackingStore for UringFile {
             batch_waits,
             submit_each: self.shared.mode != UringMode::Sqpoll && !self.shared.punted,
             sq_fresh: 0,
+            completion_event,
         }))
     }
 }
@@ -580,6 +587,12 @@ struct UringQueue {
     /// as passed (its kernel thread takes them on its own; the ring's own count is of the
     /// entries it has not taken yet, which a second `submit` would count again).
     sq_fresh: usize,
+    /// Signalled by the kernel whenever a completion is posted or completion work is queued
+    /// for this thread (a ring whose work is deferred to its thread wakes no poller of the
+    /// ring itself): what `completion_fd` offers. Drained at each `reap`, before the ring is
+    /// looked at. `None` on IOPOLL rings (they post nothing unless polled) and where the
+    /// kernel refused the registration.
+    completion_event: Option<OwnedFd>,
 }
 
 /// How long a waiter on a queue with many requests in the kernel lets completions gather
@@ -743,6 +756,10 @@ impl IoQueue for UringQueue {
     }
 
     fn reap(&mut self, min: usize, out: &mut Vec<IoCompletion>) -> Result<usize> {
+        if let Some(event) = &self.completion_event {
+            // Drained first: a completion posted from here on signals it again.
+            let _empty_or_drained = rustix::io::read(event, &mut [0u8; 8]);
+        }
         let mut got = self.slots.drain_ready(out);
         let mut entered = false;
         loop {
@@ -772,6 +789,12 @@ impl IoQueue for UringQueue {
                 self.spin.wait(&mut self.ring);
             }
         }
+    }
+
+    /// The ring's registered eventfd (see `completion_event`).
+    fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.completion_event.as_ref().map(|event| event.as_fd())
     }
 }
 

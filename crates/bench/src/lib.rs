@@ -5,6 +5,7 @@ pub mod engine_core;
 pub mod engines;
 pub mod lookup_cost;
 pub mod media_kinds;
+pub mod mixed;
 pub mod nbd_fio;
 pub mod nbd_tls;
 pub mod paper002;

@@ -54,6 +54,12 @@ pub struct ServeArgs {
     /// still match. Needed at every attach until the cache is formatted again.
     #[arg(long)]
     pub backing_moved: bool,
+    /// Give every backing-store read and write at least this latency, as a slower device
+    /// would (for benches and tests of a cache in front of a network disk or an HDD): a time
+    /// (`2ms`, `500us`) or a device preset (`hdd`: 2–14 ms, `sata-ssd`: 90–300 µs,
+    /// `nvme-ssd`: 60–70 µs). Requests overlap without limit.
+    #[arg(long, value_parser = crate::cache::parse_latency, value_name = "TIME|hdd|sata-ssd|nvme-ssd")]
+    pub backing_latency: Option<pmcache_backing::wrappers::LatencyDist>,
     /// TCP address to listen on (loopback unless --allow-remote).
     #[arg(long, default_value = "127.0.0.1:10809", conflicts_with = "socket")]
     pub listen: SocketAddr,

@@ -2,8 +2,8 @@
 
 use clap::{Args, Subcommand};
 use pmcache_bench::{
-    engine_core, engines, lookup_cost, media_kinds, nbd_fio, nbd_tls, paper002, serve_memory,
-    ublk_mapping, writeback,
+    engine_core, engines, lookup_cost, media_kinds, mixed, nbd_fio, nbd_tls, paper002,
+    serve_memory, ublk_mapping, writeback,
 };
 
 /// `pmcache bench`.
@@ -40,6 +40,12 @@ enum Experiment {
     /// same backing file and fio on the raw backing file: 4 KiB random writes and reads, QD16,
     /// IOPS, latency percentiles, IOPS once the cache is full, the server's statistics.
     Nbd(Box<nbd_fio::NbdArgs>),
+    /// Cache hits beside misses on the same connections, in front of a slow backing store
+    /// (`--backing-latency`): fio's 4 KiB random reads over NBD, hit ratios 100/95/90/50 %,
+    /// QD 1 and 16, one and four connections; hit and miss latencies apart (client per
+    /// request, and the server's own histograms), IOPS against what the hits and the store's
+    /// concurrency allow, beside the store alone, same run.
+    Mixed(Box<mixed::MixedArgs>),
     /// What TLS costs an NBD client of `pmcache serve`: 4 KiB random reads (cache hits), fio's
     /// nbd engine in clear and over TLS (X.509) against the same server, alternating runs;
     /// median IOPS, latency and the IOPS ratio.
@@ -72,6 +78,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         Experiment::Engines(args) => engines::run_cli(&args),
         Experiment::Writeback(args) => writeback::run_cli(&args),
         Experiment::Nbd(args) => nbd_fio::run_cli(&args),
+        Experiment::Mixed(args) => mixed::run_cli(&args),
         Experiment::Tls(args) => nbd_tls::run_cli(&args),
         Experiment::Paper002(args) => paper002::run_cli(&args),
         Experiment::MediaKinds(args) => media_kinds::run_cli(&args),

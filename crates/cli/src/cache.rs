@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use pmcache_backing::wrappers::{LatencyDist, LatencyStore};
 use pmcache_backing::{BackingStore, EngineKind, EngineOptions, open_backing};
 use pmcache_engine::format::{FormatError, MAGIC, SUPERBLOCK_BYTES, Superblock};
 use pmcache_engine::{
@@ -71,6 +72,33 @@ pub struct CacheArgs {
     /// still match. Needed at every attach until the cache is formatted again.
     #[arg(long)]
     pub backing_moved: bool,
+    /// Give every backing-store read and write at least this latency, as a slower device
+    /// would (for benches and tests of a cache in front of a network disk or an HDD): a time
+    /// (`2ms`, `500us`) or a device preset (`hdd`: 2–14 ms, `sata-ssd`: 90–300 µs,
+    /// `nvme-ssd`: 60–70 µs). Requests overlap without limit.
+    #[arg(long, value_parser = parse_latency, value_name = "TIME|hdd|sata-ssd|nvme-ssd")]
+    pub backing_latency: Option<LatencyDist>,
+}
+
+/// Parses `--backing-latency`: `2ms`, `500us`, `1.5ms`, `1s`, or a device preset.
+pub fn parse_latency(text: &str) -> Result<LatencyDist, String> {
+    match text {
+        "hdd" => return Ok(LatencyDist::hdd()),
+        "sata-ssd" => return Ok(LatencyDist::sata_ssd()),
+        "nvme-ssd" => return Ok(LatencyDist::nvme_ssd()),
+        _ => {}
+    }
+    let units = [("ns", 1e-9), ("us", 1e-6), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)];
+    units
+        .iter()
+        .find_map(|(unit, scale)| {
+            let number = text.strip_suffix(unit)?.trim().parse::<f64>().ok()?;
+            (number.is_finite() && number >= 0.0)
+                .then(|| LatencyDist::Fixed(std::time::Duration::from_secs_f64(number * scale)))
+        })
+        .ok_or_else(|| {
+            format!("{text:?} is not a latency (examples: 2ms, 500us, hdd, sata-ssd, nvme-ssd)")
+        })
 }
 
 /// Parses `512`, `64K`, `1G`, `8GiB`, `2T`.
@@ -118,6 +146,15 @@ fn engine_options(name: Option<&str>) -> Result<EngineOptions, String> {
 /// Opens the backing store with the engine asked for.
 pub fn open_backing_store(path: &Path, engine: Option<&str>) -> Result<Backing, String> {
     open_backing(path, &engine_options(engine)?).map_err(|e| e.to_string())
+}
+
+/// Opens a cache's backing store as its arguments say (engine, added latency).
+fn open_cache_backing(args: &CacheArgs) -> Result<Backing, String> {
+    let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
+    Ok(match args.backing_latency {
+        Some(dist) => Arc::new(LatencyStore::new(backing, dist, 0x1a7e)),
+        None => backing,
+    })
 }
 
 /// A backing store whose identity leaves out which file it is (its inode): what
@@ -311,7 +348,7 @@ fn before_open(path: &Path) -> Result<Before, String> {
 /// whose superblock was lost may still hold dirty data; only `pmcache format --force`
 /// formats it). A new medium that cannot be formatted is removed again.
 pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine, Opened), String> {
-    let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
+    let backing = open_cache_backing(args)?;
     let config = engine_config(args, max_lanes);
     let describe = |e: Error| format!("{}: {e}", args.cache.display());
     let mut before = before_open(&args.cache)?;
@@ -383,7 +420,7 @@ fn undo_new_medium(path: &Path, before: &Before) {
 /// Attaches (recovering) the cache on the medium, never formatting it: a blank superblock
 /// page is refused with a message, whatever the rest of the medium holds.
 pub fn open_existing(args: &CacheArgs, max_lanes: usize) -> Result<CacheEngine, String> {
-    let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
+    let backing = open_cache_backing(args)?;
     let medium = open_medium(args).map_err(MediumError::into_message)?;
     if is_blank(&medium) {
         return Err(format!(
@@ -401,7 +438,7 @@ pub fn open_existing(args: &CacheArgs, max_lanes: usize) -> Result<CacheEngine, 
 
 /// Formats the medium, refusing to overwrite a non-blank one unless `force`.
 pub fn format(args: &CacheArgs, force: bool) -> Result<CacheEngine, String> {
-    let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
+    let backing = open_cache_backing(args)?;
     let medium = open_medium(args).map_err(MediumError::into_message)?;
     if !force && !is_blank(&medium) {
         return Err(format!(

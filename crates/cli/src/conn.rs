@@ -1,11 +1,68 @@
 //! The engine lane a frontend connection or queue serves: NBD's `ExportConn` (`crate::nbd`)
 //! and ublk's `Target` (`crate::ublk`) are both implemented on it, with the batch calls they
-//! share here.
+//! share here, and the read latencies by class (hits answered at once, misses answered when
+//! their backing read completes) that `pmcache stats` reports.
 
-use pmcache_engine::{Error, Lane, MonotonicClock, ReadRequest, WriteRequest};
+use std::os::fd::BorrowedFd;
+use std::sync::{LazyLock, Mutex};
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use pmcache_engine::{
+    Error, Lane, MonotonicClock, READS_PENDING_MAX, ReadRequest, ReadStart, WriteRequest,
+};
 use pmcache_media::PmemFile;
 
 use crate::cache::Backing;
+
+/// Read latencies recorded by a connection before they are added to the process's.
+const LATENCY_FLUSH_RECORDS: u64 = 4096;
+
+/// The server's read latencies, from a read's hand-over to the engine to its answer: hits
+/// (answered as the batch is started) and misses (answered when their backing read is).
+pub(crate) struct ReadLatencies {
+    hit: Mutex<Histogram<u64>>,
+    miss: Mutex<Histogram<u64>>,
+}
+
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
+}
+
+/// The process's read latencies (one cache is served per process).
+pub(crate) static READ_LATENCIES: LazyLock<ReadLatencies> = LazyLock::new(|| ReadLatencies {
+    hit: Mutex::new(latency_histogram()),
+    miss: Mutex::new(latency_histogram()),
+});
+
+impl ReadLatencies {
+    /// `(name, value)` pairs for `stats`: count, p50, p90, p99 and max of each class, in ns.
+    pub(crate) fn stats(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for (class, h) in [("hit", &self.hit), ("miss", &self.miss)] {
+            let h = h.lock().unwrap_or_else(|e| e.into_inner());
+            out.push((format!("read_{class}_latency_count"), h.len()));
+            for (name, q) in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99)] {
+                out.push((format!("read_{class}_latency_ns_{name}"), h.value_at_quantile(q)));
+            }
+            out.push((format!("read_{class}_latency_ns_max"), h.max()));
+        }
+        out
+    }
+
+    fn add(&self, hit: &mut Histogram<u64>, miss: &mut Histogram<u64>) {
+        for (global, local) in [(&self.hit, hit), (&self.miss, miss)] {
+            if !local.is_empty() {
+                let mut g = global.lock().unwrap_or_else(|e| e.into_inner());
+                let _saturated = g.add(&*local);
+                local.reset();
+            }
+        }
+    }
+}
+
+/// What receives each completed miss: its ticket, and its data or the frontend's error.
+pub(crate) type ReadDone<'a, E> = dyn FnMut(usize, Result<&[u8], E>) + 'a;
 
 /// One engine lane, served by one frontend connection or queue: NBD's `ExportConn` in
 /// `crate::nbd`, ublk's `Target` in `crate::ublk`.
@@ -13,11 +70,23 @@ pub(crate) struct CacheConn {
     pub(crate) lane: Lane<'static, PmemFile, Backing, MonotonicClock>,
     /// The engine's outcomes of one batch, kept from batch to batch.
     results: Vec<Result<(), Error>>,
+    starts: Vec<ReadStart>,
+    /// When each miss in flight was handed over, by ticket.
+    miss_started: Box<[Option<Instant>]>,
+    hit_ns: Histogram<u64>,
+    miss_ns: Histogram<u64>,
 }
 
 impl CacheConn {
     pub(crate) fn new(lane: Lane<'static, PmemFile, Backing, MonotonicClock>) -> Self {
-        Self { lane, results: Vec::new() }
+        Self {
+            lane,
+            results: Vec::new(),
+            starts: Vec::new(),
+            miss_started: vec![None; READS_PENDING_MAX].into_boxed_slice(),
+            hit_ns: latency_histogram(),
+            miss_ns: latency_histogram(),
+        }
     }
 
     /// The writes a frontend had in flight together, group-committed by the engine
@@ -33,7 +102,69 @@ impl CacheConn {
         outcomes.extend(self.results.drain(..).map(|r| r.map_err(map)));
     }
 
-    /// The reads a frontend had in flight together, pipelined by the engine
+    /// The reads a frontend had in flight together, started by the engine
+    /// (`Lane::read_batch_start`): for each, in order, `Ok(result)` when answered (its buffer
+    /// filled) or `Err(ticket)` when in flight, appended to `started` through `map`.
+    pub(crate) fn read_batch_start_into<'a, E>(
+        &mut self,
+        reads: impl Iterator<Item = ReadRequest<'a>>,
+        started: &mut Vec<Result<Result<(), E>, usize>>,
+        map: fn(Error) -> E,
+    ) {
+        let mut requests: Vec<ReadRequest<'a>> = reads.collect();
+        let began = Instant::now();
+        self.lane.read_batch_start(&mut requests, &mut self.starts);
+        let hit_ns = began.elapsed().as_nanos() as u64;
+        for s in self.starts.drain(..) {
+            started.push(match s {
+                ReadStart::Done(result) => {
+                    if result.is_ok() {
+                        self.hit_ns.saturating_record(hit_ns.max(1));
+                    }
+                    Ok(result.map_err(map))
+                }
+                ReadStart::Pending(ticket) => {
+                    self.miss_started[ticket.index()] = Some(began);
+                    Err(ticket.index())
+                }
+            });
+        }
+        self.note_latencies();
+    }
+
+    /// Hands completed misses to `done` (ticket, data or error through `map`), waiting for at
+    /// least `min` of them (`Lane::read_complete`).
+    pub(crate) fn read_complete_into<E>(
+        &mut self,
+        min: usize,
+        done: &mut ReadDone<'_, E>,
+        map: fn(Error) -> E,
+    ) -> usize {
+        let (miss_started, miss_ns) = (&mut self.miss_started, &mut self.miss_ns);
+        let n = self.lane.read_complete(min, &mut |ticket, result| {
+            if let Some(began) = miss_started[ticket.index()].take()
+                && result.is_ok()
+            {
+                miss_ns.saturating_record((began.elapsed().as_nanos() as u64).max(1));
+            }
+            done(ticket.index(), result.map_err(map));
+        });
+        self.note_latencies();
+        n
+    }
+
+    /// The descriptor that polls readable when a miss may have completed.
+    pub(crate) fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.lane.completion_fd()
+    }
+
+    fn note_latencies(&mut self) {
+        if self.hit_ns.len() + self.miss_ns.len() >= LATENCY_FLUSH_RECORDS {
+            READ_LATENCIES.add(&mut self.hit_ns, &mut self.miss_ns);
+        }
+    }
+
+    /// The reads a frontend had in flight together, all answered on return
     /// (`Lane::read_batch`); their outcomes appended to `outcomes` through `map`.
     pub(crate) fn read_batch_into<'a, E>(
         &mut self,
@@ -44,5 +175,11 @@ impl CacheConn {
         let mut requests: Vec<ReadRequest<'a>> = reads.collect();
         self.lane.read_batch(&mut requests, &mut self.results);
         outcomes.extend(self.results.drain(..).map(|r| r.map_err(map)));
+    }
+}
+
+impl Drop for CacheConn {
+    fn drop(&mut self) {
+        READ_LATENCIES.add(&mut self.hit_ns, &mut self.miss_ns);
     }
 }

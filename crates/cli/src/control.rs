@@ -68,6 +68,9 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
     object.insert("mode".into(), engine.mode().to_string().into());
     object.insert("medium".into(), engine.medium().kind().name().into());
     object.insert("size_bytes".into(), engine.size_bytes().into());
+    for (name, value) in crate::conn::READ_LATENCIES.stats() {
+        object.insert(name, value.into());
+    }
     let c = &stats.cleaner;
     let cleaner = [
         ("cleaner_running", serde_json::Value::from(c.running)),

@@ -319,6 +319,7 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
         engine: args.engine.clone(),
         eviction: pmcache_engine::EvictionKind::Clock,
         backing_moved: args.backing_moved,
+        backing_latency: None,
     };
     // Attach only, never format: a medium whose superblock page reads blank may still hold
     // dirty entries in its metadata table, which formatting would zero.

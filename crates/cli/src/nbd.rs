@@ -1,14 +1,15 @@
 //! `pmcache serve` over NBD: the cache as an NBD export, one engine lane per client
 //! connection, stopped by the control socket or a signal (`crate::serving`).
 
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pmcache_engine::{Error, ReadRequest, WriteRequest};
+use pmcache_engine::{Error, READS_PENDING_MAX, ReadRequest, WriteRequest};
 use pmcache_nbd::{
-    BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, ListenAddr, Server,
-    ServerConfig, ShutdownHandle,
+    BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, ListenAddr, ReadStarted,
+    Server, ServerConfig, ShutdownHandle,
 };
 
 use crate::args::ServeArgs;
@@ -80,6 +81,39 @@ impl ExportConn for CacheConn {
         let requests =
             reads.iter_mut().map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf });
         self.read_batch_into(requests, outcomes, export_error);
+    }
+
+    /// Hits answered at once, misses left in flight on the lane's queue
+    /// (`Lane::read_batch_start`).
+    fn read_batch_start(
+        &mut self,
+        reads: &mut [pmcache_nbd::BatchRead<'_>],
+        started: &mut Vec<ReadStarted>,
+    ) {
+        let mut starts = Vec::with_capacity(reads.len());
+        let requests =
+            reads.iter_mut().map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf });
+        self.read_batch_start_into(requests, &mut starts, export_error);
+        started.extend(starts.into_iter().map(|s| match s {
+            Ok(result) => ReadStarted::Done(result),
+            Err(ticket) => ReadStarted::Pending(ticket),
+        }));
+    }
+
+    fn reads_pending(&self) -> usize {
+        self.lane.reads_pending()
+    }
+
+    fn reads_pending_max(&self) -> usize {
+        READS_PENDING_MAX
+    }
+
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        CacheConn::completion_fd(self)
+    }
+
+    fn read_complete(&mut self, min: usize, done: &mut pmcache_nbd::export::ReadDone<'_>) -> usize {
+        self.read_complete_into(min, done, export_error)
     }
 
     fn flush(&mut self) -> Result<(), ExportError> {

@@ -83,6 +83,7 @@ impl Serving {
             engine: args.engine.clone(),
             eviction: args.eviction,
             backing_moved: args.backing_moved,
+            backing_latency: args.backing_latency,
         };
         if let Some(dir) = cache.parent().filter(|d| !d.as_os_str().is_empty())
             && !dir.is_dir()

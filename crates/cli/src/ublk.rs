@@ -8,8 +8,8 @@
 
 use pmcache_engine::{Error, ReadRequest, WriteRequest};
 use pmcache_ublk::{
-    BatchRead, BatchWrite, Device, DeviceConfig, DeviceInfo, DeviceState, OwnerTag, Started,
-    Stopper, Target, TargetError, recovery,
+    BatchRead, BatchWrite, Device, DeviceConfig, DeviceInfo, DeviceState, OwnerTag, ReadStarted,
+    Started, Stopper, Target, TargetError, recovery,
 };
 
 use std::io::Read;
@@ -64,6 +64,35 @@ impl Target for CacheConn {
         let requests =
             reads.iter_mut().map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf });
         self.read_batch_into(requests, outcomes, target_error);
+    }
+
+    /// Hits answered at once, misses left in flight on the lane's queue
+    /// (`Lane::read_batch_start`).
+    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<ReadStarted>) {
+        let mut starts = Vec::with_capacity(reads.len());
+        let requests =
+            reads.iter_mut().map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf });
+        self.read_batch_start_into(requests, &mut starts, target_error);
+        started.extend(starts.into_iter().map(|s| match s {
+            Ok(result) => ReadStarted::Done(result),
+            Err(ticket) => ReadStarted::Pending(ticket),
+        }));
+    }
+
+    fn reads_pending(&self) -> usize {
+        self.lane.reads_pending()
+    }
+
+    fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        CacheConn::completion_fd(self)
+    }
+
+    fn read_complete(
+        &mut self,
+        min: usize,
+        done: &mut pmcache_ublk::target::ReadDone<'_>,
+    ) -> usize {
+        self.read_complete_into(min, done, target_error)
     }
 
     fn flush(&mut self) -> Result<(), TargetError> {

@@ -57,6 +57,7 @@ mod zeroes;
 pub use batch::{READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest};
 use cleaner::CleanerShared;
 pub use cleaner::{BatchOutcome, Cleaner};
+pub use misses::{MissTicket, READS_PENDING_MAX, ReadStart};
 use writeback::WrittenBack;
 
 /// Slots a lane examines per claim of the CLOCK hand.
@@ -118,6 +119,37 @@ pub(crate) struct Stripe {
     /// discards one of the stripe's blocks on the backing store waits for zero first
     /// (`cache/ordering.rs`).
     cleaning: AtomicU32,
+    /// How many times the stripe was locked by anything but a read miss (`misses.rs`), which
+    /// admits the data it read only if this did not move while the read was in flight.
+    /// Changed and read under `lock` only.
+    changes: AtomicU64,
+}
+
+impl Stripe {
+    /// Locks the stripe for a change, counted in `changes`.
+    fn lock(&self) -> MutexGuard<'_, u64> {
+        let guard = lock(&self.lock);
+        self.changes.fetch_add(1, Ordering::Relaxed);
+        guard
+    }
+
+    /// [`Stripe::lock`] if no one holds it.
+    fn try_lock(&self) -> Option<MutexGuard<'_, u64>> {
+        let guard = try_lock(&self.lock)?;
+        self.changes.fetch_add(1, Ordering::Relaxed);
+        Some(guard)
+    }
+
+    /// Locks the stripe for a read miss's start or completion, not counted: a miss only adds
+    /// a block no one had cached, which no other miss in flight can have read stale.
+    fn lock_unchanged(&self) -> MutexGuard<'_, u64> {
+        lock(&self.lock)
+    }
+
+    /// The change count (the caller holds the lock).
+    fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
+    }
 }
 
 /// The cache engine, generic over its medium, backing store and clock.
@@ -268,11 +300,14 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     fences_seen: Box<[u64]>,
     /// The queue this lane's batched read misses go through (`misses.rs`).
     miss_queue: misses::MissQueue,
+    /// The read misses in flight on `miss_queue`, by ticket.
+    misses: misses::MissesInFlight,
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
     fn drop(&mut self) {
         let engine = self.engine;
+        self.drain_misses();
         // Zeroed entries this lane left pending become durable on this thread before another
         // thread can drive the lane (and count its fences).
         if self.zeroings_pending() {

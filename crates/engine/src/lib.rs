@@ -31,7 +31,8 @@ pub mod testing;
 pub mod writeback;
 
 pub use cache::{
-    BatchOutcome, Cleaner, Engine, Lane, READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest,
+    BatchOutcome, Cleaner, Engine, Lane, MissTicket, READ_DATA_PREFETCH_AHEAD, READS_PENDING_MAX,
+    ReadRequest, ReadStart, WriteRequest,
 };
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{AdmissionConfig, CacheMode, Config, EvictionKind};

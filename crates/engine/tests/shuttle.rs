@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use pmcache_backing::{BackingIdentity, BackingStore};
 use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, ManualClock, ReadRequest,
+    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, ManualClock, ReadRequest, ReadStart,
     WriteRequest,
 };
 use pmcache_media::Medium;
@@ -122,8 +122,10 @@ impl Medium for CoarseMedium {
     fn drain(&self) {}
 }
 
+/// The backing store, with a queue that reads at submit (so a miss's completion comes later,
+/// at the reaper's next call: the window in which writes race it).
 struct ShuttleBacking {
-    bytes: Mutex<Vec<u8>>,
+    bytes: Arc<Mutex<Vec<u8>>>,
 }
 
 impl BackingStore for ShuttleBacking {
@@ -154,6 +156,13 @@ impl BackingStore for ShuttleBacking {
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
         self.write_at(&vec![0; len as usize], offset)
+    }
+    fn open_queue(
+        &self,
+        depth: usize,
+    ) -> pmcache_backing::Result<Box<dyn pmcache_backing::IoQueue>> {
+        let store = Arc::new(ShuttleBacking { bytes: self.bytes.clone() });
+        Ok(Box::new(pmcache_backing::SyncQueue::new(store, depth)))
     }
 }
 
@@ -186,7 +195,7 @@ fn coarse_engine(mode: CacheMode, backing: Vec<u8>) -> Arc<ShuttleEngine<CoarseM
 }
 
 fn engine_on<M: Medium>(medium: M, mode: CacheMode, backing: Vec<u8>) -> Arc<ShuttleEngine<M>> {
-    let backing = ShuttleBacking { bytes: Mutex::new(backing) };
+    let backing = ShuttleBacking { bytes: Arc::new(Mutex::new(backing)) };
     let config = Config {
         mode,
         block_size: BLOCK as u32,
@@ -376,6 +385,72 @@ fn batched_reader_beside_a_read_miss_admission() {
 #[test]
 fn partial_reader_beside_a_read_miss_admission() {
     shuttle::check_pct(|| admission_scenario(false, BLOCK / 2), iterations(), 3);
+}
+
+/// Misses in flight beside a writer of their block: a lane starts a miss of block 5 (read
+/// at submit), answers a hit of block 0 behind it, and completes the miss later, while another
+/// lane writes block 5 twice. The miss answers a whole version, the hit is answered before
+/// the miss completes, and once both are done the block reads as the last write: the miss's
+/// admission never brings back the data it read before a write.
+fn miss_in_flight_scenario(mode: CacheMode) {
+    let mut backing = vec![0; 64 * BLOCK];
+    backing[5 * BLOCK..6 * BLOCK].copy_from_slice(&stamp(7));
+    let engine = engine(mode, backing);
+    let mut setup = engine.lane().unwrap();
+    setup.write(0, &stamp(1), false).unwrap();
+    // Cached in every mode (a write around the cache is admitted by a read).
+    setup.read(0, &mut vec![0u8; BLOCK]).unwrap();
+    drop(setup);
+    let writer = {
+        let engine = engine.clone();
+        shuttle::thread::spawn(move || {
+            let mut lane = engine.lane().unwrap();
+            for version in 8..=9 {
+                lane.write(5 * BLOCK as u64, &stamp(version), false).unwrap();
+            }
+        })
+    };
+    let mut lane = engine.lane().unwrap();
+    let mut last = 7;
+    for _ in 0..2 {
+        let mut miss = vec![0u8; BLOCK];
+        let mut hit = vec![0u8; BLOCK];
+        let mut reads = [
+            ReadRequest { offset: 5 * BLOCK as u64, buf: &mut miss },
+            ReadRequest { offset: 0, buf: &mut hit },
+        ];
+        let mut started = Vec::new();
+        lane.read_batch_start(&mut reads, &mut started);
+        let pending = matches!(started[0], ReadStart::Pending(_));
+        assert!(matches!(started[1], ReadStart::Done(Ok(()))), "the hit behind the miss");
+        assert_eq!(version_of(&hit), 1);
+        let mut answer = None;
+        if pending {
+            lane.read_complete(1, &mut |_, data| answer = Some(version_of(data.unwrap())));
+        } else {
+            answer = Some(version_of(&miss));
+        }
+        let version = answer.expect("the miss answered");
+        assert!((7..=9).contains(&version), "block 5: version {version}");
+        assert!(version >= last, "block 5 went back in time: {last} then {version}");
+        last = version;
+    }
+    writer.join().unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    lane.read(5 * BLOCK as u64, &mut buf).unwrap();
+    assert_eq!(version_of(&buf), 9, "block 5 after the writes and the misses");
+    drop(lane);
+    engine.audit().unwrap();
+}
+
+#[test]
+fn miss_in_flight_beside_a_writer_write_back() {
+    shuttle::check_pct(|| miss_in_flight_scenario(CacheMode::WriteBack), iterations(), 3);
+}
+
+#[test]
+fn miss_in_flight_beside_a_writer_write_around() {
+    shuttle::check_pct(|| miss_in_flight_scenario(CacheMode::WriteAround), iterations(), 3);
 }
 
 /// The eviction hand races a lane that recycles the slot it is looking at. The cache is full

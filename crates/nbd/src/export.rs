@@ -126,6 +126,20 @@ pub struct BatchRead<'a> {
     pub buf: &'a mut [u8],
 }
 
+/// What receives each completed read in flight: its ticket, and its data or error.
+pub type ReadDone<'a> = dyn FnMut(usize, Result<&[u8], ExportError>) + 'a;
+
+/// How a read handed to [`ExportConn::read_batch_start`] started.
+#[derive(Debug)]
+pub enum ReadStarted {
+    /// Answered: its buffer holds the data (or the read failed).
+    Done(Result<(), ExportError>),
+    /// In flight: [`ExportConn::read_complete`] hands its data over with this ticket, which
+    /// is unique among the connection's reads in flight and below
+    /// [`ExportConn::reads_pending_max`].
+    Pending(usize),
+}
+
 /// One extent of `base:allocation` block status (see [`ExportConn::block_status`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BlockExtent {
@@ -184,6 +198,42 @@ pub trait ExportConn: Send {
         for r in reads {
             outcomes.push(self.read(r.offset_bytes, r.buf));
         }
+    }
+
+    /// Starts several reads the client had in flight together, as [`ExportConn::read_batch`]
+    /// reads them, except that a read the export cannot answer at once (a cache miss) may be
+    /// left in flight: `started` receives one [`ReadStarted`] per read, in order, and the
+    /// server answers the others at once and each read in flight when
+    /// [`ExportConn::read_complete`] hands it over. The default answers every read at once.
+    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<ReadStarted>) {
+        let mut outcomes = Vec::with_capacity(reads.len());
+        self.read_batch(reads, &mut outcomes);
+        started.extend(outcomes.into_iter().map(ReadStarted::Done));
+    }
+
+    /// Reads started and not yet handed over by [`ExportConn::read_complete`].
+    fn reads_pending(&self) -> usize {
+        0
+    }
+
+    /// One more than the largest ticket a read in flight may carry.
+    fn reads_pending_max(&self) -> usize {
+        0
+    }
+
+    /// A file descriptor that polls readable when a read in flight may have completed (a
+    /// wake-up may find none): the server waits on it beside the client's socket. `None`: the
+    /// server waits in [`ExportConn::read_complete`] before it waits for the client.
+    fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    /// Hands over completed reads in flight, waiting until at least `min` were (fewer only if
+    /// fewer are in flight; 0 never waits): `done` gets each one's ticket and its data (the
+    /// read's length) or its error. Returns how many were handed over.
+    fn read_complete(&mut self, min: usize, done: &mut ReadDone<'_>) -> usize {
+        let _ = (min, done);
+        0
     }
 
     /// Makes every write completed before this call durable.

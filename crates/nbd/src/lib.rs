@@ -23,7 +23,9 @@ pub mod server;
 pub mod tls;
 
 pub use codec::TlsMode;
-pub use export::{BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError};
+pub use export::{
+    BatchRead, BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, ReadStarted,
+};
 pub use mem::{MemExport, MemStats};
 pub use server::{
     ConnEnd, ConnError, ListenAddr, ReplayTransport, RunningServer, Server, ServerConfig,

@@ -6,11 +6,23 @@
 //! export safe for `NBD_FLAG_CAN_MULTI_CONN`. Counters record flushes, FUA writes and batched
 //! reads and writes so tests can check that those requests reach the export, and a fault range
 //! makes every operation touching it fail with a chosen errno.
+//!
+//! For the server's out-of-order replies, reads can be left in flight (`read_batch_start`):
+//! with [`MemExport::set_reads_reordered`] every read of a batch of two or more completes
+//! later, in reverse order; with [`MemExport::hold_reads`] the reads of a range complete only
+//! when it is released, as a slow device's would. Either way a read takes its data when it
+//! starts.
 
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
-use crate::export::{BlockSizes, Export, ExportConn, ExportError};
+use crate::export::{BatchRead, BlockSizes, Export, ExportConn, ExportError, ReadStarted};
+
+/// Reads one connection leaves in flight at most.
+const READS_IN_FLIGHT_MAX: usize = 64;
 
 const STRIPE_BYTES: u64 = 1 << 20;
 
@@ -67,6 +79,42 @@ struct Inner {
     fault: Mutex<Option<Fault>>,
     /// `open_conn` fails while set (a server out of engine lanes, say).
     refuse_conns: AtomicBool,
+    /// Every read of a batch of two or more is left in flight (completed in reverse order).
+    reads_reordered: AtomicBool,
+    held: ReadHold,
+}
+
+/// The range whose reads stay in flight, and a descriptor that polls readable while none is
+/// held (a byte is in `event` exactly then).
+#[derive(Debug)]
+struct ReadHold {
+    range: Mutex<Option<(u64, u64)>>,
+    released: Condvar,
+    event: UnixStream,
+    signal: UnixStream,
+}
+
+impl ReadHold {
+    fn new() -> Self {
+        let (event, signal) = UnixStream::pair().expect("a socket pair for the read hold");
+        (&signal).write_all(&[1]).expect("signal the read hold");
+        Self { range: Mutex::new(None), released: Condvar::new(), event, signal }
+    }
+
+    fn set(&self, range: Option<(u64, u64)>) {
+        let mut held = self.range.lock().unwrap_or_else(|p| p.into_inner());
+        match (held.is_some(), range.is_some()) {
+            (false, true) => (&self.event).read_exact(&mut [0u8]).expect("drain the read hold"),
+            (true, false) => (&self.signal).write_all(&[1]).expect("signal the read hold"),
+            _ => {}
+        }
+        *held = range;
+        self.released.notify_all();
+    }
+
+    fn holds(range: Option<(u64, u64)>, offset_bytes: u64, len: usize) -> bool {
+        range.is_some_and(|(start, end)| offset_bytes < end && offset_bytes + len as u64 > start)
+    }
 }
 
 /// A RAM-backed export. Cloning shares the same bytes.
@@ -99,6 +147,8 @@ impl MemExport {
                 has_fault: AtomicBool::new(false),
                 fault: Mutex::new(None),
                 refuse_conns: AtomicBool::new(false),
+                reads_reordered: AtomicBool::new(false),
+                held: ReadHold::new(),
             }),
         })
     }
@@ -124,6 +174,18 @@ impl MemExport {
     /// cannot serve another connection).
     pub fn refuse_conns(&self, refuse: bool) {
         self.inner.refuse_conns.store(refuse, Ordering::Release);
+    }
+
+    /// Leaves every read of a batch of two or more in flight, to complete in reverse order
+    /// (for tests of replies out of order).
+    pub fn set_reads_reordered(&self, reordered: bool) {
+        self.inner.reads_reordered.store(reordered, Ordering::Release);
+    }
+
+    /// Leaves every read overlapping `[start_bytes, end_bytes)` in flight until the hold is
+    /// lifted (`None`), as a slow device would.
+    pub fn hold_reads(&self, range: Option<(u64, u64)>) {
+        self.inner.held.set(range);
     }
 
     /// Makes every operation overlapping `[start_bytes, end_bytes)` fail with `errno`;
@@ -212,7 +274,11 @@ impl Export for MemExport {
             return Err(ExportError::new(libc::EBUSY, "no connection can be opened now"));
         }
         self.inner.counters.conns_opened.fetch_add(1, Ordering::Relaxed);
-        Ok(MemConn { export: self.clone() })
+        Ok(MemConn {
+            export: self.clone(),
+            in_flight: Vec::with_capacity(READS_IN_FLIGHT_MAX),
+            tickets: (0..READS_IN_FLIGHT_MAX).rev().collect(),
+        })
     }
 
     fn size_bytes(&self) -> u64 {
@@ -232,6 +298,18 @@ impl Export for MemExport {
 #[derive(Debug)]
 pub struct MemConn {
     export: MemExport,
+    /// Reads in flight, in the order they started.
+    in_flight: Vec<InFlight>,
+    /// Free tickets.
+    tickets: Vec<usize>,
+}
+
+/// A read left in flight, with the answer it took when it started.
+#[derive(Debug)]
+struct InFlight {
+    ticket: usize,
+    offset_bytes: u64,
+    answer: Result<Vec<u8>, ExportError>,
 }
 
 impl MemConn {
@@ -261,6 +339,65 @@ impl ExportConn for MemConn {
         }
         for r in reads {
             outcomes.push(self.read(r.offset_bytes, r.buf));
+        }
+    }
+
+    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<ReadStarted>) {
+        let inner = &self.export.inner;
+        let reordered = reads.len() > 1 && inner.reads_reordered.load(Ordering::Acquire);
+        let held = *inner.held.range.lock().unwrap_or_else(|p| p.into_inner());
+        if reads.len() > 1 {
+            inner.counters.batched_reads.fetch_add(reads.len() as u64, Ordering::Relaxed);
+        }
+        for r in reads {
+            let later = reordered || ReadHold::holds(held, r.offset_bytes, r.buf.len());
+            let outcome = self.read(r.offset_bytes, r.buf);
+            match self.tickets.pop().filter(|_| later) {
+                Some(ticket) => {
+                    let answer = outcome.map(|()| r.buf.to_vec());
+                    self.in_flight.push(InFlight { ticket, offset_bytes: r.offset_bytes, answer });
+                    started.push(ReadStarted::Pending(ticket));
+                }
+                None => started.push(ReadStarted::Done(outcome)),
+            }
+        }
+    }
+
+    fn reads_pending(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    fn reads_pending_max(&self) -> usize {
+        READS_IN_FLIGHT_MAX
+    }
+
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.export.inner.held.event.as_fd())
+    }
+
+    /// Completes the reads in flight outside the held range, the latest started first.
+    fn read_complete(&mut self, min: usize, done: &mut crate::export::ReadDone<'_>) -> usize {
+        let min = min.min(self.in_flight.len());
+        let hold = &self.export.inner.held;
+        let mut range = hold.range.lock().unwrap_or_else(|p| p.into_inner());
+        let mut completed = 0;
+        loop {
+            let mut at = self.in_flight.len();
+            while at > 0 {
+                at -= 1;
+                let r = &self.in_flight[at];
+                let len = r.answer.as_ref().map_or(0, Vec::len);
+                if !ReadHold::holds(*range, r.offset_bytes, len) {
+                    let r = self.in_flight.remove(at);
+                    self.tickets.push(r.ticket);
+                    done(r.ticket, r.answer.as_deref().map_err(Clone::clone));
+                    completed += 1;
+                }
+            }
+            if completed >= min {
+                return completed;
+            }
+            range = hold.released.wait(range).unwrap_or_else(|p| p.into_inner());
         }
     }
 

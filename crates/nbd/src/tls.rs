@@ -457,6 +457,31 @@ impl<T: Transport> Write for MaybeTls<T> {
 }
 
 impl<T: Transport> Transport for MaybeTls<T> {
+    fn poll_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        match self {
+            MaybeTls::Plain(t) => t.poll_fd(),
+            MaybeTls::Tls(TlsStream::Rustls(s)) => s.get_ref().poll_fd(),
+            MaybeTls::Tls(TlsStream::Openssl(s)) => s.get_ref().poll_fd(),
+            MaybeTls::Failed => None,
+        }
+    }
+
+    fn has_buffered_input(&mut self) -> bool {
+        match self {
+            MaybeTls::Plain(t) => t.has_buffered_input(),
+            // Records received whole are decrypted here; an error is left for the next read
+            // to report.
+            MaybeTls::Tls(TlsStream::Rustls(s)) => s
+                .conn
+                .process_new_packets()
+                .map_or(true, |state| state.plaintext_bytes_to_read() > 0),
+            // Without read-ahead OpenSSL takes one record at a time from the socket: what it
+            // holds is the rest of the record being read.
+            MaybeTls::Tls(TlsStream::Openssl(s)) => s.ssl().pending() > 0,
+            MaybeTls::Failed => false,
+        }
+    }
+
     fn end_handshake(&mut self) -> io::Result<()> {
         match self {
             MaybeTls::Plain(t) => t.end_handshake(),

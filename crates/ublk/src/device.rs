@@ -73,6 +73,7 @@
 //! # Ok::<(), pmcache_ublk::DeviceError>(())
 //! ```
 
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -487,13 +488,20 @@ fn serve_queue<T: Target>(queue_id: u16, dev: &UblkDev, mut target: T, geometry:
         }
     };
     let mut dispatcher = Dispatcher::new(geometry, dev.dev_info.queue_depth);
+    // A poll of the target's completion descriptor is on the ring (its CQE is the only target
+    // I/O this queue issues).
+    let mut completion_poll_armed = false;
     loop {
+        let mut completion_polled = false;
         let received = queue.flush_and_wake_io_tasks(
             |user_data, cqe, _last| {
-                // Only the driver's requests come to this ring (no target I/O is issued);
-                // a result other than OK is the queue going down (UBLK_IO_RES_ABORT).
-                let target_io = user_data & UblkUringData::Target as u64 != 0;
-                if target_io || cqe.result() != sys::UBLK_IO_RES_OK as i32 {
+                // A target CQE is the completion poll firing; a result other than OK on a
+                // driver's request is the queue going down (UBLK_IO_RES_ABORT).
+                if user_data & UblkUringData::Target as u64 != 0 {
+                    completion_polled = true;
+                    return;
+                }
+                if cqe.result() != sys::UBLK_IO_RES_OK as i32 {
                     return;
                 }
                 let tag = UblkIOCtx::user_data_to_tag(user_data) as u16;
@@ -510,7 +518,34 @@ fn serve_queue<T: Target>(queue_id: u16, dev: &UblkDev, mut target: T, geometry:
         if received.is_err() {
             break;
         }
+        if completion_polled {
+            completion_poll_armed = false;
+        }
+        // Reads in flight that completed, then the new requests: each tag is committed as
+        // soon as it is answered, whatever else is in flight.
+        dispatcher.complete_reads(&mut target, &mut bufs, 0);
         dispatcher.dispatch(&mut target, &mut bufs);
+        if target.reads_pending() > 0 && !completion_poll_armed {
+            if let Some(fd) = target.completion_fd() {
+                let poll = io_uring::opcode::PollAdd::new(
+                    io_uring::types::Fd(fd.as_raw_fd()),
+                    libc::POLLIN as u32,
+                )
+                .build()
+                .user_data(UblkIOCtx::build_user_data(0, 0, 0, true));
+                match queue.ublk_submit_sqe_sync(poll) {
+                    Ok(()) => completion_poll_armed = true,
+                    Err(e) => {
+                        tracing::warn!(queue = queue_id, "ublk completion poll: {}", describe(&e));
+                    }
+                }
+            }
+            if !completion_poll_armed {
+                // Nothing to wake this queue when they complete: wait for them here.
+                let pending = target.reads_pending();
+                dispatcher.complete_reads(&mut target, &mut bufs, pending);
+            }
+        }
         for (tag, result) in dispatcher.completions() {
             let buf = BufDesc::Slice(bufs[usize::from(tag)].as_slice());
             if let Err(e) = queue.complete_io_cmd_unified(tag, buf, Ok(UblkIORes::Result(result))) {

@@ -2,6 +2,8 @@
 //! decoded, handed to its [`Target`] — the reads as one [`Target::read_batch`], the writes as
 //! one [`Target::write_batch`] (group commit; a lone read or write goes to the single call),
 //! the rest one by one in arrival order — and turned into completion results, one per tag.
+//! A read the target leaves in flight (a cache miss) completes its tag later
+//! ([`Dispatcher::complete_reads`]), without holding back the tags of its batch.
 //!
 //! Pure: the buffers are any byte slices indexed by tag (libublk's per-tag I/O buffers in
 //! `crate::device`, plain vectors in tests and `pmcache bench ublk-mapping`). The kernel does
@@ -14,7 +16,7 @@ use std::ops::DerefMut;
 use smallvec::SmallVec;
 
 use crate::mapping::{Geometry, IoDesc, Request, completion_result, decode};
-use crate::target::{BatchRead, BatchWrite, Target, TargetError};
+use crate::target::{BatchRead, BatchWrite, ReadStarted, Target, TargetError};
 
 /// Requests of one kind in a batch held without allocating.
 const INLINE_BATCH: usize = 16;
@@ -31,6 +33,10 @@ pub struct Dispatcher {
     outcomes: Vec<Result<(), TargetError>>,
     /// Completion results ready to be committed: (tag, bytes done or negative errno).
     completions: Vec<(u16, i32)>,
+    /// How each read in flight started.
+    started: Vec<ReadStarted>,
+    /// The reads in flight by ticket: (tag, offset, length).
+    in_flight: Vec<Option<(u16, u64, u32)>>,
 }
 
 impl Dispatcher {
@@ -43,7 +49,32 @@ impl Dispatcher {
             reads: Vec::with_capacity(depth),
             outcomes: Vec::with_capacity(depth),
             completions: Vec::with_capacity(depth),
+            started: Vec::with_capacity(depth),
+            in_flight: Vec::new(),
         }
+    }
+
+    /// Completes the tags of the target's reads in flight that finished, waiting for at
+    /// least `min` of them: each one's data is copied to its tag's buffer and its result
+    /// joins [`Dispatcher::completions`].
+    pub fn complete_reads<T, B>(&mut self, target: &mut T, bufs: &mut [B], min: usize)
+    where
+        T: Target + ?Sized,
+        B: DerefMut<Target = [u8]>,
+    {
+        let (in_flight, completions) = (&mut self.in_flight, &mut self.completions);
+        target.read_complete(min, &mut |ticket, result| {
+            let (tag, offset_bytes, len_bytes) =
+                in_flight.get_mut(ticket).and_then(Option::take).unwrap_or_else(|| {
+                    panic!("the target completed read ticket {ticket}, which is not in flight")
+                });
+            let outcome = result.map(|data| {
+                assert_eq!(data.len(), len_bytes as usize, "the target answered a read's length");
+                bufs[usize::from(tag)][..data.len()].copy_from_slice(data);
+            });
+            let request = Request::Read { offset_bytes, len_bytes };
+            completions.push(complete(tag, &request, &outcome));
+        });
     }
 
     /// The device geometry requests are validated against.
@@ -155,15 +186,23 @@ impl Dispatcher {
             rest = tail;
             first_tag = usize::from(tag) + 1;
         }
-        self.outcomes.clear();
-        match batch.as_mut_slice() {
-            [r] => self.outcomes.push(target.read(r.offset_bytes, r.buf)),
-            batch => target.read_batch(batch, &mut self.outcomes),
-        }
-        assert_eq!(self.outcomes.len(), batch.len(), "one outcome per read");
-        for (&(tag, offset_bytes, len_bytes), outcome) in self.reads.iter().zip(&self.outcomes) {
+        self.started.clear();
+        target.read_batch_start(&mut batch, &mut self.started);
+        assert_eq!(self.started.len(), batch.len(), "one start per read");
+        for (&(tag, offset_bytes, len_bytes), s) in self.reads.iter().zip(self.started.drain(..)) {
             let request = Request::Read { offset_bytes, len_bytes };
-            self.completions.push(complete(tag, &request, outcome));
+            match s {
+                ReadStarted::Done(outcome) => {
+                    self.completions.push(complete(tag, &request, &outcome));
+                }
+                ReadStarted::Pending(ticket) => {
+                    if self.in_flight.len() <= ticket {
+                        self.in_flight.resize(ticket + 1, None);
+                    }
+                    assert!(self.in_flight[ticket].is_none(), "read ticket {ticket} given twice");
+                    self.in_flight[ticket] = Some((tag, offset_bytes, len_bytes));
+                }
+            }
         }
     }
 }

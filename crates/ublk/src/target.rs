@@ -52,6 +52,19 @@ pub struct BatchRead<'a> {
     pub buf: &'a mut [u8],
 }
 
+/// What receives each completed read in flight: its ticket, and its data or error.
+pub type ReadDone<'a> = dyn FnMut(usize, Result<&[u8], TargetError>) + 'a;
+
+/// How a read handed to [`Target::read_batch_start`] started.
+#[derive(Debug)]
+pub enum ReadStarted {
+    /// Answered: its buffer holds the data (or the read failed).
+    Done(Result<(), TargetError>),
+    /// In flight: [`Target::read_complete`] hands its data over with this ticket, unique
+    /// among the queue's reads in flight.
+    Pending(usize),
+}
+
 /// One queue's view of the device. Called from the queue's thread only, with validated
 /// requests. `fua` means: durable before returning.
 pub trait Target {
@@ -87,6 +100,37 @@ pub trait Target {
         for r in reads {
             outcomes.push(self.read(r.offset_bytes, r.buf));
         }
+    }
+
+    /// Starts reads the queue received together, as [`Target::read_batch`] reads them, except
+    /// that a read the target cannot answer at once (a cache miss) may be left in flight:
+    /// `started` receives one [`ReadStarted`] per read, in order; the queue completes the
+    /// others' tags at once and each read in flight's when [`Target::read_complete`] hands it
+    /// over. The default answers every read at once.
+    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<ReadStarted>) {
+        let mut outcomes = Vec::with_capacity(reads.len());
+        self.read_batch(reads, &mut outcomes);
+        started.extend(outcomes.into_iter().map(ReadStarted::Done));
+    }
+
+    /// Reads started and not yet handed over by [`Target::read_complete`].
+    fn reads_pending(&self) -> usize {
+        0
+    }
+
+    /// A descriptor that polls readable when a read in flight may have completed (the queue
+    /// waits on it beside the driver's requests); `None`: the queue completes its reads in
+    /// flight before it waits for more requests.
+    fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    /// Hands over completed reads in flight, waiting until at least `min` were (fewer only if
+    /// fewer are in flight): `done` gets each one's ticket and its data (the read's length)
+    /// or its error. Returns how many were handed over.
+    fn read_complete(&mut self, min: usize, done: &mut ReadDone<'_>) -> usize {
+        let _ = (min, done);
+        0
     }
 
     /// Makes every write completed before this call durable.

@@ -3,16 +3,28 @@
 //! The wrapper pads a request to the sampled latency (what the inner store took counts), so a
 //! fast file behind it behaves like the emulated device rather than "fast file + delay".
 //! Presets follow the device latency table of paper 000 (HDD, SATA SSD, NVMe SSD).
+//!
+//! Its queue ([`BackingStore::open_queue`]) keeps every request in flight for its own
+//! latency, with no limit on how many overlap (a device of unbounded concurrency, as a network
+//! store with deep queues is): each request runs on the inner store when submitted and
+//! completes once its latency has passed since it was pushed, signalled by a timer
+//! descriptor a caller can poll (`IoQueue::completion_fd`).
 
-use std::sync::Mutex;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use rustix::time::{
+    Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec, timerfd_create,
+    timerfd_settime,
+};
 
 use super::{OpMask, wait_until};
-use crate::{BackingIdentity, BackingStore, Result};
+use crate::queue::{IoCompletion, IoOp, IoQueue, IoRequest, SyncQueue};
+use crate::{BackingError, BackingIdentity, BackingStore, Result};
 
 /// Where a request's latency comes from.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -71,14 +83,14 @@ impl LatencyDist {
 /// A store whose requests take at least a sampled latency.
 #[derive(Debug)]
 pub struct LatencyStore<S> {
-    inner: S,
+    inner: Arc<S>,
     dist: LatencyDist,
     ops: OpMask,
     rng: Mutex<SmallRng>,
     injected_ns_total: AtomicU64,
 }
 
-impl<S: BackingStore> LatencyStore<S> {
+impl<S: BackingStore + 'static> LatencyStore<S> {
     /// Pads reads and writes of `inner` to latencies drawn from `dist` (seeded by `seed`).
     pub fn new(inner: S, dist: LatencyDist, seed: u64) -> Self {
         Self::with_ops(inner, dist, OpMask::DATA, seed)
@@ -87,7 +99,7 @@ impl<S: BackingStore> LatencyStore<S> {
     /// Like [`LatencyStore::new`], for the operations in `ops`.
     pub fn with_ops(inner: S, dist: LatencyDist, ops: OpMask, seed: u64) -> Self {
         Self {
-            inner,
+            inner: Arc::new(inner),
             dist,
             ops,
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
@@ -121,7 +133,7 @@ impl<S: BackingStore> LatencyStore<S> {
     }
 }
 
-impl<S: BackingStore> BackingStore for LatencyStore<S> {
+impl<S: BackingStore + 'static> BackingStore for LatencyStore<S> {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
@@ -154,5 +166,135 @@ impl<S: BackingStore> BackingStore for LatencyStore<S> {
     }
     fn is_direct(&self) -> bool {
         self.inner.is_direct()
+    }
+    fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
+        let timer = timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+        )
+        .map_err(|e| BackingError::setup_failed("latency", "queue", "a timer".into(), e.into()))?;
+        let seed = self.rng.lock().unwrap_or_else(|e| e.into_inner()).r#gen();
+        let inner: Arc<dyn BackingStore> = self.inner.clone();
+        Ok(Box::new(LatencyQueue {
+            device: SyncQueue::new(inner, depth),
+            dist: self.dist,
+            ops: self.ops,
+            rng: SmallRng::seed_from_u64(seed),
+            due: Vec::with_capacity(depth),
+            held: Vec::with_capacity(depth),
+            timer,
+            depth,
+        }))
+    }
+}
+
+/// The wrapper's queue: requests run on the inner store at submit and are held until their
+/// latency has passed.
+struct LatencyQueue {
+    device: SyncQueue,
+    dist: LatencyDist,
+    ops: OpMask,
+    rng: SmallRng,
+    /// When each pushed request is due, by `user_data`, until it runs.
+    due: Vec<(u64, Instant)>,
+    /// Requests that ran, with when they complete.
+    held: Vec<(Instant, IoCompletion)>,
+    /// Armed for the earliest held completion.
+    timer: OwnedFd,
+    depth: usize,
+}
+
+impl LatencyQueue {
+    fn op_mask(op: IoOp) -> OpMask {
+        match op {
+            IoOp::Read => OpMask::READ,
+            IoOp::Write => OpMask::WRITE,
+            IoOp::Flush => OpMask::FLUSH,
+        }
+    }
+
+    /// Arms the timer for the earliest held completion (disarms it when none is held); a
+    /// re-arm also clears an expiry not yet read.
+    fn arm(&self) -> Result<()> {
+        let value = match self.held.iter().map(|(due, _)| *due).min() {
+            None => Timespec { tv_sec: 0, tv_nsec: 0 },
+            Some(due) => {
+                let left =
+                    due.saturating_duration_since(Instant::now()).max(Duration::from_nanos(1));
+                Timespec { tv_sec: left.as_secs() as i64, tv_nsec: i64::from(left.subsec_nanos()) }
+            }
+        };
+        let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+        let spec = Itimerspec { it_interval: zero, it_value: value };
+        timerfd_settime(&self.timer, TimerfdTimerFlags::empty(), &spec)
+            .map(|_| ())
+            .map_err(|e| BackingError::Io { op: "timer", offset: 0, len: 0, source: e.into() })
+    }
+}
+
+impl IoQueue for LatencyQueue {
+    fn depth(&self) -> usize {
+        self.depth
+    }
+
+    fn in_flight(&self) -> usize {
+        self.device.in_flight() + self.held.len()
+    }
+
+    fn push(&mut self, req: IoRequest) -> std::result::Result<(), IoRequest> {
+        if self.in_flight() == self.depth {
+            return Err(req);
+        }
+        let latency = if self.ops.contains(Self::op_mask(req.op)) {
+            self.dist.sample(&mut self.rng)
+        } else {
+            Duration::ZERO
+        };
+        self.due.push((req.user_data, Instant::now() + latency));
+        self.device.push(req)
+    }
+
+    fn submit(&mut self) -> Result<usize> {
+        let n = self.device.submit()?;
+        let mut ran = Vec::new();
+        self.device.reap(0, &mut ran)?;
+        for c in ran {
+            let at = self.due.iter().position(|(user_data, _)| *user_data == c.user_data);
+            let due = at.map_or_else(Instant::now, |at| self.due.swap_remove(at).1);
+            self.held.push((due, c));
+        }
+        if n > 0 {
+            self.arm()?;
+        }
+        Ok(n)
+    }
+
+    fn reap(&mut self, min: usize, out: &mut Vec<IoCompletion>) -> Result<usize> {
+        self.submit()?;
+        let min = min.min(self.held.len());
+        let mut got = 0;
+        loop {
+            let now = Instant::now();
+            let mut at = 0;
+            while at < self.held.len() {
+                if self.held[at].0 <= now {
+                    out.push(self.held.swap_remove(at).1);
+                    got += 1;
+                } else {
+                    at += 1;
+                }
+            }
+            if got >= min {
+                self.arm()?;
+                return Ok(got);
+            }
+            if let Some(due) = self.held.iter().map(|(due, _)| *due).min() {
+                wait_until(due);
+            }
+        }
+    }
+
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.timer.as_fd())
     }
 }

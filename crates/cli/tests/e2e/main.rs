@@ -13,6 +13,7 @@
 
 mod cli;
 mod common;
+mod completion;
 mod crash;
 mod fio;
 mod libnbd;

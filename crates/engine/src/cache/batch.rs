@@ -4,8 +4,8 @@
 //! - Reads are software-pipelined in three passes over up to [`READ_CHUNK`] of them: prefetch
 //!   every index bucket, look every block up, then copy and validate each exactly as a single
 //!   lock-free hit does, starting the data of the read [`READ_DATA_PREFETCH_AHEAD`] places
-//!   further on. The chunk's misses then go to the backing store together through the lane's
-//!   I/O queue (`misses.rs`).
+//!   further on. The chunk's misses are then started together on the lane's I/O queue and
+//!   answered as each completes (`misses.rs`).
 //! - Whole-block writes in write-back mode are group-committed: the data of up to
 //!   [`GROUP_MAX`] writes to distinct blocks is copied and made durable with one fence
 //!   (before any stripe is locked), then their metadata entries with one fence, in rounds
@@ -24,14 +24,14 @@
 use pmcache_backing::BackingStore;
 use pmcache_media::Medium;
 
-use super::{Lane, block_of, offset_in_block};
+use super::{Lane, ReadStart, block_of, offset_in_block};
 use crate::abort::AbortOnUnwind;
 use crate::clock::Clock;
 use crate::error::Result;
 use crate::format::{BlockState, SlotEntry};
 use crate::index::{Found, Key};
 use crate::stats::bump;
-use crate::sync::{MutexGuard, try_lock};
+use crate::sync::MutexGuard;
 use smallvec::SmallVec;
 
 /// Reads pipelined together at most (and so misses queued together at most).
@@ -81,36 +81,64 @@ pub(crate) struct GroupWrite {
 }
 
 impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
-    /// Reads every request of `reads`, pipelining their cache misses; `outcomes` receives one
-    /// result per request, in order.
+    /// Reads every request of `reads`, its misses in flight together; `outcomes` receives one
+    /// result per request, in order, once every read is answered. No miss may be in flight
+    /// on the lane already (mixing this with [`Lane::read_batch_start`] calls).
     pub fn read_batch(&mut self, reads: &mut [ReadRequest<'_>], outcomes: &mut Vec<Result<()>>) {
-        let _unwind = AbortOnUnwind::new("Lane::read_batch");
+        assert_eq!(self.reads_pending(), 0, "read_batch with misses in flight");
+        let mut started = Vec::with_capacity(reads.len());
+        self.read_batch_start(reads, &mut started);
         outcomes.clear();
-        for chunk in reads.chunks_mut(READ_CHUNK) {
-            self.read_chunk(chunk, outcomes);
+        // Where each miss's answer goes: its ticket's request.
+        let mut waiting = [usize::MAX; super::misses::READS_PENDING_MAX];
+        for (i, s) in started.into_iter().enumerate() {
+            outcomes.push(match s {
+                ReadStart::Done(result) => result,
+                ReadStart::Pending(ticket) => {
+                    waiting[ticket.index()] = i;
+                    Ok(())
+                }
+            });
         }
+        while self.reads_pending() > 0 {
+            self.read_complete(1, &mut |ticket, result| {
+                let at = waiting[ticket.index()];
+                outcomes[at] = result.map(|data| reads[at].buf.copy_from_slice(data));
+            });
+        }
+    }
+
+    /// Starts every read of `reads` (see [`Lane::read_start`]): hits answered at once, in
+    /// pipelined chunks, misses queued together; `started` receives one [`ReadStart`] per
+    /// request, in order.
+    pub fn read_batch_start(
+        &mut self,
+        reads: &mut [ReadRequest<'_>],
+        started: &mut Vec<ReadStart>,
+    ) {
+        let _unwind = AbortOnUnwind::new("Lane::read_batch_start");
+        started.clear();
+        for chunk in reads.chunks_mut(READ_CHUNK) {
+            self.read_chunk(chunk, started);
+        }
+        self.submit_misses();
     }
 
     /// Up to [`READ_CHUNK`] reads in three passes, as a hand-pipelined loop: prefetch every
     /// read's index buckets; look every block up; then copy and validate each, prefetching the
-    /// data of a read a little further on. The misses of one pass overlap each other instead of each read waiting
-    /// for its own in turn. A read that is not a lock-free hit of one block (a miss, a raced
-    /// copy, a read across blocks or out of range) takes the ordinary `read` path.
-    fn read_chunk(&mut self, reads: &mut [ReadRequest<'_>], outcomes: &mut Vec<Result<()>>) {
+    /// data of a read a little further on. The chunk's misses are then started together. A
+    /// read that is not a lock-free hit or a miss of one block (a raced copy, a read across
+    /// blocks or out of range) takes the ordinary `read` path.
+    fn read_chunk(&mut self, reads: &mut [ReadRequest<'_>], started: &mut Vec<ReadStart>) {
         let engine = self.engine;
         let block = self.block_bytes();
-        let size_bytes = engine.size_bytes();
-        let single_block = |r: &ReadRequest<'_>| {
-            let len = r.buf.len() as u64;
-            r.offset.checked_add(len).is_some_and(|end| end <= size_bytes)
-                && len > 0
-                && block_of(r.offset, block) == block_of(r.offset + len - 1, block)
-        };
         let mut keys = [None; READ_CHUNK];
-        for (r, k) in reads.iter().zip(keys.iter_mut()).filter(|(r, _)| single_block(r)) {
-            let key = engine.index.key(block_of(r.offset, block));
-            engine.index.prefetch_key(&key);
-            *k = Some(key);
+        for (r, k) in reads.iter().zip(keys.iter_mut()) {
+            if self.single_block_in_range(r.offset, r.buf.len() as u64) {
+                let key = engine.index.key(block_of(r.offset, block));
+                engine.index.prefetch_key(&key);
+                *k = Some(key);
+            }
         }
         let mut found = [None; READ_CHUNK];
         for (k, f) in keys.iter().zip(found.iter_mut()) {
@@ -128,8 +156,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
         };
         (0..READ_DATA_PREFETCH_AHEAD).for_each(prefetch_data);
-        // Single-block reads that missed go to the backing store together, after the hits.
-        let base = outcomes.len();
+        // Single-block reads that missed are started after the hits.
+        let base = started.len();
         let mut misses: SmallVec<[usize; READ_CHUNK]> = SmallVec::new();
         for (i, (r, f)) in reads.iter_mut().zip(found).enumerate() {
             prefetch_data(i + READ_DATA_PREFETCH_AHEAD);
@@ -138,16 +166,17 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             });
             if hit {
                 bump(&self.counters().bytes_read, r.buf.len() as u64);
-                outcomes.push(Ok(()));
+                started.push(ReadStart::Done(Ok(())));
             } else if keys[i].is_some() {
                 misses.push(i);
-                outcomes.push(Ok(()));
+                started.push(ReadStart::Done(Ok(())));
             } else {
-                outcomes.push(self.read(r.offset, r.buf));
+                started.push(ReadStart::Done(self.read(r.offset, r.buf)));
             }
         }
-        if !misses.is_empty() {
-            self.read_misses(reads, &misses, base, outcomes);
+        for at in misses {
+            let r = &mut reads[at];
+            started[base + at] = self.start_miss(r.offset, r.buf);
         }
     }
 
@@ -297,7 +326,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let guard = if guards.is_empty() {
                 Some(engine.lock_stripe_index(g.stripe))
             } else {
-                try_lock(&engine.stripes[g.stripe].lock)
+                engine.stripes[g.stripe].try_lock()
             };
             g.guard = match guard {
                 Some(guard) => {

@@ -70,6 +70,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                         pending_free: AtomicU64::new(0),
                         pending_free_fences: AtomicU64::new(0),
                         cleaning: AtomicU32::new(0),
+                        changes: AtomicU64::new(0),
                     })
                 })
                 .collect(),
@@ -151,6 +152,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             frees_unfenced: false,
             fences_seen: vec![0; self.lanes.len()].into_boxed_slice(),
             miss_queue: super::misses::MissQueue::Unopened,
+            misses: super::misses::MissesInFlight::new(),
         })
     }
 

@@ -1,253 +1,292 @@
-//! Queued read misses: the misses of one read batch go to the backing store together, through
-//! the lane's own I/O queue, so that a frontend with many reads in flight (an NBD connection's
-//! pipelined requests, a ublk queue) keeps as many in flight at the backing store.
+//! Read misses in flight: a miss is started (its backing read queued on the lane's own I/O
+//! queue) and completed later, so that the lane's caller — an NBD connection, a ublk queue —
+//! answers the hits behind it at once and every miss when its own read is done, whatever else
+//! is in flight.
 //!
-//! Each miss follows the single read's protocol (`read_locked`), with its I/O overlapped with
-//! the others': its admission slot is reserved first (before any stripe is held: reserving may
-//! reclaim, which takes stripes), then its stripe is *tried* — a stripe another lane holds, or
-//! that an earlier miss of the batch holds, sends the miss to the single path after the batch
-//! — and, stripe held, the block is looked up once more (a writer or another miss may have
-//! cached it meanwhile) and its read queued. Once every read completed, each admitted block is
-//! inserted and persisted under its stripe exactly as a single miss is, with one difference:
-//! making index room never waits on a stripe this lane holds (`index_insert_optional`: the
-//! block is then served uncached). While a batch holds stripes it waits only for its own
-//! I/O, never for a lock, so holding several cannot deadlock.
+//! No lock is held while a miss's backing read is in flight. Under its stripe, the start looks
+//! the block up once more (a writer or another lane's miss may have cached it: a hit after
+//! all) and notes the stripe's change count; the completion takes the stripe again and
+//! - serves the cached copy if the block was cached meanwhile (a write that overlapped the
+//!   read, or another lane's admission: either is a valid answer for a read in flight beside
+//!   it);
+//! - admits the data it read (inserted and persisted exactly as a single miss does) only if
+//!   nothing else took the stripe meanwhile (its change count is the one noted): a write that
+//!   went around the cache, a TRIM or zeroes passed down, an insert later evicted, all take
+//!   the stripe and count, and any of them could make the read's data stale;
+//! - otherwise serves the data it read without admitting it.
+//!
+//! Admission slots are reserved before the stripe is taken at the start (reserving may
+//! reclaim, which takes stripes), and a completion holds one stripe only, so the engine's
+//! deadlock rule (never wait for a stripe while holding one) holds with any number of misses
+//! in flight. The cost of not holding the stripe is an admission given up now and then.
+
+use std::os::fd::BorrowedFd;
 
 use pmcache_backing::{IoBuf, IoCompletion, IoQueue, IoRequest};
-use smallvec::SmallVec;
 
 use super::*;
-use crate::sync::MutexGuard;
 
-/// A lane's queue for its read misses, opened at its first batch of misses on the thread
-/// that drives it (an io_uring queue belongs to one thread).
+/// A lane's queue for its read misses, opened at its first miss on the thread that drives it
+/// (an io_uring queue belongs to one thread).
 pub(crate) enum MissQueue {
     /// Not opened yet.
     Unopened,
-    /// Open for the thread `thread`, with its free block buffers.
+    /// Open for the thread `thread`, with its free block buffers (allocated as misses need
+    /// them, at most [`READS_PENDING_MAX`]).
     Open { queue: Box<dyn IoQueue>, thread: std::thread::ThreadId, buffers: Vec<IoBuf> },
     /// The backing store has no queue: misses are read one at a time.
     Unavailable,
 }
 
-/// Misses read together at most (the queue's depth).
-pub(crate) const MISS_BATCH_MAX: usize = 32;
+/// Read misses one lane has in flight at most; a miss beyond them is read on the spot.
+pub const READS_PENDING_MAX: usize = 64;
 
-/// A miss's plan before its stripe is tried: its place in the chunk, its block, whether it
-/// is admissible, and its admission slot.
-struct Planned {
-    at: usize,
-    lba: u64,
-    may_admit: bool,
-    slot: Option<u32>,
+/// A read that [`Lane::read_start`] began: answered, or in flight.
+#[derive(Debug)]
+pub enum ReadStart {
+    /// Answered: the data is in the caller's buffer (or the read failed).
+    Done(Result<()>),
+    /// A miss in flight; [`Lane::read_complete`] hands its data over with this ticket.
+    Pending(MissTicket),
 }
 
-/// One miss of a batch on its way.
-struct Miss<'e> {
-    /// Its place in the chunk.
-    request: usize,
+/// Names a miss in flight until its completion; unique among a lane's misses in flight, and
+/// below [`READS_PENDING_MAX`] (a frontend may index a table by it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MissTicket(u32);
+
+impl MissTicket {
+    /// Its place in a table of [`READS_PENDING_MAX`] entries.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// One miss in flight.
+struct InFlight {
     lba: u64,
+    /// The requested bytes within the block.
     in_block: usize,
+    len: usize,
     /// Its admission slot, if it is to be admitted.
     slot: Option<u32>,
     /// Admissible (not beyond the sequential cutoff): which counter a bypass bumps.
     may_admit: bool,
-    guard: MutexGuard<'e, u64>,
+    /// Its stripe's change count when the read was queued.
+    changes: u64,
+}
+
+/// The misses a lane has in flight, by ticket.
+pub(crate) struct MissesInFlight {
+    table: Vec<Option<InFlight>>,
+    free: Vec<u32>,
+    /// Completions reaped, being served.
+    reaped: Vec<IoCompletion>,
+}
+
+impl MissesInFlight {
+    pub(crate) fn new() -> Self {
+        Self {
+            table: (0..READS_PENDING_MAX).map(|_| None).collect(),
+            free: (0..READS_PENDING_MAX as u32).rev().collect(),
+            reaped: Vec::with_capacity(READS_PENDING_MAX),
+        }
+    }
+
+    fn count(&self) -> usize {
+        READS_PENDING_MAX - self.free.len()
+    }
 }
 
 impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
-    /// Reads the misses of a chunk (`misses`: positions in `reads` of single-block, in-range
-    /// reads that were not lock-free hits), storing each one's result at
-    /// `outcomes[base + position]`. Misses that cannot go in the queued batch take the single
-    /// read path afterwards.
-    pub(super) fn read_misses(
-        &mut self,
-        reads: &mut [ReadRequest<'_>],
-        misses: &[usize],
-        base: usize,
-        outcomes: &mut [Result<()>],
-    ) {
-        const _: () = assert!(MISS_BATCH_MAX >= super::batch::READ_CHUNK);
+    /// Starts a read of `buf.len()` bytes at `offset`: a hit (or a read the queue cannot
+    /// take: across blocks, out of range, a store without a queue) is answered at once into
+    /// `buf`; a single-block miss is queued and answered by [`Lane::read_complete`].
+    pub fn read_start(&mut self, offset: u64, buf: &mut [u8]) -> ReadStart {
+        let _unwind = AbortOnUnwind::new("Lane::read_start");
+        let block = self.block_bytes();
+        if !self.single_block_in_range(offset, buf.len() as u64) {
+            return ReadStart::Done(self.read(offset, buf));
+        }
+        let (lba, in_block) = (block_of(offset, block), offset_in_block(offset, block) as usize);
+        if self.read_hit(lba, in_block, buf) {
+            bump(&self.counters().bytes_read, buf.len() as u64);
+            return ReadStart::Done(Ok(()));
+        }
+        let started = self.start_miss(offset, buf);
+        self.submit_misses();
+        started
+    }
+
+    /// Whether a read is of one block and within the device (what the queue takes).
+    pub(super) fn single_block_in_range(&self, offset: u64, len: u64) -> bool {
+        let block = self.block_bytes();
+        offset.checked_add(len).is_some_and(|end| end <= self.engine.size_bytes())
+            && len > 0
+            && block_of(offset, block) == block_of(offset + len - 1, block)
+    }
+
+    /// Starts a single-block, in-range read that was not a lock-free hit; the queue is
+    /// submitted by the caller.
+    pub(super) fn start_miss(&mut self, offset: u64, out: &mut [u8]) -> ReadStart {
         let engine = self.engine;
-        let queued = misses.len() >= 2 && self.miss_queue_ready();
-        if !queued {
-            for &at in misses {
-                let r = &mut reads[at];
-                outcomes[base + at] = self.read(r.offset, r.buf);
-            }
-            return;
+        if self.misses.free.is_empty() || !self.miss_queue_ready() {
+            return ReadStart::Done(self.read(offset, out));
         }
         let block = self.block_bytes();
-        // Admission decisions and slots first: reserving may reclaim, which takes stripes.
-        let mut planned: SmallVec<[Planned; MISS_BATCH_MAX]> = SmallVec::new();
-        for &at in misses.iter().take(MISS_BATCH_MAX) {
-            let r = &reads[at];
-            let lba = block_of(r.offset, block);
-            let tail =
-                engine.admission.note_request(r.offset, r.buf.len() as u64, engine.clock.now_ns());
-            let may_admit = !tail;
-            let admit =
-                may_admit && engine.mode().admits_reads() && engine.admission.admit_block(lba);
-            planned.push(Planned { at, lba, may_admit, slot: self.reserve_for_admission(admit) });
-        }
-        let mut later: SmallVec<[usize; MISS_BATCH_MAX]> =
-            misses.iter().skip(MISS_BATCH_MAX).copied().collect();
-        let mut batch: SmallVec<[Miss<'e>; MISS_BATCH_MAX]> = SmallVec::new();
-        for Planned { at, lba, may_admit, slot } in planned {
-            let stripe = engine.stripe_index(lba);
-            // Tried only: this lane may hold it for an earlier miss, another lane may hold it
-            // while it waits for something this batch holds.
-            let Some(guard) = try_lock(&engine.stripes[stripe].lock) else {
-                if let Some(slot) = slot {
-                    self.give_back(slot);
-                }
-                later.push(at);
-                continue;
-            };
-            let in_block = offset_in_block(reads[at].offset, block) as usize;
-            if let Some(found) = engine.index.lookup(lba) {
-                // Cached meanwhile (a writer, or another lane's miss): a hit after all.
-                let r = &mut reads[at];
-                engine
-                    .medium
-                    .read(engine.geometry.data_offset(found.slot) + in_block as u64, r.buf);
-                drop(guard);
-                if let Some(slot) = slot {
-                    self.give_back(slot);
-                }
-                bump(&self.counters().read_hits, 1);
-                bump(&self.counters().bytes_read, r.buf.len() as u64);
-                outcomes[base + at] = Ok(());
-                continue;
+        let (lba, in_block) = (block_of(offset, block), offset_in_block(offset, block) as usize);
+        let tail = engine.admission.note_request(offset, out.len() as u64, engine.clock.now_ns());
+        let may_admit = !tail;
+        let admit = may_admit && engine.mode().admits_reads() && engine.admission.admit_block(lba);
+        // Reserved before the stripe is taken: reserving may reclaim, which takes stripes.
+        let slot = self.reserve_for_admission(admit);
+        let stripe = &engine.stripes[engine.stripe_index(lba)];
+        let guard = stripe.lock_unchanged();
+        if let Some(found) = engine.index.lookup(lba) {
+            // Cached meanwhile (a writer, or another lane's miss): a hit after all.
+            engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
+            drop(guard);
+            if let Some(slot) = slot {
+                self.give_back(slot);
             }
-            batch.push(Miss { request: at, lba, in_block, slot, may_admit, guard });
+            bump(&self.counters().read_hits, 1);
+            bump(&self.counters().bytes_read, out.len() as u64);
+            return ReadStart::Done(Ok(()));
         }
-        let mut completions: Vec<IoCompletion> = Vec::with_capacity(batch.len());
-        if let Err(e) = self.run_miss_queue(&batch, &mut completions) {
-            // The queue failed as a whole (not one read): it is not used again, and the
-            // batch's misses take the single path.
-            let _counted = engine.backing_failed(e);
-            self.miss_queue = MissQueue::Unavailable;
-            for miss in batch {
-                drop(miss.guard);
-                if let Some(slot) = miss.slot {
-                    self.give_back(slot);
-                }
-                later.push(miss.request);
-            }
-        } else {
-            // Completions carry their miss's position in `batch`.
-            completions.sort_unstable_by_key(|c| c.user_data);
-            for (miss, completion) in batch.into_iter().zip(completions.drain(..)) {
-                let at = miss.request;
-                let result = self.finish_miss(miss, completion, reads[at].buf);
-                if result.is_ok() {
-                    bump(&self.counters().bytes_read, reads[at].buf.len() as u64);
-                }
-                outcomes[base + at] = result;
-            }
-        }
-        for at in later {
-            let r = &mut reads[at];
-            outcomes[base + at] = self.read(r.offset, r.buf);
-        }
-    }
-
-    /// Whether the lane's miss queue is open for the calling thread (opening it if needed).
-    fn miss_queue_ready(&mut self) -> bool {
-        let thread = std::thread::current().id();
-        match &self.miss_queue {
-            MissQueue::Unavailable => return false,
-            MissQueue::Open { thread: owner, .. } if *owner == thread => return true,
-            // Another thread drove this lane before: its queue goes (nothing is in flight
-            // between batches), and this thread opens its own.
-            _ => {}
-        }
-        let block = self.block_bytes() as usize;
-        self.miss_queue = match self.engine.backing.open_queue(MISS_BATCH_MAX) {
-            Ok(queue) => MissQueue::Open {
-                queue,
-                thread,
-                buffers: (0..MISS_BATCH_MAX).map(|_| IoBuf::new(block)).collect(),
-            },
-            Err(_) => MissQueue::Unavailable,
-        };
-        matches!(self.miss_queue, MissQueue::Open { .. })
-    }
-
-    /// Reads every block of `batch` through the miss queue; `completions` receives one per
-    /// miss (`user_data`: its position in `batch`). An error: the queue itself failed.
-    fn run_miss_queue(
-        &mut self,
-        batch: &[Miss<'e>],
-        completions: &mut Vec<IoCompletion>,
-    ) -> std::result::Result<(), pmcache_backing::BackingError> {
-        let block = self.block_bytes();
+        let changes = stripe.changes();
+        drop(guard);
+        let ticket = self.misses.free.pop().expect("checked not empty");
         let MissQueue::Open { queue, buffers, .. } = &mut self.miss_queue else {
             unreachable!("the miss queue was checked open");
         };
-        for (i, miss) in batch.iter().enumerate() {
-            let buf = buffers.pop().expect("one buffer per miss of a batch");
-            if let Err(request) = queue.push(IoRequest::read(miss.lba * block, buf, i as u64)) {
-                // The queue holds MISS_BATCH_MAX requests and a batch has no more.
-                panic!("the miss queue refused read {} with room for it", request.user_data);
-            }
+        let buf = buffers.pop().unwrap_or_else(|| IoBuf::new(block as usize));
+        if let Err(request) = queue.push(IoRequest::read(lba * block, buf, u64::from(ticket))) {
+            // The queue holds READS_PENDING_MAX requests and the table has room.
+            panic!("the miss queue refused read {} with room for it", request.user_data);
         }
-        queue.submit()?;
-        while completions.len() < batch.len() {
-            queue.reap(batch.len() - completions.len(), completions)?;
-        }
-        Ok(())
+        let len = out.len();
+        self.misses.table[ticket as usize] =
+            Some(InFlight { lba, in_block, len, slot, may_admit, changes });
+        ReadStart::Pending(MissTicket(ticket))
     }
 
-    /// Serves one completed miss (and admits it if it has a slot), under its stripe.
+    /// Passes the misses queued so far to the backing store. A queue that fails as a whole
+    /// fails the misses in flight on it (`fail_misses`).
+    pub(super) fn submit_misses(&mut self) {
+        if let MissQueue::Open { queue, .. } = &mut self.miss_queue
+            && let Err(e) = queue.submit()
+        {
+            self.queue_failed(e);
+        }
+    }
+
+    /// Read misses in flight.
+    pub fn reads_pending(&self) -> usize {
+        self.misses.count()
+    }
+
+    /// A file descriptor that polls readable when a miss in flight may have completed (a
+    /// wake-up may find none), or `None` when the backing store's queue offers none: the
+    /// caller then waits in [`Lane::read_complete`].
+    pub fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.miss_queue {
+            MissQueue::Open { queue, .. } => queue.completion_fd(),
+            _ => None,
+        }
+    }
+
+    /// Serves completed misses, waiting until at least `min` were (fewer only if fewer are in
+    /// flight; `0` never waits): each is admitted or not (see the module docs) and handed to
+    /// `done` with its ticket and the bytes the read asked for. Returns how many were served.
+    pub fn read_complete(
+        &mut self,
+        min: usize,
+        done: &mut dyn FnMut(MissTicket, Result<&[u8]>),
+    ) -> usize {
+        let _unwind = AbortOnUnwind::new("Lane::read_complete");
+        let min = min.min(self.misses.count());
+        let mut served = 0;
+        loop {
+            let mut reaped = std::mem::take(&mut self.misses.reaped);
+            let got = match &mut self.miss_queue {
+                MissQueue::Open { queue, .. } if self.misses.count() > 0 => {
+                    queue.reap(min.saturating_sub(served), &mut reaped)
+                }
+                _ => Ok(0),
+            };
+            for completion in reaped.drain(..) {
+                self.finish_miss(completion, done);
+                served += 1;
+            }
+            self.misses.reaped = reaped;
+            match got {
+                Err(e) => {
+                    served += self.fail_misses(e, done);
+                    return served;
+                }
+                Ok(_) if served >= min => return served,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Serves one completed miss: under its stripe, from the cache if the block was cached
+    /// meanwhile, else from the data read (admitted if its slot is reserved and the stripe
+    /// did not change).
     fn finish_miss(
         &mut self,
-        miss: Miss<'e>,
         completion: IoCompletion,
-        out: &mut [u8],
-    ) -> Result<()> {
+        done: &mut dyn FnMut(MissTicket, Result<&[u8]>),
+    ) {
         let engine = self.engine;
-        let Miss { lba, in_block, slot, may_admit, mut guard, .. } = miss;
-        let IoCompletion { buf, result, .. } = completion;
+        let ticket = u32::try_from(completion.user_data).expect("a ticket");
+        let InFlight { lba, in_block, len, slot, may_admit, changes } =
+            self.misses.table[ticket as usize].take().expect("a completion for a miss in flight");
+        self.misses.free.push(ticket);
+        let IoCompletion { mut buf, result, .. } = completion;
+        let counters = self.counters();
+        let mut admitted = false;
+        let mut cached = false;
         let outcome = match result {
             Err(e) => Err(engine.backing_failed(e)),
             Ok(()) => {
-                out.copy_from_slice(&buf[in_block..in_block + out.len()]);
+                let stripe = &engine.stripes[engine.stripe_index(lba)];
+                let mut guard = stripe.lock_unchanged();
+                if let Some(found) = engine.index.lookup(lba) {
+                    // Cached while the read was in flight: the cached copy is the answer.
+                    engine.medium.read(engine.geometry.data_offset(found.slot), &mut buf);
+                    cached = true;
+                } else if let Some(slot) = slot.filter(|_| stripe.changes() == changes) {
+                    admitted = match self.index_insert_optional(lba, slot) {
+                        Ok(Some(inserted)) => {
+                            // The sequence number is taken after the backing read completed
+                            // (the synced rule).
+                            let seq = engine.global_seq(&mut guard);
+                            self.write_data(slot, &buf);
+                            self.persist_entry(
+                                slot,
+                                SlotEntry { lba, state: BlockState::Clean, seq },
+                            );
+                            engine.index.replace(&inserted, slot, engine.slots.generation(slot));
+                            engine.slots.publish(slot, SlotState::Clean);
+                            true
+                        }
+                        Ok(None) | Err(_) => false,
+                    };
+                }
+                drop(guard);
                 Ok(())
             }
         };
-        let admitted = match (slot, &outcome) {
-            (Some(slot), Ok(())) => match self.index_insert_optional(lba, slot) {
-                Ok(Some(inserted)) => {
-                    // The sequence number is taken after the backing read completed (the
-                    // synced rule).
-                    let seq = engine.global_seq(&mut guard);
-                    self.write_data(slot, &buf);
-                    self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
-                    engine.index.replace(&inserted, slot, engine.slots.generation(slot));
-                    engine.slots.publish(slot, SlotState::Clean);
-                    true
-                }
-                Ok(None) | Err(_) => {
-                    self.give_back(slot);
-                    false
-                }
-            },
-            (Some(slot), Err(_)) => {
-                self.give_back(slot);
-                false
-            }
-            (None, _) => false,
-        };
-        drop(guard);
-        if let MissQueue::Open { buffers, .. } = &mut self.miss_queue {
-            buffers.push(buf);
+        if let Some(slot) = slot.filter(|_| !admitted) {
+            self.give_back(slot);
         }
         if outcome.is_ok() {
-            let counters = self.counters();
+            bump(&counters.bytes_read, len as u64);
             bump(
-                if admitted {
+                if cached {
+                    &counters.read_hits
+                } else if admitted {
                     &counters.read_misses_admitted
                 } else if may_admit {
                     &counters.read_misses_bypassed
@@ -257,6 +296,79 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 1,
             );
         }
-        outcome
+        match outcome {
+            Ok(()) => done(MissTicket(ticket), Ok(&buf[in_block..in_block + len])),
+            Err(e) => done(MissTicket(ticket), Err(e)),
+        }
+        if let MissQueue::Open { buffers, .. } = &mut self.miss_queue {
+            buffers.push(buf);
+        }
+    }
+
+    /// The queue failed as a whole (not one read): it is not used again (dropping it waits
+    /// for what the kernel still holds), and every miss in flight on it fails with `error`.
+    /// Returns how many were failed.
+    fn fail_misses(
+        &mut self,
+        error: pmcache_backing::BackingError,
+        done: &mut dyn FnMut(MissTicket, Result<&[u8]>),
+    ) -> usize {
+        let why = error.to_string();
+        let _counted = self.engine.backing_failed(error);
+        self.miss_queue = MissQueue::Unavailable;
+        let block = self.block_bytes();
+        let mut failed = 0;
+        for ticket in 0..READS_PENDING_MAX as u32 {
+            if let Some(miss) = self.misses.table[ticket as usize].take() {
+                self.misses.free.push(ticket);
+                if let Some(slot) = miss.slot {
+                    self.give_back(slot);
+                }
+                let source = std::io::Error::other(format!("the backing queue failed: {why}"));
+                let error = pmcache_backing::BackingError::Io {
+                    op: "read",
+                    offset: miss.lba * block,
+                    len: block,
+                    source,
+                };
+                done(MissTicket(ticket), Err(error.into()));
+                failed += 1;
+            }
+        }
+        failed
+    }
+
+    /// A submit failed: the misses in flight fail when next completed (`read_complete` reaps
+    /// the queue's error again, or their completions).
+    fn queue_failed(&mut self, error: pmcache_backing::BackingError) {
+        if self.misses.count() == 0 {
+            let _counted = self.engine.backing_failed(error);
+            self.miss_queue = MissQueue::Unavailable;
+        }
+    }
+
+    /// Completes every miss in flight, dropping the answers (a lane given back with misses in
+    /// flight: the frontend went away).
+    pub(super) fn drain_misses(&mut self) {
+        while self.misses.count() > 0 {
+            self.read_complete(self.misses.count(), &mut |_, _| {});
+        }
+    }
+
+    /// Whether the lane's miss queue is open for the calling thread (opening it if needed).
+    fn miss_queue_ready(&mut self) -> bool {
+        let thread = std::thread::current().id();
+        match &self.miss_queue {
+            MissQueue::Unavailable => return false,
+            MissQueue::Open { thread: owner, .. } if *owner == thread => return true,
+            // Another thread drove this lane before: its queue goes (a lane changes threads
+            // with no miss in flight), and this thread opens its own.
+            _ => assert_eq!(self.misses.count(), 0, "a lane changed threads with misses in flight"),
+        }
+        self.miss_queue = match self.engine.backing.open_queue(READS_PENDING_MAX) {
+            Ok(queue) => MissQueue::Open { queue, thread, buffers: Vec::new() },
+            Err(_) => MissQueue::Unavailable,
+        };
+        matches!(self.miss_queue, MissQueue::Open { .. })
     }
 }

@@ -115,7 +115,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 let guard = if hold.guards.is_empty() {
                     self.lock_stripe_index(stripe)
                 } else {
-                    match try_lock(&self.stripes[stripe].lock) {
+                    match self.stripes[stripe].try_lock() {
                         Some(guard) => guard,
                         None => break,
                     }

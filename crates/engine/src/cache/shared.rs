@@ -28,7 +28,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
 
     /// Locks the stripe at `stripe` (a request that knows its stripe index already).
     pub(super) fn lock_stripe_index(&self, stripe: usize) -> MutexGuard<'_, u64> {
-        lock(&self.stripes[stripe].lock)
+        self.stripes[stripe].lock()
     }
 
     /// Makes the zeroing of `slot`'s entry, the pending free of `stripe` (held by the caller)
@@ -71,7 +71,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         if held == Some(stripe) {
             return Some(StripeGuard::AlreadyHeld);
         }
-        try_lock(&self.stripes[stripe].lock).map(StripeGuard::Locked)
+        self.stripes[stripe].try_lock().map(StripeGuard::Locked)
     }
 
     /// The stripe lock of `lba` for a write-back: waited for when the caller holds no stripe,

@@ -4,6 +4,7 @@
 #[cfg(all(test, not(feature = "shuttle")))]
 pub(crate) mod full_buckets;
 pub mod hooked;
+pub mod latched;
 pub mod model;
 
 use std::io;
@@ -51,8 +52,9 @@ struct Inner {
     fail_writes_in: Mutex<Vec<std::ops::Range<u64>>>,
     /// Flushes fail (without making anything durable) while set.
     fail_flushes: std::sync::atomic::AtomicBool,
-    /// `open_queue` gives a queue (requests run one by one as it submits them): the engine's
-    /// queued paths — the cleaner's pipelined batches, a batch's read misses — then run here.
+    /// `open_queue` gives a queue (requests run one by one as it submits them, their
+    /// completions handed back in reverse order): the engine's queued paths — the cleaner's
+    /// pipelined batches, a batch's read misses in flight — then run here, out of order.
     queued: std::sync::atomic::AtomicBool,
     writes: AtomicU64,
     reads: AtomicU64,
@@ -274,7 +276,8 @@ impl BackingStore for SimBacking {
                 reason: "this simulated device offers no queue".into(),
             });
         }
-        Ok(Box::new(pmcache_backing::SyncQueue::new(Arc::new(self.clone()), depth)))
+        let queue = pmcache_backing::SyncQueue::new(Arc::new(self.clone()), depth);
+        Ok(Box::new(ReversedQueue(queue)))
     }
 
     fn flush(&self) -> pmcache_backing::Result<()> {
@@ -315,5 +318,38 @@ impl BackingStore for SimBacking {
 
     fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
         self.store("write_zeroes", offset, &vec![0u8; len as usize])
+    }
+}
+
+/// The simulated device's queue: requests run one by one as they are submitted, and each
+/// reap hands their completions back in reverse order, so the engine's queued paths (misses
+/// in flight, the cleaner's pipelined writes) meet completions out of order.
+struct ReversedQueue(pmcache_backing::SyncQueue);
+
+impl pmcache_backing::IoQueue for ReversedQueue {
+    fn depth(&self) -> usize {
+        self.0.depth()
+    }
+    fn in_flight(&self) -> usize {
+        self.0.in_flight()
+    }
+    fn push(
+        &mut self,
+        req: pmcache_backing::IoRequest,
+    ) -> std::result::Result<(), pmcache_backing::IoRequest> {
+        self.0.push(req)
+    }
+    fn submit(&mut self) -> pmcache_backing::Result<usize> {
+        self.0.submit()
+    }
+    fn reap(
+        &mut self,
+        min: usize,
+        out: &mut Vec<pmcache_backing::IoCompletion>,
+    ) -> pmcache_backing::Result<usize> {
+        let from = out.len();
+        let n = self.0.reap(min, out)?;
+        out[from..].reverse();
+        Ok(n)
     }
 }

@@ -1,6 +1,8 @@
 //! The per-connection protocol: the handshake (with STARTTLS), then transmission — requests
 //! decoded from the read buffer, batches of buffered writes and reads handed to the export
-//! together, replies in order.
+//! together. Replies go out as each request is answered: a read the export leaves in flight
+//! (a cache miss) is answered when it completes, after the requests behind it if they were
+//! answered first (the client matches replies to requests by their cookies).
 
 use super::wire::{Wire, is_eof};
 use super::*;
@@ -136,11 +138,14 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
     let structured = session.structured_replies;
     let mut queued = Vec::with_capacity(WRITE_BATCH_MAX);
     let mut queued_reads = Vec::with_capacity(READ_BATCH_MAX);
+    let mut started = Vec::with_capacity(READ_BATCH_MAX);
     let mut outcomes = Vec::with_capacity(WRITE_BATCH_MAX.max(READ_BATCH_MAX));
     let mut extents = Vec::with_capacity(BLOCK_STATUS_EXTENTS_MAX);
     let mut errors = ErrorLog::default();
+    let mut in_flight = InFlightReads::new(conn.reads_pending_max(), structured);
     loop {
         if wire.buffered() < REQUEST_HEADER_BYTES {
+            wait_for_client(wire, conn, &mut in_flight, &mut errors)?;
             wire.flush()?;
         }
         let mut hb = [0u8; REQUEST_HEADER_BYTES];
@@ -182,8 +187,13 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
                     reply_at: 0,
                     data_at: 0,
                 };
-                let (queued, outcomes) = (&mut queued_reads, &mut outcomes);
-                read_buffered_batch(wire, session, conn, first, queued, outcomes, &mut errors)?;
+                let batch = ReadBatch {
+                    queued: &mut queued_reads,
+                    started: &mut started,
+                    in_flight: &mut in_flight,
+                    errors: &mut errors,
+                };
+                read_buffered_batch(wire, session, conn, first, batch)?;
                 continue;
             }
             Request::Read { offset_bytes, len_bytes } => {
@@ -241,7 +251,13 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
                     }
                 }
             }
-            Request::Disconnect => return Ok(ConnEnd::Disconnected),
+            Request::Disconnect => {
+                // Every request before it is answered first.
+                while conn.reads_pending() > 0 {
+                    deliver_reads(wire, conn, &mut in_flight, &mut errors, conn_pending(conn))?;
+                }
+                return Ok(ConnEnd::Disconnected);
+            }
         };
         if let Err(e) = &result {
             errors.note(h.command, h.offset_bytes, h.len_bytes, e);
@@ -403,24 +419,136 @@ pub(super) struct QueuedRead {
     data_at: usize,
 }
 
+/// The reads of a connection its export has in flight, by ticket: what each one's reply
+/// needs.
+pub(super) struct InFlightReads {
+    by_ticket: Vec<Option<(u64, u64, u32)>>,
+    structured: bool,
+}
+
+impl InFlightReads {
+    fn new(tickets: usize, structured: bool) -> Self {
+        Self { by_ticket: vec![None; tickets], structured }
+    }
+
+    fn insert(&mut self, ticket: usize, cookie: u64, offset_bytes: u64, len: u32) {
+        let entry = self
+            .by_ticket
+            .get_mut(ticket)
+            .unwrap_or_else(|| panic!("the export gave read ticket {ticket}, past its maximum"));
+        assert!(entry.is_none(), "the export gave read ticket {ticket} to two reads in flight");
+        *entry = Some((cookie, offset_bytes, len));
+    }
+
+    fn take(&mut self, ticket: usize) -> (u64, u64, u32) {
+        self.by_ticket.get_mut(ticket).and_then(Option::take).unwrap_or_else(|| {
+            panic!("the export completed read ticket {ticket}, which is not in flight")
+        })
+    }
+}
+
+fn conn_pending<C: ExportConn>(conn: &C) -> usize {
+    conn.reads_pending()
+}
+
+/// Appends the replies of the reads in flight that completed, waiting for at least `min`.
+fn deliver_reads<T: Transport, C: ExportConn>(
+    wire: &mut Wire<T>,
+    conn: &mut C,
+    in_flight: &mut InFlightReads,
+    errors: &mut ErrorLog,
+    min: usize,
+) -> io::Result<()> {
+    let mut written = Ok(());
+    let structured = in_flight.structured;
+    conn.read_complete(min, &mut |ticket, result| {
+        let (cookie, offset_bytes, len) = in_flight.take(ticket);
+        if written.is_err() {
+            return;
+        }
+        written = match result {
+            Ok(data) => {
+                assert_eq!(data.len(), len as usize, "the export answered a read's length");
+                wire.make_room(STRUCTURED_READ_HEADER_BYTES + data.len()).map(|()| {
+                    codec::encode_read_ok(&mut wire.out, structured, cookie, offset_bytes, len);
+                    wire.out.extend_from_slice(data);
+                })
+            }
+            Err(e) => {
+                errors.note(codec::CMD_READ, offset_bytes, len, &e);
+                reply(wire, cookie, structured, Err(e))
+            }
+        };
+    });
+    written
+}
+
+/// Before the server waits for the client's next request: answers the reads in flight that
+/// completed, and while some are still in flight, sends what is answered and waits for
+/// whichever comes first, a completion or the client. An export without a completion
+/// descriptor (or a transport without one to poll) has its reads completed before the wait.
+fn wait_for_client<T: Transport, C: ExportConn>(
+    wire: &mut Wire<T>,
+    conn: &mut C,
+    in_flight: &mut InFlightReads,
+    errors: &mut ErrorLog,
+) -> io::Result<()> {
+    use rustix::event::{PollFd, PollFlags, poll};
+    loop {
+        deliver_reads(wire, conn, in_flight, errors, 0)?;
+        if conn.reads_pending() == 0 {
+            return Ok(());
+        }
+        wire.flush()?;
+        if wire.t.has_buffered_input() {
+            return Ok(());
+        }
+        let (Some(completions), Some(client)) = (conn.completion_fd(), wire.t.poll_fd()) else {
+            let pending = conn.reads_pending();
+            deliver_reads(wire, conn, in_flight, errors, pending)?;
+            continue;
+        };
+        let mut fds = [
+            PollFd::from_borrowed_fd(client, PollFlags::IN),
+            PollFd::from_borrowed_fd(completions, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        if !fds[0].revents().is_empty() {
+            // The client sent more (or hung up: the read says which).
+            return Ok(());
+        }
+    }
+}
+
+/// What a read batch works with beside the wire, the session and the export.
+pub(super) struct ReadBatch<'a> {
+    pub(super) queued: &'a mut Vec<QueuedRead>,
+    pub(super) started: &'a mut Vec<ReadStarted>,
+    pub(super) in_flight: &'a mut InFlightReads,
+    pub(super) errors: &'a mut ErrorLog,
+}
+
 /// Serves `first` (a validated, non-empty read) together with the valid, non-empty reads whose
 /// headers follow it in the read buffer, up to [`READ_BATCH_MAX`] reads and a data budget of
 /// [`READ_BATCH_BYTES_MAX`] or the maximum request size, whichever is smaller (`first` always
 /// goes, however large): every reply is laid out in the output buffer, header then room for
-/// the data, and one `read_batch` call fills the data in place (no copy, no allocation). A
-/// read that fails gets an error reply in place of its own, the others keep theirs, all in
-/// request order, exactly as the reads one by one would be answered. Anything else — another
-/// command, an invalid or partial request — ends the batch and is left in the buffer for the
-/// ordinary path.
+/// the data, and one `read_batch_start` call fills the data in place (no copy, no
+/// allocation). A read that fails gets an error reply in place of its own; a read the export
+/// left in flight has its reply taken out, to be appended when it completes; the others keep
+/// theirs, in request order. Anything else — another command, an invalid or partial request —
+/// ends the batch and is left in the buffer for the ordinary path.
 pub(super) fn read_buffered_batch<T: Transport, C: ExportConn>(
     wire: &mut Wire<T>,
     session: &Session,
     conn: &mut C,
     first: QueuedRead,
-    queued: &mut Vec<QueuedRead>,
-    outcomes: &mut Vec<Result<(), ExportError>>,
-    errors: &mut ErrorLog,
+    batch: ReadBatch<'_>,
 ) -> io::Result<()> {
+    let ReadBatch { queued, started, in_flight, errors } = batch;
     let structured = session.structured_replies;
     let budget = READ_BATCH_BYTES_MAX.min(session.max_payload_bytes as usize);
     queued.clear();
@@ -448,7 +576,7 @@ pub(super) fn read_buffered_batch<T: Transport, C: ExportConn>(
         q.data_at = wire.out.len();
         wire.out.resize(q.data_at + q.len, 0);
     }
-    outcomes.clear();
+    started.clear();
     {
         // The data of each reply, split off the output buffer in order.
         let mut reads: [BatchRead<'_>; READ_BATCH_MAX] =
@@ -462,30 +590,33 @@ pub(super) fn read_buffered_batch<T: Transport, C: ExportConn>(
             rest = after;
             rest_at = q.data_at + q.len;
         }
-        conn.read_batch(&mut reads[..queued.len()], outcomes);
+        conn.read_batch_start(&mut reads[..queued.len()], started);
     }
-    assert_eq!(outcomes.len(), queued.len(), "the export gave one result per read");
-    let Some(failed) = outcomes.iter().position(Result::is_err) else {
-        outcomes.clear();
+    assert_eq!(started.len(), queued.len(), "the export gave one start per read");
+    let Some(first_apart) = started.iter().position(|s| !matches!(s, ReadStarted::Done(Ok(()))))
+    else {
         return Ok(());
     };
-    // From the first failed read on, the replies are taken out and put back one by one, each
-    // failed read's replaced by its error (only when a read failed: a copy of that tail).
-    let cut = queued[failed].reply_at;
+    // From the first read not answered with its data on, the replies are taken out and put
+    // back one by one: a failed read's replaced by its error, a read in flight's left out
+    // (only when one is: a copy of that tail).
+    let cut = queued[first_apart].reply_at;
     let tail = wire.out.split_off(cut);
-    for (q, outcome) in queued[failed..].iter().zip(outcomes.drain(failed..)) {
-        match outcome {
-            Ok(()) => {
+    for (q, s) in queued[first_apart..].iter().zip(started.drain(first_apart..)) {
+        match s {
+            ReadStarted::Done(Ok(())) => {
                 let answer = &tail[q.reply_at - cut..q.data_at + q.len - cut];
                 wire.make_room(answer.len())?;
                 wire.out.extend_from_slice(answer);
             }
-            Err(e) => {
+            ReadStarted::Done(Err(e)) => {
                 errors.note(codec::CMD_READ, q.offset_bytes, q.len as u32, &e);
                 reply(wire, q.cookie, structured, Err(e))?;
             }
+            ReadStarted::Pending(ticket) => {
+                in_flight.insert(ticket, q.cookie, q.offset_bytes, q.len as u32);
+            }
         }
     }
-    outcomes.clear();
     Ok(())
 }

@@ -37,7 +37,7 @@ use crate::codec::{
     STRUCTURED_READ_HEADER_BYTES, Session,
 };
 use crate::export::{
-    BatchRead, BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError,
+    BatchRead, BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, ReadStarted,
 };
 use crate::tls::{ConnTls, MaybeTls, TlsConfig, TlsError};
 
@@ -205,6 +205,19 @@ pub trait Transport: Read + Write {
     fn end_replies(&mut self) -> io::Result<()> {
         Ok(())
     }
+
+    /// The descriptor that polls readable when the client has sent more (the server waits on
+    /// it beside an export's reads in flight); `None` if there is none to poll (the server
+    /// then completes its reads in flight before it reads from the client).
+    fn poll_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    /// Whether bytes the client sent are already held above the descriptor (decrypted TLS
+    /// records): a read returns them without the descriptor polling readable.
+    fn has_buffered_input(&mut self) -> bool {
+        false
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for &mut T {
@@ -214,6 +227,14 @@ impl<T: Transport + ?Sized> Transport for &mut T {
 
     fn end_replies(&mut self) -> io::Result<()> {
         (**self).end_replies()
+    }
+
+    fn poll_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        (**self).poll_fd()
+    }
+
+    fn has_buffered_input(&mut self) -> bool {
+        (**self).has_buffered_input()
     }
 }
 

@@ -195,6 +195,14 @@ impl Write for ConnSock {
 }
 
 impl Transport for ConnSock {
+    fn poll_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        Some(match &self.sock {
+            Sock::Tcp(s) => s.as_fd(),
+            Sock::Unix(s) => s.as_fd(),
+        })
+    }
+
     fn end_handshake(&mut self) -> io::Result<()> {
         self.handshake_deadline = None;
         self.sock.set_read_timeout(self.idle_timeout)

@@ -50,6 +50,9 @@ impl TestServer {
     ) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let export = MemExport::new(size_bytes, block_sizes).expect("MemExport");
+        // Every test runs with the reads of a batch answered out of order: clients must match
+        // replies to requests by cookie, as the cache's misses make them.
+        export.set_reads_reordered(true);
         let listen = match via {
             Via::Tcp => ListenAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], 0))),
             Via::Unix => ListenAddr::Unix(dir.path().join("nbd.sock")),

@@ -811,3 +811,88 @@ fn an_idle_client_is_dropped_at_the_idle_timeout() {
     busy.assert_works(0, 100);
     server.stop();
 }
+
+/// A read the export leaves in flight (held, as a cache miss on a slow store is) holds back
+/// nothing behind it: the read and the write after it are answered first, matched by their
+/// cookies, and the held read's reply follows, with its data, when it completes.
+#[test]
+fn a_read_in_flight_is_answered_after_the_requests_behind_it() {
+    let server = aligned_server();
+    let export = server.export.clone();
+    export.write_at(0, &[1; 4096]).expect("preload");
+    export.write_at(5 * 4096, &[5; 4096]).expect("preload");
+    export.hold_reads(Some((0, 4096)));
+    let mut c = Client::ready(server.tcp_addr(), false);
+    c.request(CMD_READ, 0, 1, 0, 4096, &[]);
+    c.request(CMD_READ, 0, 2, 5 * 4096, 4096, &[]);
+    assert_eq!(c.simple_reply(), (0, 2), "the read behind the held one comes first");
+    assert_eq!(c.read_n(4096), [5; 4096]);
+    c.request(CMD_WRITE, 0, 3, 6 * 4096, 4096, &[6; 4096]);
+    assert_eq!(c.simple_reply(), (0, 3), "a write behind the held read");
+    export.hold_reads(None);
+    assert_eq!(c.simple_reply(), (0, 1), "the held read, once it completes");
+    assert_eq!(c.read_n(4096), [1; 4096]);
+    c.assert_works(64 * 4096, 100);
+    server.stop();
+}
+
+/// A disconnect behind a read in flight: the read is answered before the server closes.
+#[test]
+fn a_disconnect_waits_for_the_reads_in_flight() {
+    let server = aligned_server();
+    let export = server.export.clone();
+    export.write_at(0, &[9; 4096]).expect("preload");
+    export.hold_reads(Some((0, 4096)));
+    let mut c = Client::ready(server.tcp_addr(), true);
+    c.request(CMD_READ, 0, 1, 0, 4096, &[]);
+    c.request(CMD_DISC, 0, 2, 0, 0, &[]);
+    let release = {
+        let export = export.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            export.hold_reads(None);
+        })
+    };
+    let (flags, kind, cookie, payload) = c.chunk();
+    assert_eq!(
+        (flags & REPLY_FLAG_DONE, kind, cookie),
+        (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 1)
+    );
+    assert_eq!(payload[8..], [9; 4096]);
+    assert!(c.is_closed(), "the server closes after the disconnect");
+    release.join().expect("release");
+    server.stop();
+}
+
+/// Pipelined reads that reach the export together and complete in reverse order are
+/// answered in that order, each reply with its own cookie and data (every test server
+/// reorders batched reads so).
+#[test]
+fn pipelined_reads_are_answered_as_they_complete() {
+    let server = aligned_server();
+    let export = server.export.clone();
+    for i in 0..4u64 {
+        export.write_at(i * 4096, &[i as u8 + 1; 4096]).expect("preload");
+    }
+    let mut c = Client::ready(server.tcp_addr(), false);
+    let mut burst = Vec::new();
+    for i in 0..4u64 {
+        let mut b = REQUEST_MAGIC.to_be_bytes().to_vec();
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b.extend_from_slice(&CMD_READ.to_be_bytes());
+        b.extend_from_slice(&(10 + i).to_be_bytes());
+        b.extend_from_slice(&(i * 4096).to_be_bytes());
+        b.extend_from_slice(&4096u32.to_be_bytes());
+        burst.extend(b);
+    }
+    c.send(&burst);
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        let (error, cookie) = c.simple_reply();
+        assert_eq!(error, 0);
+        assert_eq!(c.read_n(4096), [(cookie - 10) as u8 + 1; 4096], "cookie {cookie}'s data");
+        order.push(cookie);
+    }
+    assert_eq!(order, [13, 12, 11, 10], "answered as they completed");
+    server.stop();
+}

@@ -151,7 +151,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             let run = open_run.expect("a run is open");
             let stripe = engine.stripe_index(candidate.lba);
             // Only tried: a stripe's holder may be waiting for this cleaner's writes.
-            let Some(guard) = try_lock(&engine.stripes[stripe].lock) else { continue };
+            let Some(guard) = engine.stripes[stripe].try_lock() else { continue };
             let word = engine.slots.load(candidate.slot);
             let current = match engine.read_entry(candidate.slot) {
                 DecodedEntry::Valid(entry)

@@ -1,0 +1,164 @@
+//! A backing store whose queued reads complete only when the test lets them: each read reaches
+//! the device when it is submitted (its data is what the device held then) and its completion
+//! is held while the latch is closed, as a slow device's would be. What a frontend does with
+//! the requests behind a miss in flight is tested with it.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Condvar, Mutex};
+
+use pmcache_backing::{
+    BackingIdentity, BackingStore, IoCompletion, IoOp, IoQueue, IoRequest, SyncQueue,
+};
+
+use super::SimBacking;
+
+/// The latch: closed, queued reads' completions wait.
+struct Latch {
+    closed: Mutex<bool>,
+    opened: Condvar,
+    /// Readable while the latch is open (what a queue's `completion_fd` polls): a byte is
+    /// written to `signal` when it opens, and drained from it when it closes.
+    event: UnixStream,
+    signal: UnixStream,
+}
+
+impl Latch {
+    fn set(&self, closed: bool) {
+        let mut was_closed = self.closed.lock().expect("poisoned");
+        if *was_closed != closed {
+            if closed {
+                let mut byte = [0u8; 1];
+                (&self.event).read_exact(&mut byte).expect("drain the latch's signal");
+            } else {
+                (&self.signal).write_all(&[1]).expect("signal the latch");
+            }
+        }
+        *was_closed = closed;
+        self.opened.notify_all();
+    }
+
+    fn is_closed(&self) -> bool {
+        *self.closed.lock().expect("poisoned")
+    }
+}
+
+/// A [`SimBacking`] whose queue holds read completions while its latch is closed.
+pub struct LatchedBacking {
+    /// The device underneath.
+    pub inner: SimBacking,
+    latch: Arc<Latch>,
+}
+
+impl LatchedBacking {
+    /// Over `inner`, the latch open.
+    pub fn new(inner: SimBacking) -> Arc<Self> {
+        let (event, signal) = UnixStream::pair().expect("a socket pair for the latch");
+        let latch = Latch { closed: Mutex::new(true), opened: Condvar::new(), event, signal };
+        let latch = Arc::new(latch);
+        latch.set(false);
+        Arc::new(Self { inner, latch })
+    }
+
+    /// Closes (`true`) or opens the latch that queued reads' completions wait at.
+    pub fn hold_reads(&self, closed: bool) {
+        self.latch.set(closed);
+    }
+}
+
+impl BackingStore for LatchedBacking {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn identity(&self) -> BackingIdentity {
+        self.inner.identity()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> pmcache_backing::Result<()> {
+        self.inner.write_at(data, offset)
+    }
+    fn flush(&self) -> pmcache_backing::Result<()> {
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        self.inner.write_zeroes(offset, len)
+    }
+    fn engine_name(&self) -> &'static str {
+        "latched"
+    }
+    fn open_queue(&self, depth: usize) -> pmcache_backing::Result<Box<dyn IoQueue>> {
+        Ok(Box::new(LatchedQueue {
+            device: SyncQueue::new(Arc::new(self.inner.clone()), depth),
+            latch: self.latch.clone(),
+            held: VecDeque::with_capacity(depth),
+            depth,
+        }))
+    }
+}
+
+/// Runs each request on the device at submit; holds read completions while the latch is
+/// closed.
+struct LatchedQueue {
+    device: SyncQueue,
+    latch: Arc<Latch>,
+    held: VecDeque<IoCompletion>,
+    depth: usize,
+}
+
+impl IoQueue for LatchedQueue {
+    fn depth(&self) -> usize {
+        self.depth
+    }
+    fn in_flight(&self) -> usize {
+        self.device.in_flight() + self.held.len()
+    }
+    fn push(&mut self, req: IoRequest) -> Result<(), IoRequest> {
+        if self.in_flight() == self.depth {
+            return Err(req);
+        }
+        self.device.push(req)
+    }
+    fn submit(&mut self) -> pmcache_backing::Result<usize> {
+        let mut done = Vec::new();
+        let n = self.device.submit()?;
+        self.device.reap(0, &mut done)?;
+        self.held.extend(done);
+        Ok(n)
+    }
+    fn reap(&mut self, min: usize, out: &mut Vec<IoCompletion>) -> pmcache_backing::Result<usize> {
+        self.submit()?;
+        let mut closed = self.latch.closed.lock().expect("poisoned");
+        let mut got = 0;
+        loop {
+            // Anything but a read passes the latch.
+            while let Some(at) = self.held.iter().position(|c| !*closed || c.op != IoOp::Read) {
+                out.push(self.held.remove(at).expect("found"));
+                got += 1;
+            }
+            if got >= min.min(got + self.held.len()) {
+                return Ok(got);
+            }
+            closed = self.latch.opened.wait(closed).expect("poisoned");
+        }
+    }
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.latch.event.as_fd())
+    }
+}
+
+impl LatchedBacking {
+    /// Whether the latch is closed.
+    pub fn reads_held(&self) -> bool {
+        self.latch.is_closed()
+    }
+}
