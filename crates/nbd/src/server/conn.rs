@@ -254,7 +254,8 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
             Request::Disconnect => {
                 // Every request before it is answered first.
                 while conn.reads_pending() > 0 {
-                    deliver_reads(wire, conn, &mut in_flight, &mut errors, conn_pending(conn))?;
+                    let pending = conn.reads_pending();
+                    deliver_reads(wire, conn, &mut in_flight, &mut errors, pending)?;
                 }
                 return Ok(ConnEnd::Disconnected);
             }
@@ -445,10 +446,6 @@ impl InFlightReads {
             panic!("the export completed read ticket {ticket}, which is not in flight")
         })
     }
-}
-
-fn conn_pending<C: ExportConn>(conn: &C) -> usize {
-    conn.reads_pending()
 }
 
 /// Appends the replies of the reads in flight that completed, waiting for at least `min`.
