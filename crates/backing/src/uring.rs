@@ -531,7 +531,8 @@ impl BackingStore for UringFile {
             Ok(()) => FileRef::Registered,
             Err(_) => FileRef::Fd(fd),
         };
-        let completion_event = (self.shared.mode != UringMode::Iopoll)
+        let completion_event = (self.shared.mode != UringMode::Iopoll
+            && task_run != TaskRun::Cooperative)
             .then(|| eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC).ok())
             .flatten()
             .filter(|event| ring.submitter().register_eventfd(event.as_raw_fd()).is_ok());
@@ -590,8 +591,11 @@ struct UringQueue {
     /// Signalled by the kernel whenever a completion is posted or completion work is queued
     /// for this thread (a ring whose work is deferred to its thread wakes no poller of the
     /// ring itself): what `completion_fd` offers. Drained at each `reap`, before the ring is
-    /// looked at. `None` on IOPOLL rings (they post nothing unless polled) and where the
-    /// kernel refused the registration.
+    /// looked at; a reap that leaves completion work pending signals it again (see
+    /// `keep_completion_fd_armed`). `None` on IOPOLL rings (they post nothing unless
+    /// polled), on cooperative rings (their completion work waits for the thread to leave
+    /// the kernel, which a thread asleep in `poll` does not) and where the kernel refused
+    /// the registration.
     completion_event: Option<OwnedFd>,
 }
 
@@ -633,6 +637,39 @@ impl UringQueue {
                 }
             })?;
             self.enabled = true;
+        }
+        Ok(())
+    }
+
+    /// Keeps the promise of `completion_fd` at the end of a reap: completion work still
+    /// pending leaves the descriptor readable. The kernel signals the descriptor only when
+    /// work is queued on an empty list, so a signal drained by this reap may stand for work
+    /// queued after the last enter that ran any; and one enter runs a bounded batch of work.
+    /// The ring's task-run flag shows work pending: it is run here if the reap has not
+    /// entered the kernel yet, and the descriptor is signalled for whatever is left.
+    fn keep_completion_fd_armed(
+        &mut self,
+        entered: bool,
+        out: &mut Vec<IoCompletion>,
+        got: &mut usize,
+    ) -> Result<()> {
+        if self.completion_event.is_none() || !self.ring.submission().taskrun() {
+            return Ok(());
+        }
+        if !entered {
+            // The task-run flag makes this enter ask for completions, which runs the work.
+            self.submit()?;
+            self.drain_cq();
+            *got += self.slots.drain_ready(out);
+            if !self.ring.submission().is_empty() {
+                self.submit()?;
+            }
+        }
+        if let Some(event) = &self.completion_event
+            && self.ring.submission().taskrun()
+        {
+            // A full counter (never reached: one add per reap) would only mean "readable".
+            let _signalled = rustix::io::write(event, &1u64.to_ne_bytes());
         }
         Ok(())
     }
@@ -772,6 +809,7 @@ impl IoQueue for UringQueue {
                 if !self.ring.submission().is_empty() {
                     self.submit()?;
                 }
+                self.keep_completion_fd_armed(entered, out, &mut got)?;
                 return Ok(got);
             }
             self.fill_sq();

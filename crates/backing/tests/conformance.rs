@@ -927,3 +927,97 @@ fn io_uring_completion_descriptor_wakes_a_poller() {
         }
     }
 }
+
+/// A completion that arrives after a submit ran the completion work before it (posting a CQE
+/// the next reap finds) still makes the completion descriptor readable after that reap: a
+/// reap never leaves completion work pending behind a drained descriptor.
+#[test]
+fn io_uring_completion_descriptor_is_readable_for_work_left_behind_a_reap() {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let settle = || std::thread::sleep(std::time::Duration::from_millis(30));
+    for target in [DISK_DIRECT, SHM_BUFFERED] {
+        let (file, data) = scratch(target, 12);
+        let store = open(EngineKind::IoUring, target, &file);
+        let mut queue = store.open_queue(4).expect("queue");
+        for round in 0..4u64 {
+            let (a, b) = (round * 8192, round * 8192 + 4096);
+            queue.push(IoRequest::read(a, IoBuf::new(4096), a)).expect("room");
+            queue.submit().expect("submit");
+            settle(); // A's completion waits as completion work.
+            queue.push(IoRequest::read(b, IoBuf::new(4096), b)).expect("room");
+            queue.submit().expect("submit"); // Runs A's work: A's CQE is posted.
+            settle(); // B's completion waits as completion work.
+            let mut done = Vec::new();
+            while done.len() < 2 {
+                let fd = queue.completion_fd().expect("a completion descriptor");
+                let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+                let limit = Timespec { tv_sec: 5, tv_nsec: 0 };
+                let ready = poll(&mut fds, Some(&limit)).expect("poll");
+                assert_eq!(
+                    ready,
+                    1,
+                    "{}: round {round}: no wake-up within 5 s with {} of 2 reads reaped",
+                    target.label,
+                    done.len()
+                );
+                queue.reap(0, &mut done).expect("reap");
+            }
+            for c in &done {
+                assert!(c.result.is_ok(), "{}: {:?}", target.label, c.result);
+                let offset = c.user_data as usize;
+                assert_eq!(c.buf[..], data[offset..offset + 4096], "{}", target.label);
+            }
+        }
+    }
+}
+
+/// A caller that waits only on the completion descriptor and reaps with `min` 0, pushing new
+/// reads as old ones complete (an NBD connection with reads in flight), gets every
+/// completion: the descriptor stays readable while completion work is left to run, whether
+/// that work came before or after the caller's last submit.
+#[test]
+fn io_uring_completion_descriptor_stays_readable_until_every_completion_is_reaped() {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    const DEPTH: usize = 32;
+    const READS: u64 = 20_000;
+    let blocks = FILE_BYTES / 4096;
+    for target in [DISK_DIRECT, SHM_BUFFERED] {
+        let (file, data) = scratch(target, 11);
+        let store = open(EngineKind::IoUring, target, &file);
+        let mut queue = store.open_queue(DEPTH).expect("queue");
+        let (mut sent, mut reaped) = (0u64, 0u64);
+        let mut done = Vec::new();
+        while reaped < READS {
+            while sent < READS && queue.in_flight() < DEPTH {
+                let offset = (sent.wrapping_mul(0x9e37_79b9) % blocks) * 4096;
+                queue.push(IoRequest::read(offset, IoBuf::new(4096), offset)).expect("room");
+                sent += 1;
+                if sent % 3 == 0 {
+                    // Submitting enters the ring, which runs the completion work there is.
+                    queue.submit().expect("submit");
+                }
+            }
+            queue.submit().expect("submit");
+            let fd = queue.completion_fd().expect("a completion descriptor");
+            let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+            let limit = Timespec { tv_sec: 10, tv_nsec: 0 };
+            let ready = poll(&mut fds, Some(&limit)).expect("poll");
+            assert_eq!(
+                ready,
+                1,
+                "{}: no wake-up within 10 s with {reaped} of {READS} reads reaped and {} in \
+                 flight",
+                target.label,
+                queue.in_flight()
+            );
+            done.clear();
+            queue.reap(0, &mut done).expect("reap");
+            for c in &done {
+                assert!(c.result.is_ok(), "{}: {:?}", target.label, c.result);
+                let offset = c.user_data as usize;
+                assert_eq!(c.buf[..], data[offset..offset + 4096], "{}", target.label);
+            }
+            reaped += done.len() as u64;
+        }
+    }
+}

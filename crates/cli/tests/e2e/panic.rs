@@ -160,8 +160,7 @@ struct Written {
 
 /// One connection's writes until its connection dies or it sent `WRITES_MAX_PER_CONN`:
 /// whole blocks at random among its own, `depth` in flight.
-fn write_until_dead(addr: std::net::SocketAddr, conn: u64, depth: usize) -> Written {
-    let mut c = NbdClient::connect(addr);
+fn write_until_dead(mut c: NbdClient, conn: u64, depth: usize) -> Written {
     let mut log: HashMap<u64, Logged> = HashMap::new();
     let mut rng = 0x5eed_1234_5678_9abc_u64 ^ conn.wrapping_mul(0x9e37_79b9);
     let mut in_flight = std::collections::VecDeque::new();
@@ -202,10 +201,14 @@ fn write_until_dead(addr: std::net::SocketAddr, conn: u64, depth: usize) -> Writ
 fn a_panic_mid_write_aborts_the_server_and_loses_no_acknowledged_write() {
     let setup = Setup::new("panic", 64 * MIB, 16 * MIB);
     let mut server = ArmedServer::start(&setup, &format!("panic-mid-write:{PANIC_AT}"));
-    let writers: Vec<_> = (0..CONNS)
-        .map(|conn| {
-            let addr = server.addr;
-            std::thread::spawn(move || write_until_dead(addr, conn, QUEUE_DEPTHS[conn as usize]))
+    // Every client is connected before any writes: a connection still negotiating when the
+    // failpoint aborts the server would fail in the handshake, not in its writes.
+    let clients: Vec<_> = (0..CONNS).map(|_| NbdClient::connect(server.addr)).collect();
+    let writers: Vec<_> = clients
+        .into_iter()
+        .zip(0..CONNS)
+        .map(|(c, conn)| {
+            std::thread::spawn(move || write_until_dead(c, conn, QUEUE_DEPTHS[conn as usize]))
         })
         .collect();
     let mut log = HashMap::new();
