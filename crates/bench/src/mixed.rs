@@ -24,6 +24,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use pmcache_backing::wrappers::LatencyDist;
 use serde::Serialize;
 
 use crate::nbd_fio::{
@@ -118,7 +119,11 @@ pub fn run_cli(args: &MixedArgs) -> Result<(), String> {
         args.conns = vec![1];
         args.hits = vec![90];
     }
-    args.latency_us = latency_us(&args.latency)?;
+    args.latency_us = LatencyDist::parse(&args.latency)
+        .map_err(|e| format!("--latency: {e}"))?
+        .mean()
+        .as_secs_f64()
+        * 1e6;
     if args.hot >= args.span || args.hot >= args.cache_size {
         return Err("--hot must be smaller than --span and --cache-size".into());
     }
@@ -174,19 +179,6 @@ pub fn run_cli(args: &MixedArgs) -> Result<(), String> {
         print!("{}", table(&args, &machine, t0, &rows));
     }
     Ok(())
-}
-
-/// A plain time in microseconds (`2ms`, `500us`); the presets' means.
-fn latency_us(text: &str) -> Result<f64, String> {
-    let presets = [("hdd", 8000.0), ("sata-ssd", 195.0), ("nvme-ssd", 65.0)];
-    if let Some((_, us)) = presets.iter().find(|(name, _)| *name == text) {
-        return Ok(*us);
-    }
-    let units = [("ns", 1e-3), ("us", 1.0), ("ms", 1e3), ("s", 1e6)];
-    units
-        .iter()
-        .find_map(|(unit, scale)| Some(text.strip_suffix(unit)?.parse::<f64>().ok()? * scale))
-        .ok_or_else(|| format!("--latency {text:?}: expected a time such as 2ms or a preset"))
 }
 
 fn median_of(runs: &[Measured]) -> Measured {

@@ -132,6 +132,23 @@ fn idle_connection(socket: &Path) -> Result<UnixStream, String> {
     }
 }
 
+/// Waits (up to 30 s) until the server has no connection open: a step's clients have gone
+/// before the next step's connect, so none is refused at the connection limit.
+fn wait_for_no_connection(server: &Server) -> Result<(), String> {
+    let started = Instant::now();
+    loop {
+        let open = server.stats()?["connections_open"].as_u64();
+        match open {
+            Some(0) => return Ok(()),
+            Some(n) if started.elapsed() > Duration::from_secs(30) => {
+                return Err(format!("{n} connections still open 30 s after their clients ended"));
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(50)),
+            None => return Err("the server's stats have no connections_open".into()),
+        }
+    }
+}
+
 /// One run: a fresh server, the four states.
 fn measure_run(
     args: &MemoryArgs,
@@ -164,9 +181,9 @@ fn measure_run(
     std::thread::sleep(Duration::from_secs(1));
     found.push(rss_of(pid)?);
     drop(idle);
-    std::thread::sleep(Duration::from_millis(500));
     for (bs, qd) in [(4096, 16), (1 << 20, 4)] {
         check_interrupted()?;
+        wait_for_no_connection(&server)?;
         let spec = FioSpec {
             fio: &args.fio,
             target: FioTarget::Nbd(server.uri()),

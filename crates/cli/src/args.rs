@@ -3,6 +3,7 @@
 //! not it was built (a build without the `ublk` feature still parses `--ublk`, to refuse it
 //! with what to do).
 
+use pmcache_backing::wrappers::LatencyDist;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -58,8 +59,8 @@ pub struct ServeArgs {
     /// would (for benches and tests of a cache in front of a network disk or an HDD): a time
     /// (`2ms`, `500us`) or a device preset (`hdd`: 2–14 ms, `sata-ssd`: 90–300 µs,
     /// `nvme-ssd`: 60–70 µs). Requests overlap without limit.
-    #[arg(long, value_parser = crate::cache::parse_latency, value_name = "TIME|hdd|sata-ssd|nvme-ssd")]
-    pub backing_latency: Option<pmcache_backing::wrappers::LatencyDist>,
+    #[arg(long, value_parser = LatencyDist::parse, value_name = "TIME|hdd|sata-ssd|nvme-ssd")]
+    pub backing_latency: Option<LatencyDist>,
     /// TCP address to listen on (loopback unless --allow-remote).
     #[arg(long, default_value = "127.0.0.1:10809", conflicts_with = "socket")]
     pub listen: SocketAddr,

@@ -76,29 +76,8 @@ pub struct CacheArgs {
     /// would (for benches and tests of a cache in front of a network disk or an HDD): a time
     /// (`2ms`, `500us`) or a device preset (`hdd`: 2–14 ms, `sata-ssd`: 90–300 µs,
     /// `nvme-ssd`: 60–70 µs). Requests overlap without limit.
-    #[arg(long, value_parser = parse_latency, value_name = "TIME|hdd|sata-ssd|nvme-ssd")]
+    #[arg(long, value_parser = LatencyDist::parse, value_name = "TIME|hdd|sata-ssd|nvme-ssd")]
     pub backing_latency: Option<LatencyDist>,
-}
-
-/// Parses `--backing-latency`: `2ms`, `500us`, `1.5ms`, `1s`, or a device preset.
-pub fn parse_latency(text: &str) -> Result<LatencyDist, String> {
-    match text {
-        "hdd" => return Ok(LatencyDist::hdd()),
-        "sata-ssd" => return Ok(LatencyDist::sata_ssd()),
-        "nvme-ssd" => return Ok(LatencyDist::nvme_ssd()),
-        _ => {}
-    }
-    let units = [("ns", 1e-9), ("us", 1e-6), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)];
-    units
-        .iter()
-        .find_map(|(unit, scale)| {
-            let number = text.strip_suffix(unit)?.trim().parse::<f64>().ok()?;
-            (number.is_finite() && number >= 0.0)
-                .then(|| LatencyDist::Fixed(std::time::Duration::from_secs_f64(number * scale)))
-        })
-        .ok_or_else(|| {
-            format!("{text:?} is not a latency (examples: 2ms, 500us, hdd, sata-ssd, nvme-ssd)")
-        })
 }
 
 /// Parses `512`, `64K`, `1G`, `8GiB`, `2T`.

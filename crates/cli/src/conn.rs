@@ -103,13 +103,14 @@ impl CacheConn {
     }
 
     /// The reads a frontend had in flight together, started by the engine
-    /// (`Lane::read_batch_start`): for each, in order, `Ok(result)` when answered (its buffer
-    /// filled) or `Err(ticket)` when in flight, appended to `started` through `map`.
-    pub(crate) fn read_batch_start_into<'a, E>(
+    /// (`Lane::read_batch_start`): for each, in order, `answered(result)` when answered (its
+    /// buffer filled) or `pending(ticket)` when in flight, appended to `started`.
+    pub(crate) fn read_batch_start_into<'a, S>(
         &mut self,
         reads: impl Iterator<Item = ReadRequest<'a>>,
-        started: &mut Vec<Result<Result<(), E>, usize>>,
-        map: fn(Error) -> E,
+        started: &mut Vec<S>,
+        answered: impl Fn(Result<(), Error>) -> S,
+        pending: impl Fn(usize) -> S,
     ) {
         let mut requests: Vec<ReadRequest<'a>> = reads.collect();
         let began = Instant::now();
@@ -121,11 +122,11 @@ impl CacheConn {
                     if result.is_ok() {
                         self.hit_ns.saturating_record(hit_ns.max(1));
                     }
-                    Ok(result.map_err(map))
+                    answered(result)
                 }
                 ReadStart::Pending(ticket) => {
                     self.miss_started[ticket.index()] = Some(began);
-                    Err(ticket.index())
+                    pending(ticket.index())
                 }
             });
         }

@@ -90,14 +90,14 @@ impl ExportConn for CacheConn {
         reads: &mut [pmcache_nbd::BatchRead<'_>],
         started: &mut Vec<ReadStarted>,
     ) {
-        let mut starts = Vec::with_capacity(reads.len());
         let requests =
             reads.iter_mut().map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf });
-        self.read_batch_start_into(requests, &mut starts, export_error);
-        started.extend(starts.into_iter().map(|s| match s {
-            Ok(result) => ReadStarted::Done(result),
-            Err(ticket) => ReadStarted::Pending(ticket),
-        }));
+        self.read_batch_start_into(
+            requests,
+            started,
+            |result| ReadStarted::Done(result.map_err(export_error)),
+            ReadStarted::Pending,
+        );
     }
 
     fn reads_pending(&self) -> usize {

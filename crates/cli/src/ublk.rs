@@ -69,14 +69,14 @@ impl Target for CacheConn {
     /// Hits answered at once, misses left in flight on the lane's queue
     /// (`Lane::read_batch_start`).
     fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<ReadStarted>) {
-        let mut starts = Vec::with_capacity(reads.len());
         let requests =
             reads.iter_mut().map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf });
-        self.read_batch_start_into(requests, &mut starts, target_error);
-        started.extend(starts.into_iter().map(|s| match s {
-            Ok(result) => ReadStarted::Done(result),
-            Err(ticket) => ReadStarted::Pending(ticket),
-        }));
+        self.read_batch_start_into(
+            requests,
+            started,
+            |result| ReadStarted::Done(result.map_err(target_error)),
+            ReadStarted::Pending,
+        );
     }
 
     fn reads_pending(&self) -> usize {

@@ -302,6 +302,8 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     miss_queue: misses::MissQueue,
     /// The read misses in flight on `miss_queue`, by ticket.
     misses: misses::MissesInFlight,
+    /// `read_batch`'s starts, reused by every call (empty between calls).
+    read_starts: Vec<ReadStart>,
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {

@@ -63,6 +63,42 @@ impl LatencyDist {
         LatencyDist::Uniform { min: Duration::from_micros(60), max: Duration::from_micros(70) }
     }
 
+    /// Parses a latency as an operator writes it: a fixed time (`2ms`, `500us`, `0.5 ms`,
+    /// `100ns`, `1s`) or a preset (`hdd`, `sata-ssd`, `nvme-ssd`).
+    pub fn parse(text: &str) -> std::result::Result<Self, String> {
+        match text {
+            "hdd" => return Ok(LatencyDist::hdd()),
+            "sata-ssd" => return Ok(LatencyDist::sata_ssd()),
+            "nvme-ssd" => return Ok(LatencyDist::nvme_ssd()),
+            _ => {}
+        }
+        let units = [("ns", 1e-9), ("us", 1e-6), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)];
+        units
+            .iter()
+            .find_map(|(unit, scale)| {
+                let number = text.strip_suffix(unit)?.trim().parse::<f64>().ok()?;
+                let secs = number * scale;
+                (0.0..=3600.0)
+                    .contains(&secs)
+                    .then(|| LatencyDist::Fixed(Duration::from_secs_f64(secs)))
+            })
+            .ok_or_else(|| {
+                format!(
+                    "{text:?} is not a latency of at most an hour (examples: 2ms, 500us, hdd, \
+                     sata-ssd, nvme-ssd)"
+                )
+            })
+    }
+
+    /// The mean latency drawn.
+    pub fn mean(&self) -> Duration {
+        match *self {
+            LatencyDist::Fixed(d) => d,
+            LatencyDist::Uniform { min, max } => min + (max - min) / 2,
+            LatencyDist::Exponential { min, mean_extra } => min + mean_extra,
+        }
+    }
+
     /// Draws one latency.
     pub fn sample(&self, rng: &mut impl Rng) -> Duration {
         match *self {
@@ -182,6 +218,7 @@ impl<S: BackingStore + 'static> BackingStore for LatencyStore<S> {
             rng: SmallRng::seed_from_u64(seed),
             due: Vec::with_capacity(depth),
             held: Vec::with_capacity(depth),
+            ran: Vec::with_capacity(depth),
             timer,
             depth,
         }))
@@ -199,6 +236,8 @@ struct LatencyQueue {
     due: Vec<(u64, Instant)>,
     /// Requests that ran, with when they complete.
     held: Vec<(Instant, IoCompletion)>,
+    /// The requests the inner queue ran at a submit, on their way to `held`.
+    ran: Vec<IoCompletion>,
     /// Armed for the earliest held completion.
     timer: OwnedFd,
     depth: usize,
@@ -256,9 +295,8 @@ impl IoQueue for LatencyQueue {
 
     fn submit(&mut self) -> Result<usize> {
         let n = self.device.submit()?;
-        let mut ran = Vec::new();
-        self.device.reap(0, &mut ran)?;
-        for c in ran {
+        self.device.reap(0, &mut self.ran)?;
+        for c in self.ran.drain(..) {
             let at = self.due.iter().position(|(user_data, _)| *user_data == c.user_data);
             let due = at.map_or_else(Instant::now, |at| self.due.swap_remove(at).1);
             self.held.push((due, c));
@@ -296,5 +334,30 @@ impl IoQueue for LatencyQueue {
 
     fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
         Some(self.timer.as_fd())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_reads_times_and_presets_and_refuses_the_rest() {
+        let fixed = |us: u64| Ok(LatencyDist::Fixed(Duration::from_micros(us)));
+        assert_eq!(LatencyDist::parse("2ms"), fixed(2000));
+        assert_eq!(LatencyDist::parse("500us"), fixed(500));
+        assert_eq!(LatencyDist::parse("1.5 ms"), fixed(1500));
+        assert_eq!(LatencyDist::parse("1s"), fixed(1_000_000));
+        assert_eq!(LatencyDist::parse("hdd"), Ok(LatencyDist::hdd()));
+        assert_eq!(LatencyDist::parse("nvme-ssd").map(|d| d.mean()), Ok(Duration::from_micros(65)));
+        assert_eq!(
+            LatencyDist::parse("sata-ssd").map(|d| d.mean()),
+            Ok(Duration::from_micros(195))
+        );
+        assert_eq!(LatencyDist::hdd().mean(), Duration::from_millis(8));
+        for bad in ["", "2", "fast", "-1ms", "2 hours", "NaNms", "2h", "7200s"] {
+            let err = LatencyDist::parse(bad).expect_err(bad);
+            assert!(err.contains("is not a latency"), "{bad}: {err}");
+        }
     }
 }

@@ -86,12 +86,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// on the lane already (mixing this with [`Lane::read_batch_start`] calls).
     pub fn read_batch(&mut self, reads: &mut [ReadRequest<'_>], outcomes: &mut Vec<Result<()>>) {
         assert_eq!(self.reads_pending(), 0, "read_batch with misses in flight");
-        let mut started = Vec::with_capacity(reads.len());
+        let mut started = std::mem::take(&mut self.read_starts);
         self.read_batch_start(reads, &mut started);
         outcomes.clear();
         // Where each miss's answer goes: its ticket's request.
         let mut waiting = [usize::MAX; super::misses::READS_PENDING_MAX];
-        for (i, s) in started.into_iter().enumerate() {
+        for (i, s) in started.drain(..).enumerate() {
             outcomes.push(match s {
                 ReadStart::Done(result) => result,
                 ReadStart::Pending(ticket) => {
@@ -106,6 +106,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 outcomes[at] = result.map(|data| reads[at].buf.copy_from_slice(data));
             });
         }
+        self.read_starts = started;
     }
 
     /// Starts every read of `reads` (see [`Lane::read_start`]): hits answered at once, in

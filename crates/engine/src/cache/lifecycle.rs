@@ -153,6 +153,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             fences_seen: vec![0; self.lanes.len()].into_boxed_slice(),
             miss_queue: super::misses::MissQueue::Unopened,
             misses: super::misses::MissesInFlight::new(),
+            read_starts: Vec::new(),
         })
     }
 
