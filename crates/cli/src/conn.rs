@@ -142,7 +142,7 @@ impl CacheConn {
         map: fn(Error) -> E,
     ) -> usize {
         let (miss_started, miss_ns) = (&mut self.miss_started, &mut self.miss_ns);
-        let n = self.lane.read_complete(min, &mut |ticket, result| {
+        let n = self.lane.complete(min, &mut |ticket, result| {
             if let Some(began) = miss_started[ticket.index()].take()
                 && result.is_ok()
             {

@@ -101,7 +101,7 @@ impl ExportConn for CacheConn {
     }
 
     fn reads_pending(&self) -> usize {
-        self.lane.reads_pending()
+        self.lane.pending()
     }
 
     fn reads_pending_max(&self) -> usize {

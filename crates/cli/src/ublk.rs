@@ -80,7 +80,7 @@ impl Target for CacheConn {
     }
 
     fn reads_pending(&self) -> usize {
-        self.lane.reads_pending()
+        self.lane.pending()
     }
 
     fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {

@@ -50,6 +50,7 @@ mod read;
 mod shared;
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests;
+mod through;
 mod write;
 mod writeback;
 mod zeroes;
@@ -57,7 +58,8 @@ mod zeroes;
 pub use batch::{READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest};
 use cleaner::CleanerShared;
 pub use cleaner::{BatchOutcome, Cleaner};
-pub use misses::{MissTicket, READS_PENDING_MAX, ReadStart};
+pub use misses::{READS_PENDING_MAX, ReadStart, Ticket};
+pub use through::WriteStart;
 use writeback::WrittenBack;
 
 /// Slots a lane examines per claim of the CLOCK hand.
@@ -119,6 +121,12 @@ pub(crate) struct Stripe {
     /// discards one of the stripe's blocks on the backing store waits for zero first
     /// (`cache/ordering.rs`).
     cleaning: AtomicU32,
+    /// Write-throughs and write-arounds lanes have on their way to the backing store for the
+    /// stripe's blocks (`through.rs`), raised and lowered under `lock`. Whoever else writes
+    /// or discards one of the stripe's blocks on the backing store, or cleans one, waits for
+    /// zero first — *without* holding the stripe (the lane that lowers it takes the stripe
+    /// to do so): `Lane::lock_stripe_for_backing`.
+    writing: AtomicU32,
     /// How many times the stripe was locked by anything but a read miss (`misses.rs`), which
     /// admits the data it read only if this did not move while the read was in flight.
     /// Changed and read under `lock` only.
@@ -304,6 +312,9 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     misses: misses::MissesInFlight,
     /// `read_batch`'s starts, reused by every call (empty between calls).
     read_starts: Vec<ReadStart>,
+    /// `write_batch`'s starts and `write_batch_start`'s outcomes, reused likewise.
+    write_starts: Vec<WriteStart>,
+    write_outcomes: Vec<Result<()>>,
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {

@@ -31,8 +31,8 @@ pub mod testing;
 pub mod writeback;
 
 pub use cache::{
-    BatchOutcome, Cleaner, Engine, Lane, MissTicket, READ_DATA_PREFETCH_AHEAD, READS_PENDING_MAX,
-    ReadRequest, ReadStart, WriteRequest,
+    BatchOutcome, Cleaner, Engine, Lane, READ_DATA_PREFETCH_AHEAD, READS_PENDING_MAX, ReadRequest,
+    ReadStart, Ticket, WriteRequest, WriteStart,
 };
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{AdmissionConfig, CacheMode, Config, EvictionKind};

@@ -11,8 +11,7 @@ use pmcache_backing::BackingStore;
 use pmcache_engine::testing::latched::LatchedBacking;
 use pmcache_engine::testing::model::{BLOCK, World, config, pattern};
 use pmcache_engine::{
-    AdmissionConfig, CacheMode, Engine, EvictionKind, ManualClock, MissTicket, ReadRequest,
-    ReadStart,
+    AdmissionConfig, CacheMode, Engine, EvictionKind, ManualClock, ReadRequest, ReadStart, Ticket,
 };
 use pmcache_media::CrashMedium;
 
@@ -40,9 +39,9 @@ fn latched_engine(mode: CacheMode) -> (Arc<LatchedBacking>, LatchedEngine) {
 fn complete(
     lane: &mut pmcache_engine::Lane<'_, CrashMedium, Arc<LatchedBacking>, Arc<ManualClock>>,
     min: usize,
-) -> Vec<(MissTicket, Vec<u8>)> {
+) -> Vec<(Ticket, Vec<u8>)> {
     let mut got = Vec::new();
-    lane.read_complete(min, &mut |ticket, result| {
+    lane.complete(min, &mut |ticket, result| {
         got.push((ticket, result.expect("the miss's read").to_vec()));
     });
     got
@@ -54,12 +53,12 @@ fn a_hit_started_after_a_miss_is_answered_while_the_miss_is_held() {
     let mut lane = engine.lane().expect("lane");
     let written = pattern(9, B, B);
     lane.write(B, &written, false).expect("write block 1");
-    backing.hold_reads(true);
+    backing.hold(true);
     let mut miss_buf = vec![0u8; BLOCK];
     let ReadStart::Pending(ticket) = lane.read_start(0, &mut miss_buf) else {
         panic!("block 0 is not cached: its read must be in flight");
     };
-    assert_eq!(lane.reads_pending(), 1);
+    assert_eq!(lane.pending(), 1);
     let mut hit_buf = vec![0u8; BLOCK];
     let ReadStart::Done(result) = lane.read_start(B, &mut hit_buf) else {
         panic!("block 1 is cached: answered at once");
@@ -74,10 +73,10 @@ fn a_hit_started_after_a_miss_is_answered_while_the_miss_is_held() {
     let mut started = Vec::new();
     lane.read_batch_start(&mut reads, &mut started);
     assert!(started.iter().all(|s| matches!(s, ReadStart::Done(Ok(())))), "{started:?}");
-    backing.hold_reads(false);
+    backing.hold(false);
     let done = complete(&mut lane, 1);
     assert_eq!(done, vec![(ticket, pattern(1, 0, B))], "the miss's answer, by its ticket");
-    assert_eq!(lane.reads_pending(), 0);
+    assert_eq!(lane.pending(), 0);
     // Admitted: a hit now.
     let ReadStart::Done(Ok(())) = lane.read_start(0, &mut miss_buf) else {
         panic!("block 0 was admitted by its miss");
@@ -96,14 +95,14 @@ fn a_write_beside_a_miss_in_flight_is_never_undone_by_the_miss() {
             let (backing, engine) = latched_engine(mode);
             let mut reader = engine.lane().expect("lane");
             let mut writer = engine.lane().expect("lane");
-            backing.hold_reads(true);
+            backing.hold(true);
             let mut buf = vec![0u8; 256];
             let ReadStart::Pending(_) = reader.read_start(2 * B + offset_in_block, &mut buf) else {
                 panic!("{mode:?}: block 2 is not cached: its read must be in flight");
             };
             let new = pattern(7, 2 * B, B);
             writer.write(2 * B, &new, false).expect("write");
-            backing.hold_reads(false);
+            backing.hold(false);
             let done = complete(&mut reader, 1);
             let range = offset_in_block as usize..offset_in_block as usize + 256;
             let old = pattern(1, 2 * B, B);
@@ -126,11 +125,11 @@ fn a_trim_beside_a_miss_in_flight_is_never_undone_by_the_miss() {
     let (backing, engine) = latched_engine(CacheMode::WriteAround);
     let mut reader = engine.lane().expect("lane");
     let mut writer = engine.lane().expect("lane");
-    backing.hold_reads(true);
+    backing.hold(true);
     let mut buf = vec![0u8; BLOCK];
     assert!(matches!(reader.read_start(3 * B, &mut buf), ReadStart::Pending(_)));
     writer.write_zeroes(3 * B, B, false).expect("zeroes");
-    backing.hold_reads(false);
+    backing.hold(false);
     complete(&mut reader, 1);
     let mut after = vec![1u8; BLOCK];
     reader.read(3 * B, &mut after).expect("read");
@@ -147,10 +146,10 @@ fn a_lane_given_back_with_misses_in_flight_completes_them_first() {
         let mut reads =
             [ReadRequest { offset: 4 * B, buf: a }, ReadRequest { offset: 5 * B, buf: b }];
         let mut started = Vec::new();
-        backing.hold_reads(true);
+        backing.hold(true);
         lane.read_batch_start(&mut reads, &mut started);
         assert!(started.iter().all(|s| matches!(s, ReadStart::Pending(_))), "{started:?}");
-        backing.hold_reads(false);
+        backing.hold(false);
     }
     assert_eq!(engine.stats().read_misses_admitted, 2, "both misses completed and admitted");
     let mut lane = engine.lane().expect("lane");

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use pmcache_backing::{BackingIdentity, BackingStore};
 use pmcache_engine::{
     AdmissionConfig, CacheMode, Config, Engine, EvictionKind, ManualClock, ReadRequest, ReadStart,
-    WriteRequest,
+    WriteRequest, WriteStart,
 };
 use pmcache_media::Medium;
 use shuttle::sync::Mutex;
@@ -426,7 +426,7 @@ fn miss_in_flight_scenario(mode: CacheMode) {
         assert_eq!(version_of(&hit), 1);
         let mut answer = None;
         if pending {
-            lane.read_complete(1, &mut |_, data| answer = Some(version_of(data.unwrap())));
+            lane.complete(1, &mut |_, data| answer = Some(version_of(data.unwrap())));
         } else {
             answer = Some(version_of(&miss));
         }
@@ -451,6 +451,75 @@ fn miss_in_flight_beside_a_writer_write_back() {
 #[test]
 fn miss_in_flight_beside_a_writer_write_around() {
     shuttle::check_pct(|| miss_in_flight_scenario(CacheMode::WriteAround), iterations(), 3);
+}
+
+/// Two lanes write one block, each with its write-throughs in flight on its own queue
+/// (`Lane::write_start`), while a third reads it. Writes of one block never overlap on the
+/// backing store, a write admits its data only if nothing else touched the stripe, and a
+/// miss beside a write in flight admits nothing: after both, the cached copy (if any) is
+/// exactly what the backing store holds, and that is one of the last writes.
+fn write_through_in_flight_scenario(mode: CacheMode) {
+    let mut backing = vec![0; 64 * BLOCK];
+    backing[5 * BLOCK..6 * BLOCK].copy_from_slice(&stamp(7));
+    let engine = engine(mode, backing);
+    let mut setup = engine.lane().unwrap();
+    setup.read(5 * BLOCK as u64, &mut vec![0u8; BLOCK]).unwrap();
+    drop(setup);
+    let writer = |first: u64| {
+        let engine = engine.clone();
+        shuttle::thread::spawn(move || {
+            let mut lane = engine.lane().unwrap();
+            for version in first..first + 2 {
+                match lane.write_start(5 * BLOCK as u64, &stamp(version), false) {
+                    WriteStart::Done(result) => result.unwrap(),
+                    WriteStart::Pending(_) => {
+                        lane.complete(1, &mut |_, result| {
+                            result.unwrap();
+                        });
+                    }
+                }
+            }
+        })
+    };
+    let writers = [writer(10), writer(20)];
+    let mut lane = engine.lane().unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    match lane.read_start(5 * BLOCK as u64, &mut buf) {
+        ReadStart::Done(result) => result.unwrap(),
+        ReadStart::Pending(_) => {
+            lane.complete(1, &mut |_, data| buf.copy_from_slice(data.unwrap()));
+        }
+    }
+    let version = version_of(&buf);
+    assert!([7, 10, 11, 20, 21].contains(&version), "block 5 read as version {version}");
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    lane.read(5 * BLOCK as u64, &mut buf).unwrap();
+    let cached = version_of(&buf);
+    let stored = engine.backing().bytes.lock().unwrap()[5 * BLOCK..6 * BLOCK].to_vec();
+    assert_eq!(cached, version_of(&stored), "the cache and the backing store disagree");
+    assert!([11, 21].contains(&cached), "block 5 ended as version {cached}");
+    drop(lane);
+    engine.audit().unwrap();
+}
+
+#[test]
+fn write_through_in_flight_beside_writers_and_a_miss() {
+    shuttle::check_pct(
+        || write_through_in_flight_scenario(CacheMode::WriteThrough),
+        iterations(),
+        3,
+    );
+}
+
+#[test]
+fn write_around_in_flight_beside_writers_and_a_miss() {
+    shuttle::check_pct(
+        || write_through_in_flight_scenario(CacheMode::WriteAround),
+        iterations(),
+        3,
+    );
 }
 
 /// The eviction hand races a lane that recycles the slot it is looking at. The cache is full

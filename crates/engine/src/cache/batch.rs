@@ -85,7 +85,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// result per request, in order, once every read is answered. No miss may be in flight
     /// on the lane already (mixing this with [`Lane::read_batch_start`] calls).
     pub fn read_batch(&mut self, reads: &mut [ReadRequest<'_>], outcomes: &mut Vec<Result<()>>) {
-        assert_eq!(self.reads_pending(), 0, "read_batch with misses in flight");
+        assert_eq!(self.pending(), 0, "read_batch with requests in flight");
         let mut started = std::mem::take(&mut self.read_starts);
         self.read_batch_start(reads, &mut started);
         outcomes.clear();
@@ -100,8 +100,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 }
             });
         }
-        while self.reads_pending() > 0 {
-            self.read_complete(1, &mut |ticket, result| {
+        while self.pending() > 0 {
+            self.complete(1, &mut |ticket, result| {
                 let at = waiting[ticket.index()];
                 outcomes[at] = result.map(|data| reads[at].buf.copy_from_slice(data));
             });
@@ -192,6 +192,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let writes_back = self.engine.mode().writes_back();
         if writes_back {
             self.engine.pace_writes(writes.len() as u64);
+        }
+        if !writes_back && self.pending() == 0 {
+            self.write_batch_through(writes, outcomes);
+            return;
         }
         let backing_blocks = self.engine.backing_blocks;
         outcomes.clear();

@@ -70,6 +70,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                         pending_free: AtomicU64::new(0),
                         pending_free_fences: AtomicU64::new(0),
                         cleaning: AtomicU32::new(0),
+                        writing: AtomicU32::new(0),
                         changes: AtomicU64::new(0),
                     })
                 })
@@ -154,6 +155,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             miss_queue: super::misses::MissQueue::Unopened,
             misses: super::misses::MissesInFlight::new(),
             read_starts: Vec::new(),
+            write_starts: Vec::new(),
+            write_outcomes: Vec::new(),
         })
     }
 

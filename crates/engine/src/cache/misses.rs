@@ -47,23 +47,32 @@ pub enum ReadStart {
     /// Answered: the data is in the caller's buffer (or the read failed).
     Done(Result<()>),
     /// A miss in flight; [`Lane::read_complete`] hands its data over with this ticket.
-    Pending(MissTicket),
+    Pending(Ticket),
 }
 
-/// Names a miss in flight until its completion; unique among a lane's misses in flight, and
-/// below [`READS_PENDING_MAX`] (a frontend may index a table by it).
+/// Names a request in flight (a read miss, a write-through) until its completion is handed
+/// over; unique among a lane's requests in flight, and below [`READS_PENDING_MAX`] (a
+/// frontend may index a table by it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MissTicket(u32);
+pub struct Ticket(pub(super) u32);
 
-impl MissTicket {
+impl Ticket {
     /// Its place in a table of [`READS_PENDING_MAX`] entries.
     pub fn index(self) -> usize {
         self.0 as usize
     }
 }
 
+/// A request a lane has in flight on its queue.
+pub(super) enum InFlight {
+    /// A read miss.
+    Read(ReadInFlight),
+    /// A write-through or write-around (`through.rs`).
+    Write(super::through::WriteInFlight),
+}
+
 /// One miss in flight.
-struct InFlight {
+pub(super) struct ReadInFlight {
     lba: u64,
     /// The requested bytes within the block.
     in_block: usize,
@@ -76,12 +85,18 @@ struct InFlight {
     changes: u64,
 }
 
-/// The misses a lane has in flight, by ticket.
+/// The requests a lane has in flight (read misses, write-throughs), by ticket.
 pub(crate) struct MissesInFlight {
-    table: Vec<Option<InFlight>>,
-    free: Vec<u32>,
+    pub(super) table: Vec<Option<InFlight>>,
+    pub(super) free: Vec<u32>,
     /// Completions reaped, being served.
     reaped: Vec<IoCompletion>,
+    /// Reads that completed while the lane waited for its own writes (`through.rs`), to be
+    /// served at the next [`Lane::complete`].
+    pub(super) reads_reaped_early: Vec<IoCompletion>,
+    /// Answers not handed over yet: writes finished while the lane waited for its own
+    /// writes, and requests failed with their queue.
+    pub(super) answered_early: Vec<(u32, Result<()>)>,
 }
 
 impl MissesInFlight {
@@ -90,11 +105,19 @@ impl MissesInFlight {
             table: (0..READS_PENDING_MAX).map(|_| None).collect(),
             free: (0..READS_PENDING_MAX as u32).rev().collect(),
             reaped: Vec::with_capacity(READS_PENDING_MAX),
+            reads_reaped_early: Vec::with_capacity(READS_PENDING_MAX),
+            answered_early: Vec::with_capacity(READS_PENDING_MAX),
         }
     }
 
-    fn count(&self) -> usize {
+    /// Requests started and not handed over yet.
+    pub(super) fn count(&self) -> usize {
         READS_PENDING_MAX - self.free.len()
+    }
+
+    /// Requests whose queue completion has not been reaped yet.
+    fn on_queue(&self) -> usize {
+        self.count() - self.reads_reaped_early.len() - self.answered_early.len()
     }
 }
 
@@ -153,6 +176,15 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             bump(&self.counters().bytes_read, out.len() as u64);
             return ReadStart::Done(Ok(()));
         }
+        // A write in flight on the stripe may land before or after this read: its data may
+        // be served (the two overlap), not admitted.
+        let slot = match slot {
+            Some(slot) if stripe.writing.load(Ordering::Relaxed) != 0 => {
+                self.give_back(slot);
+                None
+            }
+            slot => slot,
+        };
         let changes = stripe.changes();
         drop(guard);
         let ticket = self.misses.free.pop().expect("checked not empty");
@@ -166,8 +198,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         let len = out.len();
         self.misses.table[ticket as usize] =
-            Some(InFlight { lba, in_block, len, slot, may_admit, changes });
-        ReadStart::Pending(MissTicket(ticket))
+            Some(InFlight::Read(ReadInFlight { lba, in_block, len, slot, may_admit, changes }));
+        ReadStart::Pending(Ticket(ticket))
     }
 
     /// Passes the misses queued so far to the backing store. A queue that fails as a whole
@@ -180,14 +212,17 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
     }
 
-    /// Read misses in flight.
-    pub fn reads_pending(&self) -> usize {
+    /// Requests in flight (read misses, write-throughs): started and not handed over by
+    /// [`Lane::complete`] yet.
+    pub fn pending(&self) -> usize {
         self.misses.count()
     }
 
-    /// A file descriptor that polls readable when a miss in flight may have completed (a
+    /// A file descriptor that polls readable when a request in flight may have completed (a
     /// wake-up may find none), or `None` when the backing store's queue offers none: the
-    /// caller then waits in [`Lane::read_complete`].
+    /// caller then waits in [`Lane::complete`]. It covers completions the lane has not seen
+    /// yet: a caller calls [`Lane::complete`] (with 0) after its other calls on the lane and
+    /// before it waits, for those the lane saw meanwhile.
     pub fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
         match &self.miss_queue {
             MissQueue::Open { queue, .. } => queue.completion_fd(),
@@ -195,38 +230,101 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
     }
 
-    /// Serves completed misses, waiting until at least `min` were (fewer only if fewer are in
-    /// flight; `0` never waits): each is admitted or not (see the module docs) and handed to
-    /// `done` with its ticket and the bytes the read asked for. Returns how many were served.
-    pub fn read_complete(
-        &mut self,
-        min: usize,
-        done: &mut dyn FnMut(MissTicket, Result<&[u8]>),
-    ) -> usize {
-        let _unwind = AbortOnUnwind::new("Lane::read_complete");
+    /// Hands over completed requests, waiting until at least `min` were (fewer only if fewer
+    /// are in flight; `0` never waits): a read miss is admitted or not (see the module docs)
+    /// and handed to `done` with its ticket and the bytes the read asked for; a write with its
+    /// ticket and no bytes (or its error). Returns how many were handed over.
+    pub fn complete(&mut self, min: usize, done: &mut dyn FnMut(Ticket, Result<&[u8]>)) -> usize {
+        let _unwind = AbortOnUnwind::new("Lane::complete");
         let min = min.min(self.misses.count());
         let mut served = 0;
+        for (ticket, result) in std::mem::take(&mut self.misses.answered_early) {
+            self.misses.free.push(ticket);
+            done(Ticket(ticket), result.map(|()| &[][..]));
+            served += 1;
+        }
+        let mut early = std::mem::take(&mut self.misses.reads_reaped_early);
+        for completion in early.drain(..) {
+            self.finish_miss(completion, done);
+            served += 1;
+        }
+        self.misses.reads_reaped_early = early;
         loop {
+            if served >= min && min > 0 {
+                return served;
+            }
             let mut reaped = std::mem::take(&mut self.misses.reaped);
             let got = match &mut self.miss_queue {
-                MissQueue::Open { queue, .. } if self.misses.count() > 0 => {
+                MissQueue::Open { queue, .. } if self.misses.on_queue() > 0 => {
                     queue.reap(min.saturating_sub(served), &mut reaped)
                 }
                 _ => Ok(0),
             };
             for completion in reaped.drain(..) {
-                self.finish_miss(completion, done);
+                self.finish_request(completion, done);
                 served += 1;
             }
             self.misses.reaped = reaped;
             match got {
                 Err(e) => {
-                    served += self.fail_misses(e, done);
+                    self.fail_queue_early(e);
+                    for (ticket, result) in std::mem::take(&mut self.misses.answered_early) {
+                        self.misses.free.push(ticket);
+                        done(Ticket(ticket), result.map(|()| &[][..]));
+                        served += 1;
+                    }
                     return served;
                 }
                 Ok(_) if served >= min => return served,
                 Ok(_) => {}
             }
+        }
+    }
+
+    /// Hands over one completed request: a read miss served, a write finished.
+    fn finish_request(
+        &mut self,
+        completion: IoCompletion,
+        done: &mut dyn FnMut(Ticket, Result<&[u8]>),
+    ) {
+        let ticket = u32::try_from(completion.user_data).expect("a ticket");
+        match self.misses.table[ticket as usize] {
+            Some(InFlight::Read(_)) => self.finish_miss(completion, done),
+            Some(InFlight::Write(_)) => {
+                let result = self.finish_write(completion);
+                self.misses.free.push(ticket);
+                done(Ticket(ticket), result.map(|()| &[][..]));
+            }
+            None => panic!("a completion for ticket {ticket}, which is not in flight"),
+        }
+    }
+
+    /// Reaps the queue, waiting for at least `min` completions, while the lane's caller is
+    /// not there to take them (the lane waits for its own writes, `through.rs`): writes are
+    /// finished at once, their answers kept, and reads kept whole, for the next
+    /// [`Lane::complete`]. A queue that fails as a whole is left for that call to report.
+    pub(super) fn reap_early(&mut self, min: usize) {
+        let mut reaped = std::mem::take(&mut self.misses.reaped);
+        let got = match &mut self.miss_queue {
+            MissQueue::Open { queue, .. } => {
+                queue.reap(min.min(self.misses.on_queue()), &mut reaped)
+            }
+            _ => Ok(0),
+        };
+        for completion in reaped.drain(..) {
+            let ticket = u32::try_from(completion.user_data).expect("a ticket");
+            match self.misses.table[ticket as usize] {
+                Some(InFlight::Read(_)) => self.misses.reads_reaped_early.push(completion),
+                Some(InFlight::Write(_)) => {
+                    let result = self.finish_write(completion);
+                    self.misses.answered_early.push((ticket, result));
+                }
+                None => panic!("a completion for ticket {ticket}, which is not in flight"),
+            }
+        }
+        self.misses.reaped = reaped;
+        if let Err(e) = got {
+            self.fail_queue_early(e);
         }
     }
 
@@ -236,12 +334,15 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     fn finish_miss(
         &mut self,
         completion: IoCompletion,
-        done: &mut dyn FnMut(MissTicket, Result<&[u8]>),
+        done: &mut dyn FnMut(Ticket, Result<&[u8]>),
     ) {
         let engine = self.engine;
         let ticket = u32::try_from(completion.user_data).expect("a ticket");
-        let InFlight { lba, in_block, len, slot, may_admit, changes } =
-            self.misses.table[ticket as usize].take().expect("a completion for a miss in flight");
+        let Some(InFlight::Read(ReadInFlight { lba, in_block, len, slot, may_admit, changes })) =
+            self.misses.table[ticket as usize].take()
+        else {
+            panic!("a read completion for ticket {ticket}, which is no read in flight");
+        };
         self.misses.free.push(ticket);
         let IoCompletion { mut buf, result, .. } = completion;
         let counters = self.counters();
@@ -297,48 +398,52 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             );
         }
         match outcome {
-            Ok(()) => done(MissTicket(ticket), Ok(&buf[in_block..in_block + len])),
-            Err(e) => done(MissTicket(ticket), Err(e)),
+            Ok(()) => done(Ticket(ticket), Ok(&buf[in_block..in_block + len])),
+            Err(e) => done(Ticket(ticket), Err(e)),
         }
         if let MissQueue::Open { buffers, .. } = &mut self.miss_queue {
             buffers.push(buf);
         }
     }
 
-    /// The queue failed as a whole (not one read): it is not used again (dropping it waits
-    /// for what the kernel still holds), and every miss in flight on it fails with `error`.
-    /// Returns how many were failed.
-    fn fail_misses(
-        &mut self,
-        error: pmcache_backing::BackingError,
-        done: &mut dyn FnMut(MissTicket, Result<&[u8]>),
-    ) -> usize {
+    /// The queue failed as a whole (not one request): it is not used again (dropping it
+    /// waits for what the kernel still holds), and every request in flight on it fails with
+    /// `error`, its answer kept for the next [`Lane::complete`].
+    fn fail_queue_early(&mut self, error: pmcache_backing::BackingError) {
         let why = error.to_string();
         let _counted = self.engine.backing_failed(error);
         self.miss_queue = MissQueue::Unavailable;
         let block = self.block_bytes();
-        let mut failed = 0;
+        let answered: Vec<u32> = self.misses.answered_early.iter().map(|(t, _)| *t).collect();
+        let reaped: Vec<u32> = self
+            .misses
+            .reads_reaped_early
+            .iter()
+            .map(|c| u32::try_from(c.user_data).expect("a ticket"))
+            .collect();
         for ticket in 0..READS_PENDING_MAX as u32 {
-            if let Some(miss) = self.misses.table[ticket as usize].take() {
-                self.misses.free.push(ticket);
-                if let Some(slot) = miss.slot {
-                    self.give_back(slot);
-                }
-                let source = std::io::Error::other(format!("the backing queue failed: {why}"));
-                let error = pmcache_backing::BackingError::Io {
-                    op: "read",
-                    offset: miss.lba * block,
-                    len: block,
-                    source,
-                };
-                done(MissTicket(ticket), Err(error.into()));
-                failed += 1;
+            if answered.contains(&ticket) || reaped.contains(&ticket) {
+                continue;
             }
+            let (op, lba, slot) = match self.misses.table[ticket as usize].take() {
+                None => continue,
+                Some(InFlight::Read(miss)) => ("read", miss.lba, miss.slot),
+                Some(InFlight::Write(write)) => {
+                    let lba = write.lba;
+                    ("write", lba, self.abandon_write(write))
+                }
+            };
+            if let Some(slot) = slot {
+                self.give_back(slot);
+            }
+            let source = std::io::Error::other(format!("the backing queue failed: {why}"));
+            let error =
+                pmcache_backing::BackingError::Io { op, offset: lba * block, len: block, source };
+            self.misses.answered_early.push((ticket, Err(error.into())));
         }
-        failed
     }
 
-    /// A submit failed: the misses in flight fail when next completed (`read_complete` reaps
+    /// A submit failed: the requests in flight fail when next completed (`complete` reaps
     /// the queue's error again, or their completions).
     fn queue_failed(&mut self, error: pmcache_backing::BackingError) {
         if self.misses.count() == 0 {
@@ -347,16 +452,16 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
     }
 
-    /// Completes every miss in flight, dropping the answers (a lane given back with misses in
-    /// flight: the frontend went away).
+    /// Completes every request in flight, dropping the answers (a lane given back with
+    /// requests in flight: the frontend went away).
     pub(super) fn drain_misses(&mut self) {
         while self.misses.count() > 0 {
-            self.read_complete(self.misses.count(), &mut |_, _| {});
+            self.complete(self.misses.count(), &mut |_, _| {});
         }
     }
 
     /// Whether the lane's miss queue is open for the calling thread (opening it if needed).
-    fn miss_queue_ready(&mut self) -> bool {
+    pub(super) fn miss_queue_ready(&mut self) -> bool {
         let thread = std::thread::current().id();
         match &self.miss_queue {
             MissQueue::Unavailable => return false,

@@ -17,6 +17,12 @@
 //! discarded in one call per run while no other request can change, cache or write one of its
 //! blocks: overlapping requests in flight then end as one of their two orders, block by block.
 //!
+//! A lane's write-throughs in flight (`through.rs`) are a second kind of copy on its way: a
+//! stripe's `writing` count. It is waited for *before* the stripe is held
+//! (`Lane::lock_stripe_for_backing`, `Lane::hold_range_for_backing`: take the stripe, and if
+//! the count is not zero, release it and wait), because the lane that lowers it takes the
+//! stripe to do so; the cleaner and a reclaim's write-back skip such a stripe.
+//!
 //! No deadlock: the cleaner never waits for a stripe while it has copies in flight, and lowers
 //! the count at completion without the lock; a lane holding stripes waits for no other stripe
 //! (a range hold waits for its first stripe only when it holds none, and only tries the rest,
@@ -24,6 +30,8 @@
 
 use std::marker::PhantomData;
 use std::time::Duration;
+
+use pmcache_backing::{IoQueue, IoRequest};
 
 use super::*;
 
@@ -74,6 +82,11 @@ impl RangeHold<'_> {
     /// The end of the blocks held (exclusive); they start where asked.
     pub(super) fn end(&self) -> u64 {
         self.end
+    }
+
+    /// The stripes held.
+    pub(super) fn stripes(&self) -> &[usize] {
+        &self.stripes
     }
 
     /// The turn to write or discard the blocks held.
@@ -149,6 +162,22 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         let result = self.backing.write_at(data, offset);
         self.backing_writes.fetch_add(1, Ordering::SeqCst);
         result.map_err(|e| self.backing_failed(e))
+    }
+
+    /// Queues a write of the backing store on a lane's `queue`, in `turn`; the caller raises
+    /// the stripe's `writing` count before it releases the stripe (`through.rs`), which keeps
+    /// every other writer of the block away until the write completed.
+    pub(super) fn queue_backing_write(
+        &self,
+        queue: &mut dyn IoQueue,
+        request: IoRequest,
+        turn: &BackingTurn,
+    ) {
+        turn.check(request.offset, request.buf.len() as u64, self.block_bytes(), "a queued write");
+        if let Err(refused) = queue.push(request) {
+            // The queue holds READS_PENDING_MAX requests and the lane had a ticket free.
+            panic!("the lane's queue refused write {} with room for it", refused.user_data);
+        }
     }
 
     /// Writes zeroes over a range of the backing store, in `turn`.

@@ -222,7 +222,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let block = self.block_bytes();
         let full = in_block == 0 && payload.len() as u64 == block;
         let reserved = self.reserve_for_admission(admit);
-        let mut guard = engine.lock_stripe(lba);
+        let mut guard = self.lock_stripe_for_backing(lba);
         // An older copy of the block may be on its way from the cleaner: it lands first.
         let turn = engine.backing_turn(lba, &guard);
         let old = engine.index.lookup(lba);
@@ -326,7 +326,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             if lba >= end {
                 break Ok(());
             }
-            let hold = engine.hold_range(lba, end, RANGE_HOLD_BLOCKS_MAX);
+            let hold = self.hold_range_for_backing(lba, end, RANGE_HOLD_BLOCKS_MAX);
             let run_end = hold.end();
             if let Err(e) =
                 engine.backing_discard(lba * block, (run_end - lba) * block, &hold.turn())

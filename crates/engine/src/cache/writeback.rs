@@ -55,6 +55,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             if !(now.same_incarnation(seen) && now.state() == SlotState::Dirty) {
                 continue;
             }
+            if engine.stripes[engine.stripe_index(entry.lba)].writing.load(Ordering::Relaxed) != 0 {
+                // A write-through of the stripe is in flight: the block waits for a later turn.
+                continue;
+            }
             // An older copy of the block may be on its way from the cleaner: it lands first.
             let turn = engine.backing_turn(entry.lba, &guard);
             engine.medium.read(engine.geometry.data_offset(slot), &mut self.write_back_block);

@@ -39,7 +39,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
                 lba += 1;
                 continue;
             }
-            let hold = engine.hold_range(lba, end, ZERO_RUN_BLOCKS_MAX);
+            let hold = self.hold_range_for_backing(lba, end, ZERO_RUN_BLOCKS_MAX);
             // Under the stripes: the blocks from `lba` on that are still not cached.
             let run_end =
                 (lba..hold.end()).find(|&b| engine.index.lookup(b).is_some()).unwrap_or(hold.end());

@@ -1,7 +1,8 @@
-//! A backing store whose queued reads complete only when the test lets them: each read reaches
-//! the device when it is submitted (its data is what the device held then) and its completion
-//! is held while the latch is closed, as a slow device's would be. What a frontend does with
-//! the requests behind a miss in flight is tested with it.
+//! A backing store whose queued requests complete only when the test lets them: each read or
+//! write reaches the device when it is submitted (a read's data is what the device held then)
+//! and its completion is held while the latch is closed, as a slow device's would be. What a
+//! frontend does with the requests behind a miss or a write-through in flight is tested with
+//! it.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -9,13 +10,11 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex};
 
-use pmcache_backing::{
-    BackingIdentity, BackingStore, IoCompletion, IoOp, IoQueue, IoRequest, SyncQueue,
-};
+use pmcache_backing::{BackingIdentity, BackingStore, IoCompletion, IoQueue, IoRequest, SyncQueue};
 
 use super::SimBacking;
 
-/// The latch: closed, queued reads' completions wait.
+/// The latch: closed, queued requests' completions wait.
 struct Latch {
     closed: Mutex<bool>,
     opened: Condvar,
@@ -45,7 +44,7 @@ impl Latch {
     }
 }
 
-/// A [`SimBacking`] whose queue holds read completions while its latch is closed.
+/// A [`SimBacking`] whose queue holds completions while its latch is closed.
 pub struct LatchedBacking {
     /// The device underneath.
     pub inner: SimBacking,
@@ -62,8 +61,8 @@ impl LatchedBacking {
         Arc::new(Self { inner, latch })
     }
 
-    /// Closes (`true`) or opens the latch that queued reads' completions wait at.
-    pub fn hold_reads(&self, closed: bool) {
+    /// Closes (`true`) or opens the latch that queued requests' completions wait at.
+    pub fn hold(&self, closed: bool) {
         self.latch.set(closed);
     }
 }
@@ -106,7 +105,7 @@ impl BackingStore for LatchedBacking {
     }
 }
 
-/// Runs each request on the device at submit; holds read completions while the latch is
+/// Runs each request on the device at submit; holds its completion while the latch is
 /// closed.
 struct LatchedQueue {
     device: SyncQueue,
@@ -140,9 +139,8 @@ impl IoQueue for LatchedQueue {
         let mut closed = self.latch.closed.lock().expect("poisoned");
         let mut got = 0;
         loop {
-            // Anything but a read passes the latch.
-            while let Some(at) = self.held.iter().position(|c| !*closed || c.op != IoOp::Read) {
-                out.push(self.held.remove(at).expect("found"));
+            while !*closed && let Some(completion) = self.held.pop_front() {
+                out.push(completion);
                 got += 1;
             }
             if got >= min.min(got + self.held.len()) {
@@ -158,7 +156,7 @@ impl IoQueue for LatchedQueue {
 
 impl LatchedBacking {
     /// Whether the latch is closed.
-    pub fn reads_held(&self) -> bool {
+    pub fn held(&self) -> bool {
         self.latch.is_closed()
     }
 }

@@ -152,6 +152,10 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             let stripe = engine.stripe_index(candidate.lba);
             // Only tried: a stripe's holder may be waiting for this cleaner's writes.
             let Some(guard) = engine.stripes[stripe].try_lock() else { continue };
+            if engine.stripes[stripe].writing.load(Ordering::Relaxed) != 0 {
+                // A lane's write-through of the stripe is in flight (`through.rs`).
+                continue;
+            }
             let word = engine.slots.load(candidate.slot);
             let current = match engine.read_entry(candidate.slot) {
                 DecodedEntry::Valid(entry)

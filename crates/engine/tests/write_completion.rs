@@ -1,0 +1,211 @@
+//! Per-request completion of write-throughs and write-arounds: a whole-block write in either
+//! mode is in flight on the lane's queue (`Lane::write_start`) while the requests behind it
+//! are answered; it is answered by `Lane::complete` once the backing store has it. The
+//! backing store's completions are held by the latch of `LatchedBacking`.
+#![cfg(not(feature = "shuttle"))]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pmcache_backing::BackingStore;
+use pmcache_engine::testing::latched::LatchedBacking;
+use pmcache_engine::testing::model::{BLOCK, World, config, pattern};
+use pmcache_engine::{
+    AdmissionConfig, CacheMode, Engine, EvictionKind, Lane, ManualClock, ReadStart, Ticket,
+    WriteRequest, WriteStart,
+};
+use pmcache_media::CrashMedium;
+
+type LatchedEngine = Engine<CrashMedium, Arc<LatchedBacking>, Arc<ManualClock>>;
+type LatchedLane<'e> = Lane<'e, CrashMedium, Arc<LatchedBacking>, Arc<ManualClock>>;
+
+const B: u64 = BLOCK as u64;
+
+/// An engine over a latched store whose blocks hold `pattern(1, ..)`.
+fn latched_engine(mode: CacheMode) -> (Arc<LatchedBacking>, LatchedEngine) {
+    let world = World::fresh(1);
+    let device = pattern(1, 0, world.backing.size_bytes());
+    world.backing.write_at(&device, 0).expect("fill the device");
+    let backing = LatchedBacking::new(world.backing.clone());
+    let cfg = pmcache_engine::Config {
+        max_lanes: 4,
+        ..config(mode, EvictionKind::Clock, AdmissionConfig::Always)
+    };
+    let engine = Engine::format(world.medium.clone(), backing.clone(), Arc::default(), &cfg)
+        .expect("format");
+    (backing, engine)
+}
+
+/// The tickets `complete` hands over (waiting for `min`), each request having succeeded.
+fn completed(lane: &mut LatchedLane<'_>, min: usize) -> Vec<Ticket> {
+    let mut got = Vec::new();
+    lane.complete(min, &mut |ticket, result| {
+        result.expect("the request in flight");
+        got.push(ticket);
+    });
+    got
+}
+
+fn stored(backing: &LatchedBacking, lba: u64) -> Vec<u8> {
+    let mut buf = vec![0u8; BLOCK];
+    backing.inner.read_at(&mut buf, lba * B).expect("read the device");
+    buf
+}
+
+#[test]
+fn a_hit_behind_a_held_write_through_is_answered_and_the_write_admitted_at_its_completion() {
+    let (backing, engine) = latched_engine(CacheMode::WriteThrough);
+    let mut lane = engine.lane().expect("lane");
+    let cached = pattern(2, B, B);
+    lane.write(B, &cached, false).expect("write block 1 through");
+    backing.hold(true);
+    let new = pattern(3, 0, B);
+    let WriteStart::Pending(ticket) = lane.write_start(0, &new, false) else {
+        panic!("a whole-block write-through must be in flight");
+    };
+    assert_eq!(lane.pending(), 1);
+    let mut hit = vec![0u8; BLOCK];
+    let ReadStart::Done(result) = lane.read_start(B, &mut hit) else {
+        panic!("block 1 is cached: answered at once");
+    };
+    result.expect("the hit");
+    assert_eq!(hit, cached);
+    assert!(completed(&mut lane, 0).is_empty(), "the held write completed");
+    backing.hold(false);
+    assert_eq!(completed(&mut lane, 1), vec![ticket], "the write's answer, by its ticket");
+    assert_eq!(stored(&backing, 0), new, "on the backing store");
+    let misses_before = engine.stats().read_misses_admitted + engine.stats().read_misses_bypassed;
+    let mut after = vec![0u8; BLOCK];
+    let ReadStart::Done(Ok(())) = lane.read_start(0, &mut after) else {
+        panic!("block 0 was admitted by its write-through");
+    };
+    assert_eq!(after, new);
+    let stats = engine.stats();
+    assert_eq!(stats.read_misses_admitted + stats.read_misses_bypassed, misses_before);
+}
+
+#[test]
+fn a_write_around_in_flight_drops_the_clean_copy_at_its_start_and_admits_nothing() {
+    let (backing, engine) = latched_engine(CacheMode::WriteAround);
+    let mut lane = engine.lane().expect("lane");
+    let mut buf = vec![0u8; BLOCK];
+    lane.read(0, &mut buf).expect("admit block 0 clean");
+    backing.hold(true);
+    let new = pattern(4, 0, B);
+    let WriteStart::Pending(_) = lane.write_start(0, &new, false) else {
+        panic!("a whole-block write-around must be in flight");
+    };
+    // The old clean copy is gone: the read goes to the store (and waits at the latch).
+    let ReadStart::Pending(_) = lane.read_start(0, &mut buf) else {
+        panic!("block 0's old copy was served beside its write in flight");
+    };
+    backing.hold(false);
+    assert_eq!(completed(&mut lane, 2).len(), 2);
+    assert_eq!(stored(&backing, 0), new);
+    let ReadStart::Pending(_) = lane.read_start(0, &mut buf) else {
+        panic!("a write-around admitted its block, or the miss beside it did");
+    };
+    let mut read = Vec::new();
+    lane.complete(1, &mut |_, data| read = data.expect("read").to_vec());
+    assert_eq!(read, new);
+}
+
+/// Partial blocks, FUA and write-back modes are answered at once.
+#[test]
+fn writes_the_queue_does_not_take_are_answered_at_once() {
+    for mode in CacheMode::ALL {
+        let (backing, engine) = latched_engine(mode);
+        let mut lane = engine.lane().expect("lane");
+        backing.hold(true);
+        let queued = !mode.writes_back();
+        let whole = lane.write_start(0, &pattern(5, 0, B), false);
+        assert_eq!(matches!(whole, WriteStart::Pending(_)), queued, "{mode:?}: whole block");
+        for (offset, len, fua) in
+            [(B, B, true), (2 * B + B / 2, B / 2, false), (3 * B, 2 * B, false)]
+        {
+            let data = pattern(6, offset, len);
+            let WriteStart::Done(result) = lane.write_start(offset, &data, fua) else {
+                panic!("{mode:?}: a write at {offset}+{len} fua {fua} went into the queue");
+            };
+            result.expect("the write");
+        }
+        backing.hold(false);
+        assert_eq!(completed(&mut lane, 1).len(), usize::from(queued), "{mode:?}");
+    }
+}
+
+/// A second write of a block waits for the first in flight, from the same lane (which
+/// reaps its own, keeping the answer) and from another lane (which waits until the first's
+/// lane completes it): the block ends as the second write, in the cache and on the store.
+#[test]
+fn a_write_of_a_block_in_flight_lands_after_it() {
+    for mode in [CacheMode::WriteThrough, CacheMode::WriteAround] {
+        let (backing, engine) = latched_engine(mode);
+        let mut lane = engine.lane().expect("lane");
+        backing.hold(true);
+        let WriteStart::Pending(first) = lane.write_start(0, &pattern(7, 0, B), false) else {
+            panic!("{mode:?}: in flight");
+        };
+        let second = pattern(8, 0, B);
+        let opener = {
+            let backing = backing.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                backing.hold(false);
+            })
+        };
+        // The same lane: its own write is reaped first (its answer kept).
+        lane.write(0, &second, false).expect("the second write");
+        opener.join().expect("opener");
+        assert_eq!(completed(&mut lane, 0), vec![first], "{mode:?}: the first's answer kept");
+        assert_eq!(stored(&backing, 0), second, "{mode:?}: the second write landed last");
+
+        // Another lane: it waits until this lane completes its write.
+        backing.hold(true);
+        let WriteStart::Pending(third) = lane.write_start(0, &pattern(9, 0, B), false) else {
+            panic!("{mode:?}: in flight");
+        };
+        let fourth = pattern(10, 0, B);
+        std::thread::scope(|scope| {
+            let other = scope.spawn(|| {
+                let mut other = engine.lane().expect("lane");
+                other.write(0, &fourth, false).expect("the other lane's write");
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!other.is_finished(), "{mode:?}: the other lane did not wait");
+            backing.hold(false);
+            assert_eq!(completed(&mut lane, 1), vec![third]);
+            other.join().expect("the other lane");
+        });
+        assert_eq!(stored(&backing, 0), fourth, "{mode:?}: the other lane's write landed last");
+        let mut after = vec![0u8; BLOCK];
+        lane.read(0, &mut after).expect("read");
+        assert_eq!(after, fourth, "{mode:?}: the block reads as the last write");
+    }
+}
+
+/// A write batch in write-through mode starts every write, then waits: its writes of one
+/// block take effect in batch order, and every outcome is its own.
+#[test]
+fn a_write_batch_through_keeps_batch_order_per_block() {
+    let (backing, engine) = latched_engine(CacheMode::WriteThrough);
+    let mut lane = engine.lane().expect("lane");
+    let datas: Vec<Vec<u8>> = (0..6).map(|i| pattern(20 + i, 0, B)).collect();
+    let offsets = [0, B, 0, 2 * B, B, 0];
+    let writes: Vec<WriteRequest<'_>> = offsets
+        .iter()
+        .zip(&datas)
+        .map(|(&offset, data)| WriteRequest { offset, data, fua: false })
+        .collect();
+    let mut outcomes = Vec::new();
+    lane.write_batch(&writes, &mut outcomes);
+    assert_eq!(outcomes.len(), 6);
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    assert_eq!(lane.pending(), 0);
+    for (lba, last) in [(0, 5), (1, 4), (2, 3)] {
+        assert_eq!(stored(&backing, lba), datas[last], "block {lba} on the store");
+        let mut after = vec![0u8; BLOCK];
+        lane.read(lba * B, &mut after).expect("read");
+        assert_eq!(after, datas[last], "block {lba} read back");
+    }
+}
