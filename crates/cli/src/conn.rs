@@ -10,6 +10,7 @@ use std::time::Instant;
 use hdrhistogram::Histogram;
 use pmcache_engine::{
     Error, Lane, MonotonicClock, READS_PENDING_MAX, ReadRequest, ReadStart, WriteRequest,
+    WriteStart,
 };
 use pmcache_media::PmemFile;
 
@@ -62,7 +63,7 @@ impl ReadLatencies {
 }
 
 /// What receives each completed miss: its ticket, and its data or the frontend's error.
-pub(crate) type ReadDone<'a, E> = dyn FnMut(usize, Result<&[u8], E>) + 'a;
+pub(crate) type Completed<'a, E> = dyn FnMut(usize, Result<&[u8], E>) + 'a;
 
 /// One engine lane, served by one frontend connection or queue: NBD's `ExportConn` in
 /// `crate::nbd`, ublk's `Target` in `crate::ublk`.
@@ -71,6 +72,7 @@ pub(crate) struct CacheConn {
     /// The engine's outcomes of one batch, kept from batch to batch.
     results: Vec<Result<(), Error>>,
     starts: Vec<ReadStart>,
+    write_starts: Vec<WriteStart>,
     /// When each miss in flight was handed over, by ticket.
     miss_started: Box<[Option<Instant>]>,
     hit_ns: Histogram<u64>,
@@ -83,6 +85,7 @@ impl CacheConn {
             lane,
             results: Vec::new(),
             starts: Vec::new(),
+            write_starts: Vec::new(),
             miss_started: vec![None; READS_PENDING_MAX].into_boxed_slice(),
             hit_ns: latency_histogram(),
             miss_ns: latency_histogram(),
@@ -100,6 +103,25 @@ impl CacheConn {
         let requests: Vec<WriteRequest<'a>> = writes.collect();
         self.lane.write_batch(&requests, &mut self.results);
         outcomes.extend(self.results.drain(..).map(|r| r.map_err(map)));
+    }
+
+    /// The writes a frontend had in flight together, started by the engine
+    /// (`Lane::write_batch_start`: group-committed in write-back modes, whole blocks left in
+    /// flight to the backing store otherwise): for each, in order, `answered(result)` or
+    /// `pending(ticket)`, appended to `started`.
+    pub(crate) fn write_batch_start_into<'a, S>(
+        &mut self,
+        writes: impl Iterator<Item = WriteRequest<'a>>,
+        started: &mut Vec<S>,
+        answered: impl Fn(Result<(), Error>) -> S,
+        pending: impl Fn(usize) -> S,
+    ) {
+        let requests: Vec<WriteRequest<'a>> = writes.collect();
+        self.lane.write_batch_start(&requests, &mut self.write_starts);
+        started.extend(self.write_starts.drain(..).map(|s| match s {
+            WriteStart::Done(result) => answered(result),
+            WriteStart::Pending(ticket) => pending(ticket.index()),
+        }));
     }
 
     /// The reads a frontend had in flight together, started by the engine
@@ -134,11 +156,11 @@ impl CacheConn {
     }
 
     /// Hands completed misses to `done` (ticket, data or error through `map`), waiting for at
-    /// least `min` of them (`Lane::read_complete`).
-    pub(crate) fn read_complete_into<E>(
+    /// least `min` of them (`Lane::complete`).
+    pub(crate) fn complete_into<E>(
         &mut self,
         min: usize,
-        done: &mut ReadDone<'_, E>,
+        done: &mut Completed<'_, E>,
         map: fn(Error) -> E,
     ) -> usize {
         let (miss_started, miss_ns) = (&mut self.miss_started, &mut self.miss_ns);

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use pmcache_engine::{Error, READS_PENDING_MAX, ReadRequest, WriteRequest};
 use pmcache_nbd::{
-    BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, ListenAddr, ReadStarted,
-    Server, ServerConfig, ShutdownHandle,
+    BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, ListenAddr, Server,
+    ServerConfig, ShutdownHandle, Started,
 };
 
 use crate::args::ServeArgs;
@@ -72,6 +72,22 @@ impl ExportConn for CacheConn {
         self.write_batch_into(requests, outcomes, export_error);
     }
 
+    /// Writes group-committed in write-back modes, whole blocks left in flight to the backing
+    /// store otherwise (`Lane::write_batch_start`).
+    fn write_batch_start(&mut self, writes: &[BatchWrite<'_>], started: &mut Vec<Started>) {
+        let requests = writes.iter().map(|w| WriteRequest {
+            offset: w.offset_bytes,
+            data: w.data,
+            fua: w.fua,
+        });
+        self.write_batch_start_into(
+            requests,
+            started,
+            |result| Started::Done(result.map_err(export_error)),
+            Started::Pending,
+        );
+    }
+
     /// The reads a client had in flight, pipelined by the engine (`Lane::read_batch`).
     fn read_batch(
         &mut self,
@@ -88,23 +104,23 @@ impl ExportConn for CacheConn {
     fn read_batch_start(
         &mut self,
         reads: &mut [pmcache_nbd::BatchRead<'_>],
-        started: &mut Vec<ReadStarted>,
+        started: &mut Vec<Started>,
     ) {
         let requests =
             reads.iter_mut().map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf });
         self.read_batch_start_into(
             requests,
             started,
-            |result| ReadStarted::Done(result.map_err(export_error)),
-            ReadStarted::Pending,
+            |result| Started::Done(result.map_err(export_error)),
+            Started::Pending,
         );
     }
 
-    fn reads_pending(&self) -> usize {
+    fn pending(&self) -> usize {
         self.lane.pending()
     }
 
-    fn reads_pending_max(&self) -> usize {
+    fn pending_max(&self) -> usize {
         READS_PENDING_MAX
     }
 
@@ -112,8 +128,8 @@ impl ExportConn for CacheConn {
         CacheConn::completion_fd(self)
     }
 
-    fn read_complete(&mut self, min: usize, done: &mut pmcache_nbd::export::ReadDone<'_>) -> usize {
-        self.read_complete_into(min, done, export_error)
+    fn complete(&mut self, min: usize, done: &mut pmcache_nbd::export::Completed<'_>) -> usize {
+        self.complete_into(min, done, export_error)
     }
 
     fn flush(&mut self) -> Result<(), ExportError> {

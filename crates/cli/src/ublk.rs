@@ -8,7 +8,7 @@
 
 use pmcache_engine::{Error, ReadRequest, WriteRequest};
 use pmcache_ublk::{
-    BatchRead, BatchWrite, Device, DeviceConfig, DeviceInfo, DeviceState, OwnerTag, ReadStarted,
+    BatchRead, BatchWrite, Device, DeviceConfig, DeviceInfo, DeviceState, IoStarted, OwnerTag,
     Started, Stopper, Target, TargetError, recovery,
 };
 
@@ -66,20 +66,36 @@ impl Target for CacheConn {
         self.read_batch_into(requests, outcomes, target_error);
     }
 
+    /// Writes group-committed in write-back modes, whole blocks left in flight to the backing
+    /// store otherwise (`Lane::write_batch_start`).
+    fn write_batch_start(&mut self, writes: &[BatchWrite<'_>], started: &mut Vec<IoStarted>) {
+        let requests = writes.iter().map(|w| WriteRequest {
+            offset: w.offset_bytes,
+            data: w.data,
+            fua: w.fua,
+        });
+        self.write_batch_start_into(
+            requests,
+            started,
+            |result| IoStarted::Done(result.map_err(target_error)),
+            IoStarted::Pending,
+        );
+    }
+
     /// Hits answered at once, misses left in flight on the lane's queue
     /// (`Lane::read_batch_start`).
-    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<ReadStarted>) {
+    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<IoStarted>) {
         let requests =
             reads.iter_mut().map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf });
         self.read_batch_start_into(
             requests,
             started,
-            |result| ReadStarted::Done(result.map_err(target_error)),
-            ReadStarted::Pending,
+            |result| IoStarted::Done(result.map_err(target_error)),
+            IoStarted::Pending,
         );
     }
 
-    fn reads_pending(&self) -> usize {
+    fn pending(&self) -> usize {
         self.lane.pending()
     }
 
@@ -87,12 +103,8 @@ impl Target for CacheConn {
         CacheConn::completion_fd(self)
     }
 
-    fn read_complete(
-        &mut self,
-        min: usize,
-        done: &mut pmcache_ublk::target::ReadDone<'_>,
-    ) -> usize {
-        self.read_complete_into(min, done, target_error)
+    fn complete(&mut self, min: usize, done: &mut pmcache_ublk::target::Completed<'_>) -> usize {
+        self.complete_into(min, done, target_error)
     }
 
     fn flush(&mut self) -> Result<(), TargetError> {

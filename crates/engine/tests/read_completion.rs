@@ -35,7 +35,7 @@ fn latched_engine(mode: CacheMode) -> (Arc<LatchedBacking>, LatchedEngine) {
     (backing, engine)
 }
 
-/// Serves every completion `read_complete` hands over, up to `min` of them waited for.
+/// Serves every completion `complete` hands over, up to `min` of them waited for.
 fn complete(
     lane: &mut pmcache_engine::Lane<'_, CrashMedium, Arc<LatchedBacking>, Arc<ManualClock>>,
     min: usize,

@@ -209,3 +209,35 @@ fn a_write_batch_through_keeps_batch_order_per_block() {
         assert_eq!(after, datas[last], "block {lba} read back");
     }
 }
+
+/// Two lanes, each with a write in flight, each writing the block the other has in flight:
+/// neither waits for the other (a lane waiting for another's write reaps its own meanwhile).
+#[test]
+fn two_lanes_writing_each_others_blocks_in_flight_do_not_wait_for_each_other() {
+    for mode in [CacheMode::WriteThrough, CacheMode::WriteAround] {
+        let (backing, engine) = latched_engine(mode);
+        backing.hold(true);
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|scope| {
+            let lane_writes = |mine: u64, theirs: u64| {
+                let (engine, barrier) = (&engine, &barrier);
+                scope.spawn(move || {
+                    let mut lane = engine.lane().expect("lane");
+                    let started = lane.write_start(mine * B, &pattern(30 + mine, 0, B), false);
+                    assert!(matches!(started, WriteStart::Pending(_)), "{mode:?}: in flight");
+                    barrier.wait();
+                    lane.write(theirs * B, &pattern(40 + theirs, 0, B), false).expect("write");
+                    completed(&mut lane, 1).len()
+                })
+            };
+            let (a, b) = (lane_writes(0, 1), lane_writes(1, 0));
+            std::thread::sleep(Duration::from_millis(50));
+            backing.hold(false);
+            assert_eq!(a.join().expect("lane a"), 1, "{mode:?}: lane a's write answered");
+            assert_eq!(b.join().expect("lane b"), 1, "{mode:?}: lane b's write answered");
+        });
+        for lba in [0, 1] {
+            assert_eq!(stored(&backing, lba), pattern(40 + lba, 0, B), "{mode:?}: block {lba}");
+        }
+    }
+}

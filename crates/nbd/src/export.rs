@@ -126,17 +126,18 @@ pub struct BatchRead<'a> {
     pub buf: &'a mut [u8],
 }
 
-/// What receives each completed read in flight: its ticket, and its data or error.
-pub type ReadDone<'a> = dyn FnMut(usize, Result<&[u8], ExportError>) + 'a;
+/// What receives each completed request in flight: its ticket, and a read's data (a write's:
+/// none) or its error.
+pub type Completed<'a> = dyn FnMut(usize, Result<&[u8], ExportError>) + 'a;
 
-/// How a read handed to [`ExportConn::read_batch_start`] started.
+/// How a request handed to [`ExportConn::read_batch_start`] or
+/// [`ExportConn::write_batch_start`] started.
 #[derive(Debug)]
-pub enum ReadStarted {
-    /// Answered: its buffer holds the data (or the read failed).
+pub enum Started {
+    /// Answered: a read's buffer holds the data, a write is done (or the request failed).
     Done(Result<(), ExportError>),
-    /// In flight: [`ExportConn::read_complete`] hands its data over with this ticket, which
-    /// is unique among the connection's reads in flight and below
-    /// [`ExportConn::reads_pending_max`].
+    /// In flight: [`ExportConn::complete`] hands it over with this ticket, which is unique
+    /// among the connection's requests in flight and below [`ExportConn::pending_max`].
     Pending(usize),
 }
 
@@ -183,6 +184,18 @@ pub trait ExportConn: Send {
         }
     }
 
+    /// Starts several writes the client had in flight together, as
+    /// [`ExportConn::write_batch`] writes them, except that a write the export cannot answer
+    /// at once (one going through to a slow store) may be left in flight: `started` receives
+    /// one [`Started`] per write, in order, and the server answers each write in flight when
+    /// [`ExportConn::complete`] hands it over (with no data). Writes to the same bytes still
+    /// take effect in batch order. The default answers every write at once.
+    fn write_batch_start(&mut self, writes: &[BatchWrite<'_>], started: &mut Vec<Started>) {
+        let mut outcomes = Vec::with_capacity(writes.len());
+        self.write_batch(writes, &mut outcomes);
+        started.extend(outcomes.into_iter().map(Started::Done));
+    }
+
     /// Reads several requests the client had in flight together (the server gathers the
     /// reads whose headers have all arrived), filling each one's `buf` and pushing one result
     /// per read, in order, onto `outcomes` (which the server passes in empty). A batch holds
@@ -202,36 +215,37 @@ pub trait ExportConn: Send {
 
     /// Starts several reads the client had in flight together, as [`ExportConn::read_batch`]
     /// reads them, except that a read the export cannot answer at once (a cache miss) may be
-    /// left in flight: `started` receives one [`ReadStarted`] per read, in order, and the
+    /// left in flight: `started` receives one [`Started`] per read, in order, and the
     /// server answers the others at once and each read in flight when
-    /// [`ExportConn::read_complete`] hands it over. The default answers every read at once.
-    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<ReadStarted>) {
+    /// [`ExportConn::complete`] hands it over. The default answers every read at once.
+    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<Started>) {
         let mut outcomes = Vec::with_capacity(reads.len());
         self.read_batch(reads, &mut outcomes);
-        started.extend(outcomes.into_iter().map(ReadStarted::Done));
+        started.extend(outcomes.into_iter().map(Started::Done));
     }
 
-    /// Reads started and not yet handed over by [`ExportConn::read_complete`].
-    fn reads_pending(&self) -> usize {
+    /// Requests started and not yet handed over by [`ExportConn::complete`].
+    fn pending(&self) -> usize {
         0
     }
 
-    /// One more than the largest ticket a read in flight may carry.
-    fn reads_pending_max(&self) -> usize {
+    /// One more than the largest ticket a request in flight may carry.
+    fn pending_max(&self) -> usize {
         0
     }
 
-    /// A file descriptor that polls readable when a read in flight may have completed (a
-    /// wake-up may find none): the server waits on it beside the client's socket. `None`: the
-    /// server waits in [`ExportConn::read_complete`] before it waits for the client.
+    /// A file descriptor that polls readable when a request in flight may have completed (a
+    /// wake-up may find none): the server waits on it beside the client's socket, after a
+    /// [`ExportConn::complete`] with 0 (which hands over what the export saw meanwhile).
+    /// `None`: the server waits in [`ExportConn::complete`] before it waits for the client.
     fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
 
-    /// Hands over completed reads in flight, waiting until at least `min` were (fewer only if
-    /// fewer are in flight; 0 never waits): `done` gets each one's ticket and its data (the
-    /// read's length) or its error. Returns how many were handed over.
-    fn read_complete(&mut self, min: usize, done: &mut ReadDone<'_>) -> usize {
+    /// Hands over completed requests in flight, waiting until at least `min` were (fewer only
+    /// if fewer are in flight; 0 never waits): `done` gets each one's ticket and a read's data
+    /// (its length; a write's: empty) or its error. Returns how many were handed over.
+    fn complete(&mut self, min: usize, done: &mut Completed<'_>) -> usize {
         let _ = (min, done);
         0
     }

@@ -24,7 +24,7 @@ pub mod tls;
 
 pub use codec::TlsMode;
 pub use export::{
-    BatchRead, BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, ReadStarted,
+    BatchRead, BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, Started,
 };
 pub use mem::{MemExport, MemStats};
 pub use server::{

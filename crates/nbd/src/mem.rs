@@ -19,7 +19,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
-use crate::export::{BatchRead, BlockSizes, Export, ExportConn, ExportError, ReadStarted};
+use crate::export::{BatchRead, BlockSizes, Export, ExportConn, ExportError, Started};
 
 /// Reads one connection leaves in flight at most.
 const READS_IN_FLIGHT_MAX: usize = 64;
@@ -342,7 +342,7 @@ impl ExportConn for MemConn {
         }
     }
 
-    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<ReadStarted>) {
+    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<Started>) {
         let inner = &self.export.inner;
         let reordered = reads.len() > 1 && inner.reads_reordered.load(Ordering::Acquire);
         let held = *inner.held.range.lock().unwrap_or_else(|p| p.into_inner());
@@ -356,18 +356,18 @@ impl ExportConn for MemConn {
                 Some(ticket) => {
                     let answer = outcome.map(|()| r.buf.to_vec());
                     self.in_flight.push(InFlight { ticket, offset_bytes: r.offset_bytes, answer });
-                    started.push(ReadStarted::Pending(ticket));
+                    started.push(Started::Pending(ticket));
                 }
-                None => started.push(ReadStarted::Done(outcome)),
+                None => started.push(Started::Done(outcome)),
             }
         }
     }
 
-    fn reads_pending(&self) -> usize {
+    fn pending(&self) -> usize {
         self.in_flight.len()
     }
 
-    fn reads_pending_max(&self) -> usize {
+    fn pending_max(&self) -> usize {
         READS_IN_FLIGHT_MAX
     }
 
@@ -376,7 +376,7 @@ impl ExportConn for MemConn {
     }
 
     /// Completes the reads in flight outside the held range, the latest started first.
-    fn read_complete(&mut self, min: usize, done: &mut crate::export::ReadDone<'_>) -> usize {
+    fn complete(&mut self, min: usize, done: &mut crate::export::Completed<'_>) -> usize {
         let min = min.min(self.in_flight.len());
         let hold = &self.export.inner.held;
         let mut range = hold.range.lock().unwrap_or_else(|p| p.into_inner());

@@ -523,9 +523,9 @@ fn serve_queue<T: Target>(queue_id: u16, dev: &UblkDev, mut target: T, geometry:
         }
         // Reads in flight that completed, then the new requests: each tag is committed as
         // soon as it is answered, whatever else is in flight.
-        dispatcher.complete_reads(&mut target, &mut bufs, 0);
+        dispatcher.complete_pending(&mut target, &mut bufs, 0);
         dispatcher.dispatch(&mut target, &mut bufs);
-        if target.reads_pending() > 0 && !completion_poll_armed {
+        if target.pending() > 0 && !completion_poll_armed {
             if let Some(fd) = target.completion_fd() {
                 let poll = io_uring::opcode::PollAdd::new(
                     io_uring::types::Fd(fd.as_raw_fd()),
@@ -542,8 +542,8 @@ fn serve_queue<T: Target>(queue_id: u16, dev: &UblkDev, mut target: T, geometry:
             }
             if !completion_poll_armed {
                 // Nothing to wake this queue when they complete: wait for them here.
-                let pending = target.reads_pending();
-                dispatcher.complete_reads(&mut target, &mut bufs, pending);
+                let pending = target.pending();
+                dispatcher.complete_pending(&mut target, &mut bufs, pending);
             }
         }
         for (tag, result) in dispatcher.completions() {

@@ -44,4 +44,4 @@ pub use mapping::{Geometry, IoDesc, MapError, Request};
 pub use queue::Dispatcher;
 #[cfg(feature = "device")]
 pub use recovery::{DeviceInfo, DeviceState, OwnerTag};
-pub use target::{BatchRead, BatchWrite, ReadStarted, Target, TargetError};
+pub use target::{BatchRead, BatchWrite, IoStarted, Target, TargetError};

@@ -2,21 +2,23 @@
 //! decoded, handed to its [`Target`] — the reads as one [`Target::read_batch`], the writes as
 //! one [`Target::write_batch`] (group commit; a lone read or write goes to the single call),
 //! the rest one by one in arrival order — and turned into completion results, one per tag.
-//! A read the target leaves in flight (a cache miss) completes its tag later
-//! ([`Dispatcher::complete_reads`]), without holding back the tags of its batch.
+//! A read or write the target leaves in flight (a cache miss, a write-through to a slow
+//! store) completes its tag later ([`Dispatcher::complete_pending`]), without holding back
+//! the tags of its batch.
 //!
 //! Pure: the buffers are any byte slices indexed by tag (libublk's per-tag I/O buffers in
 //! `crate::device`, plain vectors in tests and `pmcache bench ublk-mapping`). The kernel does
 //! not order requests it has in flight together, so serving the batch's writes, then its
 //! reads, then its flushes, discards and write-zeroes is as valid as any order; a FLUSH only
-//! covers writes completed before it was sent, and every write of its batch is done before it.
+//! covers writes completed before it was sent, and every write of its batch, and every
+//! request in flight, is done before it.
 
 use std::ops::DerefMut;
 
 use smallvec::SmallVec;
 
 use crate::mapping::{Geometry, IoDesc, Request, completion_result, decode};
-use crate::target::{BatchRead, BatchWrite, ReadStarted, Target, TargetError};
+use crate::target::{BatchRead, BatchWrite, IoStarted, Target, TargetError};
 
 /// Requests of one kind in a batch held without allocating.
 const INLINE_BATCH: usize = 16;
@@ -29,14 +31,14 @@ pub struct Dispatcher {
     received: Vec<(u16, Request)>,
     /// Reads of the current batch as (tag, offset, length), sorted by tag.
     reads: Vec<(u16, u64, u32)>,
-    /// A batch call's outcomes.
-    outcomes: Vec<Result<(), TargetError>>,
     /// Completion results ready to be committed: (tag, bytes done or negative errno).
     completions: Vec<(u16, i32)>,
-    /// How each read in flight started.
-    started: Vec<ReadStarted>,
-    /// The reads in flight by ticket: (tag, offset, length).
-    in_flight: Vec<Option<(u16, u64, u32)>>,
+    /// How each request of a batch call started.
+    started: Vec<IoStarted>,
+    /// The reads and writes in flight by ticket.
+    in_flight: Vec<Option<(u16, Request)>>,
+    /// How many of `in_flight` are taken.
+    in_flight_count: usize,
 }
 
 impl Dispatcher {
@@ -47,34 +49,43 @@ impl Dispatcher {
             geometry,
             received: Vec::with_capacity(depth),
             reads: Vec::with_capacity(depth),
-            outcomes: Vec::with_capacity(depth),
             completions: Vec::with_capacity(depth),
             started: Vec::with_capacity(depth),
             in_flight: Vec::new(),
+            in_flight_count: 0,
         }
     }
 
-    /// Completes the tags of the target's reads in flight that finished, waiting for at
-    /// least `min` of them: each one's data is copied to its tag's buffer and its result
-    /// joins [`Dispatcher::completions`].
-    pub fn complete_reads<T, B>(&mut self, target: &mut T, bufs: &mut [B], min: usize)
+    /// Completes the tags of the target's requests in flight that finished, waiting for at
+    /// least `min` of them: a read's data is copied to its tag's buffer; each result joins
+    /// [`Dispatcher::completions`].
+    pub fn complete_pending<T, B>(&mut self, target: &mut T, bufs: &mut [B], min: usize)
     where
         T: Target + ?Sized,
         B: DerefMut<Target = [u8]>,
     {
         let (in_flight, completions) = (&mut self.in_flight, &mut self.completions);
-        target.read_complete(min, &mut |ticket, result| {
-            let (tag, offset_bytes, len_bytes) =
+        let mut handed = 0;
+        target.complete(min, &mut |ticket, result| {
+            let (tag, request) =
                 in_flight.get_mut(ticket).and_then(Option::take).unwrap_or_else(|| {
-                    panic!("the target completed read ticket {ticket}, which is not in flight")
+                    panic!("the target completed ticket {ticket}, which is not in flight")
                 });
-            let outcome = result.map(|data| {
-                assert_eq!(data.len(), len_bytes as usize, "the target answered a read's length");
-                bufs[usize::from(tag)][..data.len()].copy_from_slice(data);
+            handed += 1;
+            let outcome = result.map(|data| match request {
+                Request::Read { len_bytes, .. } => {
+                    assert_eq!(
+                        data.len(),
+                        len_bytes as usize,
+                        "the target answered a read's length"
+                    );
+                    bufs[usize::from(tag)][..data.len()].copy_from_slice(data);
+                }
+                _ => assert!(data.is_empty(), "the target answered a write with data"),
             });
-            let request = Request::Read { offset_bytes, len_bytes };
             completions.push(complete(tag, &request, &outcome));
         });
+        self.in_flight_count -= handed;
     }
 
     /// The device geometry requests are validated against.
@@ -111,10 +122,16 @@ impl Dispatcher {
         }
         self.dispatch_writes(target, bufs);
         self.dispatch_reads(target, bufs);
-        for &(tag, request) in &self.received {
+        let received = std::mem::take(&mut self.received);
+        for &(tag, request) in &received {
             let outcome = match request {
                 Request::Read { .. } | Request::Write { .. } => continue,
-                Request::Flush => target.flush(),
+                Request::Flush => {
+                    while self.in_flight_count > 0 {
+                        self.complete_pending(target, bufs, self.in_flight_count);
+                    }
+                    target.flush()
+                }
                 Request::Discard { offset_bytes, len_bytes, fua } => target
                     .discard(offset_bytes, len_bytes)
                     .and_then(|()| if fua { target.flush() } else { Ok(()) }),
@@ -124,6 +141,7 @@ impl Dispatcher {
             };
             self.completions.push(complete(tag, &request, &outcome));
         }
+        self.received = received;
         self.received.clear();
     }
 
@@ -147,17 +165,27 @@ impl Dispatcher {
         if writes.is_empty() {
             return;
         }
-        self.outcomes.clear();
-        match writes.as_slice() {
-            // A batch of one goes to the single call, which a target serves without gathering.
-            [w] => self.outcomes.push(target.write(w.offset_bytes, w.data, w.fua)),
-            _ => target.write_batch(&writes, &mut self.outcomes),
-        }
-        assert_eq!(self.outcomes.len(), writes.len(), "one outcome per write");
+        self.started.clear();
+        target.write_batch_start(&writes, &mut self.started);
+        assert_eq!(self.started.len(), writes.len(), "one start per write");
+        drop(writes);
+        let mut started = std::mem::take(&mut self.started);
         let writes = self.received.iter().filter(|(_, r)| matches!(r, Request::Write { .. }));
-        for ((tag, request), outcome) in writes.zip(self.outcomes.drain(..)) {
-            self.completions.push(complete(*tag, request, &outcome));
+        let writes: SmallVec<[(u16, Request); INLINE_BATCH]> = writes.copied().collect();
+        for ((tag, request), s) in writes.into_iter().zip(started.drain(..)) {
+            match s {
+                IoStarted::Done(outcome) => {
+                    self.completions.push(complete(tag, &request, &outcome))
+                }
+                IoStarted::Pending(ticket) => await_ticket(
+                    &mut self.in_flight,
+                    &mut self.in_flight_count,
+                    ticket,
+                    (tag, request),
+                ),
+            }
         }
+        self.started = started;
     }
 
     fn dispatch_reads<T, B>(&mut self, target: &mut T, bufs: &mut [B])
@@ -192,19 +220,33 @@ impl Dispatcher {
         for (&(tag, offset_bytes, len_bytes), s) in self.reads.iter().zip(self.started.drain(..)) {
             let request = Request::Read { offset_bytes, len_bytes };
             match s {
-                ReadStarted::Done(outcome) => {
+                IoStarted::Done(outcome) => {
                     self.completions.push(complete(tag, &request, &outcome));
                 }
-                ReadStarted::Pending(ticket) => {
-                    if self.in_flight.len() <= ticket {
-                        self.in_flight.resize(ticket + 1, None);
-                    }
-                    assert!(self.in_flight[ticket].is_none(), "read ticket {ticket} given twice");
-                    self.in_flight[ticket] = Some((tag, offset_bytes, len_bytes));
-                }
+                IoStarted::Pending(ticket) => await_ticket(
+                    &mut self.in_flight,
+                    &mut self.in_flight_count,
+                    ticket,
+                    (tag, request),
+                ),
             }
         }
     }
+}
+
+/// Notes a request the target left in flight with `ticket`.
+fn await_ticket(
+    in_flight: &mut Vec<Option<(u16, Request)>>,
+    count: &mut usize,
+    ticket: usize,
+    awaited: (u16, Request),
+) {
+    if in_flight.len() <= ticket {
+        in_flight.resize(ticket + 1, None);
+    }
+    assert!(in_flight[ticket].is_none(), "ticket {ticket} given twice");
+    in_flight[ticket] = Some(awaited);
+    *count += 1;
 }
 
 fn complete(tag: u16, request: &Request, outcome: &Result<(), TargetError>) -> (u16, i32) {

@@ -5,7 +5,7 @@ use crate::mapping::{
     UBLK_IO_F_FUA, UBLK_IO_F_NOUNMAP, UBLK_IO_OP_DISCARD, UBLK_IO_OP_FLUSH, UBLK_IO_OP_READ,
     UBLK_IO_OP_WRITE, UBLK_IO_OP_WRITE_ZEROES,
 };
-use crate::target::ReadStarted;
+use crate::target::IoStarted;
 
 const BLOCK: usize = 4096;
 const GEOMETRY: Geometry =
@@ -252,22 +252,35 @@ impl Target for Slow {
     fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), TargetError> {
         self.ram.store(offset, data, fua)
     }
-    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<ReadStarted>) {
+    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<IoStarted>) {
         for r in reads {
             let outcome = self.ram.load(r.offset_bytes, r.buf);
             if r.offset_bytes / BLOCK as u64 == self.slow_block {
                 let ticket = self.in_flight.len() + 10;
                 self.in_flight.push((ticket, r.buf.to_vec()));
-                started.push(ReadStarted::Pending(ticket));
+                started.push(IoStarted::Pending(ticket));
             } else {
-                started.push(ReadStarted::Done(outcome));
+                started.push(IoStarted::Done(outcome));
             }
         }
     }
-    fn reads_pending(&self) -> usize {
+    /// Writes of the slow block stay in flight too (a write-through to a slow store).
+    fn write_batch_start(&mut self, writes: &[BatchWrite<'_>], started: &mut Vec<IoStarted>) {
+        for w in writes {
+            let outcome = self.ram.store(w.offset_bytes, w.data, w.fua);
+            if w.offset_bytes / BLOCK as u64 == self.slow_block {
+                let ticket = self.in_flight.len() + 10;
+                self.in_flight.push((ticket, Vec::new()));
+                started.push(IoStarted::Pending(ticket));
+            } else {
+                started.push(IoStarted::Done(outcome));
+            }
+        }
+    }
+    fn pending(&self) -> usize {
         self.in_flight.len()
     }
-    fn read_complete(&mut self, _min: usize, done: &mut crate::target::ReadDone<'_>) -> usize {
+    fn complete(&mut self, _min: usize, done: &mut crate::target::Completed<'_>) -> usize {
         if !self.released {
             return 0;
         }
@@ -304,10 +317,36 @@ fn a_read_in_flight_completes_its_tag_alone_and_later() {
     d.dispatch(&mut slow, &mut bufs);
     assert_eq!(sorted(d.completions().collect()), [(1, 4096), (2, 4096)]);
     assert!(bufs[1][..BLOCK].iter().all(|&b| b == 0x22));
-    d.complete_reads(&mut slow, &mut bufs, 0);
+    d.complete_pending(&mut slow, &mut bufs, 0);
     assert_eq!(d.completions().count(), 0, "still in flight");
     slow.released = true;
-    d.complete_reads(&mut slow, &mut bufs, 1);
+    d.complete_pending(&mut slow, &mut bufs, 1);
     assert_eq!(d.completions().collect::<Vec<_>>(), [(0, 4096)]);
     assert!(bufs[0][..BLOCK].iter().all(|&b| b == 0x99), "the data in the tag's buffer");
+}
+
+/// A write the target leaves in flight holds back no tag either; a FLUSH of a later batch is
+/// served only once every request in flight completed.
+#[test]
+fn a_write_in_flight_completes_its_tag_alone_and_before_a_flush() {
+    let mut slow = Slow { ram: Ram::new(), slow_block: 9, in_flight: Vec::new(), released: false };
+    let mut bufs = bufs(4);
+    bufs[0][..BLOCK].fill(0x77);
+    let mut d = Dispatcher::new(GEOMETRY, 4);
+    d.receive(0, &desc(UBLK_IO_OP_WRITE, 0, 9, 1));
+    d.receive(1, &desc(UBLK_IO_OP_WRITE, 0, 2, 1));
+    d.receive(2, &desc(UBLK_IO_OP_READ, 0, 2, 1));
+    d.dispatch(&mut slow, &mut bufs);
+    assert_eq!(sorted(d.completions().collect()), [(1, 4096), (2, 4096)]);
+    d.complete_pending(&mut slow, &mut bufs, 0);
+    assert_eq!(d.completions().count(), 0, "still in flight");
+    slow.released = true;
+    d.receive(3, &desc(UBLK_IO_OP_FLUSH, 0, 0, 0));
+    d.dispatch(&mut slow, &mut bufs);
+    assert_eq!(
+        d.completions().collect::<Vec<_>>(),
+        [(0, 4096), (3, 0)],
+        "the write, then the flush"
+    );
+    assert!(slow.ram.bytes[9 * BLOCK..10 * BLOCK].iter().all(|&b| b == 0x77));
 }

@@ -52,16 +52,18 @@ pub struct BatchRead<'a> {
     pub buf: &'a mut [u8],
 }
 
-/// What receives each completed read in flight: its ticket, and its data or error.
-pub type ReadDone<'a> = dyn FnMut(usize, Result<&[u8], TargetError>) + 'a;
+/// What receives each completed request in flight: its ticket, and a read's data (a write's:
+/// none) or its error.
+pub type Completed<'a> = dyn FnMut(usize, Result<&[u8], TargetError>) + 'a;
 
-/// How a read handed to [`Target::read_batch_start`] started.
+/// How a request handed to [`Target::read_batch_start`] or [`Target::write_batch_start`]
+/// started.
 #[derive(Debug)]
-pub enum ReadStarted {
-    /// Answered: its buffer holds the data (or the read failed).
+pub enum IoStarted {
+    /// Answered: a read's buffer holds the data, a write is done (or the request failed).
     Done(Result<(), TargetError>),
-    /// In flight: [`Target::read_complete`] hands its data over with this ticket, unique
-    /// among the queue's reads in flight.
+    /// In flight: [`Target::complete`] hands it over with this ticket, unique among the
+    /// queue's requests in flight.
     Pending(usize),
 }
 
@@ -89,6 +91,22 @@ pub trait Target {
         }
     }
 
+    /// Starts writes that the queue received together, as [`Target::write_batch`] writes
+    /// them, except that a write the target cannot answer at once (one going through to a
+    /// slow store) may be left in flight: `started` receives one [`IoStarted`] per write, in
+    /// order; the queue completes each one in flight when [`Target::complete`] hands it over
+    /// (with no data). The default answers every write at once: a lone write with
+    /// [`Target::write`], several with [`Target::write_batch`].
+    fn write_batch_start(&mut self, writes: &[BatchWrite<'_>], started: &mut Vec<IoStarted>) {
+        if let [w] = writes {
+            started.push(IoStarted::Done(self.write(w.offset_bytes, w.data, w.fua)));
+            return;
+        }
+        let mut outcomes = Vec::with_capacity(writes.len());
+        self.write_batch(writes, &mut outcomes);
+        started.extend(outcomes.into_iter().map(IoStarted::Done));
+    }
+
     /// Reads that the queue received together, filling each `buf` and pushing one result per
     /// read, in order, onto `outcomes` (passed in empty). A failed read fails alone. The
     /// default reads them one by one; a target that shares work between them overrides it.
@@ -104,31 +122,31 @@ pub trait Target {
 
     /// Starts reads the queue received together, as [`Target::read_batch`] reads them, except
     /// that a read the target cannot answer at once (a cache miss) may be left in flight:
-    /// `started` receives one [`ReadStarted`] per read, in order; the queue completes the
-    /// others' tags at once and each read in flight's when [`Target::read_complete`] hands it
+    /// `started` receives one [`IoStarted`] per read, in order; the queue completes the
+    /// others' tags at once and each read in flight's when [`Target::complete`] hands it
     /// over. The default answers every read at once.
-    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<ReadStarted>) {
+    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<IoStarted>) {
         let mut outcomes = Vec::with_capacity(reads.len());
         self.read_batch(reads, &mut outcomes);
-        started.extend(outcomes.into_iter().map(ReadStarted::Done));
+        started.extend(outcomes.into_iter().map(IoStarted::Done));
     }
 
-    /// Reads started and not yet handed over by [`Target::read_complete`].
-    fn reads_pending(&self) -> usize {
+    /// Requests started and not yet handed over by [`Target::complete`].
+    fn pending(&self) -> usize {
         0
     }
 
-    /// A descriptor that polls readable when a read in flight may have completed (the queue
-    /// waits on it beside the driver's requests); `None`: the queue completes its reads in
-    /// flight before it waits for more requests.
+    /// A descriptor that polls readable when a request in flight may have completed (the
+    /// queue waits on it beside the driver's requests, after a [`Target::complete`] with 0);
+    /// `None`: the queue completes its requests in flight before it waits for more.
     fn completion_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
 
-    /// Hands over completed reads in flight, waiting until at least `min` were (fewer only if
-    /// fewer are in flight): `done` gets each one's ticket and its data (the read's length)
-    /// or its error. Returns how many were handed over.
-    fn read_complete(&mut self, min: usize, done: &mut ReadDone<'_>) -> usize {
+    /// Hands over completed requests in flight, waiting until at least `min` were (fewer only
+    /// if fewer are in flight): `done` gets each one's ticket and a read's data (its length;
+    /// a write's: empty) or its error. Returns how many were handed over.
+    fn complete(&mut self, min: usize, done: &mut Completed<'_>) -> usize {
         let _ = (min, done);
         0
     }

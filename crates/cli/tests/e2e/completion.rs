@@ -6,7 +6,7 @@
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use pmcache_nbd::codec::CMD_READ;
+use pmcache_nbd::codec::{CMD_FLUSH, CMD_READ, CMD_WRITE};
 
 use crate::common::*;
 
@@ -34,7 +34,13 @@ fn a_hit_after_a_miss_on_one_connection_is_answered_first() {
     // Admitted: a hit now.
     assert_eq!(c.read_at(0, 4096), [0x11; 4096]);
     drop(c);
-    let stats = setup.stats();
+    // A connection's latencies reach `stats` when it ends, on the server's own time.
+    let ended = Instant::now() + Duration::from_secs(10);
+    let mut stats = setup.stats();
+    while stats["connections_open"].as_u64() != Some(0) && Instant::now() < ended {
+        std::thread::sleep(Duration::from_millis(20));
+        stats = setup.stats();
+    }
     let count = |k: &str| stats[k].as_u64().unwrap_or_else(|| panic!("{k} in {stats}"));
     assert!(count("read_hit_latency_count") >= 2, "{stats}");
     assert!(count("read_miss_latency_count") >= 1, "{stats}");
@@ -51,5 +57,36 @@ fn backing_latency_values_are_checked() {
     let out = setup.serve_refused(&setup.cache, &["--backing-latency", "fast"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("is not a latency (examples: 2ms, 500us, hdd"), "{stderr}");
+    assert!(stderr.contains("is not a latency of at most an hour (examples: 2ms"), "{stderr}");
+}
+
+/// In write-through mode a write goes to the slow store in flight: a read hit sent after it on
+/// the same connection is answered first; the write is answered (its own cookie) once the
+/// store has it, and is then a hit; a FLUSH after it is answered after it.
+#[test]
+fn a_hit_after_a_write_through_on_one_connection_is_answered_first() {
+    let setup = Setup::new("write-through-completion", 8 * MIB, 4 * MIB);
+    let latency = Duration::from_millis(300);
+    let server = setup.serve(Via::Tcp, &["--mode", "writethrough", "--backing-latency", "300ms"]);
+    let mut c = NbdClient::connect(server.addr());
+    c.write_at(4096, &[0x33; 4096], 0);
+    let sent = Instant::now();
+    c.request(CMD_WRITE, 0, 20, 0, 4096, &[0x44; 4096]).expect("the write");
+    c.request(CMD_READ, 0, 21, 4096, 4096, &[]).expect("the hit");
+    c.request(CMD_FLUSH, 0, 22, 0, 0, &[]).expect("the flush");
+    assert_eq!(c.simple_reply().expect("reply"), (0, 21), "the hit is answered first");
+    assert_eq!(c.read_n(4096).expect("data"), [0x33; 4096]);
+    let hit_after = sent.elapsed();
+    assert_eq!(c.simple_reply().expect("reply"), (0, 20), "then the write");
+    let write_after = sent.elapsed();
+    assert_eq!(c.simple_reply().expect("reply"), (0, 22), "then the flush");
+    assert!(write_after >= latency, "the write took {write_after:?}, less than the store's");
+    assert!(hit_after < latency, "the hit took {hit_after:?}, waiting for the write");
+    assert_eq!(c.read_at(0, 4096), [0x44; 4096], "the write reads back");
+    drop(c);
+    drop(server);
+    let mut stored = vec![0u8; 4096];
+    let backing = std::fs::File::open(&setup.backing).expect("open");
+    backing.read_exact_at(&mut stored, 0).expect("read the backing store");
+    assert_eq!(stored, [0x44; 4096], "the write is on the backing store");
 }

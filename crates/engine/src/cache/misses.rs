@@ -46,7 +46,7 @@ pub const READS_PENDING_MAX: usize = 64;
 pub enum ReadStart {
     /// Answered: the data is in the caller's buffer (or the read failed).
     Done(Result<()>),
-    /// A miss in flight; [`Lane::read_complete`] hands its data over with this ticket.
+    /// A miss in flight; [`Lane::complete`] hands its data over with this ticket.
     Pending(Ticket),
 }
 
@@ -124,7 +124,7 @@ impl MissesInFlight {
 impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Starts a read of `buf.len()` bytes at `offset`: a hit (or a read the queue cannot
     /// take: across blocks, out of range, a store without a queue) is answered at once into
-    /// `buf`; a single-block miss is queued and answered by [`Lane::read_complete`].
+    /// `buf`; a single-block miss is queued and answered by [`Lane::complete`].
     pub fn read_start(&mut self, offset: u64, buf: &mut [u8]) -> ReadStart {
         let _unwind = AbortOnUnwind::new("Lane::read_start");
         let block = self.block_bytes();

@@ -70,6 +70,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     ) {
         let _unwind = AbortOnUnwind::new("Lane::write_batch_start");
         started.clear();
+        if let [w] = writes {
+            // One write: no group to commit.
+            started.push(self.start_write(w.offset, w.data, w.fua));
+            self.submit_misses();
+            return;
+        }
         if self.engine.mode().writes_back() {
             let mut outcomes = std::mem::take(&mut self.write_outcomes);
             self.write_batch(writes, &mut outcomes);
@@ -243,7 +249,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 return guard;
             }
             drop(guard);
-            self.wait_for_writes(stripe, &mut waits);
+            self.wait_for_writes(&mut waits);
         }
     }
 
@@ -261,21 +267,21 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let busy = hold
                 .stripes()
                 .iter()
-                .copied()
-                .find(|&s| engine.stripes[s].writing.load(Ordering::Relaxed) != 0);
-            let Some(stripe) = busy else { return hold };
+                .find(|&&s| engine.stripes[s].writing.load(Ordering::Relaxed) != 0);
+            if busy.is_none() {
+                return hold;
+            }
             drop(hold);
-            self.wait_for_writes(stripe, &mut waits);
+            self.wait_for_writes(&mut waits);
         }
     }
 
-    /// One wait, holding no stripe, for the writes in flight on `stripe`: this lane's own are
-    /// reaped (their answers kept for its caller); another lane's are given time.
-    fn wait_for_writes(&mut self, stripe: usize, waits: &mut u32) {
-        let engine = self.engine;
-        let own = self.misses.table.iter().flatten().any(
-            |request| matches!(request, InFlight::Write(w) if engine.stripe_index(w.lba) == stripe),
-        );
+    /// One wait, holding no stripe, for the write-throughs in flight on a stripe. While this
+    /// lane has writes of its own in flight — on that stripe or any other — it reaps them
+    /// (their answers kept for its caller): two lanes each waiting for a stripe the other is
+    /// writing must not wait for each other. Otherwise the other lanes are given time.
+    fn wait_for_writes(&mut self, waits: &mut u32) {
+        let own = self.misses.table.iter().flatten().any(|r| matches!(r, InFlight::Write(_)));
         if own {
             self.reap_early(1);
             return;

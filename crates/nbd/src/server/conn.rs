@@ -138,11 +138,10 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
     let structured = session.structured_replies;
     let mut queued = Vec::with_capacity(WRITE_BATCH_MAX);
     let mut queued_reads = Vec::with_capacity(READ_BATCH_MAX);
-    let mut started = Vec::with_capacity(READ_BATCH_MAX);
-    let mut outcomes = Vec::with_capacity(WRITE_BATCH_MAX.max(READ_BATCH_MAX));
+    let mut started = Vec::with_capacity(WRITE_BATCH_MAX.max(READ_BATCH_MAX));
     let mut extents = Vec::with_capacity(BLOCK_STATUS_EXTENTS_MAX);
     let mut errors = ErrorLog::default();
-    let mut in_flight = InFlightReads::new(conn.reads_pending_max(), structured);
+    let mut in_flight = InFlight::new(conn.pending_max(), structured);
     loop {
         if wire.buffered() < REQUEST_HEADER_BYTES {
             wait_for_client(wire, conn, &mut in_flight, &mut errors)?;
@@ -211,8 +210,13 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
                     len: len_bytes as usize,
                     fua,
                 };
-                let (queued, outcomes) = (&mut queued, &mut outcomes);
-                write_buffered_batch(wire, session, conn, first, queued, outcomes, &mut errors)?;
+                let batch = WriteBatch {
+                    queued: &mut queued,
+                    started: &mut started,
+                    in_flight: &mut in_flight,
+                    errors: &mut errors,
+                };
+                write_buffered_batch(wire, session, conn, first, batch)?;
                 continue;
             }
             Request::Write { offset_bytes, len_bytes, fua } => {
@@ -225,7 +229,18 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
                 wire.read_exact(data)?;
                 if data.is_empty() { Ok(()) } else { conn.write(offset_bytes, data, fua) }
             }
-            Request::Flush => conn.flush(),
+            Request::Flush => {
+                // The writes in flight are answered first, and so covered by the flush; what is
+                // answered already goes out before the wait.
+                if conn.pending() > 0 {
+                    wire.flush()?;
+                }
+                while conn.pending() > 0 {
+                    let pending = conn.pending();
+                    deliver_completed(wire, conn, &mut in_flight, &mut errors, pending)?;
+                }
+                conn.flush()
+            }
             Request::Trim { len_bytes: 0, .. } | Request::WriteZeroes { len_bytes: 0, .. } => {
                 Ok(())
             }
@@ -253,9 +268,12 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
             }
             Request::Disconnect => {
                 // Every request before it is answered first.
-                while conn.reads_pending() > 0 {
-                    let pending = conn.reads_pending();
-                    deliver_reads(wire, conn, &mut in_flight, &mut errors, pending)?;
+                if conn.pending() > 0 {
+                    wire.flush()?;
+                }
+                while conn.pending() > 0 {
+                    let pending = conn.pending();
+                    deliver_completed(wire, conn, &mut in_flight, &mut errors, pending)?;
                 }
                 return Ok(ConnEnd::Disconnected);
             }
@@ -355,20 +373,28 @@ pub(super) struct QueuedWrite {
     fua: bool,
 }
 
+/// What a write batch works with beside the wire, the session and the export.
+pub(super) struct WriteBatch<'a> {
+    pub(super) queued: &'a mut Vec<QueuedWrite>,
+    pub(super) started: &'a mut Vec<Started>,
+    pub(super) in_flight: &'a mut InFlight,
+    pub(super) errors: &'a mut ErrorLog,
+}
+
 /// Serves `first` (a validated write whose payload is wholly buffered) together with the
-/// valid, wholly buffered writes that follow it in the read buffer: one `write_batch` call
-/// (payloads passed in place, no copy), then one reply per write, in order. Anything else —
-/// another command, an invalid or partial request — ends the batch and is left in the buffer
-/// for the ordinary path.
+/// valid, wholly buffered writes that follow it in the read buffer: one `write_batch_start`
+/// call (payloads passed in place, no copy), then one reply per write answered, in order; a
+/// write the export left in flight is answered when it completes. Anything else — another
+/// command, an invalid or partial request — ends the batch and is left in the buffer for the
+/// ordinary path.
 pub(super) fn write_buffered_batch<T: Transport, C: ExportConn>(
     wire: &mut Wire<T>,
     session: &Session,
     conn: &mut C,
     first: QueuedWrite,
-    queued: &mut Vec<QueuedWrite>,
-    outcomes: &mut Vec<Result<(), ExportError>>,
-    errors: &mut ErrorLog,
+    batch: WriteBatch<'_>,
 ) -> io::Result<()> {
+    let WriteBatch { queued, started, in_flight, errors } = batch;
     queued.clear();
     wire.rpos += first.len;
     queued.push(first);
@@ -387,7 +413,7 @@ pub(super) fn write_buffered_batch<T: Transport, C: ExportConn>(
         queued.push(QueuedWrite { cookie: h.cookie, offset_bytes, start: wire.rpos, len, fua });
         wire.rpos += len;
     }
-    outcomes.clear();
+    started.clear();
     {
         let writes: Vec<BatchWrite<'_>> = queued
             .iter()
@@ -397,14 +423,23 @@ pub(super) fn write_buffered_batch<T: Transport, C: ExportConn>(
                 fua: q.fua,
             })
             .collect();
-        conn.write_batch(&writes, outcomes);
+        conn.write_batch_start(&writes, started);
     }
-    assert_eq!(outcomes.len(), queued.len(), "the export gave one result per write");
-    for (q, outcome) in queued.iter().zip(outcomes.drain(..)) {
-        if let Err(e) = &outcome {
-            errors.note(codec::CMD_WRITE, q.offset_bytes, q.len as u32, e);
+    assert_eq!(started.len(), queued.len(), "the export gave one start per write");
+    for (q, start) in queued.iter().zip(started.drain(..)) {
+        let (cookie, offset_bytes, len) = (q.cookie, q.offset_bytes, q.len as u32);
+        match start {
+            Started::Done(outcome) => {
+                if let Err(e) = &outcome {
+                    errors.note(codec::CMD_WRITE, offset_bytes, len, e);
+                }
+                reply(wire, cookie, false, outcome)?;
+            }
+            Started::Pending(ticket) => {
+                let command = codec::CMD_WRITE;
+                in_flight.insert(ticket, Awaited { cookie, command, offset_bytes, len });
+            }
         }
-        reply(wire, q.cookie, false, outcome)?;
     }
     Ok(())
 }
@@ -420,60 +455,73 @@ pub(super) struct QueuedRead {
     data_at: usize,
 }
 
-/// The reads of a connection its export has in flight, by ticket: what each one's reply
-/// needs.
-pub(super) struct InFlightReads {
-    by_ticket: Vec<Option<(u64, u64, u32)>>,
+/// A request a connection's export has in flight: what its reply needs.
+#[derive(Clone, Copy)]
+pub(super) struct Awaited {
+    cookie: u64,
+    command: u16,
+    offset_bytes: u64,
+    len: u32,
+}
+
+/// The requests of a connection its export has in flight, by ticket.
+pub(super) struct InFlight {
+    by_ticket: Vec<Option<Awaited>>,
     structured: bool,
 }
 
-impl InFlightReads {
+impl InFlight {
     fn new(tickets: usize, structured: bool) -> Self {
         Self { by_ticket: vec![None; tickets], structured }
     }
 
-    fn insert(&mut self, ticket: usize, cookie: u64, offset_bytes: u64, len: u32) {
+    fn insert(&mut self, ticket: usize, awaited: Awaited) {
         let entry = self
             .by_ticket
             .get_mut(ticket)
-            .unwrap_or_else(|| panic!("the export gave read ticket {ticket}, past its maximum"));
-        assert!(entry.is_none(), "the export gave read ticket {ticket} to two reads in flight");
-        *entry = Some((cookie, offset_bytes, len));
+            .unwrap_or_else(|| panic!("the export gave ticket {ticket}, past its maximum"));
+        assert!(entry.is_none(), "the export gave ticket {ticket} to two requests in flight");
+        *entry = Some(awaited);
     }
 
-    fn take(&mut self, ticket: usize) -> (u64, u64, u32) {
+    fn take(&mut self, ticket: usize) -> Awaited {
         self.by_ticket.get_mut(ticket).and_then(Option::take).unwrap_or_else(|| {
-            panic!("the export completed read ticket {ticket}, which is not in flight")
+            panic!("the export completed ticket {ticket}, which is not in flight")
         })
     }
 }
 
-/// Appends the replies of the reads in flight that completed, waiting for at least `min`.
-fn deliver_reads<T: Transport, C: ExportConn>(
+/// Appends the replies of the requests in flight that completed, waiting for at least `min`.
+fn deliver_completed<T: Transport, C: ExportConn>(
     wire: &mut Wire<T>,
     conn: &mut C,
-    in_flight: &mut InFlightReads,
+    in_flight: &mut InFlight,
     errors: &mut ErrorLog,
     min: usize,
 ) -> io::Result<()> {
     let mut written = Ok(());
     let structured = in_flight.structured;
-    conn.read_complete(min, &mut |ticket, result| {
-        let (cookie, offset_bytes, len) = in_flight.take(ticket);
+    conn.complete(min, &mut |ticket, result| {
+        let Awaited { cookie, command, offset_bytes, len } = in_flight.take(ticket);
         if written.is_err() {
             return;
         }
+        let read = command == codec::CMD_READ;
         written = match result {
-            Ok(data) => {
+            Ok(data) if read => {
                 assert_eq!(data.len(), len as usize, "the export answered a read's length");
                 wire.make_room(STRUCTURED_READ_HEADER_BYTES + data.len()).map(|()| {
                     codec::encode_read_ok(&mut wire.out, structured, cookie, offset_bytes, len);
                     wire.out.extend_from_slice(data);
                 })
             }
+            Ok(data) => {
+                assert!(data.is_empty(), "the export answered a write with data");
+                reply(wire, cookie, false, Ok(()))
+            }
             Err(e) => {
-                errors.note(codec::CMD_READ, offset_bytes, len, &e);
-                reply(wire, cookie, structured, Err(e))
+                errors.note(command, offset_bytes, len, &e);
+                reply(wire, cookie, structured && read, Err(e))
             }
         };
     });
@@ -487,13 +535,13 @@ fn deliver_reads<T: Transport, C: ExportConn>(
 fn wait_for_client<T: Transport, C: ExportConn>(
     wire: &mut Wire<T>,
     conn: &mut C,
-    in_flight: &mut InFlightReads,
+    in_flight: &mut InFlight,
     errors: &mut ErrorLog,
 ) -> io::Result<()> {
     use rustix::event::{PollFd, PollFlags, poll};
     loop {
-        deliver_reads(wire, conn, in_flight, errors, 0)?;
-        if conn.reads_pending() == 0 {
+        deliver_completed(wire, conn, in_flight, errors, 0)?;
+        if conn.pending() == 0 {
             return Ok(());
         }
         wire.flush()?;
@@ -501,8 +549,8 @@ fn wait_for_client<T: Transport, C: ExportConn>(
             return Ok(());
         }
         let (Some(completions), Some(client)) = (conn.completion_fd(), wire.t.poll_fd()) else {
-            let pending = conn.reads_pending();
-            deliver_reads(wire, conn, in_flight, errors, pending)?;
+            let pending = conn.pending();
+            deliver_completed(wire, conn, in_flight, errors, pending)?;
             continue;
         };
         let mut fds = [
@@ -524,8 +572,8 @@ fn wait_for_client<T: Transport, C: ExportConn>(
 /// What a read batch works with beside the wire, the session and the export.
 pub(super) struct ReadBatch<'a> {
     pub(super) queued: &'a mut Vec<QueuedRead>,
-    pub(super) started: &'a mut Vec<ReadStarted>,
-    pub(super) in_flight: &'a mut InFlightReads,
+    pub(super) started: &'a mut Vec<Started>,
+    pub(super) in_flight: &'a mut InFlight,
     pub(super) errors: &'a mut ErrorLog,
 }
 
@@ -590,8 +638,7 @@ pub(super) fn read_buffered_batch<T: Transport, C: ExportConn>(
         conn.read_batch_start(&mut reads[..queued.len()], started);
     }
     assert_eq!(started.len(), queued.len(), "the export gave one start per read");
-    let Some(first_apart) = started.iter().position(|s| !matches!(s, ReadStarted::Done(Ok(()))))
-    else {
+    let Some(first_apart) = started.iter().position(|s| !matches!(s, Started::Done(Ok(())))) else {
         return Ok(());
     };
     // From the first read not answered with its data on, the replies are taken out and put
@@ -601,17 +648,21 @@ pub(super) fn read_buffered_batch<T: Transport, C: ExportConn>(
     let tail = wire.out.split_off(cut);
     for (q, s) in queued[first_apart..].iter().zip(started.drain(first_apart..)) {
         match s {
-            ReadStarted::Done(Ok(())) => {
+            Started::Done(Ok(())) => {
                 let answer = &tail[q.reply_at - cut..q.data_at + q.len - cut];
                 wire.make_room(answer.len())?;
                 wire.out.extend_from_slice(answer);
             }
-            ReadStarted::Done(Err(e)) => {
+            Started::Done(Err(e)) => {
                 errors.note(codec::CMD_READ, q.offset_bytes, q.len as u32, &e);
                 reply(wire, q.cookie, structured, Err(e))?;
             }
-            ReadStarted::Pending(ticket) => {
-                in_flight.insert(ticket, q.cookie, q.offset_bytes, q.len as u32);
+            Started::Pending(ticket) => {
+                let (cookie, offset_bytes, len) = (q.cookie, q.offset_bytes, q.len as u32);
+                in_flight.insert(
+                    ticket,
+                    Awaited { cookie, command: codec::CMD_READ, offset_bytes, len },
+                );
             }
         }
     }

@@ -37,7 +37,7 @@ use crate::codec::{
     STRUCTURED_READ_HEADER_BYTES, Session,
 };
 use crate::export::{
-    BatchRead, BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, ReadStarted,
+    BatchRead, BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, Started,
 };
 use crate::tls::{ConnTls, MaybeTls, TlsConfig, TlsError};
 
