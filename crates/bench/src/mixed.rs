@@ -19,6 +19,12 @@
 //! `N` requests in flight, each miss holds one for the store's latency `L` and each hit for at
 //! least the unloaded hit latency `t0` (the all-hit run at QD 1, one connection), and no mix
 //! passes the all-hit rate: `min(all-hit IOPS, N / ((1 - h) L + h t0))`.
+//!
+//! With `--writes W` (and `--mode writethrough`, say), `W` % of each connection's requests are
+//! 4 KiB random writes over the same zones: what a hit costs while write-throughs are in
+//! flight beside it. The writes' latencies are reported apart; the all-hit baseline stays
+//! reads only, and a row of all-hit reads with the writes is added; writes count at the
+//! store's latency in the bound.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -45,6 +51,14 @@ pub struct MixedArgs {
     /// plain time).
     #[arg(skip)]
     latency_us: f64,
+    /// The cache mode the server runs in (`pmcache serve --mode`).
+    #[arg(long, default_value = "writeback")]
+    pub mode: String,
+    /// Percent of requests that are writes (4 KiB, random over the same zones as the reads):
+    /// in write-through modes they go to the slow store. The all-hit baseline stays reads
+    /// only; a row of all-hit reads with these writes is added.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=90))]
+    pub writes: u32,
     /// Hit percentages, comma-separated (100 is always measured: the baseline).
     #[arg(long, value_delimiter = ',', default_value = "95,90,50")]
     pub hits: Vec<u32>,
@@ -91,6 +105,8 @@ struct Measured {
     hot_us: [f64; 3],
     /// ... of the cold-zone (miss) reads.
     cold_us: [f64; 3],
+    /// ... of the writes.
+    write_us: [f64; 3],
     /// The server's hit and miss latency percentiles (p50, p90, p99), µs.
     server_hit_us: [f64; 3],
     server_miss_us: [f64; 3],
@@ -105,6 +121,8 @@ struct Row {
     qd: usize,
     /// `None`: the backing store alone.
     hit_pct: Option<u32>,
+    /// Percent of requests that were writes.
+    write_pct: u32,
     median: Measured,
     bound_iops: Option<f64>,
 }
@@ -141,32 +159,45 @@ pub fn run_cli(args: &MixedArgs) -> Result<(), String> {
     let mut rows = Vec::new();
     // The unloaded hit latency: all hits, QD 1, one connection (median over the runs).
     let t0 = median((0..args.runs).map(|_| {
-        measure(&args, dir.path(), &backing, 1, 1, Some(100)).map_or(f64::NAN, |m| m.hot_us[0])
+        let config = Config { conns: 1, qd: 1, hit_pct: Some(100), write_pct: 0 };
+        measure(&args, dir.path(), &backing, config).map_or(f64::NAN, |m| m.hot_us[0])
     }))
     .ok_or("no unloaded hit latency measured")?;
     for &conns in &args.conns {
         for &qd in &args.qd {
-            let mut hits: Vec<Option<u32>> = vec![None, Some(100)];
-            hits.extend(args.hits.iter().filter(|&&h| h < 100).map(|&h| Some(h)));
+            let w = args.writes;
+            // (hits, writes): the store alone, the all-hit reads (the baseline), all-hit
+            // reads with the writes, then the mixes.
+            let mut configs: Vec<(Option<u32>, u32)> = vec![(None, w), (Some(100), 0)];
+            if w > 0 {
+                configs.push((Some(100), w));
+            }
+            configs.extend(args.hits.iter().filter(|&&h| h < 100).map(|&h| (Some(h), w)));
             let mut all_hit_iops = None;
-            for hit_pct in hits {
+            for (hit_pct, write_pct) in configs {
                 let mut runs = Vec::new();
                 for run in 0..args.runs {
                     check_interrupted()?;
                     let what = hit_pct.map_or("store alone".into(), |h| format!("{h}% hits"));
-                    progress(&format!("{conns} conn, QD {qd}, {what}, run {}", run + 1));
-                    runs.push(measure(&args, dir.path(), &backing, conns, qd, hit_pct)?);
+                    progress(&format!(
+                        "{conns} conn, QD {qd}, {what}, {write_pct}% writes, run {}",
+                        run + 1
+                    ));
+                    let config = Config { conns, qd, hit_pct, write_pct };
+                    runs.push(measure(&args, dir.path(), &backing, config)?);
                 }
                 let median = median_of(&runs);
-                if hit_pct == Some(100) {
+                if hit_pct == Some(100) && write_pct == 0 {
                     all_hit_iops = Some(median.iops);
                 }
+                // Writes count at the store's latency (write-through), reads by their zone.
                 let bound_iops = hit_pct.zip(all_hit_iops).map(|(h, all_hit)| {
-                    let h = f64::from(h) / 100.0;
-                    let slot_us = (1.0 - h) * args.latency_us + h * t0;
+                    let (h, w) = (f64::from(h) / 100.0, f64::from(write_pct) / 100.0);
+                    let slow = w + (1.0 - w) * (1.0 - h);
+                    let slot_us = slow * args.latency_us + (1.0 - slow) * t0;
                     all_hit.min((conns * qd) as f64 / (slot_us * 1e-6))
                 });
-                rows.push(Row { conns, qd, hit_pct, median, bound_iops });
+                rows.push(Row { conns, qd, hit_pct, write_pct, median, bound_iops });
             }
         }
     }
@@ -189,28 +220,37 @@ fn median_of(runs: &[Measured]) -> Measured {
         iops: m(&|r| r.iops),
         hot_us: three(&|r| r.hot_us),
         cold_us: three(&|r| r.cold_us),
+        write_us: three(&|r| r.write_us),
         server_hit_us: three(&|r| r.server_hit_us),
         server_miss_us: three(&|r| r.server_miss_us),
         hit_ratio: m(&|r| r.hit_ratio),
     }
 }
 
-/// One measurement: a fresh server, the hot zone cached, fio's mixed reads.
+/// What one measurement runs.
+#[derive(Clone, Copy)]
+struct Config {
+    conns: usize,
+    qd: usize,
+    /// `None`: the backing store alone.
+    hit_pct: Option<u32>,
+    write_pct: u32,
+}
+
+/// One measurement: a fresh server, the hot zone cached, fio's mixed requests.
 fn measure(
     args: &MixedArgs,
     dir: &Path,
     backing: &Path,
-    conns: usize,
-    qd: usize,
-    hit_pct: Option<u32>,
+    config: Config,
 ) -> Result<Measured, String> {
+    let Config { conns, qd, hit_pct, write_pct } = config;
     let medium = dir.join("cache");
     let (socket, control, log) =
         (dir.join("nbd.sock"), dir.join("ctl.sock"), dir.join("serve.log"));
     let mut extra = vec!["--backing-latency".to_string(), args.latency.clone()];
-    if hit_pct.is_none() {
-        extra.extend(["--mode".to_string(), "passthrough".to_string()]);
-    }
+    let mode = if hit_pct.is_none() { "passthrough" } else { args.mode.as_str() };
+    extra.extend(["--mode".to_string(), mode.to_string()]);
     let server = Server::start_pmcache(&PmcacheServe {
         medium: &medium,
         cache_bytes: args.cache_size,
@@ -225,7 +265,7 @@ fn measure(
     })?;
     if hit_pct.is_some() {
         // Every hot block once (fio's random map), many in flight: all cached.
-        fio(args, dir, &server.uri(), "warm", 32, 1, Zone::HotOnce)?;
+        fio(args, dir, &server.uri(), "warm", (32, 1, 0), Zone::HotOnce)?;
     }
     let before = server.stats()?;
     let zone = match hit_pct {
@@ -233,10 +273,10 @@ fn measure(
         Some(h) => Zone::Mixed(h),
         None => Zone::Span,
     };
-    let log_prefix = fio(args, dir, &server.uri(), "measure", qd, conns, zone)?;
+    let log_prefix = fio(args, dir, &server.uri(), "measure", (qd, conns, write_pct), zone)?;
     let after = server.stats()?;
     server.stop()?;
-    let (iops, hot, cold) = read_lat_logs(dir, &log_prefix, args.hot, args.seconds)?;
+    let (iops, [hot, cold, writes]) = read_lat_logs(dir, &log_prefix, args.hot, args.seconds)?;
     let count = |s: &serde_json::Value, k: &str| s[k].as_u64().unwrap_or(0);
     let delta = |k: &str| count(&after, k).saturating_sub(count(&before, k));
     let hits = delta("read_hits");
@@ -255,6 +295,7 @@ fn measure(
         iops,
         hot_us: percentiles_us(hot),
         cold_us: percentiles_us(cold),
+        write_us: percentiles_us(writes),
         server_hit_us: server_us("hit"),
         server_miss_us: server_us("miss"),
         hit_ratio: hits as f64 / (hits + misses).max(1) as f64,
@@ -274,21 +315,25 @@ enum Zone {
     Span,
 }
 
-/// Runs fio's nbd engine; returns the prefix of its latency logs.
+/// Runs fio's nbd engine, `(qd, jobs, write_pct)`; returns the prefix of its latency logs.
 fn fio(
     args: &MixedArgs,
     dir: &Path,
     uri: &str,
     name: &str,
-    qd: usize,
-    jobs: usize,
+    (qd, jobs, write_pct): (usize, usize, u32),
     zone: Zone,
 ) -> Result<String, String> {
     let prefix = dir.join(name).display().to_string();
     let mut command = Command::new(&args.fio);
+    command.arg(format!("--name={name}"));
+    if write_pct > 0 {
+        command.arg("--rw=randrw").arg(format!("--rwmixread={}", 100 - write_pct));
+    } else {
+        command.arg("--rw=randread");
+    }
     command
-        .arg(format!("--name={name}"))
-        .args(["--ioengine=nbd", "--rw=randread", "--randrepeat=0", "--group_reporting"])
+        .args(["--ioengine=nbd", "--randrepeat=0", "--group_reporting"])
         .arg(format!("--uri={uri}"))
         .arg(format!("--bs={BLOCK_BYTES}"))
         .arg(format!("--iodepth={qd}"))
@@ -336,15 +381,16 @@ fn fio(
 }
 
 /// Reads fio's per-request latency logs (`<prefix>_lat.<job>.log`: msec, ns, dir, bs,
-/// offset): the IOPS over the run and the latencies of the hot-zone and cold-zone reads, ns.
+/// offset): the IOPS over the run and the latencies, ns, of the hot-zone reads, the cold-zone
+/// reads and the writes.
 fn read_lat_logs(
     dir: &Path,
     prefix: &str,
     hot_bytes: u64,
     seconds: f64,
-) -> Result<(f64, Vec<u64>, Vec<u64>), String> {
+) -> Result<(f64, [Vec<u64>; 3]), String> {
     let stem = Path::new(prefix).file_name().and_then(|n| n.to_str()).unwrap_or_default();
-    let (mut hot, mut cold) = (Vec::new(), Vec::new());
+    let (mut hot, mut cold, mut writes) = (Vec::new(), Vec::new(), Vec::new());
     let entries = std::fs::read_dir(dir).map_err(|e| e.to_string())?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
@@ -354,19 +400,26 @@ fn read_lat_logs(
         let text = std::fs::read_to_string(entry.path()).map_err(|e| e.to_string())?;
         for line in text.lines() {
             let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-            let (Some(ns), Some(offset)) = (fields.get(1), fields.get(4)) else { continue };
+            let (Some(ns), Some(dir), Some(offset)) = (fields.get(1), fields.get(2), fields.get(4))
+            else {
+                continue;
+            };
             let (Ok(ns), Ok(offset)) = (ns.parse::<u64>(), offset.parse::<u64>()) else {
                 continue;
             };
-            if offset < hot_bytes { hot.push(ns) } else { cold.push(ns) }
+            match (*dir, offset < hot_bytes) {
+                ("1", _) => writes.push(ns),
+                (_, true) => hot.push(ns),
+                (_, false) => cold.push(ns),
+            }
         }
         let _ = std::fs::remove_file(entry.path());
     }
-    let total = hot.len() + cold.len();
+    let total = hot.len() + cold.len() + writes.len();
     if total == 0 {
         return Err(format!("fio wrote no latency log ({prefix}_lat.*.log)"));
     }
-    Ok((total as f64 / seconds, hot, cold))
+    Ok((total as f64 / seconds, [hot, cold, writes]))
 }
 
 /// p50, p90, p99 in µs.
@@ -382,10 +435,12 @@ fn table(args: &MixedArgs, machine: &Machine, t0: f64, rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "pmcache bench mixed: 4 KiB random reads over NBD (fio {}), backing store latency {} \
-         (reads overlap without limit), span {} MiB, hot zone {} MiB cached first, cache {} \
-         MiB; {} s per run, medians of {} runs; {} CPUs, kernel {}",
+        "pmcache bench mixed: 4 KiB random reads ({}% writes) over NBD (fio {}), mode {}, backing \
+         store latency {} (requests overlap without limit), span {} MiB, hot zone {} MiB cached \
+         first, cache {} MiB; {} s per run, medians of {} runs; {} CPUs, kernel {}",
+        args.writes,
         machine.fio,
+        args.mode,
         args.latency,
         args.span >> 20,
         args.hot >> 20,
@@ -399,31 +454,34 @@ fn table(args: &MixedArgs, machine: &Machine, t0: f64, rows: &[Row]) -> String {
         out,
         "hot/cold: client-side latency (fio, per request by offset) of the hot-zone and cold-zone \
          reads; server: pmcache's own hit/miss histograms (hand-over to answer); bound = min(all-hit \
-         IOPS, N / ((1-h) L + h t0)), t0 = unloaded hit p50 = {t0:.1} µs"
+         IOPS, N / (s L + (1-s) t0)), s = the share of requests to the store (misses, writes at the \
+         store's latency), t0 = unloaded hit p50 = {t0:.1} µs"
     );
     let _ = writeln!(
         out,
-        "{:>5} {:>3} {:>6} {:>9} {:>9} {:>6} {:>20} {:>11} {:>20} {:>18} {:>6}",
+        "{:>5} {:>3} {:>6} {:>6} {:>9} {:>9} {:>6} {:>20} {:>11} {:>20} {:>20} {:>18} {:>6}",
         "conns",
         "QD",
         "hits",
+        "writes",
         "IOPS",
         "bound",
         "/bound",
         "hot p50/p90/p99 µs",
         "vs all-hit",
         "cold p50/p90/p99 µs",
+        "write p50/p90/p99 µs",
         "server hit/miss p50",
         "hit %"
     );
     let mut all_hit: Option<&Measured> = None;
     for r in rows {
         let m = &r.median;
-        if r.hit_pct == Some(100) {
+        if r.hit_pct == Some(100) && r.write_pct == 0 {
             all_hit = Some(m);
         }
         let vs = match (r.hit_pct, all_hit) {
-            (Some(h), Some(a)) if h < 100 => {
+            (Some(h), Some(a)) if h < 100 || r.write_pct > 0 => {
                 format!("{:.2}x/{:.2}x", m.hot_us[0] / a.hot_us[0], m.hot_us[1] / a.hot_us[1])
             }
             _ => "-".into(),
@@ -433,16 +491,18 @@ fn table(args: &MixedArgs, machine: &Machine, t0: f64, rows: &[Row]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:>5} {:>3} {:>6} {:>9.0} {:>9} {:>6} {:>20} {:>11} {:>20} {:>18} {:>6.1}",
+            "{:>5} {:>3} {:>6} {:>6} {:>9.0} {:>9} {:>6} {:>20} {:>11} {:>20} {:>20} {:>18} {:>6.1}",
             r.conns,
             r.qd,
             r.hit_pct.map_or("store".into(), |h| format!("{h}%")),
+            format!("{}%", r.write_pct),
             m.iops,
             opt(r.bound_iops, 0),
             opt(r.bound_iops.map(|b| m.iops / b), 2),
             three(m.hot_us),
             vs,
             three(m.cold_us),
+            three(m.write_us),
             format!(
                 "{}/{} µs",
                 opt(Some(m.server_hit_us[0]), 1),

@@ -227,7 +227,24 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
                 }
                 let data = &mut payload[..len_bytes as usize];
                 wire.read_exact(data)?;
-                if data.is_empty() { Ok(()) } else { conn.write(offset_bytes, data, fua) }
+                if data.is_empty() {
+                    Ok(())
+                } else {
+                    // Started like a batch's write: one going through to a slow store is
+                    // answered when it completes, holding back nothing behind it.
+                    started.clear();
+                    conn.write_batch_start(&[BatchWrite { offset_bytes, data, fua }], &mut started);
+                    assert_eq!(started.len(), 1, "the export gave one start per write");
+                    match started.pop().expect("one start") {
+                        Started::Done(outcome) => outcome,
+                        Started::Pending(ticket) => {
+                            let (command, len) = (codec::CMD_WRITE, len_bytes);
+                            in_flight
+                                .insert(ticket, Awaited { cookie, command, offset_bytes, len });
+                            continue;
+                        }
+                    }
+                }
             }
             Request::Flush => {
                 // The writes in flight are answered first, and so covered by the flush; what is
