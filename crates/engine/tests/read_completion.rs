@@ -7,33 +7,12 @@
 
 use std::sync::Arc;
 
-use pmcache_backing::BackingStore;
-use pmcache_engine::testing::latched::LatchedBacking;
-use pmcache_engine::testing::model::{BLOCK, World, config, pattern};
-use pmcache_engine::{
-    AdmissionConfig, CacheMode, Engine, EvictionKind, ManualClock, ReadRequest, ReadStart, Ticket,
-};
+use pmcache_engine::testing::latched::{LatchedBacking, latched_engine};
+use pmcache_engine::testing::model::{BLOCK, pattern};
+use pmcache_engine::{CacheMode, ManualClock, ReadRequest, ReadStart, Ticket};
 use pmcache_media::CrashMedium;
 
-type LatchedEngine = Engine<CrashMedium, Arc<LatchedBacking>, Arc<ManualClock>>;
-
 const B: u64 = BLOCK as u64;
-
-/// An engine over a latched store whose blocks hold `pattern(1, ..)` (queued seed: the
-/// store offers a queue).
-fn latched_engine(mode: CacheMode) -> (Arc<LatchedBacking>, LatchedEngine) {
-    let world = World::fresh(1);
-    let device = pattern(1, 0, world.backing.size_bytes());
-    world.backing.write_at(&device, 0).expect("fill the device");
-    let backing = LatchedBacking::new(world.backing.clone());
-    let cfg = pmcache_engine::Config {
-        max_lanes: 4,
-        ..config(mode, EvictionKind::Clock, AdmissionConfig::Always)
-    };
-    let engine = Engine::format(world.medium.clone(), backing.clone(), Arc::default(), &cfg)
-        .expect("format");
-    (backing, engine)
-}
 
 /// Serves every completion `complete` hands over, up to `min` of them waited for.
 fn complete(

@@ -8,33 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pmcache_backing::BackingStore;
-use pmcache_engine::testing::latched::LatchedBacking;
-use pmcache_engine::testing::model::{BLOCK, World, config, pattern};
-use pmcache_engine::{
-    AdmissionConfig, CacheMode, Engine, EvictionKind, Lane, ManualClock, ReadStart, Ticket,
-    WriteRequest, WriteStart,
-};
+use pmcache_engine::testing::latched::{LatchedBacking, latched_engine};
+use pmcache_engine::testing::model::{BLOCK, pattern};
+use pmcache_engine::{CacheMode, Lane, ManualClock, ReadStart, Ticket, WriteRequest, WriteStart};
 use pmcache_media::CrashMedium;
 
-type LatchedEngine = Engine<CrashMedium, Arc<LatchedBacking>, Arc<ManualClock>>;
 type LatchedLane<'e> = Lane<'e, CrashMedium, Arc<LatchedBacking>, Arc<ManualClock>>;
 
 const B: u64 = BLOCK as u64;
-
-/// An engine over a latched store whose blocks hold `pattern(1, ..)`.
-fn latched_engine(mode: CacheMode) -> (Arc<LatchedBacking>, LatchedEngine) {
-    let world = World::fresh(1);
-    let device = pattern(1, 0, world.backing.size_bytes());
-    world.backing.write_at(&device, 0).expect("fill the device");
-    let backing = LatchedBacking::new(world.backing.clone());
-    let cfg = pmcache_engine::Config {
-        max_lanes: 4,
-        ..config(mode, EvictionKind::Clock, AdmissionConfig::Always)
-    };
-    let engine = Engine::format(world.medium.clone(), backing.clone(), Arc::default(), &cfg)
-        .expect("format");
-    (backing, engine)
-}
 
 /// The tickets `complete` hands over (waiting for `min`), each request having succeeded.
 fn completed(lane: &mut LatchedLane<'_>, min: usize) -> Vec<Ticket> {

@@ -12,7 +12,11 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use pmcache_backing::{BackingIdentity, BackingStore, IoCompletion, IoQueue, IoRequest, SyncQueue};
 
+use pmcache_media::CrashMedium;
+
 use super::SimBacking;
+use super::model::{World, config, pattern};
+use crate::{AdmissionConfig, CacheMode, Engine, EvictionKind, ManualClock};
 
 /// The latch: closed, queued requests' completions wait.
 struct Latch {
@@ -159,4 +163,23 @@ impl LatchedBacking {
     pub fn held(&self) -> bool {
         self.latch.is_closed()
     }
+}
+
+/// An engine whose backing store is latched.
+pub type LatchedEngine = Engine<CrashMedium, Arc<LatchedBacking>, Arc<ManualClock>>;
+
+/// An engine in `mode` (CLOCK, admitting always, 4 lanes) over a latched store whose blocks
+/// hold `pattern(1, ..)`; the store offers a queue.
+pub fn latched_engine(mode: CacheMode) -> (Arc<LatchedBacking>, LatchedEngine) {
+    let world = World::fresh(1);
+    let device = pattern(1, 0, world.backing.size_bytes());
+    world.backing.write_at(&device, 0).expect("fill the device");
+    let backing = LatchedBacking::new(world.backing.clone());
+    let cfg = crate::Config {
+        max_lanes: 4,
+        ..config(mode, EvictionKind::Clock, AdmissionConfig::Always)
+    };
+    let engine = Engine::format(world.medium.clone(), backing.clone(), Arc::default(), &cfg)
+        .expect("format");
+    (backing, engine)
 }

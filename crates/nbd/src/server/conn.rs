@@ -247,15 +247,8 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
                 }
             }
             Request::Flush => {
-                // The writes in flight are answered first, and so covered by the flush; what is
-                // answered already goes out before the wait.
-                if conn.pending() > 0 {
-                    wire.flush()?;
-                }
-                while conn.pending() > 0 {
-                    let pending = conn.pending();
-                    deliver_completed(wire, conn, &mut in_flight, &mut errors, pending)?;
-                }
+                // The writes in flight are answered first, and so covered by the flush.
+                answer_in_flight(wire, conn, &mut in_flight, &mut errors)?;
                 conn.flush()
             }
             Request::Trim { len_bytes: 0, .. } | Request::WriteZeroes { len_bytes: 0, .. } => {
@@ -285,13 +278,7 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
             }
             Request::Disconnect => {
                 // Every request before it is answered first.
-                if conn.pending() > 0 {
-                    wire.flush()?;
-                }
-                while conn.pending() > 0 {
-                    let pending = conn.pending();
-                    deliver_completed(wire, conn, &mut in_flight, &mut errors, pending)?;
-                }
+                answer_in_flight(wire, conn, &mut in_flight, &mut errors)?;
                 return Ok(ConnEnd::Disconnected);
             }
         };
@@ -506,6 +493,23 @@ impl InFlight {
             panic!("the export completed ticket {ticket}, which is not in flight")
         })
     }
+}
+
+/// Answers every request in flight, sending what is answered already before it waits.
+fn answer_in_flight<T: Transport, C: ExportConn>(
+    wire: &mut Wire<T>,
+    conn: &mut C,
+    in_flight: &mut InFlight,
+    errors: &mut ErrorLog,
+) -> io::Result<()> {
+    if conn.pending() > 0 {
+        wire.flush()?;
+    }
+    while conn.pending() > 0 {
+        let pending = conn.pending();
+        deliver_completed(wire, conn, in_flight, errors, pending)?;
+    }
+    Ok(())
 }
 
 /// Appends the replies of the requests in flight that completed, waiting for at least `min`.
