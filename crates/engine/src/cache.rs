@@ -127,9 +127,10 @@ pub(crate) struct Stripe {
     /// zero first — *without* holding the stripe (the lane that lowers it takes the stripe
     /// to do so): `Lane::lock_stripe_for_backing`.
     writing: AtomicU32,
-    /// How many times the stripe was locked by anything but a read miss (`misses.rs`), which
-    /// admits the data it read only if this did not move while the read was in flight.
-    /// Changed and read under `lock` only.
+    /// How many times the stripe changed: every lock but a read miss's (`misses.rs`), and
+    /// every write-through's completion (`through.rs`). A miss or a write-through admits its
+    /// data only if this did not move while it was in flight. Changed and read under `lock`
+    /// only.
     changes: AtomicU64,
 }
 

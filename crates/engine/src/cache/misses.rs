@@ -237,12 +237,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     pub fn complete(&mut self, min: usize, done: &mut dyn FnMut(Ticket, Result<&[u8]>)) -> usize {
         let _unwind = AbortOnUnwind::new("Lane::complete");
         let min = min.min(self.misses.count());
-        let mut served = 0;
-        for (ticket, result) in std::mem::take(&mut self.misses.answered_early) {
-            self.misses.free.push(ticket);
-            done(Ticket(ticket), result.map(|()| &[][..]));
-            served += 1;
-        }
+        let mut served = self.hand_over_answered_early(done);
         let mut early = std::mem::take(&mut self.misses.reads_reaped_early);
         for completion in early.drain(..) {
             self.finish_miss(completion, done);
@@ -268,17 +263,25 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             match got {
                 Err(e) => {
                     self.fail_queue_early(e);
-                    for (ticket, result) in std::mem::take(&mut self.misses.answered_early) {
-                        self.misses.free.push(ticket);
-                        done(Ticket(ticket), result.map(|()| &[][..]));
-                        served += 1;
-                    }
-                    return served;
+                    return served + self.hand_over_answered_early(done);
                 }
                 Ok(_) if served >= min => return served,
                 Ok(_) => {}
             }
         }
+    }
+
+    /// Hands over the answers kept in `answered_early` (their tickets freed), keeping the
+    /// list's room. Returns how many.
+    fn hand_over_answered_early(&mut self, done: &mut dyn FnMut(Ticket, Result<&[u8]>)) -> usize {
+        let mut answered = std::mem::take(&mut self.misses.answered_early);
+        let handed = answered.len();
+        for (ticket, result) in answered.drain(..) {
+            self.misses.free.push(ticket);
+            done(Ticket(ticket), result.map(|()| &[][..]));
+        }
+        self.misses.answered_early = answered;
+        handed
     }
 
     /// Hands over one completed request: a read miss served, a write finished.
