@@ -78,6 +78,8 @@ cargo build --release -p pmcache-cli
 ./target/release/pmcache bench memory --quick
 ./target/release/pmcache bench ublk-mapping --quick
 ./target/release/pmcache bench mixed --quick
+./target/release/pmcache bench paper all --scale smallest --out target/papers-smoke
+./target/release/pmcache bench paper report --out target/papers-smoke
 
 echo "== fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"
 if cargo +nightly fuzz --version >/dev/null 2>&1; then

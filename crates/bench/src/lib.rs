@@ -8,6 +8,7 @@ pub mod media_kinds;
 pub mod mixed;
 pub mod nbd_fio;
 pub mod nbd_tls;
+pub mod paper;
 pub mod paper002;
 pub mod serve_memory;
 pub mod ublk_mapping;

@@ -2,7 +2,7 @@
 
 use clap::{Args, Subcommand};
 use pmcache_bench::{
-    engine_core, engines, lookup_cost, media_kinds, mixed, nbd_fio, nbd_tls, paper002,
+    engine_core, engines, lookup_cost, media_kinds, mixed, nbd_fio, nbd_tls, paper, paper002,
     serve_memory, ublk_mapping, writeback,
 };
 
@@ -55,6 +55,10 @@ enum Experiment {
     /// adaptive boosting of the cleaner off vs on: bandwidth, stalls per write, context
     /// switches, boosts; Table 1: the same beside a CPU-bound π job on the server's CPU.
     Paper002(Box<paper002::Paper002Args>),
+    /// The papers' experiments with pmcache on their axes: `bench paper <id>` (`list` names
+    /// them, `all` runs every one) prints each figure's table and writes its JSON, SVG and PNG
+    /// to `--out`; `bench paper report` writes the Markdown report there from the JSON.
+    Paper(Box<paper::PaperArgs>),
     /// What `--medium-sync msync` costs: 4 KiB write-back writes per second through the
     /// engine with the medium on a disk file system in msync mode (every persist msyncs its
     /// pages) beside the same with the medium in /dev/shm (volatile), in the same run, taking
@@ -81,6 +85,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         Experiment::Mixed(args) => mixed::run_cli(&args),
         Experiment::Tls(args) => nbd_tls::run_cli(&args),
         Experiment::Paper002(args) => paper002::run_cli(&args),
+        Experiment::Paper(args) => paper::run_cli(&args),
         Experiment::MediaKinds(args) => media_kinds::run_cli(&args),
         Experiment::Memory(args) => serve_memory::run_cli(&args),
         Experiment::UblkMapping(args) => ublk_mapping::run_cli(&args),

@@ -1,0 +1,298 @@
+//! `pmcache bench paper`: the papers' block-level experiments re-run with pmcache as a series
+//! on the papers' own axes (`../shared/PAPERS-EXPERIMENTS.md` specifies each one).
+//!
+//! `bench paper <id>` runs one experiment (or `all`), prints its tables, and writes
+//! `<out>/<figure>.json` with the figure's SVG and PNG beside it; `bench paper report` reads
+//! every JSON in `<out>` and writes `<out>/README.md` and the pictures anew from them.
+//!
+//! `--scale` sets how close to the paper a run is: `smallest` runs in seconds (CI), `small`
+//! in minutes, `full` as close to the paper as the machine allows; each figure records what
+//! its scale shrank.
+
+mod figure;
+mod inproc;
+mod p000;
+mod p001;
+mod plot;
+mod report;
+pub mod workload;
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+
+pub use figure::{Absolute, Figure, Point, Provenance, ScaleNote, Series};
+pub use report::{read_figures, write as write_report};
+
+/// Options of `pmcache bench paper`.
+#[derive(Args, Debug, Clone)]
+pub struct PaperArgs {
+    /// The experiment (`000-fig2`, `000-fig3`, `000-fig4`, `000-fig5`, `000-fig6`,
+    /// `001-fig3`, or `all`), `report` to write the report from the JSON in `--out`, or `list`.
+    pub id: String,
+    /// How close to the paper: `smallest` (seconds, CI), `small` (minutes), `full`.
+    #[arg(long, value_enum, default_value_t = Scale::Small)]
+    pub scale: Scale,
+    /// Where the JSON and the pictures go (and where `report` reads and writes).
+    #[arg(long, default_value = "papers")]
+    pub out: PathBuf,
+    /// Runs per point (medians and ranges are of these); default by scale: 1, 3, 5.
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Seconds each series runs per point and run; default by scale: 0.03, 0.5, 3.
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Directory for the cache medium (emulated PM).
+    #[arg(long, default_value = "/dev/shm")]
+    pub pm_dir: PathBuf,
+    /// Directory for backing files: on a disk (the papers' SSD), not a tmpfs.
+    #[arg(long, default_value = "/var/tmp")]
+    pub dir: PathBuf,
+}
+
+/// How close to the paper a run is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Scale {
+    /// Seconds per experiment: every code path, no figure worth quoting.
+    Smallest,
+    /// Minutes per experiment: the paper's points, smaller working sets.
+    Small,
+    /// As close to the paper as this machine allows.
+    Full,
+}
+
+impl Scale {
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scale::Smallest => "smallest",
+            Scale::Small => "small",
+            Scale::Full => "full",
+        }
+    }
+
+    fn runs(self) -> usize {
+        match self {
+            Scale::Smallest => 1,
+            Scale::Small => 3,
+            Scale::Full => 5,
+        }
+    }
+
+    fn seconds(self) -> f64 {
+        match self {
+            Scale::Smallest => 0.03,
+            Scale::Small => 0.5,
+            Scale::Full => 3.0,
+        }
+    }
+
+    /// The thread counts of a thread sweep (the papers': 1 … 16).
+    fn threads(self) -> Vec<usize> {
+        match self {
+            Scale::Smallest => vec![1, 2, 4],
+            Scale::Small | Scale::Full => vec![1, 2, 4, 8, 16],
+        }
+    }
+
+    /// `full`, `small` or `smallest`'s value.
+    fn pick<T>(self, full: T, small: T, smallest: T) -> T {
+        match self {
+            Scale::Full => full,
+            Scale::Small => small,
+            Scale::Smallest => smallest,
+        }
+    }
+}
+
+/// What every experiment runs with.
+pub struct Ctx {
+    /// The options.
+    pub args: PaperArgs,
+    /// Runs per point.
+    pub runs: usize,
+    /// Seconds per turn.
+    pub seconds: f64,
+    /// CPUs of this machine (threads beyond are oversubscribed).
+    pub cpus: usize,
+    /// The command, commit, machine, date.
+    pub provenance: Provenance,
+}
+
+impl Ctx {
+    fn new(args: &PaperArgs) -> Self {
+        Ctx {
+            runs: args.runs.unwrap_or(args.scale.runs()).max(1),
+            seconds: args.seconds.unwrap_or(args.scale.seconds()),
+            cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            provenance: provenance(),
+            args: args.clone(),
+        }
+    }
+
+    /// The scale note of a figure, with what the scale shrank.
+    pub fn scale_note(&self, shrunk: Vec<String>) -> ScaleNote {
+        ScaleNote {
+            name: self.args.scale.name().into(),
+            runs: self.runs,
+            seconds_per_turn: self.seconds,
+            shrunk,
+        }
+    }
+
+    /// A progress bar of `turns` turns (drawn only on a terminal).
+    pub fn progress(&self, label: &str, turns: u64) -> ProgressBar {
+        let bar = ProgressBar::new(turns);
+        bar.set_style(
+            ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} turns, {eta} left")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(label.to_string());
+        bar
+    }
+}
+
+/// An experiment: the figures it makes, and how.
+struct Experiment {
+    id: &'static str,
+    what: &'static str,
+    run: fn(&Ctx) -> Result<Vec<Figure>, String>,
+}
+
+const EXPERIMENTS: &[Experiment] = &[
+    Experiment {
+        id: "000-fig2",
+        what: "devices alone vs the cache stacks (log MB/s)",
+        run: p000::fig2,
+    },
+    Experiment {
+        id: "000-fig3",
+        what: "lookup cost by request size and working set",
+        run: p000::fig3,
+    },
+    Experiment {
+        id: "000-fig4",
+        what: "threads: 4 KiB random reads (a), 4 MiB sequential reads (b)",
+        run: p000::fig4,
+    },
+    Experiment {
+        id: "000-fig5", what: "4 MiB sequential, read share 100 → 10 %", run: p000::fig5
+    },
+    Experiment { id: "000-fig6", what: "4 KiB random 50:50 by threads", run: p000::fig6 },
+    Experiment {
+        id: "001-fig3",
+        what: "FxMark analogues: private, shared, mixed 75/25 and 25/75 (a–d)",
+        run: p001::fig3,
+    },
+];
+
+/// `pmcache bench paper …`.
+pub fn run_cli(args: &PaperArgs) -> Result<(), String> {
+    match args.id.as_str() {
+        "list" => {
+            for e in EXPERIMENTS {
+                println!("{:<10} {}", e.id, e.what);
+            }
+            Ok(())
+        }
+        "report" => {
+            let written = report::write(&args.out)?;
+            println!("wrote {}", written.display());
+            Ok(())
+        }
+        _ => run(args, &mut |figure, files| {
+            println!("{}", figure.table());
+            let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+            println!("wrote {}\n", names.join(", "));
+        })
+        .map(drop),
+    }
+}
+
+/// Runs experiment `args.id` (or `all`), writing each figure's JSON, SVG and PNG to
+/// `args.out` and handing it to `done` with those files' paths; returns the figures.
+pub fn run(
+    args: &PaperArgs,
+    done: &mut dyn FnMut(&Figure, &[PathBuf]),
+) -> Result<Vec<Figure>, String> {
+    let chosen: Vec<&Experiment> = if args.id == "all" {
+        EXPERIMENTS.iter().collect()
+    } else {
+        let id = args.id.as_str();
+        let experiment = EXPERIMENTS
+            .iter()
+            .find(|e| e.id == id || id.strip_prefix(e.id).is_some_and(|panel| panel.len() == 1))
+            .ok_or_else(|| {
+                let ids: Vec<&str> = EXPERIMENTS.iter().map(|e| e.id).collect();
+                format!("no experiment {id:?}: one of {}, all, report, list", ids.join(", "))
+            })?;
+        vec![experiment]
+    };
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
+    let ctx = Ctx::new(args);
+    let mut figures = vec![];
+    for experiment in chosen {
+        eprintln!("{}: {} (scale {})", experiment.id, experiment.what, args.scale.name());
+        for figure in (experiment.run)(&ctx)? {
+            let json_path = args.out.join(format!("{}.json", figure.id));
+            let json = serde_json::to_string_pretty(&figure).map_err(|e| e.to_string())?;
+            std::fs::write(&json_path, json + "\n")
+                .map_err(|e| format!("{}: {e}", json_path.display()))?;
+            let [svg, png] = plot::draw(&figure, &args.out)?;
+            done(&figure, &[json_path, svg, png]);
+            figures.push(figure);
+        }
+    }
+    Ok(figures)
+}
+
+/// The command line, the commit (`git describe` of the working directory's repository, if
+/// any), the machine and the date.
+fn provenance() -> Provenance {
+    let output = |program: &str, args: &[&str]| {
+        std::process::Command::new(program)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = output("git", &["rev-parse", "--short=7", "HEAD"])
+        .map(|hash| {
+            let dirty = output("git", &["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty { format!("{hash}-dirty") } else { hash }
+        })
+        .unwrap_or_else(|| format!("v{} (no git repository here)", env!("CARGO_PKG_VERSION")));
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let memory_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|kib| kib.parse::<u64>().ok()))
+        })
+        .map_or(0.0, |kib| kib as f64 / (1 << 20) as f64);
+    let kernel = output("uname", &["-r"]).unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    Provenance {
+        command: std::env::args()
+            .enumerate()
+            .map(|(i, a)| if i == 0 { "pmcache".to_string() } else { a })
+            .collect::<Vec<_>>()
+            .join(" "),
+        commit,
+        machine: format!("{cpus} CPUs ({cpu_model}), {memory_gib:.0} GiB, Linux {kernel}"),
+        date: output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default(),
+    }
+}

@@ -1,0 +1,118 @@
+//! `bench paper` at `--scale smallest`: every experiment runs, its figures hold what the
+//! paper's axes need, and the report is regenerated from their JSON.
+
+use pmcache_bench::paper::{self, Figure, PaperArgs, Scale};
+
+fn args(id: &str, out: &std::path::Path) -> PaperArgs {
+    PaperArgs {
+        id: id.into(),
+        scale: Scale::Smallest,
+        out: out.to_path_buf(),
+        runs: Some(2),
+        seconds: Some(0.02),
+        pm_dir: "/dev/shm".into(),
+        dir: std::env::temp_dir(),
+    }
+}
+
+fn check(figure: &Figure) {
+    let id = &figure.id;
+    assert!(!figure.series.is_empty(), "{id}: no series");
+    assert!(!figure.published.is_empty() && !figure.ours.is_empty(), "{id}: sentences");
+    assert!(!figure.provenance.commit.is_empty() && !figure.provenance.machine.is_empty());
+    assert_eq!(figure.scale.name, "smallest");
+    assert!(!figure.scale.shrunk.is_empty(), "{id}: the smallest scale shrinks something");
+    let mut all = figure.series.clone();
+    if let Some(absolute) = &figure.absolute {
+        assert_eq!(absolute.series.len(), figure.series.len(), "{id}: one absolute per series");
+        all.extend(absolute.series.iter().cloned());
+    }
+    for series in &all {
+        assert_eq!(
+            series.points.len(),
+            figure.x_ticks.len(),
+            "{id} {}: a point per x",
+            series.name
+        );
+        for point in series.points.iter().flatten() {
+            assert!(
+                point.median.is_finite() && point.median > 0.0,
+                "{id} {}: {point:?}",
+                series.name
+            );
+            assert!(point.min <= point.median && point.median <= point.max, "{id}: {point:?}");
+        }
+    }
+    if figure.absolute.is_some() {
+        // A normalised figure: its first series is the normaliser, 1 in every run.
+        for point in figure.series[0].points.iter().flatten() {
+            assert!((point.min - 1.0).abs() < 1e-9 && (point.max - 1.0).abs() < 1e-9);
+        }
+    }
+}
+
+#[test]
+fn every_experiment_makes_its_figures_and_the_report_is_made_from_their_json() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let mut files = vec![];
+    let figures = paper::run(&args("all", out.path()), &mut |_, written| {
+        files.extend(written.iter().cloned())
+    })
+    .expect("bench paper all");
+    let ids: Vec<&str> = figures.iter().map(|f| f.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "000-fig2",
+            "000-fig3",
+            "000-fig4a",
+            "000-fig4b",
+            "000-fig5",
+            "000-fig6",
+            "001-fig3a",
+            "001-fig3b",
+            "001-fig3c",
+            "001-fig3d"
+        ]
+    );
+    figures.iter().for_each(check);
+    assert_eq!(files.len(), 3 * figures.len(), "a JSON, an SVG and a PNG per figure");
+    assert!(files.iter().all(|f| f.metadata().is_ok_and(|m| m.len() > 0)), "{files:?}");
+
+    let read = paper::read_figures(out.path()).expect("the JSON reads back");
+    assert_eq!(read.len(), figures.len());
+    for (back, made) in read.iter().zip(&figures) {
+        assert_eq!(
+            (&back.id, &back.ours, back.series.len()),
+            (&made.id, &made.ours, made.series.len())
+        );
+        for (b, m) in back.series.iter().zip(&made.series) {
+            for (b, m) in b.points.iter().zip(&m.points) {
+                let (b, m) = (b.expect("a point"), m.expect("a point"));
+                assert!((b.median - m.median).abs() <= m.median.abs() * 1e-12, "{b:?} {m:?}");
+            }
+        }
+    }
+    let report = std::fs::read_to_string(paper::write_report(out.path()).expect("report"))
+        .expect("the report");
+    for figure in &figures {
+        assert!(report.contains(&format!("## {}", figure.id)), "{}'s section", figure.id);
+        assert!(report.contains(&format!("({}.svg)", figure.id)), "{}'s picture", figure.id);
+        assert!(report.contains(&figure.ours), "{}'s sentence", figure.id);
+    }
+}
+
+#[test]
+fn an_unknown_experiment_is_refused_with_the_list() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let error = paper::run(&args("000-fig9", out.path()), &mut |_, _| {}).expect_err("unknown");
+    assert!(error.contains("000-fig4") && error.contains("all"), "{error}");
+}
+
+#[test]
+fn a_panel_id_runs_its_figure() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let figures = paper::run(&args("000-fig4b", out.path()), &mut |_, _| {}).expect("fig4");
+    let ids: Vec<&str> = figures.iter().map(|f| f.id.as_str()).collect();
+    assert_eq!(ids, ["000-fig4a", "000-fig4b"], "a panel runs its whole experiment");
+}
