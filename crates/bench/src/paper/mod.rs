@@ -10,6 +10,7 @@
 //! its scale shrank.
 
 mod figure;
+mod guest;
 mod inproc;
 mod p000;
 mod p001;
@@ -29,7 +30,8 @@ pub use report::{read_figures, write as write_report};
 #[derive(Args, Debug, Clone)]
 pub struct PaperArgs {
     /// The experiment (`000-fig2`, `000-fig3`, `000-fig4`, `000-fig5`, `000-fig6`,
-    /// `001-fig3`, or `all`), `report` to write the report from the JSON in `--out`, or `list`.
+    /// `000-guest`, `001-fig3`, or `all`; a panel's id such as `000-fig4b` runs its whole
+    /// figure), `report` to write the report from the JSON in `--out`, or `list`.
     pub id: String,
     /// How close to the paper: `smallest` (seconds, CI), `small` (minutes), `full`.
     #[arg(long, value_enum, default_value_t = Scale::Small)]
@@ -49,6 +51,10 @@ pub struct PaperArgs {
     /// Directory for backing files: on a disk (the papers' SSD), not a tmpfs.
     #[arg(long, default_value = "/var/tmp")]
     pub dir: PathBuf,
+    /// `000-guest`: make the figures from this output of `scripts/guest/paper000.sh` instead
+    /// of booting the guest.
+    #[arg(long, value_name = "FILE")]
+    pub guest_json: Option<PathBuf>,
 }
 
 /// How close to the paper a run is.
@@ -181,6 +187,12 @@ const EXPERIMENTS: &[Experiment] = &[
         id: "000-fig5", what: "4 MiB sequential, read share 100 → 10 %", run: p000::fig5
     },
     Experiment { id: "000-fig6", what: "4 KiB random 50:50 by threads", run: p000::fig6 },
+    Experiment {
+        id: "000-guest",
+        what: "Figs 2-6 on the papers' own systems: bcache, dm-cache, dm-writecache and \
+               pmcache (ublk) on emulated NVDIMMs in one QEMU guest",
+        run: guest::run,
+    },
     Experiment {
         id: "001-fig3",
         what: "FxMark analogues: private, shared, mixed 75/25 and 25/75 (a–d)",

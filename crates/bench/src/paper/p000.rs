@@ -49,6 +49,40 @@ pub fn size(bytes: u64) -> String {
     }
 }
 
+/// Paper 000's published result for figure `id` (both beds), in one sentence.
+pub fn published(id: &str) -> &'static str {
+    match id {
+        "000-fig2" => {
+            "No numbers: with the SSD as cache the stacks land between the HDD and the \
+             SSD, but with the NVM as cache bcache and dm-cache are slower than the NVM \
+             alone."
+        }
+        "000-fig3" => {
+            "bcache is worst at 4 KB and drops once the file passes 5 GB; dm-cache is \
+             best at 256 KB (its block size) whatever the file size."
+        }
+        "000-fig4a" => {
+            "bcache and dm-cache both reach a little over 60 % of the NVM at 1 thread; \
+             at 16 threads bcache does not reach 30 %."
+        }
+        "000-fig4b" => {
+            "Bandwidth saturates at 4 threads at a little over 10 GB/s (the kernel \
+             stack's limit, below the NVM's); the caches come close to the NVM as \
+             threads increase."
+        }
+        "000-fig5" => {
+            "At 100 % reads every layer is close to the NVM; with 1 % writes bcache \
+             falls to about 58 % of it and to 10 % at 10 % reads, while dm-cache stays \
+             close to the NVM."
+        }
+        "000-fig6" => {
+            "No numbers: bcache suffers severe overhead from its locks under even a \
+             little intensive write traffic, more so as threads increase."
+        }
+        _ => "",
+    }
+}
+
 /// A worker doing requests directly on a backing store.
 fn backing_worker<B: BackingStore>(store: &B) -> Worker<'_> {
     Box::new(move |request: &Request, buf: &mut [u8]| {
@@ -147,10 +181,7 @@ pub fn fig2(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         bars: true,
         series: result.absolute(MB),
         absolute: None,
-        published: "No numbers: with the SSD as cache the stacks land between the HDD and the \
-                    SSD, but with the NVM as cache bcache and dm-cache are slower than the NVM \
-                    alone."
-            .into(),
+        published: published("000-fig2").into(),
         ours: format!(
             "pmcache with the NVM as cache reaches {} of the NVM alone across the four \
              workloads, {}–{}× the SSD alone.",
@@ -231,9 +262,7 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         bars: false,
         series: result.absolute(GB),
         absolute: None,
-        published: "bcache is worst at 4 KB and drops once the file passes 5 GB; dm-cache is \
-                    best at 256 KB (its block size) whatever the file size."
-            .into(),
+        published: published("000-fig3").into(),
         ours: format!(
             "pmcache reaches {} of the raw medium at 4 KiB and {} at {}, from the smallest to \
              the largest working set.",
@@ -293,9 +322,7 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         bars: false,
         series: a.normalised(0),
         absolute: Some(Absolute { y_label: "GB/s".into(), series: a.absolute(GB) }),
-        published: "bcache and dm-cache both reach a little over 60 % of the NVM at 1 thread; \
-                    at 16 threads bcache does not reach 30 %."
-            .into(),
+        published: published("000-fig4a").into(),
         ours: format!(
             "pmcache reaches {} of the raw NVM at 1 thread and {} at {} (real CPUs); {} at {} \
              threads, oversubscribed.",
@@ -320,10 +347,7 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         bars: false,
         series: b.absolute(GB),
         absolute: None,
-        published: "Bandwidth saturates at 4 threads at a little over 10 GB/s (the kernel \
-                    stack's limit, below the NVM's); the caches come close to the NVM as \
-                    threads increase."
-            .into(),
+        published: published("000-fig4b").into(),
         ours: format!(
             "The raw medium (this VM's memory copy) gives {} GB/s at 1 thread and {} at {}; \
              pmcache {} and {} of it.",
@@ -403,10 +427,7 @@ pub fn fig5(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         bars: false,
         series: result.normalised(0),
         absolute: Some(Absolute { y_label: "GB/s".into(), series: result.absolute(GB) }),
-        published: "At 100 % reads every layer is close to the NVM; with 1 % writes bcache \
-                    falls to about 58 % of it and to 10 % at 10 % reads, while dm-cache stays \
-                    close to the NVM."
-            .into(),
+        published: published("000-fig5").into(),
         ours: format!(
             "pmcache write-back: {} of the NVM at 100 % reads, {} at 90 %, {} at 10 %; \
              write-through (every write to the disk): {} at 90 %, {} at 10 %.",
@@ -451,9 +472,7 @@ pub fn fig6(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         bars: false,
         series: result.normalised(0),
         absolute: Some(Absolute { y_label: "MB/s".into(), series: result.absolute(MB) }),
-        published: "No numbers: bcache suffers severe overhead from its locks under even a \
-                    little intensive write traffic, more so as threads increase."
-            .into(),
+        published: published("000-fig6").into(),
         ours: format!(
             "pmcache write-back reaches {} of the NVM at 1 thread and {} at {}; write-through, \
              bound by the disk, {} and {}.",

@@ -1,0 +1,487 @@
+//! Paper 000 on the papers' own systems: bcache, dm-cache and dm-writecache beside pmcache
+//! (served by ublk), each on an emulated NVDIMM in front of an emulated NVMe "SSD", in one
+//! QEMU guest boot (`scripts/guest/paper000.sh`), fio as the paper ran it.
+//!
+//! The script writes its measurements as JSON (kept under `<out>/raw/`, so that the figures
+//! can be made again from them); this module turns them into the figures `000-fig2-guest` …
+//! `000-fig6-guest`. Under TCG absolute speeds mean nothing: the normalised figures are
+//! ratios to the raw NVDIMM measured in the same boot, run by run.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize;
+
+use super::Ctx;
+use super::figure::{Absolute, Figure, Point, Series, number};
+use super::p000::{percent, published};
+
+/// The normaliser's series name in the script's output.
+pub const NVM_SERIES: &str = "NVM (raw pmem)";
+
+/// The script's output.
+#[derive(Debug, Deserialize)]
+pub struct GuestRun {
+    /// The guest and the scale.
+    pub bed: GuestBed,
+    /// The choices the script made.
+    #[serde(default)]
+    pub notes: Vec<String>,
+    /// One fio run each.
+    pub points: Vec<GuestPoint>,
+}
+
+/// What the guest was.
+#[derive(Debug, Deserialize)]
+pub struct GuestBed {
+    /// The guest kernel's release.
+    pub kernel: String,
+    /// vCPUs of the guest.
+    pub guest_cpus: usize,
+    /// The script's scale.
+    pub scale: String,
+    /// Runs per point.
+    pub runs: usize,
+    /// Seconds per fio run.
+    pub seconds: f64,
+    /// Each emulated NVDIMM's size.
+    pub nvdimm_mib: u64,
+    /// The working set of figures other than Fig 3.
+    pub working_set_mib: u64,
+    /// The emulator's version line.
+    #[serde(default)]
+    pub qemu: String,
+}
+
+/// One fio run.
+#[derive(Debug, Deserialize)]
+pub struct GuestPoint {
+    /// `000-fig4a`, ….
+    pub figure: String,
+    /// The x position as printed.
+    pub x: String,
+    /// The series.
+    pub series: String,
+    /// The run's index.
+    pub run: usize,
+    /// fio's bandwidth.
+    pub bytes_per_s: f64,
+    /// Cache hits during the run, where the layer counts them.
+    pub cache_hits: Option<u64>,
+    /// Cache misses during the run, where the layer counts them.
+    pub cache_misses: Option<u64>,
+}
+
+/// Runs the guest bed (or reads `--guest-json`), keeps its JSON under `<out>/raw/`, and makes
+/// the figures.
+pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
+    let raw_dir = ctx.args.out.join("raw");
+    std::fs::create_dir_all(&raw_dir).map_err(|e| format!("{}: {e}", raw_dir.display()))?;
+    let kept = raw_dir.join("000-guest.json");
+    match &ctx.args.guest_json {
+        Some(from) => {
+            if from != &kept {
+                std::fs::copy(from, &kept).map_err(|e| format!("{}: {e}", from.display()))?;
+            }
+        }
+        None => run_script(ctx, &kept)?,
+    }
+    let text = std::fs::read_to_string(&kept).map_err(|e| format!("{}: {e}", kept.display()))?;
+    let run: GuestRun = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: not the guest bed's output: {e}", kept.display()))?;
+    figures(ctx, &run)
+}
+
+fn run_script(ctx: &Ctx, out: &Path) -> Result<(), String> {
+    let script = PathBuf::from("scripts/guest/paper000.sh");
+    if !script.exists() {
+        return Err(format!(
+            "{}: not found; run `bench paper 000-guest` from the repository's root, or give \
+             --guest-json with the script's output",
+            script.display()
+        ));
+    }
+    let mut command = Command::new("bash");
+    command.arg(&script).args(["--scale", ctx.args.scale.name()]);
+    command.args(["--runs", &ctx.runs.to_string()]);
+    if let Some(seconds) = ctx.args.seconds {
+        command.args(["--seconds", &seconds.max(1.0).round().to_string()]);
+    }
+    command.arg("--out").arg(out);
+    let status = command.status().map_err(|e| format!("{}: {e}", script.display()))?;
+    if !status.success() {
+        return Err(format!("{} failed ({status})", script.display()));
+    }
+    Ok(())
+}
+
+/// The guest run's series at one figure: names (normaliser first), x positions, and
+/// `rates[x][series]` = (run, bytes/s) pairs.
+struct Table {
+    names: Vec<String>,
+    xs: Vec<String>,
+    rates: Vec<Vec<Vec<(usize, f64)>>>,
+}
+
+fn table(run: &GuestRun, figure: &str) -> Option<Table> {
+    let points: Vec<&GuestPoint> = run.points.iter().filter(|p| p.figure == figure).collect();
+    if points.is_empty() {
+        return None;
+    }
+    let mut names: Vec<String> = vec![];
+    let mut xs: Vec<String> = vec![];
+    for p in &points {
+        if !names.contains(&p.series) {
+            names.push(p.series.clone());
+        }
+        if !xs.contains(&p.x) {
+            xs.push(p.x.clone());
+        }
+    }
+    // Normalisers first, in the order seen.
+    names.sort_by_key(|n| !n.starts_with("NVM"));
+    let mut rates = vec![vec![vec![]; names.len()]; xs.len()];
+    for p in points {
+        let x = xs.iter().position(|x| *x == p.x).expect("seen");
+        let s = names.iter().position(|n| *n == p.series).expect("seen");
+        rates[x][s].push((p.run, p.bytes_per_s));
+    }
+    Some(Table { names, xs, rates })
+}
+
+impl Table {
+    fn absolute(&self, unit: f64, oversubscribed: &dyn Fn(&str) -> bool) -> Vec<Series> {
+        self.series(|x, s| {
+            let values: Vec<f64> = self.rates[x][s].iter().map(|(_, r)| r / unit).collect();
+            (!values.is_empty()).then(|| Point::of(&values, oversubscribed(&self.xs[x])))
+        })
+    }
+
+    /// Each series over its normaliser (`normaliser_of(name)`), run by run.
+    fn normalised(
+        &self,
+        normaliser_of: &dyn Fn(&str) -> Option<String>,
+        oversubscribed: &dyn Fn(&str) -> bool,
+    ) -> Vec<Series> {
+        self.series(|x, s| {
+            let ratios = self.ratios(x, s, normaliser_of)?;
+            Some(Point::of(&ratios, oversubscribed(&self.xs[x])))
+        })
+    }
+
+    fn ratios(
+        &self,
+        x: usize,
+        s: usize,
+        normaliser_of: &dyn Fn(&str) -> Option<String>,
+    ) -> Option<Vec<f64>> {
+        let by = normaliser_of(&self.names[s])?;
+        let n = self.names.iter().position(|name| *name == by)?;
+        let ratios: Vec<f64> = self.rates[x][s]
+            .iter()
+            .filter_map(|&(run, rate)| {
+                let base = self.rates[x][n].iter().find(|(r, _)| *r == run)?.1;
+                (base > 0.0).then_some(rate / base)
+            })
+            .collect();
+        (!ratios.is_empty()).then_some(ratios)
+    }
+
+    fn median_ratio(
+        &self,
+        x: usize,
+        s: usize,
+        normaliser_of: &dyn Fn(&str) -> Option<String>,
+    ) -> Option<f64> {
+        self.ratios(x, s, normaliser_of).map(|r| Point::of(&r, false).median)
+    }
+
+    fn series(&self, point: impl Fn(usize, usize) -> Option<Point>) -> Vec<Series> {
+        (0..self.names.len())
+            .map(|s| Series {
+                name: self.names[s].clone(),
+                points: (0..self.xs.len()).map(|x| point(x, s)).collect(),
+            })
+            .collect()
+    }
+}
+
+/// `NVM (raw pmem)` for every series; for Fig 3's `<layer> <working set>`, `NVM <working set>`.
+fn nvm_of(name: &str) -> Option<String> {
+    Some(NVM_SERIES.to_string()).filter(|_| !name.starts_with("NVM"))
+}
+
+fn nvm_of_set(name: &str) -> Option<String> {
+    if name.starts_with("NVM") {
+        return None;
+    }
+    let set = name.split_once(' ').map(|(_, set)| set)?;
+    Some(format!("NVM {set}"))
+}
+
+/// Hit ratios over a figure's measured runs, per series that counts them.
+fn hit_notes(run: &GuestRun, figure: &str) -> Vec<String> {
+    let mut counted: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for p in run.points.iter().filter(|p| p.figure == figure) {
+        if let (Some(hits), Some(misses)) = (p.cache_hits, p.cache_misses) {
+            let entry = counted.entry(&p.series).or_default();
+            entry.0 += hits;
+            entry.1 += misses;
+        }
+    }
+    counted
+        .into_iter()
+        .filter(|(_, (h, m))| h + m > 0)
+        .map(|(series, (hits, misses))| {
+            format!(
+                "{series}: {} hits over the measured runs ({hits} hits, {misses} misses).",
+                percent(hits as f64 / (hits + misses) as f64)
+            )
+        })
+        .collect()
+}
+
+/// One sentence: each layer's median ratio to its normaliser at the first and last x.
+fn ours(table: &Table, normaliser_of: &dyn Fn(&str) -> Option<String>, x_name: &str) -> String {
+    let last = table.xs.len() - 1;
+    let mut parts = vec![];
+    for x in [0, last] {
+        let mut at = vec![];
+        for (s, name) in table.names.iter().enumerate() {
+            if let Some(r) = table.median_ratio(x, s, normaliser_of) {
+                at.push(format!("{name} {}", percent(r)));
+            }
+        }
+        if !at.is_empty() {
+            parts.push(format!("at {} {x_name}: {}", table.xs[x], at.join(", ")));
+        }
+        if last == 0 {
+            break;
+        }
+    }
+    format!("Of the raw NVDIMM in the same boot, {}.", parts.join("; "))
+}
+
+fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
+    let bed = format!(
+        "QEMU guest (TCG, {} vCPUs, Linux {}{}): one emulated NVDIMM per layer as its cache, \
+         emulated NVMe drives as the SSD; fio psync direct=1, QD 1 per job",
+        run.bed.guest_cpus,
+        run.bed.kernel,
+        if run.bed.qemu.is_empty() { String::new() } else { format!(", {}", run.bed.qemu) }
+    );
+    let cpus = run.bed.guest_cpus;
+    let threads_over = move |x: &str| x.parse::<usize>().is_ok_and(|t| t > cpus);
+    let never = |_: &str| false;
+    let specs: [(&str, &str, &str, bool, bool); 6] = [
+        (
+            "000-fig2",
+            "bandwidth of the devices alone and of the cache stacks",
+            "workload (1 job)",
+            true,
+            false,
+        ),
+        (
+            "000-fig3",
+            "random-read bandwidth by request size and working set (1 job)",
+            "request size",
+            false,
+            false,
+        ),
+        (
+            "000-fig4a",
+            "4 KiB random reads by jobs, normalised to the raw NVDIMM",
+            "jobs",
+            false,
+            true,
+        ),
+        ("000-fig4b", "4 MiB sequential reads by jobs", "jobs", false, false),
+        (
+            "000-fig5",
+            "4 MiB sequential reads and writes, read share falling, normalised to the raw NVDIMM",
+            "read share (1 job)",
+            false,
+            true,
+        ),
+        (
+            "000-fig6",
+            "4 KiB random reads and writes 50:50 by jobs, normalised to the raw NVDIMM",
+            "jobs",
+            false,
+            true,
+        ),
+    ];
+    let mut figures = vec![];
+    for (id, title, x_label, log, normalised) in specs {
+        let Some(table) = table(run, id) else { continue };
+        let over: &dyn Fn(&str) -> bool = if x_label == "jobs" { &threads_over } else { &never };
+        let normaliser_of: &dyn Fn(&str) -> Option<String> =
+            if id == "000-fig3" { &nvm_of_set } else { &nvm_of };
+        let (series, absolute, y_label) = if normalised {
+            (
+                table.normalised(normaliser_of, over),
+                Some(Absolute { y_label: "MB/s".into(), series: table.absolute(1e6, over) }),
+                "bandwidth / raw NVDIMM".to_string(),
+            )
+        } else {
+            (table.absolute(1e6, over), None, if log { "MB/s (log)" } else { "MB/s" }.to_string())
+        };
+        let x_name = match x_label {
+            "jobs" => "jobs",
+            "read share (1 job)" => "reads",
+            _ => "",
+        };
+        let mut notes = vec![
+            "Under TCG every instruction is emulated: absolute speeds are the emulator's, and \
+             kernel work (bcache, dm-cache) and user-space work (pmcache) are both slowed; \
+             only ratios to the raw NVDIMM of the same boot are the figure."
+                .to_string(),
+            format!(
+                "Each NVDIMM {} MiB; working set {} MiB (Fig 3: per line); {} run(s) of {} s \
+                 per point, series taking turns.",
+                run.bed.nvdimm_mib,
+                run.bed.working_set_mib,
+                run.bed.runs,
+                number(run.bed.seconds)
+            ),
+        ];
+        if x_label == "jobs" {
+            notes.push(format!(
+                "The guest has {cpus} vCPUs (on {} host CPUs): points past {cpus} jobs \
+                 time-share them.",
+                ctx.cpus
+            ));
+        }
+        notes.extend(run.notes.iter().cloned());
+        notes.extend(hit_notes(run, id));
+        figures.push(Figure {
+            id: format!("{id}-guest"),
+            title: title.into(),
+            bed: bed.clone(),
+            x_label: x_label.into(),
+            x_ticks: table.xs.clone(),
+            y_label,
+            y_log: log,
+            bars: id == "000-fig2",
+            ours: ours(&table, normaliser_of, x_name),
+            series,
+            absolute,
+            published: published(id).into(),
+            scale: ctx.scale_note(vec![format!(
+                "scale {} of scripts/guest/paper000.sh (its header says what each shrinks)",
+                run.bed.scale
+            )]),
+            notes,
+            provenance: ctx.provenance.clone(),
+        });
+    }
+    if figures.is_empty() {
+        return Err("the guest bed's output has no figure's points".into());
+    }
+    Ok(figures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(figure: &str, x: &str, series: &str, run: usize, rate: f64) -> GuestPoint {
+        GuestPoint {
+            figure: figure.into(),
+            x: x.into(),
+            series: series.into(),
+            run,
+            bytes_per_s: rate,
+            cache_hits: series.starts_with("bcache").then_some(90),
+            cache_misses: series.starts_with("bcache").then_some(10),
+        }
+    }
+
+    fn guest_run(points: Vec<GuestPoint>) -> GuestRun {
+        GuestRun {
+            bed: GuestBed {
+                kernel: "6.12".into(),
+                guest_cpus: 2,
+                scale: "smallest".into(),
+                runs: 2,
+                seconds: 1.0,
+                nvdimm_mib: 128,
+                working_set_mib: 32,
+                qemu: String::new(),
+            },
+            notes: vec!["bcache in writethrough".into()],
+            points,
+        }
+    }
+
+    #[test]
+    fn ratios_are_taken_run_by_run_against_the_nvdimm_of_the_same_run() {
+        let run = guest_run(vec![
+            point("000-fig4a", "1", "bcache", 0, 60.0),
+            point("000-fig4a", "1", NVM_SERIES, 0, 100.0),
+            point("000-fig4a", "1", "bcache", 1, 30.0),
+            point("000-fig4a", "1", NVM_SERIES, 1, 50.0),
+            point("000-fig4a", "4", NVM_SERIES, 0, 100.0),
+            point("000-fig4a", "4", "bcache", 0, 20.0),
+        ]);
+        let t = table(&run, "000-fig4a").expect("points");
+        assert_eq!(t.names, [NVM_SERIES, "bcache"], "the normaliser first");
+        assert_eq!(t.xs, ["1", "4"]);
+        let over = |x: &str| x == "4";
+        let series = t.normalised(&nvm_of, &over);
+        let bcache = series[1].points.clone();
+        assert_eq!(
+            bcache[0],
+            Some(Point { median: 0.6, min: 0.6, max: 0.6, oversubscribed: false })
+        );
+        assert_eq!(bcache[1].map(|p| (p.median, p.oversubscribed)), Some((0.2, true)));
+        assert_eq!(series[0].points[0], None, "the normaliser has no ratio to itself");
+        let sentence = ours(&t, &nvm_of, "jobs");
+        assert_eq!(
+            sentence,
+            "Of the raw NVDIMM in the same boot, at 1 jobs: bcache 60 %; at 4 jobs: bcache 20 %."
+        );
+    }
+
+    #[test]
+    fn fig3_lines_are_normalised_to_the_nvdimm_of_their_own_working_set() {
+        assert_eq!(nvm_of_set("dm-cache 32 MiB").as_deref(), Some("NVM 32 MiB"));
+        assert_eq!(nvm_of_set("NVM 32 MiB"), None);
+        assert_eq!(nvm_of("pmcache (ublk)").as_deref(), Some(NVM_SERIES));
+    }
+
+    #[test]
+    fn figures_carry_the_papers_sentence_the_hit_ratios_and_the_guest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let args = super::super::PaperArgs {
+            id: "000-guest".into(),
+            scale: super::super::Scale::Smallest,
+            out: dir.path().into(),
+            runs: None,
+            seconds: None,
+            pm_dir: "/dev/shm".into(),
+            dir: "/var/tmp".into(),
+            guest_json: None,
+        };
+        let ctx = super::super::Ctx::new(&args);
+        let run = guest_run(vec![
+            point("000-fig4a", "1", NVM_SERIES, 0, 100.0),
+            point("000-fig4a", "1", "bcache", 0, 62.0),
+            point("000-fig2", "4K rand read", NVM_SERIES, 0, 100.0),
+            point("000-fig2", "4K rand read", "SSD (raw nvme)", 0, 10.0),
+        ]);
+        let figures = figures(&ctx, &run).expect("figures");
+        let ids: Vec<&str> = figures.iter().map(|f| f.id.as_str()).collect();
+        assert_eq!(ids, ["000-fig2-guest", "000-fig4a-guest"]);
+        let fig4a = &figures[1];
+        assert!(fig4a.published.contains("60 %"));
+        assert!(
+            fig4a.notes.iter().any(|n| n.starts_with("bcache: 90 % hits")),
+            "{:?}",
+            fig4a.notes
+        );
+        assert!(fig4a.bed.contains("Linux 6.12"));
+        assert!(figures[0].bars && figures[0].y_log);
+    }
+}
