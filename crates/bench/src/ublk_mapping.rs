@@ -1,26 +1,30 @@
 //! `pmcache bench ublk-mapping`: what the ublk frontend's request path costs per request,
 //! without a kernel. A ublk descriptor is decoded, validated and dispatched into the engine
-//! (`pmcache_ublk::Dispatcher` over an engine lane, with per-tag buffers as the device has)
-//! and its completion result taken; beside it, the engine call alone on the same lane with
-//! the same blocks, in the same run. 4 KiB read hits and write-back writes over random blocks
-//! of half the cache (every read hits, no write evicts), one request per dispatch (a queue
-//! that received one request) and 16 per dispatch (the engine's batch calls). The runs take
-//! turns in an order that alternates from run to run; the table shows medians over runs.
+//! (`pmcache_ublk::Dispatcher` over `pmcache_frontend::CacheConn`, the lane adapter `pmcache
+//! serve --ublk` runs: reads and writes started as the server starts them, its read latencies
+//! recorded; per-tag buffers as the device has) and its completion result taken; beside it,
+//! the engine call alone on the same lane with the same blocks, in the same run. 4 KiB read
+//! hits and write-back writes over random blocks of half the cache (every read hits, no write
+//! evicts), one request per dispatch (a queue that received one request) and 16 per dispatch
+//! (the engine's batch calls). The runs take turns in an order that alternates from run to
+//! run; the table shows medians over runs.
 //!
 //! What it leaves out is the kernel's part: the io_uring commands that hand a request over
 //! and commit it, and the copies between the bio and the tag's buffer.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use pmcache_backing::{IoBuf, PsyncFile};
 use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, Lane, MonotonicClock, ReadRequest,
+    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MonotonicClock, ReadRequest,
     WriteRequest,
 };
+use pmcache_frontend::{Backing, CacheConn};
 use pmcache_media::{MediumOptions, MediumSync, PmemFile};
 use pmcache_ublk::mapping::{UBLK_IO_OP_READ, UBLK_IO_OP_WRITE};
-use pmcache_ublk::{BatchRead, BatchWrite, Dispatcher, Geometry, IoDesc, Target, TargetError};
+use pmcache_ublk::{Dispatcher, Geometry, IoDesc};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -99,72 +103,6 @@ pub struct UblkMappingResult {
     pub cache_bytes: u64,
 }
 
-/// An engine lane as a ublk queue's target (the `pmcache serve --ublk` adapter, over a psync
-/// backing file).
-struct LaneTarget<'e> {
-    lane: Lane<'e, PmemFile, PsyncFile, MonotonicClock>,
-}
-
-fn target_error(e: pmcache_engine::Error) -> TargetError {
-    TargetError::new(e.errno(), e.to_string())
-}
-
-impl Target for LaneTarget<'_> {
-    fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), TargetError> {
-        self.lane.read(offset_bytes, buf).map_err(target_error)
-    }
-
-    fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), TargetError> {
-        self.lane.write(offset_bytes, data, fua).map_err(target_error)
-    }
-
-    fn write_batch(
-        &mut self,
-        writes: &[BatchWrite<'_>],
-        outcomes: &mut Vec<Result<(), TargetError>>,
-    ) {
-        let requests: Vec<WriteRequest<'_>> = writes
-            .iter()
-            .map(|w| WriteRequest { offset: w.offset_bytes, data: w.data, fua: w.fua })
-            .collect();
-        let mut results = Vec::with_capacity(writes.len());
-        self.lane.write_batch(&requests, &mut results);
-        outcomes.extend(results.into_iter().map(|r| r.map_err(target_error)));
-    }
-
-    fn read_batch(
-        &mut self,
-        reads: &mut [BatchRead<'_>],
-        outcomes: &mut Vec<Result<(), TargetError>>,
-    ) {
-        let mut requests: Vec<ReadRequest<'_>> = reads
-            .iter_mut()
-            .map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf })
-            .collect();
-        let mut results = Vec::with_capacity(requests.len());
-        self.lane.read_batch(&mut requests, &mut results);
-        outcomes.extend(results.into_iter().map(|r| r.map_err(target_error)));
-    }
-
-    fn flush(&mut self) -> Result<(), TargetError> {
-        self.lane.flush().map_err(target_error)
-    }
-
-    fn discard(&mut self, offset_bytes: u64, len_bytes: u64) -> Result<(), TargetError> {
-        self.lane.trim(offset_bytes, len_bytes).map_err(target_error)
-    }
-
-    fn write_zeroes(
-        &mut self,
-        offset_bytes: u64,
-        len_bytes: u64,
-        fua: bool,
-        _may_unmap: bool,
-    ) -> Result<(), TargetError> {
-        self.lane.write_zeroes(offset_bytes, len_bytes, fua).map_err(target_error)
-    }
-}
-
 /// The request kinds measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -172,9 +110,10 @@ enum Kind {
     Write,
 }
 
-/// One lane, a dispatcher, per-tag buffers, and the random blocks every measurement uses.
+/// One lane (as `pmcache serve --ublk` serves it, over a psync backing file), a dispatcher,
+/// per-tag buffers, and the random blocks every measurement uses.
 struct Bed<'e> {
-    target: LaneTarget<'e>,
+    target: CacheConn<'e>,
     dispatcher: Dispatcher,
     bufs: Vec<IoBuf>,
     blocks: Vec<u64>,
@@ -186,7 +125,7 @@ impl Bed<'_> {
     fn measure(&mut self, kind: Kind, per_dispatch: usize, mapped: bool) -> Result<f64, String> {
         let op = if kind == Kind::Read { UBLK_IO_OP_READ } else { UBLK_IO_OP_WRITE };
         let started = Instant::now();
-        let mut failed = 0usize;
+        let (mut failed, mut unanswered) = (0usize, 0usize);
         let mut outcomes = Vec::with_capacity(BATCH);
         let mut direct = buffers(BLOCK_BYTES as usize, 0x5a);
         for chunk in self.blocks.chunks(per_dispatch) {
@@ -197,10 +136,15 @@ impl Bed<'_> {
                     self.dispatcher.receive(tag as u16, &desc);
                 }
                 self.dispatcher.dispatch(&mut self.target, &mut self.bufs);
-                failed += self.dispatcher.completions().filter(|&(_, r)| r < 0).count();
+                let mut answered = 0;
+                for (_, result) in self.dispatcher.completions() {
+                    answered += 1;
+                    failed += usize::from(result < 0);
+                }
+                unanswered += chunk.len().saturating_sub(answered);
                 continue;
             }
-            let lane = &mut self.target.lane;
+            let lane = self.target.lane();
             match (kind, chunk) {
                 (Kind::Read, &[block]) => {
                     failed += usize::from(lane.read(block * BLOCK_BYTES, &mut direct[0]).is_err())
@@ -239,6 +183,10 @@ impl Bed<'_> {
         if failed > 0 {
             return Err(format!("{failed} requests failed"));
         }
+        // Every read hits and every write is written back later: each is answered at once.
+        if unanswered > 0 {
+            return Err(format!("{unanswered} requests were left in flight"));
+        }
         Ok(seconds)
     }
 }
@@ -272,7 +220,7 @@ pub fn run(args: &UblkMappingArgs) -> Result<UblkMappingResult, String> {
     std::fs::File::create(&backing_path)
         .and_then(|f| f.set_len(span_blocks * BLOCK_BYTES))
         .map_err(|e| format!("{}: {e}", backing_path.display()))?;
-    let backing = PsyncFile::open(&backing_path).map_err(|e| e.to_string())?;
+    let backing: Backing = Arc::new(PsyncFile::open(&backing_path).map_err(|e| e.to_string())?);
     let config = Config {
         mode: CacheMode::WriteBack,
         block_size: BLOCK_BYTES as u32,
@@ -290,7 +238,7 @@ pub fn run(args: &UblkMappingArgs) -> Result<UblkMappingResult, String> {
         max_io_bytes: MAX_IO_BYTES,
     };
     let mut bed = Bed {
-        target: LaneTarget { lane: engine.lane().map_err(|e| e.to_string())? },
+        target: CacheConn::new(engine.lane().map_err(|e| e.to_string())?),
         dispatcher: Dispatcher::new(geometry, BATCH as u16),
         bufs: buffers(MAX_IO_BYTES as usize, 0xa5),
         blocks: (0..args.request_count()).map(|_| rng.gen_range(0..span_blocks)).collect(),

@@ -4,12 +4,13 @@
 //! with what to do).
 
 use pmcache_backing::wrappers::LatencyDist;
+use pmcache_frontend::units::parse_size;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use pmcache_media::MediumSync;
 
-use crate::cache::{MEDIUM_SYNC_HELP, parse_size};
+use crate::cache::MEDIUM_SYNC_HELP;
 use crate::tls::TlsArgs;
 
 /// Default cache medium of `pmcache serve` with no arguments.

@@ -10,12 +10,9 @@ use pmcache_engine::format::{FormatError, MAGIC, SUPERBLOCK_BYTES, Superblock};
 use pmcache_engine::{
     AdmissionConfig, CacheMode, Config, Engine, Error, EvictionKind, MonotonicClock, RecoveryReport,
 };
+use pmcache_frontend::units::{human, parse_size};
+use pmcache_frontend::{Backing, CacheEngine};
 use pmcache_media::{Medium, MediumOptions, MediumSync, PmemFile};
-
-/// The backing store as the CLI opens it: any engine.
-pub type Backing = Arc<dyn BackingStore>;
-/// The engine as the CLI runs it.
-pub type CacheEngine = Engine<PmemFile, Backing, MonotonicClock>;
 
 /// The size of a new cache medium when `--cache-size` is not given.
 pub const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
@@ -78,35 +75,6 @@ pub struct CacheArgs {
     /// `nvme-ssd`: 60–70 µs). Requests overlap without limit.
     #[arg(long, value_parser = LatencyDist::parse, value_name = "TIME|hdd|sata-ssd|nvme-ssd")]
     pub backing_latency: Option<LatencyDist>,
-}
-
-/// Parses `512`, `64K`, `1G`, `8GiB`, `2T`.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let trimmed = text.trim().trim_end_matches("iB").trim_end_matches('B');
-    let (digits, shift) = match trimmed.chars().last() {
-        Some('K' | 'k') => (&trimmed[..trimmed.len() - 1], 10),
-        Some('M' | 'm') => (&trimmed[..trimmed.len() - 1], 20),
-        Some('G' | 'g') => (&trimmed[..trimmed.len() - 1], 30),
-        Some('T' | 't') => (&trimmed[..trimmed.len() - 1], 40),
-        _ => (trimmed, 0),
-    };
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(1 << shift))
-        .ok_or_else(|| format!("{text:?} is not a size (examples: 4096, 64M, 1G)"))
-}
-
-/// Human-readable bytes.
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
 fn engine_options(name: Option<&str>) -> Result<EngineOptions, String> {
@@ -428,19 +396,4 @@ pub fn format(args: &CacheArgs, force: bool) -> Result<CacheEngine, String> {
     check_size_asked(args, &medium)?;
     Engine::format(medium, backing, MonotonicClock::default(), &engine_config(args, 4))
         .map_err(|e| format!("{}: {e}", args.cache.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("8GiB"), Ok(8 << 30));
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("99999999999T").is_err());
-    }
 }

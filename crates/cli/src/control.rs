@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use pmcache_engine::Error;
-
-use crate::cache::CacheEngine;
+use pmcache_frontend::CacheEngine;
 
 /// The control socket path of a cache.
 pub fn default_control_path(cache: &Path) -> PathBuf {
@@ -68,7 +67,7 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
     object.insert("mode".into(), engine.mode().to_string().into());
     object.insert("medium".into(), engine.medium().kind().name().into());
     object.insert("size_bytes".into(), engine.size_bytes().into());
-    for (name, value) in crate::conn::READ_LATENCIES.stats() {
+    for (name, value) in pmcache_frontend::READ_LATENCIES.stats() {
         object.insert(name, value.into());
     }
     let c = &stats.cleaner;

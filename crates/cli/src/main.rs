@@ -12,7 +12,6 @@ mod args;
 mod backing_id;
 mod bench;
 mod cache;
-mod conn;
 mod control;
 mod manage;
 mod nbd;

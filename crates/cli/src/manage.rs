@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressStyle};
 use pmcache_engine::check_medium;
 use pmcache_engine::format::Superblock;
+use pmcache_frontend::units::human;
 use pmcache_media::{FileSystem, Medium, MediumKind, MediumSync};
 
-use crate::cache::{CacheArgs, MEDIUM_SYNC_HELP, human, open_existing};
+use crate::cache::{CacheArgs, MEDIUM_SYNC_HELP, open_existing};
 use crate::control::{self, default_control_path};
 
 /// `pmcache format`.

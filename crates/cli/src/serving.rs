@@ -13,12 +13,14 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pmcache_engine::{CacheMode, Error};
+use pmcache_frontend::CacheEngine;
+use pmcache_frontend::units::human;
 use pmcache_media::{FileSystem, MediumKind};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use crate::args::{DEFAULT_BACKING, DEFAULT_CACHE, ServeArgs};
-use crate::cache::{CacheArgs, CacheEngine, Opened, human, open_or_format};
+use crate::cache::{CacheArgs, Opened, open_or_format};
 use crate::control::{self, Frontend, default_control_path};
 use crate::state;
 

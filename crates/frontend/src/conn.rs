@@ -14,14 +14,14 @@ use pmcache_engine::{
 };
 use pmcache_media::PmemFile;
 
-use crate::cache::Backing;
+use crate::Backing;
 
 /// Read latencies recorded by a connection before they are added to the process's.
 const LATENCY_FLUSH_RECORDS: u64 = 4096;
 
 /// The server's read latencies, from a read's hand-over to the engine to its answer: hits
 /// (answered as the batch is started) and misses (answered when their backing read is).
-pub(crate) struct ReadLatencies {
+pub struct ReadLatencies {
     hit: Mutex<Histogram<u64>>,
     miss: Mutex<Histogram<u64>>,
 }
@@ -31,14 +31,14 @@ fn latency_histogram() -> Histogram<u64> {
 }
 
 /// The process's read latencies (one cache is served per process).
-pub(crate) static READ_LATENCIES: LazyLock<ReadLatencies> = LazyLock::new(|| ReadLatencies {
+pub static READ_LATENCIES: LazyLock<ReadLatencies> = LazyLock::new(|| ReadLatencies {
     hit: Mutex::new(latency_histogram()),
     miss: Mutex::new(latency_histogram()),
 });
 
 impl ReadLatencies {
     /// `(name, value)` pairs for `stats`: count, p50, p90, p99 and max of each class, in ns.
-    pub(crate) fn stats(&self) -> Vec<(String, u64)> {
+    pub fn stats(&self) -> Vec<(String, u64)> {
         let mut out = Vec::new();
         for (class, h) in [("hit", &self.hit), ("miss", &self.miss)] {
             let h = h.lock().unwrap_or_else(|e| e.into_inner());
@@ -66,9 +66,10 @@ impl ReadLatencies {
 pub(crate) type Completed<'a, E> = dyn FnMut(usize, Result<&[u8], E>) + 'a;
 
 /// One engine lane, served by one frontend connection or queue: NBD's `ExportConn` in
-/// `crate::nbd`, ublk's `Target` in `crate::ublk`.
-pub(crate) struct CacheConn {
-    pub(crate) lane: Lane<'static, PmemFile, Backing, MonotonicClock>,
+/// `crate::nbd`, ublk's `Target` in `crate::ublk`. Its reads' latencies go to
+/// [`READ_LATENCIES`].
+pub struct CacheConn<'e> {
+    pub(crate) lane: Lane<'e, PmemFile, Backing, MonotonicClock>,
     /// The engine's outcomes of one batch, kept from batch to batch.
     results: Vec<Result<(), Error>>,
     starts: Vec<ReadStart>,
@@ -79,8 +80,9 @@ pub(crate) struct CacheConn {
     miss_ns: Histogram<u64>,
 }
 
-impl CacheConn {
-    pub(crate) fn new(lane: Lane<'static, PmemFile, Backing, MonotonicClock>) -> Self {
+impl<'e> CacheConn<'e> {
+    /// Serves `lane`.
+    pub fn new(lane: Lane<'e, PmemFile, Backing, MonotonicClock>) -> Self {
         Self {
             lane,
             results: Vec::new(),
@@ -90,6 +92,11 @@ impl CacheConn {
             hit_ns: latency_histogram(),
             miss_ns: latency_histogram(),
         }
+    }
+
+    /// The lane served, for calls into the engine beside the frontend's.
+    pub fn lane(&mut self) -> &mut Lane<'e, PmemFile, Backing, MonotonicClock> {
+        &mut self.lane
     }
 
     /// The writes a frontend had in flight together, group-committed by the engine
@@ -201,7 +208,7 @@ impl CacheConn {
     }
 }
 
-impl Drop for CacheConn {
+impl Drop for CacheConn<'_> {
     fn drop(&mut self) {
         READ_LATENCIES.add(&mut self.hit_ns, &mut self.miss_ns);
     }

@@ -1,0 +1,34 @@
+//! The engine as pmcache's frontends serve it, for the `pmcache` command and the benches alike:
+//!
+//! - [`conn`]: [`CacheConn`], one engine lane served by one NBD connection or one ublk queue
+//!   (the batch calls both frontends make, and the read latencies by class that `pmcache
+//!   stats` reports, [`READ_LATENCIES`]).
+//! - [`nbd`]: the engine as an NBD export ([`CacheExport`]) and `CacheConn` as its
+//!   connection (`pmcache_nbd::ExportConn`).
+//! - [`ublk`]: `CacheConn` as a ublk queue's `pmcache_ublk::Target` (the pure request path:
+//!   the kernel device stays with the command).
+//! - [`units`]: sizes as the command line gives them and bytes as people read them.
+//!
+//! The engine they serve is a [`CacheEngine`]: a `PmemFile` medium in front of any
+//! [`Backing`] store.
+
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use pmcache_backing::BackingStore;
+use pmcache_engine::{Engine, MonotonicClock};
+use pmcache_media::PmemFile;
+
+pub mod conn;
+pub mod nbd;
+pub mod ublk;
+pub mod units;
+
+pub use conn::{CacheConn, READ_LATENCIES, ReadLatencies};
+pub use nbd::CacheExport;
+
+/// The backing store as the frontends serve it: any engine, chosen at run time.
+pub type Backing = Arc<dyn BackingStore>;
+/// The engine as the frontends serve it.
+pub type CacheEngine = Engine<PmemFile, Backing, MonotonicClock>;
