@@ -211,6 +211,72 @@ fn scenario(mode: CacheMode) {
     scenario_with(mode, false)
 }
 
+/// A read of four blocks written in order (so in consecutive slots, copied with one copy)
+/// beside a writer overwriting the middle two and an evictor recycling their old slots: every
+/// block the read returns is one whole version, blocks never go back in time, and the blocks
+/// nobody overwrites keep theirs.
+fn run_reader_scenario() {
+    let engine = engine(CacheMode::WriteBack, vec![0; 64 * BLOCK]);
+    {
+        let mut lane = engine.lane().unwrap();
+        for lba in 0..4u64 {
+            lane.write(lba * BLOCK as u64, &stamp(1), false).unwrap();
+        }
+    }
+    let writer = {
+        let engine = engine.clone();
+        shuttle::thread::spawn(move || {
+            let mut lane = engine.lane().unwrap();
+            for version in 2..=3 {
+                for lba in [1u64, 2] {
+                    lane.write(lba * BLOCK as u64, &stamp(version), false).unwrap();
+                }
+            }
+        })
+    };
+    let evictor = {
+        let engine = engine.clone();
+        shuttle::thread::spawn(move || {
+            let mut lane = engine.lane().unwrap();
+            for lba in 10..24u64 {
+                lane.write(lba * BLOCK as u64, &stamp(100 + lba), false).unwrap();
+            }
+            lane.drain().unwrap();
+        })
+    };
+    let mut lane = engine.lane().unwrap();
+    let mut last = [0u64; 4];
+    for _ in 0..3 {
+        let mut buf = vec![0u8; 4 * BLOCK];
+        lane.read(0, &mut buf).unwrap();
+        for (lba, block) in buf.chunks(BLOCK).enumerate() {
+            let version = version_of(block);
+            let allowed: &[u64] = if lba == 1 || lba == 2 { &[1, 2, 3] } else { &[1] };
+            assert!(allowed.contains(&version), "block {lba}: version {version}");
+            assert!(version >= last[lba], "block {lba} went back: {} then {version}", last[lba]);
+            last[lba] = version;
+        }
+    }
+    drop(lane);
+    writer.join().unwrap();
+    evictor.join().unwrap();
+    engine.audit().unwrap();
+    let mut buf = vec![0u8; 4 * BLOCK];
+    engine.lane().unwrap().read(0, &mut buf).unwrap();
+    let versions: Vec<u64> = buf.chunks(BLOCK).map(version_of).collect();
+    assert_eq!(versions, [1, 3, 3, 1]);
+}
+
+#[test]
+fn multi_block_reader_beside_a_writer_and_an_evictor() {
+    shuttle::check_random(run_reader_scenario, iterations());
+}
+
+#[test]
+fn multi_block_reader_beside_a_writer_and_an_evictor_pct() {
+    shuttle::check_pct(run_reader_scenario, iterations(), 3);
+}
+
 /// With `batched`, the writer group-commits block 0 together with block 40, the evictor fills
 /// the cache in batches of four, and the reader reads blocks 0 and 40 as one batch.
 fn scenario_with(mode: CacheMode, batched: bool) {

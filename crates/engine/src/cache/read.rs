@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// Blocks copied with one copy at most, when a read's blocks lie in consecutive slots (a
+/// sequential read of blocks written in order: `pmcache bench paper 000-fig4b`).
+const RUN_BLOCKS_MAX: usize = 64;
+
 impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Reads `buf.len()` bytes at byte `offset`.
     pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -12,8 +16,23 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // decision, and tracking every hit would put shared stores on the hit path.
         let mut sequential_tail = None;
         let request_len = buf.len() as u64;
+        let block = self.block_bytes();
+        let end = offset + request_len;
         let mut done = 0;
-        for (lba, in_block, len) in pieces(offset, buf.len() as u64, self.block_bytes()) {
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let (lba, in_block) = (block_of(at, block), offset_in_block(at, block) as usize);
+            let len = (block - in_block as u64).min(end - at) as usize;
+            if in_block == 0 && len as u64 == block {
+                let whole_blocks = ((end - at) / block) as usize;
+                if whole_blocks > 1 {
+                    let hits = self.read_hit_run(lba, whole_blocks, &mut buf[done..]);
+                    if hits > 0 {
+                        done += hits * block as usize;
+                        continue;
+                    }
+                }
+            }
             let out = &mut buf[done..done + len];
             if !self.read_hit(lba, in_block, out) {
                 let tail = *sequential_tail.get_or_insert_with(|| {
@@ -25,6 +44,40 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         bump(&self.counters().bytes_read, buf.len() as u64);
         Ok(())
+    }
+
+    /// Lock-free hits of up to `blocks` whole blocks from `lba` on, into `out`: the blocks
+    /// whose slots follow one another are copied with one copy, then each is validated as
+    /// [`Lane::copy_validated`] validates one (its index entry still holds the same slot and
+    /// generation after the copy). Returns how many blocks, from the first, were validated
+    /// hits (0: the first block is not a visible hit); the caller reads the rest.
+    fn read_hit_run(&mut self, lba: u64, blocks: usize, out: &mut [u8]) -> usize {
+        let engine = self.engine;
+        let block = self.block_bytes() as usize;
+        let Some(first) = engine.index.lookup(lba).filter(|f| !f.hidden) else { return 0 };
+        let mut run: SmallVec<[Found; RUN_BLOCKS_MAX]> = SmallVec::new();
+        run.push(first);
+        let wanted = blocks.min(RUN_BLOCKS_MAX);
+        while run.len() < wanted {
+            let previous = run[run.len() - 1].slot;
+            match engine.index.lookup(lba + run.len() as u64) {
+                Some(next) if !next.hidden && previous.checked_add(1) == Some(next.slot) => {
+                    run.push(next)
+                }
+                _ => break,
+            }
+        }
+        engine.medium.read(engine.geometry.data_offset(first.slot), &mut out[..run.len() * block]);
+        fence(Ordering::Acquire);
+        let held = run.iter().take_while(|found| engine.index.still_holds(found)).count();
+        if engine.marks_hits {
+            run[..held].iter().for_each(|found| engine.index.touch(found));
+        }
+        bump(&self.counters().read_hits, held as u64);
+        if held < run.len() {
+            bump(&self.counters().read_retries, 1);
+        }
+        held
     }
 
     /// The lock-free hit path. Returns false on a miss or after repeated interference.
