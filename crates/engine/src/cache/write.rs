@@ -1,6 +1,7 @@
 //! The write paths: write-back (out of place into the cache), write-through, write-around
 //! and pass-through, write-zeroes and trim.
 
+use super::batch::GROUP_MAX;
 use super::ordering::RANGE_HOLD_BLOCKS_MAX;
 use super::*;
 
@@ -44,6 +45,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     pub fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         let _unwind = AbortOnUnwind::new("Lane::write");
         self.engine.check_range("write", offset, data.len() as u64)?;
+        let block = self.block_bytes();
+        if self.engine.mode().writes_back()
+            && offset_in_block(offset, block) == 0
+            && data.len() as u64 % block == 0
+            && data.len() as u64 >= 2 * block
+        {
+            return self.write_blocks_grouped(offset, data);
+        }
         if self.engine.mode().writes_back() {
             let blocks = (data.len() as u64).div_ceil(self.block_bytes()).max(1);
             self.engine.pace_writes(blocks);
@@ -58,6 +67,36 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.flush()?;
         }
         Ok(())
+    }
+
+    /// A write-back write of several whole blocks: the blocks are group-committed as a batch
+    /// of one-block writes is (`write_batch`: two fences per group rather than two per
+    /// block, and consecutive slots, which a later read copies in one piece). Each block is
+    /// written whole or not at all at a crash, as alone; the request, as any multi-block
+    /// write, is not atomic.
+    fn write_blocks_grouped(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        let block = self.block_bytes() as usize;
+        let mut outcomes = std::mem::take(&mut self.write_outcomes);
+        let mut result = Ok(());
+        for (chunk_index, chunk) in data.chunks(block * GROUP_MAX).enumerate() {
+            let first = offset + (chunk_index * block * GROUP_MAX) as u64;
+            let writes: SmallVec<[WriteRequest<'_>; GROUP_MAX]> = chunk
+                .chunks(block)
+                .enumerate()
+                .map(|(i, data)| WriteRequest {
+                    offset: first + (i * block) as u64,
+                    data,
+                    fua: false,
+                })
+                .collect();
+            self.write_batch(&writes, &mut outcomes);
+            if let Some(failed) = outcomes.drain(..).find(Result::is_err) {
+                result = failed;
+                break;
+            }
+        }
+        self.write_outcomes = outcomes;
+        result
     }
 
     /// Writes zeroes over `len` bytes at `offset` (durable on return with `fua`, as `write`).
