@@ -48,7 +48,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let block = self.block_bytes();
         if self.engine.mode().writes_back()
             && offset_in_block(offset, block) == 0
-            && data.len() as u64 % block == 0
+            && (data.len() as u64).is_multiple_of(block)
             && data.len() as u64 >= 2 * block
         {
             return self.write_blocks_grouped(offset, data);
