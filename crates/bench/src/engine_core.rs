@@ -41,6 +41,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::harness::stats::{median_in_place, quartiles};
+
 const BLOCK: u64 = 4096;
 /// A 4 KiB buffer aligned like a page, so that the baseline and the engine copy into
 /// identically aligned memory (`rep movsb` speed depends on the destination's alignment).
@@ -630,20 +632,6 @@ fn name_matches(name: &str, only: &str) -> bool {
     }
 }
 
-/// The median: the middle value, or the mean of the two middle ones.
-pub(crate) fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    let half = values.len() / 2;
-    if values.len() % 2 == 1 { values[half] } else { (values[half - 1] + values[half]) / 2.0 }
-}
-
-/// The first and third quartiles (nearest rank) of `values`.
-fn quartiles(values: &mut [f64]) -> (f64, f64) {
-    values.sort_by(|a, b| a.total_cmp(b));
-    let last = values.len() - 1;
-    (values[last / 4], values[last - last / 4])
-}
-
 struct Case {
     name: &'static str,
     mix: Mix,
@@ -743,14 +731,14 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
             name: case.name.to_string(),
             threads: case.threads,
             requests_per_call: case.batch,
-            ops_per_sec: median(&mut engine_ops),
-            baseline_ops_per_sec: Some(median(&mut raw_ops)),
+            ops_per_sec: median_in_place(&mut engine_ops),
+            baseline_ops_per_sec: Some(median_in_place(&mut raw_ops)),
             baseline: case.baseline.to_string(),
-            ratio_to_raw: Some(median(&mut ratios)),
+            ratio_to_raw: Some(median_in_place(&mut ratios)),
             ratio_to_raw_quartiles: Some(quartiles(&mut ratios)),
             goal_ratio: case.goal,
-            floor_ratio_to_raw: Some(median(&mut floor_ratios)),
-            ratio_to_floor: Some(median(&mut to_floor)),
+            floor_ratio_to_raw: Some(median_in_place(&mut floor_ratios)),
+            ratio_to_floor: Some(median_in_place(&mut to_floor)),
             latency_ns_p50: Some(histogram.value_at_quantile(0.5)),
             latency_ns_p99: Some(histogram.value_at_quantile(0.99)),
             runs,
@@ -786,10 +774,10 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
             name: "mix-50-50-4k".to_string(),
             threads: 16,
             requests_per_call: 1,
-            ops_per_sec: median(&mut sixteen),
-            baseline_ops_per_sec: Some(median(&mut two)),
+            ops_per_sec: median_in_place(&mut sixteen),
+            baseline_ops_per_sec: Some(median_in_place(&mut two)),
             baseline: "the engine at 2 threads".to_string(),
-            ratio_to_2_threads: Some(median(&mut ratios)),
+            ratio_to_2_threads: Some(median_in_place(&mut ratios)),
             goal_ratio: Some(0.90),
             latency_ns_p50: Some(histogram.value_at_quantile(0.5)),
             latency_ns_p99: Some(histogram.value_at_quantile(0.99)),
@@ -863,7 +851,7 @@ fn recovery_row(
     }
     let report = report.expect("at least one run");
     let slowest_s = times.iter().copied().fold(0.0, f64::max);
-    let recovery_s = median(&mut times);
+    let recovery_s = median_in_place(&mut times);
     Ok(CoreResult {
         name: format!(
             "recovery ({slot_count} slots: {} clean, {} dirty; DRAM {dram:.2} B/slot here, {dram_small:.2} B/slot at the bench cache)",
@@ -968,19 +956,6 @@ mod tests {
         assert!(name_matches("write-back-4k-qd16", "write-back-4k"));
         assert!(name_matches("mix-50-50-4k-qd16", "-qd16$"));
         assert!(!name_matches("recovery", "4k$"));
-    }
-
-    #[test]
-    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
-        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-    }
-
-    #[test]
-    fn quartiles_are_the_nearest_ranks() {
-        let mut runs = [9.0, 1.0, 5.0, 3.0, 7.0, 2.0, 8.0, 4.0, 6.0];
-        assert_eq!(quartiles(&mut runs), (3.0, 7.0));
-        assert_eq!(quartiles(&mut [4.0]), (4.0, 4.0));
     }
 
     #[test]

@@ -26,7 +26,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::engine_core::{INTERLEAVE_BLOCK_OPS, median};
+use crate::engine_core::INTERLEAVE_BLOCK_OPS;
+use crate::harness::stats::median_in_place;
 
 const BLOCK_BYTES: u64 = 4096;
 
@@ -162,7 +163,7 @@ fn run_interleaved<K: FnMut(&mut SmallRng)>(
 /// the table of `table_kib[i]`).
 fn rows(table_kib: &[u64], slots: u64, rates: &[Vec<f64>]) -> Vec<LookupResult> {
     let mut copy_alone_ns: Vec<f64> = rates.iter().map(|r| 1e9 / r[0]).collect();
-    let copy_alone_ns = median(&mut copy_alone_ns);
+    let copy_alone_ns = median_in_place(&mut copy_alone_ns);
     table_kib
         .iter()
         .enumerate()
@@ -173,9 +174,9 @@ fn rows(table_kib: &[u64], slots: u64, rates: &[Vec<f64>]) -> Vec<LookupResult> 
                 name: format!("lookup-{kib}KiB"),
                 table_bytes: kib << 10,
                 table_bytes_per_slot: (kib << 10) as f64 / slots as f64,
-                read_ns: median(&mut ns),
+                read_ns: median_in_place(&mut ns),
                 copy_alone_ns,
-                ratio_to_copy: median(&mut ratios),
+                ratio_to_copy: median_in_place(&mut ratios),
                 runs: rates.len(),
             }
         })

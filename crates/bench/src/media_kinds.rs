@@ -21,7 +21,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::engine_core::median;
+use crate::harness::stats::median_in_place;
 
 const BLOCK_BYTES: u64 = 4096;
 
@@ -238,7 +238,7 @@ pub fn run(args: &MediaKindsArgs) -> Result<MediaKindsResult, String> {
             kind: kind.name().to_string(),
             dir: bed.dir.display().to_string(),
             file_system: bed.file_system.clone(),
-            writes_per_s: median(rates),
+            writes_per_s: median_in_place(rates),
             msync_calls_per_write: counts.0,
             synced_bytes_per_write: counts.1,
         };
@@ -256,7 +256,7 @@ pub fn run(args: &MediaKindsArgs) -> Result<MediaKindsResult, String> {
                 per_write(synced.synced_bytes - synced_before.synced_bytes),
             ),
         ),
-        msync_to_volatile: median(&mut ratios),
+        msync_to_volatile: median_in_place(&mut ratios),
         runs: args.run_count(),
         seconds: time.as_secs_f64(),
         cache_bytes,

@@ -36,13 +36,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use pmcache_frontend::units::{human, parse_nonzero_size};
 use serde::Serialize;
 
-use crate::nbd_fio::{
-    FioResult, FioRun, FioSpec, FioTarget, Machine, PmcacheServe, Scratch, Server, ServerFigures,
-    catch_interrupts, check_fio, check_interrupted, control_stats, human, median, median_index,
-    opt, parse_size, progress, settle, tool_version, was_interrupted,
-};
+use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, check_fio};
+use crate::harness::machine::{Machine, tool_version};
+use crate::harness::output::{opt, progress};
+use crate::harness::process::{catch_interrupts, check_interrupted, was_interrupted};
+use crate::harness::scratch::{Scratch, settle};
+use crate::harness::servers::{PmcacheServe, Server, ServerFigures, control_stats};
+use crate::harness::stats::{median, median_index};
 
 /// Arguments of `pmcache bench paper002`.
 #[derive(clap::Args, Debug, Clone)]
@@ -64,13 +67,13 @@ pub struct Paper002Args {
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Span of the random offsets, the size of the backing file (e.g. 2G).
-    #[arg(long, value_parser = parse_size, default_value = "2G")]
+    #[arg(long, value_parser = parse_nonzero_size, default_value = "2G")]
     pub span: u64,
     /// Size of the cache medium (smaller than the span: the cleaner must run).
-    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    #[arg(long, value_parser = parse_nonzero_size, default_value = "256M")]
     pub cache_size: u64,
     /// Request size.
-    #[arg(long, value_parser = parse_size, default_value = "4M")]
+    #[arg(long, value_parser = parse_nonzero_size, default_value = "4M")]
     pub bs: u64,
     /// Requests in flight per writer.
     #[arg(long, default_value_t = 1)]

@@ -29,7 +29,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::engine_core::median;
+use crate::harness::stats::median_in_place;
 
 const BLOCK_BYTES: u64 = 4096;
 const SECTORS_PER_BLOCK: u32 = (BLOCK_BYTES / 512) as u32;
@@ -280,10 +280,10 @@ pub fn run(args: &UblkMappingArgs) -> Result<UblkMappingResult, String> {
                 "{}, {per} per dispatch",
                 if kind == Kind::Read { "4 KiB read hit" } else { "4 KiB write" }
             ),
-            mapped_ns: median(&mut s.0),
-            engine_ns: median(&mut s.1),
-            overhead_ns: median(&mut s.2),
-            ratio: median(&mut s.3),
+            mapped_ns: median_in_place(&mut s.0),
+            engine_ns: median_in_place(&mut s.1),
+            overhead_ns: median_in_place(&mut s.2),
+            ratio: median_in_place(&mut s.3),
         })
         .collect();
     Ok(UblkMappingResult { rows, requests: bed.blocks.len(), runs: args.run_count(), cache_bytes })

@@ -1,0 +1,53 @@
+//! The description of the machine the figures come from.
+
+use std::process::Command;
+
+use serde::Serialize;
+
+/// Runs `program args` and returns its first line of output, or an error naming the
+/// package to install.
+pub(crate) fn tool_version(program: &str, arg: &str, package: &str) -> Result<String, String> {
+    let output = Command::new(program).arg(arg).output().map_err(|e| {
+        format!("{program} not found ({e}); install it (apt-get install -y {package})")
+    })?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text.lines().next().unwrap_or("").trim().to_string();
+    if !output.status.success() && line.is_empty() {
+        return Err(format!("{program} {arg} failed ({})", output.status));
+    }
+    Ok(line)
+}
+
+/// A description of the machine the figures come from.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Machine {
+    pub(crate) kernel: String,
+    pub(crate) cpus: usize,
+    pub(crate) cpu_model: String,
+    pub(crate) fio: String,
+    pub(crate) nbdkit: Option<String>,
+}
+
+impl Machine {
+    pub(crate) fn probe(fio: String, nbdkit: Option<String>) -> Self {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|m| m.trim().to_string())
+            })
+            .unwrap_or_default();
+        Machine {
+            kernel,
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model,
+            fio,
+            nbdkit,
+        }
+    }
+}
