@@ -104,10 +104,10 @@ pub struct MediaKindsResult {
 
 /// A cache on one medium, with the writer's state.
 struct Bed {
-    engine: Engine<PmemFile, PsyncFile, MonotonicClock>,
-    dir: PathBuf,
+    pub(super) engine: Engine<PmemFile, PsyncFile, MonotonicClock>,
+    pub(super) dir: PathBuf,
     file_system: String,
-    blocks: u64,
+    pub(super) blocks: u64,
     rng: SmallRng,
     data: Vec<u8>,
     _tmp: tempfile::TempDir,

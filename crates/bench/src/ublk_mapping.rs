@@ -116,7 +116,7 @@ struct Bed<'e> {
     target: CacheConn<'e>,
     dispatcher: Dispatcher,
     bufs: Vec<IoBuf>,
-    blocks: Vec<u64>,
+    pub(super) blocks: Vec<u64>,
 }
 
 impl Bed<'_> {
