@@ -27,6 +27,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::engine_core::INTERLEAVE_BLOCK_OPS;
+use crate::harness::output::print_json_line;
 use crate::harness::stats::median_in_place;
 
 const BLOCK_BYTES: u64 = 4096;
@@ -239,7 +240,7 @@ pub fn run_cli(args: &LookupArgs) -> Result<(), String> {
     let rows = run(args)?;
     if args.json {
         for row in &rows {
-            println!("{}", serde_json::to_string(row).map_err(|e| e.to_string())?);
+            print_json_line(row)?;
         }
         return Ok(());
     }

@@ -21,6 +21,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::harness::output::print_json_line;
 use crate::harness::stats::median_in_place;
 
 const BLOCK_BYTES: u64 = 4096;
@@ -280,7 +281,7 @@ fn cpu_model() -> String {
 pub fn run_cli(args: &MediaKindsArgs) -> Result<(), String> {
     let r = run(args)?;
     if args.json {
-        println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+        print_json_line(&r)?;
         return Ok(());
     }
     println!(

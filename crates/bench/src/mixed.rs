@@ -36,6 +36,7 @@ use serde::Serialize;
 
 use crate::harness::fio::check_fio;
 use crate::harness::machine::Machine;
+use crate::harness::output::write_json;
 use crate::harness::output::{opt, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
 use crate::harness::servers::{PmcacheServe, Server};
@@ -208,7 +209,7 @@ pub fn run_cli(args: &MixedArgs) -> Result<(), String> {
     if args.json {
         let doc = serde_json::json!({ "machine": machine, "latency": args.latency,
             "unloaded_hit_us": t0, "rows": rows });
-        println!("{}", serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?);
+        write_json(&doc, true, None)?;
     } else {
         print!("{}", table(&args, &machine, t0, &rows));
     }

@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, check_fio};
 use crate::harness::machine::{Machine, tool_version};
+use crate::harness::output::write_json;
 use crate::harness::output::{opt, progress};
 use crate::harness::process::catch_interrupts;
 use crate::harness::scratch::Scratch;
@@ -174,7 +175,7 @@ pub fn run_cli(args: &TlsArgs) -> Result<(), String> {
         tls: row("tls-x509", &tls),
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+        write_json(&report, true, None)?;
     } else {
         print!("{}", table(&report));
     }

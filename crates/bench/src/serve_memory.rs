@@ -23,6 +23,7 @@ use serde::Serialize;
 use crate::harness::fio::{FioRun, FioSpec, FioTarget, check_fio};
 use crate::harness::machine::Machine;
 use crate::harness::output::progress;
+use crate::harness::output::write_json;
 use crate::harness::process::check_interrupted;
 use crate::harness::scratch::Scratch;
 use crate::harness::servers::{PmcacheServe, Server};
@@ -262,7 +263,7 @@ pub fn run_cli(args: &MemoryArgs) -> Result<(), String> {
         rows,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+        write_json(&report, true, None)?;
         return Ok(());
     }
     println!(

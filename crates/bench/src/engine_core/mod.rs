@@ -30,6 +30,7 @@ use std::path::PathBuf;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::harness::output::print_json_line;
 use crate::harness::stats::{median_in_place, quartiles};
 
 mod bed;
@@ -346,7 +347,7 @@ pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
     }
     if args.json {
         for row in &rows {
-            println!("{}", serde_json::to_string(row).map_err(|e| e.to_string())?);
+            print_json_line(row)?;
         }
         return Ok(());
     }

@@ -24,6 +24,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::harness::output::write_json;
+
 mod measure;
 mod report;
 
@@ -101,64 +103,91 @@ pub struct EnginesArgs {
 
 /// The resolved plan of one invocation.
 #[derive(Debug, Clone, Serialize)]
-struct Plan {
-    engines: Vec<String>,
-    jobs: Vec<usize>,
-    qd: Vec<usize>,
-    rw: Vec<String>,
-    files: Vec<String>,
-    file_bytes: u64,
-    runtime_secs: f64,
-    runs: usize,
+pub struct Plan {
+    /// Engines measured, by name.
+    pub engines: Vec<String>,
+    /// Job (thread) counts.
+    pub jobs: Vec<usize>,
+    /// Queue depths per job.
+    pub qd: Vec<usize>,
+    /// Workloads: `randread`, `randwrite`.
+    pub rw: Vec<String>,
+    /// Files: `disk`, `shm`.
+    pub files: Vec<String>,
+    /// Size of each test file, bytes.
+    pub file_bytes: u64,
+    /// Seconds per run.
+    pub runtime_secs: f64,
+    /// Runs per point.
+    pub runs: usize,
 }
 
-/// One measured run.
+/// One measured run, or the medians of several.
 #[derive(Debug, Clone, Copy, Serialize)]
-struct Sample {
-    iops: f64,
-    latency_ns_mean: f64,
-    latency_ns_p99: f64,
+pub struct Sample {
+    /// Requests per second.
+    pub iops: f64,
+    /// Mean latency, nanoseconds (submission to completion).
+    pub latency_ns_mean: f64,
+    /// 99th percentile latency, nanoseconds (fio: completion latency).
+    pub latency_ns_p99: f64,
 }
 
-/// One line of the table.
+/// One point: an engine, a workload, jobs and queue depth on one file; a line of the table.
 #[derive(Debug, Clone, Serialize)]
-struct Row {
-    file: String,
-    path: String,
-    direct: bool,
-    rw: String,
-    engine: String,
-    jobs: usize,
-    qd: usize,
+pub struct Row {
+    /// The file's label: `disk` or `shm`.
+    pub file: String,
+    /// The file's path.
+    pub path: String,
+    /// Whether the file was opened with `O_DIRECT`.
+    pub direct: bool,
+    /// `randread` or `randwrite`.
+    pub rw: String,
+    /// The engine's name, as `--engine` takes it.
+    pub engine: String,
+    /// Jobs (threads).
+    pub jobs: usize,
+    /// Requests in flight per job.
+    pub qd: usize,
     /// Median of our runs, or `None` with `error` set.
-    ours: Option<Sample>,
+    pub ours: Option<Sample>,
     /// Median of fio's runs.
-    fio: Option<Sample>,
+    pub fio: Option<Sample>,
     /// Median over runs of ours.iops / fio.iops within the run.
-    ratio: Option<f64>,
+    pub ratio: Option<f64>,
     /// Every run's ours.iops / fio.iops, in run order: the spread the median came from.
-    run_ratios: Vec<f64>,
+    pub run_ratios: Vec<f64>,
     /// Why ours did not run.
-    error: Option<String>,
+    pub error: Option<String>,
     /// Why fio did not run or failed.
-    fio_error: Option<String>,
+    pub fio_error: Option<String>,
 }
 
+/// What `bench engines` measured: the JSON report.
 #[derive(Debug, Serialize)]
-struct Report {
-    machine: Machine,
-    plan: Plan,
-    rows: Vec<Row>,
+pub struct Report {
+    /// The machine the figures come from.
+    pub machine: Machine,
+    /// What was measured.
+    pub plan: Plan,
+    /// One row per point, in the order measured.
+    pub rows: Vec<Row>,
 }
 
+/// The machine the figures come from.
 #[derive(Debug, Serialize)]
-struct Machine {
-    kernel: String,
-    cpus: usize,
-    cpu_model: String,
-    fio_version: Option<String>,
+pub struct Machine {
+    /// The kernel's release.
+    pub kernel: String,
+    /// CPUs available to the process.
+    pub cpus: usize,
+    /// The CPU's model name.
+    pub cpu_model: String,
+    /// fio's version, if it ran.
+    pub fio_version: Option<String>,
     /// How CPU idle states were handled while measuring.
-    cpu_idle: String,
+    pub cpu_idle: String,
 }
 
 /// Holds the PM QoS CPU wake-up latency request while it lives (the kernel drops the request
@@ -197,8 +226,26 @@ struct TestFile {
     direct: bool,
 }
 
+/// Runs the experiment and returns what it measured (the report `--json` prints); shows
+/// progress on stderr and prints nothing on stdout.
+pub fn run(args: &EnginesArgs) -> Result<Report, String> {
+    measure(args, false)
+}
+
 /// Runs the experiment and prints the table (or JSON); writes the plot.
 pub fn run_cli(args: &EnginesArgs) -> Result<(), String> {
+    let report = measure(args, !args.json)?;
+    write_json(&report, args.json, args.json_out.as_deref())?;
+    if !args.json {
+        print!("{}", table_summary(&report.rows));
+    }
+    plot(&report, &args.plot)?;
+    eprintln!("plot written to {}", args.plot.display());
+    Ok(())
+}
+
+/// Measures every point; prints the table's lines as they come if `table`.
+fn measure(args: &EnginesArgs, table: bool) -> Result<Report, String> {
     let plan = make_plan(args)?;
     let engines: Vec<EngineKind> =
         plan.engines.iter().map(|e| e.parse()).collect::<Result<_, _>>()?;
@@ -212,7 +259,7 @@ pub fn run_cli(args: &EnginesArgs) -> Result<(), String> {
         ));
     }
     let files = prepare_files(args, &plan)?;
-    if !args.json {
+    if table {
         print!("{}", table_header(&machine, &plan));
     }
     let mut rows = Vec::new();
@@ -233,7 +280,7 @@ pub fn run_cli(args: &EnginesArgs) -> Result<(), String> {
                         );
                         let _ = std::io::stderr().flush();
                         let row = measure_point(args, &plan, file, rw, engine, jobs, qd);
-                        if !args.json {
+                        if table {
                             eprint!("\r");
                             print!("{}", table_row(&row));
                             let _ = std::io::stdout().flush();
@@ -250,19 +297,7 @@ pub fn run_cli(args: &EnginesArgs) -> Result<(), String> {
             let _ = std::fs::remove_file(&file.path);
         }
     }
-    let report = Report { machine, plan, rows };
-    let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-    if let Some(path) = &args.json_out {
-        std::fs::write(path, &json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    if args.json {
-        println!("{json}");
-    } else {
-        print!("{}", table_summary(&report.rows));
-    }
-    plot(&report, &args.plot)?;
-    eprintln!("plot written to {}", args.plot.display());
-    Ok(())
+    Ok(Report { machine, plan, rows })
 }
 
 fn make_plan(args: &EnginesArgs) -> Result<Plan, String> {

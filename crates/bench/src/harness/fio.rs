@@ -68,18 +68,27 @@ pub(crate) struct FioSpec<'a> {
 
 /// What fio measured (all jobs together).
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct FioResult {
-    pub(crate) iops: f64,
-    pub(crate) bytes_per_s: f64,
-    pub(crate) ios: u64,
-    pub(crate) runtime_ms: u64,
-    pub(crate) lat_ns_mean: f64,
-    pub(crate) lat_ns_p50: f64,
-    pub(crate) lat_ns_p99: f64,
-    pub(crate) lat_ns_p999: f64,
-    pub(crate) lat_ns_max: f64,
+pub struct FioResult {
+    /// Requests per second.
+    pub iops: f64,
+    /// Bytes per second.
+    pub bytes_per_s: f64,
+    /// Requests completed.
+    pub ios: u64,
+    /// Run time, milliseconds.
+    pub runtime_ms: u64,
+    /// Mean latency (submission to completion), nanoseconds.
+    pub lat_ns_mean: f64,
+    /// Median latency, nanoseconds.
+    pub lat_ns_p50: f64,
+    /// 99th percentile latency, nanoseconds.
+    pub lat_ns_p99: f64,
+    /// 99.9th percentile latency, nanoseconds.
+    pub lat_ns_p999: f64,
+    /// Highest latency, nanoseconds.
+    pub lat_ns_max: f64,
     /// IOPS of each whole second of the run, all jobs summed (empty without a timeline).
-    pub(crate) timeline_iops: Vec<f64>,
+    pub timeline_iops: Vec<f64>,
 }
 
 /// A running fio, killed if dropped before it is waited for.

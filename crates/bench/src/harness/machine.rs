@@ -20,12 +20,17 @@ pub(crate) fn tool_version(program: &str, arg: &str, package: &str) -> Result<St
 
 /// A description of the machine the figures come from.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct Machine {
-    pub(crate) kernel: String,
-    pub(crate) cpus: usize,
-    pub(crate) cpu_model: String,
-    pub(crate) fio: String,
-    pub(crate) nbdkit: Option<String>,
+pub struct Machine {
+    /// The kernel's release.
+    pub kernel: String,
+    /// CPUs available to the process.
+    pub cpus: usize,
+    /// The CPU's model name.
+    pub cpu_model: String,
+    /// fio's version.
+    pub fio: String,
+    /// nbdkit's version, if it was used.
+    pub nbdkit: Option<String>,
 }
 
 impl Machine {

@@ -265,29 +265,47 @@ impl Drop for Server {
 
 /// The figures of a pmcache server's statistics the NBD experiments print.
 #[derive(Debug, Clone, Default, Serialize)]
-pub(crate) struct ServerFigures {
-    pub(crate) slot_count: u64,
-    pub(crate) dirty_slots: u64,
-    pub(crate) dirty_fraction: f64,
-    pub(crate) writes: u64,
-    pub(crate) read_hits: u64,
-    pub(crate) read_misses: u64,
-    pub(crate) evictions: u64,
+pub struct ServerFigures {
+    /// Slots of the cache.
+    pub slot_count: u64,
+    /// Dirty slots when the statistics were taken.
+    pub dirty_slots: u64,
+    /// Dirty slots over all slots.
+    pub dirty_fraction: f64,
+    /// Blocks written.
+    pub writes: u64,
+    /// Reads served from the cache.
+    pub read_hits: u64,
+    /// Reads that missed (admitted, bypassed or sequential).
+    pub read_misses: u64,
+    /// Blocks evicted.
+    pub evictions: u64,
     /// Dirty blocks written back by anyone (the cleaner, or writers inline).
-    pub(crate) writebacks: u64,
-    pub(crate) blocks_cleaned: u64,
-    pub(crate) stalls: u64,
-    pub(crate) stall_ns_p99: u64,
-    pub(crate) stall_ns_max: u64,
-    pub(crate) stall_timeouts: u64,
-    pub(crate) inline_write_backs: u64,
-    pub(crate) boosts: u64,
-    pub(crate) boosted_ns: u64,
+    pub writebacks: u64,
+    /// Dirty blocks the cleaner wrote back.
+    pub blocks_cleaned: u64,
+    /// Writers that waited for a free slot.
+    pub stalls: u64,
+    /// 99th percentile of a stall, nanoseconds.
+    pub stall_ns_p99: u64,
+    /// Longest stall, nanoseconds.
+    pub stall_ns_max: u64,
+    /// Stalls that gave up waiting.
+    pub stall_timeouts: u64,
+    /// Writes that wrote a dirty block back inline.
+    pub inline_write_backs: u64,
+    /// Times the cleaner was boosted.
+    pub boosts: u64,
+    /// Time the cleaner spent boosted (boosts that ended), nanoseconds.
+    pub boosted_ns: u64,
     /// Whether the cleaner was boosted when the statistics were taken.
-    pub(crate) boosted_now: bool,
-    pub(crate) cleaner_order: String,
-    pub(crate) cleaner_adaptive: String,
-    pub(crate) priority_note: Option<String>,
+    pub boosted_now: bool,
+    /// The order the cleaner writes back in.
+    pub cleaner_order: String,
+    /// The cleaner's adaptive mode.
+    pub cleaner_adaptive: String,
+    /// Why the server could not change the cleaner's priority, if it could not.
+    pub priority_note: Option<String>,
 }
 
 impl ServerFigures {

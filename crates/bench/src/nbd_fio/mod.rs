@@ -31,6 +31,7 @@ use serde::Serialize;
 
 use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, Steady, check_fio, steady};
 use crate::harness::machine::{Machine, tool_version};
+use crate::harness::output::write_json;
 use crate::harness::output::{opt, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
 use crate::harness::scratch::{Scratch, settle};
@@ -278,13 +279,8 @@ pub fn run_cli(args: &NbdArgs) -> Result<(), String> {
         rows.extend(rw_rows);
     }
     let report = Report { machine, plan, rows };
-    let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-    if let Some(path) = &args.json_out {
-        std::fs::write(path, &json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    if args.json {
-        println!("{json}");
-    } else {
+    write_json(&report, args.json, args.json_out.as_deref())?;
+    if !args.json {
         print!("{}", summary(&report));
     }
     let failed = report.rows.iter().filter(|r| r.iops.is_none()).count();

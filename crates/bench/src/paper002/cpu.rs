@@ -14,12 +14,14 @@ use crate::harness::servers::control_stats;
 
 /// The server threads' context switches over a measurement.
 #[derive(Debug, Clone, Default, Serialize)]
-pub(super) struct ContextSwitches {
-    voluntary: u64,
-    involuntary: u64,
+pub struct ContextSwitches {
+    /// Voluntary context switches (the thread waited).
+    pub voluntary: u64,
+    /// Involuntary context switches (the thread was preempted).
+    pub involuntary: u64,
     /// Voluntary + involuntary by thread name (digits and the dash before them dropped:
     /// `nbd-conn-3` counts as `nbd-conn`).
-    pub(super) by_thread: BTreeMap<String, u64>,
+    pub by_thread: BTreeMap<String, u64>,
 }
 
 impl ContextSwitches {

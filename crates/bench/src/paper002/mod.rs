@@ -36,7 +36,7 @@ use serde::Serialize;
 
 use crate::harness::fio::{FioResult, check_fio};
 use crate::harness::machine::{Machine, tool_version};
-use crate::harness::output::progress;
+use crate::harness::output::{progress, write_json};
 use crate::harness::process::{catch_interrupts, check_interrupted};
 use crate::harness::scratch::Scratch;
 use crate::harness::servers::ServerFigures;
@@ -47,7 +47,8 @@ mod report;
 mod rows;
 
 use bed::Bed;
-use cpu::{ContextSwitches, calibrate_pi, join_pi, spawn_pi};
+pub use cpu::ContextSwitches;
+use cpu::{calibrate_pi, join_pi, spawn_pi};
 use report::{header, main_row, plot, table1_header, table1_row};
 use rows::{main_rows, table1_rows};
 
@@ -129,20 +130,33 @@ pub struct Paper002Args {
 
 /// The resolved plan of one invocation.
 #[derive(Debug, Clone, Serialize)]
-struct Plan {
-    cpus: Vec<usize>,
-    writers: Vec<usize>,
-    adaptive: Vec<String>,
-    seconds: f64,
-    runs: usize,
-    span_bytes: u64,
-    cache_bytes: u64,
-    bs: u64,
-    qd: usize,
-    cleaner: Vec<String>,
-    raw: bool,
-    table1_writers: Vec<usize>,
-    pi_seconds: f64,
+pub struct Plan {
+    /// CPU counts the server is confined to.
+    pub cpus: Vec<usize>,
+    /// Writer counts (fio jobs, one NBD connection each).
+    pub writers: Vec<usize>,
+    /// The cleaner's adaptive modes (`off`, `boost`, ...).
+    pub adaptive: Vec<String>,
+    /// Seconds per measurement.
+    pub seconds: f64,
+    /// Runs per configuration.
+    pub runs: usize,
+    /// Span of the random offsets, the backing file's size, bytes.
+    pub span_bytes: u64,
+    /// The cache medium's size, bytes.
+    pub cache_bytes: u64,
+    /// Request size, bytes.
+    pub bs: u64,
+    /// Requests in flight per writer.
+    pub qd: usize,
+    /// Further `--cleaner` settings of the server.
+    pub cleaner: Vec<String>,
+    /// Whether the raw backing file has rows of its own.
+    pub raw: bool,
+    /// Writer counts of Table 1.
+    pub table1_writers: Vec<usize>,
+    /// The π job's length alone, seconds.
+    pub pi_seconds: f64,
 }
 
 fn make_plan(args: &Paper002Args) -> Result<Plan, String> {
@@ -241,69 +255,117 @@ impl Config {
 
 /// One measurement.
 #[derive(Debug, Clone, Serialize)]
-struct Sample {
-    run: usize,
-    fio: FioResult,
-    mb_per_s: f64,
-    server: Option<ServerFigures>,
-    context_switches: Option<ContextSwitches>,
+pub struct Sample {
+    /// The run it belongs to, from 0.
+    pub run: usize,
+    /// What fio measured.
+    pub fio: FioResult,
+    /// Bandwidth, MB/s (10^6 bytes).
+    pub mb_per_s: f64,
+    /// The server's figures over the measurement (none for the raw file).
+    pub server: Option<ServerFigures>,
+    /// The server's threads' context switches over the measurement.
+    pub context_switches: Option<ContextSwitches>,
     /// Time the cleaner spent boosted during the run: the boosts that ended, and the one
     /// still under way at the end, seconds.
-    boosted_s: Option<f64>,
+    pub boosted_s: Option<f64>,
     /// Table 1: the π job's run time with the server, seconds.
-    pi_seconds: Option<f64>,
+    pub pi_seconds: Option<f64>,
     /// Table 1: fio reached its time limit before the π job ended.
-    fio_ended_first: bool,
+    pub fio_ended_first: bool,
 }
 
 /// One line of a table: medians over runs.
 #[derive(Debug, Clone, Serialize)]
-struct Row {
-    cpus: Option<usize>,
-    writers: usize,
-    adaptive: String,
-    mb_per_s: Option<f64>,
+pub struct Row {
+    /// CPUs the server was confined to; `None` for the raw file.
+    pub cpus: Option<usize>,
+    /// Writers (fio jobs).
+    pub writers: usize,
+    /// The cleaner's adaptive mode; `raw` for the raw file.
+    pub adaptive: String,
+    /// Bandwidth, MB/s.
+    pub mb_per_s: Option<f64>,
     /// Median over runs of this row's bandwidth over the `off` row's (same CPUs and writers)
     /// in the same run.
-    ratio_to_off: Option<f64>,
+    pub ratio_to_off: Option<f64>,
     /// This row's bandwidth over the same configuration's with the most CPUs (medians).
-    ratio_to_most_cpus: Option<f64>,
+    pub ratio_to_most_cpus: Option<f64>,
     /// This row's bandwidth over the raw file's with the same writers (medians).
-    ratio_to_raw: Option<f64>,
+    pub ratio_to_raw: Option<f64>,
     /// Stalls per block written.
-    stalls_per_write: Option<f64>,
-    stalls: Option<f64>,
+    pub stalls_per_write: Option<f64>,
+    /// Writer stalls.
+    pub stalls: Option<f64>,
     /// Stalls per fio request.
-    stalls_per_request: Option<f64>,
-    context_switches: Option<f64>,
-    boosts: Option<f64>,
-    boosted_s: Option<f64>,
-    blocks_cleaned: Option<f64>,
-    /// Table 1: the π job's time with the server, and over its time alone.
-    pi_seconds: Option<f64>,
-    pi_ratio_to_alone: Option<f64>,
+    pub stalls_per_request: Option<f64>,
+    /// The server's context switches.
+    pub context_switches: Option<f64>,
+    /// Times the cleaner was boosted.
+    pub boosts: Option<f64>,
+    /// Seconds the cleaner spent boosted.
+    pub boosted_s: Option<f64>,
+    /// Blocks the cleaner wrote back.
+    pub blocks_cleaned: Option<f64>,
+    /// Table 1: the π job's time with the server, seconds.
+    pub pi_seconds: Option<f64>,
+    /// Table 1: the π job's time with the server over its time alone.
+    pub pi_ratio_to_alone: Option<f64>,
     /// Table 1: bandwidth over the main table's at 1 CPU (same writers and mode).
-    ratio_to_without_pi: Option<f64>,
-    /// The median run's context switches by thread and server figures.
-    context_switches_by_thread: BTreeMap<String, u64>,
-    server: Option<ServerFigures>,
-    samples: Vec<Sample>,
-    errors: Vec<String>,
+    pub ratio_to_without_pi: Option<f64>,
+    /// The median run's context switches by thread.
+    pub context_switches_by_thread: BTreeMap<String, u64>,
+    /// The median run's server figures.
+    pub server: Option<ServerFigures>,
+    /// Every run's measurement.
+    pub samples: Vec<Sample>,
+    /// What went wrong, by run.
+    pub errors: Vec<String>,
 }
 
+/// What `bench paper002` measured: the JSON report.
 #[derive(Debug, Serialize)]
-struct Report {
-    machine: Machine,
-    plan: Plan,
-    rows: Vec<Row>,
+pub struct Report {
+    /// The machine the figures come from.
+    pub machine: Machine,
+    /// What was measured.
+    pub plan: Plan,
+    /// The main table's rows.
+    pub rows: Vec<Row>,
     /// The π job alone, seconds, each run.
-    pi_alone_seconds: Vec<f64>,
-    pi_terms: u64,
-    table1: Vec<Row>,
+    pub pi_alone_seconds: Vec<f64>,
+    /// Terms of the π job (calibrated to `plan.pi_seconds` alone).
+    pub pi_terms: u64,
+    /// Table 1's rows: the server on CPU 0 beside the π job.
+    pub table1: Vec<Row>,
+}
+
+/// Runs the experiment and returns what it measured (the report `--json` prints); shows
+/// progress on stderr and prints nothing on stdout.
+pub fn run(args: &Paper002Args) -> Result<Report, String> {
+    measure(args, false)
 }
 
 /// Runs the experiment, prints the tables (or JSON) and writes the plot.
 pub fn run_cli(args: &Paper002Args) -> Result<(), String> {
+    let report = measure(args, !args.json)?;
+    write_json(&report, args.json, args.json_out.as_deref())?;
+    let note =
+        report.rows.iter().find_map(|r| r.server.as_ref().and_then(|s| s.priority_note.clone()));
+    if let Some(note) = note.filter(|_| !args.json) {
+        println!("# note: the server could not change the cleaner's priority: {note}");
+    }
+    plot(&report, &args.plot)?;
+    eprintln!("plot written to {}", args.plot.display());
+    let failed = report.rows.iter().chain(&report.table1).filter(|r| r.mb_per_s.is_none()).count();
+    if failed > 0 {
+        return Err(format!("{failed} configurations measured nothing (see their errors)"));
+    }
+    Ok(())
+}
+
+/// Measures the main table and Table 1; prints the tables as they come if `tables`.
+fn measure(args: &Paper002Args, tables: bool) -> Result<Report, String> {
     let plan = make_plan(args)?;
     catch_interrupts();
     let fio_version = check_fio(&args.fio)?;
@@ -326,7 +388,7 @@ pub fn run_cli(args: &Paper002Args) -> Result<(), String> {
             configs.push(Config { cpus: None, writers, adaptive: "raw".into() });
         }
     }
-    if !args.json {
+    if tables {
         print!("{}", header(&machine, &plan));
     }
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
@@ -357,7 +419,7 @@ pub fn run_cli(args: &Paper002Args) -> Result<(), String> {
     }
     progress("");
     let rows = main_rows(&configs, samples, errors);
-    if !args.json {
+    if tables {
         for row in &rows {
             print!("{}", main_row(row));
         }
@@ -407,7 +469,7 @@ pub fn run_cli(args: &Paper002Args) -> Result<(), String> {
         }
         progress("");
         table1 = table1_rows(&t1, samples, errors, &rows, &pi_alone);
-        if !args.json {
+        if tables {
             print!("{}", table1_header(pi_terms, &pi_alone));
             for row in &table1 {
                 print!("{}", table1_row(row));
@@ -415,23 +477,5 @@ pub fn run_cli(args: &Paper002Args) -> Result<(), String> {
         }
     }
 
-    let report = Report { machine, plan, rows, pi_alone_seconds: pi_alone, pi_terms, table1 };
-    let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-    if let Some(path) = &args.json_out {
-        std::fs::write(path, &json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
-    if args.json {
-        println!("{json}");
-    } else if let Some(note) =
-        report.rows.iter().find_map(|r| r.server.as_ref().and_then(|s| s.priority_note.clone()))
-    {
-        println!("# note: the server could not change the cleaner's priority: {note}");
-    }
-    plot(&report, &args.plot)?;
-    eprintln!("plot written to {}", args.plot.display());
-    let failed = report.rows.iter().chain(&report.table1).filter(|r| r.mb_per_s.is_none()).count();
-    if failed > 0 {
-        return Err(format!("{failed} configurations measured nothing (see their errors)"));
-    }
-    Ok(())
+    Ok(Report { machine, plan, rows, pi_alone_seconds: pi_alone, pi_terms, table1 })
 }

@@ -46,6 +46,8 @@ use engine::{run_drain, run_engine, run_misses};
 use fio::{run_fio_random, run_fio_random_reads};
 use report::{plot, print_sample_line, summary};
 
+use crate::harness::output::write_json;
+
 const BLOCK_BYTES: u64 = 4096;
 /// How often the monitor looks at the engine (whether the cache is full yet).
 const TICK: Duration = Duration::from_millis(50);
@@ -342,10 +344,7 @@ pub fn run_cli(args: &WritebackArgs) -> Result<(), String> {
         rows,
         drain: drains,
     };
-    if let Some(path) = &args.json_out {
-        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-        std::fs::write(path, json).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    }
+    write_json(&report, false, args.json_out.as_deref())?;
     plot(&report, &args.plot)?;
     eprintln!("plot written to {}", args.plot.display());
     Ok(())
