@@ -3,7 +3,12 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use plotters::prelude::*;
+
 use super::{Machine, Plan, Report, Row};
+use crate::harness::plot::{
+    Layout, canvas, dots, legend, line, panel, plot_error, thousands, whole_numbers,
+};
 
 pub(super) fn table_header(m: &Machine, plan: &Plan) -> String {
     let mut out = String::new();
@@ -105,7 +110,6 @@ pub(super) fn table_summary(rows: &[Row]) -> String {
 /// One panel per (file, workload, queue depth): IOPS vs jobs, a solid line per engine (ours)
 /// and a dashed-looking line of hollow points for fio's same engine.
 pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
-    use plotters::prelude::*;
     let mut panels: Vec<(String, String, usize)> = Vec::new();
     for r in &report.rows {
         let key = (r.file.clone(), r.rw.clone(), r.qd);
@@ -118,10 +122,9 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
     }
     let cols = panels.len().min(2);
     let rows = panels.len().div_ceil(cols);
-    let root = SVGBackend::new(path, (720 * cols as u32, 480 * rows as u32)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let root = canvas(path, (720 * cols as u32, 480 * rows as u32))?;
     let areas = root.split_evenly((rows, cols));
-    let engines: Vec<String> = report.plan.engines.clone();
+    let layout = Layout { font: 18, margin: 10, x_labels: 35 };
     let max_jobs = report.plan.jobs.iter().copied().max().unwrap_or(1).max(2) as f64;
     for ((file, rw, qd), area) in panels.iter().zip(areas.iter()) {
         let mine: Vec<&Row> =
@@ -133,26 +136,19 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
             .fold(1.0f64, f64::max)
             * 1.1;
         let mode = mine.first().map_or("", |r| if r.direct { "O_DIRECT" } else { "buffered" });
-        let mut chart = ChartBuilder::on(area)
-            .caption(format!("{file} ({mode}), 4 KiB {rw}, QD{qd}"), ("sans-serif", 18))
-            .margin(10)
-            .x_label_area_size(35)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0.5f64..max_jobs + 0.5, 0f64..y_max)
-            .map_err(|e| e.to_string())?;
+        let caption = format!("{file} ({mode}), 4 KiB {rw}, QD{qd}");
+        let mut chart = panel(area, caption, &layout, 0.5..max_jobs + 0.5, 0.0..y_max)?;
         chart
             .configure_mesh()
             .x_desc("jobs")
             .y_desc("IOPS")
             .x_labels(max_jobs as usize + 2)
-            .x_label_formatter(&|x| {
-                if (x - x.round()).abs() < 1e-6 { format!("{x:.0}") } else { String::new() }
-            })
+            .x_label_formatter(&whole_numbers)
             .disable_x_mesh()
-            .y_label_formatter(&|y| format!("{:.0}K", y / 1000.0))
+            .y_label_formatter(&thousands)
             .draw()
-            .map_err(|e| e.to_string())?;
-        for (i, engine) in engines.iter().enumerate() {
+            .map_err(plot_error)?;
+        for (i, engine) in report.plan.engines.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             let points = |f: &dyn Fn(&Row) -> Option<f64>| -> Vec<(f64, f64)> {
                 let mut p: Vec<(f64, f64)> = mine
@@ -166,39 +162,21 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
             let ours = points(&|r| r.ours.map(|s| s.iops));
             let fio = points(&|r| r.fio.map(|s| s.iops));
             if !ours.is_empty() {
-                chart
-                    .draw_series(LineSeries::new(ours.clone(), color.stroke_width(2)))
-                    .map_err(|e| e.to_string())?
-                    .label(format!("{engine} (pmcache)"))
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                    });
-                chart
-                    .draw_series(ours.iter().map(|&p| Circle::new(p, 4, color.filled())))
-                    .map_err(|e| e.to_string())?;
+                line(
+                    &mut chart,
+                    ours.clone(),
+                    color.stroke_width(2),
+                    format!("{engine} (pmcache)"),
+                )?;
+                dots(&mut chart, &ours, color.filled())?;
             }
             if !fio.is_empty() {
-                chart
-                    .draw_series(LineSeries::new(fio.clone(), color.mix(0.4).stroke_width(1)))
-                    .map_err(|e| e.to_string())?
-                    .label(format!("{engine} (fio)"))
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], color.mix(0.4))
-                    });
-                chart
-                    .draw_series(fio.iter().map(|&p| Circle::new(p, 4, color.stroke_width(1))))
-                    .map_err(|e| e.to_string())?;
+                let faint = color.mix(0.4).stroke_width(1);
+                line(&mut chart, fio.clone(), faint, format!("{engine} (fio)"))?;
+                dots(&mut chart, &fio, color.stroke_width(1))?;
             }
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 11))
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(|e| e.to_string())?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft, Some(11))?;
     }
-    root.present().map_err(|e| e.to_string())?;
-    Ok(())
+    root.present().map_err(plot_error)
 }

@@ -3,11 +3,13 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use plotters::prelude::*;
 use pmcache_frontend::units::human;
 
 use super::{Plan, Report, Row};
 use crate::harness::machine::Machine;
 use crate::harness::output::opt;
+use crate::harness::plot::{Layout, canvas, dots, legend, line, panel, plot_error, whole_numbers};
 use crate::harness::stats::median;
 
 pub(super) fn header(m: &Machine, plan: &Plan) -> String {
@@ -144,11 +146,9 @@ type Figure = fn(&Row) -> Option<f64>;
 /// CPU count and mode, the raw file dashed), and Table 1's bandwidth, π time and context
 /// switches as bars beside their references.
 pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
-    use plotters::prelude::*;
-    let root = SVGBackend::new(path, (1440, 1440)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let root = canvas(path, (1440, 1440))?;
     let areas = root.split_evenly((3, 2));
-    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let layout = Layout { font: 18, margin: 12, x_labels: 35 };
 
     // The lines: one per (cpus, adaptive).
     let mut lines: Vec<(Option<usize>, String)> = Vec::new();
@@ -166,24 +166,16 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
     ];
     for (i, (title, y_desc, value)) in panels.iter().enumerate() {
         let y_max = report.rows.iter().filter_map(value).fold(0.0f64, f64::max).max(1e-9) * 1.15;
-        let mut chart = ChartBuilder::on(&areas[i])
-            .caption(*title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(35)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0.5f64..max_writers + 0.5, 0f64..y_max)
-            .map_err(|e| err(&e))?;
+        let mut chart = panel(&areas[i], title, &layout, 0.5..max_writers + 0.5, 0.0..y_max)?;
         chart
             .configure_mesh()
             .x_desc("writers (NBD connections)")
             .y_desc(*y_desc)
             .x_labels(max_writers as usize + 2)
-            .x_label_formatter(&|x| {
-                if (x - x.round()).abs() < 1e-6 { format!("{x:.0}") } else { String::new() }
-            })
+            .x_label_formatter(&whole_numbers)
             .disable_x_mesh()
             .draw()
-            .map_err(|e| err(&e))?;
+            .map_err(plot_error)?;
         for (k, (cpus, adaptive)) in lines.iter().enumerate() {
             let mut points: Vec<(f64, f64)> = report
                 .rows
@@ -201,25 +193,10 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
                 None => "raw file".into(),
             };
             let width = if adaptive == "off" || cpus.is_none() { 1 } else { 2 };
-            chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(width)))
-                .map_err(|e| err(&e))?
-                .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(width))
-                });
-            chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
-                .map_err(|e| err(&e))?;
+            line(&mut chart, points.clone(), color.stroke_width(width), label)?;
+            dots(&mut chart, &points, color.filled())?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 11))
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(|e| err(&e))?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft, Some(11))?;
     }
 
     // Table 1: bars, one group per row.
@@ -249,13 +226,7 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
         }
         let y_max = y_max.max(1e-9) * 1.15;
         let n = t1.len();
-        let mut chart = ChartBuilder::on(area)
-            .caption(*title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(35)
-            .y_label_area_size(70)
-            .build_cartesian_2d(-0.5f64..n as f64 - 0.5, 0f64..y_max)
-            .map_err(|e| err(&e))?;
+        let mut chart = panel(area, title, &layout, -0.5..n as f64 - 0.5, 0.0..y_max)?;
         let names: Vec<String> =
             t1.iter().map(|r| format!("{} w, {}", r.writers, r.adaptive)).collect();
         chart
@@ -272,7 +243,7 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
             })
             .disable_x_mesh()
             .draw()
-            .map_err(|e| err(&e))?;
+            .map_err(plot_error)?;
         for (k, row) in t1.iter().enumerate() {
             let x = k as f64;
             let color = Palette99::pick(k).to_rgba();
@@ -282,7 +253,7 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
                         [(x - 0.4, 0.0), (x, reference)],
                         color.mix(0.3).filled(),
                     )))
-                    .map_err(|e| err(&e))?;
+                    .map_err(plot_error)?;
             }
             if let Some(y) = value(row) {
                 let left = if reference.is_some() { x } else { x - 0.3 };
@@ -291,7 +262,7 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
                         [(left, 0.0), (x + 0.3, y)],
                         color.filled(),
                     )))
-                    .map_err(|e| err(&e))?;
+                    .map_err(plot_error)?;
             }
         }
         if i == 1
@@ -302,9 +273,8 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
                     vec![(-0.5, alone), (n as f64 - 0.5, alone)],
                     BLACK.stroke_width(2),
                 ))
-                .map_err(|e| err(&e))?;
+                .map_err(plot_error)?;
         }
     }
-    root.present().map_err(|e| e.to_string())?;
-    Ok(())
+    root.present().map_err(plot_error)
 }

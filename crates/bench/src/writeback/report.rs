@@ -3,7 +3,10 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use plotters::prelude::*;
+
 use super::{DrainRun, Plan, Report, Sample, Shape, ShapeRow};
+use crate::harness::plot::{Layout, canvas, legend, line, panel, plot_error, thousands};
 
 pub(super) fn print_sample_line(
     run: usize,
@@ -118,8 +121,9 @@ pub(super) fn summary(plan: &Plan, rows: &[ShapeRow], drains: &[DrainRun]) -> St
     out
 }
 
+/// Two panels per write shape: each configuration's writes per second in its first run, and
+/// the cache's dirty share.
 pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
-    use plotters::prelude::*;
     // The write shapes (the read-miss rows have no dirty share to plot).
     let written = |r: &&ShapeRow| ["raw", "cleaner", "inline"].contains(&r.config.as_str());
     let shapes: Vec<Shape> = report.rows.iter().filter(written).fold(Vec::new(), |mut v, r| {
@@ -131,9 +135,9 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
     if shapes.is_empty() {
         return Ok(());
     }
-    let root = SVGBackend::new(path, (1100, 380 * shapes.len() as u32 * 2)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let root = canvas(path, (1100, 380 * shapes.len() as u32 * 2))?;
     let areas = root.split_evenly((shapes.len() * 2, 1));
+    let layout = Layout { font: 16, margin: 10, x_labels: 30 };
     let configs = ["raw", "cleaner", "inline"];
     for (i, shape) in shapes.iter().enumerate() {
         // The first run of each configuration.
@@ -151,85 +155,45 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
         let y_max =
             series.iter().flat_map(|(_, s)| s.iops_timeline.iter().copied()).fold(1.0f64, f64::max)
                 * 1.1;
-        let mut chart = ChartBuilder::on(&areas[2 * i])
-            .caption(
-                format!(
-                    "{shape} writers×depth: 4 KiB random writes per second, cache {} MiB, span {} MiB",
-                    report.cache_mib, report.span_mib
-                ),
-                ("sans-serif", 16),
-            )
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0f64..seconds as f64, 0f64..y_max)
-            .map_err(|e| e.to_string())?;
+        let caption = format!(
+            "{shape} writers×depth: 4 KiB random writes per second, cache {} MiB, span {} MiB",
+            report.cache_mib, report.span_mib
+        );
+        let mut chart = panel(&areas[2 * i], caption, &layout, 0.0..seconds as f64, 0.0..y_max)?;
         chart
             .configure_mesh()
             .x_desc("s")
             .y_desc("IOPS")
-            .y_label_formatter(&|y| format!("{:.0}K", y / 1000.0))
+            .y_label_formatter(&thousands)
             .draw()
-            .map_err(|e| e.to_string())?;
+            .map_err(plot_error)?;
         for (j, (config, sample)) in series.iter().enumerate() {
-            let color = Palette99::pick(j).to_rgba();
-            let points: Vec<(f64, f64)> = sample
-                .iops_timeline
-                .iter()
-                .enumerate()
-                .map(|(t, &v)| (t as f64 + 0.5, v))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(points, color.stroke_width(2)))
-                .map_err(|e| e.to_string())?
-                .label(*config)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            let points = timeline(&sample.iops_timeline, 0.5);
+            line(&mut chart, points, Palette99::pick(j).stroke_width(2), *config)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()
-            .map_err(|e| e.to_string())?;
-        let mut dirty = ChartBuilder::on(&areas[2 * i + 1])
-            .caption(format!("{shape}: dirty share of the cache"), ("sans-serif", 16))
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0f64..seconds as f64, 0f64..1.0f64)
-            .map_err(|e| e.to_string())?;
+        legend(&mut chart, SeriesLabelPosition::LowerRight, None)?;
+        let caption = format!("{shape}: dirty share of the cache");
+        let mut dirty = panel(&areas[2 * i + 1], caption, &layout, 0.0..seconds as f64, 0.0..1.0)?;
         dirty
             .configure_mesh()
             .x_desc("s")
             .y_desc("dirty")
             .y_label_formatter(&|y| format!("{:.0}%", y * 100.0))
             .draw()
-            .map_err(|e| e.to_string())?;
+            .map_err(plot_error)?;
         for (j, (config, sample)) in series.iter().enumerate() {
             if sample.dirty_timeline.is_empty() {
                 continue;
             }
-            let color = Palette99::pick(j).to_rgba();
-            let points: Vec<(f64, f64)> = sample
-                .dirty_timeline
-                .iter()
-                .enumerate()
-                .map(|(t, &v)| (t as f64 + 1.0, v))
-                .collect();
-            dirty
-                .draw_series(LineSeries::new(points, color.stroke_width(2)))
-                .map_err(|e| e.to_string())?
-                .label(*config)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            let points = timeline(&sample.dirty_timeline, 1.0);
+            line(&mut dirty, points, Palette99::pick(j).stroke_width(2), *config)?;
         }
-        dirty
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()
-            .map_err(|e| e.to_string())?;
+        legend(&mut dirty, SeriesLabelPosition::LowerRight, None)?;
     }
-    root.present().map_err(|e| e.to_string())
+    root.present().map_err(plot_error)
+}
+
+/// A per-second timeline as points, the first at `offset` seconds.
+fn timeline(values: &[f64], offset: f64) -> Vec<(f64, f64)> {
+    values.iter().enumerate().map(|(t, &v)| (t as f64 + offset, v)).collect()
 }
