@@ -270,19 +270,13 @@ pub fn run_cli(args: &LookupArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Command {
-        #[command(flatten)]
-        lookup: LookupArgs,
-    }
+    use crate::harness::testing::parse_args;
 
     fn args(extra: &[&str]) -> LookupArgs {
         // The medium's directory: a tmpfs (a file on a disk file system is refused).
         let mut argv = vec!["lookup", "--dir", "/dev/shm"];
         argv.extend_from_slice(extra);
-        Command::parse_from(argv).lookup
+        parse_args(&argv).expect("parses")
     }
 
     #[test]

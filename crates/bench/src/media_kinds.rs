@@ -21,6 +21,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::harness::machine;
 use crate::harness::output::print_json_line;
 use crate::harness::stats::median_in_place;
 
@@ -261,20 +262,13 @@ pub fn run(args: &MediaKindsArgs) -> Result<MediaKindsResult, String> {
         runs: args.run_count(),
         seconds: time.as_secs_f64(),
         cache_bytes,
-        cpu: cpu_model(),
+        cpu: cpu_text(),
     })
 }
 
-fn cpu_model() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split(':').nth(1))
-        .unwrap_or("")
-        .trim();
+fn cpu_text() -> String {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    format!("{cores} cores ({model})")
+    format!("{cores} cores ({})", machine::cpu_model())
 }
 
 /// `pmcache bench media-kinds`.
@@ -318,13 +312,7 @@ pub fn run_cli(args: &MediaKindsArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Command {
-        #[command(flatten)]
-        media_kinds: MediaKindsArgs,
-    }
+    use crate::harness::testing::parse_args;
 
     /// A quick run gives both figures; every msync-mode write synced its data page and its
     /// entry's page (two msyncs, two pages at least), the volatile medium none.
@@ -332,7 +320,8 @@ mod tests {
     fn a_quick_run_measures_both_media() {
         let exe = std::env::current_exe().expect("the test binary's path");
         let disk = exe.parent().expect("its directory").to_str().expect("utf-8");
-        let args = Command::parse_from(["media-kinds", "--quick", "--disk-dir", disk]).media_kinds;
+        let args = parse_args::<MediaKindsArgs>(&["media-kinds", "--quick", "--disk-dir", disk])
+            .expect("parses");
         let r = run(&args).expect("runs");
         assert_eq!((r.volatile.kind.as_str(), r.msync.kind.as_str()), ("volatile", "msync"));
         assert!(r.volatile.writes_per_s > 0.0 && r.msync.writes_per_s > 0.0, "{r:?}");
@@ -346,7 +335,8 @@ mod tests {
     #[test]
     fn a_disk_directory_on_tmpfs_is_refused() {
         let args =
-            Command::parse_from(["media-kinds", "--quick", "--disk-dir", "/dev/shm"]).media_kinds;
+            parse_args::<MediaKindsArgs>(&["media-kinds", "--quick", "--disk-dir", "/dev/shm"])
+                .expect("parses");
         let err = run(&args).unwrap_err();
         assert!(err.contains("/dev/shm: the medium there is volatile, not msync"), "{err}");
     }

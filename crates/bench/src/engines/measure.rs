@@ -10,6 +10,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::{BLOCK_BYTES, EnginesArgs, Plan, Row, Sample, TestFile};
+use crate::harness::fio::{captured_report, fio_engine};
 
 pub(super) fn median(mut samples: Vec<Sample>) -> Option<Sample> {
     if samples.is_empty() {
@@ -213,19 +214,6 @@ struct JobResult {
     hist: Histogram<u64>,
 }
 
-/// fio's name and options for an engine.
-fn fio_engine(engine: EngineKind) -> (&'static str, &'static [&'static str]) {
-    match engine {
-        EngineKind::Psync => ("psync", &[]),
-        EngineKind::Pvsync2 => ("pvsync2", &[]),
-        EngineKind::Pvsync2Hipri => ("pvsync2", &["--hipri=1"]),
-        EngineKind::Libaio => ("libaio", &[]),
-        EngineKind::IoUring => ("io_uring", &[]),
-        EngineKind::IoUringIopoll => ("io_uring", &["--hipri=1"]),
-        EngineKind::IoUringSqpoll => ("io_uring", &["--sqthread_poll=1"]),
-    }
-}
-
 fn run_fio(
     args: &EnginesArgs,
     file: &TestFile,
@@ -253,19 +241,8 @@ fn run_fio(
         .args(extra)
         .output()
         .map_err(|e| format!("cannot run {}: {e}", args.fio))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    // fio prints error lines before the JSON document.
-    let json_start = stdout.find("\n{").map_or(0, |i| i + 1);
-    let doc: serde_json::Value = serde_json::from_str(&stdout[json_start..]).map_err(|e| {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        format!("fio output is not JSON ({e}): {}", stderr.lines().next().unwrap_or(""))
-    })?;
+    let doc = captured_report(&output, &format!("fio {ioengine} {}", extra.join(" ")))?;
     let job = &doc["jobs"][0];
-    let error = job["error"].as_i64().unwrap_or(0);
-    if error != 0 {
-        let msg = std::io::Error::from_raw_os_error(error as i32);
-        return Err(format!("fio {ioengine} {}: error {error} ({msg})", extra.join(" ")));
-    }
     let side = if rw == "randwrite" { &job["write"] } else { &job["read"] };
     let iops = side["iops"].as_f64().ok_or("fio JSON has no iops")?;
     Ok(Sample {

@@ -20,11 +20,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use pmcache_backing::EngineKind;
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::harness::machine;
 use crate::harness::output::write_json;
+use crate::harness::scratch::write_random;
 
 mod measure;
 mod report;
@@ -356,18 +356,6 @@ fn count_points(plan: &Plan, engines: &[EngineKind], files: &[TestFile]) -> usiz
 }
 
 fn machine(args: &EnginesArgs) -> Machine {
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
-    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_default();
     let fio_version = if args.no_fio {
         None
     } else {
@@ -379,9 +367,9 @@ fn machine(args: &EnginesArgs) -> Machine {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
     Machine {
-        kernel,
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        cpu_model,
+        kernel: machine::kernel(),
+        cpus: machine::cpus(),
+        cpu_model: machine::cpu_model(),
         fio_version,
         cpu_idle: String::new(),
     }
@@ -394,7 +382,7 @@ fn prepare_files(args: &EnginesArgs, plan: &Plan) -> Result<Vec<TestFile>, Strin
         let (dir, direct) =
             if label == "disk" { (&args.disk_dir, true) } else { (&args.shm_dir, false) };
         let path = dir.join(format!("pmcache-bench-engines-{}.dat", std::process::id()));
-        write_file(&path, plan.file_bytes)
+        write_random(&path, plan.file_bytes)
             .map_err(|e| format!("cannot create test file {}: {e}", path.display()))?;
         let direct = if label == "disk" {
             direct
@@ -408,20 +396,6 @@ fn prepare_files(args: &EnginesArgs, plan: &Plan) -> Result<Vec<TestFile>, Strin
         files.push(TestFile { label: label.clone(), path, direct });
     }
     Ok(files)
-}
-
-fn write_file(path: &Path, bytes: u64) -> std::io::Result<()> {
-    let mut file = std::fs::File::create(path)?;
-    let mut chunk = vec![0u8; 1 << 20];
-    let mut rng = SmallRng::seed_from_u64(0x5eed);
-    let mut left = bytes;
-    while left > 0 {
-        rng.fill(&mut chunk[..]);
-        let n = left.min(chunk.len() as u64) as usize;
-        file.write_all(&chunk[..n])?;
-        left -= n as u64;
-    }
-    file.sync_all()
 }
 
 fn accepts_direct(path: &Path) -> bool {

@@ -5,6 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use pmcache_backing::EngineKind;
 use serde::Serialize;
 
 use super::machine::tool_version;
@@ -25,6 +26,48 @@ pub(crate) fn check_fio(fio: &str) -> Result<String, String> {
         ));
     }
     Ok(version)
+}
+
+/// fio's name and options for an engine.
+pub(crate) fn fio_engine(engine: EngineKind) -> (&'static str, &'static [&'static str]) {
+    match engine {
+        EngineKind::Psync => ("psync", &[]),
+        EngineKind::Pvsync2 => ("pvsync2", &[]),
+        EngineKind::Pvsync2Hipri => ("pvsync2", &["--hipri=1"]),
+        EngineKind::Libaio => ("libaio", &[]),
+        EngineKind::IoUring => ("io_uring", &[]),
+        EngineKind::IoUringIopoll => ("io_uring", &["--hipri=1"]),
+        EngineKind::IoUringSqpoll => ("io_uring", &["--sqthread_poll=1"]),
+    }
+}
+
+/// fio's JSON report, past the notes and error lines fio may print before it.
+pub(crate) fn parse_json(text: &str) -> Result<serde_json::Value, serde_json::Error> {
+    let start = text.find("\n{").map_or(0, |i| i + 1);
+    serde_json::from_str(&text[start..])
+}
+
+/// The error of the report's first job (`error N (what it means)`), if it failed.
+pub(crate) fn job_error(doc: &serde_json::Value) -> Option<String> {
+    let error = doc["jobs"][0]["error"].as_i64().unwrap_or(0);
+    let msg = std::io::Error::from_raw_os_error(error as i32);
+    (error != 0).then(|| format!("error {error} ({msg})"))
+}
+
+/// The JSON report of a fio run whose output was captured; a failed job's error follows
+/// `what`.
+pub(crate) fn captured_report(
+    output: &std::process::Output,
+    what: &str,
+) -> Result<serde_json::Value, String> {
+    let doc = parse_json(&String::from_utf8_lossy(&output.stdout)).map_err(|e| {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        format!("fio output is not JSON ({e}): {}", stderr.lines().next().unwrap_or(""))
+    })?;
+    match job_error(&doc) {
+        Some(error) => Err(format!("{what}: {error}")),
+        None => Ok(doc),
+    }
 }
 
 /// What fio drives.
@@ -191,21 +234,16 @@ impl FioRun {
         };
         let stderr = log_tail(&self.stderr);
         let text = std::fs::read_to_string(&self.output).unwrap_or_default();
-        // fio may print notes before the JSON document.
-        let start = text.find("\n{").map_or(0, |i| i + 1);
-        let doc: serde_json::Value = match serde_json::from_str(&text[start..]) {
-            Ok(doc) => doc,
-            Err(_) => return Err(format!("fio failed ({status}): {stderr}")),
+        let Ok(doc) = parse_json(&text) else {
+            return Err(format!("fio failed ({status}): {stderr}"));
         };
         if !status.success() && !self.interrupted {
             return Err(format!("fio failed ({status}): {stderr}"));
         }
-        let job = &doc["jobs"][0];
-        let error = job["error"].as_i64().unwrap_or(0);
-        if error != 0 {
-            let msg = std::io::Error::from_raw_os_error(error as i32);
-            return Err(format!("fio: error {error} ({msg}): {stderr}"));
+        if let Some(error) = job_error(&doc) {
+            return Err(format!("fio: {error}: {stderr}"));
         }
+        let job = &doc["jobs"][0];
         let side = if self.rw.contains("write") { &job["write"] } else { &job["read"] };
         let lat = &side["lat_ns"];
         let percentile = |key: &str| lat["percentile"][key].as_f64().unwrap_or(f64::NAN);
@@ -236,7 +274,7 @@ impl Drop for FioRun {
 
 /// Sums fio's per-job IOPS logs (`<prefix>_iops.<job>.log`, one line per second:
 /// `time_ms, iops, ...`) into one value per second; a second no job logged counts 0.
-fn read_timeline(dir: &Path, prefix: &str) -> Vec<f64> {
+pub(crate) fn read_timeline(dir: &Path, prefix: &str) -> Vec<f64> {
     let start = format!("{prefix}_iops.");
     let mut seconds: Vec<f64> = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir) else { return seconds };

@@ -34,25 +34,33 @@ pub struct Machine {
 }
 
 impl Machine {
+    /// This machine, with the versions of the tools the figures come from.
     pub(crate) fn probe(fio: String, nbdkit: Option<String>) -> Self {
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default();
-        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split(':').nth(1))
-                    .map(|m| m.trim().to_string())
-            })
-            .unwrap_or_default();
-        Machine {
-            kernel,
-            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cpu_model,
-            fio,
-            nbdkit,
-        }
+        Machine { kernel: kernel(), cpus: cpus(), cpu_model: cpu_model(), fio, nbdkit }
     }
+}
+
+/// The kernel's release (`/proc/sys/kernel/osrelease`), empty if unknown.
+pub(crate) fn kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The CPU's model name (`/proc/cpuinfo`), empty if unknown.
+pub(crate) fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+/// CPUs available to the process (1 if unknown).
+pub(crate) fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }

@@ -10,3 +10,5 @@ pub(crate) mod process;
 pub(crate) mod scratch;
 pub mod servers;
 pub(crate) mod stats;
+#[cfg(test)]
+pub(crate) mod testing;

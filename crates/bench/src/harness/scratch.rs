@@ -92,7 +92,7 @@ impl Scratch {
             self.backing.display(),
             human(bytes)
         );
-        prefill(&self.backing, bytes).map_err(|e| {
+        write_random(&self.backing, bytes).map_err(|e| {
             format!("cannot write the backing file {}: {e}", self.backing.display())
         })?;
         eprintln!("  done in {:.1} s", started.elapsed().as_secs_f64());
@@ -126,8 +126,9 @@ pub(super) fn state_file(backing: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Writes `bytes` of random data to `path` (no holes) and syncs it.
-fn prefill(path: &Path, bytes: u64) -> std::io::Result<()> {
+/// Writes `bytes` of random data to `path` (no holes: a hole reads without touching the disk,
+/// and a write into one allocates during the measurement) and syncs it.
+pub(crate) fn write_random(path: &Path, bytes: u64) -> std::io::Result<()> {
     let mut file = std::fs::File::create(path)?;
     let mut chunk = vec![0u8; 1 << 20];
     let mut rng = SmallRng::seed_from_u64(0x5eed_0002);

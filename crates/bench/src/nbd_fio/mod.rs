@@ -528,21 +528,15 @@ fn summary(report: &Report) -> String {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
 
     use super::*;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: NbdArgs,
-    }
+    use crate::harness::testing::parse_args;
 
     #[test]
     fn sizes_take_binary_suffixes_and_refuse_zero() {
-        let parse = |flags: &[&str]| Cli::try_parse_from([&["nbd"], flags].concat());
-        let cli = parse(&["--span", "2GiB", "--cache-size", "256M"]).expect("sizes");
-        assert_eq!((cli.args.span, cli.args.cache_size), (2 << 30, 256 << 20));
+        let parse = |flags: &[&str]| parse_args::<NbdArgs>(&[&["nbd"], flags].concat());
+        let args = parse(&["--span", "2GiB", "--cache-size", "256M"]).expect("sizes");
+        assert_eq!((args.span, args.cache_size), (2 << 30, 256 << 20));
         assert!(parse(&["--span", "0"]).is_err());
         assert!(parse(&["--cache-size", "x"]).is_err());
     }

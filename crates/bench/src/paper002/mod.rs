@@ -35,7 +35,7 @@ use pmcache_frontend::units::{human, parse_nonzero_size};
 use serde::Serialize;
 
 use crate::harness::fio::{FioResult, check_fio};
-use crate::harness::machine::{Machine, tool_version};
+use crate::harness::machine::{self, Machine, tool_version};
 use crate::harness::output::{progress, write_json};
 use crate::harness::process::{catch_interrupts, check_interrupted};
 use crate::harness::scratch::Scratch;
@@ -160,7 +160,7 @@ pub struct Plan {
 }
 
 fn make_plan(args: &Paper002Args) -> Result<Plan, String> {
-    let available = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let available = machine::cpus();
     let mut plan = Plan {
         cpus: args.cpus.clone(),
         writers: args.writers.clone(),

@@ -6,45 +6,20 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use pmcache_backing::EngineKind;
-
 use super::engine::min_window;
 use super::{BLOCK_BYTES, Plan, Sample, Shape, WritebackArgs};
+use crate::harness::fio::{captured_report, fio_engine, read_timeline};
 
 fn fio_base(args: &WritebackArgs, plan: &Plan, file: &Path) -> Command {
     let mut cmd = Command::new(&args.fio);
     cmd.arg("--name=pmcache")
         .arg(format!("--filename={}", file.display()))
-        .arg(format!("--ioengine={}", fio_engine(plan.engine)))
+        // The variants' options do not matter for writes on a file.
+        .arg(format!("--ioengine={}", fio_engine(plan.engine).0))
         .args(["--direct=1", "--bs=4096", "--thread", "--group_reporting"])
         .args(["--output-format=json", "--lat_percentiles=1"])
         .arg("--percentile_list=50:99:99.9");
     cmd
-}
-
-/// fio's name for an engine (the variants' options do not matter for writes on a file).
-fn fio_engine(engine: EngineKind) -> &'static str {
-    match engine {
-        EngineKind::Psync => "psync",
-        EngineKind::Pvsync2 | EngineKind::Pvsync2Hipri => "pvsync2",
-        EngineKind::Libaio => "libaio",
-        EngineKind::IoUring | EngineKind::IoUringIopoll | EngineKind::IoUringSqpoll => "io_uring",
-    }
-}
-
-fn fio_json(output: &std::process::Output) -> Result<serde_json::Value, String> {
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let json_start = stdout.find("\n{").map_or(0, |i| i + 1);
-    let doc: serde_json::Value = serde_json::from_str(&stdout[json_start..]).map_err(|e| {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        format!("fio output is not JSON ({e}): {}", stderr.lines().next().unwrap_or(""))
-    })?;
-    let error = doc["jobs"][0]["error"].as_i64().unwrap_or(0);
-    if error != 0 {
-        let msg = std::io::Error::from_raw_os_error(error as i32);
-        return Err(format!("fio: error {error} ({msg})"));
-    }
-    Ok(doc)
 }
 
 /// The baseline: fio's random writes on the backing file, one job per writer.
@@ -67,11 +42,11 @@ pub(super) fn run_fio_random(
         .args(["--log_avg_msec=1000", "--per_job_logs=1"])
         .output()
         .map_err(|e| format!("cannot run {}: {e}", args.fio))?;
-    let doc = fio_json(&output)?;
+    let doc = captured_report(&output, "fio")?;
     let side = &doc["jobs"][0]["write"];
     let iops = side["iops"].as_f64().ok_or("fio JSON has no iops")?;
     let lat = |key: &str| side["lat_ns"]["percentile"][key].as_f64().unwrap_or(f64::NAN);
-    let timeline = iops_log(logs.path(), "raw_iops")?;
+    let timeline = read_timeline(logs.path(), "raw");
     Ok(Sample {
         iops,
         // fio's first second includes its start-up: left out, as the engine's fill is.
@@ -86,34 +61,6 @@ pub(super) fn run_fio_random(
         dirty_fraction_end: None,
         cleaner: None,
     })
-}
-
-/// Sums fio's per-job IOPS logs (`<stem>.N.log`, one line per second: msec, value, …) into
-/// one per-second timeline.
-fn iops_log(dir: &Path, stem: &str) -> Result<Vec<f64>, String> {
-    let mut seconds: Vec<f64> = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| e.to_string())?;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with(stem) {
-            continue;
-        }
-        let text = std::fs::read_to_string(entry.path()).map_err(|e| e.to_string())?;
-        for line in text.lines() {
-            let mut fields = line.split(',').map(str::trim);
-            let (Some(ms), Some(value)) = (fields.next(), fields.next()) else { continue };
-            let (Ok(ms), Ok(value)) = (ms.parse::<u64>(), value.parse::<f64>()) else {
-                continue;
-            };
-            // An entry at ~1000·k ms averages second k (counting from 1).
-            let second = ((ms + 500) / 1000).max(1) as usize - 1;
-            if seconds.len() <= second {
-                seconds.resize(second + 1, 0.0);
-            }
-            seconds[second] += value;
-        }
-    }
-    Ok(seconds)
 }
 
 /// fio's random reads of the backing file, one job per reader, at the shape's depth.
@@ -132,7 +79,7 @@ pub(super) fn run_fio_random_reads(
         .arg(format!("--iodepth={}", shape.depth))
         .output()
         .map_err(|e| format!("cannot run {}: {e}", args.fio))?;
-    let doc = fio_json(&output)?;
+    let doc = captured_report(&output, "fio")?;
     let side = &doc["jobs"][0]["read"];
     let iops = side["iops"].as_f64().ok_or("fio JSON has no iops")?;
     let lat = |key: &str| side["lat_ns"]["percentile"][key].as_f64().unwrap_or(f64::NAN);
@@ -177,7 +124,7 @@ pub(super) fn run_fio_replay(
         .output()
         .map_err(|e| format!("cannot run {}: {e}", args.fio))?;
     let wall = started.elapsed().as_secs_f64();
-    let doc = fio_json(&output)?;
+    let doc = captured_report(&output, "fio")?;
     let job = &doc["jobs"][0];
     let done = job["write"]["total_ios"].as_u64().unwrap_or(0);
     if done != blocks.len() as u64 {

@@ -27,15 +27,12 @@
 //! beside fio replaying writes of the very same blocks in the same (ascending) order with the
 //! same engine and queue depth, and one `fsync` at the end.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use pmcache_backing::EngineKind;
 use pmcache_engine::CleanerConfig;
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 mod engine;
@@ -47,6 +44,7 @@ use fio::{run_fio_random, run_fio_random_reads};
 use report::{plot, print_sample_line, summary};
 
 use crate::harness::output::write_json;
+use crate::harness::scratch::write_random;
 
 const BLOCK_BYTES: u64 = 4096;
 /// How often the monitor looks at the engine (whether the cache is full yet).
@@ -269,7 +267,7 @@ pub fn run_cli(args: &WritebackArgs) -> Result<(), String> {
     let backing = args.dir.join(format!("pmcache-bench-writeback-{}.img", std::process::id()));
     let _remove = RemoveOnDrop(backing.clone());
     eprintln!("writing the backing file {} ({} MiB)…", backing.display(), plan.span_bytes >> 20);
-    write_file(&backing, plan.span_bytes).map_err(|e| format!("{}: {e}", backing.display()))?;
+    write_random(&backing, plan.span_bytes).map_err(|e| format!("{}: {e}", backing.display()))?;
     let setup = setup_text(&args.dir, &args.medium_dir, &plan);
     println!("{setup}");
 
@@ -408,19 +406,4 @@ impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
-}
-
-/// Writes `bytes` of non-zero data (so that no block is a hole the file system would
-/// allocate during the measurement), then syncs.
-fn write_file(path: &Path, bytes: u64) -> std::io::Result<()> {
-    let mut file = std::fs::File::create(path)?;
-    let mut chunk = vec![0u8; 1 << 20];
-    SmallRng::seed_from_u64(0xbac).fill(&mut chunk[..]);
-    let mut left = bytes;
-    while left > 0 {
-        let n = left.min(chunk.len() as u64) as usize;
-        file.write_all(&chunk[..n])?;
-        left -= n as u64;
-    }
-    file.sync_all()
 }
