@@ -3,8 +3,8 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -44,6 +44,12 @@ fn histogram() -> Histogram<u64> {
     Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).expect("histogram bounds")
 }
 
+/// Notes `error` as the run's failure and tells every thread to stop.
+fn fail(failure: &Mutex<Option<String>>, stop: &AtomicBool, error: impl ToString) {
+    *failure.lock().expect("failure lock") = Some(error.to_string());
+    stop.store(true, Ordering::SeqCst);
+}
+
 /// The engine under `shape`'s writers for the run's length, with or without the cleaner.
 pub(super) fn run_engine(
     args: &WritebackArgs,
@@ -59,7 +65,7 @@ pub(super) fn run_engine(
     let stop = AtomicBool::new(false);
     let steady = AtomicBool::new(false);
     let counts: Vec<AtomicU64> = (0..shape.writers).map(|_| AtomicU64::new(0)).collect();
-    let failure: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    let failure: Mutex<Option<String>> = Mutex::new(None);
     let mut cleaner = if with_cleaner {
         Some(engine.cleaner(plan.cleaner.clone()).map_err(|e| e.to_string())?)
     } else {
@@ -82,8 +88,7 @@ pub(super) fn run_engine(
                     let mut lane = match engine.lane() {
                         Ok(lane) => lane,
                         Err(e) => {
-                            *failure.lock().expect("failure lock") = Some(e.to_string());
-                            stop.store(true, Ordering::SeqCst);
+                            fail(failure, stop, e);
                             return hist;
                         }
                     };
@@ -112,8 +117,7 @@ pub(super) fn run_engine(
                         };
                         let ns = started.elapsed().as_nanos() as u64;
                         if let Err(e) = result {
-                            *failure.lock().expect("failure lock") = Some(e.to_string());
-                            stop.store(true, Ordering::SeqCst);
+                            fail(failure, stop, e);
                             break;
                         }
                         if steady.load(Ordering::Relaxed) {
@@ -240,7 +244,7 @@ pub(super) fn run_misses(
     let span_blocks = plan.span_bytes / BLOCK_BYTES;
     let stop = AtomicBool::new(false);
     let counts: Vec<AtomicU64> = (0..shape.writers).map(|_| AtomicU64::new(0)).collect();
-    let failure: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    let failure: Mutex<Option<String>> = Mutex::new(None);
     let (timeline, elapsed, histograms) = std::thread::scope(|scope| {
         let readers: Vec<_> = (0..shape.writers)
             .map(|w| {
@@ -250,8 +254,7 @@ pub(super) fn run_misses(
                     let mut lane = match engine.lane() {
                         Ok(lane) => lane,
                         Err(e) => {
-                            *failure.lock().expect("failure lock") = Some(e.to_string());
-                            stop.store(true, Ordering::SeqCst);
+                            fail(failure, stop, e);
                             return hist;
                         }
                     };
@@ -271,8 +274,7 @@ pub(super) fn run_misses(
                         lane.read_batch(&mut reads, &mut outcomes);
                         let ns = started.elapsed().as_nanos() as u64;
                         if let Some(Err(e)) = outcomes.iter().find(|o| o.is_err()) {
-                            *failure.lock().expect("failure lock") = Some(e.to_string());
-                            stop.store(true, Ordering::SeqCst);
+                            fail(failure, stop, e);
                             break;
                         }
                         for _ in 0..shape.depth {
