@@ -2,10 +2,12 @@
 
 use std::ops::Range;
 use std::path::Path;
+use std::sync::OnceLock;
 
 use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
+use plotters::style::register_font;
 
 /// A canvas, or a part of one.
 pub(crate) type Area<'b> = DrawingArea<SVGBackend<'b>, Shift>;
@@ -19,8 +21,34 @@ pub(crate) fn plot_error(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
+/// Where the font text is laid out with may be (Debian's fonts-dejavu-core), first found wins.
+const FONT_PATHS: [&str; 3] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+];
+
+/// Makes the font plotters lays text out with known as `sans-serif` (plotters reads no system
+/// fonts itself), once per process.
+fn load_font() -> Result<(), String> {
+    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
+    let load = || {
+        let Some(path) = FONT_PATHS.into_iter().find(|p| Path::new(p).exists()) else {
+            let looked = FONT_PATHS.join(", ");
+            return Err(format!(
+                "no font for the plot's text ({looked}): install fonts-dejavu-core"
+            ));
+        };
+        let font = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?.leak();
+        register_font("sans-serif", FontStyle::Normal, font)
+            .map_err(|_| format!("{path}: plotters cannot read this font"))
+    };
+    LOADED.get_or_init(load).clone()
+}
+
 /// A white SVG canvas of `size` pixels, written to `path` when presented.
 pub(crate) fn canvas(path: &Path, size: (u32, u32)) -> Result<Area<'_>, String> {
+    load_font()?;
     let root = SVGBackend::new(path, size).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
     Ok(root)
