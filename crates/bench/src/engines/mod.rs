@@ -23,7 +23,7 @@ use pmcache_backing::EngineKind;
 use serde::Serialize;
 
 use crate::harness::machine;
-use crate::harness::output::write_json;
+use crate::harness::output::JsonArgs;
 use crate::harness::scratch::write_random;
 
 mod measure;
@@ -74,12 +74,9 @@ pub struct EnginesArgs {
     /// Smoke mode for CI: 64 MiB files, jobs 1, QD 1 and 8, randread, 0.25 s, 1 run.
     #[arg(long)]
     pub quick: bool,
-    /// Print JSON instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the JSON report to this file.
-    #[arg(long)]
-    pub json_out: Option<PathBuf>,
+    /// The JSON report.
+    #[command(flatten)]
+    pub output: JsonArgs,
     /// Where to write the SVG plot (IOPS vs jobs, one line per engine).
     #[arg(long, default_value = "pmcache-bench-engines.svg")]
     pub plot: PathBuf,
@@ -234,9 +231,9 @@ pub fn run(args: &EnginesArgs) -> Result<Report, String> {
 
 /// Runs the experiment and prints the table (or JSON); writes the plot.
 pub fn run_cli(args: &EnginesArgs) -> Result<(), String> {
-    let report = measure(args, !args.json)?;
-    write_json(&report, args.json, args.json_out.as_deref())?;
-    if !args.json {
+    let report = measure(args, !args.output.json)?;
+    args.output.write(&report)?;
+    if !args.output.json {
         print!("{}", table_summary(&report.rows));
     }
     plot(&report, &args.plot)?;

@@ -4,7 +4,7 @@
 
 pub mod fio;
 pub mod machine;
-pub(crate) mod output;
+pub mod output;
 pub(crate) mod plot;
 pub(crate) mod process;
 pub(crate) mod scratch;

@@ -31,8 +31,7 @@ use serde::Serialize;
 
 use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, Steady, check_fio, steady};
 use crate::harness::machine::{Machine, tool_version};
-use crate::harness::output::write_json;
-use crate::harness::output::{opt, progress};
+use crate::harness::output::{JsonArgs, opt, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
 use crate::harness::scratch::{Scratch, settle};
 use crate::harness::servers::{PmcacheServe, Server, ServerFigures};
@@ -80,12 +79,9 @@ pub struct NbdArgs {
     /// Smoke mode: 4 s, span 256 MiB, cache 32 MiB, 1 run.
     #[arg(long)]
     pub quick: bool,
-    /// Print JSON instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the JSON report to this file.
-    #[arg(long)]
-    pub json_out: Option<PathBuf>,
+    /// The JSON report.
+    #[command(flatten)]
+    pub output: JsonArgs,
     /// Keep the backing file and the scratch directory (fio outputs, server logs).
     #[arg(long)]
     pub keep_files: bool,
@@ -234,7 +230,7 @@ pub fn run_cli(args: &NbdArgs) -> Result<(), String> {
     let machine = Machine::probe(fio_version, Some(nbdkit_version));
     let scratch = Scratch::new(&args.dir, &args.shm_dir, "nbd", args.keep_files)?;
     scratch.prefill(plan.span_bytes)?;
-    if !args.json {
+    if !args.output.json {
         print!("{}", header(&machine, &plan));
     }
     let total = plan.rw.len() * plan.runs * plan.configs.len();
@@ -270,7 +266,7 @@ pub fn run_cli(args: &NbdArgs) -> Result<(), String> {
         }
         progress("");
         let rw_rows = aggregate(&plan, rw, samples, errors);
-        if !args.json {
+        if !args.output.json {
             for row in &rw_rows {
                 print!("{}", table_row(row));
             }
@@ -279,8 +275,8 @@ pub fn run_cli(args: &NbdArgs) -> Result<(), String> {
         rows.extend(rw_rows);
     }
     let report = Report { machine, plan, rows };
-    write_json(&report, args.json, args.json_out.as_deref())?;
-    if !args.json {
+    args.output.write(&report)?;
+    if !args.output.json {
         print!("{}", summary(&report));
     }
     let failed = report.rows.iter().filter(|r| r.iops.is_none()).count();

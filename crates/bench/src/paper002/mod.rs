@@ -36,7 +36,7 @@ use serde::Serialize;
 
 use crate::harness::fio::{FioResult, check_fio};
 use crate::harness::machine::{self, Machine, tool_version};
-use crate::harness::output::{progress, write_json};
+use crate::harness::output::{JsonArgs, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
 use crate::harness::scratch::Scratch;
 use crate::harness::servers::ServerFigures;
@@ -111,12 +111,9 @@ pub struct Paper002Args {
     /// Smoke mode: 1 CPU, 2 writers, 2 s, span 256 MiB, cache 32 MiB, 1 run, a 2 s π job.
     #[arg(long)]
     pub quick: bool,
-    /// Print JSON instead of the tables.
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the JSON report to this file.
-    #[arg(long)]
-    pub json_out: Option<PathBuf>,
+    /// The JSON report.
+    #[command(flatten)]
+    pub output: JsonArgs,
     /// Keep the backing file and the scratch directory (fio outputs, server logs).
     #[arg(long)]
     pub keep_files: bool,
@@ -348,11 +345,11 @@ pub fn run(args: &Paper002Args) -> Result<Report, String> {
 
 /// Runs the experiment, prints the tables (or JSON) and writes the plot.
 pub fn run_cli(args: &Paper002Args) -> Result<(), String> {
-    let report = measure(args, !args.json)?;
-    write_json(&report, args.json, args.json_out.as_deref())?;
+    let report = measure(args, !args.output.json)?;
+    args.output.write(&report)?;
     let note =
         report.rows.iter().find_map(|r| r.server.as_ref().and_then(|s| s.priority_note.clone()));
-    if let Some(note) = note.filter(|_| !args.json) {
+    if let Some(note) = note.filter(|_| !args.output.json) {
         println!("# note: the server could not change the cleaner's priority: {note}");
     }
     plot(&report, &args.plot)?;
