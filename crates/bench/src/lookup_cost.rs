@@ -26,7 +26,9 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::engine_core::{INTERLEAVE_BLOCK_OPS, median};
+use crate::engine_core::INTERLEAVE_BLOCK_OPS;
+use crate::harness::output::print_json_line;
+use crate::harness::stats::median_in_place;
 
 const BLOCK_BYTES: u64 = 4096;
 
@@ -162,7 +164,7 @@ fn run_interleaved<K: FnMut(&mut SmallRng)>(
 /// the table of `table_kib[i]`).
 fn rows(table_kib: &[u64], slots: u64, rates: &[Vec<f64>]) -> Vec<LookupResult> {
     let mut copy_alone_ns: Vec<f64> = rates.iter().map(|r| 1e9 / r[0]).collect();
-    let copy_alone_ns = median(&mut copy_alone_ns);
+    let copy_alone_ns = median_in_place(&mut copy_alone_ns);
     table_kib
         .iter()
         .enumerate()
@@ -173,9 +175,9 @@ fn rows(table_kib: &[u64], slots: u64, rates: &[Vec<f64>]) -> Vec<LookupResult> 
                 name: format!("lookup-{kib}KiB"),
                 table_bytes: kib << 10,
                 table_bytes_per_slot: (kib << 10) as f64 / slots as f64,
-                read_ns: median(&mut ns),
+                read_ns: median_in_place(&mut ns),
                 copy_alone_ns,
-                ratio_to_copy: median(&mut ratios),
+                ratio_to_copy: median_in_place(&mut ratios),
                 runs: rates.len(),
             }
         })
@@ -238,7 +240,7 @@ pub fn run_cli(args: &LookupArgs) -> Result<(), String> {
     let rows = run(args)?;
     if args.json {
         for row in &rows {
-            println!("{}", serde_json::to_string(row).map_err(|e| e.to_string())?);
+            print_json_line(row)?;
         }
         return Ok(());
     }
@@ -268,19 +270,13 @@ pub fn run_cli(args: &LookupArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Command {
-        #[command(flatten)]
-        lookup: LookupArgs,
-    }
+    use crate::harness::testing::parse_args;
 
     fn args(extra: &[&str]) -> LookupArgs {
         // The medium's directory: a tmpfs (a file on a disk file system is refused).
         let mut argv = vec!["lookup", "--dir", "/dev/shm"];
         argv.extend_from_slice(extra);
-        Command::parse_from(argv).lookup
+        parse_args(&argv).expect("parses")
     }
 
     #[test]

@@ -21,7 +21,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::engine_core::median;
+use crate::harness::machine;
+use crate::harness::output::print_json_line;
+use crate::harness::stats::median_in_place;
 
 const BLOCK_BYTES: u64 = 4096;
 
@@ -104,10 +106,10 @@ pub struct MediaKindsResult {
 
 /// A cache on one medium, with the writer's state.
 struct Bed {
-    engine: Engine<PmemFile, PsyncFile, MonotonicClock>,
-    dir: PathBuf,
+    pub(super) engine: Engine<PmemFile, PsyncFile, MonotonicClock>,
+    pub(super) dir: PathBuf,
     file_system: String,
-    blocks: u64,
+    pub(super) blocks: u64,
     rng: SmallRng,
     data: Vec<u8>,
     _tmp: tempfile::TempDir,
@@ -238,7 +240,7 @@ pub fn run(args: &MediaKindsArgs) -> Result<MediaKindsResult, String> {
             kind: kind.name().to_string(),
             dir: bed.dir.display().to_string(),
             file_system: bed.file_system.clone(),
-            writes_per_s: median(rates),
+            writes_per_s: median_in_place(rates),
             msync_calls_per_write: counts.0,
             synced_bytes_per_write: counts.1,
         };
@@ -256,31 +258,24 @@ pub fn run(args: &MediaKindsArgs) -> Result<MediaKindsResult, String> {
                 per_write(synced.synced_bytes - synced_before.synced_bytes),
             ),
         ),
-        msync_to_volatile: median(&mut ratios),
+        msync_to_volatile: median_in_place(&mut ratios),
         runs: args.run_count(),
         seconds: time.as_secs_f64(),
         cache_bytes,
-        cpu: cpu_model(),
+        cpu: cpu_text(),
     })
 }
 
-fn cpu_model() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split(':').nth(1))
-        .unwrap_or("")
-        .trim();
+fn cpu_text() -> String {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    format!("{cores} cores ({model})")
+    format!("{cores} cores ({})", machine::cpu_model())
 }
 
 /// `pmcache bench media-kinds`.
 pub fn run_cli(args: &MediaKindsArgs) -> Result<(), String> {
     let r = run(args)?;
     if args.json {
-        println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+        print_json_line(&r)?;
         return Ok(());
     }
     println!(
@@ -317,13 +312,7 @@ pub fn run_cli(args: &MediaKindsArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Command {
-        #[command(flatten)]
-        media_kinds: MediaKindsArgs,
-    }
+    use crate::harness::testing::parse_args;
 
     /// A quick run gives both figures; every msync-mode write synced its data page and its
     /// entry's page (two msyncs, two pages at least), the volatile medium none.
@@ -331,7 +320,8 @@ mod tests {
     fn a_quick_run_measures_both_media() {
         let exe = std::env::current_exe().expect("the test binary's path");
         let disk = exe.parent().expect("its directory").to_str().expect("utf-8");
-        let args = Command::parse_from(["media-kinds", "--quick", "--disk-dir", disk]).media_kinds;
+        let args = parse_args::<MediaKindsArgs>(&["media-kinds", "--quick", "--disk-dir", disk])
+            .expect("parses");
         let r = run(&args).expect("runs");
         assert_eq!((r.volatile.kind.as_str(), r.msync.kind.as_str()), ("volatile", "msync"));
         assert!(r.volatile.writes_per_s > 0.0 && r.msync.writes_per_s > 0.0, "{r:?}");
@@ -345,7 +335,8 @@ mod tests {
     #[test]
     fn a_disk_directory_on_tmpfs_is_refused() {
         let args =
-            Command::parse_from(["media-kinds", "--quick", "--disk-dir", "/dev/shm"]).media_kinds;
+            parse_args::<MediaKindsArgs>(&["media-kinds", "--quick", "--disk-dir", "/dev/shm"])
+                .expect("parses");
         let err = run(&args).unwrap_err();
         assert!(err.contains("/dev/shm: the medium there is volatile, not msync"), "{err}");
     }

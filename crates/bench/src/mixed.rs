@@ -31,12 +31,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use pmcache_backing::wrappers::LatencyDist;
+use pmcache_frontend::units::parse_nonzero_size;
 use serde::Serialize;
 
-use crate::nbd_fio::{
-    Machine, PmcacheServe, Server, catch_interrupts, check_fio, check_interrupted, median, opt,
-    parse_size, progress,
-};
+use crate::harness::fio::check_fio;
+use crate::harness::machine::Machine;
+use crate::harness::output::write_json;
+use crate::harness::output::{opt, progress};
+use crate::harness::process::{catch_interrupts, check_interrupted};
+use crate::harness::servers::{PmcacheServe, Server};
+use crate::harness::stats::median;
 
 /// Bytes of one request.
 const BLOCK_BYTES: u64 = 4096;
@@ -75,13 +79,13 @@ pub struct MixedArgs {
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// The span of the random offsets, the backing file's size.
-    #[arg(long, value_parser = parse_size, default_value = "1G")]
+    #[arg(long, value_parser = parse_nonzero_size, default_value = "1G")]
     pub span: u64,
     /// The hot zone (cached before each measurement), at the start of the span.
-    #[arg(long, value_parser = parse_size, default_value = "64M")]
+    #[arg(long, value_parser = parse_nonzero_size, default_value = "64M")]
     pub hot: u64,
     /// The cache medium's size (room for the hot zone and the cold blocks misses admit).
-    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    #[arg(long, value_parser = parse_nonzero_size, default_value = "256M")]
     pub cache_size: u64,
     /// Directory for the backing file and the cache medium.
     #[arg(long, default_value = "/dev/shm")]
@@ -205,7 +209,7 @@ pub fn run_cli(args: &MixedArgs) -> Result<(), String> {
     if args.json {
         let doc = serde_json::json!({ "machine": machine, "latency": args.latency,
             "unloaded_hit_us": t0, "rows": rows });
-        println!("{}", serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?);
+        write_json(&doc, true, None)?;
     } else {
         print!("{}", table(&args, &machine, t0, &rows));
     }

@@ -18,12 +18,17 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use pmcache_frontend::units::{human, parse_nonzero_size};
 use serde::Serialize;
 
-use crate::nbd_fio::{
-    FioResult, FioRun, FioSpec, FioTarget, Machine, PmcacheServe, Scratch, Server,
-    catch_interrupts, check_fio, human, median, opt, parse_size, progress, tool_version,
-};
+use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, check_fio};
+use crate::harness::machine::{Machine, tool_version};
+use crate::harness::output::write_json;
+use crate::harness::output::{opt, progress};
+use crate::harness::process::catch_interrupts;
+use crate::harness::scratch::Scratch;
+use crate::harness::servers::{PmcacheServe, Server};
+use crate::harness::stats::median;
 
 /// Bytes of one read.
 const BLOCK_BYTES: u64 = 4096;
@@ -38,7 +43,7 @@ pub struct TlsArgs {
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
     /// Span of the random offsets (the cache holds all of it).
-    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    #[arg(long, value_parser = parse_nonzero_size, default_value = "256M")]
     pub span: u64,
     /// Requests in flight (fio iodepth, one connection).
     #[arg(long, default_value_t = 16)]
@@ -170,7 +175,7 @@ pub fn run_cli(args: &TlsArgs) -> Result<(), String> {
         tls: row("tls-x509", &tls),
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+        write_json(&report, true, None)?;
     } else {
         print!("{}", table(&report));
     }

@@ -17,12 +17,17 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use pmcache_frontend::units::parse_nonzero_size;
 use serde::Serialize;
 
-use crate::nbd_fio::{
-    FioRun, FioSpec, FioTarget, Machine, PmcacheServe, Scratch, Server, check_fio,
-    check_interrupted, median, parse_size, progress,
-};
+use crate::harness::fio::{FioRun, FioSpec, FioTarget, check_fio};
+use crate::harness::machine::Machine;
+use crate::harness::output::progress;
+use crate::harness::output::write_json;
+use crate::harness::process::check_interrupted;
+use crate::harness::scratch::Scratch;
+use crate::harness::servers::{PmcacheServe, Server};
+use crate::harness::stats::median;
 
 /// Connections of every measurement.
 const CONNECTIONS: usize = 16;
@@ -34,10 +39,10 @@ pub struct MemoryArgs {
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
     /// Size of the backing file and span of the random offsets (e.g. 2G).
-    #[arg(long, value_parser = parse_size, default_value = "2G")]
+    #[arg(long, value_parser = parse_nonzero_size, default_value = "2G")]
     pub span: u64,
     /// Size of the cache medium (e.g. 256M).
-    #[arg(long, value_parser = parse_size, default_value = "256M")]
+    #[arg(long, value_parser = parse_nonzero_size, default_value = "256M")]
     pub cache_size: u64,
     /// Runs (medians are reported).
     #[arg(long, default_value_t = 3)]
@@ -258,7 +263,7 @@ pub fn run_cli(args: &MemoryArgs) -> Result<(), String> {
         rows,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?);
+        write_json(&report, true, None)?;
         return Ok(());
     }
     println!(

@@ -29,7 +29,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::engine_core::median;
+use crate::harness::output::print_json_line;
+use crate::harness::stats::median_in_place;
 
 const BLOCK_BYTES: u64 = 4096;
 const SECTORS_PER_BLOCK: u32 = (BLOCK_BYTES / 512) as u32;
@@ -116,7 +117,7 @@ struct Bed<'e> {
     target: CacheConn<'e>,
     dispatcher: Dispatcher,
     bufs: Vec<IoBuf>,
-    blocks: Vec<u64>,
+    pub(super) blocks: Vec<u64>,
 }
 
 impl Bed<'_> {
@@ -280,10 +281,10 @@ pub fn run(args: &UblkMappingArgs) -> Result<UblkMappingResult, String> {
                 "{}, {per} per dispatch",
                 if kind == Kind::Read { "4 KiB read hit" } else { "4 KiB write" }
             ),
-            mapped_ns: median(&mut s.0),
-            engine_ns: median(&mut s.1),
-            overhead_ns: median(&mut s.2),
-            ratio: median(&mut s.3),
+            mapped_ns: median_in_place(&mut s.0),
+            engine_ns: median_in_place(&mut s.1),
+            overhead_ns: median_in_place(&mut s.2),
+            ratio: median_in_place(&mut s.3),
         })
         .collect();
     Ok(UblkMappingResult { rows, requests: bed.blocks.len(), runs: args.run_count(), cache_bytes })
@@ -293,7 +294,7 @@ pub fn run(args: &UblkMappingArgs) -> Result<UblkMappingResult, String> {
 pub fn run_cli(args: &UblkMappingArgs) -> Result<(), String> {
     let r = run(args)?;
     if args.json {
-        println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+        print_json_line(&r)?;
         return Ok(());
     }
     println!(

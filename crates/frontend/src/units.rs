@@ -17,6 +17,14 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is not a size (examples: 4096, 64M, 1G)"))
 }
 
+/// Parses a size as [`parse_size`] does, refusing 0: for a size something must have.
+pub fn parse_nonzero_size(text: &str) -> Result<u64, String> {
+    match parse_size(text)? {
+        0 => Err(format!("{text:?} is no size here: it must be more than 0")),
+        n => Ok(n),
+    }
+}
+
 /// Human-readable bytes.
 pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -41,6 +49,16 @@ mod tests {
         assert_eq!(parse_size("8GiB"), Ok(8 << 30));
         assert!(parse_size("lots").is_err());
         assert!(parse_size("99999999999T").is_err());
+        assert_eq!(parse_size("0"), Ok(0));
+    }
+
+    #[test]
+    fn nonzero_sizes_refuse_zero() {
+        assert_eq!(parse_nonzero_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_nonzero_size("2GiB"), Ok(2 << 30));
+        assert!(parse_nonzero_size("0").is_err());
+        assert!(parse_nonzero_size("0K").is_err());
+        assert!(parse_nonzero_size("x").is_err());
     }
 
     #[test]

@@ -1,0 +1,539 @@
+//! `pmcache bench nbd`: pmcache served over NBD, driven by fio's nbd engine, beside `nbdkit
+//! file` serving the same backing file and fio on the raw backing file, in the same run.
+//!
+//! Each measurement spawns the real server: this executable's `pmcache serve` on a fresh
+//! cache medium in `/dev/shm` (emulated PM) in front of a backing file on the root disk,
+//! listening on a unix socket. Once its control socket answers, fio runs with
+//! `--ioengine=nbd`; the server's statistics are fetched over the control socket, then the
+//! server is stopped with SIGTERM and waited for (on a medium in /dev/shm, a volatile one,
+//! pmcache writes every dirty block back before it exits, so the disk is quiet when the next
+//! measurement starts). The baselines: `nbdkit file` on the same backing file (by default
+//! `cache=none fadvise=random`, so its reads reach the disk as pmcache's misses do and the
+//! page cache does not absorb its writes), the same fio job; and fio on the raw backing file
+//! (`io_uring`, `O_DIRECT`, the same queue depth). The backing file is written in full first
+//! (real data: the file system allocates nothing during the measurement), and before each
+//! measurement it is synced and dropped from the page cache.
+//!
+//! Per configuration the table gives the median over `--runs` runs of IOPS, the IOPS ratio to
+//! nbdkit (median of the per-run ratios), fio's latency percentiles (`lat`: submission to
+//! completion; p50, p99, p99.9, max) and p99.9's ratio to nbdkit's, and the IOPS once as much
+//! data as the cache holds has been transferred (for writes: the cache is full from then on):
+//! the lowest 1-second window and the mean of the windows from there on, from fio's
+//! per-second IOPS log, and that mean's ratio to nbdkit's. Under each pmcache row, the
+//! server's statistics of the median run: dirty share at the end, blocks written back (and
+//! by the cleaner), writer stalls, inline fallbacks, evictions, read hits.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use pmcache_frontend::units::{human, parse_nonzero_size};
+use serde::Serialize;
+
+use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, Steady, check_fio, steady};
+use crate::harness::machine::{Machine, tool_version};
+use crate::harness::output::{JsonArgs, opt, progress};
+use crate::harness::process::{catch_interrupts, check_interrupted};
+use crate::harness::scratch::{Scratch, settle};
+use crate::harness::servers::{PmcacheServe, Server, ServerFigures};
+use crate::harness::stats::{median, median_index};
+
+/// Bytes of one request of `bench nbd`.
+const BLOCK_BYTES: u64 = 4096;
+
+/// Arguments of `pmcache bench nbd`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NbdArgs {
+    /// Workloads, comma-separated: randwrite, randread.
+    #[arg(long, value_delimiter = ',', default_value = "randwrite,randread")]
+    pub rw: Vec<String>,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 60.0)]
+    pub seconds: f64,
+    /// Span of the random offsets, the size of the backing file (e.g. 2G).
+    #[arg(long, value_parser = parse_nonzero_size, default_value = "2G")]
+    pub span: u64,
+    /// Size of pmcache's cache medium (e.g. 256M).
+    #[arg(long, value_parser = parse_nonzero_size, default_value = "256M")]
+    pub cache_size: u64,
+    /// Requests in flight (fio iodepth, one connection).
+    #[arg(long, default_value_t = 16)]
+    pub qd: usize,
+    /// Runs per configuration (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// A further pmcache row with these cleaner settings, comma-separated KEY=VALUE as
+    /// `pmcache serve --cleaner` takes them (repeatable; e.g. `order=none`: no cleaner, writers
+    /// write back inline).
+    #[arg(long = "cleaner", value_name = "KEY=VALUE[,KEY=VALUE]")]
+    pub cleaner: Vec<String>,
+    /// Directory for the backing file: on a disk, not a tmpfs.
+    #[arg(long, default_value = "/var/tmp")]
+    pub dir: PathBuf,
+    /// Directory for the cache medium (emulated PM).
+    #[arg(long, default_value = "/dev/shm")]
+    pub shm_dir: PathBuf,
+    /// nbdkit file plugin's page-cache mode: none (reads reach the disk, writes are pushed
+    /// out as they come) or default (the page cache absorbs both).
+    #[arg(long, default_value = "none")]
+    pub nbdkit_cache: String,
+    /// Smoke mode: 4 s, span 256 MiB, cache 32 MiB, 1 run.
+    #[arg(long)]
+    pub quick: bool,
+    /// The JSON report.
+    #[command(flatten)]
+    pub output: JsonArgs,
+    /// Keep the backing file and the scratch directory (fio outputs, server logs).
+    #[arg(long)]
+    pub keep_files: bool,
+    /// The fio binary.
+    #[arg(long, default_value = "fio")]
+    pub fio: String,
+    /// The nbdkit binary.
+    #[arg(long, default_value = "nbdkit")]
+    pub nbdkit: String,
+}
+
+/// The resolved plan of one invocation.
+#[derive(Debug, Clone, Serialize)]
+struct Plan {
+    rw: Vec<String>,
+    seconds: f64,
+    span_bytes: u64,
+    cache_bytes: u64,
+    qd: usize,
+    runs: usize,
+    nbdkit_cache: String,
+    configs: Vec<Config>,
+}
+
+/// What serves the fio job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Kind {
+    Pmcache,
+    Nbdkit,
+    Raw,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Config {
+    label: String,
+    kind: Kind,
+    /// `--cleaner` settings of a pmcache row.
+    cleaner: Vec<String>,
+}
+
+/// One measurement.
+#[derive(Debug, Clone, Serialize)]
+struct RunSample {
+    run: usize,
+    fio: FioResult,
+    steady: Option<Steady>,
+    server: Option<ServerFigures>,
+}
+
+/// One line of the table.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    rw: String,
+    config: String,
+    kind: Kind,
+    cleaner: Vec<String>,
+    iops: Option<f64>,
+    /// Median over runs of iops / nbdkit's iops in the same run.
+    ratio_to_nbdkit: Option<f64>,
+    /// The per-run ratios the median came from.
+    ratio_to_nbdkit_runs: Vec<f64>,
+    lat_us_p50: Option<f64>,
+    lat_us_p99: Option<f64>,
+    lat_us_p999: Option<f64>,
+    lat_us_max: Option<f64>,
+    /// Median over runs of p99.9 / nbdkit's p99.9 in the same run (below 1: lower).
+    p999_ratio_to_nbdkit: Option<f64>,
+    /// IOPS once a cache's worth of data has moved: lowest 1-s window and mean (medians).
+    steady_min_iops: Option<f64>,
+    steady_mean_iops: Option<f64>,
+    steady_from_s: Option<usize>,
+    /// Median over runs of steady mean / nbdkit's steady mean in the same run.
+    steady_ratio_to_nbdkit: Option<f64>,
+    /// The server's figures in the run with the median IOPS.
+    server: Option<ServerFigures>,
+    samples: Vec<RunSample>,
+    errors: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    machine: Machine,
+    plan: Plan,
+    rows: Vec<Row>,
+}
+
+fn make_plan(args: &NbdArgs) -> Result<Plan, String> {
+    for rw in &args.rw {
+        if rw != "randread" && rw != "randwrite" {
+            return Err(format!("unknown workload {rw:?}; expected randwrite or randread"));
+        }
+    }
+    if args.qd == 0 || args.runs == 0 || args.seconds <= 0.0 {
+        return Err("--qd, --runs and --seconds must be positive".into());
+    }
+    if args.nbdkit_cache != "none" && args.nbdkit_cache != "default" {
+        return Err(format!("--nbdkit-cache {:?}: expected none or default", args.nbdkit_cache));
+    }
+    let mut configs =
+        vec![Config { label: "pmcache".into(), kind: Kind::Pmcache, cleaner: Vec::new() }];
+    for settings in &args.cleaner {
+        let pairs: Vec<String> = settings
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        if pairs.is_empty() || pairs.iter().any(|p| !p.contains('=')) {
+            return Err(format!("--cleaner {settings:?}: expected KEY=VALUE[,KEY=VALUE]"));
+        }
+        configs.push(Config {
+            label: format!("pmcache {}", pairs.join(",")),
+            kind: Kind::Pmcache,
+            cleaner: pairs,
+        });
+    }
+    configs.push(Config { label: "nbdkit file".into(), kind: Kind::Nbdkit, cleaner: Vec::new() });
+    configs.push(Config { label: "raw file".into(), kind: Kind::Raw, cleaner: Vec::new() });
+    let (seconds, span_bytes, cache_bytes, runs) = if args.quick {
+        (4.0, 256 << 20, 32 << 20, 1)
+    } else {
+        (args.seconds, args.span, args.cache_size, args.runs)
+    };
+    if !span_bytes.is_multiple_of(BLOCK_BYTES) {
+        return Err("--span must be a multiple of 4 KiB".into());
+    }
+    Ok(Plan {
+        rw: args.rw.clone(),
+        seconds,
+        span_bytes,
+        cache_bytes,
+        qd: args.qd,
+        runs,
+        nbdkit_cache: args.nbdkit_cache.clone(),
+        configs,
+    })
+}
+
+/// Runs the experiment and prints the table (or JSON).
+pub fn run_cli(args: &NbdArgs) -> Result<(), String> {
+    let plan = make_plan(args)?;
+    catch_interrupts();
+    let fio_version = check_fio(&args.fio)?;
+    let nbdkit_version = tool_version(&args.nbdkit, "--version", "nbdkit")?;
+    let machine = Machine::probe(fio_version, Some(nbdkit_version));
+    let scratch = Scratch::new(&args.dir, &args.shm_dir, "nbd", args.keep_files)?;
+    scratch.prefill(plan.span_bytes)?;
+    if !args.output.json {
+        print!("{}", header(&machine, &plan));
+    }
+    let total = plan.rw.len() * plan.runs * plan.configs.len();
+    let mut done = 0;
+    let mut rows = Vec::new();
+    for rw in &plan.rw {
+        // samples[config] over runs, each with its run index.
+        let mut samples: Vec<Vec<RunSample>> = vec![Vec::new(); plan.configs.len()];
+        let mut errors: Vec<Vec<String>> = vec![Vec::new(); plan.configs.len()];
+        for run in 0..plan.runs {
+            // The order rotates between runs, so that drift in the machine's load does not
+            // always hit the same configuration.
+            let n = plan.configs.len();
+            for i in 0..n {
+                let c = (i + run) % n;
+                let config = &plan.configs[c];
+                done += 1;
+                progress(&format!(
+                    "[{done}/{total}] {rw} run {}/{} {}",
+                    run + 1,
+                    plan.runs,
+                    config.label
+                ));
+                check_interrupted()?;
+                match measure(args, &plan, &scratch, config, rw) {
+                    Ok(mut sample) => {
+                        sample.run = run;
+                        samples[c].push(sample);
+                    }
+                    Err(e) => errors[c].push(format!("run {}: {e}", run + 1)),
+                }
+            }
+        }
+        progress("");
+        let rw_rows = aggregate(&plan, rw, samples, errors);
+        if !args.output.json {
+            for row in &rw_rows {
+                print!("{}", table_row(row));
+            }
+            println!();
+        }
+        rows.extend(rw_rows);
+    }
+    let report = Report { machine, plan, rows };
+    args.output.write(&report)?;
+    if !args.output.json {
+        print!("{}", summary(&report));
+    }
+    let failed = report.rows.iter().filter(|r| r.iops.is_none()).count();
+    if failed > 0 {
+        return Err(format!("{failed} configurations measured nothing (see their errors)"));
+    }
+    Ok(())
+}
+
+fn measure(
+    args: &NbdArgs,
+    plan: &Plan,
+    scratch: &Scratch,
+    config: &Config,
+    rw: &str,
+) -> Result<RunSample, String> {
+    settle(&scratch.backing)?;
+    let fio = |target| FioSpec {
+        fio: &args.fio,
+        target,
+        rw,
+        bs: BLOCK_BYTES,
+        qd: plan.qd,
+        jobs: 1,
+        span: plan.span_bytes,
+        seconds: plan.seconds,
+        out_dir: scratch.dir(),
+        timeline: true,
+    };
+    let (result, server) = match config.kind {
+        Kind::Pmcache => {
+            let socket = scratch.path("pmcache.sock");
+            let control = scratch.path("pmcache.ctl");
+            let log = scratch.path("pmcache-serve.log");
+            let server = Server::start_pmcache(&PmcacheServe {
+                medium: &scratch.medium,
+                cache_bytes: plan.cache_bytes,
+                backing: &scratch.backing,
+                socket: &socket,
+                control: &control,
+                log: &log,
+                cleaner: &config.cleaner,
+                cpus: None,
+                max_connections: 16,
+                extra_args: &[],
+            })?;
+            let result = FioRun::run(&fio(FioTarget::Nbd(server.uri())))?;
+            let stats = server.stats()?;
+            server.stop()?;
+            (result, Some(ServerFigures::from_stats(&stats)))
+        }
+        Kind::Nbdkit => {
+            let socket = scratch.path("nbdkit.sock");
+            let log = scratch.path("nbdkit.log");
+            let server = Server::start_nbdkit(
+                &args.nbdkit,
+                &scratch.backing,
+                &socket,
+                &log,
+                &plan.nbdkit_cache,
+            )?;
+            let result = FioRun::run(&fio(FioTarget::Nbd(server.uri())))?;
+            server.stop()?;
+            (result, None)
+        }
+        Kind::Raw => (FioRun::run(&fio(FioTarget::File(scratch.backing.clone())))?, None),
+    };
+    let steady = steady(&result.timeline_iops, BLOCK_BYTES, plan.cache_bytes);
+    Ok(RunSample { run: 0, fio: result, steady, server })
+}
+
+fn aggregate(
+    plan: &Plan,
+    rw: &str,
+    samples: Vec<Vec<RunSample>>,
+    errors: Vec<Vec<String>>,
+) -> Vec<Row> {
+    let nbdkit = plan.configs.iter().position(|c| c.kind == Kind::Nbdkit);
+    let baseline = |run: usize| -> Option<&RunSample> {
+        nbdkit.and_then(|b| samples[b].iter().find(|s| s.run == run))
+    };
+    let mut rows = Vec::new();
+    for (c, config) in plan.configs.iter().enumerate() {
+        let mine = &samples[c];
+        let per_run = |f: &dyn Fn(&RunSample, &RunSample) -> Option<f64>| -> Vec<f64> {
+            mine.iter().filter_map(|s| baseline(s.run).and_then(|b| f(s, b))).collect()
+        };
+        let ratios = per_run(&|s, b| Some(s.fio.iops / b.fio.iops));
+        let p999_ratios = per_run(&|s, b| Some(s.fio.lat_ns_p999 / b.fio.lat_ns_p999));
+        let steady_ratios = per_run(&|s, b| {
+            Some(s.steady?.mean_iops / b.steady?.mean_iops).filter(|r| r.is_finite())
+        });
+        let us = |f: fn(&FioResult) -> f64| median(mine.iter().map(|s| f(&s.fio) / 1000.0));
+        let iops: Vec<f64> = mine.iter().map(|s| s.fio.iops).collect();
+        let median_run = median_index(&iops);
+        rows.push(Row {
+            rw: rw.to_string(),
+            config: config.label.clone(),
+            kind: config.kind,
+            cleaner: config.cleaner.clone(),
+            iops: median(iops.iter().copied()),
+            ratio_to_nbdkit: median(ratios.iter().copied()),
+            ratio_to_nbdkit_runs: ratios,
+            lat_us_p50: us(|f| f.lat_ns_p50),
+            lat_us_p99: us(|f| f.lat_ns_p99),
+            lat_us_p999: us(|f| f.lat_ns_p999),
+            lat_us_max: us(|f| f.lat_ns_max),
+            p999_ratio_to_nbdkit: median(p999_ratios),
+            steady_min_iops: median(mine.iter().filter_map(|s| s.steady.map(|t| t.min_iops))),
+            steady_mean_iops: median(mine.iter().filter_map(|s| s.steady.map(|t| t.mean_iops))),
+            steady_from_s: median(mine.iter().filter_map(|s| s.steady.map(|t| t.from_s as f64)))
+                .map(|s| s.round() as usize),
+            steady_ratio_to_nbdkit: median(steady_ratios),
+            server: median_run.and_then(|i| mine[i].server.clone()),
+            samples: mine.clone(),
+            errors: errors[c].clone(),
+        });
+    }
+    rows
+}
+
+fn header(m: &Machine, plan: &Plan) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# pmcache bench nbd — kernel {}, {} CPUs ({}), {}, {}",
+        m.kernel,
+        m.cpus,
+        m.cpu_model,
+        m.fio,
+        m.nbdkit.as_deref().unwrap_or("no nbdkit")
+    );
+    let _ = writeln!(
+        out,
+        "# 4 KiB random requests over a {} span, QD{}, one connection; pmcache: a {} cache in \
+         /dev/shm; nbdkit file cache={}; raw: fio io_uring O_DIRECT on the backing file; {} s \
+         per run, median of {} runs; ×nbdkit: median of per-run ratios; full: IOPS once {} \
+         has moved (the lowest 1-s window / the mean)",
+        human(plan.span_bytes),
+        plan.qd,
+        human(plan.cache_bytes),
+        plan.nbdkit_cache,
+        plan.seconds,
+        plan.runs,
+        human(plan.cache_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "{:<9} {:<28} {:>9} {:>7} {:>8} {:>8} {:>9} {:>9} {:>7} {:>17} {:>7}",
+        "rw",
+        "config",
+        "IOPS",
+        "×nbdkit",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "max µs",
+        "p99.9×",
+        "full min/mean",
+        "×nbdkit"
+    );
+    out
+}
+
+fn table_row(r: &Row) -> String {
+    let mut out = String::new();
+    let full = match (r.steady_min_iops, r.steady_mean_iops) {
+        (Some(min), Some(mean)) => format!("{min:.0}/{mean:.0}"),
+        _ => "-".into(),
+    };
+    let _ = writeln!(
+        out,
+        "{:<9} {:<28} {:>9} {:>7} {:>8} {:>8} {:>9} {:>9} {:>7} {:>17} {:>7}",
+        r.rw,
+        r.config,
+        opt(r.iops, 0),
+        opt(r.ratio_to_nbdkit, 2),
+        opt(r.lat_us_p50, 1),
+        opt(r.lat_us_p99, 1),
+        opt(r.lat_us_p999, 1),
+        opt(r.lat_us_max, 0),
+        opt(r.p999_ratio_to_nbdkit, 2),
+        full,
+        opt(r.steady_ratio_to_nbdkit, 2)
+    );
+    if let Some(s) = &r.server {
+        let stall = if s.stalls > 0 {
+            format!(
+                " (p99 {:.2} ms, max {:.2} ms)",
+                s.stall_ns_p99 as f64 / 1e6,
+                s.stall_ns_max as f64 / 1e6
+            )
+        } else {
+            String::new()
+        };
+        let reads = s.read_hits + s.read_misses;
+        let hits = if reads > 0 {
+            format!(", read hits {:.1} %", 100.0 * s.read_hits as f64 / reads as f64)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "{:<9} └ cleaner {}/{}: dirty {:.1} % at the end, {} blocks written back ({} by the \
+             cleaner), {} stalls{stall}, {} inline fallbacks, {} evictions{hits}",
+            "",
+            s.cleaner_order,
+            s.cleaner_adaptive,
+            100.0 * s.dirty_fraction,
+            s.writebacks,
+            s.blocks_cleaned,
+            s.stalls,
+            s.inline_write_backs,
+            s.evictions
+        );
+    }
+    for e in &r.errors {
+        let _ = writeln!(out, "{:<9} └ error: {e}", "");
+    }
+    out
+}
+
+fn summary(report: &Report) -> String {
+    let mut out = String::new();
+    for r in report.rows.iter().filter(|r| r.kind == Kind::Pmcache && r.cleaner.is_empty()) {
+        let goal = if r.rw == "randwrite" { 1.5 } else { 1.0 };
+        let lower_tail = if r.rw == "randwrite" {
+            match r.p999_ratio_to_nbdkit {
+                Some(x) if x < 1.0 => ", p99.9 lower",
+                Some(_) => ", p99.9 not lower",
+                None => "",
+            }
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "# {}: pmcache at {}× nbdkit's IOPS (goal ≥{goal}){lower_tail}",
+            r.rw,
+            opt(r.ratio_to_nbdkit, 2)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+
+    use super::*;
+    use crate::harness::testing::parse_args;
+
+    #[test]
+    fn sizes_take_binary_suffixes_and_refuse_zero() {
+        let parse = |flags: &[&str]| parse_args::<NbdArgs>(&[&["nbd"], flags].concat());
+        let args = parse(&["--span", "2GiB", "--cache-size", "256M"]).expect("sizes");
+        assert_eq!((args.span, args.cache_size), (2 << 30, 256 << 20));
+        assert!(parse(&["--span", "0"]).is_err());
+        assert!(parse(&["--cache-size", "x"]).is_err());
+    }
+}

@@ -1,0 +1,134 @@
+//! One measurement of `bench paper002`: the server, fio and the samplers.
+
+use super::cpu::{RunSampler, Sampled, join_pi, spawn_pi};
+use super::{Config, Paper002Args, Plan, Sample};
+use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget};
+use crate::harness::scratch::{Scratch, settle};
+use crate::harness::servers::{PmcacheServe, Server, ServerFigures};
+
+/// Everything a measurement needs.
+pub(super) struct Bed<'a> {
+    pub(super) args: &'a Paper002Args,
+    pub(super) plan: &'a Plan,
+    pub(super) scratch: &'a Scratch,
+}
+
+impl Bed<'_> {
+    fn fio_spec(&self, target: FioTarget, writers: usize, seconds: f64) -> FioSpec<'_> {
+        FioSpec {
+            fio: &self.args.fio,
+            target,
+            rw: "randwrite",
+            bs: self.plan.bs,
+            qd: self.plan.qd,
+            jobs: writers,
+            span: self.plan.span_bytes,
+            seconds,
+            out_dir: self.scratch.dir(),
+            timeline: false,
+        }
+    }
+
+    fn start_server(&self, cpus: usize, writers: usize, adaptive: &str) -> Result<Server, String> {
+        let cpu_list = if cpus == 1 { "0".to_string() } else { format!("0-{}", cpus - 1) };
+        let mut cleaner = vec![format!("adaptive={adaptive}")];
+        cleaner.extend(self.plan.cleaner.iter().cloned());
+        let (socket, control, log) = (
+            self.scratch.path("pmcache.sock"),
+            self.scratch.path("pmcache.ctl"),
+            self.scratch.path("pmcache-serve.log"),
+        );
+        Server::start_pmcache(&PmcacheServe {
+            medium: &self.scratch.medium,
+            cache_bytes: self.plan.cache_bytes,
+            backing: &self.scratch.backing,
+            socket: &socket,
+            control: &control,
+            log: &log,
+            cleaner: &cleaner,
+            cpus: Some((&cpu_list, &self.args.taskset)),
+            max_connections: writers.max(16),
+            extra_args: &[],
+        })
+    }
+
+    /// One main-table measurement.
+    pub(super) fn measure(&self, config: &Config) -> Result<Sample, String> {
+        settle(&self.scratch.backing)?;
+        let Some(cpus) = config.cpus else {
+            let spec = self.fio_spec(
+                FioTarget::File(self.scratch.backing.clone()),
+                config.writers,
+                self.plan.seconds,
+            );
+            let fio = FioRun::run(&spec)?;
+            return Ok(sample(fio, None, None, None, false));
+        };
+        let server = self.start_server(cpus, config.writers, &config.adaptive)?;
+        let before = ServerFigures::from_stats(&server.stats()?);
+        let sampler = RunSampler::start(server.pid(), server.control());
+        let spec = self.fio_spec(FioTarget::Nbd(server.uri()), config.writers, self.plan.seconds);
+        let fio = FioRun::run(&spec);
+        let sampled = sampler.finish();
+        let fio = fio?;
+        let after = ServerFigures::from_stats(&server.stats()?);
+        server.stop()?;
+        Ok(sample(fio, Some(after.since(&before)), Some(sampled), None, false))
+    }
+
+    /// One Table 1 measurement: the server on CPU 0 and the π job on CPU 0; fio runs until
+    /// the π job ends.
+    pub(super) fn measure_with_pi(
+        &self,
+        writers: usize,
+        adaptive: &str,
+        terms: u64,
+    ) -> Result<Sample, String> {
+        settle(&self.scratch.backing)?;
+        let server = self.start_server(1, writers, adaptive)?;
+        let before = ServerFigures::from_stats(&server.stats()?);
+        let sampler = RunSampler::start(server.pid(), server.control());
+        // A limit far beyond the π job's expected time; fio is interrupted when it ends.
+        let limit = self.plan.pi_seconds * 8.0 + 30.0;
+        let mut fio = FioRun::spawn(&self.fio_spec(FioTarget::Nbd(server.uri()), writers, limit))?;
+        let pi = spawn_pi(terms);
+        let pi_time = join_pi(pi);
+        let fio_ended_first = !fio.running();
+        fio.interrupt();
+        let fio = fio.wait();
+        let sampled = sampler.finish();
+        let (fio, pi_time) = (fio?, pi_time?);
+        let after = ServerFigures::from_stats(&server.stats()?);
+        server.stop()?;
+        Ok(sample(
+            fio,
+            Some(after.since(&before)),
+            Some(sampled),
+            Some(pi_time.as_secs_f64()),
+            fio_ended_first,
+        ))
+    }
+}
+
+pub(super) fn sample(
+    fio: FioResult,
+    server: Option<ServerFigures>,
+    sampled: Option<Sampled>,
+    pi_seconds: Option<f64>,
+    fio_ended_first: bool,
+) -> Sample {
+    let boosted_s = server.as_ref().map(|s| {
+        let open = sampled.as_ref().filter(|_| s.boosted_now).map_or(0.0, |x| x.open_boost_s);
+        s.boosted_ns as f64 / 1e9 + open
+    });
+    Sample {
+        run: 0,
+        mb_per_s: fio.bytes_per_s / 1e6,
+        fio,
+        server,
+        context_switches: sampled.map(|x| x.switches),
+        boosted_s,
+        pi_seconds,
+        fio_ended_first,
+    }
+}
