@@ -30,7 +30,7 @@ const FONT_PATHS: [&str; 3] = [
 
 /// Makes the font plotters lays text out with known as `sans-serif` (plotters reads no system
 /// fonts itself), once per process.
-fn load_font() -> Result<(), String> {
+pub(crate) fn load_font() -> Result<(), String> {
     static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
     let load = || {
         let Some(path) = FONT_PATHS.into_iter().find(|p| Path::new(p).exists()) else {

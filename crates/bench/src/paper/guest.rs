@@ -463,6 +463,7 @@ mod tests {
             pm_dir: "/dev/shm".into(),
             dir: "/var/tmp".into(),
             guest_json: None,
+            bed: "host".into(),
         };
         let ctx = super::super::Ctx::new(&args);
         let run = guest_run(vec![

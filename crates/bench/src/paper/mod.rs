@@ -14,6 +14,8 @@ mod guest;
 mod inproc;
 mod p000;
 mod p001;
+mod p002;
+mod p004;
 mod plot;
 mod report;
 pub mod workload;
@@ -29,9 +31,9 @@ pub use report::{read_figures, write as write_report};
 /// Options of `pmcache bench paper`.
 #[derive(Args, Debug, Clone)]
 pub struct PaperArgs {
-    /// The experiment (`000-fig2`, `000-fig3`, `000-fig4`, `000-fig5`, `000-fig6`,
-    /// `000-guest`, `001-fig3`, or `all`; a panel's id such as `000-fig4b` runs its whole
-    /// figure), `report` to write the report from the JSON in `--out`, or `list`.
+    /// The experiment (`list` names them; `all` runs every one; a panel's or a sibling's id,
+    /// such as `000-fig4b` or `002-table1`, runs the experiment that makes it), `report` to
+    /// write the report from the JSON in `--out`, or `list`.
     pub id: String,
     /// How close to the paper: `smallest` (seconds, CI), `small` (minutes), `full`.
     #[arg(long, value_enum, default_value_t = Scale::Small)]
@@ -55,6 +57,10 @@ pub struct PaperArgs {
     /// of booting the guest.
     #[arg(long, value_name = "FILE")]
     pub guest_json: Option<PathBuf>,
+    /// `004-fig1`: the bed it runs on, as the figures name it: `host`, or `guest-nvme` (set by
+    /// `scripts/guest/paper004.sh` inside its guest).
+    #[arg(long, default_value = "host")]
+    pub bed: String,
 }
 
 /// How close to the paper a run is.
@@ -198,6 +204,21 @@ const EXPERIMENTS: &[Experiment] = &[
         what: "FxMark analogues: private, shared, mixed 75/25 and 25/75 (a–d)",
         run: p001::fig3,
     },
+    Experiment {
+        id: "002-fig2",
+        what: "the cleaner's priority: Figs 2, 3, 4 and Table 1 in one run (bench paper002)",
+        run: p002::run,
+    },
+    Experiment {
+        id: "004-fig1",
+        what: "backing engines against fio's, 4 KiB random reads by jobs, QD 1 and 32",
+        run: p004::run,
+    },
+    Experiment {
+        id: "004-guest",
+        what: "004-fig1 in a QEMU guest on NVMe with poll queues (HIPRI and IOPOLL poll)",
+        run: p004::run_guest,
+    },
 ];
 
 /// `pmcache bench paper …`.
@@ -235,7 +256,11 @@ pub fn run(
         let id = args.id.as_str();
         let experiment = EXPERIMENTS
             .iter()
-            .find(|e| e.id == id || id.strip_prefix(e.id).is_some_and(|panel| panel.len() == 1))
+            .find(|e| {
+                e.id == id
+                    || id.strip_prefix(e.id).is_some_and(|panel| panel.len() == 1)
+                    || (e.id == "002-fig2" && ["002-fig3", "002-fig4", "002-table1"].contains(&id))
+            })
             .ok_or_else(|| {
                 let ids: Vec<&str> = EXPERIMENTS.iter().map(|e| e.id).collect();
                 format!("no experiment {id:?}: one of {}, all, report, list", ids.join(", "))
@@ -271,22 +296,17 @@ fn provenance() -> Provenance {
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
-    let commit = output("git", &["rev-parse", "--short=7", "HEAD"])
+    let commit = std::env::var("PMCACHE_BENCH_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .or_else(|| output("git", &["rev-parse", "--short=7", "HEAD"]))
         .map(|hash| {
             let dirty = output("git", &["status", "--porcelain", "--untracked-files=no"])
                 .is_some_and(|s| !s.is_empty());
             if dirty { format!("{hash}-dirty") } else { hash }
         })
         .unwrap_or_else(|| format!("v{} (no git repository here)", env!("CARGO_PKG_VERSION")));
-    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let cpu_model = crate::harness::machine::cpu_model();
     let memory_gib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|s| {
@@ -295,8 +315,8 @@ fn provenance() -> Provenance {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|kib| kib.parse::<u64>().ok()))
         })
         .map_or(0.0, |kib| kib as f64 / (1 << 20) as f64);
-    let kernel = output("uname", &["-r"]).unwrap_or_default();
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let kernel = crate::harness::machine::kernel();
+    let cpus = crate::harness::machine::cpus();
     Provenance {
         command: std::env::args()
             .enumerate()

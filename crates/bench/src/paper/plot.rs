@@ -6,7 +6,6 @@
 //! with the ticks labelled in the values' own units.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -15,40 +14,13 @@ use super::figure::{Figure, Point, number};
 
 const SIZE_PX: (u32, u32) = (960, 600);
 
-/// Fonts the PNG's text can be drawn with (Debian's fonts-dejavu-core), first found wins.
-const FONT_CANDIDATES: [&str; 3] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-];
-
-/// Registers the font text is laid out and drawn with, once; the error names what to install.
-fn register_font() -> Result<(), String> {
-    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
-    REGISTERED
-        .get_or_init(|| {
-            let path = FONT_CANDIDATES.iter().find(|p| Path::new(p).exists()).ok_or_else(|| {
-                format!(
-                    "no font to draw the PNG's text with (looked for {}): install \
-                     fonts-dejavu-core",
-                    FONT_CANDIDATES.join(", ")
-                )
-            })?;
-            let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
-            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
-                .map_err(|_| format!("{path}: not a font plotters can read"))
-        })
-        .clone()
-}
-
 /// Writes `<dir>/<id>.svg` and `<dir>/<id>.png`; returns their paths.
 pub fn draw(figure: &Figure, dir: &Path) -> Result<[PathBuf; 2], String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let svg = dir.join(format!("{}.svg", figure.id));
     let png = dir.join(format!("{}.png", figure.id));
     // Both backends lay text out with the registered font.
-    register_font()?;
+    crate::harness::plot::load_font()?;
     draw_on(SVGBackend::new(&svg, SIZE_PX).into_drawing_area(), figure)
         .map_err(|e| format!("{}: {e}", svg.display()))?;
     draw_on(BitMapBackend::new(&png, SIZE_PX).into_drawing_area(), figure)

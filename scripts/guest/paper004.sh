@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Paper 004's Fig 1 where polled I/O really polls: `pmcache bench paper 004-fig1` runs inside a
+# QEMU guest whose scratch disk is an emulated NVMe drive with poll queues (run-in-guest.sh,
+# ext4 on /dev/nvme0n1 at /mnt/nvme), so pvsync2 with RWF_HIPRI and io_uring with IOPOLL poll
+# the device instead of waiting for an interrupt. The figures' JSON comes back on the guest's
+# console and is written to OUT (with its SVG and PNG drawn on the host).
+#
+#   scripts/guest/paper004.sh [--scale smallest|small|full] [--runs N] --out DIR
+#
+# Builds `pmcache` (profile test-opt) and installs fio on the host when missing (its binary and
+# libraries are copied into the guest). The guest is emulated (TCG): only each engine's ratio
+# to fio's same engine, measured in the same run, means anything.
+source "$(dirname "$0")/lib.sh"
+scale=small
+runs=
+out=
+while (($#)); do
+  case "$1" in
+    --scale) scale="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    *) echo "paper004: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+[[ -n "$out" ]] || { echo "paper004: --out DIR is required" >&2; exit 2; }
+need_tools fio:fio python3:python3
+build_pmcache test-opt
+log=$(mktemp "${TMPDIR:-/tmp}/paper004.XXXXXX.log")
+trap 'rm -f "$log"' EXIT
+args=(bench paper 004-fig1 --scale "$scale" --out /tmp/paper004 --dir /mnt/nvme --pm-dir /dev/shm
+  --bed guest-nvme)
+[[ -z "$runs" ]] || args+=(--runs "$runs")
+guest_script paper004
+cat > "$script" <<GUEST
+set -eu
+$exe ${args[*]} || exit 1
+for f in /tmp/paper004/*.json; do
+  echo "PAPER004-FILE \$(basename "\$f") \$(tr -d '\n' < "\$f")"
+done
+GUEST
+set +e
+font=/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf
+[[ -f "$font" ]] || { echo "paper004: no $font: install fonts-dejavu-core" >&2; exit 2; }
+"$here/run-in-guest.sh" --timeout 1800 --mem 2048 --copy "$exe" --copy "$(command -v fio)" \
+  --copy "$font" --copy "$script" --env "PMCACHE_BENCH_COMMIT=$(git rev-parse --short=7 HEAD)" \
+  -- sh "$script" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+((rc == 0)) || { echo "paper004: the guest run failed ($rc)" >&2; exit 1; }
+grep -q 'io_poll=1' "$log" || { echo "paper004: the guest's NVMe had no poll queues" >&2; exit 1; }
+mkdir -p "$out"
+python3 - "$log" "$out" <<'PY'
+import json, os, sys
+log, out = sys.argv[1], sys.argv[2]
+written = 0
+for line in open(log, encoding="utf-8", errors="replace"):
+    if line.startswith("PAPER004-FILE "):
+        _, name, text = line.rstrip("\n").split(" ", 2)
+        json.loads(text)
+        with open(os.path.join(out, name), "w") as f:
+            f.write(text + "\n")
+        written += 1
+if written == 0:
+    sys.exit("paper004: the guest printed no figure")
+print(f"paper004: {written} figure(s) written to {out}")
+PY
+echo "== paper004: done in $((SECONDS - start)) s"
