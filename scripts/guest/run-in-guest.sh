@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a host-built command inside a small Linux guest (QEMU, TCG: no KVM needed) whose scratch
-# disk is an emulated NVMe drive with poll queues, formatted ext4 and mounted at /mnt/nvme, so
-# that polled I/O (io_uring IOPOLL, fio --hipri) really works there. The guest exports
+# disk is an emulated NVMe drive (serial pmcache) with poll queues, formatted ext4 and mounted
+# at /mnt/nvme, so that polled I/O (io_uring IOPOLL, fio --hipri) really works there. The guest exports
 # PMCACHE_TEST_DISK_DIR=/mnt/nvme and PMCACHE_TEST_SHM_DIR=/tmp.
 #
 #   scripts/guest/run-in-guest.sh [--mem MiB] [--disk-mib N] [--timeout S] [--smp N]
@@ -174,7 +174,8 @@ kit="$cache/kit-$kpkg"
 # device_dax /dev/daxX.Y for devdax): loaded where the kernel has them (without an NVDIMM
 # they find nothing).
 wanted_modules=(crc32c_generic? crct10dif_generic? crc64_rocksoft_generic? nvme ext4 ublk_drv? nbd? loop?
-  nfit? nd_pmem? dax_pmem? device_dax?)
+  nfit? nd_pmem? dax_pmem? device_dax?
+  bcache? dm_mod? dm_bufio? dm_persistent_data? dm_bio_prison? dm_cache? dm_cache_smq? dm_writecache?)
 # A kit prepared for another list of modules is prepared again.
 if [[ -f "$kit/ready" && "$(cat "$kit/wanted" 2>/dev/null)" != "${wanted_modules[*]}" ]]; then
   rm -f "$kit/ready"
@@ -323,17 +324,24 @@ for m in $(cat /modules/modules.order); do
   [ "$m" = nvme.ko ] && args=poll_queues=$POLL_QUEUES
   insmod /modules/$m $args || { log "insmod $m $args failed"; finish 90; }
 done
+# The scratch disk is the NVMe controller with serial "pmcache" (a command's own extra NVMe
+# drives may be probed first and take nvme0).
 i=0
-while [ ! -b /dev/nvme0n1 ]; do
+scratch=
+while [ -z "$scratch" ]; do
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat "$c/serial" 2>/dev/null | tr -d ' ')" = pmcache ] && [ -b "/dev/${c##*/}n1" ] && scratch=${c##*/}
+  done
+  [ -n "$scratch" ] && break
   i=$((i + 1))
-  [ $i -le 600 ] || { log "no /dev/nvme0n1 after 60 s"; dmesg | tail -n 30; finish 91; }
+  [ $i -le 600 ] || { log "no NVMe drive with serial pmcache after 60 s"; dmesg | tail -n 30; finish 91; }
   sleep 0.1
 done
-log "nvme0n1: io_poll=$(cat /sys/block/nvme0n1/queue/io_poll)" \
+log "${scratch}n1: io_poll=$(cat /sys/block/${scratch}n1/queue/io_poll)" \
   "poll_queues=$(cat /sys/module/nvme/parameters/poll_queues)" \
-  "queues: $(dmesg | sed -n 's/.*nvme nvme0: \(.*queues.*\)/\1/p' | tail -n 1)"
-mount -t ext4 ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} /dev/nvme0n1 /mnt/nvme || { log "mount ext4 failed"; dmesg | tail -n 30; finish 92; }
-log "ext4 on /dev/nvme0n1 mounted at /mnt/nvme (${MOUNT_OPTS:-default options}); running: $(tail -n 1 /command.sh)"
+  "queues: $(dmesg | sed -n "s/.*nvme $scratch: \(.*queues.*\)/\1/p" | tail -n 1)"
+mount -t ext4 ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} /dev/${scratch}n1 /mnt/nvme || { log "mount ext4 failed"; dmesg | tail -n 30; finish 92; }
+log "ext4 on /dev/${scratch}n1 mounted at /mnt/nvme (${MOUNT_OPTS:-default options}); running: $(tail -n 1 /command.sh)"
 export PMCACHE_TEST_DISK_DIR=/mnt/nvme PMCACHE_TEST_SHM_DIR=/tmp
 sh /command.sh
 rc=$?

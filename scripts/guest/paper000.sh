@@ -1,0 +1,611 @@
+#!/usr/bin/env bash
+# Paper 000's experiments (docs: ../shared/PAPERS-EXPERIMENTS.md, section 2) with pmcache beside
+# the kernel's cache layers, all on the same emulated NVDIMMs in one QEMU guest
+# (run-in-guest.sh: this host's kernel has no bcache, device-mapper or ublk modules).
+#
+# The guest has eight NVDIMMs (files in /dev/shm on the host, fsdax namespaces /dev/pmemN in the
+# guest) and one extra NVMe controller (serial paper000) with thirteen namespaces (sparse files
+# on the host) as "SSD"s, "HDD"s (QEMU-throttled to 200 IOPS and 150 MB/s) and SSD-class cache
+# devices. One of each per system, so that every stack is up at once:
+#
+#   NVM (raw pmem)                 fio on /dev/pmem0 itself: the normaliser
+#   bcache                         make-bcache: cache /dev/pmem1, backing an SSD; cache_mode and
+#                                  sequential_cutoff are switched in sysfs before each run
+#   dm-cache                       smq, 256 KiB blocks (the kernel's default), writeback
+#   dm-cache (32 KiB blocks)       the same with 32 KiB blocks, dm-cache's smallest
+#   dm-cache (writethrough)        256 KiB blocks, the `writethrough` feature
+#   dm-writecache                  pmem mode (`p`), 4 KiB blocks (write-back only)
+#   pmcache (ublk)                 pmcache serve --ublk, its medium a file on ext4 -o dax,
+#                                  backing an SSD, write-back
+#   pmcache (ublk, write-through)  a second server, --mode writethrough
+#   SSD→HDD stacks (Fig 2)         bcache and dm-cache with an NVMe namespace as cache device
+#                                  in front of a throttled one
+#
+# dm-cache's metadata devices are loop devices on files in the guest's tmpfs.
+#
+# fio in the guest: ioengine=psync, direct=1, QD 1 per job, time_based, group_reporting.
+#   000-fig4a  4 KiB randread, numjobs 1 2 4 8 16
+#   000-fig4b  4 MiB sequential read, numjobs 1 2 4 8 16 (offset_increment: each job its part)
+#   000-fig5   1 job, 4 MiB sequential rw, rwmixread 100 99 95 90 70 50 30 10
+#   000-fig6   4 KiB randrw rwmixread=50, numjobs 1 2 4 8 16
+#   000-fig3   1 job randread, bs 4K 16K 64K 256K 1M 4M, four working sets (fio size=): the
+#              raw NVM, bcache, dm-cache and pmcache, series "<name> <working set> MiB"
+#   000-fig2   1 job: 4K randread, 4M seq read, 4K randrw 50:50, 4M seq rw 50:50 on the raw
+#              devices, the SSD→HDD stacks and the NVM→SSD stacks
+# Each figure starts with a warm-up of every cache it measures: random 256 KiB reads of the
+# working set (bcache with sequential_cutoff 0), pass after pass until one pass misses nothing
+# (dm-cache's smq promotes gradually), and for dm-writecache, which caches only writes, one
+# sequential write of it. Then, for each run, each x and each series in an order that rotates
+# from one run and x to the next: one fio run, and the read hits and misses the layer counted
+# during it (dm-cache: `dmsetup status`; pmcache: `pmcache stats`; bcache: read requests that
+# reached its cache device and its backing device, /sys/block/*/stat, since bcache's own
+# stats_total are folded in only every 13.6 s). TCG makes absolute numbers meaningless: only
+# ratios to the raw NVM of the same boot count.
+#
+#   scripts/guest/paper000.sh [--scale smallest|small|full] [--runs N] [--seconds S]
+#       [--only FIG[,FIG]...] --out FILE.json
+#
+#   smallest  NVDIMMs of 128 MiB, working set 32 MiB, threads 1 2 4, request sizes 4K 256K,
+#             read shares 100 90 50, 1 run of 1 s (a few minutes: for CI)
+#   small     NVDIMMs of 384 MiB, working set 160 MiB, every point of the figures, 3 runs of 3 s
+#   full      NVDIMMs of 768 MiB, working set 320 MiB, every point, 5 runs of 10 s
+#
+# The JSON file: {"bed": {...}, "notes": [...], "points": [{"figure", "x", "series", "run",
+# "bytes_per_s", "iops", "cache_hits", "cache_misses"}, ...]}; cache_hits and cache_misses are
+# null where the layer counts nothing (raw devices, dm-writecache). The guest prints each point
+# on its console as a `PAPER000 {json}` line; this script collects them. When the guest fails,
+# its console is kept beside the output as FILE.guest.log.
+#
+# Builds `pmcache` (profile test-opt, feature ublk) and installs fio, ndctl, bcache-tools
+# (make-bcache), dmsetup, e2fsprogs and python3 on the host when missing (their binaries and
+# libraries are copied into the guest). The guest kernel's bcache, dm-cache, dm-writecache and
+# NVDIMM modules are loaded by run-in-guest.sh.
+source "$(dirname "$0")/lib.sh"
+caller_pwd=$OLDPWD # lib.sh changed to the repository root
+
+scale=smallest
+runs=
+seconds=
+only=
+out=
+usage() { sed -n '/^#   scripts\/guest\/paper000.sh/,/^#   full/p' "$0" | sed 's/^# \{0,1\}//'; }
+while (($#)); do
+  case "$1" in
+    --scale) scale="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
+    --seconds) seconds="$2"; shift 2 ;;
+    --only) only="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "paper000: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[[ -n "$out" ]] || { echo "paper000: --out FILE.json is required" >&2; exit 2; }
+[[ "$out" == /* ]] || out="$caller_pwd/$out"
+[[ -d "$(dirname "$out")" ]] || { echo "paper000: no directory for --out: $(dirname "$out")" >&2; exit 2; }
+
+# Per scale: NVDIMM size, working set (MiB), Fig 3's working sets, thread counts, Fig 3's
+# request sizes, Fig 5's read shares, runs, seconds per fio run, run-in-guest timeout.
+case "$scale" in
+  smallest)
+    nv_mib=128 ws_mib=32 sets="4 12 20 32" threads="1 2 4" sizes="4k 256k" shares="100 90 50"
+    def_runs=1 def_seconds=1 timeout_s=1800 ;;
+  small)
+    nv_mib=384 ws_mib=160 sets="16 48 80 160" threads="1 2 4 8 16" sizes="4k 16k 64k 256k 1m 4m"
+    shares="100 99 95 90 70 50 30 10" def_runs=3 def_seconds=3 timeout_s=14400 ;;
+  full)
+    nv_mib=768 ws_mib=320 sets="32 96 160 320" threads="1 2 4 8 16" sizes="4k 16k 64k 256k 1m 4m"
+    shares="100 99 95 90 70 50 30 10" def_runs=5 def_seconds=10 timeout_s=43200 ;;
+  *) echo "paper000: --scale must be smallest, small or full, not '$scale'" >&2; exit 2 ;;
+esac
+runs="${runs:-$def_runs}"
+seconds="${seconds:-$def_seconds}"
+[[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "paper000: --runs wants a positive number" >&2; exit 2; }
+[[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "paper000: --seconds wants a positive number" >&2; exit 2; }
+all_figs="000-fig4a 000-fig4b 000-fig3 000-fig2 000-fig5 000-fig6"
+figs=
+if [[ -n "$only" ]]; then
+  for f in ${only//,/ }; do
+    [[ " $all_figs " == *" $f "* ]] || { echo "paper000: unknown figure '$f' (one of: $all_figs)" >&2; exit 2; }
+    figs+="$f "
+  done
+else
+  figs="$all_figs"
+fi
+# A longer run needs a longer guest: scale the timeout with the runs and seconds asked for.
+timeout_s=$((timeout_s * runs * (seconds + 2) / (def_runs * (def_seconds + 2))))
+((timeout_s >= 1800)) || timeout_s=1800
+
+need_tools fio:fio ndctl:ndctl make-bcache:bcache-tools dmsetup:dmsetup mkfs.ext4:e2fsprogs \
+  python3:python3
+build_pmcache test-opt
+
+mem_mib=1536
+nvdimms=8
+namespaces=13
+shm=$(mktemp -d /dev/shm/paper000.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/paper000.XXXXXX")
+trap 'rm -rf "$shm" "$work"' EXIT
+((mem_mib + nvdimms * nv_mib <= 8192)) || { echo "paper000: guest memory and NVDIMMs exceed 8 GiB" >&2; exit 2; }
+shm_free_mib=$(df -Pm /dev/shm | awk 'NR == 2 {print $4}')
+((shm_free_mib > nvdimms * nv_mib + 256)) \
+  || { echo "paper000: /dev/shm has ${shm_free_mib} MiB free, the NVDIMMs need $((nvdimms * nv_mib))" >&2; exit 1; }
+
+# bcache refuses a cache device of fewer than 1024 buckets: buckets of NVDIMM / 2048 (a power
+# of two, at most make-bcache's 512 KiB default).
+bc_bucket=512
+while ((bc_bucket > 4 && nv_mib * 1024 / bc_bucket < 2048)); do bc_bucket=$((bc_bucket / 2)); done
+bc_bucket="${bc_bucket}k"
+qemu_args="-machine nvdimm=on -m ${mem_mib},slots=$nvdimms,maxmem=$((mem_mib + nvdimms * nv_mib + 1024))M"
+for ((i = 0; i < nvdimms; i++)); do
+  truncate -s "${nv_mib}M" "$shm/nvdimm$i.img"
+  qemu_args+=" -object memory-backend-file,id=nv$i,share=on,mem-path=$shm/nvdimm$i.img,size=${nv_mib}M"
+  qemu_args+=" -device nvdimm,id=nvdimm$i,memdev=nv$i"
+done
+# Namespaces 1-8: SSDs (raw, bcache, dm-cache, dm-cache 32K, dm-cache WT, dm-writecache, pmcache,
+# pmcache WT); 9-11: HDDs (raw, bcache, dm-cache); 12-13: SSD cache devices (bcache, dm-cache).
+disk_mib=$((ws_mib * 2 > 256 ? ws_mib * 2 : 256))
+hdd_throttle="throttling.iops-total=200,throttling.bps-total=150000000"
+qemu_args+=" -device nvme,id=nvp,serial=paper000"
+for ((n = 1; n <= namespaces; n++)); do
+  size=$disk_mib
+  ((n >= 12)) && size=$nv_mib
+  truncate -s "${size}M" "$work/ns$n.img"
+  drive="file=$work/ns$n.img,if=none,id=pd$n,format=raw,cache=unsafe"
+  ((n >= 9 && n <= 11)) && drive+=",$hdd_throttle"
+  qemu_args+=" -drive $drive -device nvme-ns,drive=pd$n,bus=nvp,nsid=$n"
+done
+
+guest_script paper000
+{
+  cat <<PARAMS
+PM=$exe
+SCALE=$scale RUNS=$runs SECS=$seconds WS=$ws_mib NV=$nv_mib
+PM_CACHE_MIB=$((nv_mib * 3 / 4)) BC_BUCKET=$bc_bucket
+SETS="$sets" THREADS="$threads" SIZES="$sizes" SHARES="$shares" FIGS="$figs"
+PARAMS
+  cat <<'GUEST'
+set -eu
+echo 1 > /proc/sys/kernel/printk # kernel messages in dmesg only: none cut into the result lines
+export DM_DISABLE_UDEV=1 # no udev in the guest: libdevmapper makes the /dev/mapper nodes
+log() { echo "paper000: $*"; }
+fail() { # on stderr: also from within a command substitution
+  {
+    echo "paper000: FAILED: $*"
+    for f in /tmp/serve-*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 20 "$f"; }; done
+    echo "--- dmesg"; dmesg | tail -n 40
+  } >&2
+  exit 1
+}
+wait_until() { # wait_until CONDITION WHAT: up to 30 s
+  local tries=0
+  while ! eval "$1"; do
+    tries=$((tries + 1)); [ $tries -lt 300 ] || fail "$2 (waited 30 s for: $1)"; sleep 0.1
+  done
+}
+sysw() { # sysw VALUE FILE: a sysfs write, checked
+  echo "$1" > "$2" 2>/tmp/sysw.err || fail "cannot write '$1' to $2: $(cat /tmp/sysw.err)"
+}
+CPUS=$(grep -c ^processor /proc/cpuinfo)
+printf 'PAPER000-BED {"kernel":"%s","guest_cpus":%d}\n' "$(uname -r)" "$CPUS"
+for m in bcache dm_mod dm_cache dm_cache_smq dm_writecache nd_pmem ublk_drv; do
+  [ -d /sys/module/$m ] || fail "kernel module $m is not loaded (missing from the guest kernel?)"
+done
+
+# --- NVDIMMs: eight fsdax namespaces -------------------------------------------------------
+for i in 0 1 2 3 4 5 6 7; do
+  ndctl create-namespace -f -e namespace$i.0 -m fsdax -a 2M > /tmp/ns$i.json 2>/tmp/ns$i.err \
+    || { cat /tmp/ns$i.err; ndctl list -NR; fail "ndctl create-namespace -m fsdax on namespace$i.0"; }
+  dev=$(sed -n 's/.*"blockdev":"\(pmem[0-9]*\)".*/\1/p' /tmp/ns$i.json | head -n 1)
+  [ -n "$dev" ] || { cat /tmp/ns$i.json; fail "no block device in ndctl's answer for namespace$i.0"; }
+  wait_until "[ -b /dev/$dev ]" "no /dev/$dev"
+  [ "$(cat /sys/block/$dev/queue/dax)" = 1 ] || fail "/dev/$dev does not support DAX"
+  # pmem is bio-based: its request counts (bcache's hits) need iostats on.
+  sysw 1 /sys/block/$dev/queue/iostats
+  eval "PMEM$i=$dev"
+done
+log "NVDIMMs: $PMEM0 $PMEM1 $PMEM2 $PMEM3 $PMEM4 $PMEM5 $PMEM6 $PMEM7 ($(($(cat /sys/block/$PMEM0/size) / 2048)) MiB each as fsdax)"
+
+# --- NVMe namespaces of the controller with serial paper000 ---------------------------------
+ctrl=
+for c in /sys/class/nvme/nvme*; do
+  [ "$(tr -d ' ' < $c/serial)" = paper000 ] && ctrl=${c##*/}
+done
+[ -n "$ctrl" ] || { ls /sys/class/nvme; fail "no NVMe controller with serial paper000"; }
+nsdev() { # nsdev NSID: the block device of namespace NSID of $ctrl (empty if not there yet)
+  for b in /sys/block/${ctrl}n*; do
+    [ -e "$b/nsid" ] && [ "$(cat $b/nsid)" = "$1" ] && { echo "${b##*/}"; return 0; }
+  done
+  return 0
+}
+for n in 1 2 3 4 5 6 7 8 9 10 11 12 13; do
+  wait_until "[ -n \"\$(nsdev $n)\" ]" "no namespace $n on $ctrl ($(ls -d /sys/block/${ctrl}n* 2>/dev/null | tr '\n' ' '))"
+  d=$(nsdev $n)
+  eval "NS$n=$d"
+  wait_until "[ -b /dev/$d ]" "no /dev/$d"
+done
+SSD_RAW=$NS1 SSD_BC=$NS2 SSD_DMC=$NS3 SSD_DMC32K=$NS4 SSD_DMCWT=$NS5 SSD_WC=$NS6 SSD_PM=$NS7 SSD_PMWT=$NS8
+HDD_RAW=$NS9 HDD_BC=$NS10 HDD_DMC=$NS11 SSDC_BC=$NS12 SSDC_DMC=$NS13
+log "NVMe $ctrl: SSDs $NS1 $NS2 $NS3 $NS4 $NS5 $NS6 $NS7 $NS8, HDDs (throttled) $NS9 $NS10 $NS11, SSD caches $NS12 $NS13"
+
+# --- bcache: NVM→SSD and SSD→HDD -------------------------------------------------------------
+bcache_dev() { # bcache_dev BACKING: the bcacheN device over BACKING (empty if none yet)
+  for b in /sys/block/bcache*; do
+    [ -e "$b/bcache/backing_dev_name" ] && [ "$(cat $b/bcache/backing_dev_name)" = "$1" ] \
+      && { echo "${b##*/}"; return 0; }
+  done
+  return 0
+}
+make_bcache() { # make_bcache CACHE BACKING: sets BC to the bcacheN device
+  make-bcache --bucket $BC_BUCKET -C /dev/$1 -B /dev/$2 > /tmp/make-bcache-$2.log 2>&1 \
+    || { cat /tmp/make-bcache-$2.log; fail "make-bcache --bucket $BC_BUCKET -C /dev/$1 -B /dev/$2"; }
+  sysw /dev/$1 /sys/fs/bcache/register
+  sysw /dev/$2 /sys/fs/bcache/register
+  wait_until "[ -n \"\$(bcache_dev $2)\" ]" "no bcache device over /dev/$2 after registering it"
+  BC=$(bcache_dev $2)
+  wait_until "[ -b /dev/$BC ]" "no /dev/$BC"
+  state=$(cat /sys/block/$BC/bcache/state)
+  [ "$state" != "no cache" ] || fail "/dev/$BC (over /dev/$2) is not attached to its cache /dev/$1"
+  # bcache sends reads to the backing device when the cache device's latency passes these
+  # thresholds (TCG is slow): 0 turns that off.
+  sysw 0 /sys/block/$BC/bcache/cache/congested_read_threshold_us
+  sysw 0 /sys/block/$BC/bcache/cache/congested_write_threshold_us
+}
+make_bcache $PMEM1 $SSD_BC; BC0=$BC
+make_bcache $SSDC_BC $HDD_BC; BC1=$BC
+log "bcache: /dev/$BC0 (cache /dev/$PMEM1, backing /dev/$SSD_BC), /dev/$BC1 (cache /dev/$SSDC_BC, backing /dev/$HDD_BC)"
+bc_set() { # bc_set BCACHEN MODE CUTOFF
+  sysw "$2" /sys/block/$1/bcache/cache_mode
+  sysw "$3" /sys/block/$1/bcache/sequential_cutoff
+  grep -q "\[$2\]" /sys/block/$1/bcache/cache_mode || fail "/dev/$1: cache_mode is $(cat /sys/block/$1/bcache/cache_mode), not $2"
+}
+
+# --- dm-cache (metadata on loop devices in tmpfs), dm-writecache -----------------------------
+dm_create() { # dm_create NAME TABLE
+  dmsetup create "$1" --noudevsync --table "$2" > /tmp/dm-$1.log 2>&1 \
+    || { cat /tmp/dm-$1.log; fail "dmsetup create $1 --table '$2'"; }
+  dmsetup mknodes "$1" > /dev/null 2>&1 || true
+  wait_until "[ -b /dev/mapper/$1 ]" "no /dev/mapper/$1"
+}
+loopn=0
+make_dmcache() { # make_dmcache NAME CACHE ORIGIN BLOCK_SECTORS FEATURES...
+  name=$1 cache=$2 origin=$3 blk=$4; shift 4
+  dd if=/dev/zero of=/dev/shm/meta-$name bs=1M count=0 seek=32 2>/dev/null
+  wait_until "[ -b /dev/loop$loopn ]" "no /dev/loop$loopn"
+  losetup /dev/loop$loopn /dev/shm/meta-$name || fail "losetup /dev/loop$loopn for $name's metadata"
+  dm_create $name "0 $(blockdev --getsz /dev/$origin) cache /dev/loop$loopn /dev/$cache /dev/$origin $blk $# $* smq 0"
+  loopn=$((loopn + 1))
+}
+make_dmcache dmc $PMEM2 $SSD_DMC 512
+make_dmcache dmc32k $PMEM3 $SSD_DMC32K 64
+make_dmcache dmcwt $PMEM4 $SSD_DMCWT 512 writethrough
+make_dmcache dmchdd $SSDC_DMC $HDD_DMC 512
+dm_create wc "0 $(blockdev --getsz /dev/$SSD_WC) writecache p /dev/$SSD_WC /dev/$PMEM5 4096 0"
+for d in dmc dmc32k dmcwt dmchdd wc; do
+  log "$d: $(dmsetup table $d)"
+done
+
+# --- pmcache: write-back and write-through servers, media on ext4 -o dax ---------------------
+serve_pm() { # serve_pm N PMEM BACKING ARGS...: sets UBLK
+  k=$1 pmem=$2 backing=$3; shift 3
+  mkfs.ext4 -q -F -b 4096 /dev/$pmem || fail "mkfs.ext4 /dev/$pmem"
+  mkdir -p /mnt/pm$k
+  mount -t ext4 -o dax /dev/$pmem /mnt/pm$k || fail "mount -o dax /dev/$pmem"
+  grep " /mnt/pm$k " /proc/mounts | grep -q dax || fail "/mnt/pm$k is not mounted with dax"
+  $PM serve --ublk --ublk-recovery off --ublk-queues $CPUS --cache /mnt/pm$k/cache.pm \
+    --cache-size ${PM_CACHE_MIB}M --backing /dev/$backing --control /tmp/pm$k.ctl "$@" \
+    > /tmp/serve-pm$k.log 2>&1 &
+  wait_until "grep -q 'ublk device:' /tmp/serve-pm$k.log || ! kill -0 $! 2>/dev/null" \
+    "pmcache serve on /mnt/pm$k did not start"
+  UBLK=$(sed -n 's/.*ublk device: \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/serve-pm$k.log | head -n 1)
+  [ -n "$UBLK" ] && [ -b "$UBLK" ] || fail "pmcache serve on /mnt/pm$k: no ublk device"
+  grep -q "medium: dax" /tmp/serve-pm$k.log || fail "pmcache on /mnt/pm$k is not served as the dax kind: $(head -n 3 /tmp/serve-pm$k.log)"
+}
+serve_pm 6 $PMEM6 $SSD_PM; UB_WB=$UBLK
+serve_pm 7 $PMEM7 $SSD_PMWT --mode writethrough; UB_WT=$UBLK
+log "pmcache: $UB_WB (write-back, medium on /dev/$PMEM6, backing /dev/$SSD_PM), $UB_WT (write-through, /dev/$PMEM7, /dev/$SSD_PMWT), $CPUS ublk queues each"
+
+# --- series: device, counters, mode ----------------------------------------------------------
+# use BASE: sets DEV, SYS (the cache to warm; "" for a raw device) and CTR (how its read hits
+# and misses are counted), and switches bcache's mode and cutoff for the series.
+use() {
+  case "$1" in
+    "NVM (raw pmem)"|NVM) DEV=/dev/$PMEM0 SYS= CTR=none ;;
+    "SSD (raw nvme)") DEV=/dev/$SSD_RAW SYS= CTR=none ;;
+    "HDD (throttled nvme)") DEV=/dev/$HDD_RAW SYS= CTR=none ;;
+    bcache|"bcache NVM→SSD") bc_set $BC0 writethrough 4194304; DEV=/dev/$BC0 SYS=bc0 CTR="bcache $PMEM1 $SSD_BC" ;;
+    "bcache (cutoff 0)") bc_set $BC0 writethrough 0; DEV=/dev/$BC0 SYS=bc0 CTR="bcache $PMEM1 $SSD_BC" ;;
+    "bcache (writeback)") bc_set $BC0 writeback 4194304; DEV=/dev/$BC0 SYS=bc0 CTR="bcache $PMEM1 $SSD_BC" ;;
+    "bcache SSD→HDD") bc_set $BC1 writethrough 4194304; DEV=/dev/$BC1 SYS=bc1 CTR="bcache $SSDC_BC $HDD_BC" ;;
+    dm-cache|"dm-cache NVM→SSD") DEV=/dev/mapper/dmc SYS=dmc CTR="dm dmc" ;;
+    "dm-cache (32 KiB blocks)") DEV=/dev/mapper/dmc32k SYS=dmc32k CTR="dm dmc32k" ;;
+    "dm-cache (writethrough)") DEV=/dev/mapper/dmcwt SYS=dmcwt CTR="dm dmcwt" ;;
+    "dm-cache SSD→HDD") DEV=/dev/mapper/dmchdd SYS=dmchdd CTR="dm dmchdd" ;;
+    dm-writecache) DEV=/dev/mapper/wc SYS=wc CTR=none ;;
+    "pmcache (ublk)"|pmcache|"pmcache NVM→SSD") DEV=$UB_WB SYS=pm CTR="pm /tmp/pm6.ctl" ;;
+    "pmcache (ublk, write-through)") DEV=$UB_WT SYS=pmwt CTR="pm /tmp/pm7.ctl" ;;
+    *) fail "unknown series '$1'" ;;
+  esac
+}
+jnum() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" /tmp/stats.json | head -n 1; }
+counters() { # counters KIND ARGS: "READ_HITS READ_MISSES" so far, or "null null"
+  case "$1" in
+    none) echo "null null" ;;
+    bcache) echo "$(awk '{print $1}' /sys/block/$2/stat) $(awk '{print $1}' /sys/block/$3/stat)" ;;
+    dm) dmsetup status "$2" > /tmp/dm-status 2>&1 || { cat /tmp/dm-status >&2; fail "dmsetup status $2"; }
+        awk '{print $8, $9}' /tmp/dm-status ;;
+    pm) $PM stats --json --control "$2" > /tmp/stats.json 2>&1 || { cat /tmp/stats.json >&2; fail "pmcache stats --control $2"; }
+        h=$(jnum read_hits) a=$(jnum read_misses_admitted) b=$(jnum read_misses_bypassed) s=$(jnum read_misses_sequential)
+        [ -n "$h" ] && [ -n "$a" ] && [ -n "$b" ] && [ -n "$s" ] || { cat /tmp/stats.json >&2; fail "no read counters in pmcache stats"; }
+        echo "$h $((a + b + s))" ;;
+    *) fail "unknown counters '$1'" ;;
+  esac
+}
+delta() { # delta "H0 M0" "H1 M1": sets HITS and MISSES (or null)
+  set -- $1 $2
+  if [ "$1" = null ]; then HITS=null MISSES=null; else HITS=$(($3 - $1)) MISSES=$(($4 - $2)); fi
+}
+# fio_run DEV ARGS...: one fio run; sets BPS (bytes/s, reads + writes) and IOPS
+fio_run() {
+  dev=$1; shift
+  fio --name=p --filename=$dev --ioengine=psync --direct=1 --group_reporting --minimal "$@" \
+    < /dev/null > /tmp/fio.out 2> /tmp/fio.err || { cat /tmp/fio.err /tmp/fio.out; fail "fio on $dev: $*"; }
+  line=$(grep '^3;' /tmp/fio.out | tail -n 1)
+  [ -n "$line" ] || { cat /tmp/fio.out /tmp/fio.err; fail "no terse line from fio on $dev: $*"; }
+  BPS=$(echo "$line" | awk -F';' '{printf "%.1f", ($7 + $48) * 1024}')
+  IOPS=$(echo "$line" | awk -F';' '{printf "%.1f", $8 + $49}')
+  err=$(echo "$line" | cut -d';' -f5)
+  [ "$err" = 0 ] || fail "fio on $dev reported error $err: $*"
+}
+
+# warm FIG SYS DEV CTR: the cache of SYS holds the working set (see the header)
+warm() {
+  fig=$1 sys=$2 dev=$3 ctr=$4
+  case $sys in
+    wc)
+      fio_run $dev --rw=write --bs=1m --size=${WS}m
+      printf 'PAPER000-WARM {"figure":"%s","system":"%s","passes":1,"hits":null,"misses":null}\n' $fig $sys
+      return 0 ;;
+    bc0) bc_set $BC0 writethrough 0 ;;
+    bc1) bc_set $BC1 writethrough 0 ;;
+  esac
+  max=8
+  case $sys in dmc*) max=30 ;; esac
+  pass=0
+  while :; do
+    pass=$((pass + 1))
+    c0=$(counters $ctr)
+    fio_run $dev --rw=randread --bs=256k --size=${WS}m
+    c1=$(counters $ctr)
+    delta "$c0" "$c1"
+    { [ "$MISSES" = 0 ] || [ $pass -ge $max ]; } && break
+  done
+  printf 'PAPER000-WARM {"figure":"%s","system":"%s","passes":%d,"hits":%s,"misses":%s}\n' $fig $sys $pass $HITS $MISSES
+}
+
+# --- figures ---------------------------------------------------------------------------------
+label_size() {
+  case $1 in 4k) echo "4 KiB" ;; 16k) echo "16 KiB" ;; 64k) echo "64 KiB" ;; 256k) echo "256 KiB" ;;
+    1m) echo "1 MiB" ;; 4m) echo "4 MiB" ;; *) fail "unknown request size $1" ;; esac
+}
+# fig_point FIG X WORKING_SET: sets XL (the x label) and FA (fio's arguments)
+fig_point() {
+  case $1 in
+    000-fig4a) XL=$2 FA="--rw=randread --bs=4k --numjobs=$2 --size=${WS}m" ;;
+    000-fig4b) per=$((WS / $2)); XL=$2 FA="--rw=read --bs=4m --numjobs=$2 --size=${per}m --offset_increment=${per}m" ;;
+    000-fig5) XL="$2 %" FA="--rw=rw --rwmixread=$2 --bs=4m --size=${WS}m" ;;
+    000-fig6) XL=$2 FA="--rw=randrw --rwmixread=50 --bs=4k --numjobs=$2 --size=${WS}m" ;;
+    000-fig3) XL=$(label_size $2) FA="--rw=randread --bs=$2 --size=${3}m" ;;
+    000-fig2)
+      case $2 in
+        rr) XL="4K rand read" FA="--rw=randread --bs=4k --size=${WS}m" ;;
+        sr) XL="4M seq read" FA="--rw=read --bs=4m --size=${WS}m" ;;
+        rm) XL="4K rand 50:50" FA="--rw=randrw --rwmixread=50 --bs=4k --size=${WS}m" ;;
+        sm) XL="4M seq 50:50" FA="--rw=rw --rwmixread=50 --bs=4m --size=${WS}m" ;;
+      esac ;;
+  esac
+}
+READ_SERIES="NVM (raw pmem)
+bcache
+dm-cache
+dm-cache (32 KiB blocks)
+dm-writecache
+pmcache (ublk)"
+MIXED_SERIES="NVM (raw pmem)
+bcache
+bcache (writeback)
+dm-cache
+dm-cache (writethrough)
+dm-cache (32 KiB blocks)
+dm-writecache
+pmcache (ublk)
+pmcache (ublk, write-through)"
+POINTS=0
+# figure FIG XS SERIES: series lines are "NAME|BASE|SET" (SET: Fig 3's working set in MiB)
+figure() {
+  fig=$1 xs=$2 series=$3
+  log "$fig: warming up"
+  warmed=" "
+  while IFS='|' read -r name base wset; do
+    use "$base"
+    if [ -n "$SYS" ] && [ "${warmed#* $SYS }" = "$warmed" ]; then
+      warm $fig $SYS $DEV "$CTR"
+      warmed="$warmed$SYS "
+    fi
+  done <<EOF
+$series
+EOF
+  nseries=$(echo "$series" | wc -l)
+  log "$fig: $RUNS run(s) x {$xs} x $nseries series, $SECS s each"
+  run=0
+  while [ $run -lt $RUNS ]; do
+    xi=0
+    for x in $xs; do
+      rot=$(((run + xi) % nseries))
+      echo "$series" | awk -v r=$rot '{ line[NR - 1] = $0 } END { for (i = 0; i < NR; i++) print line[(i + r) % NR] }' > /tmp/order
+      while IFS='|' read -r name base wset; do
+        use "$base"
+        fig_point $fig $x "${wset:-$WS}"
+        c0=$(counters $CTR)
+        fio_run $DEV --time_based --runtime=$SECS $FA
+        c1=$(counters $CTR)
+        delta "$c0" "$c1"
+        printf 'PAPER000 {"figure":"%s","x":"%s","series":"%s","run":%d,"bytes_per_s":%s,"iops":%s,"cache_hits":%s,"cache_misses":%s}\n' \
+          "$fig" "$XL" "$name" $run $BPS $IOPS $HITS $MISSES
+        POINTS=$((POINTS + 1))
+      done < /tmp/order
+      xi=$((xi + 1))
+    done
+    run=$((run + 1))
+  done
+}
+lines() { echo "$1" | awk '{ print $0 "|" $0 "|" }'; }
+for fig in $FIGS; do
+  case $fig in
+    000-fig4a) figure $fig "$THREADS" "$(lines "$READ_SERIES")" ;;
+    000-fig4b) figure $fig "$THREADS" "$(lines "$READ_SERIES
+bcache (cutoff 0)")" ;;
+    000-fig5) figure $fig "$SHARES" "$(lines "$MIXED_SERIES
+bcache (cutoff 0)")" ;;
+    000-fig6) figure $fig "$THREADS" "$(lines "$MIXED_SERIES")" ;;
+    000-fig3)
+      s3=$(for ws in $SETS; do
+        for base in NVM bcache dm-cache pmcache; do echo "$base $ws MiB|$base|$ws"; done
+      done)
+      figure $fig "$SIZES" "$s3" ;;
+    000-fig2) figure $fig "rr sr rm sm" "$(lines "NVM (raw pmem)
+SSD (raw nvme)
+HDD (throttled nvme)
+bcache SSD→HDD
+dm-cache SSD→HDD
+bcache NVM→SSD
+dm-cache NVM→SSD
+pmcache NVM→SSD")" ;;
+    *) fail "unknown figure $fig" ;;
+  esac
+done
+echo "PAPER000-DONE $POINTS"
+GUEST
+} > "$script"
+
+echo "== paper 000 in one guest: scale $scale, $runs run(s) of $seconds s, figures: $figs"
+log="$work/guest.log"
+: > "$log"
+set +e
+PMCACHE_GUEST_QEMU_ARGS="$qemu_args ${PMCACHE_GUEST_QEMU_ARGS:-}" \
+  "$here/run-in-guest.sh" --timeout "$timeout_s" --mem "$mem_mib" --disk-mib 256 \
+  ${PMCACHE_GUEST_ARGS:-} --copy "$exe" --copy "$(command -v fio)" \
+  --copy "$(command -v ndctl)" --copy "$(command -v make-bcache)" \
+  --copy "$(command -v dmsetup)" --copy "$(command -v mkfs.ext4)" --copy "$script" \
+  -- sh "$script" > "$log" 2>&1 &
+runner=$!
+# Progress: the guest's own lines, as they come.
+tail -n +1 -f "$log" --pid "$runner" | grep --line-buffered -E '^(paper000|\[guest\])' || true
+wait "$runner"
+rc=$?
+set -e
+if ((rc != 0)); then
+  cp "$log" "${out%.json}.guest.log"
+  grep -E '^paper000: FAILED' -A 80 "$log" | tail -n 100 || tail -n 60 "$log"
+  echo "paper000: the guest's console is in ${out%.json}.guest.log"
+  echo "paper000: FAILED: the guest exited with $rc"
+  exit 1
+fi
+
+qemu_version=$(qemu-system-x86_64 --version | head -n 1)
+python3 - "$log" "$out" "$scale" "$runs" "$seconds" "$nv_mib" "$ws_mib" "$qemu_version" \
+  "$sets" "$bc_bucket" <<'EOF'
+import json, sys
+
+log, out, scale, runs, seconds, nv_mib, ws_mib, qemu, sets, bc_bucket = sys.argv[1:]
+runs, seconds, nv_mib, ws_mib = int(runs), int(seconds), int(nv_mib), int(ws_mib)
+bed, points, warm, done = None, [], [], None
+
+
+def payload(line, tag):
+    text = line[len(tag):].strip()
+    try:
+        return json.loads(text)
+    except ValueError:
+        sys.exit(f"paper000: FAILED: a garbled line on the guest's console: {line!r}")
+
+
+for line in open(log, encoding="utf-8", errors="replace"):
+    line = line.rstrip("\n")
+    if line.startswith("PAPER000-BED "):
+        bed = payload(line, "PAPER000-BED ")
+    elif line.startswith("PAPER000-WARM "):
+        warm.append(payload(line, "PAPER000-WARM "))
+    elif line.startswith("PAPER000-DONE "):
+        done = int(line.split()[1])
+    elif line.startswith("PAPER000 "):
+        points.append(payload(line, "PAPER000 "))
+if bed is None or done is None:
+    sys.exit("paper000: FAILED: the guest did not report its kernel or its end")
+if done != len(points):
+    sys.exit(f"paper000: FAILED: the guest made {done} points, the console shows {len(points)}")
+for p in points:
+    if p["bytes_per_s"] <= 0:
+        sys.exit(f"paper000: FAILED: a point without throughput: {p}")
+
+cpus = bed["guest_cpus"]
+notes = [
+    f"One QEMU TCG guest ({cpus} vCPUs) runs every series in the same boot; absolute numbers are TCG's, only ratios to the raw NVM of the same boot mean anything.",
+    f"Each system has its own emulated NVDIMM of {nv_mib} MiB (a file in the host's /dev/shm, an fsdax namespace in the guest) and its own NVMe namespace as backing store, so every stack is up at once.",
+    f"fio runs with ioengine=psync, direct=1, queue depth 1 per job, time_based ({seconds} s per run), group_reporting, on the block devices themselves; the working set is the first {ws_mib} MiB of each device (Fig 3: the first {', '.join(sets.split())} MiB).",
+    "Fig 4b's jobs each read their own part of the working set (size and offset_increment of working set / jobs).",
+    "Rounds: for each run and each x, every series once, in an order that rotates by one from one run and x to the next.",
+    f"bcache: make-bcache with its defaults but buckets of {bc_bucket} (it refuses a cache device of fewer than 1024 buckets; cache on the NVDIMM, backing on an NVMe namespace), congested_read/write_threshold_us set to 0 so that the slow emulated devices do not make it bypass the cache.",
+    "bcache runs write-through (its default) with sequential_cutoff at its 4 MiB default unless the series says otherwise: 'bcache (cutoff 0)' sets it to 0 (Figs 4b and 5), 'bcache (writeback)' sets cache_mode writeback (Figs 5 and 6); one bcache device serves all three, switched in sysfs before each run.",
+    "dm-cache: smq policy, 256 KiB blocks (the default the paper ran), writeback (the default); 'dm-cache (32 KiB blocks)' (the smallest block dm-cache accepts: it refuses 4 KiB) and 'dm-cache (writethrough)' are separate dm-cache devices, each on its own NVDIMM; the metadata devices are loop devices on files in the guest's tmpfs.",
+    "dm-writecache: pmem mode ('p') on its NVDIMM, 4 KiB blocks, default watermarks; it caches writes only, so its warm-up writes the working set, and its reads of data not written through it go to the SSD.",
+    "pmcache: pmcache serve --ublk with one ublk queue per vCPU, its medium a file on ext4 mounted -o dax on its NVDIMM (the kind 'dax'), cache size three quarters of the NVDIMM, 4 KiB blocks, write-back; 'pmcache (ublk, write-through)' is a second server with --mode writethrough on its own NVDIMM.",
+    "Read-only figures (3, 4a, 4b) run bcache write-through, dm-cache writeback and pmcache write-back, each layer's default; Fig 2 runs the same defaults with its mixes.",
+    "Warm-up at the start of each figure: random 256 KiB reads over the working set (bcache with sequential_cutoff 0), pass after pass until a pass misses nothing or 8 passes (30 for dm-cache, whose smq promotes gradually; back-to-back passes promote faster than passes a second apart); dm-writecache gets one sequential 1 MiB write pass.",
+    "cache_hits and cache_misses count reads during the measured run: dm-cache's read hits and misses from dmsetup status (requests), pmcache's read_hits and read misses from pmcache stats (4 KiB blocks), and for bcache the read requests that reached its cache device and its backing device (/sys/block/*/stat), since bcache's stats_total are folded in only every 13.6 s; null for raw devices and dm-writecache.",
+    "The 'HDD' is an NVMe namespace QEMU throttles to 200 IOPS and 150 MB/s (throttling.iops-total, throttling.bps-total); the SSD→HDD stacks' cache device is another (unthrottled) NVMe namespace of the NVDIMM's size.",
+    "The NVMe namespaces are sparse files on the host with cache=unsafe: the 'SSD' is the host's page cache behind QEMU's NVMe emulation, not a flash device.",
+    "pmcache runs in user space behind ublk: every request crosses from the kernel to the server and back, which TCG emulates at a high cost (docs/UBLK.md: the ublk null target, no cache at all, does about 2,200 4 KiB QD1 IOPS in such a guest), so pmcache's ratios here are bounded by the frontend, not by its engine; bcache and dm-* run in the kernel.",
+    "Write-back layers (bcache writeback, dm-cache, dm-writecache, pmcache) write dirty data back in the background, possibly during other series' runs; write figures (2, 5, 6) stay within the working set, so the caches keep holding it.",
+]
+def rate(fig, x, series):
+    v = [p["bytes_per_s"] for p in points if p["figure"] == fig and p["x"] == x and p["series"] == series]
+    return sum(v) / len(v) if v else None
+
+
+for x in ("4K rand read", "4M seq read"):
+    ssd, nvm = rate("000-fig2", x, "SSD (raw nvme)"), rate("000-fig2", x, "NVM (raw pmem)")
+    if ssd and nvm:
+        notes.append(f"In this guest the raw 'SSD' does {x} at {ssd / nvm:.2f} of the raw NVM's rate (Fig 2): what a miss or a write-through write costs against a hit.")
+if cpus < 16:
+    notes.append(f"Thread counts above {cpus} oversubscribe the guest's {cpus} vCPUs (which share the host's cores under TCG).")
+for w in warm:
+    if w["misses"] not in (0, None):
+        notes.append(f"{w['figure']}: the warm-up of {w['system']} still missed {w['misses']} reads in its last of {w['passes']} passes.")
+passes = {}
+for w in warm:
+    passes.setdefault(w["system"], []).append(str(w["passes"]))
+notes.append("Warm-up passes per system, figure by figure: " + "; ".join(
+    f"{s} {', '.join(p)}" for s, p in passes.items()) + ".")
+
+doc = {
+    "bed": {
+        "kernel": bed["kernel"],
+        "guest_cpus": cpus,
+        "scale": scale,
+        "runs": runs,
+        "seconds": seconds,
+        "nvdimm_mib": nv_mib,
+        "working_set_mib": ws_mib,
+        "qemu": qemu,
+    },
+    "notes": notes,
+    "points": points,
+}
+with open(out, "w", encoding="utf-8") as f:
+    json.dump(doc, f, indent=1, ensure_ascii=False)
+    f.write("\n")
+figures = sorted({p["figure"] for p in points})
+print(f"paper000: {len(points)} points of {', '.join(figures)} in {out}")
+EOF
+echo "paper000: done ($((SECONDS - start)) s in all)"
