@@ -346,6 +346,18 @@ fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
                 number(run.bed.seconds)
             ),
         ];
+        if table.names.iter().any(|n| n.starts_with("pmcache")) {
+            notes.push(
+                "pmcache is served through ublk: each request goes from the kernel to the \
+                 server in user space and back (io_uring commands), which TCG emulates \
+                 instruction by instruction, while bcache and dm-* stay in the kernel. In this \
+                 kind of guest `scripts/guest/ublk-bench.sh` measured the ublk null target (no \
+                 cache at all) at about 2,200 IOPS at QD 1, the same as pmcache over ublk \
+                 (docs/PERFORMANCE.md): the frontend under emulation, not the cache, bounds the \
+                 pmcache series here. The in-process figures measure the cache itself."
+                    .to_string(),
+            );
+        }
         if x_label == "jobs" {
             notes.push(format!(
                 "The guest has {cpus} vCPUs (on {} host CPUs): points past {cpus} jobs \
