@@ -165,8 +165,13 @@ impl Table {
         oversubscribed: &dyn Fn(&str) -> bool,
     ) -> Vec<Series> {
         self.series(|x, s| {
+            let over = oversubscribed(&self.xs[x]);
+            if normaliser_of(&self.names[s]).is_none() {
+                // A normaliser is 1 wherever it was measured, drawn as the paper's NVM line.
+                return (!self.rates[x][s].is_empty()).then(|| Point::of(&[1.0], over));
+            }
             let ratios = self.ratios(x, s, normaliser_of)?;
-            Some(Point::of(&ratios, oversubscribed(&self.xs[x])))
+            Some(Point::of(&ratios, over))
         })
     }
 
@@ -448,7 +453,7 @@ mod tests {
             Some(Point { median: 0.6, min: 0.6, max: 0.6, oversubscribed: false })
         );
         assert_eq!(bcache[1].map(|p| (p.median, p.oversubscribed)), Some((0.2, true)));
-        assert_eq!(series[0].points[0], None, "the normaliser has no ratio to itself");
+        assert_eq!(series[0].points[0].map(|p| p.median), Some(1.0), "the normaliser is 1");
         let sentence = ours(&t, &nvm_of, "jobs");
         assert_eq!(
             sentence,
