@@ -96,7 +96,7 @@ fn backing_worker<B: BackingStore>(store: &B) -> Worker<'_> {
 }
 
 /// Runs `series` at each `(tick, access, threads)` position.
-fn sweep(
+pub(super) fn sweep(
     ctx: &Ctx,
     label: &str,
     series: &[SeriesRun<'_>],
@@ -112,7 +112,7 @@ fn sweep(
     sweep
 }
 
-fn check_all_hits<B: BackingStore>(bed: &Bed<B>, figure: &str) -> Result<(), String> {
+pub(super) fn check_all_hits<B: BackingStore>(bed: &Bed<B>, figure: &str) -> Result<(), String> {
     match bed.read_misses() {
         0 => Ok(()),
         n => Err(format!("{figure}: {n} read misses in a run meant to be all hits")),

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use super::figure::{Figure, number};
 use super::inproc::{Bed, SeriesRun, Worker, lane_request};
-use super::p000::size;
+use super::p000::{check_all_hits, size, sweep};
 use super::workload::{Access, DWOM_STRIDE_BYTES, Request};
 use super::{Ctx, Scale};
 
@@ -69,14 +69,9 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     let mut figures = vec![];
     for (panel, title, access, published) in panels() {
         let id = format!("001-fig3{panel}");
-        let bar = ctx.progress(&id, (threads.len() * series.len() * ctx.runs) as u64);
-        let mut sweep = super::inproc::Sweep::new(&series);
-        for &t in &threads {
-            let rates =
-                super::inproc::measure(&series, access, t, ctx.seconds, ctx.runs, &|| bar.inc(1));
-            sweep.push(rates, t > ctx.cpus);
-        }
-        bar.finish_and_clear();
+        let positions: Vec<(String, Access, usize)> =
+            threads.iter().map(|&t| (t.to_string(), access, t)).collect();
+        let sweep = sweep(ctx, &id, &series, &positions);
         let gb = |x: usize, s: usize| number(sweep.median(x, s, GB));
         let ours = format!(
             "A lane per thread: {} GB/s at 1 thread, {} at {}; one shared lane: {} and {}; \
@@ -139,9 +134,6 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
             provenance: ctx.provenance.clone(),
         });
     }
-    let stats = bed.engine.stats();
-    match stats.read_misses_admitted + stats.read_misses_bypassed {
-        0 => Ok(figures),
-        n => Err(format!("001-fig3: {n} read misses in a run meant to be all hits")),
-    }
+    check_all_hits(&bed, "001-fig3")?;
+    Ok(figures)
 }

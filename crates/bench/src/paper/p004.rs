@@ -109,29 +109,21 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         let mut ratios = vec![];
         for name in &names {
             let at = |j: usize| rows.iter().find(|r| &r.engine == name && r.jobs == j);
-            let oversubscribed = |j: usize| j > ctx.cpus;
-            let ours: Vec<Option<Point>> = jobs
-                .iter()
-                .map(|&j| {
-                    at(j).and_then(|r| r.ours).map(|s| Point {
-                        median: s.iops / 1000.0,
-                        min: s.iops / 1000.0,
-                        max: s.iops / 1000.0,
-                        oversubscribed: oversubscribed(j),
+            // KIOPS by jobs of one side (ours or fio's) of the rows.
+            let kiops = |side: fn(&Row) -> Option<engines::Sample>| -> Vec<Option<Point>> {
+                jobs.iter()
+                    .map(|&j| {
+                        let iops = side(at(j)?)?.iops / 1000.0;
+                        Some(Point {
+                            median: iops,
+                            min: iops,
+                            max: iops,
+                            oversubscribed: j > ctx.cpus,
+                        })
                     })
-                })
-                .collect();
-            let fio: Vec<Option<Point>> = jobs
-                .iter()
-                .map(|&j| {
-                    at(j).and_then(|r| r.fio).map(|s| Point {
-                        median: s.iops / 1000.0,
-                        min: s.iops / 1000.0,
-                        max: s.iops / 1000.0,
-                        oversubscribed: oversubscribed(j),
-                    })
-                })
-                .collect();
+                    .collect()
+            };
+            let (ours, fio) = (kiops(|r| r.ours), kiops(|r| r.fio));
             if let Some(error) =
                 rows.iter().find(|r| &r.engine == name).and_then(|r| r.error.clone())
             {
