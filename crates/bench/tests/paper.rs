@@ -30,6 +30,15 @@ fn check(figure: &Figure) {
         all.extend(absolute.series.iter().cloned());
     }
     for series in &all {
+        // A series this bed cannot measure (IOPOLL without poll queues) says why in a note
+        // that names it or its engine.
+        let engine = series.name.rsplit(' ').next().unwrap_or_default();
+        assert!(
+            series.points.iter().any(Option::is_some)
+                || figure.notes.iter().any(|n| n.contains(&series.name) || n.contains(engine)),
+            "{id} {}: nothing measured, and no note says why",
+            series.name
+        );
         assert_eq!(
             series.points.len(),
             figure.x_ticks.len(),
@@ -58,11 +67,10 @@ fn every_experiment_makes_its_figures_and_the_report_is_made_from_their_json() {
     let out = tempfile::tempdir().expect("tempdir");
     let mut files = vec![];
     let mut figures = vec![];
-    // Every experiment of the host (`000-guest` boots a QEMU guest: scripts/test.sh runs it).
-    for id in [
-        "000-fig2", "000-fig3", "000-fig4", "000-fig5", "000-fig6", "001-fig3", "002-fig2",
-        "004-fig1",
-    ] {
+    // Every in-process experiment of the host. `000-guest` and `004-guest` boot a QEMU guest
+    // (scripts/test.sh runs them); `002-fig2` spawns `pmcache serve` from the executable
+    // running it, so the cli's end-to-end tests run it on the built binary.
+    for id in ["000-fig2", "000-fig3", "000-fig4", "000-fig5", "000-fig6", "001-fig3", "004-fig1"] {
         let made = paper::run(&args(id, out.path()), &mut |_, written| {
             files.extend(written.iter().cloned())
         });
@@ -82,10 +90,6 @@ fn every_experiment_makes_its_figures_and_the_report_is_made_from_their_json() {
             "001-fig3b",
             "001-fig3c",
             "001-fig3d",
-            "002-fig2",
-            "002-fig3",
-            "002-fig4",
-            "002-table1",
             "004-fig1a",
             "004-fig1b"
         ]

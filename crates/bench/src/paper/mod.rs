@@ -259,7 +259,8 @@ pub fn run(
             .find(|e| {
                 e.id == id
                     || id.strip_prefix(e.id).is_some_and(|panel| panel.len() == 1)
-                    || (e.id == "002-fig2" && ["002-fig3", "002-fig4", "002-table1"].contains(&id))
+                    || (e.id == "002-fig2"
+                        && ["002-fig3", "002-fig3-totals", "002-fig4", "002-table1"].contains(&id))
             })
             .ok_or_else(|| {
                 let ids: Vec<&str> = EXPERIMENTS.iter().map(|e| e.id).collect();

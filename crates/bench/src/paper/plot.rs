@@ -65,13 +65,15 @@ fn draw_on<DB: DrawingBackend>(
         .y_label_area_size(72)
         .build_cartesian_2d(-0.5f64..positions as f64 - 0.5, y_lo..y_hi)?;
     let ticks = figure.x_ticks.clone();
+    // At most about a dozen labels under the axis: a long time series labels every n-th point.
+    let label_every = positions.div_ceil(12);
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(positions + 1)
         .x_label_formatter(&move |x: &f64| {
             let i = x.round();
-            if (x - i).abs() < 0.01 && i >= 0.0 {
+            if (x - i).abs() < 0.01 && i >= 0.0 && (i as usize).is_multiple_of(label_every) {
                 ticks.get(i as usize).cloned().unwrap_or_default()
             } else {
                 String::new()

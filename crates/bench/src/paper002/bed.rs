@@ -117,6 +117,7 @@ pub(super) fn sample(
     pi_seconds: Option<f64>,
     fio_ended_first: bool,
 ) -> Sample {
+    let counters = sampled.as_ref().map(|x| x.counters.clone()).unwrap_or_default();
     let boosted_s = server.as_ref().map(|s| {
         let open = sampled.as_ref().filter(|_| s.boosted_now).map_or(0.0, |x| x.open_boost_s);
         s.boosted_ns as f64 / 1e9 + open
@@ -127,6 +128,7 @@ pub(super) fn sample(
         fio,
         server,
         context_switches: sampled.map(|x| x.switches),
+        counters,
         boosted_s,
         pi_seconds,
         fio_ended_first,

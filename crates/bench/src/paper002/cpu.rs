@@ -63,18 +63,35 @@ fn read_tasks(pid: u32) -> BTreeMap<u32, TaskCounters> {
     tasks
 }
 
+/// The server's write and stall counters at one moment of a measurement.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CounterTick {
+    /// Seconds since the sampler started (just before fio).
+    pub t_s: f64,
+    /// Blocks written since the server started.
+    pub writes: u64,
+    /// Writes that waited for the cleaner since the server started.
+    pub stalls: u64,
+}
+
 /// What a [`RunSampler`] saw.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Sampled {
     pub(super) switches: ContextSwitches,
+    /// The server's counters every [`STATS_EVERY_TICKS`] ticks (500 ms).
+    pub(super) counters: Vec<CounterTick>,
     /// How long the cleaner had been boosted when sampling stopped, if it still was (the
     /// server's `cleaner_boosted_ns` counts boosts once they end), seconds.
     pub(super) open_boost_s: f64,
 }
 
+/// Ticks of 100 ms between two reads of the server's statistics.
+const STATS_EVERY_TICKS: u64 = 5;
+
 /// Samples a process's threads' context-switch counters every 100 ms until stopped (a thread
 /// that appears meanwhile counts from zero, one that ends keeps its last sample), and the
-/// cleaner's boost state through the control socket every 500 ms.
+/// cleaner's boost state and the write and stall counters through the control socket every
+/// 500 ms.
 pub(super) struct RunSampler {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<Sampled>>,
@@ -89,12 +106,19 @@ impl RunSampler {
             std::thread::spawn(move || {
                 let mut last = base.clone();
                 let mut boost: Option<(Instant, u64)> = None;
+                let mut counters = Vec::new();
+                let start = Instant::now();
                 for tick in 0u64.. {
                     let done = stop.load(Ordering::Acquire);
                     last.extend(read_tasks(pid));
-                    if tick.is_multiple_of(5)
+                    if tick.is_multiple_of(STATS_EVERY_TICKS)
                         && let Some(stats) = control.as_deref().and_then(|c| control_stats(c).ok())
                     {
+                        counters.push(CounterTick {
+                            t_s: start.elapsed().as_secs_f64(),
+                            writes: stats["writes"].as_u64().unwrap_or(0),
+                            stalls: stats["stalls"].as_u64().unwrap_or(0),
+                        });
                         let boosts = stats["cleaner_boosts"].as_u64().unwrap_or(0);
                         boost = match (stats["cleaner_boosted"].as_bool(), boost) {
                             // The same boost as at the last sample.
@@ -106,7 +130,9 @@ impl RunSampler {
                     if done {
                         break;
                     }
-                    std::thread::sleep(Duration::from_millis(100));
+                    // Ticks on a 100 ms grid from the start, whatever each one's reads cost.
+                    let next = Duration::from_millis(100 * (tick + 1));
+                    std::thread::sleep(next.saturating_sub(start.elapsed()));
                 }
                 let mut out = ContextSwitches::default();
                 for (tid, now) in &last {
@@ -120,7 +146,7 @@ impl RunSampler {
                     *out.by_thread.entry(name).or_default() += v + i;
                 }
                 let open_boost_s = boost.map_or(0.0, |(since, _)| since.elapsed().as_secs_f64());
-                Sampled { switches: out, open_boost_s }
+                Sampled { switches: out, counters, open_boost_s }
             })
         };
         RunSampler { stop, handle: Some(handle) }

@@ -47,7 +47,7 @@ mod report;
 mod rows;
 
 use bed::Bed;
-pub use cpu::ContextSwitches;
+pub use cpu::{ContextSwitches, CounterTick};
 use cpu::{calibrate_pi, join_pi, spawn_pi};
 use report::{header, main_row, plot, table1_header, table1_row};
 use rows::{main_rows, table1_rows};
@@ -263,6 +263,9 @@ pub struct Sample {
     pub server: Option<ServerFigures>,
     /// The server's threads' context switches over the measurement.
     pub context_switches: Option<ContextSwitches>,
+    /// The server's write and stall counters every 500 ms from just before fio started (the
+    /// paper's Fig 3 is their course over time).
+    pub counters: Vec<CounterTick>,
     /// Time the cleaner spent boosted during the run: the boosts that ended, and the one
     /// still under way at the end, seconds.
     pub boosted_s: Option<f64>,

@@ -7,10 +7,11 @@
 //! the kinds of medium (a disk file refused, or served in msync mode), block status and
 //! oversized requests, a soak with stalled and misbehaving clients beside 16 verifying ones,
 //! and `serve --ublk` refused in a build without the ublk feature or on a kernel without the
-//! ublk driver.
+//! ublk driver; and the `bench paper` experiments that spawn the server themselves.
 //!
 //! A missing client binary fails the test with the apt package to install.
 
+mod bench_paper;
 mod cli;
 mod common;
 mod completion;
