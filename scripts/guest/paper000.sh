@@ -18,6 +18,9 @@
 #   pmcache (ublk)                 pmcache serve --ublk, its medium a file on ext4 -o dax,
 #                                  backing an SSD, write-back
 #   pmcache (ublk, write-through)  a second server, --mode writethrough
+#   ublk null (no cache)           pmcache ublk null: the same ublk frontend with nothing behind
+#                                  it (reads return zeroes, writes are dropped), the ceiling of
+#                                  any server behind ublk here (Figs 4, 5, 6)
 #   SSD→HDD stacks (Fig 2)         bcache and dm-cache with an NVMe namespace as cache device
 #                                  in front of a throttled one
 #
@@ -303,7 +306,14 @@ serve_pm() { # serve_pm N PMEM BACKING ARGS...: sets UBLK
 }
 serve_pm 6 $PMEM6 $SSD_PM; UB_WB=$UBLK
 serve_pm 7 $PMEM7 $SSD_PMWT --mode writethrough; UB_WT=$UBLK
-log "pmcache: $UB_WB (write-back, medium on /dev/$PMEM6, backing /dev/$SSD_PM), $UB_WT (write-through, /dev/$PMEM7, /dev/$SSD_PMWT), $CPUS ublk queues each"
+# The ublk frontend alone: pmcache's null device (reads return zeroes, writes are dropped),
+# the ceiling of any server behind ublk in this guest.
+$PM ublk null --size ${WS}M --queues $CPUS > /tmp/serve-null.log 2>&1 &
+wait_until "grep -q 'ublk device:' /tmp/serve-null.log || ! kill -0 $! 2>/dev/null" \
+  "pmcache ublk null did not start"
+UB_NULL=$(sed -n 's/.*ublk device: \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/serve-null.log | head -n 1)
+[ -n "$UB_NULL" ] && [ -b "$UB_NULL" ] || fail "pmcache ublk null: no ublk device"
+log "pmcache: $UB_WB (write-back, medium on /dev/$PMEM6, backing /dev/$SSD_PM), $UB_WT (write-through, /dev/$PMEM7, /dev/$SSD_PMWT), $UB_NULL (null), $CPUS ublk queues each"
 
 # --- series: device, counters, mode ----------------------------------------------------------
 # use BASE: sets DEV, SYS (the cache to warm; "" for a raw device) and CTR (how its read hits
@@ -324,6 +334,7 @@ use() {
     dm-writecache) DEV=/dev/mapper/wc SYS=wc CTR=none ;;
     "pmcache (ublk)"|pmcache|"pmcache NVM→SSD") DEV=$UB_WB SYS=pm CTR="pm /tmp/pm6.ctl" ;;
     "pmcache (ublk, write-through)") DEV=$UB_WT SYS=pmwt CTR="pm /tmp/pm7.ctl" ;;
+    "ublk null (no cache)") DEV=$UB_NULL SYS= CTR=none ;;
     *) fail "unknown series '$1'" ;;
   esac
 }
@@ -410,7 +421,8 @@ bcache
 dm-cache
 dm-cache (32 KiB blocks)
 dm-writecache
-pmcache (ublk)"
+pmcache (ublk)
+ublk null (no cache)"
 MIXED_SERIES="NVM (raw pmem)
 bcache
 bcache (writeback)
@@ -419,7 +431,8 @@ dm-cache (writethrough)
 dm-cache (32 KiB blocks)
 dm-writecache
 pmcache (ublk)
-pmcache (ublk, write-through)"
+pmcache (ublk, write-through)
+ublk null (no cache)"
 POINTS=0
 # figure FIG XS SERIES: series lines are "NAME|BASE|SET" (SET: Fig 3's working set in MiB)
 figure() {
@@ -565,7 +578,7 @@ notes = [
     "cache_hits and cache_misses count reads during the measured run: dm-cache's read hits and misses from dmsetup status (requests), pmcache's read_hits and read misses from pmcache stats (4 KiB blocks), and for bcache the read requests that reached its cache device and its backing device (/sys/block/*/stat), since bcache's stats_total are folded in only every 13.6 s; null for raw devices and dm-writecache.",
     "The 'HDD' is an NVMe namespace QEMU throttles to 200 IOPS and 150 MB/s (throttling.iops-total, throttling.bps-total); the SSD→HDD stacks' cache device is another (unthrottled) NVMe namespace of the NVDIMM's size.",
     "The NVMe namespaces are sparse files on the host with cache=unsafe: the 'SSD' is the host's page cache behind QEMU's NVMe emulation, not a flash device.",
-    "pmcache runs in user space behind ublk: every request crosses from the kernel to the server and back, which TCG emulates at a high cost (docs/UBLK.md: the ublk null target, no cache at all, does about 2,200 4 KiB QD1 IOPS in such a guest), so pmcache's ratios here are bounded by the frontend, not by its engine; bcache and dm-* run in the kernel.",
+    "pmcache runs in user space behind ublk: every request crosses from the kernel to the server and back, which TCG emulates at a high cost, while bcache and dm-* run in the kernel. 'ublk null (no cache)' is `pmcache ublk null` with one queue per vCPU: the same frontend with nothing behind it (reads return zeroes, writes are dropped), the ceiling of any ublk server in this guest.",
     "Write-back layers (bcache writeback, dm-cache, dm-writecache, pmcache) write dirty data back in the background, possibly during other series' runs; write figures (2, 5, 6) stay within the working set, so the caches keep holding it.",
 ]
 def rate(fig, x, series):

@@ -6,7 +6,8 @@
 # (checked in `stats`); unmount; `pmcache detach` (every dirty block written back, the device
 # removed); e2fsck the backing file itself, mount it through a loop device and verify every
 # block fio wrote in it, without pmcache; then serve it again with a fresh cache and verify
-# every block fio wrote through the new device, and stop with SIGTERM.
+# every block fio wrote through the new device, and stop with SIGTERM. Last, `pmcache ublk null`:
+# its device reads zeroes, takes writes and is removed on SIGTERM.
 #
 #   scripts/guest/ublk-e2e.sh
 #
@@ -65,6 +66,21 @@ umount \$M
 kill -TERM \$SERVER; wait \$SERVER || fail "serve exited with \$? on SIGTERM"
 grep -q "cache marked clean" /tmp/serve2.log || fail "no clean stop"
 [ ! -b /dev/ublkb0 ] || fail "/dev/ublkb0 is still there after SIGTERM"
+# The null device (the frontend's ceiling in benchmarks): reads zeroes, takes writes, and
+# goes away on SIGTERM.
+\$PM ublk null --size 64M > /tmp/serve-null.log 2>&1 &
+NULL=\$!
+i=0; while ! grep -q "ublk device:" /tmp/serve-null.log; do
+  i=\$((i+1)); [ \$i -lt 300 ] && kill -0 \$NULL 2>/dev/null || fail "ublk null did not start"; sleep 0.1
+done
+D=\$(sed -n 's/.*ublk device: \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/serve-null.log)
+[ "\$(cat /sys/block/\${D#/dev/}/size)" = 131072 ] || fail "the null device is not 64 MiB"
+dd if=/dev/urandom of=\$D bs=1M count=4 oflag=direct 2>/dev/null || fail "write to the null device"
+[ "\$(dd if=\$D bs=1M count=4 iflag=direct 2>/dev/null | tr -d '\\000' | wc -c)" = 0 ] \
+  || fail "the null device read something other than zeroes"
+kill -TERM \$NULL; wait \$NULL || fail "ublk null exited with \$? on SIGTERM"
+[ ! -b \$D ] || fail "\$D is still there after SIGTERM"
+echo "ublk-e2e: ublk null: zeroes read, writes taken, removed on SIGTERM"
 echo "ublk-e2e: OK"
 GUEST
 

@@ -4,7 +4,7 @@
 //! with what to do).
 
 use pmcache_backing::wrappers::LatencyDist;
-use pmcache_frontend::units::parse_size;
+use pmcache_frontend::units::{parse_nonzero_size, parse_size};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -191,4 +191,22 @@ pub enum UblkCommand {
         /// The device number N of /dev/ublkbN.
         id: u32,
     },
+    /// Serve a null device until SIGINT or SIGTERM: reads return zeroes, writes are dropped,
+    /// through the same frontend as `serve --ublk` — its ceiling, for benchmarks beside the
+    /// cache. It stores nothing.
+    Null(NullArgs),
+}
+
+/// Arguments of `pmcache ublk null`.
+#[derive(clap::Args, Debug)]
+pub struct NullArgs {
+    /// The device's size (a multiple of 4 KiB).
+    #[arg(long = "size", value_name = "BYTES", value_parser = parse_nonzero_size, default_value = "1G")]
+    pub size_bytes: u64,
+    /// ublk hardware queues: a thread each.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub queues: u16,
+    /// ublk tags per queue: the requests each queue can have in flight.
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub depth: u16,
 }

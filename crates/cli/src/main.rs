@@ -21,6 +21,8 @@ mod state;
 mod tls;
 #[cfg(feature = "ublk")]
 mod ublk;
+#[cfg(feature = "ublk")]
+mod ublk_null;
 
 /// pmcache: a block cache on persistent memory, served over NBD or as a ublk block device.
 #[derive(Parser)]
@@ -80,7 +82,7 @@ enum Command {
     Detach(manage::DetachArgs),
     /// Run an experiment and print its figures beside their baselines.
     Bench(bench::BenchArgs),
-    /// List ublk devices, or remove one a server that died left behind.
+    /// List ublk devices, remove one a server that died left behind, or serve a null device.
     Ublk(args::UblkArgs),
 }
 

@@ -230,6 +230,7 @@ pub fn manage(args: UblkArgs) -> Result<(), String> {
             }
             Ok(())
         }
+        UblkCommand::Null(args) => crate::ublk_null::run(&args),
         UblkCommand::Remove { id } => {
             recovery::remove(id).map_err(|e| e.to_string())?;
             println!(

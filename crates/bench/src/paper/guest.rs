@@ -19,6 +19,8 @@ use super::p000::{percent, published};
 
 /// The normaliser's series name in the script's output.
 pub const NVM_SERIES: &str = "NVM (raw pmem)";
+/// The ublk frontend with nothing behind it: pmcache's ceiling in the guest.
+pub const UBLK_NULL_SERIES: &str = "ublk null (no cache)";
 
 /// The script's output.
 #[derive(Debug, Deserialize)]
@@ -351,7 +353,27 @@ fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
                 number(run.bed.seconds)
             ),
         ];
-        if table.names.iter().any(|n| n.starts_with("pmcache")) {
+        let null = table.names.iter().position(|n| n == UBLK_NULL_SERIES);
+        let pmcache = table.names.iter().position(|n| n == "pmcache (ublk)");
+        if let (Some(_), Some(pm)) = (null, pmcache) {
+            let of_null = |x: usize| {
+                table.median_ratio(x, pm, &|_| Some(UBLK_NULL_SERIES.to_string())).map(percent)
+            };
+            let last = table.xs.len() - 1;
+            notes.push(format!(
+                "pmcache is served through ublk: each request goes from the kernel to the server \
+                 in user space and back (io_uring commands), which TCG emulates instruction by \
+                 instruction, while bcache and dm-* stay in the kernel. '{UBLK_NULL_SERIES}' is \
+                 the same frontend with nothing behind it (`pmcache ublk null`: reads return \
+                 zeroes, writes are dropped), the ceiling of any server behind ublk here; \
+                 pmcache (ublk) reaches {} of it at {} {x_name} and {} at {}. The in-process \
+                 figures measure the cache itself.",
+                of_null(0).unwrap_or_else(|| "—".into()),
+                table.xs[0],
+                of_null(last).unwrap_or_else(|| "—".into()),
+                table.xs[last],
+            ));
+        } else if table.names.iter().any(|n| n.starts_with("pmcache")) {
             notes.push(
                 "pmcache is served through ublk: each request goes from the kernel to the \
                  server in user space and back (io_uring commands), which TCG emulates \
@@ -486,6 +508,8 @@ mod tests {
         let run = guest_run(vec![
             point("000-fig4a", "1", NVM_SERIES, 0, 100.0),
             point("000-fig4a", "1", "bcache", 0, 62.0),
+            point("000-fig4a", "1", "pmcache (ublk)", 0, 4.0),
+            point("000-fig4a", "1", UBLK_NULL_SERIES, 0, 8.0),
             point("000-fig2", "4K rand read", NVM_SERIES, 0, 100.0),
             point("000-fig2", "4K rand read", "SSD (raw nvme)", 0, 10.0),
         ]);
@@ -500,6 +524,11 @@ mod tests {
             fig4a.notes
         );
         assert!(fig4a.bed.contains("Linux 6.12"));
+        assert!(
+            fig4a.notes.iter().any(|n| n.contains("reaches 50 % of it at 1 jobs")),
+            "pmcache against the ublk frontend alone: {:?}",
+            fig4a.notes
+        );
         assert!(figures[0].bars && figures[0].y_log);
     }
 }
