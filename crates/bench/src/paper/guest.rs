@@ -407,10 +407,13 @@ fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
             series,
             absolute,
             published: published(id).into(),
-            scale: ctx.scale_note(vec![format!(
-                "scale {} of scripts/guest/paper000.sh (its header says what each shrinks)",
-                run.bed.scale
-            )]),
+            scale: ctx.scale_note_timed(
+                vec![format!(
+                    "scale {} of scripts/guest/paper000.sh (its header says what each shrinks)",
+                    run.bed.scale
+                )],
+                run.bed.seconds,
+            ),
             notes,
             provenance: ctx.provenance.clone(),
         });

@@ -20,7 +20,7 @@ mod plot;
 mod report;
 pub mod workload;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -138,19 +138,20 @@ impl Ctx {
             runs: args.runs.unwrap_or(args.scale.runs()).max(1),
             seconds: args.seconds.unwrap_or(args.scale.seconds()),
             cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            provenance: provenance(),
+            provenance: provenance(&args.out),
             args: args.clone(),
         }
     }
 
     /// The scale note of a figure, with what the scale shrank.
     pub fn scale_note(&self, shrunk: Vec<String>) -> ScaleNote {
-        ScaleNote {
-            name: self.args.scale.name().into(),
-            runs: self.runs,
-            seconds_per_turn: self.seconds,
-            shrunk,
-        }
+        self.scale_note_timed(shrunk, self.seconds)
+    }
+
+    /// [`Ctx::scale_note`] of an experiment that runs each series `seconds_per_turn` seconds
+    /// (its own run time, not `--seconds`'s in-process turns).
+    pub fn scale_note_timed(&self, shrunk: Vec<String>, seconds_per_turn: f64) -> ScaleNote {
+        ScaleNote { name: self.args.scale.name().into(), runs: self.runs, seconds_per_turn, shrunk }
     }
 
     /// A progress bar of `turns` turns (drawn only on a terminal).
@@ -286,9 +287,10 @@ pub fn run(
     Ok(figures)
 }
 
-/// The command line, the commit (`git describe` of the working directory's repository, if
-/// any), the machine and the date.
-fn provenance() -> Provenance {
+/// The command line, the commit (of the working directory's repository, if any; `-dirty`
+/// when files other than those under `out`, where the figures go, differ from it), the
+/// machine and the date.
+fn provenance(out: &Path) -> Provenance {
     let output = |program: &str, args: &[&str]| {
         std::process::Command::new(program)
             .args(args)
@@ -302,8 +304,12 @@ fn provenance() -> Provenance {
         .filter(|c| !c.is_empty())
         .or_else(|| output("git", &["rev-parse", "--short=7", "HEAD"]))
         .map(|hash| {
-            let dirty = output("git", &["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
+            // The figures written so far in this run change nothing that made them.
+            let out = out.canonicalize().unwrap_or_else(|_| out.to_path_buf());
+            let outside_out = format!(":(exclude){}", out.display());
+            let status =
+                ["status", "--porcelain", "--untracked-files=no", "--", ":/", &outside_out];
+            let dirty = output("git", &status).is_some_and(|s| !s.is_empty());
             if dirty { format!("{hash}-dirty") } else { hash }
         })
         .unwrap_or_else(|| format!("v{} (no git repository here)", env!("CARGO_PKG_VERSION")));

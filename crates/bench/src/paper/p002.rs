@@ -189,7 +189,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         absolute: None,
         published: published.into(),
         ours,
-        scale: ctx.scale_note(shrunk.clone()),
+        scale: ctx.scale_note_timed(shrunk.clone(), report.plan.seconds),
         notes: notes.clone(),
         provenance: ctx.provenance.clone(),
     };

@@ -160,11 +160,14 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
                 "At 1 job, pmcache's engine over fio's same engine: {}.",
                 if ratios.is_empty() { "not measured".to_string() } else { ratios.join(", ") }
             ),
-            scale: ctx.scale_note(vec![format!(
-                "jobs {} (the paper: 1 … 120 on 120 cores); a {} MiB file",
-                jobs.iter().map(usize::to_string).collect::<Vec<_>>().join(", "),
-                report.plan.file_bytes >> 20
-            )]),
+            scale: ctx.scale_note_timed(
+                vec![format!(
+                    "jobs {} (the paper: 1 … 120 on 120 cores); a {} MiB file",
+                    jobs.iter().map(usize::to_string).collect::<Vec<_>>().join(", "),
+                    report.plan.file_bytes >> 20
+                )],
+                report.plan.runtime_secs,
+            ),
             notes,
             provenance: ctx.provenance.clone(),
         });
