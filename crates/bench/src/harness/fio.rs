@@ -83,8 +83,95 @@ pub(crate) enum FioTarget {
         /// fio's `HOME`.
         home: PathBuf,
     },
-    /// A file, with `io_uring` and `O_DIRECT`.
-    File(PathBuf),
+    /// A file, `O_DIRECT`, with fio's `engine` (one of [`RAW_ENGINES`]).
+    File {
+        /// The file.
+        path: PathBuf,
+        /// fio's `--ioengine`.
+        engine: &'static str,
+    },
+}
+
+/// The fio engines a raw baseline tries: the disk's best at a shape is the best of these,
+/// each measured in the same run (a synchronous engine runs each job at one request in
+/// flight, whatever the queue depth asked).
+pub(crate) const RAW_ENGINES: [&str; 3] = ["psync", "libaio", "io_uring"];
+
+/// One engine's figure in a best-of-engines baseline.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineRate {
+    /// fio's `--ioengine`.
+    pub engine: String,
+    /// Requests per second (`None`: the engine failed here, see `error`).
+    pub iops: Option<f64>,
+    /// Why the engine measured nothing.
+    pub error: Option<String>,
+}
+
+/// Runs `measure` with each of `engines` (in an order rotated by `turn`, so that no engine
+/// always goes first) and returns the fastest one's result, with every engine's rate in
+/// `engines`' order; an error only when every engine failed.
+pub(crate) fn best_of_engines<T>(
+    engines: &[&'static str],
+    turn: usize,
+    mut measure: impl FnMut(&'static str) -> Result<T, String>,
+    iops: impl Fn(&T) -> f64,
+) -> Result<(T, Vec<EngineRate>), String> {
+    let mut results: Vec<Option<Result<T, String>>> = engines.iter().map(|_| None).collect();
+    for i in 0..engines.len() {
+        let at = (i + turn) % engines.len();
+        check_interrupted()?;
+        results[at] = Some(measure(engines[at]));
+    }
+    let mut rates = Vec::with_capacity(engines.len());
+    let mut best: Option<T> = None;
+    for (engine, result) in engines.iter().zip(results) {
+        match result.expect("every engine was measured") {
+            Ok(r) => {
+                rates.push(EngineRate {
+                    engine: engine.to_string(),
+                    iops: Some(iops(&r)),
+                    error: None,
+                });
+                if best.as_ref().is_none_or(|b| iops(&r) > iops(b)) {
+                    best = Some(r);
+                }
+            }
+            Err(e) => {
+                rates.push(EngineRate { engine: engine.to_string(), iops: None, error: Some(e) })
+            }
+        }
+    }
+    match best {
+        Some(best) => Ok((best, rates)),
+        None => Err(format!(
+            "every fio engine failed: {}",
+            rates
+                .iter()
+                .map(|r| format!("{}: {}", r.engine, r.error.as_deref().unwrap_or("")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )),
+    }
+}
+
+/// The winner of a best-of-engines baseline and the others' IOPS as a share of it, for a
+/// table: `psync (libaio 0.62, io_uring 0.58)`.
+pub(crate) fn engines_text(rates: &[EngineRate]) -> String {
+    let best = rates
+        .iter()
+        .filter_map(|r| r.iops.map(|i| (r.engine.as_str(), i)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let Some((winner, top)) = best else { return "no engine measured".into() };
+    let others: Vec<String> = rates
+        .iter()
+        .filter(|r| r.engine != winner)
+        .map(|r| match r.iops {
+            Some(i) => format!("{} {:.2}", r.engine, i / top),
+            None => format!("{} failed", r.engine),
+        })
+        .collect();
+    if others.is_empty() { winner.to_string() } else { format!("{winner} ({})", others.join(", ")) }
 }
 
 /// One fio invocation.
@@ -176,9 +263,9 @@ impl FioRun {
             FioTarget::NbdTls { uri, home } => {
                 command.arg("--ioengine=nbd").arg(format!("--uri={uri}")).env("HOME", home);
             }
-            FioTarget::File(path) => {
+            FioTarget::File { path, engine } => {
                 command
-                    .arg("--ioengine=io_uring")
+                    .arg(format!("--ioengine={engine}"))
                     .arg("--direct=1")
                     .arg(format!("--filename={}", path.display()));
             }
@@ -348,5 +435,30 @@ mod tests {
         assert_eq!(s.from_s, 10);
         assert_eq!((s.min_iops, s.mean_iops), (100.0, 100.0));
         assert!(steady(&timeline[..5], 4096, 1000 * 4096).is_none());
+    }
+
+    #[test]
+    fn the_baseline_is_the_fastest_engine_and_every_engine_runs_once() {
+        let mut order = Vec::new();
+        let (best, rates) = best_of_engines(
+            &RAW_ENGINES,
+            1,
+            |engine| {
+                order.push(engine);
+                match engine {
+                    "psync" => Ok(48_000.0),
+                    "libaio" => Err("no libaio".to_string()),
+                    _ => Ok(30_000.0),
+                }
+            },
+            |&iops| iops,
+        )
+        .expect("two engines measured");
+        assert_eq!(best, 48_000.0);
+        assert_eq!(order, ["libaio", "io_uring", "psync"], "the order turns with the run");
+        assert_eq!(rates.iter().map(|r| r.engine.as_str()).collect::<Vec<_>>(), RAW_ENGINES);
+        assert_eq!(engines_text(&rates), "psync (libaio failed, io_uring 0.62)");
+        let none = best_of_engines(&RAW_ENGINES, 0, |_| Err::<f64, _>("gone".into()), |&v| v);
+        assert!(none.is_err_and(|e| e.contains("psync: gone")));
     }
 }

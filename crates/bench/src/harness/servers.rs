@@ -131,6 +131,24 @@ impl Server {
         Ok(server)
     }
 
+    /// Starts `nbdkit memory` (a sparse RAM disk of `size_bytes`) and waits until its socket
+    /// accepts connections: the NBD frontend's ceiling, with no storage work behind it.
+    pub(crate) fn start_nbdkit_memory(
+        nbdkit: &str,
+        size_bytes: u64,
+        socket: &Path,
+        log: &Path,
+    ) -> Result<Server, String> {
+        let _ = std::fs::remove_file(socket);
+        let mut command = Command::new(nbdkit);
+        command.arg("--exit-with-parent").arg("-f").arg("-U").arg(socket).arg("memory");
+        command.arg(format!("size={size_bytes}"));
+        let mut server = Server::spawn(command, "nbdkit memory", log, socket)?;
+        let socket = socket.to_path_buf();
+        server.wait_ready(|| UnixStream::connect(&socket).is_ok())?;
+        Ok(server)
+    }
+
     fn spawn(
         mut command: Command,
         what: &'static str,

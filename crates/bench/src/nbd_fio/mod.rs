@@ -9,8 +9,11 @@
 //! pmcache writes every dirty block back before it exits, so the disk is quiet when the next
 //! measurement starts). The baselines: `nbdkit file` on the same backing file (by default
 //! `cache=none fadvise=random`, so its reads reach the disk as pmcache's misses do and the
-//! page cache does not absorb its writes), the same fio job; and fio on the raw backing file
-//! (`io_uring`, `O_DIRECT`, the same queue depth). The backing file is written in full first
+//! page cache does not absorb its writes), the same fio job; `nbdkit memory`, a RAM disk
+//! behind the same socket and client, the NBD frontend's own ceiling (no server can be faster
+//! through one socket per connection); and fio on the raw backing file
+//! (`O_DIRECT`, the same queue depth; the best of fio's psync, libaio and io_uring, each
+//! measured in the run). The backing file is written in full first
 //! (real data: the file system allocates nothing during the measurement), and before each
 //! measurement it is synced and dropped from the page cache.
 //!
@@ -29,7 +32,10 @@ use std::path::PathBuf;
 use pmcache_frontend::units::{human, parse_nonzero_size};
 use serde::Serialize;
 
-use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, Steady, check_fio, steady};
+use crate::harness::fio::{
+    EngineRate, FioResult, FioRun, FioSpec, FioTarget, RAW_ENGINES, Steady, best_of_engines,
+    check_fio, engines_text, steady,
+};
 use crate::harness::machine::{Machine, tool_version};
 use crate::harness::output::{JsonArgs, opt, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
@@ -55,9 +61,13 @@ pub struct NbdArgs {
     /// Size of pmcache's cache medium (e.g. 256M).
     #[arg(long, value_parser = parse_nonzero_size, default_value = "256M")]
     pub cache_size: u64,
-    /// Requests in flight (fio iodepth, one connection).
+    /// Requests in flight per connection (fio iodepth).
     #[arg(long, default_value_t = 16)]
     pub qd: usize,
+    /// Connections (fio jobs, each with `--qd` in flight); e.g. `--jobs 2 --qd 1` is Open
+    /// CAS's measured shape.
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
     /// Runs per configuration (medians are reported).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
@@ -101,6 +111,7 @@ struct Plan {
     span_bytes: u64,
     cache_bytes: u64,
     qd: usize,
+    jobs: usize,
     runs: usize,
     nbdkit_cache: String,
     configs: Vec<Config>,
@@ -112,6 +123,8 @@ struct Plan {
 enum Kind {
     Pmcache,
     Nbdkit,
+    /// `nbdkit memory`: the NBD frontend's ceiling (no storage behind it).
+    NbdkitMemory,
     Raw,
 }
 
@@ -130,6 +143,8 @@ struct RunSample {
     fio: FioResult,
     steady: Option<Steady>,
     server: Option<ServerFigures>,
+    /// The raw file only: every fio engine's IOPS; `fio` is the fastest's.
+    raw_engines: Vec<EngineRate>,
 }
 
 /// One line of the table.
@@ -150,6 +165,11 @@ struct Row {
     lat_us_max: Option<f64>,
     /// Median over runs of p99.9 / nbdkit's p99.9 in the same run (below 1: lower).
     p999_ratio_to_nbdkit: Option<f64>,
+    /// Median over runs of iops / `nbdkit memory`'s in the same run: the share of the NBD
+    /// frontend's ceiling.
+    ratio_to_memory: Option<f64>,
+    /// Median over runs of p99 / `nbdkit memory`'s p99 in the same run.
+    p99_ratio_to_memory: Option<f64>,
     /// IOPS once a cache's worth of data has moved: lowest 1-s window and mean (medians).
     steady_min_iops: Option<f64>,
     steady_mean_iops: Option<f64>,
@@ -158,6 +178,8 @@ struct Row {
     steady_ratio_to_nbdkit: Option<f64>,
     /// The server's figures in the run with the median IOPS.
     server: Option<ServerFigures>,
+    /// The raw file's run with the median IOPS: every fio engine's IOPS.
+    raw_engines: Vec<EngineRate>,
     samples: Vec<RunSample>,
     errors: Vec<String>,
 }
@@ -175,8 +197,8 @@ fn make_plan(args: &NbdArgs) -> Result<Plan, String> {
             return Err(format!("unknown workload {rw:?}; expected randwrite or randread"));
         }
     }
-    if args.qd == 0 || args.runs == 0 || args.seconds <= 0.0 {
-        return Err("--qd, --runs and --seconds must be positive".into());
+    if args.qd == 0 || args.jobs == 0 || args.runs == 0 || args.seconds <= 0.0 {
+        return Err("--qd, --jobs, --runs and --seconds must be positive".into());
     }
     if args.nbdkit_cache != "none" && args.nbdkit_cache != "default" {
         return Err(format!("--nbdkit-cache {:?}: expected none or default", args.nbdkit_cache));
@@ -200,6 +222,11 @@ fn make_plan(args: &NbdArgs) -> Result<Plan, String> {
         });
     }
     configs.push(Config { label: "nbdkit file".into(), kind: Kind::Nbdkit, cleaner: Vec::new() });
+    configs.push(Config {
+        label: "nbdkit memory".into(),
+        kind: Kind::NbdkitMemory,
+        cleaner: Vec::new(),
+    });
     configs.push(Config { label: "raw file".into(), kind: Kind::Raw, cleaner: Vec::new() });
     let (seconds, span_bytes, cache_bytes, runs) = if args.quick {
         (4.0, 256 << 20, 32 << 20, 1)
@@ -215,6 +242,7 @@ fn make_plan(args: &NbdArgs) -> Result<Plan, String> {
         span_bytes,
         cache_bytes,
         qd: args.qd,
+        jobs: args.jobs,
         runs,
         nbdkit_cache: args.nbdkit_cache.clone(),
         configs,
@@ -255,7 +283,7 @@ pub fn run_cli(args: &NbdArgs) -> Result<(), String> {
                     config.label
                 ));
                 check_interrupted()?;
-                match measure(args, &plan, &scratch, config, rw) {
+                match measure(args, &plan, &scratch, config, rw, run) {
                     Ok(mut sample) => {
                         sample.run = run;
                         samples[c].push(sample);
@@ -292,6 +320,7 @@ fn measure(
     scratch: &Scratch,
     config: &Config,
     rw: &str,
+    run: usize,
 ) -> Result<RunSample, String> {
     settle(&scratch.backing)?;
     let fio = |target| FioSpec {
@@ -300,7 +329,7 @@ fn measure(
         rw,
         bs: BLOCK_BYTES,
         qd: plan.qd,
-        jobs: 1,
+        jobs: plan.jobs,
         span: plan.span_bytes,
         seconds: plan.seconds,
         out_dir: scratch.dir(),
@@ -342,10 +371,32 @@ fn measure(
             server.stop()?;
             (result, None)
         }
-        Kind::Raw => (FioRun::run(&fio(FioTarget::File(scratch.backing.clone())))?, None),
+        Kind::NbdkitMemory => {
+            let socket = scratch.path("nbdkit-memory.sock");
+            let log = scratch.path("nbdkit-memory.log");
+            let server = Server::start_nbdkit_memory(&args.nbdkit, plan.span_bytes, &socket, &log)?;
+            let result = FioRun::run(&fio(FioTarget::Nbd(server.uri())))?;
+            server.stop()?;
+            (result, None)
+        }
+        Kind::Raw => {
+            // The disk's best: each of fio's engines in turn, the first turning with the run.
+            let (result, engines) = best_of_engines(
+                &RAW_ENGINES,
+                run,
+                |engine| {
+                    settle(&scratch.backing)?;
+                    let path = scratch.backing.clone();
+                    FioRun::run(&fio(FioTarget::File { path, engine }))
+                },
+                |r| r.iops,
+            )?;
+            let steady = steady(&result.timeline_iops, BLOCK_BYTES, plan.cache_bytes);
+            return Ok(RunSample { run, fio: result, steady, server: None, raw_engines: engines });
+        }
     };
     let steady = steady(&result.timeline_iops, BLOCK_BYTES, plan.cache_bytes);
-    Ok(RunSample { run: 0, fio: result, steady, server })
+    Ok(RunSample { run, fio: result, steady, server, raw_engines: Vec::new() })
 }
 
 fn aggregate(
@@ -354,9 +405,13 @@ fn aggregate(
     samples: Vec<Vec<RunSample>>,
     errors: Vec<Vec<String>>,
 ) -> Vec<Row> {
-    let nbdkit = plan.configs.iter().position(|c| c.kind == Kind::Nbdkit);
+    let of_kind = |kind: Kind| plan.configs.iter().position(|c| c.kind == kind);
+    let (nbdkit, memory) = (of_kind(Kind::Nbdkit), of_kind(Kind::NbdkitMemory));
     let baseline = |run: usize| -> Option<&RunSample> {
         nbdkit.and_then(|b| samples[b].iter().find(|s| s.run == run))
+    };
+    let ceiling = |run: usize| -> Option<&RunSample> {
+        memory.and_then(|b| samples[b].iter().find(|s| s.run == run))
     };
     let mut rows = Vec::new();
     for (c, config) in plan.configs.iter().enumerate() {
@@ -366,6 +421,11 @@ fn aggregate(
         };
         let ratios = per_run(&|s, b| Some(s.fio.iops / b.fio.iops));
         let p999_ratios = per_run(&|s, b| Some(s.fio.lat_ns_p999 / b.fio.lat_ns_p999));
+        let to_ceiling = |f: &dyn Fn(&RunSample, &RunSample) -> f64| -> Option<f64> {
+            median(mine.iter().filter_map(|s| ceiling(s.run).map(|m| f(s, m))))
+        };
+        let ratio_to_memory = to_ceiling(&|s, m| s.fio.iops / m.fio.iops);
+        let p99_ratio_to_memory = to_ceiling(&|s, m| s.fio.lat_ns_p99 / m.fio.lat_ns_p99);
         let steady_ratios = per_run(&|s, b| {
             Some(s.steady?.mean_iops / b.steady?.mean_iops).filter(|r| r.is_finite())
         });
@@ -385,12 +445,15 @@ fn aggregate(
             lat_us_p999: us(|f| f.lat_ns_p999),
             lat_us_max: us(|f| f.lat_ns_max),
             p999_ratio_to_nbdkit: median(p999_ratios),
+            ratio_to_memory,
+            p99_ratio_to_memory,
             steady_min_iops: median(mine.iter().filter_map(|s| s.steady.map(|t| t.min_iops))),
             steady_mean_iops: median(mine.iter().filter_map(|s| s.steady.map(|t| t.mean_iops))),
             steady_from_s: median(mine.iter().filter_map(|s| s.steady.map(|t| t.from_s as f64)))
                 .map(|s| s.round() as usize),
             steady_ratio_to_nbdkit: median(steady_ratios),
             server: median_run.and_then(|i| mine[i].server.clone()),
+            raw_engines: median_run.map(|i| mine[i].raw_engines.clone()).unwrap_or_default(),
             samples: mine.clone(),
             errors: errors[c].clone(),
         });
@@ -411,11 +474,13 @@ fn header(m: &Machine, plan: &Plan) -> String {
     );
     let _ = writeln!(
         out,
-        "# 4 KiB random requests over a {} span, QD{}, one connection; pmcache: a {} cache in \
-         /dev/shm; nbdkit file cache={}; raw: fio io_uring O_DIRECT on the backing file; {} s \
-         per run, median of {} runs; ×nbdkit: median of per-run ratios; full: IOPS once {} \
-         has moved (the lowest 1-s window / the mean)",
+        "# 4 KiB random requests over a {} span, {} connection(s) at QD{} each; pmcache: a {} \
+         cache in /dev/shm; nbdkit file cache={}; nbdkit memory: the NBD frontend's ceiling \
+         (a RAM disk); raw: the best of fio's psync, libaio and io_uring, O_DIRECT, on the \
+         backing file; {} s per run, median of {} runs; ×nbdkit: median of per-run ratios; \
+         full: IOPS once {} has moved (the lowest 1-s window / the mean)",
         human(plan.span_bytes),
+        plan.jobs,
         plan.qd,
         human(plan.cache_bytes),
         plan.nbdkit_cache,
@@ -462,6 +527,19 @@ fn table_row(r: &Row) -> String {
         full,
         opt(r.steady_ratio_to_nbdkit, 2)
     );
+    if !r.raw_engines.is_empty() {
+        let _ =
+            writeln!(out, "{:<9} └ fio engine (median run): {}", "", engines_text(&r.raw_engines));
+    }
+    if r.kind == Kind::Pmcache {
+        let _ = writeln!(
+            out,
+            "{:<9} └ of nbdkit memory (the frontend's ceiling): IOPS {}, p99 {}×",
+            "",
+            opt(r.ratio_to_memory, 2),
+            opt(r.p99_ratio_to_memory, 2)
+        );
+    }
     if let Some(s) = &r.server {
         let stall = if s.stalls > 0 {
             format!(
@@ -514,9 +592,12 @@ fn summary(report: &Report) -> String {
         };
         let _ = writeln!(
             out,
-            "# {}: pmcache at {}× nbdkit's IOPS (goal ≥{goal}){lower_tail}",
+            "# {}: pmcache at {}× nbdkit's IOPS (goal ≥{goal}){lower_tail}; {} of nbdkit \
+             memory's, p99 {}× its",
             r.rw,
-            opt(r.ratio_to_nbdkit, 2)
+            opt(r.ratio_to_nbdkit, 2),
+            opt(r.ratio_to_memory, 2),
+            opt(r.p99_ratio_to_memory, 2)
         );
     }
     out

@@ -9,6 +9,7 @@ use clap::Parser;
 use super::figure::{Figure, Point, Series, number};
 use super::p000::percent;
 use super::{Ctx, Scale};
+use crate::harness::fio::engines_text;
 use crate::paper002::{self, Paper002Args, Row};
 
 #[derive(Parser)]
@@ -156,10 +157,12 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     ];
     if let Some(raw) = rows.iter().find(|r| r.adaptive == "raw") {
         notes.push(format!(
-            "The raw backing file took {} MB/s with {} writer(s) (fio io_uring, O_DIRECT): the \
-             ceiling once the cache is full.",
+            "The raw backing file took {} MB/s with {} writer(s) (the best of fio's psync, \
+             libaio and io_uring, O_DIRECT, each measured in the run: {}): the ceiling once the \
+             cache is full.",
             number(raw.mb_per_s.unwrap_or(f64::NAN)),
-            raw.writers
+            raw.writers,
+            engines_text(&raw.raw_engines)
         ));
     }
     let shrunk = match ctx.args.scale {

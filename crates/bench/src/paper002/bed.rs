@@ -2,7 +2,7 @@
 
 use super::cpu::{RunSampler, Sampled, join_pi, spawn_pi};
 use super::{Config, Paper002Args, Plan, Sample};
-use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget};
+use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, RAW_ENGINES, best_of_engines};
 use crate::harness::scratch::{Scratch, settle};
 use crate::harness::servers::{PmcacheServe, Server, ServerFigures};
 
@@ -52,17 +52,25 @@ impl Bed<'_> {
         })
     }
 
-    /// One main-table measurement.
-    pub(super) fn measure(&self, config: &Config) -> Result<Sample, String> {
+    /// One main-table measurement in run `run` (from 0). The raw file's is the best of
+    /// fio's engines, each measured now, the first engine turning with the run.
+    pub(super) fn measure(&self, config: &Config, run: usize) -> Result<Sample, String> {
         settle(&self.scratch.backing)?;
         let Some(cpus) = config.cpus else {
-            let spec = self.fio_spec(
-                FioTarget::File(self.scratch.backing.clone()),
-                config.writers,
-                self.plan.seconds,
-            );
-            let fio = FioRun::run(&spec)?;
-            return Ok(sample(fio, None, None, None, false));
+            let path = self.scratch.backing.clone();
+            let (fio, engines) = best_of_engines(
+                &RAW_ENGINES,
+                run,
+                |engine| {
+                    settle(&self.scratch.backing)?;
+                    let target = FioTarget::File { path: path.clone(), engine };
+                    FioRun::run(&self.fio_spec(target, config.writers, self.plan.seconds))
+                },
+                |r| r.iops,
+            )?;
+            let mut raw = sample(fio, None, None, None, false);
+            raw.raw_engines = engines;
+            return Ok(raw);
         };
         let server = self.start_server(cpus, config.writers, &config.adaptive)?;
         let before = ServerFigures::from_stats(&server.stats()?);
@@ -129,6 +137,7 @@ pub(super) fn sample(
         server,
         context_switches: sampled.map(|x| x.switches),
         counters,
+        raw_engines: Vec::new(),
         boosted_s,
         pi_seconds,
         fio_ended_first,

@@ -16,8 +16,8 @@
 //! boosted (the boosts that ended, from the server's statistics, and the one under way at the
 //! end, seen by polling the control socket every 500 ms). fio and the bench itself are not
 //! confined: on a 2-CPU machine with the server on CPU 0 they mostly run on CPU 1. Beside them: boost's bandwidth over off's in the same run, each configuration's
-//! over the same one with the most CPUs, and the raw backing file's bandwidth (fio io_uring,
-//! `O_DIRECT`, the same jobs), the ceiling once the cache is full.
+//! over the same one with the most CPUs, and the raw backing file's bandwidth (the best of fio's psync, libaio and io_uring,
+//! each measured in the run, `O_DIRECT`, the same jobs), the ceiling once the cache is full.
 //!
 //! Table 1 runs the same with a CPU-bound job on the server's CPU: a thread pinned to CPU 0
 //! computing π (a fixed number of Leibniz-series terms, sized to take about `--pi-seconds`
@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use pmcache_frontend::units::{human, parse_nonzero_size};
 use serde::Serialize;
 
-use crate::harness::fio::{FioResult, check_fio};
+use crate::harness::fio::{EngineRate, FioResult, check_fio};
 use crate::harness::machine::{self, Machine, tool_version};
 use crate::harness::output::{JsonArgs, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
@@ -263,6 +263,8 @@ pub struct Sample {
     pub server: Option<ServerFigures>,
     /// The server's threads' context switches over the measurement.
     pub context_switches: Option<ContextSwitches>,
+    /// The raw file only: every fio engine's IOPS; the sample is the fastest's.
+    pub raw_engines: Vec<EngineRate>,
     /// The server's write and stall counters every 500 ms from just before fio started (the
     /// paper's Fig 3 is their course over time).
     pub counters: Vec<CounterTick>,
@@ -317,6 +319,8 @@ pub struct Row {
     pub context_switches_by_thread: BTreeMap<String, u64>,
     /// The median run's server figures.
     pub server: Option<ServerFigures>,
+    /// The raw file's median run: every fio engine's IOPS (the row is the fastest's).
+    pub raw_engines: Vec<EngineRate>,
     /// Every run's measurement.
     pub samples: Vec<Sample>,
     /// What went wrong, by run.
@@ -408,7 +412,7 @@ fn measure(args: &Paper002Args, tables: bool) -> Result<Report, String> {
                 configs[c].label()
             ));
             check_interrupted()?;
-            match bed.measure(&configs[c]) {
+            match bed.measure(&configs[c], run) {
                 Ok(mut s) => {
                     s.run = run;
                     samples[c].push(s);

@@ -7,6 +7,7 @@ use plotters::prelude::*;
 use pmcache_frontend::units::human;
 
 use super::{Plan, Report, Row};
+use crate::harness::fio::engines_text;
 use crate::harness::machine::Machine;
 use crate::harness::output::opt;
 use crate::harness::plot::{Layout, canvas, dots, legend, line, panel, plot_error, whole_numbers};
@@ -82,6 +83,9 @@ pub(super) fn main_row(r: &Row) -> String {
         let parts: Vec<String> =
             r.context_switches_by_thread.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(out, "     └ ctx sw by thread (median run): {}", parts.join(", "));
+    }
+    if !r.raw_engines.is_empty() {
+        let _ = writeln!(out, "     └ fio engine (median run): {}", engines_text(&r.raw_engines));
     }
     for e in &r.errors {
         let _ = writeln!(out, "     └ error: {e}");

@@ -45,6 +45,7 @@ fn base_row(
             .and_then(|s| s.context_switches.as_ref().map(|c| c.by_thread.clone()))
             .unwrap_or_default(),
         server: median_run.and_then(|s| s.server.clone()),
+        raw_engines: median_run.map(|s| s.raw_engines.clone()).unwrap_or_default(),
         samples: mine,
         errors,
     }

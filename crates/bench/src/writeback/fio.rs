@@ -8,31 +8,32 @@ use std::time::Instant;
 
 use super::engine::min_window;
 use super::{BLOCK_BYTES, Plan, Sample, Shape, WritebackArgs};
-use crate::harness::fio::{captured_report, fio_engine, read_timeline};
+use crate::harness::fio::{captured_report, read_timeline};
 
-fn fio_base(args: &WritebackArgs, plan: &Plan, file: &Path) -> Command {
+/// fio on `file` with `engine` (`psync`, `libaio`, `io_uring`: one of `RAW_ENGINES`).
+fn fio_base(args: &WritebackArgs, file: &Path, engine: &str) -> Command {
     let mut cmd = Command::new(&args.fio);
     cmd.arg("--name=pmcache")
         .arg(format!("--filename={}", file.display()))
-        // The variants' options do not matter for writes on a file.
-        .arg(format!("--ioengine={}", fio_engine(plan.engine).0))
+        .arg(format!("--ioengine={engine}"))
         .args(["--direct=1", "--bs=4096", "--thread", "--group_reporting"])
         .args(["--output-format=json", "--lat_percentiles=1"])
         .arg("--percentile_list=50:99:99.9");
     cmd
 }
 
-/// The baseline: fio's random writes on the backing file, one job per writer.
+/// fio's random writes on the backing file with `engine`, one job per writer.
 pub(super) fn run_fio_random(
     args: &WritebackArgs,
     plan: &Plan,
     backing: &Path,
     shape: Shape,
+    engine: &str,
 ) -> Result<Sample, String> {
     let logs = tempfile::tempdir().map_err(|e| e.to_string())?;
     let prefix = logs.path().join("raw");
     let runtime_ms = (plan.seconds * 1000.0).round().max(1.0) as u64;
-    let output = fio_base(args, plan, backing)
+    let output = fio_base(args, backing, engine)
         .arg(format!("--size={}", plan.span_bytes))
         .args(["--rw=randwrite", "--norandommap", "--randrepeat=0", "--time_based"])
         .arg(format!("--runtime={runtime_ms}ms"))
@@ -60,18 +61,21 @@ pub(super) fn run_fio_random(
         dirty_timeline: Vec::new(),
         dirty_fraction_end: None,
         cleaner: None,
+        raw_engines: Vec::new(),
     })
 }
 
-/// fio's random reads of the backing file, one job per reader, at the shape's depth.
+/// fio's random reads of the backing file with `engine`, one job per reader, at the shape's
+/// depth.
 pub(super) fn run_fio_random_reads(
     args: &WritebackArgs,
     plan: &Plan,
     backing: &Path,
     shape: Shape,
+    engine: &str,
 ) -> Result<Sample, String> {
     let runtime_ms = (plan.seconds * 1000.0).round().max(1.0) as u64;
-    let output = fio_base(args, plan, backing)
+    let output = fio_base(args, backing, engine)
         .arg(format!("--size={}", plan.span_bytes))
         .args(["--rw=randread", "--norandommap", "--randrepeat=0", "--time_based"])
         .arg(format!("--runtime={runtime_ms}ms"))
@@ -95,16 +99,18 @@ pub(super) fn run_fio_random_reads(
         dirty_timeline: Vec::new(),
         dirty_fraction_end: None,
         cleaner: None,
+        raw_engines: Vec::new(),
     })
 }
 
-/// fio writing `blocks` (ascending) to the backing file from an I/O log, at the cleaner's
-/// queue depth, with an fsync at the end; returns blocks per second.
+/// fio writing `blocks` (ascending) to the backing file from an I/O log with `engine`, at the
+/// cleaner's queue depth, with an fsync at the end; returns blocks per second.
 pub(super) fn run_fio_replay(
     args: &WritebackArgs,
     plan: &Plan,
     backing: &Path,
     blocks: &[u64],
+    engine: &str,
 ) -> Result<f64, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let log_path = dir.path().join("blocks.iolog");
@@ -117,7 +123,7 @@ pub(super) fn run_fio_replay(
     let _ = writeln!(log, "{name} close");
     std::fs::write(&log_path, log).map_err(|e| e.to_string())?;
     let started = Instant::now();
-    let output = fio_base(args, plan, backing)
+    let output = fio_base(args, backing, engine)
         .arg(format!("--read_iolog={}", log_path.display()))
         .args(["--replay_no_stall=1", "--end_fsync=1"])
         .arg(format!("--iodepth={}", plan.cleaner.queue_depth))

@@ -4,8 +4,8 @@
 //!
 //! For each shape (writer threads × requests per call), every run measures, one after the
 //! other on the same backing file:
-//! - `raw`: fio writing 4 KiB at random places of the backing file directly, with the same
-//!   I/O engine, `O_DIRECT`, and the same total queue depth (one fio job per writer, each with
+//! - `raw`: fio writing 4 KiB at random places of the backing file directly, `O_DIRECT`,
+//!   with the same total queue depth (one fio job per writer, each with
 //!   the shape's depth) — the baseline;
 //! - `cleaner`: the engine in process (a fresh cache on the medium directory), one lane per
 //!   writer thread, the background cleaner running with its defaults (or `--cleaner`);
@@ -20,12 +20,17 @@
 //! `misses` measures read misses: 4 KiB random reads over the span (8× the cache by default:
 //! nearly all miss) in batches of the shape's depth (`Lane::read_batch`, whose misses go to
 //! the backing store together), beside fio's random reads of the backing file with the same
-//! engine, jobs and queue depth.
+//! jobs and queue depth.
 //!
 //! `drain` measures the cleaner alone: a cache filled with dirty blocks at distinct random
 //! places is written back by `Cleaner::drain` (LBA order, merged runs, its queue depth),
-//! beside fio replaying writes of the very same blocks in the same (ascending) order with the
-//! same engine and queue depth, and one `fsync` at the end.
+//! beside fio replaying writes of the very same blocks in the same (ascending) order at the
+//! same queue depth, and one `fsync` at the end.
+//!
+//! Every fio baseline is the disk's best: psync, libaio and io_uring each run it in the same
+//! run (the first one turning from run to run), and the fastest is the baseline; the lines
+//! name the winner and the others' share of it. A synchronous engine runs each job at one
+//! request in flight, whatever the depth.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -43,6 +48,7 @@ use engine::{run_drain, run_engine, run_misses};
 use fio::{run_fio_random, run_fio_random_reads};
 use report::{plot, print_sample_line, summary};
 
+use crate::harness::fio::{EngineRate, RAW_ENGINES, best_of_engines, engines_text};
 use crate::harness::output::write_json;
 use crate::harness::scratch::write_random;
 
@@ -115,7 +121,8 @@ pub struct WritebackArgs {
     /// A setting of the cleaner, `KEY=VALUE` (repeatable), as `pmcache serve --cleaner`.
     #[arg(long = "cleaner", value_name = "KEY=VALUE")]
     pub cleaner: Vec<String>,
-    /// The backing store's I/O engine (and fio's), as `--engine` names it.
+    /// The backing store's I/O engine, as `--engine` names it (fio's baselines take the best
+    /// of its engines).
     #[arg(long, default_value = "io_uring")]
     pub engine: String,
     /// Directory of the backing file: on the disk to measure (not memory).
@@ -157,6 +164,8 @@ struct Sample {
     dirty_timeline: Vec<f64>,
     dirty_fraction_end: Option<f64>,
     cleaner: Option<CleanerFigures>,
+    /// A raw baseline only: every fio engine's IOPS; the sample is the fastest's.
+    raw_engines: Vec<EngineRate>,
 }
 
 /// The engine's figures at the end of a run.
@@ -187,8 +196,11 @@ struct DrainRun {
     blocks: u64,
     /// Blocks per second the cleaner wrote back (sync included).
     cleaner_blocks_per_s: f64,
-    /// Blocks per second fio wrote the same blocks (fsync at the end included).
+    /// Blocks per second fio wrote the same blocks (fsync at the end included), with the
+    /// fastest of its engines.
     fio_blocks_per_s: Option<f64>,
+    /// Every engine's blocks per second (as `iops`).
+    fio_engines: Vec<EngineRate>,
     writes_issued: u64,
     ratio: Option<f64>,
 }
@@ -286,7 +298,9 @@ pub fn run_cli(args: &WritebackArgs) -> Result<(), String> {
                 }
                 eprintln!("run {}/{}: shape {shape}, {config}…", run + 1, plan.runs);
                 let sample = match config {
-                    "raw" => run_fio_random(args, &plan, &backing, shape)?,
+                    "raw" => best_raw(run, |engine| {
+                        run_fio_random(args, &plan, &backing, shape, engine)
+                    })?,
                     _ => run_engine(args, &plan, &backing, shape, config == "cleaner", run)?,
                 };
                 samples.push((config, sample));
@@ -302,11 +316,14 @@ pub fn run_cli(args: &WritebackArgs) -> Result<(), String> {
         if plan.configs.iter().any(|c| c == "misses") {
             let shape = args.miss_shape;
             eprintln!("run {}/{}: read misses {shape}…", run + 1, plan.runs);
+            let raw_reads = || {
+                best_raw(run, |engine| run_fio_random_reads(args, &plan, &backing, shape, engine))
+            };
             let (ours, fio) = if run % 2 == 0 {
                 let ours = run_misses(args, &plan, &backing, shape, run)?;
-                (ours, run_fio_random_reads(args, &plan, &backing, shape)?)
+                (ours, raw_reads()?)
             } else {
-                let fio = run_fio_random_reads(args, &plan, &backing, shape)?;
+                let fio = raw_reads()?;
                 (run_misses(args, &plan, &backing, shape, run)?, fio)
             };
             print_sample_line(run, shape, "raw-read", &fio, None);
@@ -320,12 +337,13 @@ pub fn run_cli(args: &WritebackArgs) -> Result<(), String> {
             let drain = run_drain(args, &plan, &backing, run)?;
             println!(
                 "  run {} drain: {} blocks, cleaner {:.0} blocks/s in {} writes, fio same blocks \
-                 {}, ratio {}",
+                 {} ({}), ratio {}",
                 run + 1,
                 drain.blocks,
                 drain.cleaner_blocks_per_s,
                 drain.writes_issued,
                 drain.fio_blocks_per_s.map_or("-".into(), |v| format!("{v:.0} blocks/s")),
+                engines_text(&drain.fio_engines),
                 drain.ratio.map_or("-".into(), |r| format!("{r:.2}"))
             );
             drains.push(drain);
@@ -346,6 +364,17 @@ pub fn run_cli(args: &WritebackArgs) -> Result<(), String> {
     plot(&report, &args.plot)?;
     eprintln!("plot written to {}", args.plot.display());
     Ok(())
+}
+
+/// The best of fio's engines in run `run` (the first engine turning with the run), with every
+/// engine's figure kept in the sample.
+fn best_raw(
+    run: usize,
+    measure: impl FnMut(&'static str) -> Result<Sample, String>,
+) -> Result<Sample, String> {
+    let (mut best, engines) = best_of_engines(&RAW_ENGINES, run, measure, |s| s.iops)?;
+    best.raw_engines = engines;
+    Ok(best)
 }
 
 /// Adds a run's sample (and its ratio to the baseline) to its row.

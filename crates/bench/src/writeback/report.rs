@@ -6,6 +6,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::{DrainRun, Plan, Report, Sample, Shape, ShapeRow};
+use crate::harness::fio::engines_text;
 use crate::harness::plot::{Layout, canvas, legend, line, panel, plot_error, thousands};
 
 pub(super) fn print_sample_line(
@@ -30,6 +31,9 @@ pub(super) fn print_sample_line(
         us(s.latency_ns_p999),
         us(s.latency_ns_max),
     );
+    if !s.raw_engines.is_empty() {
+        let _ = write!(line, "  fio engine {}", engines_text(&s.raw_engines));
+    }
     if let Some(c) = &s.cleaner {
         let _ = write!(
             line,
@@ -114,7 +118,7 @@ pub(super) fn summary(plan: &Plan, rows: &[ShapeRow], drains: &[DrainRun]) -> St
         let _ = writeln!(
             out,
             "drain of {} dirty blocks: cleaner {cleaner:.0} blocks/s, fio writing the same \
-             blocks (same engine, QD {}) {fio:.0} blocks/s, ratio {ratio:.2}",
+             blocks (its best engine, QD {}) {fio:.0} blocks/s, ratio {ratio:.2}",
             drains[0].blocks, plan.cleaner.queue_depth
         );
     }
