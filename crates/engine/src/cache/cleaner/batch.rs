@@ -1,6 +1,5 @@
 //! The cleaner's batches: the scan of the slot table, the copies, the queued writes, the
-//! pipelined and coalesced flushes and the clean marks (see the module above for the
-//! protocol).
+//! pipelined flush and the clean marks (see the module above for the protocol).
 
 use super::*;
 
@@ -64,7 +63,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
 
     /// One batch: up to `max_blocks` dirty blocks copied and written back (adjacent ones
     /// merged, up to `queue_depth` writes in flight), synced and marked clean before it
-    /// returns (with the blocks written before and not yet marked).
+    /// returns (with the batch before, if one was still syncing).
     pub fn clean_batch(&mut self, max_blocks: usize) -> BatchOutcome {
         let _unwind = AbortOnUnwind::new("Cleaner::clean_batch");
         let mut outcome = self.step(max_blocks);
@@ -75,31 +74,24 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         outcome
     }
 
-    /// Makes every block written so far durable and marks it clean: waits for the flush in
-    /// flight, and sends and waits for one for the blocks written since, if any.
+    /// Completes the batch still syncing, if one is: waits for its flush and marks it clean.
     pub fn settle(&mut self) -> BatchOutcome {
         let _unwind = AbortOnUnwind::new("Cleaner::settle");
         let mut outcome = BatchOutcome::default();
-        while self.syncing.is_some() || !self.succeeded.is_empty() {
-            self.finish_sync(&mut outcome);
-            // Nothing was sent when the sync is refused (a failed one before): the blocks
-            // were given up, and stay dirty.
-            self.start_sync(&mut outcome);
+        if self.syncing.is_some() {
+            while self.syncing.as_ref().is_some_and(|s| s.result.is_none()) {
+                self.reap(1, &mut outcome);
+            }
+            self.complete_sync(&mut outcome);
+            self.publish(&outcome);
         }
-        self.publish(&outcome);
         outcome
     }
 
-    /// One step of the pipeline: copies and writes a batch beside the flush in flight, if one
-    /// is; then marks that flush's blocks clean if it completed, and sends the next flush for
-    /// the blocks written since it was sent. Nothing is marked while a write is in flight.
+    /// One step of the pipeline: copies and writes a batch while the previous batch's flush
+    /// runs; then marks the previous batch clean and sends this one's flush.
     pub(super) fn step(&mut self, max_blocks: usize) -> BatchOutcome {
         let mut outcome = BatchOutcome::default();
-        if !self.succeeded.is_empty() && self.succeeded.len() + max_blocks > self.unsynced_max {
-            // Enough written blocks wait for a flush: the one in flight ends first.
-            self.finish_sync(&mut outcome);
-            self.start_sync(&mut outcome);
-        }
         if self.next_candidate >= self.candidates.len() {
             self.scan();
         }
@@ -107,33 +99,16 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             outcome.found_dirty = true;
             self.write_batch(max_blocks, &mut outcome);
         }
-        // This batch's writes, all completed.
-        while self.free_buffers.len() < self.buffers.len() {
+        // This batch's writes and the previous batch's flush, all completed.
+        while self.free_buffers.len() < self.buffers.len()
+            || self.syncing.as_ref().is_some_and(|s| s.result.is_none())
+        {
             self.reap(1, &mut outcome);
         }
-        self.mark_refused();
-        if outcome.copied == 0 {
-            // Nothing new to write (every dirty block is waiting for a flush, or none is
-            // left): wait for the flush in flight rather than come back at once.
-            self.finish_sync(&mut outcome);
-        } else if self.syncing.as_ref().is_some_and(|s| s.result.is_some()) {
-            self.complete_sync(&mut outcome);
-        }
-        if self.syncing.is_none() {
-            self.start_sync(&mut outcome);
-        }
+        self.complete_sync(&mut outcome);
+        self.start_sync(&mut outcome);
         self.publish(&outcome);
         outcome
-    }
-
-    /// Waits for the flush in flight, if one is, and marks its blocks clean. Only with no
-    /// write of the cleaner in flight (the marks take stripe locks).
-    fn finish_sync(&mut self, outcome: &mut BatchOutcome) {
-        debug_assert_eq!(self.free_buffers.len(), self.buffers.len(), "a write is in flight");
-        while self.syncing.as_ref().is_some_and(|s| s.result.is_none()) {
-            self.reap(1, outcome);
-        }
-        self.complete_sync(outcome);
     }
 
     /// Copies up to `max_blocks` candidates and sends them to the backing store.
@@ -151,7 +126,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         while copied < max_blocks && self.next_candidate < self.candidates.len() {
             let candidate = self.candidates[self.next_candidate];
             self.next_candidate += 1;
-            if self.in_batch.contains(&candidate.lba) || self.unmarked_lbas.contains(&candidate.lba)
+            if self.in_batch.contains(&candidate.lba) || self.syncing_lbas.contains(&candidate.lba)
             {
                 continue;
             }
@@ -240,6 +215,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         let mut buf = self.buffers[run].take().expect("issued once");
         buf.set_len(self.runs[run].len() * block);
         let offset = self.run_first_lba[run] * block as u64;
+        engine.backing_writes.fetch_add(1, Ordering::SeqCst);
         outcome.writes += 1;
         match self.queue.as_mut() {
             Some(queue) => {
@@ -286,16 +262,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                 continue;
             }
             let run = completion.user_data as usize;
-            // Counted once it completed (a failed write too: it may have changed part of its
-            // range), so that a flush sent after counts it as synced and one sent before
-            // does not.
-            engine.backing_writes.fetch_add(1, Ordering::SeqCst);
             for &(slot, word, entry) in &self.runs[run] {
                 let stripe = engine.stripe_index(entry.lba);
                 engine.stripes[stripe].cleaning.fetch_sub(1, Ordering::AcqRel);
                 if completion.result.is_ok() {
                     self.succeeded.push((slot, word, entry));
-                    self.unmarked_lbas.insert(entry.lba);
                 } else {
                     self.failed.push((slot, word, entry));
                 }
@@ -312,9 +283,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         }
     }
 
-    /// After every write of the batch completed: marks the blocks whose write failed as
-    /// refused.
-    fn mark_refused(&mut self) {
+    /// After every write of the batch completed: marks the refused blocks, and sends the
+    /// flush of those written (synchronously for a store without a queue).
+    fn start_sync(&mut self, outcome: &mut BatchOutcome) {
         let engine = self.lane.engine;
         for &(slot, seen, entry) in &self.failed {
             let _guard = engine.lock_stripe(entry.lba);
@@ -327,27 +298,20 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             lock(&engine.cleaner.status).errors += 1;
         }
         self.failed.clear();
-    }
-
-    /// With no flush in flight: sends the flush of the blocks written since the last one
-    /// (synchronously for a store without a queue), if there are any.
-    fn start_sync(&mut self, outcome: &mut BatchOutcome) {
-        let engine = self.lane.engine;
         if self.succeeded.is_empty() {
             return;
         }
-        assert!(self.syncing.is_none(), "one flush at a time");
+        assert!(self.syncing.is_none(), "one batch syncs at a time");
         let seq_sample = engine.last_issued_seq();
         let Ok(ticket) = engine.begin_sync() else {
             outcome.failed += self.succeeded.len() as u64;
             lock(&engine.cleaner.status).errors += 1;
-            for &(_, _, entry) in &self.succeeded {
-                self.unmarked_lbas.remove(&entry.lba);
-            }
             self.succeeded.clear();
             return;
         };
         let blocks = std::mem::replace(&mut self.succeeded, std::mem::take(&mut self.spare_blocks));
+        self.syncing_lbas.clear();
+        self.syncing_lbas.extend(blocks.iter().map(|&(_, _, entry)| entry.lba));
         let mut syncing = SyncInFlight { blocks, ticket, seq_sample, result: None };
         match self.queue.as_mut() {
             Some(queue) => {
@@ -374,9 +338,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         let mut evicted = 0u64;
         let SyncInFlight { mut blocks, ticket, seq_sample, result } = syncing;
         let result = result.expect("the flush completed");
-        for &(_, _, entry) in &blocks {
-            self.unmarked_lbas.remove(&entry.lba);
-        }
+        self.syncing_lbas.clear();
         if engine.end_sync(ticket, result).is_err() {
             outcome.failed += blocks.len() as u64;
             lock(&engine.cleaner.status).errors += 1;

@@ -16,17 +16,10 @@
 //! lock), and its completions lower the count without the lock: the wait cannot deadlock.
 //! Within one batch a block is copied at most once.
 //!
-//! Writes and flushes are pipelined, and flushes coalesced: a batch's writes are issued and
-//! completed, and at the batch's end the cleaner looks at its flush (`fdatasync`). If none is
-//! in flight, one goes to the queue for every write completed since the last; if one is in
-//! flight and has completed, its blocks are marked clean and the next flush is sent; if it is
-//! still running, the next batch's writes go on beside it, and the next flush covers both
-//! batches. A flush covers only writes that completed before it was sent, so a block is marked
-//! clean only once the backing store holds it durably; the marks take stripe locks, so they
-//! are made only at a batch's end, with no write of the cleaner in flight. Blocks written and
-//! not yet marked are left out of later batches (they are still dirty until marked), and at
-//! most `UNSYNCED_BATCHES` batches' worth of them wait for a flush: past that the cleaner
-//! waits for the flush in flight before it writes more.
+//! Batches are pipelined: once a batch's writes have completed, its flush (`fdatasync`) goes
+//! to the queue and the next batch's writes are issued while it runs; the batch is marked
+//! clean when its flush completes, before the next flush is issued. The batch being synced
+//! is left out of the next one (its blocks are still dirty until marked).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -47,9 +40,6 @@ mod drains;
 
 use drains::DrainRequests;
 
-/// Most batches of written blocks that wait for a flush before the cleaner waits for the
-/// flush in flight instead of writing more.
-const UNSYNCED_BATCHES: usize = 8;
 /// Most candidates one scan of the slot table collects (16 bytes each).
 const CANDIDATES_MAX: usize = 1 << 16;
 /// Longest the cleaner sleeps between looks at the dirty level when resting.
@@ -209,11 +199,6 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         self.cleaner.stop.store(false, Ordering::SeqCst);
         let block = self.geometry.block_size as usize;
         let depth = config.queue_depth;
-        // Written blocks waiting for a flush: up to UNSYNCED_BATCHES batches, and the one
-        // that reaches the bound (a batch may be made larger while the cleaner runs).
-        let unsynced_max = ((UNSYNCED_BATCHES + 1) * config.batch_blocks)
-            .min(self.geometry.slot_count as usize)
-            .min(CANDIDATES_MAX * 4);
         Ok(Cleaner {
             lane,
             queue,
@@ -230,12 +215,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             scan_cursor: 0,
             resume_lba: 0,
             in_batch: HashSet::with_capacity(config.batch_blocks.min(1 << 16)),
-            succeeded: Vec::with_capacity(unsynced_max),
+            succeeded: Vec::with_capacity(config.batch_blocks.min(1 << 16)),
             failed: Vec::new(),
             syncing: None,
-            unmarked_lbas: HashSet::with_capacity(2 * unsynced_max),
-            spare_blocks: Vec::with_capacity(unsynced_max),
-            unsynced_max,
+            syncing_lbas: HashSet::with_capacity(config.batch_blocks.min(1 << 16)),
+            spare_blocks: Vec::with_capacity(config.batch_blocks.min(1 << 16)),
             rate_blocks_per_s: 0.0,
             rate_window_blocks: 0,
             rate_window_busy: Duration::ZERO,
@@ -435,18 +419,14 @@ pub struct Cleaner<'e, M: Medium, B: BackingStore, C: Clock> {
     scan_cursor: u32,
     resume_lba: u64,
     in_batch: HashSet<u64>,
-    /// Blocks whose write completed since the last flush was sent: the next flush's.
     succeeded: Vec<InFlight>,
     failed: Vec<InFlight>,
-    /// The blocks of the flush in flight (whose writes completed before it was sent).
+    /// The batch whose writes completed and whose flush is on its way.
     syncing: Option<SyncInFlight>,
-    /// The block numbers of `succeeded` and `syncing`: written and not marked yet, left out
-    /// of later batches.
-    unmarked_lbas: HashSet<u64>,
-    /// An empty list kept for the next flush's blocks.
+    /// The block numbers of `syncing` (left out of the next batch).
+    syncing_lbas: HashSet<u64>,
+    /// An empty list kept for the next batch's blocks.
     spare_blocks: Vec<InFlight>,
-    /// Most blocks `succeeded` holds (see `UNSYNCED_BATCHES`).
-    unsynced_max: usize,
     /// The write-back rate at full speed, blocks per second (0: not measured yet), and the
     /// blocks and busy time measured since it was last updated.
     rate_blocks_per_s: f64,
