@@ -118,17 +118,11 @@ impl Server {
         log: &Path,
         cache_mode: &str,
     ) -> Result<Server, String> {
-        let _ = std::fs::remove_file(socket);
-        let mut command = Command::new(nbdkit);
-        command.arg("--exit-with-parent").arg("-f").arg("-U").arg(socket).arg("file");
-        command.arg(format!("file={}", backing.display()));
+        let mut plugin = vec!["file".to_string(), format!("file={}", backing.display())];
         if cache_mode == "none" {
-            command.arg("cache=none").arg("fadvise=random");
+            plugin.extend(["cache=none".into(), "fadvise=random".into()]);
         }
-        let mut server = Server::spawn(command, "nbdkit", log, socket)?;
-        let socket = socket.to_path_buf();
-        server.wait_ready(|| UnixStream::connect(&socket).is_ok())?;
-        Ok(server)
+        Server::start_nbdkit_plugin(nbdkit, "nbdkit", &plugin, socket, log)
     }
 
     /// Starts `nbdkit memory` (a sparse RAM disk of `size_bytes`) and waits until its socket
@@ -139,11 +133,23 @@ impl Server {
         socket: &Path,
         log: &Path,
     ) -> Result<Server, String> {
+        let plugin = ["memory".to_string(), format!("size={size_bytes}")];
+        Server::start_nbdkit_plugin(nbdkit, "nbdkit memory", &plugin, socket, log)
+    }
+
+    /// Starts nbdkit with `plugin` (its name and parameters) on a unix socket and waits until
+    /// the socket accepts connections.
+    fn start_nbdkit_plugin(
+        nbdkit: &str,
+        what: &'static str,
+        plugin: &[String],
+        socket: &Path,
+        log: &Path,
+    ) -> Result<Server, String> {
         let _ = std::fs::remove_file(socket);
         let mut command = Command::new(nbdkit);
-        command.arg("--exit-with-parent").arg("-f").arg("-U").arg(socket).arg("memory");
-        command.arg(format!("size={size_bytes}"));
-        let mut server = Server::spawn(command, "nbdkit memory", log, socket)?;
+        command.arg("--exit-with-parent").arg("-f").arg("-U").arg(socket).args(plugin);
+        let mut server = Server::spawn(command, what, log, socket)?;
         let socket = socket.to_path_buf();
         server.wait_ready(|| UnixStream::connect(&socket).is_ok())?;
         Ok(server)

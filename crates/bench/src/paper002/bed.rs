@@ -55,7 +55,6 @@ impl Bed<'_> {
     /// One main-table measurement in run `run` (from 0). The raw file's is the best of
     /// fio's engines, each measured now, the first engine turning with the run.
     pub(super) fn measure(&self, config: &Config, run: usize) -> Result<Sample, String> {
-        settle(&self.scratch.backing)?;
         let Some(cpus) = config.cpus else {
             let path = self.scratch.backing.clone();
             let (fio, engines) = best_of_engines(
@@ -72,6 +71,7 @@ impl Bed<'_> {
             raw.raw_engines = engines;
             return Ok(raw);
         };
+        settle(&self.scratch.backing)?;
         let server = self.start_server(cpus, config.writers, &config.adaptive)?;
         let before = ServerFigures::from_stats(&server.stats()?);
         let sampler = RunSampler::start(server.pid(), server.control());
