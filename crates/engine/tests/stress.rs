@@ -5,9 +5,13 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use pmcache_backing::PsyncFile;
-use pmcache_engine::{AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MonotonicClock};
+use pmcache_backing::{EngineKind, EngineOptions, PsyncFile, open_backing};
+use pmcache_engine::{
+    AdmissionConfig, CacheMode, CleanerConfig, Config, Engine, EvictionKind, MonotonicClock,
+    WriteBackOrder,
+};
 use pmcache_media::PmemFile;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -360,4 +364,59 @@ fn batches_over_the_same_blocks_commit_in_rounds() {
     check(&engine, "live");
     drop(engine);
     check(&reattach_after_crash(dir.path(), mode, 4, None), "after reattach");
+}
+
+/// A cleaner that ran with write-back off (`order=none`, as a server started that way) and
+/// was stopped drains every dirty block, whatever its order, over each kind of queue (one
+/// that runs requests at reap, and io_uring on a real file with `O_DIRECT`), in batches
+/// fewer than the dirty blocks, merged into runs.
+#[test]
+fn a_stopped_cleaner_drains_everything_in_every_order() {
+    for engine_kind in [EngineKind::Psync, EngineKind::IoUring] {
+        for order in WriteBackOrder::ALL {
+            let dir = shm_dir();
+            let disk = tempfile::tempdir_in("/var/tmp").unwrap();
+            let medium = PmemFile::open(&dir.path().join("pm"), Some(64 << 20)).unwrap();
+            let path = disk.path().join("backing");
+            std::fs::File::create(&path).unwrap().set_len(65536 * BLOCK).unwrap();
+            let backing = open_backing(&path, &EngineOptions::new(engine_kind, true)).unwrap();
+            let engine = Engine::format(
+                medium,
+                backing,
+                MonotonicClock::default(),
+                &config(CacheMode::WriteBack, 2, None),
+            )
+            .unwrap();
+            let mut lane = engine.lane().unwrap();
+            let written = 12288u64;
+            for b in 0..written {
+                lane.write(b * BLOCK, &own_stamp(0, b, 1, BLOCK as usize), false).unwrap();
+            }
+            drop(lane);
+            assert_eq!(engine.dirty_slots(), written);
+            let settings = CleanerConfig { order, ..CleanerConfig::default() };
+            let mut cleaner = engine.cleaner(settings).unwrap();
+            let drained = std::thread::scope(|scope| {
+                let runner = scope.spawn(move || {
+                    cleaner.run(|_| {});
+                    cleaner.drain()
+                });
+                std::thread::sleep(Duration::from_millis(50));
+                engine.stop_cleaner();
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !runner.is_finished() {
+                    if Instant::now() >= deadline {
+                        // A panic here would wait for the scoped runner forever.
+                        eprintln!("{engine_kind} {order}: the drain did not end in 30 s");
+                        std::process::abort();
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                runner.join().unwrap()
+            });
+            drained.unwrap_or_else(|e| panic!("{engine_kind} {order}: {e}"));
+            assert_eq!(engine.dirty_slots(), 0, "{engine_kind} {order}");
+            engine.audit().unwrap();
+        }
+    }
 }
