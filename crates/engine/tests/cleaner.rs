@@ -3,7 +3,7 @@
 #![cfg(not(feature = "shuttle"))]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pmcache_engine::testing::hooked::HookedBacking;
@@ -501,4 +501,72 @@ fn writers_are_paced_above_the_throttle_threshold_and_not_with_it_off() {
         drop(cleaner);
         engine.audit().unwrap();
     }
+}
+
+/// While the cleaner waits on a slow flush it sets no pace: the writers refresh it from the
+/// dirty level themselves, so that it slows as the clean slots run out instead of spending
+/// them at the rate set before the flush (and then stalling for the rest of it).
+#[test]
+fn writers_slow_their_pace_while_the_cleaner_waits_on_a_slow_flush() {
+    let (_world, backing, engine) = hooked_engine(6, 3);
+    backing.on_write(|_| std::thread::sleep(Duration::from_micros(200)));
+    let block = BLOCK as u64;
+    let settings = CleanerConfig {
+        idle_ms: 60_000,
+        adaptive: Adaptive::Off,
+        throttle_pct: 50,
+        ..eager(WriteBackOrder::Lba)
+    };
+    let mut cleaner = engine.cleaner(settings).unwrap();
+    // 0: flushes at full speed; 1: the next flush is slow; 2: it is under way; 3: it ended.
+    let slow_flush = Arc::new(AtomicU64::new(0));
+    let flush_state = slow_flush.clone();
+    backing.on_flush(move |_| {
+        if flush_state.compare_exchange(1, 2, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            std::thread::sleep(Duration::from_millis(400));
+            flush_state.store(3, Ordering::SeqCst);
+        }
+    });
+    // Nothing in the scope panics before the cleaner is stopped (the scope would wait for it).
+    let (at_start, slowest) = std::thread::scope(|scope| {
+        let running = scope.spawn(|| cleaner.run(|_| {}));
+        wait_running(&engine);
+        let mut lane = engine.lane().unwrap();
+        let mut rng = SmallRng::seed_from_u64(8);
+        let mut tag = 1;
+        let mut write = || {
+            let lba = rng.gen_range(0..BLOCKS as u64);
+            lane.write(lba * block, &block_data(tag), false).unwrap();
+            tag += 1;
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while engine.stats().cleaner.pace_blocks_per_s == 0.0 && Instant::now() < deadline {
+            write();
+        }
+        slow_flush.store(1, Ordering::SeqCst);
+        while slow_flush.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+            write();
+        }
+        // The pace when the cleaner began to wait, and the slowest one during the wait.
+        let at_start = engine.stats().cleaner.pace_blocks_per_s;
+        let mut slowest = at_start;
+        while slow_flush.load(Ordering::SeqCst) == 2 {
+            write();
+            let pace = engine.stats().cleaner.pace_blocks_per_s;
+            if slow_flush.load(Ordering::SeqCst) == 2 && pace > 0.0 {
+                slowest = slowest.min(pace);
+            }
+        }
+        drop(lane);
+        engine.stop_cleaner();
+        running.join().unwrap();
+        (at_start, slowest)
+    });
+    assert!(at_start > 0.0, "writers were not paced when the slow flush began");
+    assert!(
+        slowest < at_start / 2.0,
+        "the pace stayed at {slowest:.0} blocks/s (from {at_start:.0}) during the flush"
+    );
+    drop(cleaner);
+    engine.audit().unwrap();
 }

@@ -37,8 +37,10 @@ use crate::writeback::{
 
 mod batch;
 mod drains;
+mod pace;
 
 use drains::DrainRequests;
+use pace::Pace;
 
 /// Most candidates one scan of the slot table collects (16 bytes each).
 const CANDIDATES_MAX: usize = 1 << 16;
@@ -48,12 +50,6 @@ const REST_MS: u64 = 100;
 const STALL_POLL_MS: u64 = 20;
 /// The `user_data` of the cleaner's flushes (its writes carry their buffer's index).
 const FLUSH_TAG: u64 = u64::MAX;
-/// Longest a paced writer waits for its turn (a debt beyond it is forgiven: stalls bound the
-/// rest), in nanoseconds.
-const PACE_WAIT_MAX_NS: u64 = 50_000_000;
-/// Waits shorter than this are not slept (the sleep itself costs about as much): the debt
-/// stays in the schedule and a later write waits for it.
-const PACE_SLEEP_MIN_NS: u64 = 20_000;
 /// Busy time over which the cleaner's write-back rate is measured before it updates its
 /// estimate.
 const RATE_WINDOW: Duration = Duration::from_millis(200);
@@ -85,14 +81,8 @@ pub(crate) struct CleanerShared {
     stall_histogram: [AtomicU64; STALL_BUCKETS],
     stall_timeouts: AtomicU64,
     inline_fallbacks: AtomicU64,
-    /// Writers' pacing (`CleanerConfig::throttle_pct`): nanoseconds of schedule per block
-    /// written (0: writers are not paced), and the schedule's next free time, in nanoseconds
-    /// since `pace_epoch`.
-    pace_ns_per_block: AtomicU64,
-    pace_next_ns: AtomicU64,
-    pace_epoch: Instant,
-    throttled_writes: AtomicU64,
-    throttle_ns_total: AtomicU64,
+    /// Writers' pacing (`CleanerConfig::throttle_pct`).
+    pace: Pace,
     /// Drains asked of the running cleaner (`Engine::request_drain`).
     drains: DrainRequests,
 }
@@ -117,11 +107,7 @@ impl CleanerShared {
             stall_histogram: std::array::from_fn(|_| AtomicU64::new(0)),
             stall_timeouts: AtomicU64::new(0),
             inline_fallbacks: AtomicU64::new(0),
-            pace_ns_per_block: AtomicU64::new(0),
-            pace_next_ns: AtomicU64::new(0),
-            pace_epoch: Instant::now(),
-            throttled_writes: AtomicU64::new(0),
-            throttle_ns_total: AtomicU64::new(0),
+            pace: Pace::new(),
             drains: DrainRequests::new(),
         }
     }
@@ -175,10 +161,8 @@ impl CleanerShared {
             self.stall_histogram.iter().map(|b| b.load(Ordering::Relaxed)).collect();
         stats.stall_timeouts = self.stall_timeouts.load(Ordering::Relaxed);
         stats.inline_fallbacks = self.inline_fallbacks.load(Ordering::Relaxed);
-        let per_block = self.pace_ns_per_block.load(Ordering::Relaxed);
-        stats.pace_blocks_per_s = if per_block == 0 { 0.0 } else { 1e9 / per_block as f64 };
-        stats.throttled_writes = self.throttled_writes.load(Ordering::Relaxed);
-        stats.throttle_ns_total = self.throttle_ns_total.load(Ordering::Relaxed);
+        (stats.pace_blocks_per_s, stats.throttled_writes, stats.throttle_ns_total) =
+            self.pace.figures();
         stats
     }
 }
@@ -264,36 +248,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     }
 
     /// Paces a writer about to write `blocks` blocks into the cache while dirty data is above
-    /// the throttle threshold (`CleanerConfig::throttle_pct`): takes the next `blocks` turns of
-    /// a schedule spaced at the pace the cleaner set, and sleeps until the first. One relaxed
-    /// load when writers are not paced.
+    /// the throttle threshold (`CleanerConfig::throttle_pct`; see `pace.rs`).
     pub(super) fn pace_writes(&self, blocks: u64) {
-        let shared = &self.cleaner;
-        let per_block = shared.pace_ns_per_block.load(Ordering::Relaxed);
-        if per_block == 0 {
-            return;
-        }
-        let cost = per_block.saturating_mul(blocks);
-        let now = shared.pace_epoch.elapsed().as_nanos() as u64;
-        let mut next = shared.pace_next_ns.load(Ordering::Relaxed);
-        let start = loop {
-            let start = next.clamp(now, now + PACE_WAIT_MAX_NS);
-            match shared.pace_next_ns.compare_exchange_weak(
-                next,
-                start + cost,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => break start,
-                Err(seen) => next = seen,
-            }
-        };
-        let wait_ns = start - now;
-        if wait_ns >= PACE_SLEEP_MIN_NS {
-            std::thread::sleep(Duration::from_nanos(wait_ns));
-            shared.throttled_writes.fetch_add(1, Ordering::Relaxed);
-            shared.throttle_ns_total.fetch_add(wait_ns, Ordering::Relaxed);
-        }
+        self.cleaner
+            .pace
+            .take(blocks, || self.dirty_slots() as f64 / self.geometry.slot_count.max(1) as f64);
     }
 
     /// Blocks written so far, over all lanes (what tells the cleaner the foreground is busy).
@@ -367,7 +326,7 @@ struct NotRunningOnExit<'a>(&'a CleanerShared);
 
 impl Drop for NotRunningOnExit<'_> {
     fn drop(&mut self) {
-        self.0.pace_ns_per_block.store(0, Ordering::SeqCst);
+        self.0.pace.off();
         self.0.running.store(false, Ordering::SeqCst);
         self.0.advance_progress();
     }
@@ -489,7 +448,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                 shared.running.store(false, Ordering::SeqCst);
                 let levels = config.thresholds(engine.geometry.slot_count);
                 self.set_phase("off", RateTerms::default(), &config, levels);
-                shared.pace_ns_per_block.store(0, Ordering::SeqCst);
+                shared.pace.off();
                 self.settle();
                 shared.rest(Duration::from_millis(REST_MS));
                 continue;
@@ -609,11 +568,15 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         status.phase = "stopped";
     }
 
-    /// Folds a full-speed step (`cleaned` blocks in `busy`) into the write-back rate estimate.
+    /// Folds a full-speed step (`cleaned` blocks in `busy`) into the write-back rate estimate:
+    /// the first estimate from the first steps that cleaned anything (writers filling the
+    /// cache are paced from then on, not only after a whole window), later ones each
+    /// `RATE_WINDOW` of busy time.
     fn measure_rate(&mut self, cleaned: u64, busy: Duration) {
         self.rate_window_blocks += cleaned;
         self.rate_window_busy += busy;
-        if self.rate_window_busy >= RATE_WINDOW {
+        let first = self.rate_blocks_per_s == 0.0 && self.rate_window_blocks > 0;
+        if first || self.rate_window_busy >= RATE_WINDOW {
             let now = self.rate_window_blocks as f64 / self.rate_window_busy.as_secs_f64();
             self.rate_blocks_per_s = if self.rate_blocks_per_s == 0.0 {
                 now
@@ -625,21 +588,18 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         }
     }
 
-    /// Sets the writers' pace from the dirty share: none below the throttle threshold; above
-    /// it, the measured write-back rate scaled down linearly to a twentieth of it at 100 %.
+    /// Sets the writers' pace (see `pace.rs`): from the throttle threshold (or the high
+    /// watermark, if higher) at the measured write-back rate; not at all with `throttle_pct`
+    /// 100 or before a rate is measured.
     fn set_pace(&self, dirty: u64, config: &CleanerConfig) {
-        let shared = &self.lane.engine.cleaner;
+        let pace = &self.lane.engine.cleaner.pace;
         let slots = self.lane.engine.geometry.slot_count.max(1);
+        if config.throttle_pct >= 100 || self.rate_blocks_per_s <= 0.0 {
+            pace.off();
+            return;
+        }
         let start = f64::from(config.throttle_pct.max(config.high_pct)) / 100.0;
-        let share = dirty as f64 / slots as f64;
-        let paced = config.throttle_pct < 100 && share >= start && self.rate_blocks_per_s > 0.0;
-        let per_block = if paced {
-            let scale = ((1.0 - share) / (1.0 - start).max(1e-6)).clamp(0.05, 1.0);
-            (1e9 / (self.rate_blocks_per_s * scale)).max(1.0) as u64
-        } else {
-            0
-        };
-        shared.pace_ns_per_block.store(per_block, Ordering::Relaxed);
+        pace.set(self.rate_blocks_per_s, start, dirty as f64 / slots as f64);
     }
 
     fn set_phase(
