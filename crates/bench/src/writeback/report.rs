@@ -21,11 +21,11 @@ pub(super) fn print_sample_line(
         (_, Some(raw)) => format!("{:5.2}", s.iops / raw),
     };
     let mut line = format!(
-        "  run {} {shape:>5} {config:<8} {:>9.0} IOPS  ×raw {ratio}  min1s/mean {:.2}  p50 {}  \
+        "  run {} {shape:>5} {config:<8} {:>9.0} IOPS  ×raw {ratio}  min1s/mean {}  p50 {}  \
          p99 {}  p99.9 {}  max {}",
         run + 1,
         s.iops,
-        s.min_window_ratio,
+        share(s.min_window_ratio),
         us(s.latency_ns_p50),
         us(s.latency_ns_p99),
         us(s.latency_ns_p999),
@@ -96,12 +96,12 @@ pub(super) fn summary(plan: &Plan, rows: &[ShapeRow], drains: &[DrainRun]) -> St
         let p999 = m(&|s| s.latency_ns_p999);
         let _ = writeln!(
             out,
-            "{:>6} {:<8} {:>9.0} {:>6} {:>10.2} {:>9} {:>9} {:>9} {:>9}",
+            "{:>6} {:<8} {:>9.0} {:>6} {:>10} {:>9} {:>9} {:>9} {:>9}",
             row.shape.to_string(),
             row.config,
             m(&|s| s.iops),
             if row.ratios.is_empty() { "-".into() } else { format!("{:.2}", median(&row.ratios)) },
-            m(&|s| s.min_window_ratio),
+            share(m(&|s| s.min_window_ratio)),
             us(m(&|s| s.latency_ns_p99)),
             us(p999),
             us(m(&|s| s.latency_ns_max)),
@@ -200,4 +200,9 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
 /// A per-second timeline as points, the first at `offset` seconds.
 fn timeline(values: &[f64], offset: f64) -> Vec<(f64, f64)> {
     values.iter().enumerate().map(|(t, &v)| (t as f64 + offset, v)).collect()
+}
+
+/// A share to two places, or `-` where there is none (fio's reads keep no per-second log).
+fn share(value: f64) -> String {
+    if value.is_finite() { format!("{value:.2}") } else { "-".into() }
 }
