@@ -26,6 +26,7 @@ mod dram;
 mod error;
 mod kind;
 mod mapped;
+pub mod numa;
 mod persist;
 
 pub use crash::{CrashMedium, CrashSwitch};
