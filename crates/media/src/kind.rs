@@ -161,12 +161,12 @@ impl FileSystem {
 }
 
 /// The major number of a `st_dev` (glibc's `gnu_dev_major`).
-fn dev_major(dev: u64) -> u64 {
+pub(crate) fn dev_major(dev: u64) -> u64 {
     ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff)
 }
 
 /// The minor number of a `st_dev` (glibc's `gnu_dev_minor`).
-fn dev_minor(dev: u64) -> u64 {
+pub(crate) fn dev_minor(dev: u64) -> u64 {
     (dev & 0xff) | ((dev >> 12) & !0xff)
 }
 

@@ -191,6 +191,18 @@ impl PmemFile {
         Ok(())
     }
 
+    /// The NUMA node this medium says it is on, and what says so (its device, its tmpfs
+    /// mount's policy); `None` where nothing does (see [`crate::numa`]).
+    pub fn declared_node(&self) -> Option<(u32, crate::numa::NodeSource)> {
+        crate::numa::node_of_file(&self._file)
+    }
+
+    /// Where its pages are: `samples` pages spread over the mapping, counted by the node each
+    /// is on (a page not yet in memory is brought in, as a read would).
+    pub fn page_nodes(&self, samples: u64) -> Vec<(u32, u64)> {
+        crate::numa::sample_page_nodes(self.base.as_ptr() as usize, self.len_bytes, samples)
+    }
+
     /// Whether the mapping is synchronous (DAX): flushed lines are durable across power loss.
     pub fn is_dax(&self) -> bool {
         self.kind == MediumKind::Dax

@@ -16,7 +16,11 @@
 //! What a mapping's pages really are on is read page by page with
 //! `get_mempolicy(MPOL_F_NODE | MPOL_F_ADDR)` ([`node_of_page`]), to check a claim.
 
+use std::fs::File;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+
+use crate::kind::{dev_major, dev_minor};
 
 /// `get_mempolicy` flags (`linux/mempolicy.h`; not in the `libc` crate).
 const MPOL_F_NODE: libc::c_ulong = 1;
@@ -200,6 +204,43 @@ pub fn node_of_mount_policy(mountinfo: &str, major: u64, minor: u64) -> Option<(
     }
 }
 
+/// The node `file` (a medium) says it is on: a device node's own `numa_node`; for a regular
+/// file, its tmpfs mount's single-node policy, else the `numa_node` of the block device
+/// under its file system (fsdax on a pmem device). `None` where nothing says.
+pub fn node_of_file(file: &File) -> Option<(u32, NodeSource)> {
+    let meta = file.metadata().ok()?;
+    let sys = Path::new("/sys");
+    let file_type = meta.file_type();
+    if file_type.is_char_device() || file_type.is_block_device() {
+        let rdev = meta.rdev();
+        return node_of_device(sys, dev_major(rdev), dev_minor(rdev), file_type.is_char_device());
+    }
+    let (major, minor) = (dev_major(meta.dev()), dev_minor(meta.dev()));
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|mountinfo| node_of_mount_policy(&mountinfo, major, minor))
+        .or_else(|| node_of_device(sys, major, minor, false))
+}
+
+/// Pages of `len_bytes` from `base` sampled at `samples` evenly spaced places, counted by
+/// the node each is on (ascending by node); pages the kernel would not place are left out.
+pub fn sample_page_nodes(base: usize, len_bytes: u64, samples: u64) -> Vec<(u32, u64)> {
+    let page = crate::kind::page_bytes() as u64;
+    let pages = (len_bytes / page).max(1);
+    let samples = samples.clamp(1, pages);
+    let mut counts: Vec<(u32, u64)> = Vec::new();
+    for i in 0..samples {
+        let offset = i * pages / samples * page;
+        let Ok(node) = node_of_page(base + offset as usize) else { continue };
+        match counts.iter_mut().find(|(n, _)| *n == node) {
+            Some((_, count)) => *count += 1,
+            None => counts.push((node, 1)),
+        }
+    }
+    counts.sort_unstable();
+    counts
+}
+
 /// The node of the page at address `addr` of this process's memory, faulting it in first if it is
 /// not yet (as a read would); an error where the kernel has no NUMA support.
 pub fn node_of_page(addr: usize) -> std::io::Result<u32> {
@@ -327,6 +368,57 @@ mod tests {
         assert_eq!(node(41), None, "two nodes");
         assert_eq!(node(42), None, "interleaved");
         assert_eq!(node(43), Some(2), "a mode flag");
+    }
+
+    #[test]
+    fn a_medium_in_dev_shm_is_placed_on_nodes_of_this_machine() {
+        let dir = tempfile::tempdir_in("/dev/shm").expect("/dev/shm");
+        let medium = crate::PmemFile::open(&dir.path().join("m"), Some(4 << 20)).unwrap();
+        medium.reserve().unwrap();
+        // /dev/shm has no single-node policy here: nothing says where it is.
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        if !mountinfo.contains("mpol=") {
+            assert_eq!(medium.declared_node(), None);
+        }
+        if let Err(e) = node_of_page(&mountinfo as *const String as usize) {
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSYS), "{e}");
+            return;
+        }
+        let counts = medium.page_nodes(16);
+        assert_eq!(counts.iter().map(|(_, n)| n).sum::<u64>(), 16, "{counts:?}");
+        let nodes = Topology::detect();
+        assert!(counts.iter().all(|(node, _)| nodes.nodes().contains(node)), "{counts:?}");
+    }
+
+    /// A real tmpfs mounted `mpol=bind:N` on the first memory node (root only; said and
+    /// skipped otherwise): the medium declares the node and every sampled page is on it.
+    #[test]
+    fn a_medium_on_a_tmpfs_bound_to_a_node_declares_it_and_is_there() {
+        let node = Topology::detect().memory_nodes()[0];
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size=8m,mpol=bind:{node}"), "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match mounted {
+            Ok(out) if out.status.success() => {}
+            other => {
+                eprintln!("no tmpfs mount here ({other:?}): not checked");
+                return;
+            }
+        }
+        let checked = std::panic::catch_unwind(|| {
+            let medium = crate::PmemFile::open(&dir.path().join("m"), Some(4 << 20)).unwrap();
+            medium.reserve().unwrap();
+            let (declared, source) = medium.declared_node().expect("a declared node");
+            assert_eq!(declared, node);
+            assert_eq!(source, NodeSource::MountPolicy(format!("bind:{node}")));
+            assert_eq!(medium.page_nodes(16), [(node, 16)]);
+        });
+        let _ = std::process::Command::new("umount").arg(dir.path()).status();
+        if let Err(panic) = checked {
+            std::panic::resume_unwind(panic);
+        }
     }
 
     #[test]
