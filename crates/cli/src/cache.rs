@@ -199,6 +199,7 @@ fn open_medium(args: &CacheArgs) -> Result<PmemFile, MediumError> {
         .map_err(|e| MediumError::Other(e.to_string()))?;
     medium.lock_exclusive().map_err(|e| MediumError::Locked(e.to_string()))?;
     medium.reserve().map_err(|e| MediumError::Other(e.to_string()))?;
+    crate::numa::report_medium_node(&medium);
     Ok(medium)
 }
 

@@ -15,6 +15,7 @@ mod cache;
 mod control;
 mod manage;
 mod nbd;
+mod numa;
 mod serve;
 mod serving;
 mod state;

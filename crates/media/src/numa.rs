@@ -161,6 +161,15 @@ pub enum NodeSource {
     MountPolicy(String),
 }
 
+impl std::fmt::Display for NodeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NodeSource::Device(dir) => write!(f, "{}", dir.join("numa_node").display()),
+            NodeSource::MountPolicy(policy) => write!(f, "its tmpfs mount's mpol={policy}"),
+        }
+    }
+}
+
 /// The node of the device `major:minor` (`char_device`: a device-dax node; otherwise a block
 /// device, a partition's through its disk) from sysfs under `sys` (`/sys`), if it has one
 /// (`numa_node` is -1 where the platform does not say).
