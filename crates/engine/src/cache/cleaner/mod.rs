@@ -590,16 +590,21 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
 
     /// Sets the writers' pace (see `pace.rs`): from the throttle threshold (or the high
     /// watermark, if higher) at the measured write-back rate; not at all with `throttle_pct`
-    /// 100 or before a rate is measured.
+    /// 100 or before a rate is measured. Below the high watermark it is off, refreshes by the
+    /// writers too (a write then reads one atomic, not the clock): pacing starts above it, and
+    /// from the high watermark on the cleaner runs flat out, its steps, slow flushes included,
+    /// being what writers refresh the pace across.
     fn set_pace(&self, dirty: u64, config: &CleanerConfig) {
         let pace = &self.lane.engine.cleaner.pace;
         let slots = self.lane.engine.geometry.slot_count.max(1);
-        if config.throttle_pct >= 100 || self.rate_blocks_per_s <= 0.0 {
+        let share = dirty as f64 / slots as f64;
+        let below_high = share < f64::from(config.high_pct) / 100.0;
+        if config.throttle_pct >= 100 || self.rate_blocks_per_s <= 0.0 || below_high {
             pace.off();
             return;
         }
         let start = f64::from(config.throttle_pct.max(config.high_pct)) / 100.0;
-        pace.set(self.rate_blocks_per_s, start, dirty as f64 / slots as f64);
+        pace.set(self.rate_blocks_per_s, start, share);
     }
 
     fn set_phase(

@@ -90,8 +90,8 @@ impl Pace {
     }
 
     /// Takes the next `blocks` turns of the schedule and sleeps until the first; `share`
-    /// gives the dirty share now when the pace is due for a refresh. Two relaxed loads when
-    /// writers are not paced.
+    /// gives the dirty share now when the pace is due for a refresh. One relaxed load while
+    /// pacing is off ([`Pace::off`]); that and the clock below the threshold.
     pub(super) fn take(&self, blocks: u64, share: impl FnOnce() -> f64) {
         let base = self.base_ns_per_block.load(Ordering::Relaxed);
         if base == 0 {
