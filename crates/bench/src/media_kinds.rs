@@ -157,6 +157,7 @@ impl Bed {
             admission: AdmissionConfig::Always,
             eviction: EvictionKind::Clock,
             index_buckets: None,
+            placement: Default::default(),
         };
         let engine = Engine::format(medium, backing, MonotonicClock::default(), &config)
             .map_err(|e| e.to_string())?;

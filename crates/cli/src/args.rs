@@ -23,9 +23,10 @@ pub const DEFAULT_BACKING: &str = "./pmcache-data/backing.img";
 pub struct ServeArgs {
     /// The cache medium: a file on a DAX file system, a device-dax node, or a file in /dev/shm
     /// (emulated PM); any other file only with --medium-sync msync (default: a 1 GiB file in
-    /// /dev/shm).
-    #[arg(long)]
-    pub cache: Option<PathBuf>,
+    /// /dev/shm). Given several times, one medium per NUMA node as PATH@NODE, the cache is a
+    /// set of members and each write lands on its writer's node (docs/NUMA.md).
+    #[arg(long, value_name = "PATH[@NODE]")]
+    pub cache: Vec<crate::cache::CacheSpec>,
     /// How a medium that is neither DAX nor volatile is made durable: `auto` refuses it,
     /// `msync` syncs its pages at every persist (slow: a device write per cache write).
     #[arg(long, default_value = "auto", value_name = "auto|msync", long_help = MEDIUM_SYNC_HELP)]
@@ -50,6 +51,10 @@ pub struct ServeArgs {
     /// Eviction policy: clock or fifo.
     #[arg(long, default_value = "clock")]
     pub eviction: pmcache_engine::EvictionKind,
+    /// Where a cache of several members places writes: `local` (the member of the writer's
+    /// NUMA node, falling back to the nearest) or `interleave` (every member in turn).
+    #[arg(long, default_value = "local", value_name = "local|interleave")]
+    pub placement: pmcache_engine::PlacementPolicy,
     /// Attach an existing cache although the file at --backing is another file than the one
     /// it was formatted for (another inode: a copy, a move across file systems, a restore).
     /// You vouch that it holds the data the cache was written over; its size and path must

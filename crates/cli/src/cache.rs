@@ -7,12 +7,14 @@ use std::sync::Arc;
 use pmcache_backing::wrappers::{LatencyDist, LatencyStore};
 use pmcache_backing::{BackingStore, EngineKind, EngineOptions, open_backing};
 use pmcache_engine::format::{FormatError, MAGIC, SUPERBLOCK_BYTES, Superblock};
+use pmcache_engine::layout::sort_members;
 use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, Error, EvictionKind, MonotonicClock, RecoveryReport,
+    AdmissionConfig, CacheMode, Config, Engine, Error, EvictionKind, MonotonicClock,
+    PlacementPolicy, RecoveryReport,
 };
 use pmcache_frontend::units::{human, parse_size};
-use pmcache_frontend::{Backing, CacheEngine};
-use pmcache_media::{Medium, MediumOptions, MediumSync, PmemFile};
+use pmcache_frontend::{Backing, CacheEngine, CacheMedium};
+use pmcache_media::{MEMBERS_MAX, Medium, MediumOptions, MediumSet, MediumSync, PmemFile};
 
 /// The size of a new cache medium when `--cache-size` is not given.
 pub const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
@@ -36,17 +38,19 @@ on /dev/shm (`pmcache bench media-kinds` measures it here).";
 pub struct CacheArgs {
     /// The cache medium: a file on a DAX file system, a device-dax node, or a file in
     /// /dev/shm (emulated PM); any other file only with --medium-sync msync. Created with
-    /// --cache-size when missing or empty.
-    #[arg(long)]
-    pub cache: PathBuf,
+    /// --cache-size when missing or empty. Given several times, one medium per NUMA node as
+    /// PATH@NODE, the cache is a set of members and each write lands on its writer's node
+    /// (docs/NUMA.md); their order does not matter once formatted.
+    #[arg(long, required = true, value_name = "PATH[@NODE]")]
+    pub cache: Vec<CacheSpec>,
     /// How a medium that is neither DAX nor volatile is made durable.
     #[arg(long, default_value = "auto", value_name = "auto|msync", long_help = MEDIUM_SYNC_HELP)]
     pub medium_sync: MediumSync,
     /// The backing store: a file or block device.
     #[arg(long)]
     pub backing: PathBuf,
-    /// Size of a new cache medium (K, M, G, T suffixes; powers of 1024) [default: 1G]. Given
-    /// for an existing cache, it must be the medium's size.
+    /// Size of a new cache medium, each member's (K, M, G, T suffixes; powers of 1024)
+    /// [default: 1G]. Given for an existing cache, it must be the media's size.
     #[arg(long, value_parser = parse_size)]
     pub cache_size: Option<u64>,
     /// Cache block size in bytes, for a new cache [default: 4096]. Given for an existing
@@ -63,6 +67,10 @@ pub struct CacheArgs {
     /// Eviction policy: clock or fifo.
     #[arg(long, default_value = "clock")]
     pub eviction: EvictionKind,
+    /// Where a cache of several members places writes: `local` (the member of the writer's
+    /// NUMA node, falling back to the nearest) or `interleave` (every member in turn).
+    #[arg(long, default_value = "local", value_name = "local|interleave")]
+    pub placement: PlacementPolicy,
     /// Attach an existing cache although the file at --backing is another file than the one
     /// it was formatted for (another inode: a copy, a move across file systems, a restore).
     /// You vouch that it holds the data the cache was written over; its size and path must
@@ -166,7 +174,7 @@ fn attach_error(args: &CacheArgs, e: Error) -> String {
         }
         _ => "",
     };
-    format!("{}: {e}{hint}", args.cache.display())
+    format!("{}: {e}{hint}", args.describe())
 }
 
 /// Engine configuration from the command line.
@@ -178,6 +186,7 @@ pub fn engine_config(args: &CacheArgs, max_lanes: usize) -> Config {
         admission: AdmissionConfig::default(),
         eviction: args.eviction,
         index_buckets: None,
+        placement: pmcache_engine::PlacementConfig { policy: args.placement, ..Default::default() },
     }
 }
 
@@ -189,18 +198,52 @@ pub enum Opened {
     Attached(RecoveryReport),
 }
 
-/// Opens (creating if missing) the cache medium, locks it against other processes, and
+/// Opens (creating if missing) one member's medium, locks it against other processes, and
 /// reserves its space: on a file system without room for it (a full `/dev/shm`) the cache
-/// must fail now with a message, not die of SIGBUS at its first store into a hole.
-fn open_medium(args: &CacheArgs) -> Result<PmemFile, MediumError> {
+/// must fail now with a message, not die of SIGBUS at its first store into a hole. Returns it
+/// with its node: the one given (`PATH@NODE`), else the one it declares.
+fn open_member(args: &CacheArgs, spec: &CacheSpec) -> Result<(PmemFile, Option<u32>), MediumError> {
     let options =
         MediumOptions { create_len_bytes: Some(args.new_cache_bytes()), sync: args.medium_sync };
-    let medium = PmemFile::open_with(&args.cache, &options)
-        .map_err(|e| MediumError::Other(e.to_string()))?;
+    let medium =
+        PmemFile::open_with(&spec.path, &options).map_err(|e| MediumError::Other(e.to_string()))?;
     medium.lock_exclusive().map_err(|e| MediumError::Locked(e.to_string()))?;
     medium.reserve().map_err(|e| MediumError::Other(e.to_string()))?;
-    crate::numa::report_medium_node(&medium);
-    Ok(medium)
+    let node = crate::numa::report_medium_node(&spec.path, &medium, spec.node);
+    Ok((medium, node))
+}
+
+/// Opens every member given, in the order given. Members of different kinds (a DAX medium
+/// beside a volatile one) are refused: the cache would promise only the weaker durability
+/// for every block, which no operator asks for by accident.
+fn open_members(args: &CacheArgs) -> Result<Vec<(PmemFile, Option<u32>)>, MediumError> {
+    let members: Vec<(PmemFile, Option<u32>)> =
+        args.cache.iter().map(|spec| open_member(args, spec)).collect::<Result<_, _>>()?;
+    let kind = members[0].0.kind();
+    if let Some(at) = members.iter().position(|(medium, _)| medium.kind() != kind) {
+        return Err(MediumError::Other(format!(
+            "{} is {} but {} is {}: a cache's members are all of one kind",
+            args.cache[at].path.display(),
+            members[at].0.kind(),
+            args.cache[0].path.display(),
+            kind
+        )));
+    }
+    Ok(members)
+}
+
+/// The kind of a cache's media (all its members are of one kind: `open_members`).
+pub fn kind_of(medium: &CacheMedium) -> pmcache_media::MediumKind {
+    medium.media().next().expect("a set has a member").kind()
+}
+
+/// The members as one medium: for an existing cache, in the order their superblocks record
+/// (the order they were given in does not matter; the attach checks that none is missing).
+fn as_set(mut members: Vec<(PmemFile, Option<u32>)>, existing: bool) -> CacheMedium {
+    if existing {
+        sort_members(&mut members);
+    }
+    MediumSet::new(members)
 }
 
 /// Why a medium could not be opened: another process holds its lock, or anything else.
@@ -217,10 +260,50 @@ impl MediumError {
     }
 }
 
+/// One `--cache`: a medium's path, and the NUMA node it is for when given (`PATH@NODE`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheSpec {
+    /// The medium.
+    pub path: PathBuf,
+    /// The node given after `@`, if any.
+    pub node: Option<u32>,
+}
+
+impl std::str::FromStr for CacheSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some((path, node)) = s.rsplit_once('@')
+            && !node.is_empty()
+            && node.bytes().all(|b| b.is_ascii_digit())
+        {
+            if path.is_empty() {
+                return Err(format!("{s:?}: a cache medium path is needed before @{node}"));
+            }
+            let node = node.parse::<u32>().ok().filter(|&n| n < 1 << 16).ok_or_else(|| {
+                format!("{s:?}: NUMA node {node} is out of range (a node number is below 65536)")
+            })?;
+            return Ok(Self { path: PathBuf::from(path), node: Some(node) });
+        }
+        if s.is_empty() {
+            return Err("an empty cache medium path".into());
+        }
+        Ok(Self { path: PathBuf::from(s), node: None })
+    }
+}
+
 impl CacheArgs {
     /// The size a new medium is created with.
     pub fn new_cache_bytes(&self) -> u64 {
         self.cache_size.unwrap_or(DEFAULT_CACHE_BYTES)
+    }
+
+    /// The media given, for messages: one path, or the paths joined with " + ".
+    pub fn describe(&self) -> String {
+        self.cache
+            .iter()
+            .map(|spec| spec.path.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" + ")
     }
 }
 
@@ -228,22 +311,27 @@ impl CacheArgs {
 /// they shape a new cache only, and an operator who names a size expects to get it, not a
 /// silent attach of what is there. An unreadable superblock is left for the attach to
 /// report.
-fn check_geometry_asked(args: &CacheArgs, medium: &PmemFile) -> Result<(), String> {
-    check_size_asked(args, medium)?;
-    let path = args.cache.display();
-    let len_bytes = medium.len_bytes();
-    if let Some(asked) = args.block_size {
-        let mut head = vec![0u8; SUPERBLOCK_BYTES.min(len_bytes) as usize];
-        medium.read(0, &mut head);
-        if let Ok(superblock) = Superblock::decode(&head, len_bytes)
-            && superblock.geometry.block_size != asked
-        {
-            return Err(format!(
-                "{path} holds a cache of {} B blocks, not the {asked} B --block-size asks for: \
-                 the block size shapes a new cache only; omit --block-size to attach this one \
-                 (to change it: `pmcache detach`, then `pmcache format --force`)",
-                superblock.geometry.block_size
-            ));
+fn check_geometry_asked(
+    args: &CacheArgs,
+    members: &[(PmemFile, Option<u32>)],
+) -> Result<(), String> {
+    for (spec, (medium, _)) in args.cache.iter().zip(members) {
+        check_size_asked(args, &spec.path, medium)?;
+        let path = spec.path.display();
+        let len_bytes = medium.len_bytes();
+        if let Some(asked) = args.block_size {
+            let mut head = vec![0u8; SUPERBLOCK_BYTES.min(len_bytes) as usize];
+            medium.read(0, &mut head);
+            if let Ok(superblock) = Superblock::decode(&head, len_bytes)
+                && superblock.geometry.block_size != asked
+            {
+                return Err(format!(
+                    "{path} holds a cache of {} B blocks, not the {asked} B --block-size asks \
+                     for: the block size shapes a new cache only; omit --block-size to attach \
+                     this one (to change it: `pmcache detach`, then `pmcache format --force`)",
+                    superblock.geometry.block_size
+                ));
+            }
         }
     }
     Ok(())
@@ -251,14 +339,14 @@ fn check_geometry_asked(args: &CacheArgs, medium: &PmemFile) -> Result<(), Strin
 
 /// Refuses a `--cache-size` other than the size of the medium opened: an existing file or
 /// device keeps its size (only a new or empty file is created at the size asked).
-fn check_size_asked(args: &CacheArgs, medium: &PmemFile) -> Result<(), String> {
+fn check_size_asked(args: &CacheArgs, path: &Path, medium: &PmemFile) -> Result<(), String> {
     let len_bytes = medium.len_bytes();
     match args.cache_size {
         Some(asked) if asked != len_bytes => Err(format!(
             "{} is an existing medium of {} ({len_bytes} bytes), not the {} ({asked} bytes) \
              --cache-size asks for: the size shapes a new medium only; omit --cache-size to use \
              this one (to resize: `pmcache detach`, remove the medium, create it again)",
-            args.cache.display(),
+            path.display(),
             human(len_bytes),
             human(asked)
         )),
@@ -266,15 +354,18 @@ fn check_size_asked(args: &CacheArgs, medium: &PmemFile) -> Result<(), String> {
     }
 }
 
-/// Whether the medium's first bytes are all zero (new or never formatted).
-fn is_blank(medium: &PmemFile) -> bool {
-    let mut head = [0u8; 4096];
-    medium.read(0, &mut head);
-    head.iter().all(|&b| b == 0)
+/// The first member given whose first bytes are all zero (new or never formatted).
+fn first_blank<'a>(args: &'a CacheArgs, members: &[(PmemFile, Option<u32>)]) -> Option<&'a Path> {
+    args.cache.iter().zip(members).find_map(|(spec, (medium, _))| {
+        let mut head = [0u8; 4096];
+        medium.read(0, &mut head);
+        head.iter().all(|&b| b == 0).then_some(spec.path.as_path())
+    })
 }
 
-/// What the cache path held before it was opened: `serve` formats only a medium it creates
-/// now or finds empty.
+/// What a cache path held before it was opened: `serve` formats only media it creates now
+/// or finds empty.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Before {
     Missing,
     Empty,
@@ -290,111 +381,178 @@ fn before_open(path: &Path) -> Result<Before, String> {
     }
 }
 
-/// Formats a medium that is new (missing, or an empty file), attaches (recovering) one that
-/// holds a pmcache of this backing store, and refuses anything else with a precise message,
-/// changing nothing: foreign data, and a medium whose superblock page reads zero (a cache
-/// whose superblock was lost may still hold dirty data; only `pmcache format --force`
-/// formats it). A new medium that cannot be formatted is removed again.
-pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine, Opened), String> {
-    let backing = open_cache_backing(args)?;
-    let config = engine_config(args, max_lanes);
-    let describe = |e: Error| format!("{}: {e}", args.cache.display());
-    let mut before = before_open(&args.cache)?;
-    if !matches!(before, Before::Holding) {
-        // Refusals a format would make, before anything is created.
-        CacheEngine::check_format(args.new_cache_bytes(), backing.size_bytes(), &config)
-            .map_err(describe)?;
+/// Refuses a set given twice the same medium, or more members than a cache has.
+fn check_members_given(args: &CacheArgs) -> Result<(), String> {
+    if args.cache.len() > MEMBERS_MAX {
+        return Err(format!(
+            "{} cache media given; a cache has at most {MEMBERS_MAX} members (one per NUMA node)",
+            args.cache.len()
+        ));
     }
-    if matches!(before, Before::Missing) {
-        // Created here, atomically: a server racing this one for the same new path finds it
-        // existing, and attaches or refuses; it never removes what this one serves.
-        match std::fs::OpenOptions::new().write(true).create_new(true).open(&args.cache) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => before = Before::Holding,
-            Err(e) => return Err(format!("{}: {e}", args.cache.display())),
+    for (i, spec) in args.cache.iter().enumerate() {
+        if args.cache[..i].iter().any(|other| other.path == spec.path) {
+            return Err(format!("{} is given twice as a cache medium", spec.path.display()));
         }
     }
-    if !matches!(before, Before::Holding) {
-        let medium = match open_medium(args) {
-            Ok(medium) => medium,
-            // Another process holds the medium: it is theirs now, whoever created it.
+    Ok(())
+}
+
+/// Formats media that are all new (missing, or empty files), attaches (recovering) a cache
+/// whose media all hold it, and refuses anything else with a precise message, changing
+/// nothing: foreign data, a medium whose superblock page reads zero (a cache whose superblock
+/// was lost may still hold dirty data; only `pmcache format --force` formats it), and a set
+/// of members some new and some not (a set is formatted or attached whole). Media created
+/// here that cannot be formatted are removed again.
+pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine, Opened), String> {
+    check_members_given(args)?;
+    let backing = open_cache_backing(args)?;
+    let config = engine_config(args, max_lanes);
+    let describe = |e: Error| format!("{}: {e}", args.describe());
+    let mut before: Vec<Before> =
+        args.cache.iter().map(|spec| before_open(&spec.path)).collect::<Result<_, _>>()?;
+    let new = |before: &[Before]| !before.contains(&Before::Holding);
+    if new(&before) {
+        // Refusals a format would make, before anything is created.
+        let sizes = vec![args.new_cache_bytes(); args.cache.len()];
+        CacheEngine::check_format_set(&sizes, backing.size_bytes(), &config).map_err(describe)?;
+        for (spec, state) in args.cache.iter().zip(before.iter_mut()) {
+            if *state != Before::Missing {
+                continue;
+            }
+            // Created here, atomically: a server racing this one for the same new path finds
+            // it existing, and attaches or refuses; it never removes what this one serves.
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&spec.path) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => *state = Before::Holding,
+                Err(e) => {
+                    undo_new_media(args, &before);
+                    return Err(format!("{}: {e}", spec.path.display()));
+                }
+            }
+        }
+    }
+    if new(&before) {
+        let members = match open_members(args) {
+            Ok(members) => members,
+            // Another process holds a medium: it is theirs now, whoever created it.
             Err(MediumError::Locked(e)) => return Err(e),
             Err(MediumError::Other(e)) => {
-                undo_new_medium(&args.cache, &before);
+                undo_new_media(args, &before);
                 return Err(e);
             }
         };
-        return match Engine::format(medium, backing, MonotonicClock::default(), &config) {
+        return match Engine::format(
+            as_set(members, false),
+            backing,
+            MonotonicClock::default(),
+            &config,
+        ) {
             Ok(engine) => Ok((engine, Opened::Formatted)),
             Err(e) => {
-                undo_new_medium(&args.cache, &before);
+                undo_new_media(args, &before);
                 Err(describe(e))
             }
         };
     }
-    let medium = open_medium(args).map_err(MediumError::into_message)?;
-    if is_blank(&medium) {
+    if before.iter().any(|&b| b != Before::Holding) {
+        // Nothing was created: a format creates only when every member is new.
+        let new: Vec<String> = args
+            .cache
+            .iter()
+            .zip(&before)
+            .filter(|(_, b)| **b != Before::Holding)
+            .map(|(spec, _)| spec.path.display().to_string())
+            .collect();
+        return Err(format!(
+            "{} new or empty while the other cache media hold data: a cache's members are \
+             formatted together (`pmcache format --force` with every --cache) or attached \
+             together; nothing was changed",
+            new.join(", ")
+        ));
+    }
+    let members = open_members(args).map_err(MediumError::into_message)?;
+    if let Some(blank) = first_blank(args, &members) {
         return Err(format!(
             "{} has no cache superblock (its first 4 KiB are zero) but is not empty: it may be \
              a cache whose superblock was lost, still holding dirty data; refusing to format it \
              (`pmcache format --force` formats it; nothing on it was changed)",
-            args.cache.display()
+            blank.display()
         ));
     }
-    check_geometry_asked(args, &medium)?;
+    check_geometry_asked(args, &members)?;
     let backing = backing_to_attach(args, backing);
-    match Engine::open(medium, backing, MonotonicClock::default(), &config) {
+    match Engine::open(as_set(members, true), backing, MonotonicClock::default(), &config) {
         Ok((engine, report)) => Ok((engine, Opened::Attached(report))),
         Err(Error::Format(FormatError::BadMagic { found })) if found != MAGIC => Err(format!(
             "{} holds data that is not a pmcache cache; refusing to overwrite it (use `pmcache format --force` to reformat)",
-            args.cache.display()
+            args.describe()
         )),
         Err(e) => Err(attach_error(args, e)),
     }
 }
 
-/// Puts a new medium's path back as it was after a format that failed (rare once
+/// Puts new media's paths back as they were after a format that failed (rare once
 /// `check_format` passed: no room to reserve, no memory for the DRAM tables).
-fn undo_new_medium(path: &Path, before: &Before) {
-    let _ = match before {
-        Before::Missing => std::fs::remove_file(path),
-        Before::Empty => {
-            std::fs::OpenOptions::new().write(true).open(path).and_then(|f| f.set_len(0))
-        }
-        Before::Holding => Ok(()),
-    };
+fn undo_new_media(args: &CacheArgs, before: &[Before]) {
+    for (spec, state) in args.cache.iter().zip(before) {
+        let _ = match state {
+            Before::Missing => std::fs::remove_file(&spec.path),
+            Before::Empty => {
+                std::fs::OpenOptions::new().write(true).open(&spec.path).and_then(|f| f.set_len(0))
+            }
+            Before::Holding => Ok(()),
+        };
+    }
 }
 
-/// Attaches (recovering) the cache on the medium, never formatting it: a blank superblock
+/// Attaches (recovering) the cache on the media, never formatting it: a blank superblock
 /// page is refused with a message, whatever the rest of the medium holds.
 pub fn open_existing(args: &CacheArgs, max_lanes: usize) -> Result<CacheEngine, String> {
+    check_members_given(args)?;
     let backing = open_cache_backing(args)?;
-    let medium = open_medium(args).map_err(MediumError::into_message)?;
-    if is_blank(&medium) {
+    let members = open_members(args).map_err(MediumError::into_message)?;
+    if let Some(blank) = first_blank(args, &members) {
         return Err(format!(
             "{} has no cache superblock (its first 4 KiB are zero); nothing to attach, and \
              nothing on it was changed",
-            args.cache.display()
+            blank.display()
         ));
     }
-    check_geometry_asked(args, &medium)?;
+    check_geometry_asked(args, &members)?;
     let backing = backing_to_attach(args, backing);
-    Engine::open(medium, backing, MonotonicClock::default(), &engine_config(args, max_lanes))
+    let config = engine_config(args, max_lanes);
+    Engine::open(as_set(members, true), backing, MonotonicClock::default(), &config)
         .map(|(engine, _)| engine)
         .map_err(|e| attach_error(args, e))
 }
 
-/// Formats the medium, refusing to overwrite a non-blank one unless `force`.
+/// Formats the media as one cache (one member each, in the order given), refusing to
+/// overwrite a medium that is not blank unless `force`.
 pub fn format(args: &CacheArgs, force: bool) -> Result<CacheEngine, String> {
+    check_members_given(args)?;
     let backing = open_cache_backing(args)?;
-    let medium = open_medium(args).map_err(MediumError::into_message)?;
-    if !force && !is_blank(&medium) {
-        return Err(format!(
-            "{} is not blank (it may hold a cache with dirty data); pass --force to reformat it",
-            args.cache.display()
-        ));
+    let members = open_members(args).map_err(MediumError::into_message)?;
+    if !force {
+        for (spec, (medium, _)) in args.cache.iter().zip(&members) {
+            let mut head = [0u8; 4096];
+            medium.read(0, &mut head);
+            if head.iter().any(|&b| b != 0) {
+                return Err(format!(
+                    "{} is not blank (it may hold a cache with dirty data); pass --force to \
+                     reformat it",
+                    spec.path.display()
+                ));
+            }
+        }
     }
-    check_size_asked(args, &medium)?;
-    Engine::format(medium, backing, MonotonicClock::default(), &engine_config(args, 4))
-        .map_err(|e| format!("{}: {e}", args.cache.display()))
+    for (spec, (medium, _)) in args.cache.iter().zip(&members) {
+        check_size_asked(args, &spec.path, medium)?;
+    }
+    Engine::format(
+        as_set(members, false),
+        backing,
+        MonotonicClock::default(),
+        &engine_config(args, 4),
+    )
+    .map_err(|e| format!("{}: {e}", args.describe()))
 }

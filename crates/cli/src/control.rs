@@ -65,8 +65,26 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
     object.insert("block_size".into(), stats.block_size.into());
     object.insert("dram_bytes_per_slot".into(), stats.dram_bytes_per_slot.into());
     object.insert("mode".into(), engine.mode().to_string().into());
-    object.insert("medium".into(), engine.medium().kind().name().into());
+    object.insert("medium".into(), crate::cache::kind_of(engine.medium()).name().into());
     object.insert("size_bytes".into(), engine.size_bytes().into());
+    let members: Vec<serde_json::Value> = engine
+        .member_stats()
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "member": m.index,
+                "node": m.node,
+                "slots": m.slots,
+                "dirty": m.dirty,
+                "free": m.free,
+                "reads_local": m.reads_local,
+                "reads_remote": m.reads_remote,
+                "writes_local": m.writes_local,
+                "writes_remote": m.writes_remote,
+            })
+        })
+        .collect();
+    object.insert("members".into(), members.into());
     for (name, value) in pmcache_frontend::READ_LATENCIES.stats() {
         object.insert(name, value.into());
     }

@@ -9,7 +9,7 @@ use pmcache_engine::format::Superblock;
 use pmcache_frontend::units::human;
 use pmcache_media::{FileSystem, Medium, MediumKind, MediumSync};
 
-use crate::cache::{CacheArgs, MEDIUM_SYNC_HELP, open_existing};
+use crate::cache::{CacheArgs, CacheSpec, MEDIUM_SYNC_HELP, open_existing};
 use crate::control::{self, default_control_path};
 
 /// `pmcache format`.
@@ -25,9 +25,9 @@ pub struct FormatArgs {
 /// `pmcache check`.
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
-    /// The cache medium.
-    #[arg(long)]
-    cache: PathBuf,
+    /// The cache medium; every member's, for a cache of several (in any order).
+    #[arg(long, required = true, value_name = "PATH[@NODE]")]
+    cache: Vec<CacheSpec>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -36,9 +36,10 @@ pub struct CheckArgs {
 /// Where to find a running server.
 #[derive(Debug, clap::Args)]
 pub struct ControlArgs {
-    /// The cache medium the server runs on (its control socket is this path + ".ctl").
-    #[arg(long, required_unless_present = "control")]
-    cache: Option<PathBuf>,
+    /// The cache medium the server runs on, the first given to `serve` (its control socket is
+    /// this path + ".ctl").
+    #[arg(long, required_unless_present = "control", value_name = "PATH[@NODE]")]
+    cache: Option<CacheSpec>,
     /// The control socket, if not the default.
     #[arg(long)]
     control: Option<PathBuf>,
@@ -47,7 +48,7 @@ pub struct ControlArgs {
 impl ControlArgs {
     fn path(&self) -> PathBuf {
         self.control.clone().unwrap_or_else(|| {
-            default_control_path(self.cache.as_deref().expect("clap requires --cache"))
+            default_control_path(&self.cache.as_ref().expect("clap requires --cache").path)
         })
     }
 }
@@ -68,9 +69,10 @@ pub struct StatsArgs {
 /// `pmcache detach`.
 #[derive(Debug, clap::Args)]
 pub struct DetachArgs {
-    /// The cache medium.
-    #[arg(long)]
-    cache: PathBuf,
+    /// The cache medium; every member's, for a cache of several, the first as `serve` was
+    /// given it (that one names its control socket).
+    #[arg(long, required = true, value_name = "PATH[@NODE]")]
+    cache: Vec<CacheSpec>,
     /// The backing store (needed when no server is running on the cache).
     #[arg(long)]
     backing: Option<PathBuf>,
@@ -100,13 +102,17 @@ pub struct DetachArgs {
 
 pub fn format(args: FormatArgs) -> Result<(), String> {
     let engine = crate::cache::format(&args.cache, args.force)?;
-    let geometry = engine.superblock().geometry;
+    let layout = engine.layout();
+    let members = match layout.members().len() {
+        1 => String::new(),
+        n => format!(" in {n} members"),
+    };
     println!(
-        "formatted {}: {} slots of {} B ({}) caching {} ({})",
-        args.cache.cache.display(),
-        geometry.slot_count,
-        geometry.block_size,
-        human(geometry.slot_count * u64::from(geometry.block_size)),
+        "formatted {}: {} slots of {} B ({}){members} caching {} ({})",
+        args.cache.describe(),
+        layout.slot_count,
+        layout.block_size,
+        human(layout.slot_count * u64::from(layout.block_size)),
         args.cache.backing.display(),
         human(engine.size_bytes())
     );
@@ -117,16 +123,37 @@ pub fn check(args: CheckArgs) -> Result<(), String> {
     // A snapshot read with read(2), not `PmemFile::open`: opening a mapping probes the medium
     // by writing to its first 64 KiB and restoring them, which rolls back entries a live
     // server persisted meanwhile (found by `check_on_a_live_cache_leaves_it_intact`).
-    let medium = MetadataSnapshot::read(&args.cache)?;
-    let report = check_medium(&medium).map_err(|e| format!("{}: {e}", args.cache.display()))?;
+    let mut snapshots = Vec::with_capacity(args.cache.len());
+    for spec in &args.cache {
+        snapshots.push((MetadataSnapshot::read(&spec.path)?, spec.node));
+    }
+    if snapshots.len() > pmcache_media::MEMBERS_MAX {
+        return Err(format!("{} cache media given; a cache has at most 8", snapshots.len()));
+    }
+    let version = u32::from_le_bytes(snapshots[0].0.head[8..12].try_into().unwrap_or([0; 4]));
+    pmcache_engine::layout::sort_members(&mut snapshots);
+    let medium = pmcache_media::MediumSet::new(snapshots);
+    let named = args.cache.iter().map(|s| s.path.display().to_string()).collect::<Vec<_>>();
+    let named = named.join(" + ");
+    let report = check_medium(&medium).map_err(|e| format!("{named}: {e}"))?;
     let superblock = report.superblock.expect("a decoded superblock");
-    let (kind, file_system) = medium_kind(&args.cache)?;
+    let (kind, file_system) = medium_kind(&args.cache[0].path)?;
+    let slots: u64 = medium
+        .media()
+        .map(|snapshot| {
+            Superblock::decode(&snapshot.head, snapshot.len_bytes)
+                .map_or(0, |sb| sb.geometry.slot_count)
+        })
+        .sum();
+    let members = superblock.membership.count;
     if args.json {
         let json = serde_json::json!({
-            "cache": args.cache.display().to_string(),
+            "cache": named,
+            "format_version": version,
+            "members": members,
             "medium": kind.name(),
             "file_system": file_system,
-            "slots": superblock.geometry.slot_count,
+            "slots": slots,
             "block_size": superblock.geometry.block_size,
             "backing_bytes": superblock.backing.size_bytes,
             "clean_shutdown": report.was_clean_shutdown,
@@ -136,14 +163,13 @@ pub fn check(args: CheckArgs) -> Result<(), String> {
         });
         println!("{json}");
     } else {
-        println!(
-            "{}: pmcache format version {}",
-            args.cache.display(),
-            pmcache_engine::format::FORMAT_VERSION
-        );
+        println!("{named}: pmcache format version {version}");
+        if members > 1 {
+            println!("  {members} members (one cache, its slots on every member)");
+        }
         println!(
             "  {} slots of {} B, caching a backing store of {}",
-            superblock.geometry.slot_count,
+            slots,
             superblock.geometry.block_size,
             human(superblock.backing.size_bytes)
         );
@@ -211,6 +237,7 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
                 text += &format!("# TYPE pmcache_{name} {kind}\npmcache_{name} {number}\n");
             }
         }
+        text += &member_metrics(object);
         if let Some(mode) = object.get("mode").and_then(|m| m.as_str()) {
             text += &format!(
                 "# TYPE pmcache_mode_info gauge\npmcache_mode_info{{mode=\"{mode}\"}} 1\n"
@@ -222,11 +249,74 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
             );
         }
     } else {
-        for (name, value) in object {
+        for (name, value) in object.iter().filter(|(name, _)| *name != "members") {
             text += &format!("{name:<24} {value}\n");
         }
+        text += &member_table(object);
     }
     print_all(&text)
+}
+
+/// The per-member figures of a stats reply (`members`: one object per member).
+fn members_of(object: &serde_json::Map<String, serde_json::Value>) -> &[serde_json::Value] {
+    object.get("members").and_then(|m| m.as_array()).map_or(&[], Vec::as_slice)
+}
+
+/// Field `name` of a member object, as text (`-` for none).
+fn member_field(member: &serde_json::Value, name: &str) -> String {
+    match member.get(name) {
+        Some(serde_json::Value::Null) | None => "-".into(),
+        Some(value) => value.to_string(),
+    }
+}
+
+/// The members as a table: each one's node, slots, dirty and free slots, and the reads and
+/// writes lanes made of it, local (from its node) or remote.
+fn member_table(object: &serde_json::Map<String, serde_json::Value>) -> String {
+    const COLUMNS: [&str; 9] = [
+        "member",
+        "node",
+        "slots",
+        "dirty",
+        "free",
+        "reads_local",
+        "reads_remote",
+        "writes_local",
+        "writes_remote",
+    ];
+    let members = members_of(object);
+    if members.is_empty() {
+        return String::new();
+    }
+    let mut text = COLUMNS.map(|c| format!("{c:>13}")).join("") + "\n";
+    for member in members {
+        text += &(COLUMNS.map(|c| format!("{:>13}", member_field(member, c))).join("") + "\n");
+    }
+    text
+}
+
+/// The per-member figures in Prometheus's format, labelled by member and node.
+fn member_metrics(object: &serde_json::Map<String, serde_json::Value>) -> String {
+    let mut text = String::new();
+    for name in
+        ["slots", "dirty", "free", "reads_local", "reads_remote", "writes_local", "writes_remote"]
+    {
+        let kind = if name.starts_with("reads") || name.starts_with("writes") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        text += &format!("# TYPE pmcache_member_{name} {kind}\n");
+        for member in members_of(object) {
+            let value = member.get(name).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+            text += &format!(
+                "pmcache_member_{name}{{member=\"{}\",node=\"{}\"}} {value}\n",
+                member_field(member, "member"),
+                member_field(member, "node")
+            );
+        }
+    }
+    text
 }
 
 /// Prints to stdout; a reader that went away (`| head`) is not an error.
@@ -297,21 +387,22 @@ pub fn flush(args: ControlArgs) -> Result<(), String> {
 }
 
 pub fn detach(args: DetachArgs) -> Result<(), String> {
-    let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&args.cache));
+    let first = &args.cache[0].path;
+    let control_path = args.control.clone().unwrap_or_else(|| default_control_path(first));
     if std::os::unix::net::UnixStream::connect(&control_path).is_ok() {
         control::request(&control_path, "detach", |line| println!("server: {line}"))?;
         return wait_for_exit(&control_path);
     }
     let backing = args.backing.clone().ok_or_else(|| {
-        format!(
-            "no server runs on {}; give --backing to detach the cache offline",
-            args.cache.display()
-        )
+        format!("no server runs on {}; give --backing to detach the cache offline", first.display())
     })?;
     // A missing medium is named as such, not created by the open below.
-    std::fs::metadata(&args.cache).map_err(|e| format!("{}: {e}", args.cache.display()))?;
+    for spec in &args.cache {
+        std::fs::metadata(&spec.path).map_err(|e| format!("{}: {e}", spec.path.display()))?;
+    }
     let cache_args = CacheArgs {
         cache: args.cache.clone(),
+        placement: pmcache_engine::PlacementPolicy::Local,
         medium_sync: args.medium_sync,
         backing,
         cache_size: None,
@@ -344,7 +435,7 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
     engine.shutdown().map_err(|e| e.to_string())?;
     println!(
         "detached {}: {dirty} dirty blocks written back, cache marked clean",
-        args.cache.display()
+        cache_args.describe()
     );
     let state_path = match &args.state_file {
         Some(path) => path.clone(),
@@ -352,7 +443,7 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
             .read_path()
             .to_owned(),
     };
-    if crate::state::mark_backing_complete(&state_path, &args.cache, uuid)? {
+    if crate::state::mark_backing_complete(&state_path, first, uuid)? {
         println!("{}: the backing store holds every block", state_path.display());
     }
     Ok(())

@@ -2,22 +2,45 @@
 //! whenever the medium declares a node), with a warning when its pages are not on the node it
 //! declares.
 
+use std::path::Path;
+
 use pmcache_media::PmemFile;
 use pmcache_media::numa::{NodeSource, Topology};
 
 /// Pages sampled over the medium to see where it is.
 const SAMPLED_PAGES: u64 = 64;
 
-/// Says on stderr where `medium` is (see the module docs).
-pub(crate) fn report_medium_node(medium: &PmemFile) {
+/// Says on stderr where the medium at `path` is (see the module docs), and returns its node:
+/// `given` (the operator's `PATH@NODE`), else the one it declares. A given node that is not
+/// where the medium's pages are gets a warning.
+pub(crate) fn report_medium_node(
+    path: &Path,
+    medium: &PmemFile,
+    given: Option<u32>,
+) -> Option<u32> {
     let nodes = Topology::detect().nodes().len();
     let declared = medium.declared_node();
-    if nodes <= 1 && declared.is_none() {
-        return;
+    let node = given.or(declared.as_ref().map(|(node, _)| *node));
+    if nodes <= 1 && declared.is_none() && given.is_none() {
+        return node;
     }
-    if let Some(line) = medium_node_message(declared, &medium.page_nodes(SAMPLED_PAGES), nodes) {
-        eprintln!("{line}");
+    let claim = match (given, declared) {
+        (Some(node), Some((declared, source))) if declared != node => {
+            eprintln!(
+                "pmcache: warning: {} is given as NUMA node {node}, but {source} says node \
+                 {declared}",
+                path.display()
+            );
+            Some((node, NodeSource::Given))
+        }
+        (Some(_), Some(declared)) => Some(declared),
+        (Some(node), None) => Some((node, NodeSource::Given)),
+        (None, declared) => declared,
+    };
+    if let Some(line) = medium_node_message(claim, &medium.page_nodes(SAMPLED_PAGES), nodes) {
+        eprintln!("{line} [{}]", path.display());
     }
+    node
 }
 
 /// The line for a medium that declares `declared` and whose sampled pages are on `pages`

@@ -20,7 +20,7 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use crate::args::{DEFAULT_BACKING, DEFAULT_CACHE, ServeArgs};
-use crate::cache::{CacheArgs, Opened, open_or_format};
+use crate::cache::{CacheArgs, CacheSpec, Opened, open_or_format};
 use crate::control::{self, Frontend, default_control_path};
 use crate::state;
 
@@ -74,9 +74,16 @@ impl Serving {
         if embedded {
             ensure_default_backing(&backing)?;
         }
-        let cache = args.cache.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE));
+        let caches = if args.cache.is_empty() {
+            vec![CacheSpec { path: PathBuf::from(DEFAULT_CACHE), node: None }]
+        } else {
+            args.cache.clone()
+        };
+        // The first medium given names the cache (its control socket, its state record).
+        let cache = caches[0].path.clone();
         let cache_args = CacheArgs {
-            cache: cache.clone(),
+            cache: caches.clone(),
+            placement: args.placement,
             medium_sync: args.medium_sync,
             backing: backing.clone(),
             cache_size: args.cache_size,
@@ -87,14 +94,16 @@ impl Serving {
             backing_moved: args.backing_moved,
             backing_latency: args.backing_latency,
         };
-        if let Some(dir) = cache.parent().filter(|d| !d.as_os_str().is_empty())
-            && !dir.is_dir()
-        {
-            return Err(format!(
-                "the directory of the cache medium {} does not exist: {}",
-                cache.display(),
-                dir.display()
-            ));
+        for spec in &caches {
+            if let Some(dir) = spec.path.parent().filter(|d| !d.as_os_str().is_empty())
+                && !dir.is_dir()
+            {
+                return Err(format!(
+                    "the directory of the cache medium {} does not exist: {}",
+                    spec.path.display(),
+                    dir.display()
+                ));
+            }
         }
         let mut cleaner_config = pmcache_engine::CleanerConfig::default();
         cleaner_config
@@ -118,10 +127,10 @@ impl Serving {
         }
         let overrode = check_state(located.read_path(), &cache, args.accept_stale_backing)?;
         let (engine, opened) = open_or_format(&cache_args, max_lanes)?;
-        report_opened(&cache, &opened);
+        report_opened(&cache_args.describe(), &opened);
         // A volatile medium: the attachment is recorded (the backing store possibly stale)
         // before any client can write.
-        let kind = engine.medium().kind();
+        let kind = crate::cache::kind_of(engine.medium());
         let file_system = FileSystem::of_path(&cache)
             .map(|fs| fs.name)
             .unwrap_or_else(|e| format!("a file system that could not be read ({e})"));
@@ -352,12 +361,12 @@ impl Serving {
 }
 
 /// The startup report of the cache opened: formatted, or attached with what recovery found.
-fn report_opened(cache: &Path, opened: &Opened) {
+fn report_opened(cache: &str, opened: &Opened) {
     match opened {
-        Opened::Formatted => eprintln!("pmcache: formatted {} as a new cache", cache.display()),
+        Opened::Formatted => eprintln!("pmcache: formatted {cache} as a new cache"),
         Opened::Attached(report) => eprintln!(
             "pmcache: attached {} ({} shutdown): {} clean and {} dirty blocks, {} made dirty by the synced rule, {} torn and {} corrupt entries dropped, in {:.1} ms",
-            cache.display(),
+            cache,
             if report.was_clean_shutdown { "clean" } else { "unclean" },
             report.clean,
             report.dirty,
@@ -489,7 +498,7 @@ pub(crate) fn print_serving(cache: &Path, backing: &Path, engine: &CacheEngine) 
         "pmcache: serving {} ({} cache, medium: {}, {} slots of {} B, {}) in front of {} ({})",
         cache.display(),
         human(engine.superblock().geometry.medium_bytes),
-        engine.medium().kind(),
+        crate::cache::kind_of(engine.medium()),
         engine.superblock().geometry.slot_count,
         engine.block_size(),
         engine.mode(),

@@ -59,7 +59,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     let takeover = args.recover.map(recovery::settle).transpose().map_err(|e| e.to_string())?;
     // Refusals that depend only on the medium's identity come before the medium is opened
     // (opening runs recovery; a refused start would then stop cleanly, writing back).
-    let cache = args.cache.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE));
+    let cache = args.cache.first().map_or_else(|| PathBuf::from(DEFAULT_CACHE), |c| c.path.clone());
     if let Some(owner) = owner_of_medium(&cache) {
         match &takeover {
             // The device's shape is checked against the cache's once it is open.

@@ -16,7 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crossbeam_utils::CachePadded;
 use pmcache_backing::{BackingError, BackingStore};
-use pmcache_media::Medium;
+use pmcache_media::{Medium, MemberSpan};
 use rand::RngCore;
 use smallvec::SmallVec;
 
@@ -27,11 +27,13 @@ use crate::config::{CacheMode, Config};
 use crate::error::{Error, Result};
 use crate::eviction::{EvictionPolicy, Sweep};
 use crate::format::{
-    self, BlockState, DecodedEntry, Geometry, SHUTDOWN_CLEAN, SHUTDOWN_DIRTY, SHUTDOWN_WORD_OFFSET,
-    SUPERBLOCK_BYTES, SYNCED_SEQ_OFFSET, SlotEntry, Superblock,
+    self, BlockState, DecodedEntry, Membership, SHUTDOWN_CLEAN, SHUTDOWN_DIRTY,
+    SHUTDOWN_WORD_OFFSET, SUPERBLOCK_BYTES, SYNCED_SEQ_OFFSET, SlotEntry, Superblock,
 };
-use crate::freepool::FreePool;
+use crate::freepool::Pools;
 use crate::index::{Found, Index};
+use crate::layout::{Layout, Member};
+use crate::placement::{MemberCounters, MemberStats, Placement};
 use crate::slots::{SlotState, SlotTable, SlotWord};
 use crate::stats::{LaneCounters, PaddedCounters, Stats, bump};
 use crate::sync::{
@@ -62,6 +64,9 @@ pub use misses::{READS_PENDING_MAX, ReadStart, Ticket};
 pub use through::WriteStart;
 use writeback::WrittenBack;
 
+/// Read hits a lane of a cache of several members counts local or remote between asking which
+/// node its thread runs on (a `sched_getcpu`; it also asks at every refill of its free run).
+const NODE_CHECK_READS: u32 = 256;
 /// Slots a lane examines per claim of the CLOCK hand.
 const HAND_CHUNK: u64 = 32;
 /// Lock-free read attempts before a reader takes the stripe lock.
@@ -88,6 +93,8 @@ pub(crate) struct LaneSlot {
     /// every `Lane` that holds this slot in turn, and is never reset: other lanes keep their
     /// readings of it (`Lane::unfenced_free`), which stay proof of a fence only because of that.
     fences: CachePadded<AtomicU64>,
+    /// Reads and writes of each member by this lane, local or remote (`placement.rs`).
+    members: Box<[MemberCounters]>,
 }
 
 /// A lock over a set of blocks, and the one superseded entry of them that may not be durably
@@ -166,15 +173,19 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     pub(crate) medium: M,
     pub(crate) backing: B,
     pub(crate) clock: C,
+    /// Member 0's superblock (every member has the cache's uuid and backing store).
     pub(crate) superblock: Superblock,
-    pub(crate) geometry: Geometry,
+    pub(crate) layout: Layout,
     pub(crate) backing_blocks: u64,
     pub(crate) slots: SlotTable,
     pub(crate) index: Index,
     /// Block locks (a block's stripe is a hash of its number), with their pending frees.
     stripes: Box<[CachePadded<Stripe>]>,
-    pub(crate) pool: FreePool,
-    hand: AtomicU64,
+    /// Free slots, a pool per member.
+    pub(crate) pools: Pools,
+    /// A CLOCK hand per member: the slot it points at, counted in its member.
+    hands: Box<[CachePadded<AtomicU64>]>,
+    placement: Placement,
     pub(crate) next_seq: AtomicU64,
     synced_seq: Mutex<u64>,
     backing_writes: AtomicU64,
@@ -213,10 +224,10 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
 }
 
 /// Writes zeroes over a medium range and persists them.
-/// Checks that a cache of `geometry` can serve a backing store of `backing_bytes` with
-/// `config`; returns the backing store's block count.
-fn check_fit(geometry: &Geometry, backing_bytes: u64, config: &Config) -> Result<u64> {
-    let block = u64::from(geometry.block_size);
+/// Checks that a cache of `slot_count` slots of `block_size` bytes can serve a backing store
+/// of `backing_bytes` with `config`; returns the backing store's block count.
+fn check_fit(block_size: u32, slot_count: u64, backing_bytes: u64, config: &Config) -> Result<u64> {
+    let block = u64::from(block_size);
     if !backing_bytes.is_multiple_of(block) || backing_bytes == 0 {
         return Err(Error::Config(format!(
             "the backing store is {backing_bytes} bytes, not a non-zero multiple of the {block}-byte cache block"
@@ -231,11 +242,11 @@ fn check_fit(geometry: &Geometry, backing_bytes: u64, config: &Config) -> Result
     if config.max_lanes == 0 {
         return Err(Error::Config("max_lanes is 0: a cache needs at least one lane".into()));
     }
-    if geometry.slot_count < 4 * config.max_lanes as u64 {
+    if slot_count < 4 * config.max_lanes as u64 {
         return Err(Error::Config(format!(
             "a cache of {} slots is too small for {} lanes (need 4 slots per lane: a larger \
              medium, or fewer lanes)",
-            geometry.slot_count, config.max_lanes
+            slot_count, config.max_lanes
         )));
     }
     Ok(backing_blocks)
@@ -316,6 +327,13 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     /// `write_batch`'s starts and `write_batch_start`'s outcomes, reused likewise.
     write_starts: Vec<WriteStart>,
     write_outcomes: Vec<Result<()>>,
+    /// The node this lane's thread ran on at its last refill (or node check): its reads and
+    /// writes of the members on that node count as local.
+    node: Option<u32>,
+    /// Free runs taken so far (interleaved placement starts each at the next member).
+    refills: usize,
+    /// Read hits counted since the lane last asked which node it runs on.
+    reads_since_node_check: u32,
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
@@ -327,7 +345,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
         if self.zeroings_pending() {
             self.fence();
         }
-        engine.pool.put(self.free.drain(..).chain(self.freed.drain(..)));
+        engine.pools.put(self.free.drain(..).chain(self.freed.drain(..)));
         self.shared.in_use.store(false, Ordering::Release);
     }
 }
@@ -372,7 +390,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     }
 
     fn block_bytes(&self) -> u64 {
-        u64::from(self.engine.geometry.block_size)
+        u64::from(self.engine.layout.block_size)
     }
 }
 

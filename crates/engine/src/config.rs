@@ -151,6 +151,9 @@ pub struct Config {
     /// the slot count is a configuration error. Not recorded on the medium: each attach may
     /// choose anew.
     pub index_buckets: Option<u64>,
+    /// Which member of the cache a lane allocates from (a cache of several members, one per
+    /// NUMA node: `placement.rs`). Not recorded on the medium.
+    pub placement: crate::placement::PlacementConfig,
 }
 
 impl Default for Config {
@@ -162,6 +165,7 @@ impl Default for Config {
             admission: AdmissionConfig::default(),
             eviction: EvictionKind::Clock,
             index_buckets: None,
+            placement: crate::placement::PlacementConfig::default(),
         }
     }
 }

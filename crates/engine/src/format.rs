@@ -7,8 +7,12 @@ use pmcache_backing::BackingIdentity;
 
 /// Magic bytes at offset 0 of a pmcache medium.
 pub const MAGIC: [u8; 8] = *b"PMCACHE\0";
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this build writes. Version 3 names a cache's place in a set of members
+/// (bytes 112..120 of the header); version 2, which left those bytes zero, is read as a
+/// one-member set.
+pub const FORMAT_VERSION: u32 = 3;
+/// The oldest format version this build reads.
+pub const FORMAT_VERSION_MIN: u32 = 2;
 /// Bytes reserved for the superblock at the start of the medium.
 pub const SUPERBLOCK_BYTES: u64 = 4096;
 /// Length of the immutable, checksummed superblock header.
@@ -43,7 +47,9 @@ pub enum FormatError {
         found: [u8; 8],
     },
     /// Written by another format version.
-    #[error("the medium has pmcache format version {found}; this build reads version {supported}")]
+    #[error(
+        "the medium has pmcache format version {found}; this build reads versions 2 to {supported}"
+    )]
     UnsupportedVersion {
         /// Version on the medium.
         found: u32,
@@ -91,6 +97,10 @@ pub enum FormatError {
     /// The shutdown-state word holds neither known value.
     #[error("superblock shutdown word is corrupt ({0:#018x})")]
     BadShutdownWord(u64),
+    /// The members given do not make up one whole set: one is missing, repeated, from another
+    /// cache, or disagrees with the others about what they share.
+    #[error("the cache media do not make up one cache: {0}")]
+    BadSet(String),
     /// Format parameters rejected before writing anything.
     #[error("cannot format: {0}")]
     Invalid(String),
@@ -174,13 +184,31 @@ impl Geometry {
     }
 }
 
-/// The immutable superblock header.
+/// A medium's place in its cache's set of members (one per NUMA node).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Membership {
+    /// Its number in the set, from 0.
+    pub index: u16,
+    /// How many members the set has (1 for a cache of one medium).
+    pub count: u16,
+    /// The NUMA node it was formatted for, if one was known.
+    pub node: Option<u32>,
+}
+
+impl Membership {
+    /// The only member of a one-medium cache.
+    pub const SOLE: Membership = Membership { index: 0, count: 1, node: None };
+}
+
+/// The immutable superblock header of one medium (one member of a set).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Superblock {
-    /// Identifies this cache instance.
+    /// Identifies this cache instance: every member of a set carries the same.
     pub uuid: [u8; 16],
-    /// Layout of the medium.
+    /// Layout of this medium.
     pub geometry: Geometry,
+    /// Its place in the set.
+    pub membership: Membership,
     /// The backing store this cache belongs to.
     pub backing: BackingIdentity,
     /// When it was formatted (seconds since the Unix epoch).
@@ -222,6 +250,10 @@ impl Superblock {
         buf[80..96].copy_from_slice(&self.backing.fingerprint);
         put_u64(&mut buf, 96, self.created_unix_secs);
         put_u64(&mut buf, 104, self.backing.instance);
+        let member = &self.membership;
+        buf[112..114].copy_from_slice(&member.index.to_le_bytes());
+        buf[114..116].copy_from_slice(&member.count.to_le_bytes());
+        put_u32(&mut buf, 116, member.node.map_or(0, |node| node + 1));
         let crc = crc32c::crc32c(&buf[..CRC_OFFSET]);
         put_u32(&mut buf, CRC_OFFSET, crc);
         buf
@@ -240,7 +272,7 @@ impl Superblock {
             return Err(FormatError::BadMagic { found: magic });
         }
         let version = get_u32(buf, 8);
-        if version != FORMAT_VERSION {
+        if !(FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion {
                 found: version,
                 supported: FORMAT_VERSION,
@@ -262,9 +294,23 @@ impl Superblock {
             data_offset: get_u64(buf, 64),
         };
         geometry.validate(medium_bytes)?;
+        let membership = if version == 2 {
+            Membership::SOLE
+        } else {
+            let index = u16::from_le_bytes(buf[112..114].try_into().expect("2 bytes"));
+            let count = u16::from_le_bytes(buf[114..116].try_into().expect("2 bytes"));
+            if index >= count {
+                return Err(FormatError::BadGeometry(format!(
+                    "member {index} of a set of {count}"
+                )));
+            }
+            let node = get_u32(buf, 116).checked_sub(1);
+            Membership { index, count, node }
+        };
         Ok(Self {
             uuid: buf[16..32].try_into().expect("16 bytes"),
             geometry,
+            membership,
             backing: BackingIdentity {
                 size_bytes: get_u64(buf, 72),
                 fingerprint: buf[80..96].try_into().expect("16 bytes"),
@@ -476,6 +522,7 @@ mod tests {
         Superblock {
             uuid: [9; 16],
             geometry: Geometry::for_medium(1 << 24, 4096).unwrap(),
+            membership: Membership { index: 1, count: 3, node: Some(0) },
             backing: BackingIdentity { size_bytes: 1 << 30, fingerprint: [3; 16], instance: 77 },
             created_unix_secs: 1_700_000_000,
         }
@@ -529,16 +576,44 @@ mod tests {
             Superblock::decode(&[0u8; 128], 1 << 24),
             Err(FormatError::BadMagic { .. })
         ));
-        // Both the next version and the one before (version 1 had an unchecked synced word).
-        for other in [FORMAT_VERSION + 1, FORMAT_VERSION - 1] {
+        // The next version and version 1 (it had an unchecked synced word) are refused.
+        for other in [FORMAT_VERSION + 1, FORMAT_VERSION_MIN - 1] {
             let mut bytes = bytes;
             put_u32(&mut bytes, 8, other);
             assert_eq!(
                 Superblock::decode(&bytes, 1 << 24),
-                Err(FormatError::UnsupportedVersion { found: other, supported: 2 })
+                Err(FormatError::UnsupportedVersion { found: other, supported: 3 })
             );
         }
         assert!(Superblock::decode(&bytes[..64], 1 << 24).is_err());
+    }
+
+    /// Version 3 records the member's place and node in bytes 112..120; a member number past
+    /// the set's size is refused; a version-2 header (those bytes zero) is a one-member set.
+    #[test]
+    fn the_membership_round_trips_and_version_2_reads_as_a_set_of_one() {
+        let sb = superblock();
+        let bytes = sb.encode();
+        assert_eq!(&bytes[112..120], &[1, 0, 3, 0, 1, 0, 0, 0]);
+        let decoded = Superblock::decode(&bytes, 1 << 24).unwrap();
+        assert_eq!(decoded.membership, Membership { index: 1, count: 3, node: Some(0) });
+        let unknown = Superblock { membership: Membership::SOLE, ..sb }.encode();
+        assert_eq!(get_u32(&unknown, 116), 0);
+        assert_eq!(Superblock::decode(&unknown, 1 << 24).unwrap().membership, Membership::SOLE);
+        let mut past =
+            Superblock { membership: Membership { index: 3, count: 3, node: None }, ..sb }.encode();
+        let err = Superblock::decode(&past, 1 << 24).unwrap_err();
+        assert!(err.to_string().contains("member 3 of a set of 3"), "{err}");
+        // A version-2 header as that version wrote it: bytes 112..124 zero.
+        past[112..124].fill(0);
+        put_u32(&mut past, 8, 2);
+        let crc = crc32c::crc32c(&past[..CRC_OFFSET]);
+        put_u32(&mut past, CRC_OFFSET, crc);
+        let old = Superblock::decode(&past, 1 << 24).unwrap();
+        assert_eq!(
+            (old.membership, old.uuid, old.geometry),
+            (Membership::SOLE, sb.uuid, sb.geometry)
+        );
     }
 
     #[test]

@@ -1,5 +1,8 @@
-//! The global pool of free slots: a bitmap (one bit per slot) behind a mutex, taken from and
-//! returned to in batches by lanes, so the lock is amortised over many allocations.
+//! The pools of free slots, one per member of the cache: each a bitmap (one bit per slot)
+//! behind a mutex, taken from and returned to in batches by lanes, so the lock is amortised
+//! over many allocations.
+
+use crossbeam_utils::CachePadded;
 
 use crate::sync::{Mutex, lock};
 
@@ -11,6 +14,93 @@ struct Bits {
 
 pub(crate) struct FreePool {
     bits: Mutex<Bits>,
+}
+
+/// One pool per member, over the cache's slot numbers.
+pub(crate) struct Pools {
+    /// Each member's pool with its first slot, in member order.
+    pools: Box<[(u32, CachePadded<FreePool>)]>,
+}
+
+impl Pools {
+    /// Empty pools for members of these `(first slot, slot count)`.
+    pub(crate) fn new(members: impl IntoIterator<Item = (u32, u32)>) -> Self {
+        let pools = members
+            .into_iter()
+            .map(|(first, count)| (first, CachePadded::new(FreePool::new(count))))
+            .collect();
+        Self { pools }
+    }
+
+    /// The pool holding `slot`, and the slot's number in it.
+    fn of(&self, slot: u32) -> (&FreePool, u32) {
+        let index = if self.pools.len() == 1 {
+            0
+        } else {
+            self.pools.partition_point(|(first, _)| *first <= slot) - 1
+        };
+        let (first, pool) = &self.pools[index];
+        (pool, slot - first)
+    }
+
+    /// DRAM bytes of every bitmap.
+    pub(crate) fn bytes(&self) -> usize {
+        self.pools.iter().map(|(_, pool)| pool.bytes()).sum()
+    }
+
+    /// Whether `slot` is in its pool (for `Engine::audit`).
+    pub(crate) fn holds(&self, slot: u32) -> bool {
+        let (pool, at) = self.of(slot);
+        pool.holds(at)
+    }
+
+    /// How many slots the pools hold (for `Engine::audit`).
+    pub(crate) fn len(&self) -> u64 {
+        self.pools.iter().map(|(_, pool)| pool.len()).sum()
+    }
+
+    /// Returns free slots, each to its member's pool (their metadata entries are durably
+    /// free).
+    pub(crate) fn put(&self, slots: impl IntoIterator<Item = u32>) {
+        if let [(first, pool)] = &self.pools[..] {
+            return pool.put(slots.into_iter().map(|slot| slot - first));
+        }
+        for slot in slots {
+            let (pool, at) = self.of(slot);
+            pool.put([at]);
+        }
+    }
+
+    /// Returns free slots to their pools: [`Pools::put`] for a batch, one lock per member it
+    /// holds slots of.
+    pub(crate) fn put_all(&self, slots: &[u32]) {
+        if self.pools.len() == 1 {
+            return self.put(slots.iter().copied());
+        }
+        for (index, (first, pool)) in self.pools.iter().enumerate() {
+            let end = self.pools.get(index + 1).map_or(u32::MAX, |(next, _)| *next);
+            let mut mine = slots.iter().filter(|&&s| (*first..end).contains(&s)).peekable();
+            if mine.peek().is_some() {
+                pool.put(mine.map(|&slot| slot - first));
+            }
+        }
+    }
+
+    /// Moves up to `max` free slots of member `member` into `out` (see [`FreePool::take`]).
+    pub(crate) fn take(&self, member: usize, max: usize, out: &mut Vec<u32>) -> usize {
+        let (first, pool) = &self.pools[member];
+        let start = out.len();
+        let taken = pool.take(max, out);
+        if *first != 0 {
+            out[start..].iter_mut().for_each(|slot| *slot += first);
+        }
+        taken
+    }
+
+    /// How many free slots member `member`'s pool holds.
+    pub(crate) fn len_of(&self, member: usize) -> u64 {
+        self.pools[member].1.len()
+    }
 }
 
 impl FreePool {
@@ -115,6 +205,25 @@ mod tests {
         let mut out = Vec::new();
         pool.take(1, &mut out);
         assert_eq!((out, pool.len(), pool.holds(3)), (vec![3], 2, false));
+    }
+
+    /// Each member's slots go back to its own pool, by slot number, however they are mixed.
+    #[test]
+    fn each_slot_goes_back_to_its_members_pool() {
+        let pools = Pools::new([(0, 100), (100, 60), (160, 200)]);
+        pools.put_all(&[5, 170, 101, 99, 359, 100]);
+        pools.put([120, 7]);
+        assert_eq!((pools.len_of(0), pools.len_of(1), pools.len_of(2)), (3, 3, 2));
+        assert_eq!(pools.len(), 8);
+        assert!(pools.holds(100) && pools.holds(359) && !pools.holds(160));
+        let mut out = Vec::new();
+        assert_eq!(pools.take(1, 10, &mut out), 3);
+        assert_eq!(out, [120, 101, 100]);
+        out.clear();
+        assert_eq!(pools.take(2, 1, &mut out), 1);
+        assert_eq!(out, [170]);
+        assert_eq!(pools.take(0, 10, &mut out), 3);
+        assert_eq!(out, [170, 99, 7, 5]);
     }
 
     #[test]

@@ -23,6 +23,8 @@ mod failpoint;
 pub mod format;
 mod freepool;
 mod index;
+pub mod layout;
+mod placement;
 mod recovery;
 mod slots;
 mod stats;
@@ -37,6 +39,8 @@ pub use cache::{
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{AdmissionConfig, CacheMode, Config, EvictionKind};
 pub use error::{Error, Result};
+pub use layout::{Layout, Member};
+pub use placement::{MemberStats, PlacementConfig, PlacementPolicy};
 pub use recovery::{CheckReport, RecoveryReport, check_medium};
 pub use stats::Stats;
 pub use writeback::{Adaptive, CleanerConfig, CleanerStats, WriteBackOrder};

@@ -16,7 +16,8 @@ use crate::cache::{Engine, first_seq_after, read_shutdown_state};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::Result;
-use crate::format::{BlockState, DecodedEntry, HEADER_BYTES, SlotEntry, Superblock};
+use crate::format::{BlockState, DecodedEntry, SlotEntry};
+use crate::layout::Layout;
 use crate::slots::SlotState;
 use crate::sync::Ordering;
 
@@ -58,10 +59,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         config: &Config,
     ) -> Result<(Self, RecoveryReport)> {
         let started_ns = clock.now_ns();
-        let superblock = read_superblock(&medium)?;
+        let (layout, superblock) = Layout::read(&medium)?;
         superblock.check_backing(&backing.identity())?;
         let (was_clean_shutdown, synced_seq, synced_seq_invalid) = read_shutdown_state(&medium)?;
-        let mut engine = Self::assemble(medium, backing, clock, config, superblock, synced_seq)?;
+        let mut engine =
+            Self::assemble(medium, backing, clock, config, superblock, layout, synced_seq)?;
         let mut report = engine.rebuild(synced_seq)?;
         report.was_clean_shutdown = was_clean_shutdown;
         report.synced_seq_invalid = synced_seq_invalid;
@@ -85,7 +87,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                     // word 0 a power cut lost. Zeroed (durable at the scan's fence), so that
                     // the next entry written here starts from a durably free pair: torn, it
                     // then reads as torn, never as corrupt (docs/FORMAT.md, torn updates).
-                    if self.medium.load_u64(self.geometry.entry_offset(slot) + 8) != 0 {
+                    if self.medium.load_u64(self.layout.entry_offset(slot) + 8) != 0 {
                         self.clear_entry(slot);
                     }
                     free.push(slot);
@@ -161,7 +163,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             }
         }
         self.next_seq.store(first_seq_after(max_seq), Ordering::SeqCst);
-        self.pool.put(free);
+        self.pools.put_all(&free);
         Ok(report)
     }
 
@@ -175,7 +177,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         report: &mut RecoveryReport,
     ) {
         if made_dirty {
-            let at = self.geometry.entry_offset(slot);
+            let at = self.layout.entry_offset(slot);
             self.medium.store_u64(at, entry.encode().0);
             self.medium.flush(at, 8);
             report.clean_made_dirty += 1;
@@ -260,9 +262,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 .find(|&s| self.slots.load(s).state() == SlotState::Clean);
             let Some(victim) = victim else {
                 // Every occupant is dirty: write this block back and let it go.
-                let mut data = vec![0u8; self.geometry.block_size as usize];
-                self.medium.read(self.geometry.data_offset(slot), &mut data);
-                let offset = entry.lba * u64::from(self.geometry.block_size);
+                let mut data = vec![0u8; self.layout.block_size as usize];
+                self.medium.read(self.layout.data_offset(slot), &mut data);
+                let offset = entry.lba * u64::from(self.layout.block_size);
                 self.backing.write_at(&data, offset)?;
                 self.backing.flush()?;
                 self.clear_entry(slot);
@@ -285,7 +287,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckReport {
     /// The superblock.
-    pub superblock: Option<Superblock>,
+    pub superblock: Option<crate::format::Superblock>,
     /// Whether the last shutdown was clean.
     pub was_clean_shutdown: bool,
     /// The synced sequence number (0 if its word was corrupt).
@@ -308,13 +310,13 @@ pub struct CheckReport {
     pub corrupt: u64,
 }
 
-/// Verifies a cache medium without changing it: the superblock (as `Engine::open` would) and
-/// every metadata entry. A corrupt superblock is an error; corrupt entries are counted.
+/// Verifies a cache medium without changing it: the superblocks of every member (as
+/// `Engine::open` would) and every metadata entry. A corrupt superblock or an incomplete set
+/// is an error; corrupt entries are counted.
 pub fn check_medium<M: Medium>(medium: &M) -> Result<CheckReport> {
-    let superblock = read_superblock(medium)?;
+    let (layout, superblock) = Layout::read(medium)?;
     let (was_clean_shutdown, synced_seq, synced_seq_invalid) = read_shutdown_state(medium)?;
-    let geometry = superblock.geometry;
-    let backing_blocks = superblock.backing.size_bytes / u64::from(geometry.block_size);
+    let backing_blocks = superblock.backing.size_bytes / u64::from(layout.block_size);
     let mut report = CheckReport {
         superblock: Some(superblock),
         was_clean_shutdown,
@@ -324,8 +326,8 @@ pub fn check_medium<M: Medium>(medium: &M) -> Result<CheckReport> {
     };
     let mut newest: std::collections::HashMap<u64, (u64, BlockState)> =
         std::collections::HashMap::new();
-    for slot in 0..geometry.slot_count as u32 {
-        let at = geometry.entry_offset(slot);
+    for slot in 0..layout.slot_count as u32 {
+        let at = layout.entry_offset(slot);
         match SlotEntry::decode(medium.load_u64(at), medium.load_u64(at + 8)) {
             DecodedEntry::Free => report.free += 1,
             DecodedEntry::Torn => report.torn += 1,
@@ -358,20 +360,6 @@ pub fn check_medium<M: Medium>(medium: &M) -> Result<CheckReport> {
         }
     }
     Ok(report)
-}
-
-/// Reads and validates the superblock header of a medium.
-fn read_superblock<M: Medium>(medium: &M) -> Result<Superblock> {
-    if medium.len_bytes() < HEADER_BYTES as u64 {
-        return Err(crate::format::FormatError::BadGeometry(format!(
-            "the medium is {} bytes, smaller than a superblock",
-            medium.len_bytes()
-        ))
-        .into());
-    }
-    let mut header = [0u8; HEADER_BYTES];
-    medium.read(0, &mut header);
-    Ok(Superblock::decode(&header, medium.len_bytes())?)
 }
 
 #[cfg(all(test, not(feature = "shuttle")))]

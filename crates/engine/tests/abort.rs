@@ -31,6 +31,7 @@ fn engine() -> Engine<CrashMedium, SimBacking, Arc<ManualClock>> {
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
         index_buckets: None,
+        placement: Default::default(),
     };
     Engine::format(
         CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1),

@@ -24,6 +24,7 @@ fn config(mode: CacheMode) -> Config {
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
         index_buckets: None,
+        placement: Default::default(),
     }
 }
 

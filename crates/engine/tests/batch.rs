@@ -30,6 +30,7 @@ fn engine_over(mode: CacheMode, backing_blocks: u64) -> (SimEngine, Arc<CrashSwi
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
         index_buckets: None,
+        placement: Default::default(),
     };
     let engine = Engine::format(
         CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use pmcache_engine::testing::{SimBacking, model};
 use pmcache_engine::{AdmissionConfig, CacheMode, Config, Engine, EvictionKind, ManualClock};
-use pmcache_media::{CrashMedium, CrashSwitch};
+use pmcache_media::{CrashMedium, CrashSwitch, MediumSet};
 
 const BLOCK: usize = model::BLOCK;
 const BLOCK_BYTES: u64 = BLOCK as u64;
@@ -27,7 +27,7 @@ fn engine(mode: CacheMode) -> SimEngine {
         ..model::config(mode, EvictionKind::Clock, AdmissionConfig::Always)
     };
     Engine::format(
-        CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1),
+        MediumSet::single(CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1)),
         SimBacking::new(BACKING_BLOCKS * BLOCK_BYTES, switch, 2),
         Arc::new(ManualClock::default()),
         &config,

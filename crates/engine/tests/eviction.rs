@@ -24,6 +24,7 @@ fn hot_hits_after_a_scan(eviction: EvictionKind) -> (u64, u64) {
         admission: AdmissionConfig::Always,
         eviction,
         index_buckets: None,
+        placement: Default::default(),
     };
     let engine =
         Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).expect("format");
@@ -69,6 +70,7 @@ fn the_hand_passes_twice_before_it_writes_back() {
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
         index_buckets: None,
+        placement: Default::default(),
     };
     let engine =
         Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).expect("format");

@@ -18,7 +18,7 @@ const BLOCK_BYTES: u64 = BLOCK as u64;
 const MEDIUM_BYTES: u64 = 8192 + 128 * BLOCK_BYTES;
 const BACKING_BLOCKS: u64 = 512;
 
-use model::SimEngine;
+type SimEngine = pmcache_engine::Engine<CrashMedium, SimBacking, Arc<ManualClock>>;
 type SimLane<'e> = Lane<'e, CrashMedium, SimBacking, Arc<ManualClock>>;
 
 fn config(mode: CacheMode) -> Config {

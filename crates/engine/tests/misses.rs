@@ -61,6 +61,7 @@ fn engine_in(dir: &Path, lanes: usize) -> FileEngine {
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
         index_buckets: None,
+        placement: Default::default(),
     };
     Engine::format(medium, store, MonotonicClock::default(), &config).unwrap()
 }

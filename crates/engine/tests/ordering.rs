@@ -18,9 +18,9 @@ use pmcache_engine::testing::model::{BLOCK, World, config, pattern};
 use pmcache_engine::{
     AdmissionConfig, CacheMode, CleanerConfig, Engine, EvictionKind, ManualClock, WriteBackOrder,
 };
-use pmcache_media::CrashMedium;
 
-type HookedEngine = Engine<CrashMedium, Arc<HookedBacking>, Arc<ManualClock>>;
+type HookedEngine =
+    Engine<pmcache_engine::testing::model::SimMedium, Arc<HookedBacking>, Arc<ManualClock>>;
 
 /// How long a hook lets the request it started run before the operation it interrupted goes
 /// on: ample for a request that nothing holds back.

@@ -16,9 +16,9 @@ use pmcache_engine::testing::model::{BLOCK, SimEngine, World, config, pattern};
 use pmcache_engine::{
     AdmissionConfig, CacheMode, Config, Engine, EvictionKind, Lane, ManualClock, WriteRequest,
 };
-use pmcache_media::CrashMedium;
 
-type SimLane<'e> = Lane<'e, CrashMedium, SimBacking, Arc<ManualClock>>;
+type SimLane<'e> =
+    Lane<'e, pmcache_engine::testing::model::SimMedium, SimBacking, Arc<ManualClock>>;
 
 const BLOCK_BYTES: u64 = BLOCK as u64;
 

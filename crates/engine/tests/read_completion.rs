@@ -10,13 +10,17 @@ use std::sync::Arc;
 use pmcache_engine::testing::latched::{LatchedBacking, latched_engine};
 use pmcache_engine::testing::model::{BLOCK, pattern};
 use pmcache_engine::{CacheMode, ManualClock, ReadRequest, ReadStart, Ticket};
-use pmcache_media::CrashMedium;
 
 const B: u64 = BLOCK as u64;
 
 /// Serves every completion `complete` hands over, up to `min` of them waited for.
 fn complete(
-    lane: &mut pmcache_engine::Lane<'_, CrashMedium, Arc<LatchedBacking>, Arc<ManualClock>>,
+    lane: &mut pmcache_engine::Lane<
+        '_,
+        pmcache_engine::testing::model::SimMedium,
+        Arc<LatchedBacking>,
+        Arc<ManualClock>,
+    >,
     min: usize,
 ) -> Vec<(Ticket, Vec<u8>)> {
     let mut got = Vec::new();

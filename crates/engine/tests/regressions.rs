@@ -39,6 +39,7 @@ fn write_through_over_a_dirty_block_keeps_it_durable() {
         concurrent_pairs: false,
         overlapping_pairs: false,
         cleaner: None,
+        members: 1,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
@@ -103,6 +104,7 @@ fn a_superseded_entry_never_outlives_the_eviction_of_its_successor() {
         concurrent_pairs: false,
         overlapping_pairs: false,
         cleaner: None,
+        members: 1,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
@@ -156,6 +158,7 @@ fn blocks_competing_for_index_room_survive_power_cuts() {
         concurrent_pairs: false,
         overlapping_pairs: false,
         cleaner: None,
+        members: 1,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
@@ -194,6 +197,7 @@ fn a_torn_entry_over_a_free_slots_old_word_1_is_not_corruption() {
         concurrent_pairs: true,
         overlapping_pairs: false,
         cleaner: None,
+        members: 1,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");

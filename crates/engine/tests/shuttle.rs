@@ -203,6 +203,7 @@ fn engine_on<M: Medium>(medium: M, mode: CacheMode, backing: Vec<u8>) -> Arc<Shu
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
         index_buckets: None,
+        placement: Default::default(),
     };
     Arc::new(Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).unwrap())
 }

@@ -36,6 +36,7 @@ fn config(mode: CacheMode, lanes: usize, index_buckets: Option<u64>) -> Config {
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
         index_buckets,
+        placement: Default::default(),
     }
 }
 

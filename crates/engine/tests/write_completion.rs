@@ -11,9 +11,9 @@ use pmcache_backing::BackingStore;
 use pmcache_engine::testing::latched::{LatchedBacking, latched_engine};
 use pmcache_engine::testing::model::{BLOCK, pattern};
 use pmcache_engine::{CacheMode, Lane, ManualClock, ReadStart, Ticket, WriteRequest, WriteStart};
-use pmcache_media::CrashMedium;
 
-type LatchedLane<'e> = Lane<'e, CrashMedium, Arc<LatchedBacking>, Arc<ManualClock>>;
+type LatchedLane<'e> =
+    Lane<'e, pmcache_engine::testing::model::SimMedium, Arc<LatchedBacking>, Arc<ManualClock>>;
 
 const B: u64 = BLOCK as u64;
 

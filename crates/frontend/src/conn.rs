@@ -12,7 +12,6 @@ use pmcache_engine::{
     Error, Lane, MonotonicClock, READS_PENDING_MAX, ReadRequest, ReadStart, WriteRequest,
     WriteStart,
 };
-use pmcache_media::PmemFile;
 
 use crate::Backing;
 
@@ -69,7 +68,7 @@ pub(crate) type Completed<'a, E> = dyn FnMut(usize, Result<&[u8], E>) + 'a;
 /// `crate::nbd`, ublk's `Target` in `crate::ublk`. Its reads' latencies go to
 /// [`READ_LATENCIES`].
 pub struct CacheConn<'e> {
-    pub(crate) lane: Lane<'e, PmemFile, Backing, MonotonicClock>,
+    pub(crate) lane: Lane<'e, crate::CacheMedium, Backing, MonotonicClock>,
     /// The engine's outcomes of one batch, kept from batch to batch.
     results: Vec<Result<(), Error>>,
     starts: Vec<ReadStart>,
@@ -82,7 +81,7 @@ pub struct CacheConn<'e> {
 
 impl<'e> CacheConn<'e> {
     /// Serves `lane`.
-    pub fn new(lane: Lane<'e, PmemFile, Backing, MonotonicClock>) -> Self {
+    pub fn new(lane: Lane<'e, crate::CacheMedium, Backing, MonotonicClock>) -> Self {
         Self {
             lane,
             results: Vec::new(),
@@ -95,7 +94,7 @@ impl<'e> CacheConn<'e> {
     }
 
     /// The lane served, for calls into the engine beside the frontend's.
-    pub fn lane(&mut self) -> &mut Lane<'e, PmemFile, Backing, MonotonicClock> {
+    pub fn lane(&mut self) -> &mut Lane<'e, crate::CacheMedium, Backing, MonotonicClock> {
         &mut self.lane
     }
 

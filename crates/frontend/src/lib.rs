@@ -9,7 +9,7 @@
 //!   the kernel device stays with the command).
 //! - [`units`]: sizes as the command line gives them and bytes as people read them.
 //!
-//! The engine they serve is a [`CacheEngine`]: a `PmemFile` medium in front of any
+//! The engine they serve is a [`CacheEngine`]: `PmemFile` media (a set of members) in front of any
 //! [`Backing`] store.
 
 #![forbid(unsafe_code)]
@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use pmcache_backing::BackingStore;
 use pmcache_engine::{Engine, MonotonicClock};
-use pmcache_media::PmemFile;
+use pmcache_media::{MediumSet, PmemFile};
 
 pub mod conn;
 pub mod nbd;
@@ -30,5 +30,7 @@ pub use nbd::CacheExport;
 
 /// The backing store as the frontends serve it: any engine, chosen at run time.
 pub type Backing = Arc<dyn BackingStore>;
+/// The medium a served cache is on: one mapped file per member (one member for most caches).
+pub type CacheMedium = MediumSet<PmemFile>;
 /// The engine as the frontends serve it.
-pub type CacheEngine = Engine<PmemFile, Backing, MonotonicClock>;
+pub type CacheEngine = Engine<CacheMedium, Backing, MonotonicClock>;

@@ -28,6 +28,7 @@ mod kind;
 mod mapped;
 pub mod numa;
 mod persist;
+mod set;
 
 pub use crash::{CrashMedium, CrashSwitch};
 pub use dram::{DramTable, ZeroValid};
@@ -37,6 +38,7 @@ pub use mapped::{MediumOptions, MsyncCounts, PmemFile};
 pub use persist::{
     Crc32cInstruction, FlushInstruction, PersistPrimitives, prefetch, serialize_execution,
 };
+pub use set::{MEMBERS_MAX, MediumSet, MemberSpan};
 
 /// Size of a CPU cache line, the unit of [`Medium::flush`].
 pub const CACHE_LINE_BYTES: u64 = 64;
@@ -49,6 +51,11 @@ pub const CACHE_LINE_BYTES: u64 = 64;
 pub trait Medium: Send + Sync {
     /// Length of the medium in bytes.
     fn len_bytes(&self) -> u64;
+    /// The members of a medium made of several ([`MediumSet`]), in order: where each lies
+    /// and its NUMA node. A plain medium is one member of unknown node.
+    fn members(&self) -> Vec<MemberSpan> {
+        vec![MemberSpan { range: 0..self.len_bytes(), node: None }]
+    }
     /// Copies `buf.len()` bytes at `offset` into `buf`.
     fn read(&self, offset: u64, buf: &mut [u8]);
     /// Stores `data` at `offset` (not yet durable).
@@ -120,6 +127,9 @@ pub trait Medium: Send + Sync {
 impl<M: Medium + ?Sized> Medium for std::sync::Arc<M> {
     fn len_bytes(&self) -> u64 {
         (**self).len_bytes()
+    }
+    fn members(&self) -> Vec<MemberSpan> {
+        (**self).members()
     }
     fn read(&self, offset: u64, buf: &mut [u8]) {
         (**self).read(offset, buf)

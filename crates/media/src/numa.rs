@@ -53,6 +53,24 @@ impl Topology {
         }
     }
 
+    /// A machine whose CPU `c` is on node `cpu_node[c]`, its nodes numbered from 0 up,
+    /// every node with memory, at `distances` (`distances[i][j]` from node `i` to node `j`).
+    /// For tests and simulations of machines this is not.
+    ///
+    /// # Panics
+    /// If `distances` is not square, or a CPU's node has no row.
+    pub fn simulated(cpu_node: Vec<u32>, distances: Vec<Vec<u32>>) -> Self {
+        let count = distances.len();
+        assert!(
+            count > 0
+                && distances.iter().all(|r| r.len() == count)
+                && cpu_node.iter().all(|&node| (node as usize) < count),
+            "a simulated topology needs a distance row per node, each with a column per node"
+        );
+        let nodes: Vec<u32> = (0..count as u32).collect();
+        Self { memory_nodes: nodes.clone(), nodes, cpu_node, distances }
+    }
+
     /// This machine's topology, or one node if sysfs does not describe it.
     pub fn detect() -> Self {
         Self::from_sysfs(Path::new(SYSFS_NODES)).unwrap_or_else(|| {
@@ -134,6 +152,14 @@ impl Topology {
     }
 }
 
+/// The CPU the calling thread runs on now (`sched_getcpu`, a vDSO call), `None` where the
+/// kernel does not say.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: no arguments, no memory touched; returns a CPU number or -1.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
 /// A list of numbers as sysfs writes CPU and node lists (`0-3,8,10-11`; empty is none).
 pub fn parse_cpulist(text: &str) -> Option<Vec<usize>> {
     let mut out = Vec::new();
@@ -159,6 +185,8 @@ pub enum NodeSource {
     Device(PathBuf),
     /// The memory policy of its tmpfs mount (`mpol=bind:N`).
     MountPolicy(String),
+    /// The operator said so (`--cache PATH@NODE`).
+    Given,
 }
 
 impl std::fmt::Display for NodeSource {
@@ -166,6 +194,7 @@ impl std::fmt::Display for NodeSource {
         match self {
             NodeSource::Device(dir) => write!(f, "{}", dir.join("numa_node").display()),
             NodeSource::MountPolicy(policy) => write!(f, "its tmpfs mount's mpol={policy}"),
+            NodeSource::Given => f.write_str("as given"),
         }
     }
 }

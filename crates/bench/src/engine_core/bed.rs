@@ -11,7 +11,7 @@ use pmcache_engine::{
     AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MonotonicClock,
     READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest,
 };
-use pmcache_media::{DramTable, Medium, PmemFile};
+use pmcache_media::{DramTable, Medium, MediumSet, PmemFile};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -27,7 +27,8 @@ pub(super) enum Mix {
 
 pub(super) struct Bed {
     pub(super) dir: tempfile::TempDir,
-    pub(super) engine: Engine<Arc<PmemFile>, PsyncFile, MonotonicClock>,
+    /// The engine on a one-member set, as `pmcache serve` runs it.
+    pub(super) engine: Engine<MediumSet<Arc<PmemFile>>, PsyncFile, MonotonicClock>,
     pub(super) medium: Arc<PmemFile>,
     pub(super) blocks: u64,
     data_offset: u64,
@@ -93,6 +94,7 @@ pub(super) fn bed(dir: &Path, cache_bytes: u64, lanes: usize) -> Result<Bed, Str
         admission: AdmissionConfig::Always,
         eviction: EvictionKind::Clock,
         index_buckets: None,
+        placement: Default::default(),
     };
     let slots = pmcache_engine::format::Geometry::for_medium(cache_bytes, BLOCK as u32)
         .map_err(|e| e.to_string())?
@@ -104,7 +106,8 @@ pub(super) fn bed(dir: &Path, cache_bytes: u64, lanes: usize) -> Result<Bed, Str
         .and_then(|f| f.set_len(blocks * BLOCK))
         .map_err(|e| e.to_string())?;
     let backing = PsyncFile::open(&backing_path).map_err(|e| e.to_string())?;
-    let engine = Engine::format(medium.clone(), backing, MonotonicClock::default(), &config)
+    let set = MediumSet::single(medium.clone());
+    let engine = Engine::format(set, backing, MonotonicClock::default(), &config)
         .map_err(|e| e.to_string())?;
     let data_offset = engine.superblock().geometry.data_offset;
     {

@@ -103,6 +103,7 @@ impl<B: BackingStore> Bed<B> {
             admission: AdmissionConfig::Always,
             eviction: EvictionKind::Clock,
             index_buckets: None,
+            placement: Default::default(),
         };
         let engine = Engine::format(medium.clone(), backing, MonotonicClock::default(), &config)
             .map_err(|e| e.to_string())?;

@@ -209,7 +209,7 @@ pub struct Server {
 }
 
 impl Server {
-    fn spawn(mut cmd: Command, log_dir: &Path) -> Server {
+    pub fn spawn(mut cmd: Command, log_dir: &Path) -> Server {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let stdout_path = log_dir.join(format!("serve-{n}.out"));

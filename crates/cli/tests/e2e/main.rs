@@ -19,6 +19,7 @@ mod crash;
 mod fio;
 mod libnbd;
 mod medium;
+mod members;
 mod panic;
 mod qemu;
 mod raw_socket;

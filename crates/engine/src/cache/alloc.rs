@@ -14,6 +14,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// the previous write freed (a random one) was 10–25 % slower per write
     /// (docs/PERFORMANCE.md, `bench core`). Only when the pool is empty (a full cache) does a
     /// lane reuse the slots it freed itself, before it reclaims.
+    ///
+    /// In a cache of several members, a run comes from the pool of the member on the lane's
+    /// node, else from the nearest member whose pool has slots (`placement.rs`); reclaim, too,
+    /// tries the local member's hand first.
     pub(super) fn alloc(&mut self) -> Result<u32> {
         Ok(self.alloc_with(false)?.expect("a needed slot is always found or an error"))
     }
@@ -33,12 +37,13 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         loop {
             if let Some(slot) = self.free.pop() {
                 self.end_stall(stall);
+                self.count_write(slot, 1);
                 return Ok(Some(slot));
             }
             if self.freed_durable > 0 {
                 self.return_durable_freed();
             }
-            if self.engine.pool.take(self.engine.refill_batch, &mut self.free) > 0 {
+            if self.refill() {
                 continue;
             }
             if !self.freed.is_empty() {
@@ -66,7 +71,67 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     /// Returns a slot this lane took but did not use (nothing was written to its entry).
     pub(super) fn give_back(&mut self, slot: u32) {
+        self.count_write(slot, -1);
         self.free.push(slot);
+    }
+
+    /// Takes a free run from the pools: the local member's first (`placement.rs`). Returns
+    /// whether it got any.
+    fn refill(&mut self) -> bool {
+        let engine = self.engine;
+        if engine.placement.single() {
+            return engine.pools.take(0, engine.refill_batch, &mut self.free) > 0;
+        }
+        self.check_node();
+        self.refills = self.refills.wrapping_add(1);
+        engine.placement.order(self.node, self.refills).into_iter().any(|member| {
+            engine.pools.take(usize::from(member), engine.refill_batch, &mut self.free) > 0
+        })
+    }
+
+    /// Asks which node this lane's thread runs on now.
+    pub(super) fn check_node(&mut self) {
+        self.node = self.engine.placement.current_node();
+        self.reads_since_node_check = 0;
+    }
+
+    /// Counts `slots` slots filled at `slot`'s member (`-1`: one taken back unused), local or
+    /// remote.
+    #[inline]
+    pub(super) fn count_write(&self, slot: u32, slots: i64) {
+        let member = self.engine.layout.member_of(slot);
+        let counters = &self.shared.members[member];
+        let counter = if self.engine.placement.is_local(member, self.node) {
+            &counters.writes_local
+        } else {
+            &counters.writes_remote
+        };
+        bump(counter, slots as u64);
+    }
+
+    /// Counts `blocks` blocks read from `slot`'s member, local or remote: in a cache of
+    /// several members only (a one-member cache's reads are `Stats::read_hits`). The lane
+    /// asks which node it runs on every `NODE_CHECK_READS` reads, and at every refill.
+    #[inline]
+    pub(super) fn count_read(&mut self, slot: u32, blocks: u64) {
+        if !self.engine.placement.single() {
+            self.count_read_placed(slot, blocks);
+        }
+    }
+
+    fn count_read_placed(&mut self, slot: u32, blocks: u64) {
+        if self.reads_since_node_check >= NODE_CHECK_READS {
+            self.check_node();
+        }
+        self.reads_since_node_check += 1;
+        let member = self.engine.layout.member_of(slot);
+        let counters = &self.shared.members[member];
+        let counter = if self.engine.placement.is_local(member, self.node) {
+            &counters.reads_local
+        } else {
+            &counters.reads_remote
+        };
+        bump(counter, blocks);
     }
 
     /// Frees the slot of block `lba`'s newest copy, which is being dropped (no newer entry
@@ -140,7 +205,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     /// Returns the slots freed before this lane's last fence to the pool.
     pub(super) fn return_durable_freed(&mut self) {
-        self.engine.pool.put(self.freed.drain(..self.freed_durable));
+        self.engine.pools.put_all(&self.freed[..self.freed_durable]);
+        self.freed.drain(..self.freed_durable);
         self.freed_durable = 0;
     }
 
@@ -159,24 +225,38 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         self.freed_durable = self.freed.len();
     }
 
-    /// Evicts clean blocks under the CLOCK (or FIFO) hand. When it finds none and a cleaner
+    /// Evicts clean blocks under the CLOCK (or FIFO) hand of each member in turn, the local
+    /// one first (`placement.rs`), until one gives some. When it finds none and a cleaner
     /// runs, waits for the cleaner (a stall, see `wait_for_cleaner`), or for an `optional`
     /// slot returns `Ok(false)` at once; without a cleaner (or with a failing one), writes back
     /// the oldest dirty blocks it passed and evicts those. `Ok(true)`: look for a slot again.
     pub(super) fn reclaim(&mut self, stall: &mut Option<Stall>, optional: bool) -> Result<bool> {
         let engine = self.engine;
-        let slot_count = u64::from(engine.slots.len());
-        let budget = (2 * slot_count).clamp(HAND_CHUNK, 8192);
-        let want = engine.refill_batch;
         let epoch = self.cleaner_epoch();
-        let mut evicted = 0;
-        let mut scanned = 0;
         self.scratch_slots.clear();
         self.scratch_refused.clear();
+        let order = engine.placement.order(self.node, self.refills);
+        if order.into_iter().any(|member| self.evict_under_hand(usize::from(member))) {
+            return Ok(true);
+        }
+        self.reclaim_dirty(stall, optional, epoch)
+    }
+
+    /// Sweeps member `member`'s hand over up to twice its slots (at most 8,192), evicting up
+    /// to a refill of clean blocks and noting the dirty ones it passes in `scratch_slots` (and
+    /// `scratch_refused`). Returns whether it evicted any.
+    fn evict_under_hand(&mut self, member: usize) -> bool {
+        let engine = self.engine;
+        let Member { first_slot, slot_count, .. } = engine.layout.members()[member];
+        let slot_count = u64::from(slot_count);
+        let budget = (2 * slot_count).clamp(HAND_CHUNK, 8192);
+        let want = engine.refill_batch;
+        let mut evicted = 0;
+        let mut scanned = 0;
         while scanned < budget && evicted < want {
-            let start = engine.hand.fetch_add(HAND_CHUNK, Ordering::Relaxed);
+            let start = engine.hands[member].fetch_add(HAND_CHUNK, Ordering::Relaxed);
             for i in 0..HAND_CHUNK {
-                let slot = ((start + i) % slot_count) as u32;
+                let slot = first_slot + ((start + i) % slot_count) as u32;
                 let word = engine.slots.load(slot);
                 match word.state() {
                     SlotState::Clean => match engine.eviction.sweep(self.referenced(slot)) {
@@ -204,9 +284,19 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
             scanned += HAND_CHUNK;
         }
-        if evicted > 0 {
-            return Ok(true);
-        }
+        evicted > 0
+    }
+
+    /// `reclaim` once no hand found a clean block to evict: wait for the cleaner, or write
+    /// back the oldest dirty blocks the hands passed.
+    fn reclaim_dirty(
+        &mut self,
+        stall: &mut Option<Stall>,
+        optional: bool,
+        epoch: u64,
+    ) -> Result<bool> {
+        let engine = self.engine;
+        let want = engine.refill_batch;
         if self.scratch_slots.is_empty() {
             // Only blocks the backing store refused before: try those again (it may take
             // them now). Otherwise they stay out: every reclaim would try the same refused

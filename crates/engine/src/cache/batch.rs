@@ -153,7 +153,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let found = &found[..reads.len()];
         let prefetch_data = |at: usize| {
             if let Some(Some(hit)) = found.get(at) {
-                engine.medium.prefetch(engine.geometry.data_offset(hit.slot), block);
+                engine.medium.prefetch(engine.layout.data_offset(hit.slot), block);
             }
         };
         (0..READ_DATA_PREFETCH_AHEAD).for_each(prefetch_data);
@@ -258,7 +258,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let mut allocated = 0;
         while allocated < group.len() {
             let slot = match self.free.pop() {
-                Some(slot) => slot,
+                Some(slot) => {
+                    self.count_write(slot, 1);
+                    slot
+                }
                 None => match self.alloc() {
                     Ok(slot) => slot,
                     Err(_) => break,
@@ -276,7 +279,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // durable — and leaves no write-back outstanding for the stripes' locked
         // instructions to wait for.
         for g in group.iter() {
-            engine.medium.write_flush(engine.geometry.data_offset(g.slot), writes[g.request].data);
+            engine.medium.write_flush(engine.layout.data_offset(g.slot), writes[g.request].data);
         }
         // Every metadata line the group will touch is a cache miss at a random place: start
         // them all while the fence waits for the data's stores to drain (loads pass it).

@@ -7,59 +7,96 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// of `backing_bytes` with `config`: the same checks, before any medium exists (so a
     /// frontend can refuse before it creates one).
     pub fn check_format(medium_bytes: u64, backing_bytes: u64, config: &Config) -> Result<()> {
-        let geometry = Geometry::for_medium(medium_bytes, config.block_size)?;
-        check_fit(&geometry, backing_bytes, config).map(|_| ())
+        Self::check_format_set(&[medium_bytes], backing_bytes, config)
     }
 
-    /// Formats `medium` as an empty cache of `backing` and returns the engine.
+    /// [`Engine::check_format`] for a cache of several members of these lengths.
+    pub fn check_format_set(
+        member_bytes: &[u64],
+        backing_bytes: u64,
+        config: &Config,
+    ) -> Result<()> {
+        let mut at = 0;
+        let spans: Vec<MemberSpan> = member_bytes
+            .iter()
+            .map(|&len| {
+                at += len;
+                MemberSpan { range: at - len..at, node: None }
+            })
+            .collect();
+        let layout = Layout::for_format(&spans, config.block_size)?;
+        check_fit(layout.block_size, layout.slot_count, backing_bytes, config).map(|_| ())
+    }
+
+    /// Formats `medium` as an empty cache of `backing` and returns the engine: each of its
+    /// members ([`Medium::members`]) a whole layout of its own, recording its place in the set
+    /// and its node.
     pub fn format(medium: M, backing: B, clock: C, config: &Config) -> Result<Self> {
-        let geometry = Geometry::for_medium(medium.len_bytes(), config.block_size)?;
+        let spans = medium.members();
+        let layout = Layout::for_format(&spans, config.block_size)?;
         // Every refusal comes before the first write: a format that cannot serve leaves the
         // medium as it was (an old cache on it included).
-        check_fit(&geometry, backing.size_bytes(), config)?;
+        check_fit(layout.block_size, layout.slot_count, backing.size_bytes(), config)?;
         crate::failpoint::arm_from_env().map_err(Error::Config)?;
         let identity = backing.identity();
         let mut uuid = [0u8; 16];
         rand::thread_rng().fill_bytes(&mut uuid);
-        let superblock = Superblock {
+        let created_unix_secs =
+            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let superblock_of = |member: &Member| Superblock {
             uuid,
-            geometry,
+            geometry: member.geometry,
+            membership: Membership {
+                index: member.index as u16,
+                count: layout.members().len() as u16,
+                node: member.node,
+            },
             backing: identity,
-            created_unix_secs: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            created_unix_secs,
         };
-        // Invalidate any old superblock first, so a crash mid-format leaves no valid cache.
-        medium.write(0, &[0u8; format::HEADER_BYTES]);
-        medium.persist(0, format::HEADER_BYTES as u64);
-        zero_range(&medium, SUPERBLOCK_BYTES, geometry.data_offset - SUPERBLOCK_BYTES);
-        medium.store_u64(SHUTDOWN_WORD_OFFSET, SHUTDOWN_DIRTY);
-        medium.store_u64(SYNCED_SEQ_OFFSET, format::encode_synced_seq(0));
-        medium.persist(SHUTDOWN_WORD_OFFSET, 16);
-        medium.write(0, &superblock.encode());
-        medium.persist(0, format::HEADER_BYTES as u64);
-        let engine = Self::assemble(medium, backing, clock, config, superblock, 0)?;
-        engine.pool.put(0..geometry.slot_count as u32);
+        // Invalidate every old superblock first, so a crash mid-format leaves no valid cache
+        // (nor a member of one).
+        for member in layout.members() {
+            medium.write(member.base, &[0u8; format::HEADER_BYTES]);
+            medium.persist(member.base, format::HEADER_BYTES as u64);
+        }
+        // Member 0's superblock last: until it is written, no member makes a cache.
+        for member in layout.members().iter().rev() {
+            let base = member.base;
+            let meta_end = member.geometry.data_offset;
+            zero_range(&medium, base + SUPERBLOCK_BYTES, meta_end - SUPERBLOCK_BYTES);
+            medium.store_u64(base + SHUTDOWN_WORD_OFFSET, SHUTDOWN_DIRTY);
+            medium.store_u64(base + SYNCED_SEQ_OFFSET, format::encode_synced_seq(0));
+            medium.persist(base + SHUTDOWN_WORD_OFFSET, 16);
+            medium.write(base, &superblock_of(member).encode());
+            medium.persist(base, format::HEADER_BYTES as u64);
+        }
+        let superblock = superblock_of(&layout.members()[0]);
+        let slot_count = layout.slot_count as u32;
+        let engine = Self::assemble(medium, backing, clock, config, superblock, layout, 0)?;
+        engine.pools.put(0..slot_count);
         Ok(engine)
     }
 
-    /// Builds an engine with empty DRAM structures around a validated superblock.
+    /// Builds an engine with empty DRAM structures around a validated superblock (member
+    /// 0's) and layout.
     pub(crate) fn assemble(
         medium: M,
         backing: B,
         clock: C,
         config: &Config,
         superblock: Superblock,
+        layout: Layout,
         synced_seq: u64,
     ) -> Result<Self> {
         crate::failpoint::arm_from_env().map_err(Error::Config)?;
-        let geometry = superblock.geometry;
         let eviction = config.eviction.policy();
-        let backing_blocks = check_fit(&geometry, backing.size_bytes(), config)?;
-        let slot_count = geometry.slot_count as u32;
+        let backing_blocks =
+            check_fit(layout.block_size, layout.slot_count, backing.size_bytes(), config)?;
+        let slot_count = layout.slot_count as u32;
         let lane_free_max = (slot_count as usize / (4 * config.max_lanes)).clamp(1, 256);
         let stripe_count = (config.max_lanes * 64).next_power_of_two().max(1024);
+        let members = layout.members().len();
         Ok(Self {
             slots: SlotTable::new(slot_count)?,
             index: Index::with_buckets(slot_count, config.index_buckets)?,
@@ -75,8 +112,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                     })
                 })
                 .collect(),
-            pool: FreePool::new(slot_count),
-            hand: AtomicU64::new(0),
+            pools: Pools::new(layout.members().iter().map(|m| (m.first_slot, m.slot_count))),
+            hands: (0..members).map(|_| CachePadded::new(AtomicU64::new(0))).collect(),
+            placement: Placement::new(&layout, &config.placement),
             next_seq: AtomicU64::new(first_seq_after(synced_seq)),
             synced_seq: Mutex::new(synced_seq),
             // One write counted before any: whatever wrote the backing store before this
@@ -92,6 +130,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                     in_use: AtomicBool::new(false),
                     counters: CachePadded::new(LaneCounters::default()),
                     fences: CachePadded::new(AtomicU64::new(0)),
+                    members: (0..members).map(|_| MemberCounters::default()).collect(),
                 })
                 .collect(),
             closed: AtomicBool::new(false),
@@ -111,7 +150,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             backing,
             clock,
             superblock,
-            geometry,
+            layout,
             backing_blocks,
         })
     }
@@ -141,8 +180,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             freed_durable: 0,
             seq_next: 0,
             seq_end: 0,
-            block: vec![0u8; self.geometry.block_size as usize],
-            write_back_block: vec![0u8; self.geometry.block_size as usize],
+            block: vec![0u8; self.layout.block_size as usize],
+            write_back_block: vec![0u8; self.layout.block_size as usize],
             scratch_slots: Vec::with_capacity(DRAIN_BATCH),
             scratch_refused: Vec::with_capacity(2 * WRITE_BACK_FAILURES_MAX),
             written: Vec::with_capacity(DRAIN_BATCH),
@@ -157,6 +196,10 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             read_starts: Vec::new(),
             write_starts: Vec::new(),
             write_outcomes: Vec::new(),
+            node: None,
+            refills: 0,
+            // The first read asks which node the lane runs on.
+            reads_since_node_check: NODE_CHECK_READS,
         })
     }
 
@@ -180,17 +223,56 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
 
     /// Size of the exported device in bytes (the backing store's size).
     pub fn size_bytes(&self) -> u64 {
-        self.backing_blocks * u64::from(self.geometry.block_size)
+        self.backing_blocks * u64::from(self.layout.block_size)
     }
 
     /// Cache block size in bytes.
     pub fn block_size(&self) -> u32 {
-        self.geometry.block_size
+        self.layout.block_size
     }
 
     /// The superblock in use.
     pub fn superblock(&self) -> &Superblock {
         &self.superblock
+    }
+
+    /// The cache's members and where its slots are.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Each member's figures: its node, slots, dirty and free slots, and the reads and writes
+    /// lanes made of it, local or remote. The dirty count reads every slot's state (a pass
+    /// over the slot table: for a status command, not a hot loop). A one-member cache does not
+    /// count its reads per member (nothing to place): its local reads are `Stats::read_hits`,
+    /// and every write is local.
+    pub fn member_stats(&self) -> Vec<MemberStats> {
+        let mut out: Vec<MemberStats> = self
+            .layout
+            .members()
+            .iter()
+            .map(|member| MemberStats {
+                index: member.index,
+                node: member.node,
+                slots: u64::from(member.slot_count),
+                free: self.pools.len_of(member.index),
+                ..Default::default()
+            })
+            .collect();
+        for lane in self.lanes.iter() {
+            for (counters, stats) in lane.members.iter().zip(out.iter_mut()) {
+                counters.add_to(stats);
+            }
+        }
+        for slot in 0..self.slots.len() {
+            if self.slots.load(slot).state() == SlotState::Dirty {
+                out[self.layout.member_of(slot)].dirty += 1;
+            }
+        }
+        if self.placement.single() {
+            out[0].reads_local = self.stats().read_hits;
+        }
+        out
     }
 
     /// The medium (for tests and tools).
@@ -214,9 +296,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         // cleaned, so the sum can dip below zero (as a signed number) for a moment.
         let dirty = self.recovered_dirty.wrapping_add(stats.dirty_delta) as i64;
         stats.dirty_slots = dirty.max(0) as u64;
-        stats.slot_count = self.geometry.slot_count;
-        stats.block_size = self.geometry.block_size;
-        stats.dram_bytes_per_slot = self.dram_bytes() as f64 / self.geometry.slot_count as f64;
+        stats.slot_count = self.layout.slot_count;
+        stats.block_size = self.layout.block_size;
+        stats.dram_bytes_per_slot = self.dram_bytes() as f64 / self.layout.slot_count as f64;
         stats.backing_errors = self.backing_errors.load(Ordering::Relaxed);
         stats.cleaner = self.cleaner.stats();
         stats
@@ -239,7 +321,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             let expected = match state {
                 SlotState::Free => {
                     free += 1;
-                    if !self.pool.holds(slot) {
+                    if !self.pools.holds(slot) {
                         return Err(format!("free slot {slot} is not in the pool"));
                     }
                     continue;
@@ -265,7 +347,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         if indexed != cached {
             return Err(format!("the index holds {indexed} entries for {cached} cached blocks"));
         }
-        let pooled = self.pool.len();
+        let pooled = self.pools.len();
         if pooled != free {
             return Err(format!("the pool holds {pooled} slots for {free} free ones"));
         }
@@ -276,7 +358,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     pub fn dram_bytes(&self) -> usize {
         self.slots.len() as usize * 4
             + self.index.bytes()
-            + self.pool.bytes()
+            + self.pools.bytes()
             + self.stripes.len() * std::mem::size_of::<CachePadded<Stripe>>()
             + self.lanes.len() * std::mem::size_of::<LaneSlot>()
     }

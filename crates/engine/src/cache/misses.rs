@@ -167,12 +167,13 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let guard = stripe.lock_unchanged();
         if let Some(found) = engine.index.lookup(lba) {
             // Cached meanwhile (a writer, or another lane's miss): a hit after all.
-            engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
+            engine.medium.read(engine.layout.data_offset(found.slot) + in_block as u64, out);
             drop(guard);
             if let Some(slot) = slot {
                 self.give_back(slot);
             }
             bump(&self.counters().read_hits, 1);
+            self.count_read(found.slot, 1);
             bump(&self.counters().bytes_read, out.len() as u64);
             return ReadStart::Done(Ok(()));
         }
@@ -358,8 +359,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 let mut guard = stripe.lock_unchanged();
                 if let Some(found) = engine.index.lookup(lba) {
                     // Cached while the read was in flight: the cached copy is the answer.
-                    engine.medium.read(engine.geometry.data_offset(found.slot), &mut buf);
+                    engine.medium.read(engine.layout.data_offset(found.slot), &mut buf);
                     cached = true;
+                    self.count_read(found.slot, 1);
                 } else if let Some(slot) = slot.filter(|_| stripe.changes() == changes) {
                     admitted = match self.index_insert_optional(lba, slot) {
                         Ok(Some(inserted)) => {

@@ -202,6 +202,6 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     }
 
     fn block_bytes(&self) -> u64 {
-        u64::from(self.geometry.block_size)
+        u64::from(self.layout.block_size)
     }
 }

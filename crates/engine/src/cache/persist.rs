@@ -60,7 +60,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     }
 
     pub(super) fn write_data(&mut self, slot: u32, data: &[u8]) {
-        let at = self.engine.geometry.data_offset(slot);
+        let at = self.engine.layout.data_offset(slot);
         self.engine.medium.write_flush(at, data);
         self.fence();
     }
@@ -75,14 +75,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// keeps one word without the other leaves a pair that reads as free or as torn, whichever
     /// word it kept (docs/FORMAT.md, torn updates).
     pub(super) fn store_entry(&self, slot: u32, entry: SlotEntry) {
-        let at = self.engine.geometry.entry_offset(slot);
+        let at = self.engine.layout.entry_offset(slot);
         let (word0, word1) = entry.encode();
         self.engine.medium.store_pair_flush(at, word0, word1);
     }
 
     /// Rewrites word 0 of a live entry (state change); flushed, durable after a fence.
     pub(super) fn rewrite_entry_state(&self, slot: u32, entry: SlotEntry) {
-        let at = self.engine.geometry.entry_offset(slot);
+        let at = self.engine.layout.entry_offset(slot);
         self.engine.medium.store_u64(at, entry.encode().0);
         self.engine.medium.flush(at, 8);
     }

@@ -57,23 +57,31 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let Some(first) = engine.index.lookup(lba).filter(|f| !f.hidden) else { return 0 };
         let mut run: SmallVec<[Found; RUN_BLOCKS_MAX]> = SmallVec::new();
         run.push(first);
+        // One copy covers the run: it stops at the end of the first slot's member, where the
+        // next slot number is on another medium.
+        let member_end = engine.layout.member_end(first.slot);
         let wanted = blocks.min(RUN_BLOCKS_MAX);
         while run.len() < wanted {
             let previous = run[run.len() - 1].slot;
             match engine.index.lookup(lba + run.len() as u64) {
-                Some(next) if !next.hidden && previous.checked_add(1) == Some(next.slot) => {
+                Some(next)
+                    if !next.hidden
+                        && previous.checked_add(1) == Some(next.slot)
+                        && next.slot < member_end =>
+                {
                     run.push(next)
                 }
                 _ => break,
             }
         }
-        engine.medium.read(engine.geometry.data_offset(first.slot), &mut out[..run.len() * block]);
+        engine.medium.read(engine.layout.data_offset(first.slot), &mut out[..run.len() * block]);
         fence(Ordering::Acquire);
         let held = run.iter().take_while(|found| engine.index.still_holds(found)).count();
         if engine.marks_hits {
             run[..held].iter().for_each(|found| engine.index.touch(found));
         }
         bump(&self.counters().read_hits, held as u64);
+        self.count_read(first.slot, held as u64);
         if held < run.len() {
             bump(&self.counters().read_retries, 1);
         }
@@ -110,13 +118,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // points at it with its current generation (writes go out of place; a slot is freed —
         // a new generation — before it is reused), so the copy is the block's data at a point
         // inside the copy. A failed validation discards the copy. No other DRAM line is read.
-        engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
+        engine.medium.read(engine.layout.data_offset(found.slot) + in_block as u64, out);
         fence(Ordering::Acquire);
         if engine.index.still_holds(found) {
             if engine.marks_hits {
                 engine.index.touch(found);
             }
             bump(&self.counters().read_hits, 1);
+            self.count_read(found.slot, 1);
             return true;
         }
         bump(&self.counters().read_retries, 1);
@@ -136,12 +145,13 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let reserved = self.reserve_for_admission(admit);
         let mut guard = engine.lock_stripe(lba);
         if let Some(found) = engine.index.lookup(lba) {
-            engine.medium.read(engine.geometry.data_offset(found.slot) + in_block as u64, out);
+            engine.medium.read(engine.layout.data_offset(found.slot) + in_block as u64, out);
             drop(guard);
             if let Some(slot) = reserved {
                 self.give_back(slot);
             }
             bump(&self.counters().read_hits, 1);
+            self.count_read(found.slot, 1);
             return Ok(());
         }
         let block = self.block_bytes();
@@ -190,7 +200,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let engine = self.engine;
         match cached {
             Some(found) => {
-                engine.medium.read(engine.geometry.data_offset(found.slot), &mut self.block)
+                engine.medium.read(engine.layout.data_offset(found.slot), &mut self.block)
             }
             None => {
                 let offset = lba * self.block_bytes();

@@ -19,7 +19,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// non-temporally, which would then have to evict it.
     pub(super) fn prefetch_slot_for_entry_store(&self, slot: u32) {
         self.slots.prefetch(slot);
-        self.medium.prefetch_pair_store(self.geometry.entry_offset(slot));
+        self.medium.prefetch_pair_store(self.layout.entry_offset(slot));
     }
 
     pub(super) fn lock_stripe(&self, lba: u64) -> MutexGuard<'_, u64> {
@@ -50,7 +50,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// stripe's block, is left as it is. Either way the line is flushed, so a zeroing already
     /// visible becomes durable too.
     pub(super) fn settle_pending_free(&self, stripe: usize, slot: u32) {
-        let at = self.geometry.entry_offset(slot);
+        let at = self.layout.entry_offset(slot);
         let word0 = self.medium.load_u64(at);
         if word0 != 0 && self.stripe_index(format::word0_lba(word0)) == stripe {
             self.medium.compare_exchange_u64(at, word0, 0);
@@ -62,7 +62,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// medium's entry store: non-temporal where it stores entries so), durable at the
     /// caller's next fence.
     pub(super) fn zero_superseded_entry(&self, slot: u32) {
-        self.medium.store_pair_flush(self.geometry.entry_offset(slot), 0, 0);
+        self.medium.store_pair_flush(self.layout.entry_offset(slot), 0, 0);
     }
 
     /// Locks `lba`'s stripe without waiting, unless it is the stripe `held` by the caller.
@@ -110,13 +110,13 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     }
 
     pub(crate) fn read_entry(&self, slot: u32) -> DecodedEntry {
-        let at = self.geometry.entry_offset(slot);
+        let at = self.layout.entry_offset(slot);
         SlotEntry::decode(self.medium.load_u64(at), self.medium.load_u64(at + 8))
     }
 
     /// Stores a cleared (free) entry and starts its write-back; durable after a fence.
     pub(crate) fn clear_entry(&self, slot: u32) {
-        let at = self.geometry.entry_offset(slot);
+        let at = self.layout.entry_offset(slot);
         self.medium.store_u64(at, 0);
         self.medium.store_u64(at + 8, 0);
         self.medium.flush(at, 16);

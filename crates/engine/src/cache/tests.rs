@@ -36,7 +36,7 @@ fn settling_a_pending_free_clears_an_entry_of_its_stripe_and_no_other() {
         engine.index.lookup(other).expect("cached").slot,
     );
     let word = |slot: u32, durable: bool| {
-        let at = engine.geometry.entry_offset(slot);
+        let at = engine.layout.entry_offset(slot);
         if durable {
             world.medium.durable_image()[at as usize / 8]
         } else {
@@ -81,7 +81,7 @@ fn a_removal_settles_a_pending_free_whose_zeroes_are_not_visible_yet() {
                     lane.write(lba * block, &pattern(10 + lba, 0, block), false).expect("write");
                 }
                 let superseded = engine.index.lookup(0).expect("cached").slot;
-                let at = engine.geometry.entry_offset(superseded);
+                let at = engine.layout.entry_offset(superseded);
                 let words = (world.medium.load_u64(at), world.medium.load_u64(at + 8));
                 lane.write(0, new, false).expect("overwrite");
                 assert_ne!(engine.index.lookup(0).expect("cached").slot, superseded);
@@ -138,12 +138,12 @@ fn slots_handed_to_the_pool_have_durably_zeroed_entries() {
     assert!(lane.zeroings_pending(), "the last group's zeroings are still pending");
 
     let mut pooled = Vec::new();
-    engine.pool.take(usize::MAX, &mut pooled);
+    engine.pools.take(0, usize::MAX, &mut pooled);
     let spilled: Vec<u32> = old.iter().copied().filter(|s| pooled.contains(s)).collect();
     assert!(!spilled.is_empty(), "no superseded slot reached the pool: {old:?} {pooled:?}");
     let durable = world.medium.durable_image();
     for slot in pooled {
-        let at = engine.geometry.entry_offset(slot) as usize / 8;
+        let at = engine.layout.entry_offset(slot) as usize / 8;
         let entry = SlotEntry::decode(durable[at], durable[at + 1]);
         assert_eq!(entry, DecodedEntry::Free, "slot {slot} reached the pool with {entry:?}");
     }

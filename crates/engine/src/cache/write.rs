@@ -161,7 +161,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // load while the fence waits for the copy's stores (started before the copy, they
         // slowed it).
         if full {
-            let at = engine.geometry.data_offset(slot);
+            let at = engine.layout.data_offset(slot);
             match payload {
                 Payload::Data(data) => engine.medium.write_flush(at, data),
                 Payload::Zeroes(_) => {
@@ -180,7 +180,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // next write's path. About 10 % of a write (docs/PERFORMANCE.md, `bench core`); its
         // entry line alone gained nothing, and the touch before this write's copy lost.
         if let Some(&next) = self.free.last() {
-            engine.medium.prefetch(engine.geometry.data_offset(next), 1);
+            engine.medium.prefetch(engine.layout.data_offset(next), 1);
         }
         if full {
             self.fence();

@@ -61,7 +61,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
             // An older copy of the block may be on its way from the cleaner: it lands first.
             let turn = engine.backing_turn(entry.lba, &guard);
-            engine.medium.read(engine.geometry.data_offset(slot), &mut self.write_back_block);
+            engine.medium.read(engine.layout.data_offset(slot), &mut self.write_back_block);
             if let Err(e) = engine.backing_write(&self.write_back_block, entry.lba * block, &turn) {
                 // This block stays dirty (its copy here is the one that counts); the others
                 // are still written back, so one bad block of the backing store does not stop

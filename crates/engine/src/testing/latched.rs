@@ -12,8 +12,6 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use pmcache_backing::{BackingIdentity, BackingStore, IoCompletion, IoQueue, IoRequest, SyncQueue};
 
-use pmcache_media::CrashMedium;
-
 use super::SimBacking;
 use super::model::{World, config, pattern};
 use crate::{AdmissionConfig, CacheMode, Engine, EvictionKind, ManualClock};
@@ -166,7 +164,7 @@ impl LatchedBacking {
 }
 
 /// An engine whose backing store is latched.
-pub type LatchedEngine = Engine<CrashMedium, Arc<LatchedBacking>, Arc<ManualClock>>;
+pub type LatchedEngine = Engine<super::model::SimMedium, Arc<LatchedBacking>, Arc<ManualClock>>;
 
 /// An engine in `mode` (CLOCK, admitting always, 4 lanes) over a latched store whose blocks
 /// hold `pattern(1, ..)`; the store offers a queue.

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use pmcache_backing::BackingStore;
-use pmcache_media::{CrashMedium, CrashSwitch, Medium};
+use pmcache_media::numa::Topology;
+use pmcache_media::{CrashMedium, CrashSwitch, Medium, MediumSet};
 use rand::{Rng, SeedableRng};
 
 use super::SimBacking;
@@ -24,6 +25,8 @@ pub const SECTORS: usize = BLOCK / super::SIM_SECTOR_BYTES;
 const SECTOR: usize = super::SIM_SECTOR_BYTES;
 /// Medium size: 4 KiB superblock + 4 KiB metadata + 20 slots of 512 B.
 pub const MEDIUM_BYTES: u64 = 8192 + 20 * BLOCK as u64;
+/// Bytes of each member of a cache of several (16 slots each, the fewest a member may have).
+pub const MEMBER_BYTES: u64 = 8192 + 16 * BLOCK as u64;
 
 /// One operation of a workload.
 #[derive(Clone, Debug)]
@@ -657,15 +660,18 @@ impl Model {
     }
 }
 
+/// The simulated cache medium: a set of crash-simulating members (one for most runs).
+pub type SimMedium = MediumSet<CrashMedium>;
+
 /// The engine on simulated parts.
-pub type SimEngine = Engine<CrashMedium, SimBacking, Arc<ManualClock>>;
+pub type SimEngine = Engine<SimMedium, SimBacking, Arc<ManualClock>>;
 
 /// A medium and a backing store cut by one switch.
 pub struct World {
     /// The switch.
     pub switch: Arc<CrashSwitch>,
     /// The cache medium.
-    pub medium: CrashMedium,
+    pub medium: SimMedium,
     /// The backing store.
     pub backing: SimBacking,
 }
@@ -674,25 +680,77 @@ impl World {
     /// New, zeroed parts. Half the seeds give a backing store with a queue (the engine's
     /// queued paths run), half one without (its one-call-at-a-time paths run).
     pub fn fresh(seed: u64) -> Self {
+        Self::fresh_set(seed, 1)
+    }
+
+    /// [`World::fresh`] with a cache medium of `members` members: one of `MEDIUM_BYTES`, or
+    /// several of `MEMBER_BYTES`, member `i` on node `i` (of [`simulated_topology`]).
+    pub fn fresh_set(seed: u64, members: usize) -> Self {
         let switch = CrashSwitch::new();
         let backing = SimBacking::new(DEVICE_BYTES, switch.clone(), seed ^ 0xabc);
         backing.set_queued(seed & 1 == 1);
-        Self { medium: CrashMedium::new(MEDIUM_BYTES, switch.clone(), seed), backing, switch }
+        let medium = if members == 1 {
+            MediumSet::single(CrashMedium::new(MEDIUM_BYTES, switch.clone(), seed))
+        } else {
+            MediumSet::new(
+                (0..members)
+                    .map(|i| {
+                        let medium =
+                            CrashMedium::new(MEMBER_BYTES, switch.clone(), seed + i as u64);
+                        (medium, Some(i as u32))
+                    })
+                    .collect(),
+            )
+        };
+        Self { medium, backing, switch }
     }
 
     /// The world a power cut leaves behind (the switch must have cut power).
     pub fn after_power_cut(&self, seed: u64) -> Self {
         let switch = CrashSwitch::new();
-        let medium_image = self.medium.crash_image().expect("power was cut");
         let backing_image = self.backing.crash_image().expect("power was cut");
         let backing = SimBacking::from_image(backing_image, switch.clone(), seed ^ 0xabc);
         backing.set_queued(self.backing.is_queued());
-        Self {
-            medium: CrashMedium::from_image(medium_image, switch.clone(), seed),
-            backing,
-            switch,
-        }
+        let nodes: Vec<Option<u32>> = self.medium.members().iter().map(|m| m.node).collect();
+        let medium = MediumSet::new(
+            self.medium
+                .media()
+                .zip(nodes)
+                .enumerate()
+                .map(|(i, (member, node))| {
+                    let image = member.crash_image().expect("power was cut");
+                    (CrashMedium::from_image(image, switch.clone(), seed + i as u64), node)
+                })
+                .collect(),
+        );
+        Self { medium, backing, switch }
     }
+}
+
+/// A machine of `nodes` nodes, every other node 21 away, with `MEMBERS_MAX` CPUs dealt
+/// round-robin (CPU `c` on node `c % nodes`): what model runs of a cache of several members
+/// place on.
+pub fn simulated_topology(nodes: usize) -> Topology {
+    let distances =
+        (0..nodes).map(|i| (0..nodes).map(|j| if i == j { 10 } else { 21 }).collect()).collect();
+    let cpu_node = (0..pmcache_media::MEMBERS_MAX).map(|cpu| (cpu % nodes) as u32).collect();
+    Topology::simulated(cpu_node, distances)
+}
+
+thread_local! {
+    static NEXT_CPU: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A simulated `sched_getcpu` for model runs: each call on a thread says the next CPU (of
+/// [`simulated_topology`]'s), as if the thread moved at every refill, so
+/// that one thread's writes land on every member of the set in turn and fall back when one
+/// is full.
+pub fn rotating_cpu() -> Option<usize> {
+    Some(NEXT_CPU.with(|next| {
+        let cpu = next.get();
+        next.set(cpu.wrapping_add(1));
+        cpu % pmcache_media::MEMBERS_MAX
+    }))
 }
 
 /// A configuration for the model runs.
@@ -704,6 +762,7 @@ pub fn config(mode: CacheMode, eviction: EvictionKind, admission: AdmissionConfi
         admission,
         eviction,
         index_buckets: None,
+        placement: Default::default(),
     }
 }
 
@@ -913,6 +972,9 @@ pub struct CrashRun {
     /// segment (the engine then has a third lane for it): power is cut inside its batches, it
     /// writes back blocks the workload overwrites, and writers that find no slot stall on it.
     pub cleaner: Option<crate::CleanerConfig>,
+    /// Members of the cache medium (1: one medium; more: one per simulated node, each
+    /// `MEMBER_BYTES`, the lanes' threads moving from node to node at every refill).
+    pub members: usize,
 }
 
 /// Stops the engine's cleaner when dropped: a segment that ends early (an error) must not leave
@@ -1181,10 +1243,15 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
     let cfg = Config {
         index_buckets: run.index_buckets,
         max_lanes: base.max_lanes + usize::from(run.cleaner.is_some()),
+        placement: crate::PlacementConfig {
+            topology: Some(Arc::new(simulated_topology(run.members.max(1)))),
+            current_cpu: rotating_cpu,
+            ..Default::default()
+        },
         ..base
     };
     let clock = Arc::new(ManualClock::default());
-    let mut world = World::fresh(run.seed);
+    let mut world = World::fresh_set(run.seed, run.members.max(1));
     let mut model = Model::new(run.mode);
     let mut outcome = RunOutcome::default();
     let mut engine: SimEngine =

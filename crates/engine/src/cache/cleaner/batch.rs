@@ -114,7 +114,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
     /// Copies up to `max_blocks` candidates and sends them to the backing store.
     fn write_batch(&mut self, max_blocks: usize, outcome: &mut BatchOutcome) {
         let engine = self.lane.engine;
-        let block = u64::from(engine.geometry.block_size);
+        let block = u64::from(engine.layout.block_size);
         let merge = self.config.merge_blocks.min(self.buffer_blocks);
         self.in_batch.clear();
         self.succeeded.clear();
@@ -174,7 +174,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             let buffer = self.buffers[run].as_mut().expect("an open run's buffer is here");
             let at = index * block as usize;
             engine.medium.read(
-                engine.geometry.data_offset(candidate.slot),
+                engine.layout.data_offset(candidate.slot),
                 &mut buffer[at..at + block as usize],
             );
             engine.stripes[stripe].cleaning.fetch_add(1, Ordering::AcqRel);
@@ -200,7 +200,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         loop {
             if let Some(run) = self.free_buffers.pop() {
                 self.runs[run].clear();
-                let len = self.buffer_blocks * self.lane.engine.geometry.block_size as usize;
+                let len = self.buffer_blocks * self.lane.engine.layout.block_size as usize;
                 self.buffers[run].as_mut().expect("a free buffer is here").set_len(len);
                 return run;
             }
@@ -211,7 +211,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
     /// Sends run `run`'s buffer to the backing store.
     fn issue(&mut self, run: usize, outcome: &mut BatchOutcome) {
         let engine = self.lane.engine;
-        let block = engine.geometry.block_size as usize;
+        let block = engine.layout.block_size as usize;
         let mut buf = self.buffers[run].take().expect("issued once");
         buf.set_len(self.runs[run].len() * block);
         let offset = self.run_first_lba[run] * block as u64;

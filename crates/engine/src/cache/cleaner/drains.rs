@@ -144,7 +144,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         let shared = &engine.cleaner;
         let Some(upto) = shared.drains.take() else { return false };
         lock(&shared.status).phase = "draining";
-        let slots = engine.geometry.slot_count;
+        let slots = engine.layout.slot_count;
         let mut cleaned = 0u64;
         let mut fruitless = 0u32;
         let answer = loop {

@@ -181,7 +181,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         let queue = self.backing.open_queue(config.queue_depth + 1).ok();
         *lock(&self.cleaner.config) = config.clone();
         self.cleaner.stop.store(false, Ordering::SeqCst);
-        let block = self.geometry.block_size as usize;
+        let block = self.layout.block_size as usize;
         let depth = config.queue_depth;
         Ok(Cleaner {
             lane,
@@ -193,7 +193,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             run_first_lba: vec![0; depth],
             free_buffers: (0..depth).rev().collect(),
             completions: Vec::with_capacity(depth),
-            candidates: Vec::with_capacity(CANDIDATES_MAX.min(self.geometry.slot_count as usize)),
+            candidates: Vec::with_capacity(CANDIDATES_MAX.min(self.layout.slot_count as usize)),
             refused: Vec::with_capacity(64),
             next_candidate: 0,
             scan_cursor: 0,
@@ -252,7 +252,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     pub(super) fn pace_writes(&self, blocks: u64) {
         self.cleaner
             .pace
-            .take(blocks, || self.dirty_slots() as f64 / self.geometry.slot_count.max(1) as f64);
+            .take(blocks, || self.dirty_slots() as f64 / self.layout.slot_count.max(1) as f64);
     }
 
     /// Blocks written so far, over all lanes (what tells the cleaner the foreground is busy).
@@ -446,7 +446,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             let config = lock(&shared.config).clone();
             if config.order == WriteBackOrder::None {
                 shared.running.store(false, Ordering::SeqCst);
-                let levels = config.thresholds(engine.geometry.slot_count);
+                let levels = config.thresholds(engine.layout.slot_count);
                 self.set_phase("off", RateTerms::default(), &config, levels);
                 shared.pace.off();
                 self.settle();
@@ -462,7 +462,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                 controller.reset();
                 self.config = config.clone();
             }
-            let levels = config.thresholds(engine.geometry.slot_count);
+            let levels = config.thresholds(engine.layout.slot_count);
             let DirtyThresholds { target, high, low, idle_target } = levels;
             let dirty = engine.dirty_slots();
             let now = Instant::now();
@@ -596,7 +596,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
     /// being what writers refresh the pace across.
     fn set_pace(&self, dirty: u64, config: &CleanerConfig) {
         let pace = &self.lane.engine.cleaner.pace;
-        let slots = self.lane.engine.geometry.slot_count.max(1);
+        let slots = self.lane.engine.layout.slot_count.max(1);
         let share = dirty as f64 / slots as f64;
         let below_high = share < f64::from(config.high_pct) / 100.0;
         if config.throttle_pct >= 100 || self.rate_blocks_per_s <= 0.0 || below_high {
