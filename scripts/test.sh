@@ -62,6 +62,9 @@ scripts/guest/ublk-recovery-e2e.sh
 echo "== the dax medium on emulated NVDIMMs in a QEMU guest: fsdax, devdax, kill -9, power cut"
 scripts/guest/dax-e2e.sh
 
+echo "== a cache of two members on a QEMU guest of two NUMA nodes: placement on and interleaved"
+scripts/guest/numa-e2e.sh
+
 echo "== bench smoke runs"
 cargo build --release -p pmcache-cli
 ./target/release/pmcache bench core --quick

@@ -288,9 +288,9 @@ fn member_table(object: &serde_json::Map<String, serde_json::Value>) -> String {
     if members.is_empty() {
         return String::new();
     }
-    let mut text = COLUMNS.map(|c| format!("{c:>13}")).join("") + "\n";
+    let mut text = COLUMNS.map(|c| format!("{c:>14}")).join("") + "\n";
     for member in members {
-        text += &(COLUMNS.map(|c| format!("{:>13}", member_field(member, c))).join("") + "\n");
+        text += &(COLUMNS.map(|c| format!("{:>14}", member_field(member, c))).join("") + "\n");
     }
     text
 }
