@@ -67,8 +67,8 @@ fn every_experiment_makes_its_figures_and_the_report_is_made_from_their_json() {
     let out = tempfile::tempdir().expect("tempdir");
     let mut files = vec![];
     let mut figures = vec![];
-    // Every in-process experiment of the host. `000-guest` and `004-guest` boot a QEMU guest
-    // (scripts/test.sh runs them); `002-fig2` spawns `pmcache serve` from the executable
+    // Every in-process experiment of the host. `000-guest`, `001-fig3-numa` and `004-guest`
+    // boot a QEMU guest (scripts/test.sh runs them); `002-fig2` spawns `pmcache serve` from the executable
     // running it, so the cli's end-to-end tests run it on the built binary.
     for id in ["000-fig2", "000-fig3", "000-fig4", "000-fig5", "000-fig6", "001-fig3", "004-fig1"] {
         let made = paper::run(&args(id, out.path()), &mut |_, written| {
@@ -133,6 +133,27 @@ fn an_unknown_experiment_is_refused_with_the_list() {
     let out = tempfile::tempdir().expect("tempdir");
     let error = paper::run(&args("000-fig9", out.path()), &mut |_, _| {}).expect_err("unknown");
     assert!(error.contains("000-fig4") && error.contains("all"), "{error}");
+}
+
+/// The NUMA panels measured in place need a machine of two nodes with a directory bound to
+/// each; on one node they say so (without `--bed guest-numa` they boot the guest instead).
+#[test]
+fn the_numa_panels_refuse_to_measure_on_a_machine_of_one_node() {
+    let nodes = std::fs::read_dir("/sys/devices/system/node")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("node"))
+                .count()
+        })
+        .unwrap_or(1);
+    if nodes > 1 {
+        eprintln!("skipped: this machine has {nodes} NUMA nodes");
+        return;
+    }
+    let out = tempfile::tempdir().expect("tempdir");
+    let guest_bed = PaperArgs { bed: "guest-numa".into(), ..args("001-fig3-numa", out.path()) };
+    let error = paper::run(&guest_bed, &mut |_, _| {}).expect_err("one node");
+    assert!(error.contains("needs two NUMA nodes") && error.contains("has 1"), "{error}");
 }
 
 #[test]

@@ -46,6 +46,9 @@ pub struct Layout {
     pub slot_count: u64,
     /// The slot after member 0's last: most lookups of a one-member cache stop at it.
     first_end: u32,
+    /// Member 0's base and geometry, inline: a one-member cache's offsets follow no pointer.
+    first_base: u64,
+    first_geometry: Geometry,
     members: Box<[Member]>,
 }
 
@@ -97,6 +100,8 @@ impl Layout {
             block_size: geometries[0].block_size,
             slot_count: first_slot,
             first_end: members[0].slot_count,
+            first_base: members[0].base,
+            first_geometry: members[0].geometry,
             members: members.into_boxed_slice(),
         })
     }
@@ -161,6 +166,9 @@ impl Layout {
     /// Byte offset of `slot`'s metadata entry.
     #[inline]
     pub fn entry_offset(&self, slot: u32) -> u64 {
+        if slot < self.first_end {
+            return self.first_base + self.first_geometry.entry_offset(slot);
+        }
         let member = &self.members[self.member_of(slot)];
         member.base + member.geometry.entry_offset(slot - member.first_slot)
     }
@@ -168,6 +176,9 @@ impl Layout {
     /// Byte offset of `slot`'s data block.
     #[inline]
     pub fn data_offset(&self, slot: u32) -> u64 {
+        if slot < self.first_end {
+            return self.first_base + self.first_geometry.data_offset(slot);
+        }
         let member = &self.members[self.member_of(slot)];
         member.base + member.geometry.data_offset(slot - member.first_slot)
     }

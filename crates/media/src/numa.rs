@@ -135,6 +135,11 @@ impl Topology {
         self.cpu_node.get(cpu).copied().unwrap_or(self.nodes[0])
     }
 
+    /// The CPUs of `node`, ascending.
+    pub fn cpus_of(&self, node: u32) -> Vec<usize> {
+        (0..self.cpu_node.len()).filter(|&cpu| self.cpu_node[cpu] == node).collect()
+    }
+
     /// The distance from node `from` to node `to` (`u32::MAX` for a node it does not know).
     pub fn distance(&self, from: u32, to: u32) -> u32 {
         let index = |node| self.nodes.iter().position(|&n| n == node);
@@ -158,6 +163,23 @@ pub fn current_cpu() -> Option<usize> {
     // SAFETY: no arguments, no memory touched; returns a CPU number or -1.
     let cpu = unsafe { libc::sched_getcpu() };
     usize::try_from(cpu).ok()
+}
+
+/// Pins the calling thread to `cpu` (`sched_setaffinity`), as a benchmark places its
+/// threads on the nodes of a machine.
+pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: `cpu_set_t` is plain data, zeroed is the empty set; CPU_SET writes one bit of it
+    // (it checks the index against the set's size); sched_setaffinity reads the set for the
+    // calling thread (pid 0) and keeps no pointer.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A list of numbers as sysfs writes CPU and node lists (`0-3,8,10-11`; empty is none).

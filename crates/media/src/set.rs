@@ -25,8 +25,10 @@ pub struct MemberSpan {
 /// Media served as one, in member order.
 #[derive(Clone, Debug)]
 pub struct MediumSet<M: Medium> {
-    /// Each member with the offset it starts at in the set.
-    members: Vec<(u64, M)>,
+    /// Member 0, inline: a one-member set's accesses reach it without a pointer to follow.
+    first: M,
+    /// The other members, each with the offset it starts at in the set.
+    rest: Vec<(u64, M)>,
     /// Where member 0 ends: most accesses of a one-member set stop at this compare.
     first_end: u64,
     nodes: Vec<Option<u32>>,
@@ -44,10 +46,13 @@ impl<M: Medium> MediumSet<M> {
             "a medium set has 1 to {MEMBERS_MAX} members, not {}",
             members.len()
         );
-        let mut at = 0;
         let mut nodes = Vec::with_capacity(members.len());
-        let members: Vec<(u64, M)> = members
-            .into_iter()
+        let mut members = members.into_iter();
+        let (first, node) = members.next().expect("checked: one member at least");
+        nodes.push(node);
+        let first_end = first.len_bytes();
+        let mut at = first_end;
+        let rest: Vec<(u64, M)> = members
             .map(|(medium, node)| {
                 let start = at;
                 at += medium.len_bytes();
@@ -55,8 +60,7 @@ impl<M: Medium> MediumSet<M> {
                 (start, medium)
             })
             .collect();
-        let first_end = members[0].1.len_bytes();
-        Self { members, first_end, nodes, len_bytes: at }
+        Self { first, rest, first_end, nodes, len_bytes: at }
     }
 
     /// A set of one member of unknown node.
@@ -65,23 +69,31 @@ impl<M: Medium> MediumSet<M> {
     }
 
     /// The members, in order.
-    pub fn media(&self) -> impl ExactSizeIterator<Item = &M> {
-        self.members.iter().map(|(_, medium)| medium)
+    pub fn media(&self) -> impl Iterator<Item = &M> {
+        std::iter::once(&self.first).chain(self.rest.iter().map(|(_, medium)| medium))
+    }
+
+    /// Each member with the offset it starts at, in order.
+    fn spans(&self) -> impl Iterator<Item = (u64, &M)> {
+        std::iter::once((0, &self.first)).chain(self.rest.iter().map(|(start, m)| (*start, m)))
     }
 
     /// The member holding `offset..offset + len`, and the offset within it.
     #[inline(always)]
     fn at(&self, offset: u64, len: u64) -> (&M, u64) {
         if offset + len <= self.first_end {
-            return (&self.members[0].1, offset);
+            return (&self.first, offset);
         }
         self.at_slow(offset, len)
     }
 
     #[cold]
     fn at_slow(&self, offset: u64, len: u64) -> (&M, u64) {
-        let index = self.members.partition_point(|(start, _)| *start <= offset) - 1;
-        let (start, medium) = &self.members[index];
+        let index = self.rest.partition_point(|(start, _)| *start <= offset);
+        let (start, medium) = match index {
+            0 => (0, &self.first),
+            i => (self.rest[i - 1].0, &self.rest[i - 1].1),
+        };
         let within = offset - start;
         assert!(
             within + len <= medium.len_bytes(),
@@ -106,11 +118,10 @@ impl<M: Medium> Medium for MediumSet<M> {
         self.len_bytes
     }
     fn members(&self) -> Vec<MemberSpan> {
-        self.members
-            .iter()
+        self.spans()
             .zip(&self.nodes)
             .map(|((start, medium), &node)| MemberSpan {
-                range: *start..start + medium.len_bytes(),
+                range: start..start + medium.len_bytes(),
                 node,
             })
             .collect()
@@ -146,7 +157,8 @@ impl<M: Medium> Medium for MediumSet<M> {
     }
     #[inline]
     fn drain(&self) {
-        for (_, medium) in &self.members {
+        self.first.drain();
+        for (_, medium) in &self.rest {
             medium.drain();
         }
     }

@@ -14,6 +14,7 @@ mod guest;
 mod inproc;
 mod p000;
 mod p001;
+mod p001_numa;
 mod p002;
 mod p004;
 mod plot;
@@ -58,7 +59,9 @@ pub struct PaperArgs {
     #[arg(long, value_name = "FILE")]
     pub guest_json: Option<PathBuf>,
     /// `004-fig1`: the bed it runs on, as the figures name it: `host`, or `guest-nvme` (set by
-    /// `scripts/guest/paper004.sh` inside its guest).
+    /// `scripts/guest/paper004.sh` inside its guest). `001-fig3-numa`: `guest-numa` measures
+    /// here (set by `scripts/guest/paper001.sh` inside its guest of two nodes, whose members
+    /// are `<pm-dir>/node<N>`); anything else boots that guest.
     #[arg(long, default_value = "host")]
     pub bed: String,
 }
@@ -204,6 +207,12 @@ const EXPERIMENTS: &[Experiment] = &[
         id: "001-fig3",
         what: "FxMark analogues: private, shared, mixed 75/25 and 25/75 (a–d)",
         run: p001::fig3,
+    },
+    Experiment {
+        id: "001-fig3-numa",
+        what: "Fig 3 a and d as local and remote accesses on a cache of a member per node (a \
+               QEMU guest of two NUMA nodes)",
+        run: p001_numa::run,
     },
     Experiment {
         id: "002-fig2",

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Paper 001's NUMA half: `pmcache bench paper 001-fig3-numa` runs inside a QEMU guest (TCG) of
+# two NUMA nodes (one CPU and 1 GiB each, 21 apart), with a tmpfs mounted `mpol=bind:N` at
+# /mnt/pm/nodeN for each node: a cache member per node, threads pinned to each node's CPU.
+# The figures' JSON comes back on the guest's console and is written to OUT (with its SVG and
+# PNG drawn on the host). Under TCG a remote access costs what a local one does: the figures
+# are shares of local and remote accesses, not speeds.
+#
+#   scripts/guest/paper001.sh [--scale smallest|small|full] [--runs N] --out DIR
+#
+# Builds `pmcache` (profile test-opt) and needs python3 on the host.
+source "$(dirname "$0")/lib.sh"
+scale=small
+runs=
+out=
+while (($#)); do
+  case "$1" in
+    --scale) scale="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    *) echo "paper001: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+[[ -n "$out" ]] || { echo "paper001: --out DIR is required" >&2; exit 2; }
+need_tools python3:python3
+build_pmcache test-opt
+log=$(mktemp "${TMPDIR:-/tmp}/paper001.XXXXXX.log")
+trap 'rm -f "$log"' EXIT
+args=(bench paper 001-fig3-numa --scale "$scale" --out /tmp/paper001 --dir /mnt/nvme --pm-dir /mnt/pm
+  --bed guest-numa)
+[[ -z "$runs" ]] || args+=(--runs "$runs")
+guest_script paper001
+cat > "$script" <<GUEST
+set -eu
+for n in 0 1; do
+  mkdir -p /mnt/pm/node\$n
+  mount -t tmpfs -o size=400M,mpol=bind:\$n tmpfs /mnt/pm/node\$n
+done
+$exe ${args[*]} || exit 1
+for f in /tmp/paper001/*.json; do
+  echo "PAPER001-FILE \$(basename "\$f") \$(tr -d '\n' < "\$f")"
+done
+GUEST
+set +e
+font=/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf
+[[ -f "$font" ]] || { echo "paper001: no $font: install fonts-dejavu-core" >&2; exit 2; }
+export PMCACHE_GUEST_QEMU_ARGS="-object memory-backend-ram,id=ram0,size=1G \
+  -object memory-backend-ram,id=ram1,size=1G \
+  -numa node,nodeid=0,cpus=0,memdev=ram0 -numa node,nodeid=1,cpus=1,memdev=ram1 \
+  -numa dist,src=0,dst=1,val=21"
+"$here/run-in-guest.sh" --timeout 1800 --mem 2048 --smp 2 --copy "$exe" --copy "$font" \
+  --copy "$script" --env "PMCACHE_BENCH_COMMIT=$(git rev-parse --short=7 HEAD)" \
+  -- sh "$script" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+((rc == 0)) || { echo "paper001: the guest run failed ($rc)" >&2; exit 1; }
+mkdir -p "$out"
+python3 - "$log" "$out" <<'PY'
+import json, os, sys
+log, out = sys.argv[1], sys.argv[2]
+written = 0
+for line in open(log, encoding="utf-8", errors="replace"):
+    if line.startswith("PAPER001-FILE "):
+        _, name, text = line.rstrip("\n").split(" ", 2)
+        json.loads(text)
+        with open(os.path.join(out, name), "w") as f:
+            f.write(text + "\n")
+        written += 1
+if written == 0:
+    sys.exit("paper001: the guest printed no figure")
+print(f"paper001: {written} figure(s) written to {out}")
+PY
+echo "== paper001: done in $((SECONDS - start)) s"
