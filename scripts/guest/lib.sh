@@ -33,10 +33,18 @@ build_pmcache() {
   exe=$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")
 }
 
+# on_exit COMMAND: runs COMMAND when the script exits, after those registered before it
+# (a plain `trap ... EXIT` would replace them: the NVDIMM files paper000.sh keeps in /dev/shm
+# were left behind that way).
+exit_commands=()
+on_exit() {
+  exit_commands+=("$1")
+  trap 'for c in "${exit_commands[@]}"; do eval "$c"; done' EXIT
+}
+
 # guest_script NAME: a new temporary file for the guest's script, removed at exit; sets
 # script to its path.
 guest_script() {
   script=$(mktemp "${TMPDIR:-/tmp}/$1.XXXXXX.sh")
-  # shellcheck disable=SC2064 # the path is fixed now
-  trap "rm -f '$script'" EXIT
+  on_exit "rm -f '$script'"
 }

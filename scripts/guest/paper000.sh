@@ -128,7 +128,7 @@ nvdimms=8
 namespaces=13
 shm=$(mktemp -d /dev/shm/paper000.XXXXXX)
 work=$(mktemp -d "${TMPDIR:-/tmp}/paper000.XXXXXX")
-trap 'rm -rf "$shm" "$work"' EXIT
+on_exit 'rm -rf "$shm" "$work"'
 ((mem_mib + nvdimms * nv_mib <= 8192)) || { echo "paper000: guest memory and NVDIMMs exceed 8 GiB" >&2; exit 2; }
 shm_free_mib=$(df -Pm /dev/shm | awk 'NR == 2 {print $4}')
 ((shm_free_mib > nvdimms * nv_mib + 256)) \

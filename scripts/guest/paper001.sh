@@ -25,7 +25,7 @@ done
 need_tools python3:python3
 build_pmcache test-opt
 log=$(mktemp "${TMPDIR:-/tmp}/paper001.XXXXXX.log")
-trap 'rm -f "$log"' EXIT
+on_exit 'rm -f "$log"'
 args=(bench paper 001-fig3-numa --scale "$scale" --out /tmp/paper001 --dir /mnt/nvme --pm-dir /mnt/pm
   --bed guest-numa)
 [[ -z "$runs" ]] || args+=(--runs "$runs")

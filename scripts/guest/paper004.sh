@@ -26,7 +26,7 @@ done
 need_tools fio:fio python3:python3
 build_pmcache test-opt
 log=$(mktemp "${TMPDIR:-/tmp}/paper004.XXXXXX.log")
-trap 'rm -f "$log"' EXIT
+on_exit 'rm -f "$log"'
 args=(bench paper 004-fig1 --scale "$scale" --out /tmp/paper004 --dir /mnt/nvme --pm-dir /dev/shm
   --bed guest-nvme)
 [[ -z "$runs" ]] || args+=(--runs "$runs")

@@ -38,7 +38,7 @@ build_pmcache release
 commit=$(git rev-parse --short HEAD)
 guest_script ublk-bench
 out="$script.out"
-trap 'rm -f "$script" "$out"' EXIT
+on_exit 'rm -f "$out"'
 cat > "$script" <<GUEST
 set -eu
 PM=$exe
