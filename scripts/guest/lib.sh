@@ -48,3 +48,26 @@ guest_script() {
   script=$(mktemp "${TMPDIR:-/tmp}/$1.XXXXXX.sh")
   on_exit "rm -f '$script'"
 }
+
+# files_from_log NAME LOG OUT: writes to directory OUT every file the guest printed on its
+# console as a `NAME-FILE <file name> <JSON on one line>` line (NAME upper-cased), each
+# checked to be JSON; fails if there is none.
+files_from_log() {
+  mkdir -p "$3"
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, os, sys
+name, log, out = sys.argv[1], sys.argv[2], sys.argv[3]
+marker = name.upper() + "-FILE "
+written = 0
+for line in open(log, encoding="utf-8", errors="replace"):
+    if line.startswith(marker):
+        _, file, text = line.rstrip("\n").split(" ", 2)
+        json.loads(text)
+        with open(os.path.join(out, file), "w") as f:
+            f.write(text + "\n")
+        written += 1
+if written == 0:
+    sys.exit(f"{name}: the guest printed no figure")
+print(f"{name}: {written} figure(s) written to {out}")
+PY
+}

@@ -54,20 +54,5 @@ export PMCACHE_GUEST_QEMU_ARGS="-object memory-backend-ram,id=ram0,size=1G \
 rc=${PIPESTATUS[0]}
 set -e
 ((rc == 0)) || { echo "paper001: the guest run failed ($rc)" >&2; exit 1; }
-mkdir -p "$out"
-python3 - "$log" "$out" <<'PY'
-import json, os, sys
-log, out = sys.argv[1], sys.argv[2]
-written = 0
-for line in open(log, encoding="utf-8", errors="replace"):
-    if line.startswith("PAPER001-FILE "):
-        _, name, text = line.rstrip("\n").split(" ", 2)
-        json.loads(text)
-        with open(os.path.join(out, name), "w") as f:
-            f.write(text + "\n")
-        written += 1
-if written == 0:
-    sys.exit("paper001: the guest printed no figure")
-print(f"paper001: {written} figure(s) written to {out}")
-PY
+files_from_log paper001 "$log" "$out"
 echo "== paper001: done in $((SECONDS - start)) s"

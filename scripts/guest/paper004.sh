@@ -48,20 +48,5 @@ rc=${PIPESTATUS[0]}
 set -e
 ((rc == 0)) || { echo "paper004: the guest run failed ($rc)" >&2; exit 1; }
 grep -q 'io_poll=1' "$log" || { echo "paper004: the guest's NVMe had no poll queues" >&2; exit 1; }
-mkdir -p "$out"
-python3 - "$log" "$out" <<'PY'
-import json, os, sys
-log, out = sys.argv[1], sys.argv[2]
-written = 0
-for line in open(log, encoding="utf-8", errors="replace"):
-    if line.startswith("PAPER004-FILE "):
-        _, name, text = line.rstrip("\n").split(" ", 2)
-        json.loads(text)
-        with open(os.path.join(out, name), "w") as f:
-            f.write(text + "\n")
-        written += 1
-if written == 0:
-    sys.exit("paper004: the guest printed no figure")
-print(f"paper004: {written} figure(s) written to {out}")
-PY
+files_from_log paper004 "$log" "$out"
 echo "== paper004: done in $((SECONDS - start)) s"

@@ -118,6 +118,28 @@ fn run_script(ctx: &Ctx, out: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs `script` (a guest bed that runs an experiment inside its guest and writes the
+/// figures' JSON to `--out`) at the context's scale and runs, and reads back the figures it
+/// wrote that `keep` selects.
+pub(super) fn figures_from_guest(
+    ctx: &Ctx,
+    script: &str,
+    keep: impl Fn(&Figure) -> bool,
+) -> Result<Vec<Figure>, String> {
+    let script = Path::new(script);
+    if !script.exists() {
+        return Err(format!("{}: not found; run from the repository's root", script.display()));
+    }
+    let mut command = Command::new("bash");
+    command.arg(script).args(["--scale", ctx.args.scale.name(), "--runs", &ctx.runs.to_string()]);
+    command.arg("--out").arg(&ctx.args.out);
+    let status = command.status().map_err(|e| format!("{}: {e}", script.display()))?;
+    if !status.success() {
+        return Err(format!("{} failed ({status})", script.display()));
+    }
+    Ok(super::report::read_figures(&ctx.args.out)?.into_iter().filter(keep).collect())
+}
+
 /// The guest run's series at one figure: names (normaliser first), x positions, and
 /// `rates[x][series]` = (run, bytes/s) pairs.
 struct Table {

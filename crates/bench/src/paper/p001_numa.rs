@@ -57,21 +57,9 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     if ctx.args.bed == GUEST_BED {
         return measure(ctx);
     }
-    let script = Path::new("scripts/guest/paper001.sh");
-    if !script.exists() {
-        return Err(format!("{}: not found; run from the repository's root", script.display()));
-    }
-    let mut command = std::process::Command::new("bash");
-    command.arg(script).args(["--scale", ctx.args.scale.name(), "--runs", &ctx.runs.to_string()]);
-    command.arg("--out").arg(&ctx.args.out);
-    let status = command.status().map_err(|e| format!("{}: {e}", script.display()))?;
-    if !status.success() {
-        return Err(format!("{} failed ({status})", script.display()));
-    }
-    let figures: Vec<Figure> = super::report::read_figures(&ctx.args.out)?
-        .into_iter()
-        .filter(|f| f.id.starts_with("001-fig3-numa"))
-        .collect();
+    let figures = super::guest::figures_from_guest(ctx, "scripts/guest/paper001.sh", |f| {
+        f.id.starts_with("001-fig3-numa")
+    })?;
     if figures.len() != panels().len() {
         return Err(format!("the guest wrote {} 001-fig3-numa figures", figures.len()));
     }

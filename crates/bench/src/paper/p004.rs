@@ -182,21 +182,9 @@ fn is_sync(engine: &str) -> bool {
 /// Runs `scripts/guest/paper004.sh` (which runs this experiment in the guest and writes its
 /// figures to `--out`) and reads the figures back.
 pub fn run_guest(ctx: &Ctx) -> Result<Vec<Figure>, String> {
-    let script = std::path::Path::new("scripts/guest/paper004.sh");
-    if !script.exists() {
-        return Err(format!("{}: not found; run from the repository's root", script.display()));
-    }
-    let mut command = std::process::Command::new("bash");
-    command.arg(script).args(["--scale", ctx.args.scale.name(), "--runs", &ctx.runs.to_string()]);
-    command.arg("--out").arg(&ctx.args.out);
-    let status = command.status().map_err(|e| format!("{}: {e}", script.display()))?;
-    if !status.success() {
-        return Err(format!("{} failed ({status})", script.display()));
-    }
-    let figures: Vec<Figure> = super::report::read_figures(&ctx.args.out)?
-        .into_iter()
-        .filter(|f| f.id.starts_with("004-fig1") && f.id.ends_with("-guest"))
-        .collect();
+    let figures = super::guest::figures_from_guest(ctx, "scripts/guest/paper004.sh", |f| {
+        f.id.starts_with("004-fig1") && f.id.ends_with("-guest")
+    })?;
     if figures.is_empty() {
         return Err("the guest wrote no 004-fig1 figure".into());
     }
