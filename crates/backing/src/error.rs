@@ -102,6 +102,21 @@ pub enum BackingError {
         #[source]
         source: io::Error,
     },
+    /// Another client holds the store's lock (an RBD image's exclusive lock): another host
+    /// caches it.
+    #[error(
+        "backing store {store} is locked by {holder}: another pmcache (or another client) has it \
+         open for writing; detach it there first"
+    )]
+    Locked {
+        /// The store as given.
+        store: String,
+        /// Who holds the lock (`client.N at ADDR`).
+        holder: String,
+        /// The error the lock request got.
+        #[source]
+        source: io::Error,
+    },
 }
 
 impl BackingError {
@@ -127,6 +142,29 @@ impl BackingError {
         }
     }
 
+    /// Whether the store could not be reached (a network store past its timeout, or its
+    /// connection lost), rather than refusing the request.
+    pub fn is_unreachable(&self) -> bool {
+        let errno = match self {
+            BackingError::Io { source, .. } | BackingError::Open { source, .. } => {
+                source.raw_os_error()
+            }
+            _ => None,
+        };
+        matches!(
+            errno,
+            Some(
+                libc::ETIMEDOUT
+                    | libc::ENOTCONN
+                    | libc::ECONNREFUSED
+                    | libc::ECONNRESET
+                    | libc::EHOSTUNREACH
+                    | libc::ENETUNREACH
+                    | libc::ESHUTDOWN
+            )
+        )
+    }
+
     /// The errno a frontend (NBD, ublk) reports for this error.
     pub fn errno(&self) -> i32 {
         match self {
@@ -139,6 +177,7 @@ impl BackingError {
             BackingError::ShortRead { .. } | BackingError::ShortWrite { .. } => libc::EIO,
             BackingError::Misaligned { .. } => libc::EINVAL,
             BackingError::Unsupported { .. } => libc::EOPNOTSUPP,
+            BackingError::Locked { .. } => libc::EBUSY,
         }
     }
 }

@@ -10,8 +10,9 @@
 //! Layout: `file` owns the open file and everything that does not depend on how I/O is
 //! issued; one module per engine (`psync`, `libaio`, `uring`) issues it; `queue` is the
 //! batched interface ([`IoQueue`]: many I/Os in flight, buffers owned until completion);
-//! `select` turns `--engine` into an open store ([`open_backing`]); [`wrappers`] adds latency,
-//! throttling and faults for tests.
+//! `select` turns `--engine` into an open store ([`open_backing`]); [`rbd`] is a Ceph RBD image
+//! through librbd (`rbd:POOL/IMAGE`); [`wrappers`] adds latency, throttling and faults for
+//! tests.
 //! `unsafe` (system calls, io_uring submission, aligned allocation) stays in this crate.
 
 mod buf;
@@ -21,6 +22,7 @@ mod libaio;
 mod pool;
 mod psync;
 mod queue;
+pub mod rbd;
 mod select;
 mod uring;
 pub mod wrappers;
@@ -30,6 +32,7 @@ pub use error::{BackingError, Result};
 pub use libaio::LibaioFile;
 pub use psync::{PsyncFile, Pvsync2File};
 pub use queue::{IoCompletion, IoOp, IoQueue, IoRequest, SyncQueue};
+pub use rbd::{RbdImage, RbdSpec};
 pub use select::{
     DeviceKind, EngineKind, EngineOptions, ResolvedEngine, open_backing, resolve_engine,
 };
@@ -102,6 +105,21 @@ pub trait BackingStore: Send + Sync {
         let _ = offset;
         Ok(Extent { len, hole: false })
     }
+    /// Whether a failed [`BackingStore::flush`] may have lost writes that completed before it.
+    /// For a file it may: Linux reports a write-back error to one `fdatasync` and drops the
+    /// pages, so the engine trusts no later flush until it is attached again. A store whose
+    /// writes are on the device when they complete (an RBD image without librbd's cache: each
+    /// one acknowledged by its OSDs) says `false`, and a flush that failed — an OSD out of
+    /// reach — is simply tried again.
+    fn failed_flush_loses_writes(&self) -> bool {
+        true
+    }
+    /// Lets go of what the store holds for its user once no more I/O will be issued (the
+    /// cache is shut down): an RBD image's exclusive lock, so that another host may attach at
+    /// once rather than after the cluster notices this one is gone. Default: nothing.
+    fn release(&self) -> Result<()> {
+        Ok(())
+    }
     /// Opens a queue of `depth` requests for the calling thread (see [`IoQueue`]). Stores
     /// without a native queue refuse; [`SyncQueue`] runs a queue over any store.
     fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
@@ -147,6 +165,12 @@ impl<T: BackingStore + ?Sized> BackingStore for std::sync::Arc<T> {
     }
     fn is_direct(&self) -> bool {
         (**self).is_direct()
+    }
+    fn failed_flush_loses_writes(&self) -> bool {
+        (**self).failed_flush_loses_writes()
+    }
+    fn release(&self) -> Result<()> {
+        (**self).release()
     }
     fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
         (**self).open_queue(depth)

@@ -198,7 +198,11 @@ pub fn file_size(file: &File) -> io::Result<u64> {
 /// paths of one length collide with odds of 2^-32, not 2^-128 (kept as is: a new function
 /// would refuse every existing cache).
 pub fn path_fingerprint(canonical: &Path) -> [u8; 16] {
-    let bytes = canonical.as_os_str().as_encoded_bytes();
+    bytes_fingerprint(canonical.as_os_str().as_encoded_bytes())
+}
+
+/// A 128-bit fingerprint of `bytes` (four CRC-32Cs with different seeds).
+pub fn bytes_fingerprint(bytes: &[u8]) -> [u8; 16] {
     let lo = u64::from(crc32c::crc32c(bytes)) | (u64::from(crc32c::crc32c_append(1, bytes)) << 32);
     let hi = u64::from(crc32c::crc32c_append(2, bytes))
         | (u64::from(crc32c::crc32c_append(3, bytes)) << 32);

@@ -174,8 +174,21 @@ fn default_sync_contexts() -> usize {
     (cpus * 2).clamp(2, 64)
 }
 
-/// Opens `path` with the engine and mode `opts` asks for (defaults filled in per device).
+/// Opens `path` with the engine and mode `opts` asks for (defaults filled in per device). A
+/// path `rbd:POOL/IMAGE[:KEY=VALUE]...` opens that Ceph RBD image ([`crate::RbdImage`]).
 pub fn open_backing(path: &Path, opts: &EngineOptions) -> Result<Arc<dyn BackingStore>> {
+    if let Some(spec) = path.to_str().filter(|p| crate::RbdSpec::is_rbd(p)) {
+        if let Some(engine) = opts.engine {
+            return Err(BackingError::Unsupported {
+                engine: engine.name(),
+                option: "rbd",
+                reason: "an rbd: image is reached through librbd, not a file engine: leave \
+                         --engine out"
+                    .into(),
+            });
+        }
+        return Ok(Arc::new(crate::RbdImage::open_with(spec, opts.read_only)?));
+    }
     let resolved = resolve_engine(path, opts)?;
     let contexts =
         if opts.sync_contexts == 0 { default_sync_contexts() } else { opts.sync_contexts };

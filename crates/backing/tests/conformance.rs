@@ -11,6 +11,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pmcache_backing::{
     BackingError, BackingStore, EngineKind, EngineOptions, IoBuf, IoCompletion, IoQueue, IoRequest,
@@ -55,6 +56,66 @@ fn open(kind: EngineKind, target: Target, file: &tempfile::NamedTempFile) -> Arc
         Err(e) => panic!("{kind} on {}: {e}", target.label),
     }
 }
+
+/// What the generic checks run on: an engine on a file, or an RBD image of a live cluster.
+enum Subject<'a> {
+    File(EngineKind, Target),
+    Rbd(&'a pmcache_testkit::ceph::Cluster),
+}
+
+/// What keeps a scratch store's backing alive for a check (a file, or nothing: an image is
+/// removed with its cluster).
+type Keep = Option<tempfile::NamedTempFile>;
+
+impl Subject<'_> {
+    fn label(&self) -> String {
+        match self {
+            Subject::File(kind, target) => format!("{kind}/{}", target.label),
+            Subject::Rbd(_) => "rbd".into(),
+        }
+    }
+
+    fn engine(&self) -> &'static str {
+        match self {
+            Subject::File(kind, _) => kind.name(),
+            Subject::Rbd(_) => "rbd",
+        }
+    }
+
+    fn direct(&self) -> bool {
+        match self {
+            Subject::File(_, target) => target.direct,
+            Subject::Rbd(_) => true,
+        }
+    }
+
+    /// A store of `FILE_BYTES` filled with a pattern seeded by `seed`, opened, with its
+    /// contents.
+    fn scratch(&self, seed: u64) -> (Arc<dyn BackingStore>, Vec<u8>, Keep) {
+        match self {
+            Subject::File(kind, target) => {
+                let (file, data) = scratch(*target, seed);
+                (open(*kind, *target, &file), data, Some(file))
+            }
+            Subject::Rbd(cluster) => {
+                let name = format!("conformance-{seed}-{}", IMAGES.fetch_add(1, Ordering::Relaxed));
+                cluster.create_image(&name, &format!("{}M", FILE_BYTES >> 20));
+                let store = open_backing(
+                    std::path::Path::new(&cluster.spec(&name, &[])),
+                    &EngineOptions::default(),
+                )
+                .unwrap_or_else(|e| panic!("opening image {name}: {e}"));
+                let mut data = vec![0u8; FILE_BYTES as usize];
+                SmallRng::seed_from_u64(seed).fill(&mut data[..]);
+                store.write_at(&data, 0).expect("fill the image");
+                (store, data, None)
+            }
+        }
+    }
+}
+
+/// Images made so far (each check gets a new one).
+static IMAGES: AtomicU64 = AtomicU64::new(0);
 
 /// The targets an engine supports here. IOPOLL needs O_DIRECT and a device with poll queues
 /// (a virtio disk has none unless `virtio_blk.poll_queues` is set): where the disk cannot poll,
@@ -111,11 +172,11 @@ fn run_batch(queue: &mut dyn IoQueue, reqs: Vec<IoRequest>) -> Vec<IoCompletion>
     out
 }
 
-fn round_trip_sync(kind: EngineKind, target: Target) {
-    let (file, mut model) = scratch(target, 1);
-    let store = open(kind, target, &file);
+fn round_trip_sync(subject: &Subject) {
+    let label = subject.label();
+    let (store, mut model, _scratch) = subject.scratch(1);
     assert_eq!(store.size_bytes(), FILE_BYTES);
-    assert_eq!(store.engine_name(), kind.name());
+    assert_eq!(store.engine_name(), subject.engine());
     let mut rng = SmallRng::seed_from_u64(2);
     for _ in 0..150 {
         let (offset, len) = random_range(&mut rng, &*store, 64 << 10);
@@ -129,23 +190,23 @@ fn round_trip_sync(kind: EngineKind, target: Target) {
         let (o, l) = (offset as usize, len as usize);
         let mut back = vec![0u8; l + 1];
         store.read_at(&mut back[1..], offset).expect("read");
-        assert!(back[1..] == model[o..o + l], "{kind}/{}: read at {o}+{l} differs", target.label);
+        assert!(back[1..] == model[o..o + l], "{label}: read at {o}+{l} differs");
     }
     let mut whole = vec![0u8; FILE_BYTES as usize];
     store.read_at(&mut whole, 0).expect("read all");
-    assert!(whole == model, "{kind}/{}: file differs from the model", target.label);
+    assert!(whole == model, "{label}: file differs from the model");
     store.read_at(&mut [], 0).expect("empty read");
     store.write_at(&[], 0).expect("empty write");
 }
 
-fn round_trip_queued(kind: EngineKind, target: Target) {
-    let (file, mut model) = scratch(target, 3);
-    let store = open(kind, target, &file);
+fn round_trip_queued(subject: &Subject) {
+    let label = subject.label();
+    let (store, mut model, _scratch) = subject.scratch(3);
     let mut queue = store.open_queue(16).expect("queue");
     assert_eq!(queue.depth(), 16);
     let mut rng = SmallRng::seed_from_u64(4);
     let chunk = 64u64 << 10;
-    let unit = if target.direct { u64::from(store.logical_block_size()) } else { 1 };
+    let unit = if subject.direct() { u64::from(store.logical_block_size()) } else { 1 };
     for round in 0..8 {
         // Distinct 64 KiB chunks per batch, so in-flight writes never overlap.
         let mut chunks: Vec<u64> = (0..FILE_BYTES / chunk).collect();
@@ -172,8 +233,7 @@ fn round_trip_queued(kind: EngineKind, target: Target) {
             })
             .collect();
         for c in run_batch(&mut *queue, writes) {
-            c.result
-                .unwrap_or_else(|e| panic!("{kind}/{}: round {round} write: {e}", target.label));
+            c.result.unwrap_or_else(|e| panic!("{label}: round {round} write: {e}"));
         }
         let reads = ranges
             .iter()
@@ -182,13 +242,13 @@ fn round_trip_queued(kind: EngineKind, target: Target) {
             .collect();
         let mut seen = vec![false; ranges.len()];
         for c in run_batch(&mut *queue, reads) {
-            c.result.unwrap_or_else(|e| panic!("{kind}/{}: read: {e}", target.label));
+            c.result.unwrap_or_else(|e| panic!("{label}: read: {e}"));
             let (offset, len) = ranges[c.user_data as usize];
             assert_eq!(c.offset, offset);
             assert_eq!(c.buf.len() as u64, len);
             assert!(
                 *c.buf == model[offset as usize..(offset + len) as usize],
-                "{kind}: queued read differs"
+                "{label}: queued read differs"
             );
             seen[c.user_data as usize] = true;
         }
@@ -330,9 +390,9 @@ fn says_how_it_was_opened(kind: EngineKind, target: Target) {
 /// and closes; the store's next queue (which may reuse its ring or context) sees none of
 /// their completions. A request that fails validation is reaped like any other, with its
 /// operation named.
-fn a_queue_dropped_unreaped_leaves_nothing_behind(kind: EngineKind, target: Target) {
-    let (file, data) = scratch(target, 14);
-    let store = open(kind, target, &file);
+fn a_queue_dropped_unreaped_leaves_nothing_behind(subject: &Subject) {
+    let label = subject.label();
+    let (store, data, _scratch) = subject.scratch(14);
     let unit = u64::from(store.logical_block_size());
     for reaped in [0, 1, 4] {
         let mut queue = store.open_queue(8).expect("queue");
@@ -355,7 +415,7 @@ fn a_queue_dropped_unreaped_leaves_nothing_behind(kind: EngineKind, target: Targ
             IoRequest::write(FILE_BYTES - unit, IoBuf::new(2 * unit as usize), 2),
         ],
     );
-    assert_eq!(out.len(), 2, "{kind}/{}: only this batch's completions", target.label);
+    assert_eq!(out.len(), 2, "{label}: only this batch's completions");
     for c in out {
         match c.user_data {
             1 => {
@@ -366,11 +426,10 @@ fn a_queue_dropped_unreaped_leaves_nothing_behind(kind: EngineKind, target: Targ
                 let err = c.result.unwrap_err();
                 assert!(
                     matches!(err, BackingError::OutOfRange { op: "write", .. }),
-                    "{kind}/{}: {err:?}",
-                    target.label
+                    "{label}: {err:?}"
                 );
             }
-            other => panic!("{kind}/{}: a completion of an earlier queue: {other}", target.label),
+            other => panic!("{label}: a completion of an earlier queue: {other}"),
         }
     }
 }
@@ -378,9 +437,9 @@ fn a_queue_dropped_unreaped_leaves_nothing_behind(kind: EngineKind, target: Targ
 /// A caller that polls with `reap(0)` and never waits (an event loop polling several sources)
 /// gets every completion: `reap(0)` enters the kernel itself where the ring needs that to post
 /// them (deferred or cooperative task work, IOPOLL), and libaio collects without waiting.
-fn a_poller_that_never_waits_gets_every_completion(kind: EngineKind, target: Target) {
-    let (file, data) = scratch(target, 15);
-    let store = open(kind, target, &file);
+fn a_poller_that_never_waits_gets_every_completion(subject: &Subject) {
+    let label = subject.label();
+    let (store, data, _scratch) = subject.scratch(15);
     let mut queue = store.open_queue(8).expect("queue");
     for i in 0..4u64 {
         queue.push(IoRequest::read(i * 8192, IoBuf::new(4096), i)).expect("push");
@@ -391,8 +450,7 @@ fn a_poller_that_never_waits_gets_every_completion(kind: EngineKind, target: Tar
     while out.len() < 4 {
         assert!(
             std::time::Instant::now() < deadline,
-            "{kind}/{}: {} of 4 completions after {polls} polls of reap(0) in 10 s",
-            target.label,
+            "{label}: {} of 4 completions after {polls} polls of reap(0) in 10 s",
             out.len()
         );
         queue.reap(0, &mut out).expect("reap(0)");
@@ -402,20 +460,20 @@ fn a_poller_that_never_waits_gets_every_completion(kind: EngineKind, target: Tar
     for c in out {
         c.result.expect("read");
         let at = c.user_data as usize * 8192;
-        assert!(c.buf[..] == data[at..at + 4096], "{kind}/{}: read {at} differs", target.label);
+        assert!(c.buf[..] == data[at..at + 4096], "{label}: read {at} differs");
     }
 }
 
-fn many_in_flight_from_threads(kind: EngineKind, target: Target) {
+fn many_in_flight_from_threads(subject: &Subject) {
+    let label = subject.label();
     const THREADS: u64 = 4;
     const BLOCKS_PER_THREAD: u64 = 256;
     const BLOCK: u64 = 4096;
-    let (file, _) = scratch(target, 8);
-    let store = open(kind, target, &file);
+    let (store, _, _scratch) = subject.scratch(8);
     let region = FILE_BYTES / (THREADS + 2) / BLOCK * BLOCK;
     std::thread::scope(|s| {
         for t in 0..THREADS {
-            let store = store.clone();
+            let (store, label) = (store.clone(), &label);
             s.spawn(move || {
                 let mut queue = store.open_queue(32).expect("queue");
                 let base = t * region;
@@ -440,11 +498,11 @@ fn many_in_flight_from_threads(kind: EngineKind, target: Target) {
                         out.clear();
                         queue.reap(1, &mut out).expect("reap");
                         for c in &out {
-                            assert!(c.result.is_ok(), "{kind}: {:?}", c.result);
+                            assert!(c.result.is_ok(), "{label}: {:?}", c.result);
                             if pass == 1 {
                                 assert!(
                                     c.buf.iter().all(|&b| b == stamp(c.user_data)),
-                                    "{kind}: thread {t}"
+                                    "{label}: thread {t}"
                                 );
                             }
                         }
@@ -455,7 +513,7 @@ fn many_in_flight_from_threads(kind: EngineKind, target: Target) {
         }
         // Two more threads use the synchronous calls at the same time.
         for t in THREADS..THREADS + 2 {
-            let store = store.clone();
+            let (store, label) = (store.clone(), &label);
             s.spawn(move || {
                 let base = t * region;
                 for b in 0..64u64 {
@@ -465,21 +523,21 @@ fn many_in_flight_from_threads(kind: EngineKind, target: Target) {
                 for b in 0..64u64 {
                     let mut back = vec![0u8; BLOCK as usize];
                     store.read_at(&mut back, base + b * BLOCK).expect("sync read");
-                    assert!(back.iter().all(|&x| x == (t + b) as u8), "{kind}: sync thread {t}");
+                    assert!(back.iter().all(|&x| x == (t + b) as u8), "{label}: sync thread {t}");
                 }
             });
         }
     });
 }
 
-fn flush_discard_and_zeroes(kind: EngineKind, target: Target) {
-    let (file, _) = scratch(target, 9);
-    let store = open(kind, target, &file);
+fn flush_discard_and_zeroes(subject: &Subject) {
+    let label = subject.label();
+    let (store, _, _scratch) = subject.scratch(9);
     store.flush().expect("flush");
     let mut queue = store.open_queue(4).expect("queue");
     let out =
         run_batch(&mut *queue, vec![IoRequest::write(0, IoBuf::new(4096), 1), IoRequest::flush(2)]);
-    assert!(out.iter().all(|c| c.result.is_ok()), "{kind}: {out:?}");
+    assert!(out.iter().all(|c| c.result.is_ok()), "{label}: {out:?}");
     let ones = vec![0xA5u8; 256 << 10];
     store.write_at(&ones, 1 << 20).expect("write");
     store.discard((1 << 20) + (64 << 10), 64 << 10).expect("discard");
@@ -488,19 +546,19 @@ fn flush_discard_and_zeroes(kind: EngineKind, target: Target) {
     store.read_at(&mut back, 1 << 20).expect("read");
     let zero = |r: std::ops::Range<usize>| back[r].iter().all(|&b| b == 0);
     let kept = |r: std::ops::Range<usize>| back[r].iter().all(|&b| b == 0xA5);
-    assert!(kept(0..64 << 10), "{kind}: bytes before the discard changed");
-    assert!(zero((64 << 10)..(128 << 10)), "{kind}: discarded range is not zero");
-    assert!(kept((128 << 10)..(192 << 10)), "{kind}: bytes between changed");
-    assert!(zero((192 << 10)..(224 << 10)), "{kind}: write_zeroes range is not zero");
-    assert!(kept((224 << 10)..(256 << 10)), "{kind}: bytes after changed");
+    assert!(kept(0..64 << 10), "{label}: bytes before the discard changed");
+    assert!(zero((64 << 10)..(128 << 10)), "{label}: discarded range is not zero");
+    assert!(kept((128 << 10)..(192 << 10)), "{label}: bytes between changed");
+    assert!(zero((192 << 10)..(224 << 10)), "{label}: write_zeroes range is not zero");
+    assert!(kept((224 << 10)..(256 << 10)), "{label}: bytes after changed");
     assert!(store.discard(FILE_BYTES, 4096).is_err(), "discard past the end");
 }
 
 /// A deep queue kept full for many requests: completions can overtake SQ bookkeeping (an
 /// SQPOLL thread completes inline before it publishes the SQ head), which must not matter.
-fn deep_queue_stays_full(kind: EngineKind, target: Target) {
-    let (file, model) = scratch(target, 12);
-    let store = open(kind, target, &file);
+fn deep_queue_stays_full(subject: &Subject) {
+    let label = subject.label();
+    let (store, model, _scratch) = subject.scratch(12);
     let mut queue = store.open_queue(64).expect("queue");
     let mut rng = SmallRng::seed_from_u64(13);
     let blocks = FILE_BYTES / 4096;
@@ -515,9 +573,9 @@ fn deep_queue_stays_full(kind: EngineKind, target: Target) {
         out.clear();
         queue.reap(1, &mut out).expect("reap");
         for c in &out {
-            assert!(c.result.is_ok(), "{kind}: {:?}", c.result);
+            assert!(c.result.is_ok(), "{label}: {:?}", c.result);
             let o = c.user_data as usize;
-            assert!(*c.buf == model[o..o + 4096], "{kind}/{}: read at {o} differs", target.label);
+            assert!(*c.buf == model[o..o + 4096], "{label}: read at {o} differs");
         }
         done += out.len() as u64;
     }
@@ -529,11 +587,11 @@ macro_rules! conformance {
             use super::*;
             #[test]
             fn round_trip_sync_unaligned_buffers() {
-                for t in targets($kind) { super::round_trip_sync($kind, t) }
+                for t in targets($kind) { super::round_trip_sync(&Subject::File($kind, t)) }
             }
             #[test]
             fn round_trip_queued() {
-                for t in targets($kind) { super::round_trip_queued($kind, t) }
+                for t in targets($kind) { super::round_trip_queued(&Subject::File($kind, t)) }
             }
             #[test]
             fn misaligned_direct_is_refused() {
@@ -554,26 +612,26 @@ macro_rules! conformance {
             #[test]
             fn a_queue_dropped_unreaped_leaves_nothing_behind() {
                 for t in targets($kind) {
-                    super::a_queue_dropped_unreaped_leaves_nothing_behind($kind, t)
+                    super::a_queue_dropped_unreaped_leaves_nothing_behind(&Subject::File($kind, t))
                 }
             }
             #[test]
             fn a_poller_that_never_waits_gets_every_completion() {
                 for t in targets($kind) {
-                    super::a_poller_that_never_waits_gets_every_completion($kind, t)
+                    super::a_poller_that_never_waits_gets_every_completion(&Subject::File($kind, t))
                 }
             }
             #[test]
             fn many_in_flight_from_threads() {
-                for t in targets($kind) { super::many_in_flight_from_threads($kind, t) }
+                for t in targets($kind) { super::many_in_flight_from_threads(&Subject::File($kind, t)) }
             }
             #[test]
             fn deep_queue_stays_full() {
-                for t in targets($kind) { super::deep_queue_stays_full($kind, t) }
+                for t in targets($kind) { super::deep_queue_stays_full(&Subject::File($kind, t)) }
             }
             #[test]
             fn flush_discard_and_zeroes() {
-                for t in targets($kind) { super::flush_discard_and_zeroes($kind, t) }
+                for t in targets($kind) { super::flush_discard_and_zeroes(&Subject::File($kind, t)) }
             }
         }
     )*};
@@ -1020,4 +1078,19 @@ fn io_uring_completion_descriptor_stays_readable_until_every_completion_is_reape
             reaped += done.len() as u64;
         }
     }
+}
+
+/// The generic checks on an RBD image of a throwaway single-host cluster (one monitor, one OSD:
+/// scripts/ceph/cluster.sh), one image per check.
+#[test]
+fn rbd_image() {
+    let cluster = pmcache_testkit::ceph::Cluster::start();
+    let subject = Subject::Rbd(&cluster);
+    round_trip_sync(&subject);
+    round_trip_queued(&subject);
+    a_queue_dropped_unreaped_leaves_nothing_behind(&subject);
+    a_poller_that_never_waits_gets_every_completion(&subject);
+    many_in_flight_from_threads(&subject);
+    flush_discard_and_zeroes(&subject);
+    deep_queue_stays_full(&subject);
 }

@@ -307,27 +307,36 @@ mod tests {
     }
 
     /// Each kind runs the same reads, and a kind's time is its own: a kind that spins 4 times
-    /// as long per read gets about 4 times the time.
+    /// as long per read gets about 4 times the time. The machine is shared: a run whose ratio
+    /// a preemption pushed out of range is taken again, up to 5 runs (a time charged to the
+    /// wrong kind would put every run out of range).
     #[test]
     fn interleaved_kinds_run_the_same_reads_each_on_its_own_clock() {
-        let counts = [AtomicU64::new(0), AtomicU64::new(0)];
-        let mut kinds: Vec<_> = [(0, 1_000u64), (1, 4_000)]
-            .into_iter()
-            .map(|(kind, spin_ns)| {
-                let counts = &counts;
-                move |_: &mut SmallRng| {
-                    counts[kind].fetch_add(1, Ordering::Relaxed);
-                    let until = Instant::now() + Duration::from_nanos(spin_ns);
-                    while Instant::now() < until {}
-                }
-            })
-            .collect();
-        let (reads, busy) = run_interleaved(&mut kinds, 0.01, 0, true);
-        let done = counts.each_ref().map(|c| c.load(Ordering::Relaxed));
-        assert_eq!(done, [reads, reads]);
-        assert!(busy.iter().all(|spent| spent.as_secs_f64() >= 0.01), "{busy:?}");
-        let slow_over_fast = busy[1].as_secs_f64() / busy[0].as_secs_f64();
-        assert!((2.0..6.0).contains(&slow_over_fast), "{slow_over_fast}");
+        let mut ratios = Vec::new();
+        for _ in 0..5 {
+            let counts = [AtomicU64::new(0), AtomicU64::new(0)];
+            let mut kinds: Vec<_> = [(0, 1_000u64), (1, 4_000)]
+                .into_iter()
+                .map(|(kind, spin_ns)| {
+                    let counts = &counts;
+                    move |_: &mut SmallRng| {
+                        counts[kind].fetch_add(1, Ordering::Relaxed);
+                        let until = Instant::now() + Duration::from_nanos(spin_ns);
+                        while Instant::now() < until {}
+                    }
+                })
+                .collect();
+            let (reads, busy) = run_interleaved(&mut kinds, 0.01, 0, true);
+            let done = counts.each_ref().map(|c| c.load(Ordering::Relaxed));
+            assert_eq!(done, [reads, reads]);
+            assert!(busy.iter().all(|spent| spent.as_secs_f64() >= 0.01), "{busy:?}");
+            let slow_over_fast = busy[1].as_secs_f64() / busy[0].as_secs_f64();
+            if (2.0..6.0).contains(&slow_over_fast) {
+                return;
+            }
+            ratios.push(slow_over_fast);
+        }
+        panic!("the slow kind's time over the fast one's was out of 2..6 in every run: {ratios:?}");
     }
 
     #[test]

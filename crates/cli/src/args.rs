@@ -31,7 +31,9 @@ pub struct ServeArgs {
     /// `msync` syncs its pages at every persist (slow: a device write per cache write).
     #[arg(long, default_value = "auto", value_name = "auto|msync", long_help = MEDIUM_SYNC_HELP)]
     pub medium_sync: MediumSync,
-    /// The backing store (default: a sparse 8 GiB file under ./pmcache-data, created if missing).
+    /// The backing store: a file, a block device, or a Ceph RBD image as
+    /// rbd:POOL[/NAMESPACE]/IMAGE[:id=USER][:conf=PATH][:KEY=VALUE]... (docs/RBD.md) (default:
+    /// a sparse 8 GiB file under ./pmcache-data, created if missing).
     #[arg(long)]
     pub backing: Option<PathBuf>,
     /// Size of a new cache medium [default: 1G]. Given for an existing cache, it must be the

@@ -13,6 +13,9 @@
 //!   its disk's key and its number, and the first `/dev/disk/by-id/` name that points at it.
 //!   A device with none of these is keyed on its canonical path, and `serve` says that the
 //!   name may change.
+//! - **A Ceph RBD image** (`rbd:POOL/IMAGE...`): its cluster's fsid, its pool's id and
+//!   namespace and the image's id, read from the cluster (the image opened read-only, without
+//!   its lock): kept across a rename of the image, a new host, a new monitor address.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -39,11 +42,21 @@ pub enum BackingId {
         /// Whether the key is a persistent name (else: the node's canonical path).
         stable: bool,
     },
+    /// A Ceph RBD image.
+    Rbd {
+        /// Its identity in its cluster.
+        ids: pmcache_backing::rbd::RbdIds,
+    },
 }
 
 impl BackingId {
-    /// The identity of the backing store at `path` (which exists).
+    /// The identity of the backing store at `path` (which exists); for an `rbd:` spec, read
+    /// from its cluster.
     pub fn of(path: &Path) -> Result<BackingId, String> {
+        if let Some(spec) = path.to_str().filter(|p| pmcache_backing::RbdSpec::is_rbd(p)) {
+            let ids = pmcache_backing::rbd::rbd_ids(spec).map_err(|e| e.to_string())?;
+            return Ok(BackingId::Rbd { ids });
+        }
         let canonical =
             std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let meta =
@@ -67,6 +80,7 @@ impl BackingId {
         match self {
             BackingId::File { inode, .. } => format!("file-inode-{inode}"),
             BackingId::Device { key, .. } => key.clone(),
+            BackingId::Rbd { ids } => ids.key(),
         }
     }
 }

@@ -46,7 +46,8 @@ pub struct CacheArgs {
     /// How a medium that is neither DAX nor volatile is made durable.
     #[arg(long, default_value = "auto", value_name = "auto|msync", long_help = MEDIUM_SYNC_HELP)]
     pub medium_sync: MediumSync,
-    /// The backing store: a file or block device.
+    /// The backing store: a file, a block device, or a Ceph RBD image as
+    /// rbd:POOL[/NAMESPACE]/IMAGE[:id=USER][:conf=PATH][:KEY=VALUE]... (docs/RBD.md).
     #[arg(long)]
     pub backing: PathBuf,
     /// Size of a new cache medium, each member's (K, M, G, T suffixes; powers of 1024)
@@ -149,6 +150,12 @@ impl BackingStore for MovedBacking {
     }
     fn is_direct(&self) -> bool {
         self.0.is_direct()
+    }
+    fn failed_flush_loses_writes(&self) -> bool {
+        self.0.failed_flush_loses_writes()
+    }
+    fn release(&self) -> pmcache_backing::Result<()> {
+        self.0.release()
     }
     fn open_queue(
         &self,

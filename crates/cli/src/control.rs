@@ -67,6 +67,10 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
     object.insert("mode".into(), engine.mode().to_string().into());
     object.insert("medium".into(), crate::cache::kind_of(engine.medium()).name().into());
     object.insert("size_bytes".into(), engine.size_bytes().into());
+    object.insert("backing_engine".into(), engine.backing().engine_name().into());
+    object.insert("backing_state".into(), stats.backing.state.name().into());
+    object.insert("backing_last_error".into(), stats.backing.last_error.clone().into());
+    object.insert("backing_failing_ms".into(), stats.backing.failing_ms.into());
     let members: Vec<serde_json::Value> = engine
         .member_stats()
         .iter()

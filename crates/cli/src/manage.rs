@@ -232,7 +232,8 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
                     || name == "connections_open"
                     || name == "block_size"
                     || name.starts_with("dram")
-                    || name == "size_bytes";
+                    || name == "size_bytes"
+                    || name == "backing_failing_ms";
                 let kind = if gauge { "gauge" } else { "counter" };
                 text += &format!("# TYPE pmcache_{name} {kind}\npmcache_{name} {number}\n");
             }
@@ -241,6 +242,11 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
         if let Some(mode) = object.get("mode").and_then(|m| m.as_str()) {
             text += &format!(
                 "# TYPE pmcache_mode_info gauge\npmcache_mode_info{{mode=\"{mode}\"}} 1\n"
+            );
+        }
+        if let Some(state) = object.get("backing_state").and_then(|m| m.as_str()) {
+            text += &format!(
+                "# TYPE pmcache_backing_state_info gauge\npmcache_backing_state_info{{state=\"{state}\"}} 1\n"
             );
         }
         if let Some(medium) = object.get("medium").and_then(|m| m.as_str()) {

@@ -336,6 +336,11 @@ impl Serving {
         } else {
             Ok(false)
         };
+        // Nothing more goes to the backing store: what it holds for this host (an RBD image's
+        // lock) is let go, so another host may attach at once.
+        if let Err(e) = engine.backing().release() {
+            eprintln!("pmcache: releasing the backing store: {e}");
+        }
         let _ = std::fs::remove_file(&control_path);
         let what = match (detaching, written_back.is_some()) {
             (true, _) => " and detached (every block written back)",

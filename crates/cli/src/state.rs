@@ -94,7 +94,21 @@ pub fn locate(backing: &Path, state_dir: Option<&Path>) -> Located {
         name.push(STATE_SUFFIX);
         PathBuf::from(name)
     };
+    let is_rbd = backing.to_str().is_some_and(pmcache_backing::RbdSpec::is_rbd);
     let Ok(id) = BackingId::of(backing) else {
+        if is_rbd {
+            // The cluster could not be reached: the record is named after the spec, and opening
+            // the image says why it cannot be reached.
+            let dir = state_dir.unwrap_or(Path::new(DEVICE_STATE_DIR));
+            let name =
+                format!("rbd-spec-{}{STATE_SUFFIX}", escape_name(&backing.to_string_lossy()));
+            return Located {
+                path: dir.join(name),
+                found_at: None,
+                backing_id: None,
+                warning: None,
+            };
+        }
         return Located {
             path: suffixed(backing),
             found_at: None,
@@ -112,6 +126,15 @@ pub fn locate(backing: &Path, state_dir: Option<&Path>) -> Located {
                 canonical.parent().and_then(|dir| find_by_id(dir, &key))
             };
             Located { path, found_at, backing_id: Some(key), warning: None }
+        }
+        BackingId::Rbd { .. } => {
+            let dir = state_dir.unwrap_or(Path::new(DEVICE_STATE_DIR));
+            Located {
+                path: dir.join(format!("{key}{STATE_SUFFIX}")),
+                found_at: None,
+                backing_id: Some(key),
+                warning: None,
+            }
         }
         BackingId::Device { stable, .. } => {
             let dir = state_dir.unwrap_or(Path::new(DEVICE_STATE_DIR));
@@ -145,6 +168,9 @@ fn find_by_id(dir: &Path, key: &str) -> Option<PathBuf> {
 /// `path` made absolute: canonical if it exists, else its canonical directory joined with its
 /// name (or the current directory joined with it).
 pub fn absolute(path: &Path) -> PathBuf {
+    if path.to_str().is_some_and(pmcache_backing::RbdSpec::is_rbd) {
+        return path.to_path_buf();
+    }
     if let Ok(canonical) = std::fs::canonicalize(path) {
         return canonical;
     }
@@ -443,6 +469,13 @@ pub fn refusal_message(refusal: &Refusal, record: &Record, state: &Path, cache: 
             cache.display()
         ),
     }
+}
+
+/// `text` as a file name: characters other than ASCII letters, digits, `-`, `_` and `.` as `_`.
+fn escape_name(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' })
+        .collect()
 }
 
 #[cfg(test)]

@@ -192,6 +192,8 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     backing_writes_synced: AtomicU64,
     /// Backing-store operations that failed (for `Stats::backing_errors`; cold path).
     backing_errors: AtomicU64,
+    /// What the last backing-store operations did (for `Stats::backing`).
+    pub(crate) backing_health: crate::health::HealthTracker,
     /// Set when an `fdatasync` of the backing store failed (see `sync_backing`).
     backing_sync_failed: AtomicBool,
     lanes: Box<[LaneSlot]>,

@@ -22,6 +22,7 @@ pub mod eviction;
 mod failpoint;
 pub mod format;
 mod freepool;
+mod health;
 mod index;
 pub mod layout;
 mod placement;
@@ -39,6 +40,7 @@ pub use cache::{
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{AdmissionConfig, CacheMode, Config, EvictionKind};
 pub use error::{Error, Result};
+pub use health::{BackingHealth, BackingState};
 pub use layout::{Layout, Member};
 pub use placement::{MemberStats, PlacementConfig, PlacementPolicy};
 pub use recovery::{CheckReport, RecoveryReport, check_medium};

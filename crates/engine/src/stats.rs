@@ -26,6 +26,8 @@ macro_rules! counters {
             /// Backing-store operations that failed (reads, writes, write-backs, flushes,
             /// discards): each reached its caller as an error, or left its block dirty.
             pub backing_errors: u64,
+            /// The backing store's health: the last operations' outcome.
+            pub backing: crate::BackingHealth,
             /// The background cleaner's figures.
             pub cleaner: crate::writeback::CleanerStats,
         }

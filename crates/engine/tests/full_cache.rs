@@ -311,6 +311,33 @@ fn a_failed_write_is_still_synced_by_the_next_flush() {
     assert_eq!(engine.stats().backing_errors, 1);
 }
 
+/// A store whose completed writes survive a failed flush (an RBD image: each write
+/// acknowledged by its OSDs; the flush failed because they were out of reach) is trusted again
+/// by the next flush that succeeds, without a new attach; the backing store's health reads
+/// failing meanwhile and ok again after.
+#[test]
+fn a_failed_sync_of_a_store_that_loses_nothing_is_simply_tried_again() {
+    let (engine, _medium, backing) = fresh(CacheMode::WriteThrough, 13);
+    backing.set_failed_flush_loses_writes(false);
+    let mut lane = engine.lane().expect("lane");
+    lane.write(2 * BLOCK_BYTES, &block_of(4), false).expect("write-through");
+    backing.fail_flushes(true);
+    let err = lane.flush().expect_err("a failing flush");
+    assert!(matches!(err, Error::Backing(_)), "{err:?}");
+    let health = engine.stats().backing;
+    assert_eq!(health.state, pmcache_engine::BackingState::Failing, "{health:?}");
+    assert!(health.last_error.is_some_and(|e| e.contains("flush")));
+    backing.heal();
+    lane.write(3 * BLOCK_BYTES, &block_of(5), false).expect("write-through");
+    lane.flush().expect("the next flush is trusted");
+    assert_eq!(engine.stats().backing, pmcache_engine::BackingHealth::default());
+    let durable = backing.durable_contents();
+    let block =
+        |lba: u64| &durable[(lba * BLOCK_BYTES) as usize..((lba + 1) * BLOCK_BYTES) as usize];
+    assert_eq!(block(2), &block_of(4)[..]);
+    assert_eq!(block(3), &block_of(5)[..]);
+}
+
 /// After an `fdatasync` of the backing store fails, no later one is trusted until the cache
 /// is attached again (Linux reports a write-back error once, then drops the pages): flushes
 /// fail, naming the cause, and the synced sequence number stays, so recovery makes the clean

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod ceph;
 pub mod tls;
 
 /// The Debian package that provides each external program the tests run (`scripts/deps.sh`

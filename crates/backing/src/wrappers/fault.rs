@@ -233,4 +233,10 @@ impl<S: BackingStore> BackingStore for FaultStore<S> {
     fn is_direct(&self) -> bool {
         self.inner.is_direct()
     }
+    fn failed_flush_loses_writes(&self) -> bool {
+        self.inner.failed_flush_loses_writes()
+    }
+    fn release(&self) -> Result<()> {
+        self.inner.release()
+    }
 }

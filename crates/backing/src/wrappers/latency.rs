@@ -203,6 +203,12 @@ impl<S: BackingStore + 'static> BackingStore for LatencyStore<S> {
     fn is_direct(&self) -> bool {
         self.inner.is_direct()
     }
+    fn failed_flush_loses_writes(&self) -> bool {
+        self.inner.failed_flush_loses_writes()
+    }
+    fn release(&self) -> Result<()> {
+        self.inner.release()
+    }
     fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
         let timer = timerfd_create(
             TimerfdClockId::Monotonic,

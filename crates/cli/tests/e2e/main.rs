@@ -23,6 +23,7 @@ mod members;
 mod panic;
 mod qemu;
 mod raw_socket;
+mod rbd;
 mod requests;
 mod soak;
 mod tls;

@@ -124,6 +124,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             backing_writes: AtomicU64::new(1),
             backing_writes_synced: AtomicU64::new(0),
             backing_errors: AtomicU64::new(0),
+            backing_health: crate::health::HealthTracker::new(),
             backing_sync_failed: AtomicBool::new(false),
             lanes: (0..config.max_lanes)
                 .map(|_| LaneSlot {
@@ -300,6 +301,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         stats.block_size = self.layout.block_size;
         stats.dram_bytes_per_slot = self.dram_bytes() as f64 / self.layout.slot_count as f64;
         stats.backing_errors = self.backing_errors.load(Ordering::Relaxed);
+        stats.backing = self.backing_health.health();
         stats.cleaner = self.cleaner.stats();
         stats
     }

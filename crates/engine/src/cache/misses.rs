@@ -355,6 +355,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let outcome = match result {
             Err(e) => Err(engine.backing_failed(e)),
             Ok(()) => {
+                engine.backing_health.succeeded();
                 let stripe = &engine.stripes[engine.stripe_index(lba)];
                 let mut guard = stripe.lock_unchanged();
                 if let Some(found) = engine.index.lookup(lba) {

@@ -125,16 +125,24 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// Counts a failed backing-store operation and makes its error the engine's.
     pub(super) fn backing_failed(&self, error: BackingError) -> Error {
         self.backing_errors.fetch_add(1, Ordering::Relaxed);
+        self.backing_health.failed(&error);
         error.into()
     }
 
     pub(super) fn backing_read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.backing.read_at(buf, offset).map_err(|e| self.backing_failed(e))
+        match self.backing.read_at(buf, offset) {
+            Ok(()) => {
+                self.backing_health.succeeded();
+                Ok(())
+            }
+            Err(e) => Err(self.backing_failed(e)),
+        }
     }
 
     /// `fdatasync`s the backing store, noting which writes it covered.
     ///
-    /// After one fails, every later one fails too, until the engine is attached again: Linux
+    /// After one fails, every later one fails too, until the engine is attached again (unless
+    /// the store says a failed flush loses nothing: `BackingStore::failed_flush_loses_writes`): Linux
     /// reports a write-back error to one `fdatasync` and then drops the pages, so a later
     /// success would not mean that the writes before it are on the store, and the synced rule
     /// would trust clean blocks the store lost. Attaching again re-dirties every clean block
@@ -157,17 +165,21 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     }
 
     /// The second half: a failed flush fails every later sync too (after a failed fsync the
-    /// kernel may have dropped the dirty pages it could not write).
+    /// kernel may have dropped the dirty pages it could not write), unless the store says a
+    /// failed flush loses nothing.
     pub(super) fn end_sync(
         &self,
         ticket: SyncTicket,
         result: std::result::Result<(), BackingError>,
     ) -> Result<()> {
         if let Err(e) = result {
-            self.backing_sync_failed.store(true, Ordering::SeqCst);
+            if self.backing.failed_flush_loses_writes() {
+                self.backing_sync_failed.store(true, Ordering::SeqCst);
+            }
             return Err(self.backing_failed(e));
         }
         self.backing_writes_synced.fetch_max(ticket.writes, Ordering::SeqCst);
+        self.backing_health.succeeded();
         Ok(())
     }
 

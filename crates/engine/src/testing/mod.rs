@@ -52,6 +52,8 @@ struct Inner {
     fail_writes_in: Mutex<Vec<std::ops::Range<u64>>>,
     /// Flushes fail (without making anything durable) while set.
     fail_flushes: std::sync::atomic::AtomicBool,
+    /// What `failed_flush_loses_writes` answers (true, as a file; false, as an RBD image).
+    failed_flush_loses_writes: std::sync::atomic::AtomicBool,
     /// `open_queue` gives a queue (requests run one by one as it submits them, their
     /// completions handed back in reverse order): the engine's queued paths — the cleaner's
     /// pipelined batches, a batch's read misses in flight — then run here, out of order.
@@ -116,6 +118,7 @@ impl SimBacking {
             fail_reads_from: AtomicU64::new(u64::MAX),
             fail_writes_in: Mutex::new(Vec::new()),
             fail_flushes: std::sync::atomic::AtomicBool::new(false),
+            failed_flush_loses_writes: std::sync::atomic::AtomicBool::new(true),
             queued: std::sync::atomic::AtomicBool::new(false),
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
@@ -182,6 +185,13 @@ impl SimBacking {
     /// Fails every flush with EIO (making nothing durable) while `fail` holds.
     pub fn fail_flushes(&self, fail: bool) {
         self.inner.fail_flushes.store(fail, Ordering::SeqCst);
+    }
+
+    /// Says whether a failed flush may have lost completed writes (true by default, as a
+    /// file; false as a store whose writes are durable when they complete, such as an RBD
+    /// image). A failed flush here never drops writes: a later one makes them durable.
+    pub fn set_failed_flush_loses_writes(&self, loses: bool) {
+        self.inner.failed_flush_loses_writes.store(loses, Ordering::SeqCst);
     }
 
     /// Stops injecting faults.
@@ -278,6 +288,10 @@ impl BackingStore for SimBacking {
         }
         let queue = pmcache_backing::SyncQueue::new(Arc::new(self.clone()), depth);
         Ok(Box::new(ReversedQueue(queue)))
+    }
+
+    fn failed_flush_loses_writes(&self) -> bool {
+        self.inner.failed_flush_loses_writes.load(Ordering::SeqCst)
     }
 
     fn flush(&self) -> pmcache_backing::Result<()> {
