@@ -191,7 +191,7 @@ impl RbdImage {
             return Err(fail(
                 format!(
                     "connecting to the monitors at {mon_host:?}; client_mount_timeout {} s",
-                    timeout.trim_end_matches('0').trim_end_matches('.')
+                    timeout.parse::<f64>().map_or(timeout.clone(), |t| t.to_string())
                 ),
                 errno(ret.into()),
             ));

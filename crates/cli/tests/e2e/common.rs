@@ -225,7 +225,9 @@ impl Server {
             .unwrap_or_else(|e| panic!("cannot start {desc}: {e}"));
         let mut server =
             Server { child: Some(child), uri: String::new(), tcp: None, stdout_path, stderr_path };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // 60 s: an attach to an RBD image whose holder was killed waits for the cluster to
+        // notice (osd_client_watch_timeout) before it breaks the lock.
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let text = std::fs::read_to_string(&server.stdout_path).unwrap_or_default();
             if let Some(line) = text.lines().find(|l| l.trim_start().starts_with("NBD URI:")) {

@@ -182,6 +182,38 @@ fn kill9_under_load_then_restart_keeps_acknowledged_writes() {
     let mut load = load;
     let _ = load.kill();
     let _ = load.wait();
+    // The cache medium is volatile: its state record, filed under the image's identity,
+    // refuses another cache over the image while this one may hold blocks the image lacks.
+    let state_dir = setup.disk.path().join("state");
+    let records: Vec<String> = std::fs::read_dir(&state_dir)
+        .expect("the state directory")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        records.len() == 1
+            && records[0].starts_with("rbd-")
+            && records[0].ends_with(".pmcache-state"),
+        "{records:?}"
+    );
+    let other = setup.shm.path().join("other.pm");
+    let out = run(
+        Command::new(PMCACHE).args(["serve", "--cache"]).arg(&other).args([
+            "--cache-size",
+            "16M",
+            "--backing",
+            &spec,
+            "--state-dir",
+            state_dir.to_str().expect("utf-8"),
+            "--listen",
+            "127.0.0.1:0",
+        ]),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("refusing to start: the state file"),
+        "{stderr}"
+    );
     let started = Instant::now();
     let server = serve_rbd(&setup, &spec, &[]);
     let logs = server.logs();
@@ -206,8 +238,9 @@ fn kill9_under_load_then_restart_keeps_acknowledged_writes() {
 fn osd_stopped_while_serving() {
     let cluster = Cluster::start();
     cluster.create_image("fault", "128M");
-    // I/O to a missing OSD fails after 3 s here (30 s by default).
-    let spec = cluster.spec("fault", &["rados_osd_op_timeout=3"]);
+    // I/O to a missing OSD fails after 5 s here (30 s by default): anything that waited for
+    // the OSD would take that long.
+    let spec = cluster.spec("fault", &["rados_osd_op_timeout=5"]);
     let setup = Setup::new("rbd-osd", 0, 64 * MIB);
     let server = serve_rbd(&setup, &spec, &[]);
     qemu_write(&server, 0, 0x11, 4 * MIB);
@@ -219,7 +252,7 @@ fn osd_stopped_while_serving() {
     qemu_read_check(&server, 0, 0x11, 4 * MIB);
     qemu_write(&server, 8 * MIB, 0x22, 4 * MIB);
     assert!(
-        started.elapsed() < Duration::from_secs(3),
+        started.elapsed() < Duration::from_secs(4),
         "hits and writes waited for the OSD: {:?}",
         started.elapsed()
     );
