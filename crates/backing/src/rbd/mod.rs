@@ -458,71 +458,35 @@ impl BackingStore for RbdImage {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.check("read", offset, buf.len() as u64)?;
-        let mut done = 0usize;
-        while done < buf.len() {
-            let at = offset + done as u64;
-            let rest = &mut buf[done..];
-            // SAFETY: open image; `rest` is writable for `rest.len()` bytes for the call.
-            let ret = unsafe {
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        transfer("read", offset, len, |done| {
+            // SAFETY: open image; `buf[done..]` is writable for `len - done` bytes for the
+            // call (`buf` is borrowed mutably for all of `read_at`).
+            unsafe {
                 (self.handle.api.rbd_read)(
                     self.handle.image,
-                    at,
-                    rest.len(),
-                    rest.as_mut_ptr().cast(),
+                    offset + done as u64,
+                    len - done,
+                    ptr.add(done).cast(),
                 )
-            };
-            if ret < 0 {
-                return Err(BackingError::Io {
-                    op: "read",
-                    offset,
-                    len: buf.len() as u64,
-                    source: errno(ret as i64),
-                });
             }
-            if ret == 0 {
-                return Err(BackingError::ShortRead {
-                    offset,
-                    len: buf.len() as u64,
-                    got: done as u64,
-                });
-            }
-            done += ret as usize;
-        }
-        Ok(())
+        })
     }
 
     fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
         self.check("write", offset, data.len() as u64)?;
-        let mut done = 0usize;
-        while done < data.len() {
+        transfer("write", offset, data.len(), |done| {
             let rest = &data[done..];
             // SAFETY: open image; `rest` is readable for `rest.len()` bytes for the call.
-            let ret = unsafe {
+            unsafe {
                 (self.handle.api.rbd_write)(
                     self.handle.image,
                     offset + done as u64,
                     rest.len(),
                     rest.as_ptr().cast(),
                 )
-            };
-            if ret < 0 {
-                return Err(BackingError::Io {
-                    op: "write",
-                    offset,
-                    len: data.len() as u64,
-                    source: errno(ret as i64),
-                });
             }
-            if ret == 0 {
-                return Err(BackingError::ShortWrite {
-                    offset,
-                    len: data.len() as u64,
-                    got: done as u64,
-                });
-            }
-            done += ret as usize;
-        }
-        Ok(())
+        })
     }
 
     fn flush(&self) -> Result<()> {
@@ -621,6 +585,38 @@ impl BackingStore for RbdImage {
             self.read_only,
         )?))
     }
+}
+
+/// Moves `len` bytes at `offset` with `call(done)`, which passes the rest (from byte `done`) to
+/// librbd and returns its answer: bytes moved, or a negative errno. No progress is a short
+/// read or write.
+fn transfer(
+    op: &'static str,
+    offset: u64,
+    len: usize,
+    mut call: impl FnMut(usize) -> isize,
+) -> Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let ret = call(done);
+        if ret < 0 {
+            return Err(BackingError::Io {
+                op,
+                offset,
+                len: len as u64,
+                source: errno(ret as i64),
+            });
+        }
+        if ret == 0 {
+            let (len, got) = (len as u64, done as u64);
+            return Err(match op {
+                "read" => BackingError::ShortRead { offset, len, got },
+                _ => BackingError::ShortWrite { offset, len, got },
+            });
+        }
+        done += ret as usize;
+    }
+    Ok(())
 }
 
 /// The identity of the image `spec` names, opened read-only (no lock) and closed again: what a
