@@ -113,6 +113,7 @@ osd_client_watch_timeout = 10
 [mon]
 admin_socket = $dir/run/\$name.asok
 log_file = $dir/log/\$name.log
+mon_cluster_log_file = $dir/log/\$cluster.\$channel.log
 [osd]
 admin_socket = $dir/run/\$name.asok
 log_file = $dir/log/\$name.log

@@ -63,7 +63,7 @@ for round in \$(seq 1 $rounds); do
     rm -f /tmp/hot.txt /tmp/cold.txt
   done
 done
-\$PM stats --control /tmp/u.ctl | grep -E "read_(hit|miss)_latency|read_hits|read_misses" || true
+\$PM stats --all --control /tmp/u.ctl | grep -E "read_(hit|miss)_latency|read_hits|read_misses" || true
 kill -TERM %1 %2 2>/dev/null || true
 wait
 echo "ublk-mixed: done"

@@ -53,6 +53,12 @@ pub struct ServeArgs {
     /// Eviction policy: clock or fifo.
     #[arg(long, default_value = "clock")]
     pub eviction: pmcache_engine::EvictionKind,
+    /// Which read misses are admitted into the cache: `always`; `seq-cutoff=SIZE` (all but
+    /// what a sequential stream reads past SIZE, so a backup's scan does not flush the cache;
+    /// the default, at 4M); `n-hit=N` (a block on its N-th miss within the recent window).
+    /// Changed at run time with `pmcache set admission=...`.
+    #[arg(long, default_value = "seq-cutoff=4M", value_parser = crate::cache::parse_admission, value_name = "always|seq-cutoff=SIZE|n-hit=N")]
+    pub admission: pmcache_engine::AdmissionConfig,
     /// Where a cache of several members places writes: `local` (the member of the writer's
     /// NUMA node, falling back to the nearest) or `interleave` (every member in turn).
     #[arg(long, default_value = "local", value_name = "local|interleave")]

@@ -78,6 +78,12 @@ pub struct CacheArgs {
     /// still match. Needed at every attach until the cache is formatted again.
     #[arg(long)]
     pub backing_moved: bool,
+    /// Which read misses are admitted into the cache: `always`; `seq-cutoff=SIZE` (all but
+    /// what a sequential stream reads past SIZE, so a backup's scan does not flush the cache;
+    /// the default, at 4M); `n-hit=N` (a block on its N-th miss within the recent window).
+    /// Changed at run time with `pmcache set admission=...`.
+    #[arg(long, default_value = "seq-cutoff=4M", value_parser = parse_admission, value_name = "always|seq-cutoff=SIZE|n-hit=N")]
+    pub admission: AdmissionConfig,
     /// Give every backing-store read and write at least this latency, as a slower device
     /// would (for benches and tests of a cache in front of a network disk or an HDD): a time
     /// (`2ms`, `500us`) or a device preset (`hdd`: 2–14 ms, `sata-ssd`: 90–300 µs,
@@ -97,6 +103,44 @@ fn engine_options(name: Option<&str>) -> Result<EngineOptions, String> {
         }
     };
     Ok(EngineOptions { engine, ..EngineOptions::default() })
+}
+
+/// Parses an admission policy: `always`, `seq-cutoff=SIZE` (K, M, G suffixes) or `n-hit=N`
+/// (1..=254).
+pub fn parse_admission(text: &str) -> Result<AdmissionConfig, String> {
+    let expected = "expected always, seq-cutoff=SIZE (e.g. seq-cutoff=4M) or n-hit=N";
+    match text.split_once('=') {
+        None if text == "always" => Ok(AdmissionConfig::Always),
+        Some(("seq-cutoff", size)) => Ok(AdmissionConfig::SequentialCutoff {
+            cutoff_bytes: parse_size(size).map_err(|e| format!("seq-cutoff: {e}"))?,
+        }),
+        Some(("n-hit", n)) => match n.parse::<u8>() {
+            Ok(hits @ 1..=254) => Ok(AdmissionConfig::NHit { hits }),
+            _ => Err(format!("n-hit={n}: N is a count of misses from 1 to 254")),
+        },
+        _ => Err(format!("unknown admission policy {text:?}; {expected}")),
+    }
+}
+
+/// An admission policy as `--admission` spells it.
+pub fn admission_name(config: AdmissionConfig) -> String {
+    match config {
+        AdmissionConfig::Always => "always".into(),
+        AdmissionConfig::SequentialCutoff { cutoff_bytes } => {
+            format!("seq-cutoff={}", size_name(cutoff_bytes))
+        }
+        AdmissionConfig::NHit { hits } => format!("n-hit={hits}"),
+    }
+}
+
+/// `bytes` with the largest suffix (K, M, G) that divides it, as `parse_size` reads it back.
+fn size_name(bytes: u64) -> String {
+    for (shift, suffix) in [(30, "G"), (20, "M"), (10, "K")] {
+        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
 }
 
 /// Opens the backing store with the engine asked for.
@@ -190,7 +234,7 @@ pub fn engine_config(args: &CacheArgs, max_lanes: usize) -> Config {
         mode: args.mode,
         block_size: args.block_size.unwrap_or(DEFAULT_BLOCK_BYTES),
         max_lanes,
-        admission: AdmissionConfig::default(),
+        admission: args.admission,
         eviction: args.eviction,
         index_buckets: None,
         placement: pmcache_engine::PlacementConfig { policy: args.placement, ..Default::default() },

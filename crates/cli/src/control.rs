@@ -2,18 +2,21 @@
 //! one line each way (`stats` → a JSON object; `flush` → write back every dirty block, through
 //! the cleaner when one runs, answered by `progress <dirty> <total>` lines then `done <total>`;
 //! `detach` → write everything back, stop serving, mark the cache clean; `set KEY=VALUE ...` →
-//! change cleaner settings, answered by `setting KEY VALUE` lines, all of them, then `done`;
-//! `set` alone lists them).
+//! change the cache mode (`mode=`: leaving write-back writes every dirty block back first,
+//! answered by `progress` lines), the admission policy (`admission=`) or cleaner settings,
+//! answered by `setting KEY VALUE` lines, all of them, then `done`; `set` alone lists them).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use pmcache_engine::Error;
+use pmcache_engine::{AdmissionConfig, CacheMode, Error};
 use pmcache_frontend::CacheEngine;
+
+use crate::cache::{admission_name, parse_admission};
 
 /// The control socket path of a cache.
 pub fn default_control_path(cache: &Path) -> PathBuf {
@@ -65,6 +68,11 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
     object.insert("block_size".into(), stats.block_size.into());
     object.insert("dram_bytes_per_slot".into(), stats.dram_bytes_per_slot.into());
     object.insert("mode".into(), engine.mode().to_string().into());
+    object.insert(
+        "mode_changed_unix_secs".into(),
+        MODE_CHANGED_UNIX_SECS.load(Ordering::SeqCst).into(),
+    );
+    object.insert("admission".into(), admission_name(engine.admission()).into());
     object.insert("medium".into(), crate::cache::kind_of(engine.medium()).name().into());
     object.insert("size_bytes".into(), engine.size_bytes().into());
     object.insert("backing_engine".into(), engine.backing().engine_name().into());
@@ -183,16 +191,37 @@ fn handle(
             }
         }
         set if set == "set" || set.starts_with("set ") => {
-            let pairs = set.split_whitespace().skip(1);
-            match engine.set_cleaner_settings(pairs) {
-                Ok(config) => {
-                    for (key, value) in config.describe() {
-                        writeln!(writer, "setting {key} {value}")?;
-                    }
-                    writeln!(writer, "done")?;
+            let (serving, cleaner): (Vec<&str>, Vec<&str>) = set
+                .split_whitespace()
+                .skip(1)
+                .partition(|p| p.starts_with("mode=") || p.starts_with("admission="));
+            let mut changes = ServingChanges::default();
+            for pair in serving {
+                if let Err(e) = changes.parse(pair) {
+                    return writeln!(writer, "error {e}");
                 }
-                Err(e) => writeln!(writer, "error {e}")?,
             }
+            let config = match engine.set_cleaner_settings(cleaner) {
+                Ok(config) => config,
+                Err(e) => return writeln!(writer, "error {e}"),
+            };
+            if let Some(admission) = changes.admission {
+                engine.set_admission(admission);
+            }
+            if let Some(mode) = changes.mode {
+                let switched = switch_mode(engine, mode, |dirty, total| {
+                    let _ = writeln!(writer, "progress {dirty} {total}");
+                });
+                if let Err(e) = switched {
+                    return writeln!(writer, "error {e}");
+                }
+            }
+            writeln!(writer, "setting mode {}", engine.mode())?;
+            writeln!(writer, "setting admission {}", admission_name(engine.admission()))?;
+            for (key, value) in config.describe() {
+                writeln!(writer, "setting {key} {value}")?;
+            }
+            writeln!(writer, "done")?;
         }
         "detach" => {
             detach.store(true, Ordering::SeqCst);
@@ -204,6 +233,69 @@ fn handle(
             "error unknown command {other:?}; expected stats, flush, set or detach"
         )?,
     }
+    Ok(())
+}
+
+/// The settings of a `set` that the server applies itself (the rest are the cleaner's).
+#[derive(Default)]
+struct ServingChanges {
+    mode: Option<CacheMode>,
+    admission: Option<AdmissionConfig>,
+}
+
+impl ServingChanges {
+    fn parse(&mut self, pair: &str) -> Result<(), String> {
+        match pair.split_once('=') {
+            Some(("mode", value)) => {
+                // `write-back` as Open CAS and bcache operators write it, or `writeback`.
+                self.mode = Some(value.replace('-', "").parse()?);
+            }
+            Some(("admission", value)) => self.admission = Some(parse_admission(value)?),
+            _ => return Err(format!("{pair:?} is not a setting")),
+        }
+        Ok(())
+    }
+}
+
+/// When the cache mode last changed at run time, in seconds since the Unix epoch (0: never
+/// since the server started).
+static MODE_CHANGED_UNIX_SECS: AtomicU64 = AtomicU64::new(0);
+
+/// Switches the cache mode of a running server. Leaving a mode that keeps dirty blocks
+/// (write-back, write-only) for one that does not writes every dirty block back first, with
+/// `progress(dirty, total)` every 100 ms: while still in the old mode, then once more after
+/// the switch for what was written meanwhile. If either write-back fails, the old mode stays
+/// (nothing is lost: the dirty blocks stay in the cache) and the error says so.
+fn switch_mode(
+    engine: &'static CacheEngine,
+    to: CacheMode,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<(), String> {
+    let from = engine.mode();
+    if from == to {
+        return Ok(());
+    }
+    if from.writes_back() && !to.writes_back() {
+        let total = engine.dirty_slots();
+        let refused = |e: String| {
+            format!(
+                "{from} -> {to} refused: writing the dirty blocks back failed ({e}); the cache \
+                 stays {from}, with its dirty blocks (nothing acknowledged is lost)"
+            )
+        };
+        flush(engine, |dirty| progress(dirty, total)).map_err(refused)?;
+        engine.set_mode(to);
+        if let Err(e) = flush(engine, |dirty| progress(dirty, total)) {
+            engine.set_mode(from);
+            return Err(refused(e));
+        }
+    } else {
+        engine.set_mode(to);
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    MODE_CHANGED_UNIX_SECS.store(now, Ordering::SeqCst);
     Ok(())
 }
 

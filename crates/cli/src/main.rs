@@ -19,6 +19,7 @@ mod numa;
 mod serve;
 mod serving;
 mod state;
+mod summary;
 mod tls;
 #[cfg(feature = "ublk")]
 mod ublk;
@@ -73,9 +74,11 @@ enum Command {
     Format(manage::FormatArgs),
     /// Verify a cache medium's superblock and metadata (non-zero exit on corruption).
     Check(manage::CheckArgs),
-    /// Statistics of a running server (table, --json or --prometheus).
+    /// Statistics of a running server: a summary, every counter (--all), --json or
+    /// --prometheus; --watch SECONDS refreshes.
     Stats(manage::StatsArgs),
-    /// Show or change the background cleaner's settings on a running server.
+    /// Show or change a running server's settings: its cache mode (`mode=`), its admission
+    /// policy (`admission=`) and its cleaner's settings.
     Set(manage::SetArgs),
     /// Write back every dirty block of a running server.
     Flush(manage::ControlArgs),

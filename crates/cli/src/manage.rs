@@ -37,8 +37,9 @@ pub struct CheckArgs {
 #[derive(Debug, clap::Args)]
 pub struct ControlArgs {
     /// The cache medium the server runs on, the first given to `serve` (its control socket is
-    /// this path + ".ctl").
-    #[arg(long, required_unless_present = "control", value_name = "PATH[@NODE]")]
+    /// this path + ".ctl"). Without it or --control: the server `pmcache serve` started with
+    /// no arguments (its embedded default cache).
+    #[arg(long, value_name = "PATH[@NODE]")]
     cache: Option<CacheSpec>,
     /// The control socket, if not the default.
     #[arg(long)]
@@ -47,8 +48,9 @@ pub struct ControlArgs {
 
 impl ControlArgs {
     fn path(&self) -> PathBuf {
-        self.control.clone().unwrap_or_else(|| {
-            default_control_path(&self.cache.as_ref().expect("clap requires --cache").path)
+        self.control.clone().unwrap_or_else(|| match &self.cache {
+            Some(cache) => default_control_path(&cache.path),
+            None => default_control_path(Path::new(crate::args::DEFAULT_CACHE)),
         })
     }
 }
@@ -64,6 +66,12 @@ pub struct StatsArgs {
     /// Prometheus text exposition format.
     #[arg(long)]
     prometheus: bool,
+    /// Every counter, one per line, instead of the summary.
+    #[arg(long, conflicts_with_all = ["json", "prometheus"])]
+    all: bool,
+    /// Print again every SECONDS (until interrupted), the screen cleared between.
+    #[arg(long, value_name = "SECONDS", conflicts_with_all = ["json", "prometheus"])]
+    watch: Option<f64>,
 }
 
 /// `pmcache detach`.
@@ -217,6 +225,18 @@ fn medium_kind(path: &Path) -> Result<(MediumKind, String), String> {
 }
 
 pub fn stats(args: StatsArgs) -> Result<(), String> {
+    let Some(seconds) = args.watch else { return stats_once(&args) };
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(format!("--watch {seconds}: give a number of seconds above 0"));
+    }
+    loop {
+        print_all("\x1b[2J\x1b[H")?;
+        stats_once(&args)?;
+        std::thread::sleep(std::time::Duration::from_secs_f64(seconds));
+    }
+}
+
+fn stats_once(args: &StatsArgs) -> Result<(), String> {
     let mut reply = String::new();
     control::request(&args.server.path(), "stats", |line| reply = line.to_string())?;
     let value: serde_json::Value =
@@ -253,6 +273,12 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
             text += &format!(
                 "# TYPE pmcache_medium_info gauge\npmcache_medium_info{{medium=\"{medium}\"}} 1\n"
             );
+        }
+    } else if !args.all {
+        text = crate::summary::summary(object);
+        // Members in a table where there are several (a cache of one medium per node).
+        if members_of(object).len() > 1 {
+            text += &member_table(object);
         }
     } else {
         for (name, value) in object.iter().filter(|(name, _)| *name != "members") {
@@ -348,7 +374,11 @@ fn progress_bar(total: u64) -> ProgressBar {
 pub struct SetArgs {
     #[command(flatten)]
     server: ControlArgs,
-    /// Cleaner settings to change, `KEY=VALUE` (all or none are applied); none lists them.
+    /// Settings to change, `KEY=VALUE`; none lists them. `mode=write-back|write-through|
+    /// write-around|pass-through|write-only`: leaving write-back (or write-only) writes every
+    /// dirty block back first, with progress, and is refused, the mode unchanged, if that
+    /// fails. `admission=always|seq-cutoff=SIZE|n-hit=N`. Any other key is the cleaner's
+    /// (`order`, `target_pct`, `queue_depth`, ...: all or none are applied).
     #[arg(value_name = "KEY=VALUE")]
     settings: Vec<String>,
 }
@@ -362,32 +392,47 @@ pub fn set(args: SetArgs) -> Result<(), String> {
     let command = std::iter::once("set").chain(args.settings.iter().map(String::as_str));
     let command = command.collect::<Vec<_>>().join(" ");
     let mut text = String::new();
-    control::request(&args.server.path(), &command, |line| {
+    let mut bar: Option<ProgressBar> = None;
+    let result = control::request(&args.server.path(), &command, |line| {
         if let Some(setting) = line.strip_prefix("setting ") {
             let (key, value) = setting.split_once(' ').unwrap_or((setting, ""));
             text += &format!("{key:<20} {value}\n");
+        } else if let Some((left, total)) = progress_line(line) {
+            let bar = bar.get_or_insert_with(|| progress_bar(total));
+            bar.set_position(total.saturating_sub(left));
         }
-    })?;
+    });
+    if let Some(bar) = &bar {
+        bar.finish();
+    }
+    result?;
     print_all(&text)
+}
+
+/// `progress LEFT TOTAL`: dirty blocks left of a write-back of `TOTAL`.
+fn progress_line(line: &str) -> Option<(u64, u64)> {
+    let mut parts = line.split_whitespace();
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some("progress"), Some(left), Some(total)) => {
+            Some((left.parse().unwrap_or(0), total.parse().unwrap_or(0)))
+        }
+        _ => None,
+    }
 }
 
 pub fn flush(args: ControlArgs) -> Result<(), String> {
     let mut bar: Option<ProgressBar> = None;
     control::request(&args.path(), "flush", |line| {
-        let mut parts = line.split_whitespace();
-        match (parts.next(), parts.next(), parts.next()) {
-            (Some("progress"), Some(left), Some(total)) => {
-                let (left, total) = (left.parse().unwrap_or(0u64), total.parse().unwrap_or(0u64));
-                let bar = bar.get_or_insert_with(|| progress_bar(total));
-                bar.set_position(total.saturating_sub(left));
+        if let Some((left, total)) = progress_line(line) {
+            let bar = bar.get_or_insert_with(|| progress_bar(total));
+            bar.set_position(total.saturating_sub(left));
+            return;
+        }
+        if let Some(total) = line.strip_prefix("done ") {
+            if let Some(bar) = &bar {
+                bar.finish();
             }
-            (Some("done"), Some(total), _) => {
-                if let Some(bar) = &bar {
-                    bar.finish();
-                }
-                println!("all dirty blocks written back ({total} were dirty)");
-            }
-            _ => {}
+            println!("all dirty blocks written back ({total} were dirty)");
         }
     })
 }
@@ -416,6 +461,7 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
         mode: pmcache_engine::CacheMode::WriteBack,
         engine: args.engine.clone(),
         eviction: pmcache_engine::EvictionKind::Clock,
+        admission: pmcache_engine::AdmissionConfig::default(),
         backing_moved: args.backing_moved,
         backing_latency: None,
     };

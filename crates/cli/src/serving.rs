@@ -91,6 +91,7 @@ impl Serving {
             mode: args.mode,
             engine: args.engine.clone(),
             eviction: args.eviction,
+            admission: args.admission,
             backing_moved: args.backing_moved,
             backing_latency: args.backing_latency,
         };

@@ -4,16 +4,26 @@
 //! lanes only blur the heuristics, they never affect correctness.
 
 use crate::config::AdmissionConfig;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU8, AtomicU64, Ordering};
 
 const STREAMS: usize = 64;
 const STREAM_EXPIRY_NS: u64 = 5_000_000_000;
 const NHIT_COUNTERS: usize = 1 << 16;
 
-pub(crate) enum Admission {
-    Always,
-    SequentialCutoff { cutoff_bytes: u64, streams: Box<[Stream]> },
-    NHit { hits: u8, counters: Box<[AtomicU64]>, misses: AtomicU64 },
+/// The policy in force (`Admission::kind`).
+const ALWAYS: u8 = 0;
+const SEQUENTIAL_CUTOFF: u8 = 1;
+const N_HIT: u8 = 2;
+
+/// The admission policy, switchable at run time (`Engine::set_admission`): every policy's
+/// tables are kept (about 66 KiB), and the policy in force is one relaxed load on a miss.
+pub(crate) struct Admission {
+    kind: AtomicU8,
+    cutoff_bytes: AtomicU64,
+    hits: AtomicU8,
+    streams: Box<[Stream]>,
+    counters: Box<[AtomicU64]>,
+    misses: AtomicU64,
 }
 
 /// A recent sequential stream: where it will continue, how long it is, when it was last seen.
@@ -29,32 +39,57 @@ fn slot_of(value: u64, slots: usize) -> usize {
 
 impl Admission {
     pub(crate) fn new(config: AdmissionConfig) -> Self {
+        let admission = Admission {
+            kind: AtomicU8::new(ALWAYS),
+            cutoff_bytes: AtomicU64::new(0),
+            hits: AtomicU8::new(1),
+            streams: (0..STREAMS)
+                .map(|_| Stream {
+                    next_byte: AtomicU64::new(u64::MAX),
+                    run_bytes: AtomicU64::new(0),
+                    seen_ns: AtomicU64::new(0),
+                })
+                .collect(),
+            counters: (0..NHIT_COUNTERS / 8).map(|_| AtomicU64::new(0)).collect(),
+            misses: AtomicU64::new(0),
+        };
+        admission.set(config);
+        admission
+    }
+
+    /// Puts `config` in force. A miss racing with the change is judged by either policy.
+    pub(crate) fn set(&self, config: AdmissionConfig) {
         match config {
-            AdmissionConfig::Always => Admission::Always,
-            AdmissionConfig::SequentialCutoff { cutoff_bytes } => Admission::SequentialCutoff {
-                cutoff_bytes,
-                streams: (0..STREAMS)
-                    .map(|_| Stream {
-                        next_byte: AtomicU64::new(u64::MAX),
-                        run_bytes: AtomicU64::new(0),
-                        seen_ns: AtomicU64::new(0),
-                    })
-                    .collect(),
+            AdmissionConfig::Always => self.kind.store(ALWAYS, Ordering::Relaxed),
+            AdmissionConfig::SequentialCutoff { cutoff_bytes } => {
+                self.cutoff_bytes.store(cutoff_bytes, Ordering::Relaxed);
+                self.kind.store(SEQUENTIAL_CUTOFF, Ordering::Relaxed);
+            }
+            AdmissionConfig::NHit { hits } => {
+                self.hits.store(hits.max(1), Ordering::Relaxed);
+                self.kind.store(N_HIT, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The policy in force.
+    pub(crate) fn config(&self) -> AdmissionConfig {
+        match self.kind.load(Ordering::Relaxed) {
+            SEQUENTIAL_CUTOFF => AdmissionConfig::SequentialCutoff {
+                cutoff_bytes: self.cutoff_bytes.load(Ordering::Relaxed),
             },
-            AdmissionConfig::NHit { hits } => Admission::NHit {
-                hits: hits.max(1),
-                counters: (0..NHIT_COUNTERS / 8).map(|_| AtomicU64::new(0)).collect(),
-                misses: AtomicU64::new(0),
-            },
+            N_HIT => AdmissionConfig::NHit { hits: self.hits.load(Ordering::Relaxed) },
+            _ => AdmissionConfig::Always,
         }
     }
 
     /// Notes a read request of `len` bytes at `offset` (called once per request).
     /// Returns whether the request is part of a sequential stream beyond the cutoff.
     pub(crate) fn note_request(&self, offset: u64, len: u64, now_ns: u64) -> bool {
-        let Admission::SequentialCutoff { cutoff_bytes, streams } = self else {
+        if self.kind.load(Ordering::Relaxed) != SEQUENTIAL_CUTOFF {
             return false;
-        };
+        }
+        let streams = &self.streams;
         let stream = &streams[slot_of(offset, STREAMS)];
         let continues = stream.next_byte.load(Ordering::Relaxed) == offset
             && now_ns.saturating_sub(stream.seen_ns.load(Ordering::Relaxed)) < STREAM_EXPIRY_NS;
@@ -63,14 +98,15 @@ impl Admission {
         next.next_byte.store(offset + len, Ordering::Relaxed);
         next.run_bytes.store(run, Ordering::Relaxed);
         next.seen_ns.store(now_ns, Ordering::Relaxed);
-        run > *cutoff_bytes
+        run > self.cutoff_bytes.load(Ordering::Relaxed)
     }
 
     /// Whether a missed block should be admitted (counts the miss for n-hit).
     pub(crate) fn admit_block(&self, lba: u64) -> bool {
-        let Admission::NHit { hits, counters, misses } = self else {
+        if self.kind.load(Ordering::Relaxed) != N_HIT {
             return true;
-        };
+        }
+        let (counters, misses) = (&self.counters, &self.misses);
         // 8 one-byte counters per word.
         let index = slot_of(lba, NHIT_COUNTERS);
         let word = &counters[index / 8];
@@ -103,7 +139,7 @@ impl Admission {
                 word.store((value >> 1) & 0x7f7f_7f7f_7f7f_7f7f, Ordering::Relaxed);
             }
         }
-        count >= u64::from(*hits)
+        count >= u64::from(self.hits.load(Ordering::Relaxed))
     }
 }
 
@@ -144,6 +180,25 @@ mod tests {
         assert!(!admission.admit_block(42));
         assert!(admission.admit_block(42));
         assert!(Admission::new(AdmissionConfig::Always).admit_block(42));
+    }
+
+    /// A policy put in force at run time is the one that judges the next miss, and says so.
+    #[test]
+    fn the_policy_switches_at_run_time() {
+        let admission = Admission::new(AdmissionConfig::Always);
+        assert!(admission.admit_block(7));
+        admission.set(AdmissionConfig::NHit { hits: 2 });
+        assert_eq!(admission.config(), AdmissionConfig::NHit { hits: 2 });
+        assert!(!admission.admit_block(9), "the first miss of a block is cold under n-hit");
+        assert!(admission.admit_block(9));
+        admission.set(AdmissionConfig::SequentialCutoff { cutoff_bytes: 8192 });
+        assert!(admission.admit_block(11), "n-hit is no longer in force");
+        let bypassed: Vec<bool> =
+            (0..4u64).map(|i| admission.note_request(i * 4096, 4096, i)).collect();
+        assert_eq!(bypassed, [false, false, true, true]);
+        admission.set(AdmissionConfig::Always);
+        assert!(!admission.note_request(4 * 4096, 4096, 5));
+        assert_eq!(admission.config(), AdmissionConfig::Always);
     }
 
     /// A block with `slot_of(block) == counter`.
@@ -210,8 +265,7 @@ mod shuttle_tests {
                 let lba = 42;
                 let index = slot_of(lba, NHIT_COUNTERS);
                 let shift = (index % 8) * 8;
-                let Admission::NHit { counters, .. } = &*admission else { unreachable!() };
-                counters[index / 8].store(0xfe << shift, Ordering::Relaxed);
+                admission.counters[index / 8].store(0xfe << shift, Ordering::Relaxed);
                 let lanes: Vec<_> = (0..3)
                     .map(|_| {
                         let admission = admission.clone();
@@ -219,8 +273,7 @@ mod shuttle_tests {
                     })
                     .collect();
                 lanes.into_iter().for_each(|lane| lane.join().unwrap());
-                let Admission::NHit { counters, .. } = &*admission else { unreachable!() };
-                let word = counters[index / 8].load(Ordering::Relaxed);
+                let word = admission.counters[index / 8].load(Ordering::Relaxed);
                 assert_eq!(word, 0xfe << shift, "counter {index}: word {word:#018x}");
             },
             2000,

@@ -61,6 +61,9 @@ counters! {
     read_misses_bypassed,
     /// Blocks read from the backing store and not admitted: beyond the sequential cutoff.
     read_misses_sequential,
+    /// Of `read_misses_bypassed`, those the n-hit policy judged cold (missed too few times
+    /// yet to be admitted).
+    read_misses_cold,
     /// Lock-free read attempts that saw a slot change under them and retried.
     read_retries,
     /// Blocks written.

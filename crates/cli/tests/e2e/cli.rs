@@ -213,10 +213,19 @@ fn stats_flush_sigterm_and_detach() {
     assert_eq!(samples.get("pmcache_dirty_slots"), Some(&512.0), "{out}");
     assert_eq!(samples.get("pmcache_mode_info{mode=\"writeback\"}"), Some(&1.0), "{out}");
     let table = run_ok(
-        Command::new(PMCACHE).args(["stats", "--control", &setup.control_arg()]),
+        Command::new(PMCACHE).args(["stats", "--all", "--control", &setup.control_arg()]),
         Duration::from_secs(10),
     );
     assert!(table.lines().any(|l| l.starts_with("dirty_slots") && l.ends_with(" 512")), "{table}");
+    // The summary, for a person: grouped, in human units.
+    let summary = run_ok(
+        Command::new(PMCACHE).args(["stats", "--control", &setup.control_arg()]),
+        Duration::from_secs(10),
+    );
+    for group in ["cache ", "usage ", "reads ", "writes ", "cleaner ", "connections ", "errors "] {
+        assert!(summary.lines().any(|l| l.starts_with(group)), "no {group:?} line: {summary}");
+    }
+    assert!(summary.contains("dirty 512 ("), "{summary}");
 
     // flush: everything written back, nothing dirty, the backing file has the data.
     let out = run_ok(

@@ -25,6 +25,7 @@ mod qemu;
 mod raw_socket;
 mod rbd;
 mod requests;
+mod settings;
 mod soak;
 mod tls;
 mod ublk;

@@ -113,7 +113,7 @@ fn a_medium_in_dev_shm_is_named_volatile() {
     let server = setup.serve(Via::Tcp, &[]);
     assert!(server.logs().contains("medium: volatile"), "{}", server.logs());
     assert_eq!(setup.stats()["medium"], "volatile");
-    let table = setup.pmcache(&["stats", "--control", &setup.control_arg()]);
+    let table = setup.pmcache(&["stats", "--all", "--control", &setup.control_arg()]);
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
     assert!(
         table.lines().any(|l| l.starts_with("medium ") && l.ends_with("\"volatile\"")),

@@ -214,6 +214,16 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         self.mode.store(mode.to_u8(), Ordering::Relaxed);
     }
 
+    /// The read-miss admission policy in force.
+    pub fn admission(&self) -> crate::AdmissionConfig {
+        self.admission.config()
+    }
+
+    /// Puts a read-miss admission policy in force, at once, for every lane.
+    pub fn set_admission(&self, config: crate::AdmissionConfig) {
+        self.admission.set(config);
+    }
+
     /// Sets how many whole blocks a write-zeroes in a write-back mode must cover for its
     /// uncached blocks to be zeroed on the backing store instead of written into the cache as
     /// zero blocks (default 256; at least 1). Tests lower it to reach that path with a small

@@ -81,6 +81,8 @@ pub(super) struct ReadInFlight {
     slot: Option<u32>,
     /// Admissible (not beyond the sequential cutoff): which counter a bypass bumps.
     may_admit: bool,
+    /// Judged cold by the n-hit policy (counted in `read_misses_cold` too).
+    cold: bool,
     /// Its stripe's change count when the read was queued.
     changes: u64,
 }
@@ -160,7 +162,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let (lba, in_block) = (block_of(offset, block), offset_in_block(offset, block) as usize);
         let tail = engine.admission.note_request(offset, out.len() as u64, engine.clock.now_ns());
         let may_admit = !tail;
-        let admit = may_admit && engine.mode().admits_reads() && engine.admission.admit_block(lba);
+        let admissible = may_admit && engine.mode().admits_reads();
+        let admit = admissible && engine.admission.admit_block(lba);
+        let cold = admissible && !admit;
         // Reserved before the stripe is taken: reserving may reclaim, which takes stripes.
         let slot = self.reserve_for_admission(admit);
         let stripe = &engine.stripes[engine.stripe_index(lba)];
@@ -198,8 +202,15 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             panic!("the miss queue refused read {} with room for it", request.user_data);
         }
         let len = out.len();
-        self.misses.table[ticket as usize] =
-            Some(InFlight::Read(ReadInFlight { lba, in_block, len, slot, may_admit, changes }));
+        self.misses.table[ticket as usize] = Some(InFlight::Read(ReadInFlight {
+            lba,
+            in_block,
+            len,
+            slot,
+            may_admit,
+            cold,
+            changes,
+        }));
         ReadStart::Pending(Ticket(ticket))
     }
 
@@ -342,8 +353,15 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     ) {
         let engine = self.engine;
         let ticket = u32::try_from(completion.user_data).expect("a ticket");
-        let Some(InFlight::Read(ReadInFlight { lba, in_block, len, slot, may_admit, changes })) =
-            self.misses.table[ticket as usize].take()
+        let Some(InFlight::Read(ReadInFlight {
+            lba,
+            in_block,
+            len,
+            slot,
+            may_admit,
+            cold,
+            changes,
+        })) = self.misses.table[ticket as usize].take()
         else {
             panic!("a read completion for ticket {ticket}, which is no read in flight");
         };
@@ -402,6 +420,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 },
                 1,
             );
+            if cold && !cached && !admitted {
+                bump(&counters.read_misses_cold, 1);
+            }
         }
         match outcome {
             Ok(()) => done(Ticket(ticket), Ok(&buf[in_block..in_block + len])),

@@ -143,7 +143,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         may_admit: bool,
     ) -> Result<()> {
         let engine = self.engine;
-        let admit = may_admit && engine.mode().admits_reads() && engine.admission.admit_block(lba);
+        let admissible = may_admit && engine.mode().admits_reads();
+        let admit = admissible && engine.admission.admit_block(lba);
+        let cold = admissible && !admit;
         let reserved = self.reserve_for_admission(admit);
         let mut guard = engine.lock_stripe(lba);
         if let Some(found) = engine.index.lookup(lba) {
@@ -168,6 +170,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 },
                 1,
             );
+            if cold {
+                bump(&counters.read_misses_cold, 1);
+            }
             return Ok(());
         };
         if let Err(err) = engine.backing_read(&mut self.block, lba * block) {
