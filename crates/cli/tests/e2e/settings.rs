@@ -136,3 +136,27 @@ fn stats_with_no_arguments_asks_the_default_server() {
         );
     }
 }
+
+/// `stats --watch SECONDS` prints the summary again and again, the screen cleared before each;
+/// a period that is not a positive number is refused.
+#[test]
+fn stats_watch_refreshes_the_summary() {
+    let setup = Setup::new("stats-watch", 64 * MIB, 8 * MIB);
+    let server = setup.serve(Via::Tcp, &[]);
+    let mut child = Command::new(PMCACHE)
+        .args(["stats", "--watch", "0.2", "--control", &setup.control_arg()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("stats --watch");
+    std::thread::sleep(Duration::from_millis(1500));
+    child.kill().expect("kill");
+    let out = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let screens = stdout.matches("\x1b[2J").count();
+    assert!(screens >= 3, "{screens} screens in 1.5 s: {stdout}");
+    assert!(stdout.matches("\ncleaner ").count() >= 3, "{stdout}");
+    let out = setup.pmcache(&["stats", "--watch", "0", "--control", &setup.control_arg()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("above 0"));
+    server.terminate();
+}
