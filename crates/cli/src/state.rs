@@ -100,8 +100,7 @@ pub fn locate(backing: &Path, state_dir: Option<&Path>) -> Located {
             // The cluster could not be reached: the record is named after the spec, and opening
             // the image says why it cannot be reached.
             let dir = state_dir.unwrap_or(Path::new(DEVICE_STATE_DIR));
-            let name =
-                format!("rbd-spec-{}{STATE_SUFFIX}", escape_name(&backing.to_string_lossy()));
+            let name = format!("rbd-spec-{}{STATE_SUFFIX}", crate::backing_id::escape(backing));
             return Located {
                 path: dir.join(name),
                 found_at: None,
@@ -469,13 +468,6 @@ pub fn refusal_message(refusal: &Refusal, record: &Record, state: &Path, cache: 
             cache.display()
         ),
     }
-}
-
-/// `text` as a file name: characters other than ASCII letters, digits, `-`, `_` and `.` as `_`.
-fn escape_name(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' })
-        .collect()
 }
 
 #[cfg(test)]

@@ -272,18 +272,30 @@ impl RbdImage {
     }
 
     fn check(&self, op: &'static str, offset: u64, len: u64) -> Result<()> {
-        if self.read_only && op != "read" {
-            return Err(BackingError::Io {
-                op,
-                offset,
-                len,
-                source: io::Error::from_raw_os_error(libc::EROFS),
-            });
-        }
-        match offset.checked_add(len) {
-            Some(end) if end <= self.size_bytes => Ok(()),
-            _ => Err(BackingError::OutOfRange { op, offset, len, size: self.size_bytes }),
-        }
+        check_request(self.read_only, self.size_bytes, op, offset, len)
+    }
+}
+
+/// Refuses a request that writes to an image opened read-only (`EROFS`) or reaches past its
+/// end; what the synchronous calls and the queue both check before librbd sees a request.
+fn check_request(
+    read_only: bool,
+    size_bytes: u64,
+    op: &'static str,
+    offset: u64,
+    len: u64,
+) -> Result<()> {
+    if read_only && op != "read" {
+        return Err(BackingError::Io {
+            op,
+            offset,
+            len,
+            source: io::Error::from_raw_os_error(libc::EROFS),
+        });
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= size_bytes => Ok(()),
+        _ => Err(BackingError::OutOfRange { op, offset, len, size: size_bytes }),
     }
 }
 

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use super::{Handle, errno, ffi};
+use super::{Handle, check_request, errno, ffi};
 use crate::{BackingError, IoCompletion, IoOp, IoQueue, IoRequest, Result};
 
 /// Results filed by librbd's callbacks: (slot, return value).
@@ -112,23 +112,7 @@ impl RbdQueue {
             return Ok(());
         }
         let len = req.buf.len() as u64;
-        if self.read_only && req.op == IoOp::Write {
-            return Err(BackingError::Io {
-                op: "write",
-                offset: req.offset,
-                len,
-                source: std::io::Error::from_raw_os_error(libc::EROFS),
-            });
-        }
-        match req.offset.checked_add(len) {
-            Some(end) if end <= self.size_bytes => Ok(()),
-            _ => Err(BackingError::OutOfRange {
-                op: req.op.name(),
-                offset: req.offset,
-                len,
-                size: self.size_bytes,
-            }),
-        }
+        check_request(self.read_only, self.size_bytes, req.op.name(), req.offset, len)
     }
 
     /// Issues one request to librbd.
