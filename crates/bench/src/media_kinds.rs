@@ -158,6 +158,7 @@ impl Bed {
             eviction: EvictionKind::Clock,
             index_buckets: None,
             placement: Default::default(),
+            data_crc: false,
         };
         let engine = Engine::format(medium, backing, MonotonicClock::default(), &config)
             .map_err(|e| e.to_string())?;

@@ -230,6 +230,7 @@ pub fn run(args: &UblkMappingArgs) -> Result<UblkMappingResult, String> {
         eviction: EvictionKind::Clock,
         index_buckets: None,
         placement: Default::default(),
+        data_crc: false,
     };
     let engine =
         Engine::format(MediumSet::single(medium), backing, MonotonicClock::default(), &config)

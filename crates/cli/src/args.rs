@@ -44,6 +44,13 @@ pub struct ServeArgs {
     /// cache, it must be the cache's.
     #[arg(long)]
     pub block_size: Option<u32>,
+    /// Give each cached block a CRC32C, written with it and checked on every read from the
+    /// cache (hits, write-back): a block that fails is re-read from the backing store if it
+    /// is clean there, and an error if it is dirty — never other data. For a new cache (a
+    /// format choice, costing a checksum per block read or written: docs/PERFORMANCE.md);
+    /// an existing cache keeps what it was formatted with.
+    #[arg(long)]
+    pub data_crc: bool,
     /// Cache mode: writeback, writethrough, writearound, passthrough, writeonly.
     #[arg(long, default_value = "writeback")]
     pub mode: pmcache_engine::CacheMode,

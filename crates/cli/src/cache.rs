@@ -58,6 +58,13 @@ pub struct CacheArgs {
     /// cache, it must be the cache's.
     #[arg(long)]
     pub block_size: Option<u32>,
+    /// Give each cached block a CRC32C, written with it and checked on every read from the
+    /// cache (hits, write-back): a block that fails is re-read from the backing store if it
+    /// is clean there, and an error if it is dirty — never other data. For a new cache (a
+    /// format choice, costing a checksum per block read or written: docs/PERFORMANCE.md);
+    /// an existing cache keeps what it was formatted with.
+    #[arg(long)]
+    pub data_crc: bool,
     /// Cache mode.
     #[arg(long, default_value = "writeback")]
     pub mode: CacheMode,
@@ -238,6 +245,7 @@ pub fn engine_config(args: &CacheArgs, max_lanes: usize) -> Config {
         eviction: args.eviction,
         index_buckets: None,
         placement: pmcache_engine::PlacementConfig { policy: args.placement, ..Default::default() },
+        data_crc: args.data_crc,
     }
 }
 
@@ -381,6 +389,19 @@ fn check_geometry_asked(
                      for: the block size shapes a new cache only; omit --block-size to attach \
                      this one (to change it: `pmcache detach`, then `pmcache format --force`)",
                     superblock.geometry.block_size
+                ));
+            }
+        }
+        if args.data_crc {
+            let mut head = vec![0u8; SUPERBLOCK_BYTES.min(len_bytes) as usize];
+            medium.read(0, &mut head);
+            if let Ok(superblock) = Superblock::decode(&head, len_bytes)
+                && !superblock.geometry.data_crc
+            {
+                return Err(format!(
+                    "{path} holds a cache formatted without data checksums: --data-crc shapes \
+                     a new cache only; omit it to attach this one (to add checksums: `pmcache \
+                     detach`, then `pmcache format --force --data-crc`)"
                 ));
             }
         }

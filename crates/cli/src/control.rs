@@ -73,6 +73,7 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
         MODE_CHANGED_UNIX_SECS.load(Ordering::SeqCst).into(),
     );
     object.insert("admission".into(), admission_name(engine.admission()).into());
+    object.insert("data_crc".into(), engine.layout().data_crc().into());
     object.insert("medium".into(), crate::cache::kind_of(engine.medium()).name().into());
     object.insert("size_bytes".into(), engine.size_bytes().into());
     object.insert("backing_engine".into(), engine.backing().engine_name().into());

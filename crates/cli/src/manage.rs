@@ -163,6 +163,7 @@ pub fn check(args: CheckArgs) -> Result<(), String> {
             "file_system": file_system,
             "slots": slots,
             "block_size": superblock.geometry.block_size,
+            "data_crc": superblock.geometry.data_crc,
             "backing_bytes": superblock.backing.size_bytes,
             "clean_shutdown": report.was_clean_shutdown,
             "free": report.free, "clean": report.clean, "dirty": report.dirty,
@@ -176,9 +177,10 @@ pub fn check(args: CheckArgs) -> Result<(), String> {
             println!("  {members} members (one cache, its slots on every member)");
         }
         println!(
-            "  {} slots of {} B, caching a backing store of {}",
+            "  {} slots of {} B{}, caching a backing store of {}",
             slots,
             superblock.geometry.block_size,
+            if superblock.geometry.data_crc { " with data checksums" } else { "" },
             human(superblock.backing.size_bytes)
         );
         let promise = match kind {
@@ -458,6 +460,7 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
         backing,
         cache_size: None,
         block_size: None,
+        data_crc: false,
         mode: pmcache_engine::CacheMode::WriteBack,
         engine: args.engine.clone(),
         eviction: pmcache_engine::EvictionKind::Clock,

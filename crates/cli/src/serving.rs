@@ -88,6 +88,7 @@ impl Serving {
             backing: backing.clone(),
             cache_size: args.cache_size,
             block_size: args.block_size,
+            data_crc: args.data_crc,
             mode: args.mode,
             engine: args.engine.clone(),
             eviction: args.eviction,
@@ -309,8 +310,9 @@ impl Serving {
                     "write-back before stopping failed: {e}; the cache was not marked clean and \
                      keeps its dirty blocks on {} (nothing acknowledged is lost while the medium \
                      lasts), but that medium is volatile ({}): a reboot loses them. Make the \
-                     backing store take writes again, then start pmcache again on the same \
-                     cache (it recovers them) and stop or detach it",
+                     backing store take writes again (a block the cache cannot read back: write \
+                     or trim it), then start pmcache again on the same cache (it recovers them) \
+                     and stop or detach it",
                     cache.display(),
                     volatile.as_deref().unwrap_or("tmpfs")
                 ));

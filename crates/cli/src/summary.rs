@@ -58,9 +58,14 @@ pub fn summary(stats: &Map<String, Value>) -> String {
     line(
         "cache",
         format!(
-            "{} ({} medium), {} over a {} backing store ({}), admission {}",
+            "{} ({} medium{}), {} over a {} backing store ({}), admission {}",
             text(stats, "mode"),
             text(stats, "medium"),
+            if stats.get("data_crc").and_then(Value::as_bool) == Some(true) {
+                ", data checksums"
+            } else {
+                ""
+            },
             human(slots * block),
             human(n(stats, "size_bytes")),
             text(stats, "backing_engine"),
@@ -149,6 +154,15 @@ pub fn summary(stats: &Map<String, Value>) -> String {
     if let Some(last) = stats.get("backing_last_error").and_then(Value::as_str) {
         errors += &format!(" (for {} ms; last: {last})", n(stats, "backing_failing_ms"));
     }
+    errors += &format!(
+        "; cached data: {} checksum mismatches, {} medium read errors ({} clean re-read, {} \
+         dirty unreadable), {} slots retired",
+        count(n(stats, "data_crc_mismatches")),
+        count(n(stats, "medium_read_errors")),
+        count(n(stats, "unreadable_clean")),
+        count(n(stats, "unreadable_dirty")),
+        count(n(stats, "retired_slots"))
+    );
     line("errors", errors);
     out
 }
@@ -180,9 +194,11 @@ mod tests {
             "cleaner_rate_blocks_per_s": 1234.4, "cleaner_boosted": true,
             "connections_open": 2, "backing_state": "unreachable", "backing_errors": 7,
             "backing_last_error": "write at byte 0 (+4096): timed out", "backing_failing_ms": 1500,
+            "data_crc": true, "data_crc_mismatches": 3, "medium_read_errors": 1,
+            "unreadable_clean": 2, "unreadable_dirty": 2, "retired_slots": 1,
         });
         let text = summary(reply.as_object().expect("object"));
-        assert!(text.contains("writeback (volatile medium)"), "{text}");
+        assert!(text.contains("writeback (volatile medium, data checksums)"), "{text}");
         assert!(text.contains("admission seq-cutoff=4M"), "{text}");
         assert!(
             text.contains(
@@ -196,5 +212,12 @@ mod tests {
         assert!(text.contains("connections 2 open"), "{text}");
         assert!(text.contains("backing store unreachable, 7 failed operations"), "{text}");
         assert!(text.contains("for 1500 ms; last: write at byte 0"), "{text}");
+        assert!(
+            text.contains(
+                "cached data: 3 checksum mismatches, 1 medium read errors (2 clean re-read, 2 \
+                 dirty unreadable), 1 slots retired"
+            ),
+            "{text}"
+        );
     }
 }

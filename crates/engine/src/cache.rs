@@ -42,6 +42,7 @@ use crate::sync::{
 
 mod alloc;
 mod batch;
+mod checked;
 mod cleaner;
 mod extents;
 mod lifecycle;
@@ -210,6 +211,8 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     cleaner: CleanerShared,
     /// `eviction.marks_hits()`, read once: every read hit asks.
     marks_hits: bool,
+    /// The CRC32C of a block of zeroes (the checksum of a zeroed slot: `checked.rs`).
+    zero_block_crc: u32,
     pub(crate) recovered_dirty: u64,
     lane_free_max: usize,
     /// Slots a lane takes from the pool at once, in address order.
@@ -301,6 +304,9 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     block: Vec<u8>,
     /// One block: what `write_back` copies from a dirty slot to the backing store.
     write_back_block: Vec<u8>,
+    /// One block, in a cache with data checksums (empty otherwise): where a read of part of a
+    /// block copies the whole block to check it (`checked.rs`).
+    checked_block: Vec<u8>,
     scratch_slots: Vec<u32>,
     /// Dirty slots whose write-back the backing store refused, seen by a reclaim's hand
     /// (tried only when it saw no other dirty slot).

@@ -154,6 +154,10 @@ pub struct Config {
     /// Which member of the cache a lane allocates from (a cache of several members, one per
     /// NUMA node: `placement.rs`). Not recorded on the medium.
     pub placement: crate::placement::PlacementConfig,
+    /// Whether a format gives each slot's data a CRC32C, checked on every read of it from the
+    /// cache (hits, write-back): `--data-crc`. Ignored when attaching (the superblock's
+    /// feature flags win).
+    pub data_crc: bool,
 }
 
 impl Default for Config {
@@ -166,6 +170,7 @@ impl Default for Config {
             eviction: EvictionKind::Clock,
             index_buckets: None,
             placement: crate::placement::PlacementConfig::default(),
+            data_crc: false,
         }
     }
 }

@@ -65,15 +65,32 @@ pub enum Error {
         /// How long the write waited.
         waited_ms: u64,
     },
-    /// Write-back left blocks dirty: the backing store refused them.
+    /// A block's only up-to-date copy (dirty in the cache) cannot be read back: a poisoned
+    /// line of the medium, or data that fails its checksum. The request fails rather than
+    /// return other data; the block stays dirty and is not written back.
     #[error(
-        "write-back failed for {failed} blocks ({cleaned} were written back); they stay dirty in the cache"
+        "block {lba} cannot be read from the cache, which holds its only up-to-date copy: {why}; it is not served nor written back (a write of the whole block or a trim replaces it)"
+    )]
+    CachedBlockUnreadable {
+        /// The block.
+        lba: u64,
+        /// Why.
+        why: Unreadable,
+    },
+    /// Write-back left blocks dirty: the backing store refused them, or (`unreadable` of
+    /// them) they could not be read from the cache.
+    #[error(
+        "write-back failed for {failed} blocks ({cleaned} were written back{}); they stay dirty in the cache",
+        unreadable_text(*unreadable)
     )]
     WriteBackIncomplete {
         /// Blocks whose write-back failed.
         failed: u64,
         /// Blocks written back.
         cleaned: u64,
+        /// Of the failed, those whose data in the cache cannot be read back (a checksum
+        /// mismatch, a poisoned line): writing the backing store again does not help them.
+        unreadable: u64,
     },
 }
 
@@ -89,8 +106,51 @@ impl Error {
             Error::Memory(_) => libc::ENOMEM,
             Error::BackingSyncFailedBefore => libc::EIO,
             Error::CleanerStalled { .. } | Error::WriteBackIncomplete { .. } => libc::EIO,
+            Error::CachedBlockUnreadable { .. } => libc::EIO,
         }
     }
+}
+
+/// Why a slot's data cannot be trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unreadable {
+    /// The medium cannot return it: a poisoned line at this medium offset.
+    Poisoned {
+        /// Medium offset of the first bad byte.
+        offset: u64,
+    },
+    /// It does not match the checksum written with it.
+    Mismatch {
+        /// The checksum on the medium.
+        stored: u32,
+        /// The checksum of the data read.
+        computed: u32,
+    },
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unreadable::Poisoned { offset } => {
+                write!(f, "the cache medium has a poisoned line at byte {offset}")
+            }
+            Unreadable::Mismatch { stored, computed } => write!(
+                f,
+                "its data fails its checksum (stored {stored:#010x}, computed {computed:#010x})"
+            ),
+        }
+    }
+}
+
+fn unreadable_text(unreadable: u64) -> String {
+    if unreadable == 0 {
+        return String::new();
+    }
+    format!(
+        "; {unreadable} cannot be read from the cache — a checksum mismatch or a poisoned line of \
+         the medium — and are not written back: a write of the whole block or a trim replaces \
+         each"
+    )
 }
 
 /// Result of an engine operation.

@@ -7,10 +7,11 @@ use pmcache_backing::BackingIdentity;
 
 /// Magic bytes at offset 0 of a pmcache medium.
 pub const MAGIC: [u8; 8] = *b"PMCACHE\0";
-/// The format version this build writes. Version 3 names a cache's place in a set of members
-/// (bytes 112..120 of the header); version 2, which left those bytes zero, is read as a
-/// one-member set.
-pub const FORMAT_VERSION: u32 = 3;
+/// The format version this build writes. Version 4 gives bytes 120..124 of the header their
+/// meaning (feature flags: data checksums); version 3 names a cache's place in a set of
+/// members (bytes 112..120); version 2, which left those bytes zero, is read as a one-member
+/// set. Versions 2 and 3 are read with no features.
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest format version this build reads.
 pub const FORMAT_VERSION_MIN: u32 = 2;
 /// Bytes reserved for the superblock at the start of the medium.
@@ -23,6 +24,13 @@ pub const SHUTDOWN_WORD_OFFSET: u64 = 256;
 pub const SYNCED_SEQ_OFFSET: u64 = 264;
 /// Bytes of one slot metadata entry.
 pub const ENTRY_BYTES: u64 = 16;
+/// Bytes of one slot's data checksum (a CRC32C), in a cache formatted with data checksums.
+pub const DATA_CRC_BYTES: u64 = 4;
+/// Feature flag (header bytes 120..124): every slot's data has a CRC32C.
+pub const FEATURE_DATA_CRC: u32 = 1;
+/// The feature flags this build knows; a header with another set is refused.
+const FEATURES_KNOWN: u32 = FEATURE_DATA_CRC;
+const FEATURES_OFFSET: usize = 120;
 /// Largest backing store in blocks: block numbers have 40 bits.
 pub const MAX_BACKING_BLOCKS: u64 = 1 << 40;
 /// Shutdown word after a clean shutdown.
@@ -119,11 +127,21 @@ pub struct Geometry {
     pub meta_offset: u64,
     /// Offset of slot 0's data; block-aligned.
     pub data_offset: u64,
+    /// Whether each slot's data has a CRC32C, in an array after the metadata entries (at
+    /// `meta_offset + 16 * slot_count`, 4 bytes per slot).
+    pub data_crc: bool,
 }
 
 impl Geometry {
-    /// The largest geometry that fits a medium of `medium_bytes` with `block_size` blocks.
+    /// The largest geometry that fits a medium of `medium_bytes` with `block_size` blocks,
+    /// without data checksums.
     pub fn for_medium(medium_bytes: u64, block_size: u32) -> Result<Self, FormatError> {
+        Self::plan(medium_bytes, block_size, false)
+    }
+
+    /// The largest geometry that fits a medium of `medium_bytes` with `block_size` blocks and,
+    /// if `data_crc`, a data checksum per slot.
+    pub fn plan(medium_bytes: u64, block_size: u32, data_crc: bool) -> Result<Self, FormatError> {
         if !block_size.is_power_of_two() || !(512..=1 << 20).contains(&block_size) {
             return Err(FormatError::Invalid(format!(
                 "block size {block_size} is not a power of two between 512 and 1048576"
@@ -133,9 +151,10 @@ impl Geometry {
         let align = block.max(4096);
         let meta_offset = SUPERBLOCK_BYTES;
         let usable = medium_bytes.saturating_sub(meta_offset);
-        let mut slot_count = usable / (block + ENTRY_BYTES);
+        let meta_bytes_per_slot = ENTRY_BYTES + if data_crc { DATA_CRC_BYTES } else { 0 };
+        let mut slot_count = usable / (block + meta_bytes_per_slot);
         let data_offset_for =
-            |slots: u64| (meta_offset + slots * ENTRY_BYTES).next_multiple_of(align);
+            |slots: u64| (meta_offset + slots * meta_bytes_per_slot).next_multiple_of(align);
         while slot_count > 0 && data_offset_for(slot_count) + slot_count * block > medium_bytes {
             slot_count -= 1;
         }
@@ -151,7 +170,15 @@ impl Geometry {
             slot_count,
             meta_offset,
             data_offset: data_offset_for(slot_count),
+            data_crc,
         })
+    }
+
+    /// Byte offset of `slot`'s data checksum (a cache formatted with data checksums).
+    pub fn crc_offset(&self, slot: u32) -> u64 {
+        assert!(self.data_crc, "a data checksum asked of a cache formatted without");
+        assert!(u64::from(slot) < self.slot_count, "slot {slot} out of range");
+        self.meta_offset + self.slot_count * ENTRY_BYTES + u64::from(slot) * DATA_CRC_BYTES
     }
 
     /// Byte offset of `slot`'s metadata entry.
@@ -174,7 +201,7 @@ impl Geometry {
                 self.medium_bytes
             ));
         }
-        let Ok(expected) = Self::for_medium(self.medium_bytes, self.block_size) else {
+        let Ok(expected) = Self::plan(self.medium_bytes, self.block_size, self.data_crc) else {
             return bad(format!("block size {} is not valid", self.block_size));
         };
         if expected != *self {
@@ -254,6 +281,8 @@ impl Superblock {
         buf[112..114].copy_from_slice(&member.index.to_le_bytes());
         buf[114..116].copy_from_slice(&member.count.to_le_bytes());
         put_u32(&mut buf, 116, member.node.map_or(0, |node| node + 1));
+        let features = if self.geometry.data_crc { FEATURE_DATA_CRC } else { 0 };
+        put_u32(&mut buf, FEATURES_OFFSET, features);
         let crc = crc32c::crc32c(&buf[..CRC_OFFSET]);
         put_u32(&mut buf, CRC_OFFSET, crc);
         buf
@@ -286,12 +315,19 @@ impl Superblock {
         if get_u32(buf, 12) as usize != HEADER_BYTES {
             return Err(FormatError::BadGeometry(format!("header length {}", get_u32(buf, 12))));
         }
+        let features = if version >= 4 { get_u32(buf, FEATURES_OFFSET) } else { 0 };
+        if features & !FEATURES_KNOWN != 0 {
+            return Err(FormatError::BadGeometry(format!(
+                "feature flags {features:#x}: this build knows {FEATURES_KNOWN:#x} only"
+            )));
+        }
         let geometry = Geometry {
             medium_bytes: get_u64(buf, 32),
             block_size: get_u32(buf, 40),
             slot_count: get_u64(buf, 48),
             meta_offset: get_u64(buf, 56),
             data_offset: get_u64(buf, 64),
+            data_crc: features & FEATURE_DATA_CRC != 0,
         };
         geometry.validate(medium_bytes)?;
         let membership = if version == 2 {
@@ -582,10 +618,37 @@ mod tests {
             put_u32(&mut bytes, 8, other);
             assert_eq!(
                 Superblock::decode(&bytes, 1 << 24),
-                Err(FormatError::UnsupportedVersion { found: other, supported: 3 })
+                Err(FormatError::UnsupportedVersion { found: other, supported: 4 })
             );
         }
         assert!(Superblock::decode(&bytes[..64], 1 << 24).is_err());
+    }
+
+    /// With data checksums a slot takes 20 bytes of metadata (its entry, then its checksum in
+    /// an array after the entries), still below the block-aligned data; the flag round-trips
+    /// through the header; a version-3 header is read without it.
+    #[test]
+    fn data_checksums_take_four_bytes_a_slot_after_the_entries() {
+        for (len, block) in [(1u64 << 24, 4096u32), (1 << 20, 512), ((1 << 24) + 12345, 65536)] {
+            let plain = Geometry::plan(len, block, false).unwrap();
+            let checked = Geometry::plan(len, block, true).unwrap();
+            assert!(checked.data_crc && !plain.data_crc);
+            assert!(checked.slot_count <= plain.slot_count);
+            let end = checked.meta_offset + checked.slot_count * (ENTRY_BYTES + DATA_CRC_BYTES);
+            assert!(end <= checked.data_offset);
+            assert_eq!(checked.crc_offset(0), checked.meta_offset + checked.slot_count * 16);
+            assert!(checked.data_offset + checked.slot_count * u64::from(block) <= len);
+        }
+        let sb = superblock();
+        let checked = Superblock { geometry: Geometry::plan(1 << 24, 4096, true).unwrap(), ..sb };
+        let bytes = checked.encode();
+        assert_eq!(get_u32(&bytes, FEATURES_OFFSET), FEATURE_DATA_CRC);
+        assert_eq!(Superblock::decode(&bytes, 1 << 24), Ok(checked));
+        let mut v3 = sb.encode();
+        put_u32(&mut v3, 8, 3);
+        let crc = crc32c::crc32c(&v3[..CRC_OFFSET]);
+        put_u32(&mut v3, CRC_OFFSET, crc);
+        assert!(!Superblock::decode(&v3, 1 << 24).unwrap().geometry.data_crc);
     }
 
     /// Version 3 records the member's place and node in bytes 112..120; a member number past

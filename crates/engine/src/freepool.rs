@@ -2,9 +2,11 @@
 //! behind a mutex, taken from and returned to in batches by lanes, so the lock is amortised
 //! over many allocations.
 
+use std::collections::BTreeSet;
+
 use crossbeam_utils::CachePadded;
 
-use crate::sync::{Mutex, lock};
+use crate::sync::{AtomicU64, Mutex, Ordering, lock};
 
 struct Bits {
     words: Vec<u64>,
@@ -20,6 +22,11 @@ pub(crate) struct FreePool {
 pub(crate) struct Pools {
     /// Each member's pool with its first slot, in member order.
     pools: Box<[(u32, CachePadded<FreePool>)]>,
+    /// Slots whose data lies on poisoned lines of the medium: never handed out again while
+    /// the engine runs (a slot retired while it holds a block is kept out when it is freed).
+    retired: Mutex<BTreeSet<u32>>,
+    /// How many are retired: returning slots looks at `retired` only when this is not 0.
+    retired_count: AtomicU64,
 }
 
 impl Pools {
@@ -29,7 +36,39 @@ impl Pools {
             .into_iter()
             .map(|(first, count)| (first, CachePadded::new(FreePool::new(count))))
             .collect();
-        Self { pools }
+        Self { pools, retired: Mutex::new(BTreeSet::new()), retired_count: AtomicU64::new(0) }
+    }
+
+    /// Keeps `slot` out of the pools from now on (taken out if it is in one). Returns whether
+    /// it was not retired before.
+    pub(crate) fn retire(&self, slot: u32) -> bool {
+        let mut retired = lock(&self.retired);
+        if !retired.insert(slot) {
+            return false;
+        }
+        self.retired_count.store(retired.len() as u64, Ordering::Release);
+        let (pool, at) = self.of(slot);
+        pool.remove(at);
+        true
+    }
+
+    /// Whether `slot` is retired.
+    pub(crate) fn is_retired(&self, slot: u32) -> bool {
+        self.retired_count.load(Ordering::Acquire) != 0 && lock(&self.retired).contains(&slot)
+    }
+
+    /// How many slots are retired.
+    pub(crate) fn retired(&self) -> u64 {
+        self.retired_count.load(Ordering::Acquire)
+    }
+
+    /// `slots` without the retired ones (all of them, at the cost of one load, while none is).
+    fn usable<'s>(&self, slots: &'s [u32]) -> std::borrow::Cow<'s, [u32]> {
+        if self.retired_count.load(Ordering::Acquire) == 0 {
+            return std::borrow::Cow::Borrowed(slots);
+        }
+        let retired = lock(&self.retired);
+        slots.iter().copied().filter(|slot| !retired.contains(slot)).collect()
     }
 
     /// The pool holding `slot`, and the slot's number in it.
@@ -62,6 +101,18 @@ impl Pools {
     /// Returns free slots, each to its member's pool (their metadata entries are durably
     /// free).
     pub(crate) fn put(&self, slots: impl IntoIterator<Item = u32>) {
+        if self.retired_count.load(Ordering::Acquire) != 0 {
+            let slots: Vec<u32> = slots.into_iter().collect();
+            return self.put_usable(&self.usable(&slots));
+        }
+        self.put_usable_iter(slots)
+    }
+
+    fn put_usable(&self, slots: &[u32]) {
+        self.put_usable_iter(slots.iter().copied())
+    }
+
+    fn put_usable_iter(&self, slots: impl IntoIterator<Item = u32>) {
         if let [(first, pool)] = &self.pools[..] {
             return pool.put(slots.into_iter().map(|slot| slot - first));
         }
@@ -74,8 +125,9 @@ impl Pools {
     /// Returns free slots to their pools: [`Pools::put`] for a batch, one lock per member it
     /// holds slots of.
     pub(crate) fn put_all(&self, slots: &[u32]) {
+        let slots = &*self.usable(slots);
         if self.pools.len() == 1 {
-            return self.put(slots.iter().copied());
+            return self.put_usable(slots);
         }
         for (index, (first, pool)) in self.pools.iter().enumerate() {
             let end = self.pools.get(index + 1).map_or(u32::MAX, |(next, _)| *next);
@@ -131,6 +183,16 @@ impl FreePool {
             assert!(bits.words[word] & (1 << bit) == 0, "slot {slot} freed twice");
             bits.words[word] |= 1 << bit;
             bits.free += 1;
+        }
+    }
+
+    /// Takes `slot` out of the pool if it is there.
+    fn remove(&self, slot: u32) {
+        let mut bits = lock(&self.bits);
+        let (word, bit) = (slot as usize / 64, slot % 64);
+        if bits.words[word] & (1 << bit) != 0 {
+            bits.words[word] &= !(1 << bit);
+            bits.free -= 1;
         }
     }
 
@@ -224,6 +286,27 @@ mod tests {
         assert_eq!(out, [170]);
         assert_eq!(pools.take(0, 10, &mut out), 3);
         assert_eq!(out, [170, 99, 7, 5]);
+    }
+
+    /// A retired slot leaves its pool and never comes back: not when it is returned alone,
+    /// nor in a batch, nor in a batch of another member's pool.
+    #[test]
+    fn a_retired_slot_is_never_handed_out_again() {
+        let pools = Pools::new([(0, 64), (64, 64)]);
+        pools.put(0..128);
+        assert!(pools.retire(5) && !pools.retire(5), "retired once");
+        assert!(pools.retire(70));
+        assert_eq!((pools.len(), pools.retired()), (126, 2));
+        assert!(!pools.holds(5) && !pools.holds(70) && pools.is_retired(70));
+        let mut out = Vec::new();
+        pools.take(0, 64, &mut out);
+        pools.take(1, 64, &mut out);
+        assert_eq!(out.len(), 126);
+        assert!(!out.contains(&5) && !out.contains(&70));
+        pools.put_all(&[5, 6, 70, 71]);
+        pools.put([5, 7]);
+        assert_eq!(pools.len(), 3, "6, 7 and 71 came back, 5 and 70 did not");
+        assert!(!pools.holds(5) && !pools.holds(70) && pools.holds(71));
     }
 
     #[test]

@@ -53,11 +53,13 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The layout a format gives media of these spans, `block_size` blocks.
-    pub fn for_format(spans: &[MemberSpan], block_size: u32) -> Result<Self> {
+    /// The layout a format gives media of these spans, `block_size` blocks, with a checksum
+    /// of each slot's data if `data_crc`.
+    pub fn for_format(spans: &[MemberSpan], block_size: u32, data_crc: bool) -> Result<Self> {
         let mut geometries = Vec::with_capacity(spans.len());
         for (index, span) in spans.iter().enumerate() {
-            let geometry = Geometry::for_medium(span.range.end - span.range.start, block_size)
+            let len = span.range.end - span.range.start;
+            let geometry = Geometry::plan(len, block_size, data_crc)
                 .map_err(|e| member_error(spans.len(), index, e))?;
             geometries.push(geometry);
         }
@@ -173,6 +175,22 @@ impl Layout {
         member.base + member.geometry.entry_offset(slot - member.first_slot)
     }
 
+    /// Whether each slot's data has a checksum.
+    #[inline]
+    pub fn data_crc(&self) -> bool {
+        self.first_geometry.data_crc
+    }
+
+    /// Byte offset of `slot`'s data checksum (a cache with data checksums).
+    #[inline]
+    pub fn crc_offset(&self, slot: u32) -> u64 {
+        if slot < self.first_end {
+            return self.first_base + self.first_geometry.crc_offset(slot);
+        }
+        let member = &self.members[self.member_of(slot)];
+        member.base + member.geometry.crc_offset(slot - member.first_slot)
+    }
+
     /// Byte offset of `slot`'s data block.
     #[inline]
     pub fn data_offset(&self, slot: u32) -> u64 {
@@ -227,13 +245,15 @@ fn check_member(first: &Superblock, member: &Superblock, position: usize) -> Res
         ));
     }
     if member.geometry.block_size != first.geometry.block_size
+        || member.geometry.data_crc != first.geometry.data_crc
         || member.backing != first.backing
         || member.created_unix_secs != first.created_unix_secs
         || member.membership.count != first.membership.count
     {
         return bad(format!(
             "member {position} disagrees with member 0 about the cache they make up (block \
-             size, backing store, creation time or member count): a copy from another time?"
+             size, data checksums, backing store, creation time or member count): a copy from \
+             another time?"
         ));
     }
     Ok(())

@@ -39,7 +39,7 @@ pub use cache::{
 };
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{AdmissionConfig, CacheMode, Config, EvictionKind};
-pub use error::{Error, Result};
+pub use error::{Error, Result, Unreadable};
 pub use health::{BackingHealth, BackingState};
 pub use layout::{Layout, Member};
 pub use placement::{MemberStats, PlacementConfig, PlacementPolicy};

@@ -210,7 +210,7 @@ mod tests {
                 MemberSpan { range: start..start + (1 << 20), node }
             })
             .collect();
-        Layout::for_format(&spans, 4096).unwrap()
+        Layout::for_format(&spans, 4096, false).unwrap()
     }
 
     fn config(policy: PlacementPolicy, topology: Topology) -> PlacementConfig {

@@ -163,6 +163,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             }
         }
         self.next_seq.store(first_seq_after(max_seq), Ordering::SeqCst);
+        // Slots on lines the medium reports poisoned are not used again (a cached block
+        // there stays, and fails its reads: `checked.rs`).
+        self.retire_poisoned_slots();
         self.pools.put_all(&free);
         Ok(report)
     }
@@ -263,7 +266,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             let Some(victim) = victim else {
                 // Every occupant is dirty: write this block back and let it go.
                 let mut data = vec![0u8; self.layout.block_size as usize];
-                self.medium.read(self.layout.data_offset(slot), &mut data);
+                self.read_block_checked(slot, &mut data)
+                    .map_err(|why| crate::Error::CachedBlockUnreadable { lba: entry.lba, why })?;
                 let offset = entry.lba * u64::from(self.layout.block_size);
                 self.backing.write_at(&data, offset)?;
                 self.backing.flush()?;

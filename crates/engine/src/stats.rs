@@ -23,6 +23,8 @@ macro_rules! counters {
             pub block_size: u32,
             /// DRAM bytes the engine uses per slot (slot table + index + fixed tables).
             pub dram_bytes_per_slot: f64,
+            /// Slots no longer used: their data lies on poisoned lines of the medium.
+            pub retired_slots: u64,
             /// Backing-store operations that failed (reads, writes, write-backs, flushes,
             /// discards): each reached its caller as an error, or left its block dirty.
             pub backing_errors: u64,
@@ -43,7 +45,7 @@ macro_rules! counters {
         impl Stats {
             /// `(name, value)` pairs of every counter, for tables and exporters.
             pub fn counters(&self) -> Vec<(&'static str, u64)> {
-                let all = [$((stringify!($name), self.$name),)* ("dirty_slots", self.dirty_slots), ("slot_count", self.slot_count), ("backing_errors", self.backing_errors)];
+                let all = [$((stringify!($name), self.$name),)* ("dirty_slots", self.dirty_slots), ("slot_count", self.slot_count), ("backing_errors", self.backing_errors), ("retired_slots", self.retired_slots)];
                 // `dirty_delta` is bookkeeping behind `dirty_slots`, not a figure.
                 all.into_iter().filter(|(name, _)| *name != "dirty_delta").collect()
             }
@@ -91,6 +93,17 @@ counters! {
     /// Times a block new to the cache found all three of its candidate index buckets full
     /// (counted once per try: a try that waits for a busy occupant's stripe counts again).
     index_conflicts,
+    /// Cached blocks whose data did not match its checksum when read (a cache formatted with
+    /// `--data-crc`).
+    data_crc_mismatches,
+    /// Cached blocks that could not be read: their data lies on a poisoned line.
+    medium_read_errors,
+    /// Of the blocks that failed a checksum or a read, the clean ones: dropped from the cache
+    /// and read from the backing store instead.
+    unreadable_clean,
+    /// Of the blocks that failed a checksum or a read, the dirty ones: the request got an
+    /// error (never other data), and the block stays dirty, not written back.
+    unreadable_dirty,
     /// Dirty-slot increments minus decrements made by this lane (wrapping).
     dirty_delta,
 }

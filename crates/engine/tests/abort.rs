@@ -32,6 +32,7 @@ fn engine() -> Engine<CrashMedium, SimBacking, Arc<ManualClock>> {
         eviction: EvictionKind::Clock,
         index_buckets: None,
         placement: Default::default(),
+        data_crc: false,
     };
     Engine::format(
         CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1),

@@ -25,6 +25,7 @@ fn config(mode: CacheMode) -> Config {
         eviction: EvictionKind::Clock,
         index_buckets: None,
         placement: Default::default(),
+        data_crc: false,
     }
 }
 

@@ -31,6 +31,7 @@ fn engine_over(mode: CacheMode, backing_blocks: u64) -> (SimEngine, Arc<CrashSwi
         eviction: EvictionKind::Clock,
         index_buckets: None,
         placement: Default::default(),
+        data_crc: false,
     };
     let engine = Engine::format(
         CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1),

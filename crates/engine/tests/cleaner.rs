@@ -68,6 +68,7 @@ fn power_cuts_with_the_cleaner_running_lose_nothing() {
             overlapping_pairs: rng.gen_bool(0.5),
             cleaner: Some(eager(order)),
             members: 1,
+            data_crc: false,
         };
         let outcome = run_crash_case(&ops, &run)
             .unwrap_or_else(|failure| panic!("run {runs} ({run:?}): {failure}\nops: {ops:?}"));
@@ -231,7 +232,10 @@ fn a_drain_writes_everything_back_or_says_what_stayed_dirty() {
     let mut cleaner = engine.cleaner(eager(WriteBackOrder::Oldest)).unwrap();
     world.backing.fail_writes_in(5 * block..6 * block);
     let err = cleaner.drain().unwrap_err();
-    assert!(matches!(err, Error::WriteBackIncomplete { failed: 1, cleaned: 17 }), "{err}");
+    assert!(
+        matches!(err, Error::WriteBackIncomplete { failed: 1, cleaned: 17, unreadable: 0 }),
+        "{err}"
+    );
     assert_eq!(engine.dirty_slots(), 1);
     world.backing.heal();
     assert_eq!(cleaner.drain().unwrap(), 1);

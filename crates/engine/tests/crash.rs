@@ -107,6 +107,7 @@ fn run_strategy() -> impl Strategy<Value = CrashRun> {
                     // A quarter of the runs on a cache of two members (one per simulated
                     // node), the lanes' writes spread over both.
                     members: if seed % 4 == 0 { 2 } else { 1 },
+                    data_crc: seed % 3 == 1,
                 }
             },
         )
@@ -220,6 +221,7 @@ fn backing_faults_make_operations_fail_between_power_cuts() {
                 overlapping_pairs: false,
                 cleaner: None,
                 members: 1,
+                data_crc: false,
             };
             let outcome = run_crash_case(&ops, &run)
                 .unwrap_or_else(|failure| panic!("{mode} ({run:?}): {failure}\nops: {ops:?}"));
@@ -299,6 +301,7 @@ fn ten_thousand_random_power_cuts() {
             overlapping_pairs: rng.gen_bool(0.5),
             cleaner: None,
             members: 1,
+            data_crc: false,
         };
         let outcome = run_crash_case(&ops, &run).unwrap_or_else(|failure| {
             panic!("run {runs} ({run:?}) failed: {failure}\nops: {ops:?}")
@@ -343,6 +346,7 @@ fn power_cuts_over_a_cache_of_several_members() {
             overlapping_pairs: rng.gen_bool(0.5),
             cleaner: None,
             members: rng.gen_range(2..=3),
+            data_crc: false,
         };
         let outcome = run_crash_case(&ops, &run).unwrap_or_else(|failure| {
             panic!("run {runs} ({run:?}) failed: {failure}\nops: {ops:?}")
@@ -407,6 +411,7 @@ fn crash_point_enumeration() {
             overlapping_pairs: false,
             cleaner: None,
             members: 1,
+            data_crc: false,
         };
         let total = run_crash_case(&ops, &base)
             .expect("run without power cut")
@@ -465,6 +470,7 @@ fn crash_point_enumeration_with_a_failing_backing_store() {
             overlapping_pairs: false,
             cleaner: None,
             members: 1,
+            data_crc: false,
         };
         let clean = run_crash_case(&ops, &base).expect("run without power cut");
         assert!(clean.failed_ops >= 3, "{mode}: only {} operations failed", clean.failed_ops);

@@ -25,6 +25,7 @@ fn hot_hits_after_a_scan(eviction: EvictionKind) -> (u64, u64) {
         eviction,
         index_buckets: None,
         placement: Default::default(),
+        data_crc: false,
     };
     let engine =
         Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).expect("format");
@@ -71,6 +72,7 @@ fn the_hand_passes_twice_before_it_writes_back() {
         eviction: EvictionKind::Clock,
         index_buckets: None,
         placement: Default::default(),
+        data_crc: false,
     };
     let engine =
         Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).expect("format");

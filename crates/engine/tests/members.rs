@@ -54,6 +54,7 @@ fn config(policy: PlacementPolicy, distances: Vec<Vec<u32>>) -> Config {
             topology: Some(Arc::new(Topology::simulated(cpu_node, distances))),
             current_cpu: this_cpu,
         },
+        data_crc: false,
     }
 }
 

@@ -62,6 +62,7 @@ fn engine_in(dir: &Path, lanes: usize) -> FileEngine {
         eviction: EvictionKind::Clock,
         index_buckets: None,
         placement: Default::default(),
+        data_crc: false,
     };
     Engine::format(medium, store, MonotonicClock::default(), &config).unwrap()
 }

@@ -40,6 +40,7 @@ fn write_through_over_a_dirty_block_keeps_it_durable() {
         overlapping_pairs: false,
         cleaner: None,
         members: 1,
+        data_crc: false,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
@@ -105,6 +106,7 @@ fn a_superseded_entry_never_outlives_the_eviction_of_its_successor() {
         overlapping_pairs: false,
         cleaner: None,
         members: 1,
+        data_crc: false,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
@@ -159,6 +161,7 @@ fn blocks_competing_for_index_room_survive_power_cuts() {
         overlapping_pairs: false,
         cleaner: None,
         members: 1,
+        data_crc: false,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
@@ -198,6 +201,7 @@ fn a_torn_entry_over_a_free_slots_old_word_1_is_not_corruption() {
         overlapping_pairs: false,
         cleaner: None,
         members: 1,
+        data_crc: false,
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");

@@ -204,6 +204,7 @@ fn engine_on<M: Medium>(medium: M, mode: CacheMode, backing: Vec<u8>) -> Arc<Shu
         eviction: EvictionKind::Clock,
         index_buckets: None,
         placement: Default::default(),
+        data_crc: false,
     };
     Arc::new(Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).unwrap())
 }

@@ -37,6 +37,7 @@ fn config(mode: CacheMode, lanes: usize, index_buckets: Option<u64>) -> Config {
         eviction: EvictionKind::Clock,
         index_buckets,
         placement: Default::default(),
+        data_crc: false,
     }
 }
 

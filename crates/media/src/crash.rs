@@ -14,12 +14,17 @@
 //! thread has since changed, flushed and fenced. (Without this, a lane that flushed a line and
 //! fenced only later would durably restore its stale copy of a neighbouring entry.)
 //!
+//! Lines can be *poisoned* ([`CrashMedium::poison`]), as a PM device marks a line it found an
+//! uncorrectable error in: [`Medium::read_checked`] of one fails, a plain read of one panics
+//! (on the device it is a machine check the process does not survive), and stores do not
+//! heal it. Poison is not part of the images: a medium made from an image is poisoned anew.
+//!
 //! A [`CrashSwitch`] shared by every participant (this medium, a simulated backing store)
 //! counts persist points (each `drain`, each backing write and flush) and cuts power at the
 //! N-th: from then on nothing more becomes durable, and each participant's crash image is
 //! captured at that instant.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, Weak};
 use std::thread::ThreadId;
@@ -27,7 +32,7 @@ use std::thread::ThreadId;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::{Medium, check_bounds};
+use crate::{Medium, Poisoned, check_bounds};
 
 type CrashHook = Box<dyn Fn() + Send + Sync>;
 /// Cache lines flushed but not yet drained, per thread: (line index, snapshot number, its
@@ -142,6 +147,9 @@ struct Inner {
     crash_image: Mutex<Option<Vec<u64>>>,
     rng: Mutex<SmallRng>,
     switch: Arc<CrashSwitch>,
+    /// Poisoned cache lines (line numbers), and whether there are any (checked first).
+    poisoned: Mutex<BTreeSet<u64>>,
+    any_poisoned: AtomicBool,
 }
 
 impl Inner {
@@ -214,6 +222,8 @@ impl CrashMedium {
             crash_image: Mutex::new(None),
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
             switch: switch.clone(),
+            poisoned: Mutex::new(BTreeSet::new()),
+            any_poisoned: AtomicBool::new(false),
         });
         let weak: Weak<Inner> = Arc::downgrade(&inner);
         switch.on_crash(Box::new(move || {
@@ -243,6 +253,37 @@ impl CrashMedium {
     fn word(&self, index: usize) -> &AtomicU64 {
         &self.inner.volatile[index]
     }
+
+    /// Poisons the cache lines covering `offset..offset + len`: from now on a read of them
+    /// fails ([`Medium::read_checked`]) or panics ([`Medium::read`]).
+    pub fn poison(&self, offset: u64, len: u64) {
+        check_bounds(offset, len, self.len_bytes());
+        let lines = offset / CACHE_LINE..(offset + len).div_ceil(CACHE_LINE);
+        self.inner.poisoned.lock().expect("poisoned lines lock").extend(lines);
+        self.inner.any_poisoned.store(true, Ordering::SeqCst);
+    }
+
+    /// The first poisoned byte of `offset..offset + len`, if any.
+    fn first_poisoned(&self, offset: u64, len: u64) -> Option<u64> {
+        if !self.inner.any_poisoned.load(Ordering::SeqCst) || len == 0 {
+            return None;
+        }
+        let lines = offset / CACHE_LINE..(offset + len).div_ceil(CACHE_LINE);
+        let poisoned = self.inner.poisoned.lock().expect("poisoned lines lock");
+        poisoned.range(lines).next().map(|&line| (line * CACHE_LINE).max(offset))
+    }
+}
+
+const CACHE_LINE: u64 = crate::CACHE_LINE_BYTES;
+
+impl CrashMedium {
+    fn copy_out(&self, offset: u64, buf: &mut [u8]) {
+        for (i, byte) in buf.iter_mut().enumerate() {
+            let at = offset as usize + i;
+            let word = self.word(at / 8).load(Ordering::Relaxed);
+            *byte = word.to_le_bytes()[at % 8];
+        }
+    }
 }
 
 impl Medium for CrashMedium {
@@ -252,11 +293,24 @@ impl Medium for CrashMedium {
 
     fn read(&self, offset: u64, buf: &mut [u8]) {
         check_bounds(offset, buf.len() as u64, self.len_bytes());
-        for (i, byte) in buf.iter_mut().enumerate() {
-            let at = offset as usize + i;
-            let word = self.word(at / 8).load(Ordering::Relaxed);
-            *byte = word.to_le_bytes()[at % 8];
+        if let Some(at) = self.first_poisoned(offset, buf.len() as u64) {
+            panic!("an unchecked read of poisoned byte {at}: a machine check on a PM device");
         }
+        self.copy_out(offset, buf);
+    }
+
+    fn read_checked(&self, offset: u64, buf: &mut [u8]) -> std::result::Result<(), Poisoned> {
+        check_bounds(offset, buf.len() as u64, self.len_bytes());
+        if let Some(at) = self.first_poisoned(offset, buf.len() as u64) {
+            return Err(Poisoned { offset: at });
+        }
+        self.copy_out(offset, buf);
+        Ok(())
+    }
+
+    fn poisoned_ranges(&self) -> Vec<std::ops::Range<u64>> {
+        let poisoned = self.inner.poisoned.lock().expect("poisoned lines lock");
+        poisoned.iter().map(|&line| line * CACHE_LINE..(line + 1) * CACHE_LINE).collect()
     }
 
     fn write(&self, offset: u64, data: &[u8]) {

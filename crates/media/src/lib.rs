@@ -28,6 +28,7 @@ mod kind;
 mod mapped;
 pub mod numa;
 mod persist;
+mod poison;
 mod set;
 
 pub use crash::{CrashMedium, CrashSwitch};
@@ -38,6 +39,7 @@ pub use mapped::{MediumOptions, MsyncCounts, PmemFile};
 pub use persist::{
     Crc32cInstruction, FlushInstruction, PersistPrimitives, prefetch, serialize_execution,
 };
+pub use poison::Poisoned;
 pub use set::{MEMBERS_MAX, MediumSet, MemberSpan};
 
 /// Size of a CPU cache line, the unit of [`Medium::flush`].
@@ -56,8 +58,23 @@ pub trait Medium: Send + Sync {
     fn members(&self) -> Vec<MemberSpan> {
         vec![MemberSpan { range: 0..self.len_bytes(), node: None }]
     }
-    /// Copies `buf.len()` bytes at `offset` into `buf`.
+    /// Copies `buf.len()` bytes at `offset` into `buf`. The bytes must not be poisoned (see
+    /// [`Medium::read_checked`]): on a PM device such a read is a machine check that ends the
+    /// process.
     fn read(&self, offset: u64, buf: &mut [u8]);
+    /// Copies like [`read`](Medium::read), or says the medium cannot return some of the bytes:
+    /// a poisoned line (a PM device's uncorrectable error, reported as `SIGBUS`; see
+    /// `poison.rs`). `buf` holds unspecified bytes after an error. The engine reads cached
+    /// data with this.
+    fn read_checked(&self, offset: u64, buf: &mut [u8]) -> std::result::Result<(), Poisoned> {
+        self.read(offset, buf);
+        Ok(())
+    }
+    /// The ranges of the medium known to be poisoned, in medium offsets: nothing placed there
+    /// can be read back (or, on a mapped medium whose poisoned page was replaced, kept).
+    fn poisoned_ranges(&self) -> Vec<std::ops::Range<u64>> {
+        Vec::new()
+    }
     /// Stores `data` at `offset` (not yet durable).
     fn write(&self, offset: u64, data: &[u8]);
     /// Atomically loads the 8-byte word at `offset` (8-byte aligned).
@@ -133,6 +150,12 @@ impl<M: Medium + ?Sized> Medium for std::sync::Arc<M> {
     }
     fn read(&self, offset: u64, buf: &mut [u8]) {
         (**self).read(offset, buf)
+    }
+    fn read_checked(&self, offset: u64, buf: &mut [u8]) -> std::result::Result<(), Poisoned> {
+        (**self).read_checked(offset, buf)
+    }
+    fn poisoned_ranges(&self) -> Vec<std::ops::Range<u64>> {
+        (**self).poisoned_ranges()
     }
     fn write(&self, offset: u64, data: &[u8]) {
         (**self).write(offset, data)

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use crate::kind::{MediumKind, MediumSync, classify, page_bytes};
 use crate::persist::{PersistPrimitives, store_fence};
-use crate::{MediaError, Medium, Result, check_bounds};
+use crate::{MediaError, Medium, Poisoned, Result, check_bounds};
 
 /// Smallest medium accepted: room for a superblock, one metadata block and one data block.
 const MIN_MEDIUM_BYTES: u64 = 3 * 4096;
@@ -142,6 +142,7 @@ impl PmemFile {
         };
         let nontemporal = medium.nontemporal_is_faster();
         medium.use_nontemporal(nontemporal);
+        crate::poison::install_handler();
         Ok(medium)
     }
 
@@ -454,6 +455,8 @@ fn map(file: &File, len: u64, sync: bool) -> io::Result<Option<NonNull<u8>>> {
 
 impl Drop for PmemFile {
     fn drop(&mut self) {
+        let base = self.base.as_ptr() as usize;
+        crate::poison::forget(base..base + self.len_bytes as usize);
         // SAFETY: `base` and `len_bytes` describe the mapping made in `open`, unmapped once here.
         unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.len_bytes as usize) };
     }
@@ -474,6 +477,29 @@ impl Medium for PmemFile {
         // read path discards such a copy: it trusts a copy only once it has validated the
         // slot's generation after it.
         unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+    }
+
+    fn read_checked(&self, offset: u64, buf: &mut [u8]) -> std::result::Result<(), Poisoned> {
+        let src = self.ptr(offset, buf.len() as u64);
+        // SAFETY: as in `read`: `src` is valid for `buf.len()` bytes of this shared file
+        // mapping and does not overlap `buf`.
+        match unsafe { crate::poison::guarded_copy(src, buf.as_mut_ptr(), buf.len()) } {
+            None => Ok(()),
+            Some(address) => {
+                Err(Poisoned { offset: (address - self.base.as_ptr() as usize) as u64 })
+            }
+        }
+    }
+
+    fn poisoned_ranges(&self) -> Vec<std::ops::Range<u64>> {
+        let base = self.base.as_ptr() as usize;
+        let page = crate::poison::page_bytes() as u64;
+        crate::poison::poisoned_in(base..base + self.len_bytes as usize)
+            .map(|address| {
+                let start = (address - base) as u64;
+                start..(start + page).min(self.len_bytes)
+            })
+            .collect()
     }
 
     fn write(&self, offset: u64, data: &[u8]) {

@@ -132,6 +132,24 @@ impl<M: Medium> Medium for MediumSet<M> {
         medium.read(at, buf)
     }
     #[inline]
+    fn read_checked(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> std::result::Result<(), crate::Poisoned> {
+        let (medium, at) = self.at(offset, buf.len() as u64);
+        medium
+            .read_checked(at, buf)
+            .map_err(|poisoned| crate::Poisoned { offset: poisoned.offset - at + offset })
+    }
+    fn poisoned_ranges(&self) -> Vec<std::ops::Range<u64>> {
+        self.spans()
+            .flat_map(|(start, medium)| {
+                medium.poisoned_ranges().into_iter().map(move |r| start + r.start..start + r.end)
+            })
+            .collect()
+    }
+    #[inline]
     fn write(&self, offset: u64, data: &[u8]) {
         let (medium, at) = self.at(offset, data.len() as u64);
         medium.write(at, data)

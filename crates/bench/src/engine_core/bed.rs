@@ -82,7 +82,14 @@ pub(super) fn setup_text(dir: &Path, medium: &PmemFile) -> String {
     )
 }
 
-pub(super) fn bed(dir: &Path, cache_bytes: u64, lanes: usize) -> Result<Bed, String> {
+/// A cache of `cache_bytes` on a new medium in `dir` (with data checksums if `data_crc`),
+/// its working set written.
+pub(super) fn bed(
+    dir: &Path,
+    cache_bytes: u64,
+    lanes: usize,
+    data_crc: bool,
+) -> Result<Bed, String> {
     let tmp = tempfile::tempdir_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let medium = Arc::new(
         PmemFile::open(&tmp.path().join("medium"), Some(cache_bytes)).map_err(|e| e.to_string())?,
@@ -95,8 +102,9 @@ pub(super) fn bed(dir: &Path, cache_bytes: u64, lanes: usize) -> Result<Bed, Str
         eviction: EvictionKind::Clock,
         index_buckets: None,
         placement: Default::default(),
+        data_crc,
     };
-    let slots = pmcache_engine::format::Geometry::for_medium(cache_bytes, BLOCK as u32)
+    let slots = pmcache_engine::format::Geometry::plan(cache_bytes, BLOCK as u32, data_crc)
         .map_err(|e| e.to_string())?
         .slot_count;
     // The working set fills 90 % of the cache: every access hits, none evicts.

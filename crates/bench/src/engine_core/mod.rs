@@ -24,6 +24,10 @@
 //!   the medium chose non-temporal stores).
 //!
 //! `floor` in the table is floor / raw; the engine can approach it but not pass it.
+//!
+//! The `-crc` rows measure what data checksums (`--data-crc`) cost: the same requests to a
+//! second cache, formatted with them, alternated with the first in the same run; their ratio
+//! is the engine with checksums over the engine without.
 
 use std::path::PathBuf;
 
@@ -140,6 +144,9 @@ pub struct CoreResult {
     pub floor_ratio_to_raw: Option<f64>,
     /// Engine over the floor in the same run, median over runs.
     pub ratio_to_floor: Option<f64>,
+    /// The `-crc` rows: median over runs of the engine with data checksums over the engine
+    /// without, in the same run (`baseline_ops_per_sec` is then the engine without).
+    pub ratio_to_engine_without_crc: Option<f64>,
     /// Engine latency percentiles (sampled) of one call (`requests_per_call` requests),
     /// nanoseconds.
     pub latency_ns_p50: Option<u64>,
@@ -189,7 +196,7 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
     } else {
         (args.cache_mib << 20, args.seconds, args.runs, args.recovery_slots)
     };
-    let bed = bed(&args.dir, cache_bytes, 32)?;
+    let bed = bed(&args.dir, cache_bytes, 32, false)?;
     let floor = floor_for(&bed)?;
     let setup = format!(
         "{}; cache {} MiB, {} slots, working set {} blocks of 4 KiB{}{}",
@@ -286,6 +293,18 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
             ..CoreResult::default()
         });
     }
+    let crc_cases = [
+        case("read-hit-4k-crc", Mix::Reads, 1, 1, 0.0, READ),
+        case("write-back-4k-crc", Mix::Writes, 1, 1, 0.0, WRITE),
+        case("read-hit-4k-qd16-crc", Mix::Reads, 1, QUEUE_DEPTH, 0.0, READ),
+        case("write-back-4k-qd16-crc", Mix::Writes, 1, QUEUE_DEPTH, 0.0, WRITE),
+    ];
+    if crc_cases.iter().any(|c| selected(c.name)) {
+        let checked = self::bed(&args.dir, cache_bytes, 32, true)?;
+        for case in crc_cases.iter().filter(|c| selected(c.name)) {
+            rows.push(crc_row(&bed, &checked, case, seconds, runs, args.serialize, &setup)?);
+        }
+    }
     // 16 threads on this machine's cores against 2 threads: no collapse under oversubscription.
     if selected("mix-50-50-4k-16-threads") {
         let mut sixteen = Vec::new();
@@ -339,6 +358,59 @@ pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
     Ok(rows)
 }
 
+/// A `-crc` row: the raw access, the engine on `plain` (no data checksums) and the engine on
+/// `checked` (data checksums) alternated in each run.
+fn crc_row(
+    plain: &bed::Bed,
+    checked: &bed::Bed,
+    case: &Case,
+    seconds: f64,
+    runs: usize,
+    serialize: bool,
+    setup: &str,
+) -> Result<CoreResult, String> {
+    let (mut with, mut without, mut ratios, mut to_raw) = (vec![], vec![], vec![], vec![]);
+    let mut histogram = Histogram::<u64>::new(3).expect("histogram");
+    let before = checked.engine.stats();
+    for run in 0..runs {
+        let ([raw, plain_ops, checked_ops], h) =
+            drive_interleaved(case.threads, seconds, case.batch, run, serialize, |_| {
+                (
+                    raw_worker(plain, case.mix),
+                    engine_worker(plain, case.mix, case.batch),
+                    engine_worker(checked, case.mix, case.batch),
+                )
+            });
+        histogram.add(h).expect("same shape");
+        ratios.push(checked_ops / plain_ops);
+        to_raw.push(checked_ops / raw);
+        with.push(checked_ops);
+        without.push(plain_ops);
+    }
+    let after = checked.engine.stats();
+    check_no_misses(case.name, &before, &after)?;
+    if after.data_crc_mismatches != before.data_crc_mismatches {
+        return Err(format!("{}: the checksummed cache reported mismatches", case.name));
+    }
+    Ok(CoreResult {
+        name: case.name.to_string(),
+        threads: case.threads,
+        requests_per_call: case.batch,
+        ops_per_sec: median_in_place(&mut with),
+        baseline_ops_per_sec: Some(median_in_place(&mut without)),
+        baseline: "the engine without data checksums".to_string(),
+        ratio_to_raw: Some(median_in_place(&mut to_raw)),
+        ratio_to_engine_without_crc: Some(median_in_place(&mut ratios)),
+        ratio_to_raw_quartiles: Some(quartiles(&mut ratios)),
+        latency_ns_p50: Some(histogram.value_at_quantile(0.5)),
+        latency_ns_p99: Some(histogram.value_at_quantile(0.99)),
+        runs,
+        seconds: Some(seconds),
+        setup: setup.to_string(),
+        ..CoreResult::default()
+    })
+}
+
 /// `pmcache bench core`: prints the table (or JSON lines).
 pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
     let rows = run(args)?;
@@ -377,6 +449,8 @@ pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
     );
     let last_is_recovery = rows.last().is_some_and(|r| r.name.starts_with("recovery"));
     let table = if last_is_recovery { &rows[..rows.len() - 1] } else { &rows[..] };
+    let (crc_rows, table): (Vec<&CoreResult>, Vec<&CoreResult>) =
+        table.iter().partition(|row| row.ratio_to_engine_without_crc.is_some());
     for row in table {
         let ratio = |r: Option<f64>| r.map(|r| format!("{r:.3}x")).unwrap_or_default();
         let number = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
@@ -394,6 +468,36 @@ pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
             number(row.latency_ns_p99),
             row.baseline
         );
+    }
+    if !crc_rows.is_empty() {
+        println!(
+            "\ndata checksums (--data-crc): ratio = engine with / engine without, in the same run\n"
+        );
+        println!(
+            "{:<24} {:>7} {:>14} {:>14} {:>8} {:>12} {:>9} {:>9}",
+            "config",
+            "threads",
+            "with op/s",
+            "without op/s",
+            "ratio",
+            "with/raw",
+            "p50 ns",
+            "p99 ns"
+        );
+        for row in crc_rows {
+            let ratio = |r: Option<f64>| r.map(|r| format!("{r:.3}x")).unwrap_or_default();
+            println!(
+                "{:<24} {:>7} {:>14.0} {:>14.0} {:>8} {:>12} {:>9} {:>9}",
+                row.name,
+                row.threads,
+                row.ops_per_sec,
+                row.baseline_ops_per_sec.unwrap_or_default(),
+                ratio(row.ratio_to_engine_without_crc),
+                ratio(row.ratio_to_raw),
+                row.latency_ns_p50.unwrap_or_default(),
+                row.latency_ns_p99.unwrap_or_default()
+            );
+        }
     }
     if last_is_recovery {
         let recovery = &rows[rows.len() - 1];

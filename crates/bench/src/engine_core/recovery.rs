@@ -26,7 +26,7 @@ pub(super) fn recovery_row(
     dram_small: f64,
 ) -> Result<CoreResult, String> {
     let geometry_bytes = 4096 + (slots * 16).next_multiple_of(4096) + slots * BLOCK;
-    let bed = bed(dir, geometry_bytes, 2)?;
+    let bed = bed(dir, geometry_bytes, 2, false)?;
     let slot_count = bed.engine.superblock().geometry.slot_count;
     {
         let mut lane = bed.engine.lane().map_err(|e| e.to_string())?;

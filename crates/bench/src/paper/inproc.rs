@@ -104,6 +104,7 @@ impl<B: BackingStore> Bed<B> {
             eviction: EvictionKind::Clock,
             index_buckets: None,
             placement: Default::default(),
+            data_crc: false,
         };
         let engine = Engine::format(medium.clone(), backing, MonotonicClock::default(), &config)
             .map_err(|e| e.to_string())?;

@@ -149,6 +149,7 @@ fn engine(
         eviction: EvictionKind::Clock,
         index_buckets: None,
         placement: PlacementConfig { policy, ..Default::default() },
+        data_crc: false,
     };
     let engine =
         Engine::format(MediumSet::new(members), backing, MonotonicClock::default(), &config)

@@ -12,6 +12,7 @@
 //! A missing client binary fails the test with the apt package to install.
 
 mod bench_paper;
+mod checked;
 mod cli;
 mod common;
 mod completion;

@@ -71,7 +71,7 @@ fn a_cache_of_two_members_serves_recovers_in_any_order_and_refuses_a_missing_mem
     let v: serde_json::Value = serde_json::from_slice(&check.stdout)
         .unwrap_or_else(|e| panic!("check --json: {e}: {}", stderr(&check)));
     assert!(check.status.success(), "{v}");
-    assert_eq!((v["members"].as_u64(), v["format_version"].as_u64()), (Some(2), Some(3)), "{v}");
+    assert_eq!((v["members"].as_u64(), v["format_version"].as_u64()), (Some(2), Some(4)), "{v}");
     assert_eq!(v["slots"].as_u64(), Some(slots[0] + slots[1]), "{v}");
     let mut args = vec!["--cache".to_string(), second_arg.clone()];
     args.extend(["--cache".into(), first_arg.clone()]);

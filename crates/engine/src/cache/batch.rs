@@ -163,7 +163,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         for (i, (r, f)) in reads.iter_mut().zip(found).enumerate() {
             prefetch_data(i + READ_DATA_PREFETCH_AHEAD);
             let hit = f.is_some_and(|hit| {
-                self.copy_validated(&hit, offset_in_block(r.offset, block) as usize, r.buf)
+                let in_block = offset_in_block(r.offset, block) as usize;
+                self.copy_validated(&hit, in_block, r.buf) == super::read::HitCopy::Hit
             });
             if hit {
                 bump(&self.counters().bytes_read, r.buf.len() as u64);
@@ -279,7 +280,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // durable — and leaves no write-back outstanding for the stripes' locked
         // instructions to wait for.
         for g in group.iter() {
-            engine.medium.write_flush(engine.layout.data_offset(g.slot), writes[g.request].data);
+            engine.prefetch_crc_store(g.slot);
+        }
+        for g in group.iter() {
+            let data = writes[g.request].data;
+            engine.medium.write_flush(engine.layout.data_offset(g.slot), data);
+            engine.store_data_crc(g.slot, data);
         }
         // Every metadata line the group will touch is a cache miss at a random place: start
         // them all while the fence waits for the data's stores to drain (loads pass it).

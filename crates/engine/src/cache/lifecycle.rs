@@ -24,7 +24,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 MemberSpan { range: at - len..at, node: None }
             })
             .collect();
-        let layout = Layout::for_format(&spans, config.block_size)?;
+        let layout = Layout::for_format(&spans, config.block_size, config.data_crc)?;
         check_fit(layout.block_size, layout.slot_count, backing_bytes, config).map(|_| ())
     }
 
@@ -33,7 +33,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// and its node.
     pub fn format(medium: M, backing: B, clock: C, config: &Config) -> Result<Self> {
         let spans = medium.members();
-        let layout = Layout::for_format(&spans, config.block_size)?;
+        let layout = Layout::for_format(&spans, config.block_size, config.data_crc)?;
         // Every refusal comes before the first write: a format that cannot serve leaves the
         // medium as it was (an old cache on it included).
         check_fit(layout.block_size, layout.slot_count, backing.size_bytes(), config)?;
@@ -74,6 +74,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         let superblock = superblock_of(&layout.members()[0]);
         let slot_count = layout.slot_count as u32;
         let engine = Self::assemble(medium, backing, clock, config, superblock, layout, 0)?;
+        engine.retire_poisoned_slots();
         engine.pools.put(0..slot_count);
         Ok(engine)
     }
@@ -141,6 +142,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             cleaner: CleanerShared::new(),
             eviction,
             marks_hits: eviction.marks_hits(),
+            zero_block_crc: crc32c::crc32c(&vec![0u8; layout.block_size as usize]),
             recovered_dirty: 0,
             lane_free_max,
             refill_batch: (lane_free_max / 2).clamp(1, 64),
@@ -183,6 +185,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             seq_end: 0,
             block: vec![0u8; self.layout.block_size as usize],
             write_back_block: vec![0u8; self.layout.block_size as usize],
+            checked_block: if self.layout.data_crc() {
+                vec![0u8; self.layout.block_size as usize]
+            } else {
+                Vec::new()
+            },
             scratch_slots: Vec::with_capacity(DRAIN_BATCH),
             scratch_refused: Vec::with_capacity(2 * WRITE_BACK_FAILURES_MAX),
             written: Vec::with_capacity(DRAIN_BATCH),
@@ -311,6 +318,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         stats.block_size = self.layout.block_size;
         stats.dram_bytes_per_slot = self.dram_bytes() as f64 / self.layout.slot_count as f64;
         stats.backing_errors = self.backing_errors.load(Ordering::Relaxed);
+        stats.retired_slots = self.pools.retired();
         stats.backing = self.backing_health.health();
         stats.cleaner = self.cleaner.stats();
         stats
@@ -320,8 +328,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// for tests and diagnostics; every lane must be dropped (nothing in flight). Each slot
     /// that holds a block has a valid metadata entry in the same state, and the block's index
     /// entry points at it, visible; the index holds no other entry; each free slot is in the
-    /// shared pool and the pool holds nothing else. Returns the number of cached blocks, or
-    /// what disagrees.
+    /// shared pool (unless retired: on a poisoned line) and the pool holds nothing else.
+    /// Returns the number of cached blocks, or what disagrees.
     pub fn audit(&self) -> std::result::Result<u64, String> {
         let open = self.lanes.iter().filter(|l| l.in_use.load(Ordering::Acquire)).count();
         if open > 0 {
@@ -332,6 +340,12 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             let state = self.slots.load(slot).state();
             let expected = match state {
                 SlotState::Free => {
+                    if self.pools.is_retired(slot) {
+                        if self.pools.holds(slot) {
+                            return Err(format!("retired slot {slot} is in the pool"));
+                        }
+                        continue;
+                    }
                     free += 1;
                     if !self.pools.holds(slot) {
                         return Err(format!("free slot {slot} is not in the pool"));

@@ -171,10 +171,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let guard = stripe.lock_unchanged();
         if let Some(found) = engine.index.lookup(lba) {
             // Cached meanwhile (a writer, or another lane's miss): a hit after all.
-            engine.medium.read(engine.layout.data_offset(found.slot) + in_block as u64, out);
+            let read = engine.read_slot_checked(found.slot, in_block, out, &mut self.checked_block);
             drop(guard);
             if let Some(slot) = slot {
                 self.give_back(slot);
+            }
+            if read.is_err() {
+                // A copy that fails its check: the ordinary path deals with it.
+                return ReadStart::Done(self.read(offset, out));
             }
             bump(&self.counters().read_hits, 1);
             self.count_read(found.slot, 1);
@@ -370,6 +374,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let counters = self.counters();
         let mut admitted = false;
         let mut cached = false;
+        let mut unreadable = None;
         let outcome = match result {
             Err(e) => Err(engine.backing_failed(e)),
             Ok(()) => {
@@ -377,10 +382,21 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 let stripe = &engine.stripes[engine.stripe_index(lba)];
                 let mut guard = stripe.lock_unchanged();
                 if let Some(found) = engine.index.lookup(lba) {
-                    // Cached while the read was in flight: the cached copy is the answer.
-                    engine.medium.read(engine.layout.data_offset(found.slot), &mut buf);
-                    cached = true;
-                    self.count_read(found.slot, 1);
+                    // Cached while the read was in flight: the cached copy is the answer. If
+                    // it cannot be read, a clean one is dropped and the backing store's, just
+                    // read, is (the two overlapped); a dirty one is the read's error.
+                    let mut cached_copy = std::mem::take(&mut self.block);
+                    match engine.read_block_checked(found.slot, &mut cached_copy) {
+                        Ok(()) => {
+                            buf.copy_from_slice(&cached_copy);
+                            cached = true;
+                            self.count_read(found.slot, 1);
+                        }
+                        Err(why) => {
+                            unreadable = self.unreadable(lba, found.slot, why).err();
+                        }
+                    }
+                    self.block = cached_copy;
                 } else if let Some(slot) = slot.filter(|_| stripe.changes() == changes) {
                     admitted = match self.index_insert_optional(lba, slot) {
                         Ok(Some(inserted)) => {
@@ -400,7 +416,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                     };
                 }
                 drop(guard);
-                Ok(())
+                unreadable.map_or(Ok(()), Err)
             }
         };
         if let Some(slot) = slot.filter(|_| !admitted) {

@@ -62,6 +62,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     pub(super) fn write_data(&mut self, slot: u32, data: &[u8]) {
         let at = self.engine.layout.data_offset(slot);
         self.engine.medium.write_flush(at, data);
+        self.engine.store_data_crc(slot, data);
         self.fence();
     }
 

@@ -2,6 +2,18 @@
 
 use super::*;
 
+/// What a lock-free copy of a hit came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum HitCopy {
+    /// The block's data, checked.
+    Hit,
+    /// The slot changed under the copy: try again.
+    Raced,
+    /// The copy is the block's but cannot be trusted (a poisoned line, a checksum mismatch):
+    /// the locked path decides what to do with it.
+    Unreadable,
+}
+
 /// Blocks copied with one copy at most, when a read's blocks lie in consecutive slots (a
 /// sequential read of blocks written in order: `pmcache bench paper 000-fig4b`).
 const RUN_BLOCKS_MAX: usize = 64;
@@ -74,9 +86,29 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 _ => break,
             }
         }
-        engine.medium.read(engine.layout.data_offset(first.slot), &mut out[..run.len() * block]);
+        let copied = &mut out[..run.len() * block];
+        if engine.medium.read_checked(engine.layout.data_offset(first.slot), copied).is_err() {
+            // A poisoned line: the blocks are read one by one, where each is told apart.
+            return 0;
+        }
+        let mut stored: SmallVec<[Option<u32>; RUN_BLOCKS_MAX]> = SmallVec::new();
+        if engine.layout.data_crc() {
+            stored.extend(run.iter().map(|found| engine.stored_crc(found.slot).ok()));
+        }
         fence(Ordering::Acquire);
-        let held = run.iter().take_while(|found| engine.index.still_holds(found)).count();
+        let mut held = run.iter().take_while(|found| engine.index.still_holds(found)).count();
+        if engine.layout.data_crc() {
+            // A copy that validated is the block's data: one that fails its checksum is
+            // read again alone, by the locked path, which tells what to do with it.
+            held = copied
+                .chunks(block)
+                .zip(&stored)
+                .take(held)
+                .take_while(|(data, stored)| {
+                    stored.is_some_and(|stored| Engine::<M, B, C>::verify(data, stored).is_ok())
+                })
+                .count();
+        }
         if engine.marks_hits {
             run[..held].iter().for_each(|found| engine.index.touch(found));
         }
@@ -95,8 +127,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let Some(found) = self.engine.index.lookup(lba).filter(|f| !f.hidden) else {
                 return false;
             };
-            if self.copy_validated(&found, in_block, out) {
-                return true;
+            match self.copy_validated(&found, in_block, out) {
+                HitCopy::Hit => return true,
+                HitCopy::Raced => {}
+                HitCopy::Unreadable => return false,
             }
         }
         false
@@ -112,7 +146,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         found: &Found,
         in_block: usize,
         out: &mut [u8],
-    ) -> bool {
+    ) -> HitCopy {
         let engine = self.engine;
         assert!(!found.hidden, "lock-free copy from a hidden index entry");
         // The copy is validated after it is made: the block's index entry still holds the same
@@ -120,18 +154,44 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // points at it with its current generation (writes go out of place; a slot is freed —
         // a new generation — before it is reused), so the copy is the block's data at a point
         // inside the copy. A failed validation discards the copy. No other DRAM line is read.
-        engine.medium.read(engine.layout.data_offset(found.slot) + in_block as u64, out);
-        fence(Ordering::Acquire);
-        if engine.index.still_holds(found) {
-            if engine.marks_hits {
-                engine.index.touch(found);
-            }
-            bump(&self.counters().read_hits, 1);
-            self.count_read(found.slot, 1);
-            return true;
+        // With data checksums the whole block is copied, with its checksum, and checked once
+        // the copy is known to be the block's (`checked.rs`).
+        let data_crc = engine.layout.data_crc();
+        let whole = data_crc && out.len() != self.checked_block.len();
+        if data_crc {
+            // Its line loads while the block is copied.
+            engine.medium.prefetch(engine.layout.crc_offset(found.slot), 4);
         }
-        bump(&self.counters().read_retries, 1);
-        false
+        let at = engine.layout.data_offset(found.slot);
+        let copied = if whole {
+            engine.medium.read_checked(at, &mut self.checked_block)
+        } else {
+            engine.medium.read_checked(at + in_block as u64, out)
+        };
+        let stored = if data_crc { engine.stored_crc(found.slot).ok() } else { None };
+        fence(Ordering::Acquire);
+        if !engine.index.still_holds(found) {
+            bump(&self.counters().read_retries, 1);
+            return HitCopy::Raced;
+        }
+        if copied.is_err() {
+            return HitCopy::Unreadable;
+        }
+        if data_crc {
+            let data = if whole { &self.checked_block[..] } else { &out[..] };
+            if stored.is_none_or(|stored| Engine::<M, B, C>::verify(data, stored).is_err()) {
+                return HitCopy::Unreadable;
+            }
+            if whole {
+                out.copy_from_slice(&self.checked_block[in_block..in_block + out.len()]);
+            }
+        }
+        if engine.marks_hits {
+            engine.index.touch(found);
+        }
+        bump(&self.counters().read_hits, 1);
+        self.count_read(found.slot, 1);
+        HitCopy::Hit
     }
 
     /// The locked read path: a hit that raced with writers, or a miss (admitted or not).
@@ -149,10 +209,17 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let reserved = self.reserve_for_admission(admit);
         let mut guard = engine.lock_stripe(lba);
         if let Some(found) = engine.index.lookup(lba) {
-            engine.medium.read(engine.layout.data_offset(found.slot) + in_block as u64, out);
+            let read = engine.read_slot_checked(found.slot, in_block, out, &mut self.checked_block);
+            let dropped = read.map_err(|why| self.unreadable(lba, found.slot, why));
             drop(guard);
             if let Some(slot) = reserved {
                 self.give_back(slot);
+            }
+            if let Err(dropped) = dropped {
+                // A clean copy that could not be read is gone: the block is a miss now. A
+                // dirty one is the request's error.
+                dropped?;
+                return self.read_locked(lba, in_block, out, may_admit);
             }
             bump(&self.counters().read_hits, 1);
             self.count_read(found.slot, 1);
@@ -205,15 +272,18 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Fills the scratch block with `lba`'s current contents (cache or backing). Stripe held.
     pub(super) fn load_block(&mut self, lba: u64, cached: Option<&Found>) -> Result<()> {
         let engine = self.engine;
-        match cached {
-            Some(found) => {
-                engine.medium.read(engine.layout.data_offset(found.slot), &mut self.block)
-            }
-            None => {
-                let offset = lba * self.block_bytes();
-                engine.backing_read(&mut self.block, offset)?
+        if let Some(found) = cached {
+            let Err(why) = engine.read_block_checked(found.slot, &mut self.block) else {
+                return Ok(());
+            };
+            // The caller replaces the slot: a clean block is read from the backing store
+            // instead, a dirty one fails the caller's request.
+            if self.note_unreadable(found.slot, why) {
+                return Err(Error::CachedBlockUnreadable { lba, why });
             }
         }
+        let offset = lba * self.block_bytes();
+        engine.backing_read(&mut self.block, offset)?;
         Ok(())
     }
 }

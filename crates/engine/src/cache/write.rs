@@ -162,11 +162,16 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // slowed it).
         if full {
             let at = engine.layout.data_offset(slot);
+            engine.prefetch_crc_store(slot);
             match payload {
-                Payload::Data(data) => engine.medium.write_flush(at, data),
+                Payload::Data(data) => {
+                    engine.medium.write_flush(at, data);
+                    engine.store_data_crc(slot, data);
+                }
                 Payload::Zeroes(_) => {
                     self.block.fill(0);
                     engine.medium.write_flush(at, &self.block);
+                    engine.store_zero_block_crc(slot);
                 }
             }
         }

@@ -61,7 +61,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
             // An older copy of the block may be on its way from the cleaner: it lands first.
             let turn = engine.backing_turn(entry.lba, &guard);
-            engine.medium.read(engine.layout.data_offset(slot), &mut self.write_back_block);
+            if let Err(why) = engine.read_block_checked(slot, &mut self.write_back_block) {
+                // The block's only copy cannot be read: it stays dirty (marked), and the
+                // caller hears of it; the others are still written back.
+                self.note_unreadable(slot, why);
+                error.get_or_insert(Error::CachedBlockUnreadable { lba: entry.lba, why });
+                refused += 1;
+                continue;
+            }
             if let Err(e) = engine.backing_write(&self.write_back_block, entry.lba * block, &turn) {
                 // This block stays dirty (its copy here is the one that counts); the others
                 // are still written back, so one bad block of the backing store does not stop

@@ -763,6 +763,7 @@ pub fn config(mode: CacheMode, eviction: EvictionKind, admission: AdmissionConfi
         eviction,
         index_buckets: None,
         placement: Default::default(),
+        data_crc: false,
     }
 }
 
@@ -975,6 +976,10 @@ pub struct CrashRun {
     /// Members of the cache medium (1: one medium; more: one per simulated node, each
     /// `MEMBER_BYTES`, the lanes' threads moving from node to node at every refill).
     pub members: usize,
+    /// Format with a checksum of each slot's data (`Config::data_crc`): every hit and
+    /// write-back checks it, so a checksum that is not durable with its entry shows as an
+    /// error after a cut.
+    pub data_crc: bool,
 }
 
 /// Stops the engine's cleaner when dropped: a segment that ends early (an error) must not leave
@@ -1243,6 +1248,7 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
     let cfg = Config {
         index_buckets: run.index_buckets,
         max_lanes: base.max_lanes + usize::from(run.cleaner.is_some()),
+        data_crc: run.data_crc,
         placement: crate::PlacementConfig {
             topology: Some(Arc::new(simulated_topology(run.members.max(1)))),
             current_cpu: rotating_cpu,

@@ -16,7 +16,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             cleaned += outcome.cleaned;
             if outcome.cleaned == 0 && self.syncing.is_none() {
                 if outcome.failed > 0 {
-                    return Err(Error::WriteBackIncomplete { failed: outcome.failed, cleaned });
+                    return Err(Error::WriteBackIncomplete {
+                        failed: outcome.failed,
+                        cleaned,
+                        unreadable: outcome.unreadable,
+                    });
                 }
                 if !outcome.found_dirty || self.engine().dirty_slots() == 0 {
                     return Ok(cleaned);
@@ -173,10 +177,15 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             }
             let buffer = self.buffers[run].as_mut().expect("an open run's buffer is here");
             let at = index * block as usize;
-            engine.medium.read(
-                engine.layout.data_offset(candidate.slot),
-                &mut buffer[at..at + block as usize],
-            );
+            let copy = &mut buffer[at..at + block as usize];
+            if let Err(why) = engine.read_block_checked(candidate.slot, copy) {
+                // The block's only copy cannot be read: it stays dirty, marked, and counts
+                // as failed (a drain ends with an error rather than trying it forever).
+                self.lane.note_unreadable(candidate.slot, why);
+                outcome.failed += 1;
+                outcome.unreadable += 1;
+                continue;
+            }
             engine.stripes[stripe].cleaning.fetch_add(1, Ordering::AcqRel);
             drop(guard);
             open_run_refused = (index > 0 && open_run_refused) || word.write_back_refused();

@@ -18,7 +18,7 @@ pub(super) enum DrainAnswer {
     /// (writers keep them busy).
     Drained { cleaned: u64 },
     /// A batch cleaned nothing because the backing store refused writes or its sync failed.
-    Failed { failed: u64, cleaned: u64 },
+    Failed { failed: u64, cleaned: u64, unreadable: u64 },
     /// The cleaner was stopped first (or its run ended before it got to the request).
     Stopped,
 }
@@ -127,8 +127,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         }
         Some(match state.last.unwrap_or(DrainAnswer::Stopped) {
             DrainAnswer::Drained { cleaned } => Ok(cleaned),
-            DrainAnswer::Failed { failed, cleaned } => {
-                Err(Error::WriteBackIncomplete { failed, cleaned })
+            DrainAnswer::Failed { failed, cleaned, unreadable } => {
+                Err(Error::WriteBackIncomplete { failed, cleaned, unreadable })
             }
             DrainAnswer::Stopped => Err(Error::ShutDown),
         })
@@ -163,7 +163,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                 continue;
             }
             if outcome.failed > 0 {
-                break DrainAnswer::Failed { failed: outcome.failed, cleaned };
+                break DrainAnswer::Failed {
+                    failed: outcome.failed,
+                    cleaned,
+                    unreadable: outcome.unreadable,
+                };
             }
             // Nothing cleaned and no error: every block found was busy or replaced meanwhile,
             // or none was found while the count says some are dirty (blocks on their way to

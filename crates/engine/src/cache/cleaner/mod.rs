@@ -349,6 +349,9 @@ pub struct BatchOutcome {
     /// Blocks whose write failed (they stay dirty, marked refused), or all of the batch's
     /// written blocks when its sync failed.
     pub failed: u64,
+    /// Of `failed`, the blocks whose data could not be read from the cache (a checksum
+    /// mismatch, a poisoned line).
+    pub unreadable: u64,
     /// Dirty blocks were found to write back (false: nothing to do).
     pub found_dirty: bool,
 }
