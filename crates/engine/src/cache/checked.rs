@@ -89,16 +89,15 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         out: &mut [u8],
         whole: &mut [u8],
     ) -> std::result::Result<(), Unreadable> {
-        if self.layout.data_crc() && out.len() != whole.len() {
-            self.read_block_checked(slot, whole)?;
-            out.copy_from_slice(&whole[in_block..in_block + out.len()]);
-            return Ok(());
+        if !self.layout.data_crc() {
+            let at = self.layout.data_offset(slot) + in_block as u64;
+            return self.medium.read_checked(at, out).map_err(poisoned);
         }
-        let at = self.layout.data_offset(slot) + in_block as u64;
-        self.medium.read_checked(at, out).map_err(poisoned)?;
-        if self.layout.data_crc() {
-            Self::verify(out, self.stored_crc(slot)?)?;
+        if out.len() == whole.len() {
+            return self.read_block_checked(slot, out);
         }
+        self.read_block_checked(slot, whole)?;
+        out.copy_from_slice(&whole[in_block..in_block + out.len()]);
         Ok(())
     }
 
