@@ -6,7 +6,10 @@
 # (checked in `stats`); unmount; `pmcache detach` (every dirty block written back, the device
 # removed); e2fsck the backing file itself, mount it through a loop device and verify every
 # block fio wrote in it, without pmcache; then serve it again with a fresh cache and verify
-# every block fio wrote through the new device, and stop with SIGTERM. Last, `pmcache ublk null`:
+# every block fio wrote through the new device, and stop with SIGTERM. Then a cache shared by
+# two backing stores (`--store a=... --store b=...`), each its own device: each reads back its
+# own data; stats per store; `detach --store a` while b is served; SIGTERM writes b back; a
+# restart without b's backing file refuses b by name and serves a. Last, `pmcache ublk null`:
 # its device reads zeroes, takes writes and is removed on SIGTERM.
 #
 #   scripts/guest/ublk-e2e.sh
@@ -66,6 +69,93 @@ umount \$M
 kill -TERM \$SERVER; wait \$SERVER || fail "serve exited with \$? on SIGTERM"
 grep -q "cache marked clean" /tmp/serve2.log || fail "no clean stop"
 [ ! -b /dev/ublkb0 ] || fail "/dev/ublkb0 is still there after SIGTERM"
+# A cache medium shared by two backing stores (serve --store a=... --store b=...): one
+# device per store, which is which read from the log; each device holds its own data only;
+# stats of one store and of both; "detach --store a" writes a back and removes its device
+# while b is served; SIGTERM writes b back and removes its device; a restart with b's backing
+# file missing refuses b by name and serves a.
+C=/dev/shm/shared.pm
+BA=/mnt/nvme/store-a.img
+BB=/mnt/nvme/store-b.img
+serve_stores() { # serve_stores LOG N STORE-ARGS...: the stores over \$C, until N devices are up
+  log=\$1; n=\$2; shift 2
+  \$PM serve --ublk --cache \$C --cache-size 32M "\$@" > "\$log" 2>&1 &
+  SERVER=\$!
+  i=0; while :; do
+    up=\$(grep -c 'ublk device:' "\$log" 2>/dev/null) || up=0; [ "\$up" -lt "\$n" ] || break
+    i=\$((i+1)); [ \$i -lt 600 ] && kill -0 \$SERVER 2>/dev/null || fail "\$n device(s) did not start"; sleep 0.1
+  done
+}
+dev_of() { # dev_of LOG NAME: the device of store NAME, from its "store:" line and the next
+  awk -v name="\$2" '\$1 == "store:" { s = \$2; next }
+    \$1 == "ublk" && \$2 == "device:" && s == name { print \$3 } { s = "" }' "\$1"
+}
+wait_dev() { # wait_dev DEV: until its node is there
+  i=0; while [ ! -b "\$1" ]; do i=\$((i+1)); [ \$i -lt 100 ] || fail "no node \$1"; sleep 0.1; done
+}
+gone() { # gone DEV WHY: fails unless DEV goes away within 5 s
+  i=0; while [ -b "\$1" ]; do i=\$((i+1)); [ \$i -lt 50 ] || fail "\$1 is still there \$2"; sleep 0.1; done
+}
+readback() { # readback DEV DATA WHAT: the first 4 MiB of DEV (O_DIRECT) are DATA
+  dd if=\$1 of=/tmp/readback.dat bs=1M count=4 iflag=direct 2>/dev/null || fail "read of \$1 (\$3)"
+  cmp /tmp/readback.dat \$2 || fail "\$1 does not read back \$3"
+}
+rm -f \$C \$C.*.ctl /mnt/nvme/*.pmcache-state
+dd if=/dev/zero of=\$BA bs=1M count=0 seek=64 2>/dev/null
+dd if=/dev/zero of=\$BB bs=1M count=0 seek=64 2>/dev/null
+dd if=/dev/urandom of=/tmp/a.dat bs=1M count=4 2>/dev/null
+dd if=/dev/urandom of=/tmp/b.dat bs=1M count=4 2>/dev/null
+serve_stores /tmp/serve-stores.log 2 --store a=\$BA --store b=\$BB
+DA=\$(dev_of /tmp/serve-stores.log a); DB=\$(dev_of /tmp/serve-stores.log b)
+[ -n "\$DA" ] && [ -n "\$DB" ] && [ "\$DA" != "\$DB" ] \\
+  || fail "no device of its own for each store (a: '\$DA', b: '\$DB')"
+wait_dev \$DA; wait_dev \$DB
+for d in \$DA \$DB; do
+  [ "\$(cat /sys/block/\${d#/dev/}/size)" = 131072 ] || fail "\$d is not 64 MiB"
+done
+echo "ublk-e2e: stores: a served as \$DA, b as \$DB (64 MiB each, over a 32 MiB cache)"
+dd if=/tmp/a.dat of=\$DA bs=1M oflag=direct 2>/dev/null || fail "write to store a's device"
+dd if=/tmp/b.dat of=\$DB bs=1M oflag=direct 2>/dev/null || fail "write to store b's device"
+readback \$DA /tmp/a.dat "store a's data"
+readback \$DB /tmp/b.dat "store b's data"
+echo "ublk-e2e: stores: each device reads back its own 4 MiB"
+\$PM stats --cache \$C --store a --json > /tmp/stats-a.json 2>&1 || { cat /tmp/stats-a.json; fail "stats --store a"; }
+grep -Eq '"bytes_written":4194304([,}]|\$)' /tmp/stats-a.json \\
+  || { cat /tmp/stats-a.json; fail "store a's stats do not count its 4 MiB written (only)"; }
+\$PM stats --cache \$C > /tmp/stats-all.txt 2>&1 || { cat /tmp/stats-all.txt; fail "stats of every store"; }
+grep -qx '== store a ==' /tmp/stats-all.txt && grep -qx '== store b ==' /tmp/stats-all.txt \\
+  || { cat /tmp/stats-all.txt; fail "stats without --store lacks a store's heading"; }
+echo "ublk-e2e: stores: stats --store a --json (4 MiB written), stats of both under their headings"
+\$PM detach --cache \$C --store a > /tmp/detach-a.log 2>&1 || { cat /tmp/detach-a.log; fail "detach --store a"; }
+gone \$DA "after detach of store a"
+kill -0 \$SERVER 2>/dev/null || fail "the server stopped with store a's detach"
+grep -q 'store "a": cache marked clean' /tmp/serve-stores.log || fail "no clean detach of store a in the log"
+[ -b \$DB ] || fail "\$DB (store b) went away with store a's detach"
+readback \$DB /tmp/b.dat "store b's data after store a's detach"
+cmp -n 4194304 /tmp/a.dat \$BA || fail "store a's backing file lacks a's data after its detach"
+\$PM stats --cache \$C > /tmp/stats-b.txt 2>&1 || { cat /tmp/stats-b.txt; fail "stats after store a's detach"; }
+grep -q '== store a ==' /tmp/stats-b.txt && { cat /tmp/stats-b.txt; fail "stats still shows store a after its detach"; }
+echo "ublk-e2e: stores: a detached (\$DA gone, its backing file holds its data), b still served"
+kill -TERM \$SERVER; wait \$SERVER || fail "serve (stores) exited with \$? on SIGTERM"
+gone \$DB "after SIGTERM"
+grep -q 'store "b": cache marked clean' /tmp/serve-stores.log || fail "no clean stop of store b"
+cmp -n 4194304 /tmp/b.dat \$BB || fail "store b's backing file lacks b's data after SIGTERM"
+echo "ublk-e2e: stores: SIGTERM: b written back (its backing file holds its data), \$DB gone"
+mv \$BB \$BB.away
+serve_stores /tmp/serve-stores2.log 1 --store a=\$BA --store b=\$BB
+grep -q 'pmcache: not serving store "b"' /tmp/serve-stores2.log || fail "store b (no backing file) not refused by name"
+sleep 1 # a second device would be up by now
+[ "\$(grep -c 'ublk device:' /tmp/serve-stores2.log)" = 1 ] || fail "not exactly one device without b's backing file"
+DA=\$(dev_of /tmp/serve-stores2.log a)
+[ -n "\$DA" ] || fail "store a not served without b's backing file"
+wait_dev \$DA
+readback \$DA /tmp/a.dat "store a's data after a restart without store b"
+[ ! -e \$C.b.ctl ] || fail "a control socket for store b, which is not served"
+kill -TERM \$SERVER; wait \$SERVER || fail "serve (store a alone) exited with \$? on SIGTERM"
+gone \$DA "after SIGTERM (store a alone)"
+grep -q 'store "a": cache marked clean' /tmp/serve-stores2.log || fail "no clean stop of store a (alone)"
+mv \$BB.away \$BB
+echo "ublk-e2e: stores: without b's backing file: b refused by name, a served (\$DA, its data read back)"
 # The null device (the frontend's ceiling in benchmarks): reads zeroes, takes writes, and
 # goes away on SIGTERM.
 \$PM ublk null --size 64M > /tmp/serve-null.log 2>&1 &

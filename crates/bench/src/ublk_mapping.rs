@@ -22,7 +22,7 @@ use pmcache_engine::{
     WriteRequest,
 };
 use pmcache_frontend::{Backing, CacheConn};
-use pmcache_media::{MediumOptions, MediumSet, MediumSync, PmemFile};
+use pmcache_media::{MediumOptions, MediumSet, MediumSync, PmemFile, Window};
 use pmcache_ublk::mapping::{UBLK_IO_OP_READ, UBLK_IO_OP_WRITE};
 use pmcache_ublk::{Dispatcher, Geometry, IoDesc};
 use rand::rngs::SmallRng;
@@ -232,9 +232,13 @@ pub fn run(args: &UblkMappingArgs) -> Result<UblkMappingResult, String> {
         placement: Default::default(),
         data_crc: false,
     };
-    let engine =
-        Engine::format(MediumSet::single(medium), backing, MonotonicClock::default(), &config)
-            .map_err(|e| e.to_string())?;
+    let engine = Engine::format(
+        MediumSet::single(Window::whole(Arc::new(medium))),
+        backing,
+        MonotonicClock::default(),
+        &config,
+    )
+    .map_err(|e| e.to_string())?;
     let mut rng = SmallRng::seed_from_u64(0x7562_6c6b);
     let geometry = Geometry {
         size_bytes: engine.size_bytes(),

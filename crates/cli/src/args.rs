@@ -36,6 +36,14 @@ pub struct ServeArgs {
     /// a sparse 8 GiB file under ./pmcache-data, created if missing).
     #[arg(long)]
     pub backing: Option<PathBuf>,
+    /// A backing store of a cache shared by several, as NAME=PATH (repeatable, instead of
+    /// --backing): the medium is cut into one window per store at format, each a cache of
+    /// its own served as NBD export NAME (or its own /dev/ublkbN with --ublk), with its own
+    /// control socket (the cache path + ".NAME.ctl": `pmcache stats --store NAME`), recovery,
+    /// write-back, detach and state record. A store whose backing store cannot be opened is
+    /// refused by name and the others are served (docs/STORES.md).
+    #[arg(long = "store", value_name = "NAME=PATH", value_parser = parse_store, conflicts_with_all = ["backing", "export", "recover", "state_file"])]
+    pub stores: Vec<StoreSpec>,
     /// Size of a new cache medium [default: 1G]. Given for an existing cache, it must be the
     /// medium's size.
     #[arg(long, value_parser = parse_size)]
@@ -168,6 +176,26 @@ pub struct ServeArgs {
     /// are abandoned, and the backing store is served as it is.
     #[arg(long)]
     pub accept_stale_backing: bool,
+}
+
+/// One `--store NAME=PATH`: a backing store of a cache shared by several.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreSpec {
+    /// The store's name (its export name).
+    pub name: String,
+    /// Its backing store (a file, a block device or an RBD image, as --backing).
+    pub backing: PathBuf,
+}
+
+fn parse_store(text: &str) -> Result<StoreSpec, String> {
+    let (name, path) = text.split_once('=').ok_or_else(|| {
+        format!("{text:?} is not NAME=PATH (a store's name, then its backing store)")
+    })?;
+    pmcache_engine::stores::check_store_name(name).map_err(|e| e.to_string())?;
+    if path.is_empty() {
+        return Err(format!("store {name:?}: no backing store after '='"));
+    }
+    Ok(StoreSpec { name: name.to_owned(), backing: PathBuf::from(path) })
 }
 
 /// A feature turned on or off.

@@ -14,7 +14,7 @@ use pmcache_engine::{
 };
 use pmcache_frontend::units::{human, parse_size};
 use pmcache_frontend::{Backing, CacheEngine, CacheMedium};
-use pmcache_media::{MEMBERS_MAX, Medium, MediumOptions, MediumSet, MediumSync, PmemFile};
+use pmcache_media::{MEMBERS_MAX, Medium, MediumOptions, MediumSet, MediumSync, PmemFile, Window};
 
 /// The size of a new cache medium when `--cache-size` is not given.
 pub const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
@@ -156,7 +156,7 @@ pub fn open_backing_store(path: &Path, engine: Option<&str>) -> Result<Backing, 
 }
 
 /// Opens a cache's backing store as its arguments say (engine, added latency).
-fn open_cache_backing(args: &CacheArgs) -> Result<Backing, String> {
+pub(crate) fn open_cache_backing(args: &CacheArgs) -> Result<Backing, String> {
     let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
     Ok(match args.backing_latency {
         Some(dist) => Arc::new(LatencyStore::new(backing, dist, 0x1a7e)),
@@ -218,12 +218,12 @@ impl BackingStore for MovedBacking {
 
 /// The backing store an existing cache attaches to: as opened, or, with `--backing-moved`,
 /// without the record of which file it is.
-fn backing_to_attach(args: &CacheArgs, backing: Backing) -> Backing {
+pub(crate) fn backing_to_attach(args: &CacheArgs, backing: Backing) -> Backing {
     if args.backing_moved { Arc::new(MovedBacking(backing)) } else { backing }
 }
 
 /// The message for a failed attach, with the way out where there is one.
-fn attach_error(args: &CacheArgs, e: Error) -> String {
+pub(crate) fn attach_error(args: &CacheArgs, e: Error) -> String {
     let hint = match e {
         Error::Format(FormatError::BackingReplaced { .. }) => {
             " (if that file holds the same data — copied, moved across file systems or \
@@ -261,7 +261,10 @@ pub enum Opened {
 /// reserves its space: on a file system without room for it (a full `/dev/shm`) the cache
 /// must fail now with a message, not die of SIGBUS at its first store into a hole. Returns it
 /// with its node: the one given (`PATH@NODE`), else the one it declares.
-fn open_member(args: &CacheArgs, spec: &CacheSpec) -> Result<(PmemFile, Option<u32>), MediumError> {
+pub(crate) fn open_member(
+    args: &CacheArgs,
+    spec: &CacheSpec,
+) -> Result<(PmemFile, Option<u32>), MediumError> {
     let options =
         MediumOptions { create_len_bytes: Some(args.new_cache_bytes()), sync: args.medium_sync };
     let medium =
@@ -293,7 +296,7 @@ fn open_members(args: &CacheArgs) -> Result<Vec<(PmemFile, Option<u32>)>, Medium
 
 /// The kind of a cache's media (all its members are of one kind: `open_members`).
 pub fn kind_of(medium: &CacheMedium) -> pmcache_media::MediumKind {
-    medium.media().next().expect("a set has a member").kind()
+    medium.media().next().expect("a set has a member").inner().kind()
 }
 
 /// The members as one medium: for an existing cache, in the order their superblocks record
@@ -302,17 +305,19 @@ fn as_set(mut members: Vec<(PmemFile, Option<u32>)>, existing: bool) -> CacheMed
     if existing {
         sort_members(&mut members);
     }
-    MediumSet::new(members)
+    MediumSet::new(
+        members.into_iter().map(|(file, node)| (Window::whole(Arc::new(file)), node)).collect(),
+    )
 }
 
 /// Why a medium could not be opened: another process holds its lock, or anything else.
-enum MediumError {
+pub(crate) enum MediumError {
     Locked(String),
     Other(String),
 }
 
 impl MediumError {
-    fn into_message(self) -> String {
+    pub(crate) fn into_message(self) -> String {
         match self {
             MediumError::Locked(e) | MediumError::Other(e) => e,
         }
@@ -411,7 +416,11 @@ fn check_geometry_asked(
 
 /// Refuses a `--cache-size` other than the size of the medium opened: an existing file or
 /// device keeps its size (only a new or empty file is created at the size asked).
-fn check_size_asked(args: &CacheArgs, path: &Path, medium: &PmemFile) -> Result<(), String> {
+pub(crate) fn check_size_asked(
+    args: &CacheArgs,
+    path: &Path,
+    medium: &PmemFile,
+) -> Result<(), String> {
     let len_bytes = medium.len_bytes();
     match args.cache_size {
         Some(asked) if asked != len_bytes => Err(format!(
@@ -438,13 +447,13 @@ fn first_blank<'a>(args: &'a CacheArgs, members: &[(PmemFile, Option<u32>)]) -> 
 /// What a cache path held before it was opened: `serve` formats only media it creates now
 /// or finds empty.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Before {
+pub(crate) enum Before {
     Missing,
     Empty,
     Holding,
 }
 
-fn before_open(path: &Path) -> Result<Before, String> {
+pub(crate) fn before_open(path: &Path) -> Result<Before, String> {
     match std::fs::metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Before::Missing),
         Err(e) => Err(format!("{}: {e}", path.display())),
@@ -555,6 +564,16 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
     let backing = backing_to_attach(args, backing);
     match Engine::open(as_set(members, true), backing, MonotonicClock::default(), &config) {
         Ok((engine, report)) => Ok((engine, Opened::Attached(report))),
+        Err(Error::Format(FormatError::BadMagic { found }))
+            if found == pmcache_engine::stores::STORE_TABLE_MAGIC =>
+        {
+            Err(format!(
+                "{} is a cache shared by several backing stores (it starts with a store \
+                 table): serve it with --store NAME=PATH for each of its stores instead of \
+                 --backing (`pmcache check` names them)",
+                args.describe()
+            ))
+        }
         Err(Error::Format(FormatError::BadMagic { found })) if found != MAGIC => Err(format!(
             "{} holds data that is not a pmcache cache; refusing to overwrite it (use `pmcache format --force` to reformat)",
             args.describe()

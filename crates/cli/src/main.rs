@@ -12,6 +12,7 @@ mod args;
 mod backing_id;
 mod bench;
 mod cache;
+mod check;
 mod control;
 mod manage;
 mod nbd;
@@ -19,6 +20,7 @@ mod numa;
 mod serve;
 mod serving;
 mod state;
+mod stores;
 mod summary;
 mod tls;
 #[cfg(feature = "ublk")]
@@ -73,7 +75,7 @@ enum Command {
     /// Format a cache medium for a backing store.
     Format(manage::FormatArgs),
     /// Verify a cache medium's superblock and metadata (non-zero exit on corruption).
-    Check(manage::CheckArgs),
+    Check(check::CheckArgs),
     /// Statistics of a running server: a summary, every counter (--all), --json or
     /// --prometheus; --watch SECONDS refreshes.
     Stats(manage::StatsArgs),
@@ -106,7 +108,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
         Command::Format(args) => manage::format(args),
-        Command::Check(args) => manage::check(args),
+        Command::Check(args) => check::check(args),
         Command::Stats(args) => manage::stats(args),
         Command::Set(args) => manage::set(args),
         Command::Flush(args) => manage::flush(args),

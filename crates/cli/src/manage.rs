@@ -1,16 +1,15 @@
-//! `pmcache format`, `check`, `stats`, `set`, `flush` and `detach`.
+//! `pmcache format`, `stats`, `set`, `flush` and `detach` (`check`: `crate::check`).
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pmcache_engine::check_medium;
-use pmcache_engine::format::Superblock;
 use pmcache_frontend::units::human;
-use pmcache_media::{FileSystem, Medium, MediumKind, MediumSync};
+use pmcache_media::MediumSync;
 
 use crate::cache::{CacheArgs, CacheSpec, MEDIUM_SYNC_HELP, open_existing};
 use crate::control::{self, default_control_path};
+use crate::serving::store_control_path;
 
 /// `pmcache format`.
 #[derive(Debug, clap::Args)]
@@ -20,17 +19,6 @@ pub struct FormatArgs {
     /// Reformat a medium that is not blank (destroys its contents, dirty blocks included).
     #[arg(long)]
     force: bool,
-}
-
-/// `pmcache check`.
-#[derive(Debug, clap::Args)]
-pub struct CheckArgs {
-    /// The cache medium; every member's, for a cache of several (in any order).
-    #[arg(long, required = true, value_name = "PATH[@NODE]")]
-    cache: Vec<CacheSpec>,
-    /// Print the report as JSON.
-    #[arg(long)]
-    json: bool,
 }
 
 /// Where to find a running server.
@@ -44,15 +32,78 @@ pub struct ControlArgs {
     /// The control socket, if not the default.
     #[arg(long)]
     control: Option<PathBuf>,
+    /// The backing store, on a cache shared by several (`serve --store NAME=PATH`): its
+    /// control socket is the cache path + ".NAME.ctl".
+    #[arg(long, value_name = "NAME", conflicts_with = "control")]
+    store: Option<String>,
 }
 
 impl ControlArgs {
-    fn path(&self) -> PathBuf {
-        self.control.clone().unwrap_or_else(|| match &self.cache {
-            Some(cache) => default_control_path(&cache.path),
-            None => default_control_path(Path::new(crate::args::DEFAULT_CACHE)),
-        })
+    fn cache_path(&self) -> PathBuf {
+        self.cache
+            .as_ref()
+            .map_or_else(|| PathBuf::from(crate::args::DEFAULT_CACHE), |c| c.path.clone())
     }
+
+    /// The control socket of the server (or of the store) asked for. On a cache shared by
+    /// several backing stores, a store must be named.
+    fn path(&self) -> Result<PathBuf, String> {
+        match self.targets()?.as_slice() {
+            [(_, path)] => Ok(path.clone()),
+            several => {
+                let names: Vec<&str> = several.iter().filter_map(|(n, _)| n.as_deref()).collect();
+                Err(format!(
+                    "{} is shared by several backing stores: give --store with one of {}",
+                    self.cache_path().display(),
+                    names.join(", ")
+                ))
+            }
+        }
+    }
+
+    /// The control sockets asked for, each with its store's name: the one given, or the
+    /// cache's; for a cache shared by several backing stores with none named, every store
+    /// served.
+    fn targets(&self) -> Result<Vec<(Option<String>, PathBuf)>, String> {
+        if let Some(control) = &self.control {
+            return Ok(vec![(None, control.clone())]);
+        }
+        let cache = self.cache_path();
+        if let Some(store) = &self.store {
+            pmcache_engine::stores::check_store_name(store).map_err(|e| e.to_string())?;
+            return Ok(vec![(Some(store.clone()), store_control_path(&cache, store))]);
+        }
+        let plain = default_control_path(&cache);
+        let stores = stores_served(&cache);
+        if plain.exists() || stores.is_empty() {
+            return Ok(vec![(None, plain)]);
+        }
+        Ok(stores
+            .into_iter()
+            .map(|name| {
+                let path = store_control_path(&cache, &name);
+                (Some(name), path)
+            })
+            .collect())
+    }
+}
+
+/// The stores of the cache on `cache` that a server serves now: those with a control socket
+/// (the cache path + `.NAME.ctl`), by name.
+fn stores_served(cache: &Path) -> Vec<String> {
+    let Some(file) = cache.file_name().and_then(|f| f.to_str()) else { return Vec::new() };
+    let dir = cache.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let prefix = format!("{file}.");
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|name| {
+            let store = name.strip_prefix(&prefix)?.strip_suffix(".ctl")?;
+            pmcache_engine::stores::check_store_name(store).is_ok().then(|| store.to_owned())
+        })
+        .collect();
+    names.sort();
+    names
 }
 
 /// `pmcache stats`.
@@ -94,6 +145,11 @@ pub struct DetachArgs {
     /// The control socket, if not the default.
     #[arg(long)]
     control: Option<PathBuf>,
+    /// The backing store to detach, on a cache shared by several (`serve --store
+    /// NAME=PATH`): it is written back and marked clean, and its export stops, while the
+    /// other stores are served on.
+    #[arg(long, value_name = "NAME", conflicts_with = "control")]
+    store: Option<String>,
     /// Attach although the backing file is another file than the cache's (a copy, a move, a
     /// restore), vouching that it holds the same data (see `serve --backing-moved`).
     #[arg(long)]
@@ -127,105 +183,6 @@ pub fn format(args: FormatArgs) -> Result<(), String> {
     engine.shutdown().map_err(|e| e.to_string())
 }
 
-pub fn check(args: CheckArgs) -> Result<(), String> {
-    // A snapshot read with read(2), not `PmemFile::open`: opening a mapping probes the medium
-    // by writing to its first 64 KiB and restoring them, which rolls back entries a live
-    // server persisted meanwhile (found by `check_on_a_live_cache_leaves_it_intact`).
-    let mut snapshots = Vec::with_capacity(args.cache.len());
-    for spec in &args.cache {
-        snapshots.push((MetadataSnapshot::read(&spec.path)?, spec.node));
-    }
-    if snapshots.len() > pmcache_media::MEMBERS_MAX {
-        return Err(format!("{} cache media given; a cache has at most 8", snapshots.len()));
-    }
-    let version = u32::from_le_bytes(snapshots[0].0.head[8..12].try_into().unwrap_or([0; 4]));
-    pmcache_engine::layout::sort_members(&mut snapshots);
-    let medium = pmcache_media::MediumSet::new(snapshots);
-    let named = args.cache.iter().map(|s| s.path.display().to_string()).collect::<Vec<_>>();
-    let named = named.join(" + ");
-    let report = check_medium(&medium).map_err(|e| format!("{named}: {e}"))?;
-    let superblock = report.superblock.expect("a decoded superblock");
-    let (kind, file_system) = medium_kind(&args.cache[0].path)?;
-    let slots: u64 = medium
-        .media()
-        .map(|snapshot| {
-            Superblock::decode(&snapshot.head, snapshot.len_bytes)
-                .map_or(0, |sb| sb.geometry.slot_count)
-        })
-        .sum();
-    let members = superblock.membership.count;
-    if args.json {
-        let json = serde_json::json!({
-            "cache": named,
-            "format_version": version,
-            "members": members,
-            "medium": kind.name(),
-            "file_system": file_system,
-            "slots": slots,
-            "block_size": superblock.geometry.block_size,
-            "data_crc": superblock.geometry.data_crc,
-            "backing_bytes": superblock.backing.size_bytes,
-            "clean_shutdown": report.was_clean_shutdown,
-            "free": report.free, "clean": report.clean, "dirty": report.dirty,
-            "superseded": report.superseded, "torn": report.torn, "corrupt": report.corrupt,
-            "synced_seq_invalid": report.synced_seq_invalid,
-        });
-        println!("{json}");
-    } else {
-        println!("{named}: pmcache format version {version}");
-        if members > 1 {
-            println!("  {members} members (one cache, its slots on every member)");
-        }
-        println!(
-            "  {} slots of {} B{}, caching a backing store of {}",
-            slots,
-            superblock.geometry.block_size,
-            if superblock.geometry.data_crc { " with data checksums" } else { "" },
-            human(superblock.backing.size_bytes)
-        );
-        let promise = match kind {
-            MediumKind::Dax => "persistent memory, mapped MAP_SYNC".to_string(),
-            MediumKind::Volatile => {
-                format!("{file_system}: survives a process crash, not a reboot")
-            }
-            MediumKind::Msync => format!(
-                "{file_system}: durable only in msync mode, served with --medium-sync msync"
-            ),
-        };
-        println!("  medium: {kind} ({promise})");
-        println!(
-            "  last shutdown: {}",
-            if report.was_clean_shutdown { "clean" } else { "unclean (or still attached)" }
-        );
-        println!(
-            "  blocks: {} clean, {} dirty; {} slots free; {} superseded copies",
-            report.clean, report.dirty, report.free, report.superseded
-        );
-        println!(
-            "  entries dropped on attach: {} torn (power cut mid-update), {} corrupt",
-            report.torn, report.corrupt
-        );
-    }
-    if report.synced_seq_invalid {
-        return Err("the synced sequence word is corrupt (attach would take it as 0 and make \
-                    every clean block dirty)"
-            .into());
-    }
-    if report.corrupt > 0 {
-        return Err(format!("{} corrupt metadata entries", report.corrupt));
-    }
-    Ok(())
-}
-
-/// The kind a medium is served as (a medium that is neither DAX nor volatile can only be
-/// served in msync mode) and its file system's name, probed without writing to it.
-fn medium_kind(path: &Path) -> Result<(MediumKind, String), String> {
-    let kind = pmcache_media::probe_kind(path, MediumSync::Msync).map_err(|e| e.to_string())?;
-    let file_system =
-        FileSystem::of_path(path).map_err(|e| format!("{}: fstatfs: {e}", path.display()))?;
-    Ok((kind, file_system.name))
-}
-
 pub fn stats(args: StatsArgs) -> Result<(), String> {
     let Some(seconds) = args.watch else { return stats_once(&args) };
     if !(seconds.is_finite() && seconds > 0.0) {
@@ -239,8 +196,80 @@ pub fn stats(args: StatsArgs) -> Result<(), String> {
 }
 
 fn stats_once(args: &StatsArgs) -> Result<(), String> {
+    let targets = args.server.targets()?;
+    if let [(_, path)] = targets.as_slice() {
+        return print_all(&stats_text(args, path)?);
+    }
+    // A cache shared by several backing stores: each store's, under its name.
+    if args.json {
+        let mut all = serde_json::Map::new();
+        for (name, path) in &targets {
+            let value: serde_json::Value = serde_json::from_str(stats_text(args, path)?.trim())
+                .map_err(|e| format!("bad reply: {e}"))?;
+            all.insert(name.clone().unwrap_or_default(), value);
+        }
+        return print_all(&format!("{}\n", serde_json::Value::Object(all)));
+    }
+    if args.prometheus {
+        let mut bodies = Vec::with_capacity(targets.len());
+        for (name, path) in &targets {
+            bodies.push((name.clone().unwrap_or_default(), stats_text(args, path)?));
+        }
+        return print_all(&label_by_store(&bodies));
+    }
+    let mut text = String::new();
+    for (name, path) in &targets {
+        let body = stats_text(args, path)?;
+        text += &format!("== store {} ==\n{body}\n", name.as_deref().unwrap_or(""));
+    }
+    print_all(&text)
+}
+
+/// Several stores' Prometheus expositions as one: every sample labelled `store="NAME"`, the
+/// samples of a metric grouped under its one `# TYPE` line, as the format wants.
+fn label_by_store(bodies: &[(String, String)]) -> String {
+    let mut families: Vec<(String, String, Vec<String>)> = Vec::new();
+    for (store, body) in bodies {
+        let mut family: Option<usize> = None;
+        for line in body.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let name = rest.split_whitespace().next().unwrap_or("").to_string();
+                let at = families.iter().position(|(n, _, _)| *n == name).unwrap_or_else(|| {
+                    families.push((name, line.to_string(), Vec::new()));
+                    families.len() - 1
+                });
+                family = Some(at);
+                continue;
+            }
+            let Some((metric, value)) = line.rsplit_once(' ') else { continue };
+            let labelled = match metric.split_once('{') {
+                Some((name, labels)) => format!("{name}{{store=\"{store}\",{labels} {value}"),
+                None => format!("{metric}{{store=\"{store}\"}} {value}"),
+            };
+            match family {
+                Some(at) => families[at].2.push(labelled),
+                None => families.push((String::new(), String::new(), vec![labelled])),
+            }
+        }
+    }
+    let mut text = String::new();
+    for (_, type_line, samples) in families {
+        if !type_line.is_empty() {
+            text += &type_line;
+            text.push('\n');
+        }
+        for sample in samples {
+            text += &sample;
+            text.push('\n');
+        }
+    }
+    text
+}
+
+/// One server's (or store's) stats as `args` asks to print them.
+fn stats_text(args: &StatsArgs, path: &Path) -> Result<String, String> {
     let mut reply = String::new();
-    control::request(&args.server.path(), "stats", |line| reply = line.to_string())?;
+    control::request(path, "stats", |line| reply = line.to_string())?;
     let value: serde_json::Value =
         serde_json::from_str(&reply).map_err(|e| format!("bad reply {reply:?}: {e}"))?;
     let object = value.as_object().ok_or("the server's reply is not an object")?;
@@ -288,7 +317,7 @@ fn stats_once(args: &StatsArgs) -> Result<(), String> {
         }
         text += &member_table(object);
     }
-    print_all(&text)
+    Ok(text)
 }
 
 /// The per-member figures of a stats reply (`members`: one object per member).
@@ -395,7 +424,7 @@ pub fn set(args: SetArgs) -> Result<(), String> {
     let command = command.collect::<Vec<_>>().join(" ");
     let mut text = String::new();
     let mut bar: Option<ProgressBar> = None;
-    let result = control::request(&args.server.path(), &command, |line| {
+    let result = control::request(&args.server.path()?, &command, |line| {
         if let Some(setting) = line.strip_prefix("setting ") {
             let (key, value) = setting.split_once(' ').unwrap_or((setting, ""));
             text += &format!("{key:<20} {value}\n");
@@ -424,7 +453,7 @@ fn progress_line(line: &str) -> Option<(u64, u64)> {
 
 pub fn flush(args: ControlArgs) -> Result<(), String> {
     let mut bar: Option<ProgressBar> = None;
-    control::request(&args.path(), "flush", |line| {
+    control::request(&args.path()?, "flush", |line| {
         if let Some((left, total)) = progress_line(line) {
             let bar = bar.get_or_insert_with(|| progress_bar(total));
             bar.set_position(total.saturating_sub(left));
@@ -441,10 +470,23 @@ pub fn flush(args: ControlArgs) -> Result<(), String> {
 
 pub fn detach(args: DetachArgs) -> Result<(), String> {
     let first = &args.cache[0].path;
-    let control_path = args.control.clone().unwrap_or_else(|| default_control_path(first));
+    let control_path = match &args.store {
+        Some(store) => store_control_path(first, store),
+        None => args.control.clone().unwrap_or_else(|| default_control_path(first)),
+    };
     if std::os::unix::net::UnixStream::connect(&control_path).is_ok() {
         control::request(&control_path, "detach", |line| println!("server: {line}"))?;
         return wait_for_exit(&control_path);
+    }
+    if let Some(store) = &args.store {
+        return Err(format!(
+            "no server serves store {store:?} of {} ({} does not answer): a store of a shared \
+             cache is detached online — start `pmcache serve --cache {} --store \
+             {store}=PATH ...` and detach it then",
+            first.display(),
+            control_path.display(),
+            first.display()
+        ));
     }
     let backing = args.backing.clone().ok_or_else(|| {
         format!("no server runs on {}; give --backing to detach the cache offline", first.display())
@@ -574,75 +616,6 @@ fn dirty_slots_of(control: &Path) -> Option<u64> {
     dirty
 }
 
-/// A read-only copy of a medium's superblock and metadata table (everything before the data
-/// area), for `check`: it never writes to the medium, so it is safe on a live cache. Reads
-/// past the copy (the data area, which `check_medium` does not read) return zeros; writes
-/// are refused.
-struct MetadataSnapshot {
-    head: Vec<u8>,
-    len_bytes: u64,
-}
-
-impl MetadataSnapshot {
-    fn read(path: &Path) -> Result<Self, String> {
-        use std::io::{Read, Seek, SeekFrom};
-        let describe = |e: std::io::Error| format!("{}: {e}", path.display());
-        let mut file = std::fs::File::open(path).map_err(describe)?;
-        // The end, not the metadata's length: a device node (device-dax, /dev/pmemN) has 0.
-        let len_bytes = file.seek(SeekFrom::End(0)).map_err(describe)?;
-        file.seek(SeekFrom::Start(0)).map_err(describe)?;
-        let mut header = vec![0u8; len_bytes.min(4096) as usize];
-        file.read_exact(&mut header).map_err(describe)?;
-        // The metadata table is read only as far as a validated superblock says it reaches:
-        // bytes that are not a pmcache superblock size nothing (`check_medium` then reports
-        // why they are not one).
-        let data_offset = match Superblock::decode(&header, len_bytes) {
-            Ok(superblock) => superblock.geometry.data_offset,
-            Err(_) => header.len() as u64,
-        };
-        let mut head = header;
-        head.resize(data_offset as usize, 0);
-        let at = 4096.min(data_offset as usize);
-        file.read_exact(&mut head[at..]).map_err(describe)?;
-        Ok(Self { head, len_bytes })
-    }
-}
-
-impl Medium for MetadataSnapshot {
-    fn len_bytes(&self) -> u64 {
-        self.len_bytes
-    }
-
-    fn read(&self, offset: u64, buf: &mut [u8]) {
-        buf.fill(0);
-        let start = (offset as usize).min(self.head.len());
-        let end = (offset as usize).saturating_add(buf.len()).min(self.head.len());
-        buf[..end - start].copy_from_slice(&self.head[start..end]);
-    }
-
-    fn write(&self, _offset: u64, _data: &[u8]) {
-        panic!("pmcache check never writes to the medium");
-    }
-
-    fn load_u64(&self, offset: u64) -> u64 {
-        let mut word = [0u8; 8];
-        self.read(offset, &mut word);
-        u64::from_le_bytes(word)
-    }
-
-    fn store_u64(&self, _offset: u64, _value: u64) {
-        panic!("pmcache check never writes to the medium");
-    }
-
-    fn compare_exchange_u64(&self, _offset: u64, _current: u64, _new: u64) -> bool {
-        panic!("pmcache check never writes to the medium");
-    }
-
-    fn flush(&self, _offset: u64, _len: u64) {}
-
-    fn drain(&self) {}
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::{BufRead, BufReader, Write};
@@ -650,6 +623,28 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
+
+    /// Stores' expositions merged: each sample labelled with its store (beside its own
+    /// labels), one `# TYPE` line per metric, its samples together.
+    #[test]
+    fn prometheus_of_several_stores_labels_each_sample_and_groups_each_metric() {
+        let body = |dirty: u32| {
+            format!(
+                "# TYPE pmcache_dirty_slots gauge\npmcache_dirty_slots {dirty}\n# TYPE \
+                 pmcache_mode_info gauge\npmcache_mode_info{{mode=\"writeback\"}} 1\n"
+            )
+        };
+        let merged = label_by_store(&[("a".into(), body(3)), ("b".into(), body(5))]);
+        assert_eq!(
+            merged,
+            "# TYPE pmcache_dirty_slots gauge\n\
+             pmcache_dirty_slots{store=\"a\"} 3\n\
+             pmcache_dirty_slots{store=\"b\"} 5\n\
+             # TYPE pmcache_mode_info gauge\n\
+             pmcache_mode_info{store=\"a\",mode=\"writeback\"} 1\n\
+             pmcache_mode_info{store=\"b\",mode=\"writeback\"} 1\n"
+        );
+    }
 
     /// A control socket that answers `stats` with a dirty count falling by one a call, from
     /// `dirty`, and then, after `for_how_long`, is removed (`clean`) or left unanswered.

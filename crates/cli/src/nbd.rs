@@ -48,6 +48,9 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     };
     let warning = args.tls.check_remote(&listen, args.allow_remote, args.allow_unauthenticated)?;
     tls.load().map_err(|e| format!("TLS: {e}"))?;
+    if !args.stores.is_empty() {
+        return run_stores(args, listen, tls, warning);
+    }
     // One lane per connection, plus two for control requests (a flush without a cleaner
     // drains through a lane) and the cleaner's.
     let mut serving = Serving::open(args, args.max_connections + 3, || match &args.socket {
@@ -88,6 +91,111 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     serving.keep_control_socket();
     let served = server.run().map_err(|e| e.to_string());
     serving.finish(served)
+}
+
+/// One export of a server of several (a store of a shared cache): stopping it closes that
+/// export alone; the server stops with the last.
+#[derive(Clone)]
+struct StoreExport {
+    handle: ShutdownHandle,
+    index: usize,
+}
+
+impl Frontend for StoreExport {
+    fn stop(&self) {
+        self.handle.close_export(self.index);
+    }
+
+    fn stats(&self) -> Vec<(&'static str, u64)> {
+        let mut stats = Frontend::stats(&self.handle);
+        for (name, value) in &mut stats {
+            if *name == "connections_open" {
+                *value = self.handle.export_connections(self.index);
+            }
+        }
+        stats
+    }
+}
+
+/// `run` for a cache shared by several backing stores: one export per store served, each
+/// detached (written back, marked clean, its control socket removed) on its own while the
+/// others are served; SIGINT or SIGTERM stops them all.
+fn run_stores(
+    args: &ServeArgs,
+    listen: ListenAddr,
+    tls: pmcache_nbd::TlsConfig,
+    warning: Option<String>,
+) -> Result<(), String> {
+    let (servings, refused) =
+        Serving::open_stores(args, args.max_connections + 3, || match &args.socket {
+            Some(socket) => remove_stale_socket(socket),
+            None => Ok(()),
+        })?;
+    for why in &refused {
+        eprintln!("pmcache: not serving {why}");
+    }
+    let config = ServerConfig {
+        listen,
+        allow_remote: args.allow_remote,
+        max_connections: args.max_connections,
+        write_timeout: Duration::from_secs_f64(args.write_timeout),
+        idle_timeout: (args.idle_timeout > 0.0).then(|| Duration::from_secs_f64(args.idle_timeout)),
+        tls,
+        ..ServerConfig::default()
+    };
+    if let Some(warning) = warning {
+        eprintln!("{warning}");
+    }
+    let exports = servings
+        .iter()
+        .map(|s| (s.store.clone().unwrap_or_default(), Arc::new(CacheExport::new(s.engine))))
+        .collect();
+    let server = Server::bind_exports(config, exports).map_err(|e| e.to_string())?;
+    let handle = server.shutdown_handle();
+    let addr = server.local_addr();
+    let mut finishers = Vec::with_capacity(servings.len());
+    for (index, mut serving) in servings.into_iter().enumerate() {
+        serving.start_control(StoreExport { handle: handle.clone(), index })?;
+        let name = serving.store.clone().unwrap_or_default();
+        print_serving(&serving.cache, &serving.backing, serving.engine);
+        println!("  store:       {name}");
+        println!("  NBD URI:     {}", addr.nbd_uri(&name));
+        println!("  stats:       pmcache stats --control {}", serving.control_path.display());
+        println!(
+            "  detach:      pmcache detach --cache {} --store {name}",
+            serving.cache.display()
+        );
+        serving.keep_control_socket();
+        // The store is finished (written back if it must be, marked clean) once its export
+        // is closed and its last connection gone, while the others are served on.
+        let handle = handle.clone();
+        finishers.push(
+            std::thread::Builder::new()
+                .name(format!("pmcache-store-{index}"))
+                .spawn(move || {
+                    while !(handle.is_export_closed(index) && handle.export_connections(index) == 0)
+                    {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    serving.finish(Ok(())).map_err(|e| format!("store {name:?}: {e}"))
+                })
+                .map_err(|e| format!("starting a store's thread: {e}"))?,
+        );
+    }
+    if let Some(lines) = args.tls.how_to_connect(&addr, "") {
+        println!("{lines}");
+    }
+    println!("{}", args.tls.clients_line(&addr));
+    let served = server.run().map_err(|e| e.to_string());
+    let mut errors: Vec<String> = served.err().into_iter().collect();
+    for finisher in finishers {
+        match finisher.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(_) => errors.push("a store's thread panicked".into()),
+        }
+    }
+    if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
 }
 
 /// Removes a unix socket left behind by a server that was killed (nothing answers on it), so

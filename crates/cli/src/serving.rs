@@ -19,7 +19,7 @@ use pmcache_media::{FileSystem, MediumKind};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use crate::args::{DEFAULT_BACKING, DEFAULT_CACHE, ServeArgs};
+use crate::args::{DEFAULT_BACKING, DEFAULT_CACHE, ServeArgs, StoreSpec};
 use crate::cache::{CacheArgs, CacheSpec, Opened, open_or_format};
 use crate::control::{self, Frontend, default_control_path};
 use crate::state;
@@ -48,6 +48,8 @@ pub(crate) struct Serving {
     pub(crate) cache: PathBuf,
     /// The backing store's path.
     pub(crate) backing: PathBuf,
+    /// The store's name, on a cache shared by several backing stores.
+    pub(crate) store: Option<String>,
     /// The control socket's path.
     pub(crate) control_path: PathBuf,
     control_listener: Option<UnixListener>,
@@ -74,62 +76,100 @@ impl Serving {
         if embedded {
             ensure_default_backing(&backing)?;
         }
-        let caches = if args.cache.is_empty() {
-            vec![CacheSpec { path: PathBuf::from(DEFAULT_CACHE), node: None }]
-        } else {
-            args.cache.clone()
-        };
-        // The first medium given names the cache (its control socket, its state record).
-        let cache = caches[0].path.clone();
-        let cache_args = CacheArgs {
-            cache: caches.clone(),
-            placement: args.placement,
-            medium_sync: args.medium_sync,
-            backing: backing.clone(),
-            cache_size: args.cache_size,
-            block_size: args.block_size,
-            data_crc: args.data_crc,
-            mode: args.mode,
-            engine: args.engine.clone(),
-            eviction: args.eviction,
-            admission: args.admission,
-            backing_moved: args.backing_moved,
-            backing_latency: args.backing_latency,
-        };
-        for spec in &caches {
-            if let Some(dir) = spec.path.parent().filter(|d| !d.as_os_str().is_empty())
-                && !dir.is_dir()
-            {
-                return Err(format!(
-                    "the directory of the cache medium {} does not exist: {}",
-                    spec.path.display(),
-                    dir.display()
-                ));
-            }
-        }
-        let mut cleaner_config = pmcache_engine::CleanerConfig::default();
-        cleaner_config
-            .set_all(args.cleaner.iter().map(String::as_str))
-            .map_err(|e| format!("--cleaner: {e}"))?;
+        let cache_args = cache_args(args, backing.clone())?;
+        let cache = cache_args.cache[0].path.clone();
+        let cleaner_config = cleaner_config(args)?;
         // The control socket first: a second server on a live cache is refused before it
         // opens (and so touches) the medium. It is removed only when the cache is marked
         // clean, which is what an online `pmcache detach` waits for.
         let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&cache));
-        let control_listener = control::bind(&control_path)?;
-        let control_file = RemoveOnDrop(Some(control_path.clone()));
+        let control = Control::bind(control_path)?;
         before_open()?;
         // A backing store whose newest blocks may be in a volatile cache that is gone is
         // refused before the medium is opened (or created).
-        let located = match &args.state_file {
-            Some(path) => state::Located::given(path, &backing),
-            None => state::locate(&backing, args.state_dir.as_deref()),
-        };
-        if let Some(warning) = &located.warning {
-            eprintln!("pmcache: warning: {warning}");
-        }
-        let overrode = check_state(located.read_path(), &cache, args.accept_stale_backing)?;
+        let state = BackingState::check(args, &backing, &cache)?;
         let (engine, opened) = open_or_format(&cache_args, max_lanes)?;
         report_opened(&cache_args.describe(), &opened);
+        let place = Place { cache, backing, store: None };
+        Self::start(args, place, engine, control, state, cleaner_config)
+    }
+
+    /// [`Serving::open`] for a cache shared by the backing stores of `args.stores`: one
+    /// `Serving` per store served, each with its own control socket (the cache path +
+    /// `.NAME.ctl`), state record and cleaner. A store refused (its state record, its backing
+    /// store, its cache) is named in the messages returned beside them, and the others are
+    /// served; an error is about the cache as a whole.
+    pub(crate) fn open_stores(
+        args: &ServeArgs,
+        max_lanes: usize,
+        before_open: impl FnOnce() -> Result<(), String>,
+    ) -> Result<(Vec<Self>, Vec<String>), String> {
+        let cache_args = cache_args(args, args.stores[0].backing.clone())?;
+        let cache = cache_args.cache[0].path.clone();
+        let cleaner_config = cleaner_config(args)?;
+        let mut controls = Vec::with_capacity(args.stores.len());
+        for store in &args.stores {
+            controls.push(Control::bind(store_control_path(&cache, &store.name))?);
+        }
+        before_open()?;
+        let mut refused = Vec::new();
+        let mut checked = Vec::new();
+        for (store, control) in args.stores.iter().zip(controls) {
+            match BackingState::check(args, &store.backing, &cache) {
+                Ok(state) => checked.push((store.clone(), control, state)),
+                Err(e) => refused.push(format!("store {:?}: {e}", store.name)),
+            }
+        }
+        let new = std::fs::metadata(&cache).map_or(true, |m| m.is_file() && m.len() == 0);
+        if checked.is_empty() || (new && !refused.is_empty()) {
+            if new {
+                refused.push(format!(
+                    "a new cache is formatted for all its stores at once, so nothing was created \
+                     on {}",
+                    cache.display()
+                ));
+            }
+            return Err(refused.join("\n"));
+        }
+        let stores: Vec<StoreSpec> = checked.iter().map(|(store, _, _)| store.clone()).collect();
+        let opened = crate::stores::open_or_format(&cache_args, &stores, max_lanes)?;
+        let mut servings = Vec::with_capacity(opened.len());
+        for (one, (_, control, state)) in opened.into_iter().zip(checked) {
+            let (engine, how) = match one.opened {
+                Ok(opened) => opened,
+                Err(e) => {
+                    refused.push(format!("store {:?}: {e}", one.name));
+                    continue;
+                }
+            };
+            report_opened(&format!("{} store {:?}", cache.display(), one.name), &how);
+            let place = Place { cache: cache.clone(), backing: one.backing, store: Some(one.name) };
+            servings.push(Self::start(
+                args,
+                place,
+                engine,
+                control,
+                state,
+                cleaner_config.clone(),
+            )?);
+        }
+        if servings.is_empty() {
+            return Err(refused.join("\n"));
+        }
+        Ok((servings, refused))
+    }
+
+    /// Records the attachment of a volatile medium and starts the cleaner of `engine`.
+    fn start(
+        args: &ServeArgs,
+        place: Place,
+        engine: CacheEngine,
+        control: Control,
+        state: BackingState,
+        cleaner_config: pmcache_engine::CleanerConfig,
+    ) -> Result<Self, String> {
+        let Place { cache, backing, store } = place;
+        let BackingState { located, overrode } = state;
         // A volatile medium: the attachment is recorded (the backing store possibly stale)
         // before any client can write.
         let kind = crate::cache::kind_of(engine.medium());
@@ -197,9 +237,10 @@ impl Serving {
             engine,
             cache,
             backing,
-            control_path,
-            control_listener: Some(control_listener),
-            control_file,
+            store,
+            control_path: control.path,
+            control_listener: Some(control.listener),
+            control_file: control.file,
             state_path,
             uuid,
             volatile,
@@ -277,6 +318,10 @@ impl Serving {
     /// the control socket.
     pub(crate) fn finish(self, served: Result<(), String>) -> Result<(), String> {
         let Self { engine, cache, backing, control_path, state_path, uuid, volatile, .. } = self;
+        let label = match &self.store {
+            Some(name) => format!("{} store {name:?}", cache.display()),
+            None => cache.display().to_string(),
+        };
         let detaching = self.detach.load(Ordering::SeqCst);
         let writing_back = detaching || volatile.is_some();
         self.write_back_all.store(writing_back, Ordering::SeqCst);
@@ -350,7 +395,7 @@ impl Serving {
             (false, true) => " (every block written back: the medium is volatile)",
             (false, false) => "",
         };
-        eprintln!("pmcache: {}: cache marked clean{what}", cache.display());
+        eprintln!("pmcache: {label}: cache marked clean{what}");
         match recorded {
             Ok(true) => {
                 eprintln!("pmcache: {}: the backing store holds every block", state_path.display())
@@ -366,6 +411,101 @@ impl Serving {
         }
         served
     }
+}
+
+/// Where a served cache is: its medium, its backing store, and its store's name on a medium
+/// shared by several.
+struct Place {
+    cache: PathBuf,
+    backing: PathBuf,
+    store: Option<String>,
+}
+
+/// A bound control socket, removed when dropped until it is kept.
+struct Control {
+    path: PathBuf,
+    listener: UnixListener,
+    file: RemoveOnDrop,
+}
+
+impl Control {
+    fn bind(path: PathBuf) -> Result<Self, String> {
+        let listener = control::bind(&path)?;
+        Ok(Self { file: RemoveOnDrop(Some(path.clone())), path, listener })
+    }
+}
+
+/// The control socket of store `name` of the cache on `cache`: the cache path + `.NAME.ctl`.
+pub(crate) fn store_control_path(cache: &Path, name: &str) -> PathBuf {
+    let mut path = cache.as_os_str().to_owned();
+    path.push(format!(".{name}.ctl"));
+    PathBuf::from(path)
+}
+
+/// A backing store's state record, checked: where it is, and whether a refusal was
+/// overridden by `--accept-stale-backing`.
+struct BackingState {
+    located: state::Located,
+    overrode: bool,
+}
+
+impl BackingState {
+    fn check(args: &ServeArgs, backing: &Path, cache: &Path) -> Result<Self, String> {
+        let located = match &args.state_file {
+            Some(path) => state::Located::given(path, backing),
+            None => state::locate(backing, args.state_dir.as_deref()),
+        };
+        if let Some(warning) = &located.warning {
+            eprintln!("pmcache: warning: {warning}");
+        }
+        let overrode = check_state(located.read_path(), cache, args.accept_stale_backing)?;
+        Ok(Self { located, overrode })
+    }
+}
+
+/// The cache options of `args`, over `backing`, with the media's directories checked.
+fn cache_args(args: &ServeArgs, backing: PathBuf) -> Result<CacheArgs, String> {
+    let caches = if args.cache.is_empty() {
+        vec![CacheSpec { path: PathBuf::from(DEFAULT_CACHE), node: None }]
+    } else {
+        args.cache.clone()
+    };
+    for spec in &caches {
+        if let Some(dir) = spec.path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            return Err(format!(
+                "the directory of the cache medium {} does not exist: {}",
+                spec.path.display(),
+                dir.display()
+            ));
+        }
+    }
+    // The first medium given names the cache (its control socket, its state record).
+    Ok(CacheArgs {
+        cache: caches,
+        placement: args.placement,
+        medium_sync: args.medium_sync,
+        backing,
+        cache_size: args.cache_size,
+        block_size: args.block_size,
+        data_crc: args.data_crc,
+        mode: args.mode,
+        engine: args.engine.clone(),
+        eviction: args.eviction,
+        admission: args.admission,
+        backing_moved: args.backing_moved,
+        backing_latency: args.backing_latency,
+    })
+}
+
+/// The cleaner's settings of `args`.
+fn cleaner_config(args: &ServeArgs) -> Result<pmcache_engine::CleanerConfig, String> {
+    let mut config = pmcache_engine::CleanerConfig::default();
+    config
+        .set_all(args.cleaner.iter().map(String::as_str))
+        .map_err(|e| format!("--cleaner: {e}"))?;
+    Ok(config)
 }
 
 /// The startup report of the cache opened: formatted, or attached with what recovery found.

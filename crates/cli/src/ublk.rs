@@ -60,6 +60,9 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     // Refusals that depend only on the medium's identity come before the medium is opened
     // (opening runs recovery; a refused start would then stop cleanly, writing back).
     let cache = args.cache.first().map_or_else(|| PathBuf::from(DEFAULT_CACHE), |c| c.path.clone());
+    if !args.stores.is_empty() {
+        return run_stores(args, &cache);
+    }
     if let Some(owner) = owner_of_medium(&cache) {
         match &takeover {
             // The device's shape is checked against the cache's once it is open.
@@ -115,10 +118,14 @@ fn serve_device(
     serving.start_control(frontend)?;
     let (cache, backing, control) =
         (serving.cache.clone(), serving.backing.clone(), serving.control_path.clone());
+    let store = serving.store.clone();
     serving.keep_control_socket();
     device
         .run(targets, move |started: &Started| {
             print_serving(&cache, &backing, engine);
+            if let Some(name) = &store {
+                println!("  store:       {name}");
+            }
             let device = started.block_path.display();
             let id = started.id;
             if started.recovered {
@@ -140,9 +147,11 @@ fn serve_device(
                 );
             }
             println!("  stats:       pmcache stats --control {}", control.display());
+            let store_arg =
+                store.as_ref().map(|name| format!(" --store {name}")).unwrap_or_default();
             println!(
                 "  stop:        Ctrl-C or SIGTERM (the device is removed once the requests in \
-                 flight complete), or `pmcache detach --cache {}`",
+                 flight complete), or `pmcache detach --cache {}{store_arg}`",
                 cache.display()
             );
         })
@@ -151,6 +160,69 @@ fn serve_device(
 
 /// The owner tag of the cache on the medium at `path`, from its superblock; `None` when there
 /// is no medium there or it has no valid superblock (then no device can be its).
+/// `run` for a cache shared by several backing stores: one device per store served, each
+/// with its queues, stopped and detached on its own; SIGINT or SIGTERM stops them all.
+fn run_stores(args: &ServeArgs, cache: &Path) -> Result<(), String> {
+    for owner in owners_of_stores(cache) {
+        refuse_orphans(owner)?;
+    }
+    let (queues, depth) = (args.ublk_queues, args.ublk_depth);
+    let (servings, refused) = Serving::open_stores(args, usize::from(queues) + 3, || Ok(()))?;
+    for why in &refused {
+        eprintln!("pmcache: not serving {why}");
+    }
+    let recovery = args.ublk_recovery == Switch::On;
+    let devices: Vec<_> = servings
+        .into_iter()
+        .map(|mut serving| {
+            let name = serving.store.clone().unwrap_or_default();
+            let thread_name = format!("pmcache-store-{name}");
+            let refused = format!("starting store {name:?}");
+            std::thread::Builder::new()
+                .name(thread_name)
+                .spawn(move || {
+                    let served = serve_device(&mut serving, queues, depth, recovery, None);
+                    serving.finish(served).map_err(|e| format!("store {name:?}: {e}"))
+                })
+                .map_err(|e| format!("{refused}: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let errors: Vec<String> = devices
+        .into_iter()
+        .filter_map(|device| match device.join() {
+            Ok(result) => result.err(),
+            Err(_) => Some("a store's thread panicked".into()),
+        })
+        .collect();
+    if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
+}
+
+/// The owner tags of the stores' caches on a medium shared by several (from its store table
+/// and each window's superblock), for the devices a dead server left.
+fn owners_of_stores(path: &Path) -> Vec<OwnerTag> {
+    use std::os::unix::fs::FileExt;
+    let Ok(file) = std::fs::File::open(path) else { return Vec::new() };
+    let Ok(medium_bytes) = file.metadata().map(|m| m.len()) else { return Vec::new() };
+    let mut table = vec![0u8; pmcache_engine::stores::STORE_TABLE_BYTES];
+    if file.read_exact_at(&mut table, 0).is_err() {
+        return Vec::new();
+    }
+    let Ok(table) = pmcache_engine::stores::StoreTable::decode(&table, medium_bytes) else {
+        return Vec::new();
+    };
+    table
+        .stores
+        .iter()
+        .filter_map(|store| {
+            let mut header = [0u8; HEADER_BYTES];
+            file.read_exact_at(&mut header, store.window.start).ok()?;
+            let window_bytes = store.window.end - store.window.start;
+            let superblock = Superblock::decode(&header, window_bytes).ok()?;
+            Some(OwnerTag::of_uuid(&superblock.uuid))
+        })
+        .collect()
+}
+
 fn owner_of_medium(path: &Path) -> Option<OwnerTag> {
     let mut file = std::fs::File::open(path).ok()?;
     let medium_bytes = file.metadata().ok()?.len();

@@ -29,6 +29,7 @@ mod placement;
 mod recovery;
 mod slots;
 mod stats;
+pub mod stores;
 mod sync;
 pub mod testing;
 pub mod writeback;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use pmcache_backing::BackingStore;
 use pmcache_engine::{Engine, MonotonicClock};
-use pmcache_media::{MediumSet, PmemFile};
+use pmcache_media::{MediumSet, PmemFile, Window};
 
 pub mod conn;
 pub mod nbd;
@@ -30,7 +30,8 @@ pub use nbd::CacheExport;
 
 /// The backing store as the frontends serve it: any engine, chosen at run time.
 pub type Backing = Arc<dyn BackingStore>;
-/// The medium a served cache is on: one mapped file per member (one member for most caches).
-pub type CacheMedium = MediumSet<PmemFile>;
+/// The medium a served cache is on: one mapped file per member (one member for most caches),
+/// all of it — or, for a medium shared by several backing stores, the window of one store.
+pub type CacheMedium = MediumSet<Window<Arc<PmemFile>>>;
 /// The engine as the frontends serve it.
 pub type CacheEngine = Engine<CacheMedium, Backing, MonotonicClock>;

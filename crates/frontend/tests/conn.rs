@@ -6,7 +6,7 @@ use std::sync::Arc;
 use pmcache_backing::PsyncFile;
 use pmcache_engine::{Config, Engine, MonotonicClock};
 use pmcache_frontend::{Backing, CacheConn, CacheEngine, READ_LATENCIES};
-use pmcache_media::{MediumOptions, MediumSet, MediumSync, PmemFile};
+use pmcache_media::{MediumOptions, MediumSet, MediumSync, PmemFile, Window};
 use pmcache_nbd::{BatchRead, ExportConn};
 use pmcache_ublk::mapping::{UBLK_IO_OP_FLUSH, UBLK_IO_OP_READ, UBLK_IO_OP_WRITE};
 use pmcache_ublk::{Dispatcher, Geometry, IoDesc};
@@ -32,9 +32,13 @@ fn engine() -> (tempfile::TempDir, CacheEngine) {
         .expect("backing file");
     let backing: Backing = Arc::new(PsyncFile::open(&backing_path).expect("backing"));
     let config = Config { max_lanes: 4, ..Config::default() };
-    let engine =
-        Engine::format(MediumSet::single(medium), backing, MonotonicClock::default(), &config)
-            .expect("format");
+    let engine = Engine::format(
+        MediumSet::single(Window::whole(Arc::new(medium))),
+        backing,
+        MonotonicClock::default(),
+        &config,
+    )
+    .expect("format");
     (tmp, engine)
 }
 

@@ -30,6 +30,7 @@ pub mod numa;
 mod persist;
 mod poison;
 mod set;
+mod window;
 
 pub use crash::{CrashMedium, CrashSwitch};
 pub use dram::{DramTable, ZeroValid};
@@ -41,6 +42,7 @@ pub use persist::{
 };
 pub use poison::Poisoned;
 pub use set::{MEMBERS_MAX, MediumSet, MemberSpan};
+pub use window::Window;
 
 /// Size of a CPU cache line, the unit of [`Medium::flush`].
 pub const CACHE_LINE_BYTES: u64 = 64;

@@ -171,6 +171,7 @@ proptest! {
         let h = decode_request_header(&header).expect("magic is right");
         for structured in [false, true] {
             let session = Session {
+                export: 0,
                 structured_replies: structured,
                 transmission_flags: 0,
                 size_bytes: SIZE,

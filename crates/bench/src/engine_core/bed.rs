@@ -11,7 +11,7 @@ use pmcache_engine::{
     AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MonotonicClock,
     READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest,
 };
-use pmcache_media::{DramTable, Medium, MediumSet, PmemFile};
+use pmcache_media::{DramTable, Medium, MediumSet, PmemFile, Window};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -27,8 +27,8 @@ pub(super) enum Mix {
 
 pub(super) struct Bed {
     pub(super) dir: tempfile::TempDir,
-    /// The engine on a one-member set, as `pmcache serve` runs it.
-    pub(super) engine: Engine<MediumSet<Arc<PmemFile>>, PsyncFile, MonotonicClock>,
+    /// The engine on the medium as `pmcache serve` has it (`CacheMedium`'s window of it).
+    pub(super) engine: Engine<MediumSet<Window<Arc<PmemFile>>>, PsyncFile, MonotonicClock>,
     pub(super) medium: Arc<PmemFile>,
     pub(super) blocks: u64,
     data_offset: u64,
@@ -114,7 +114,7 @@ pub(super) fn bed(
         .and_then(|f| f.set_len(blocks * BLOCK))
         .map_err(|e| e.to_string())?;
     let backing = PsyncFile::open(&backing_path).map_err(|e| e.to_string())?;
-    let set = MediumSet::single(medium.clone());
+    let set = MediumSet::single(Window::whole(medium.clone()));
     let engine = Engine::format(set, backing, MonotonicClock::default(), &config)
         .map_err(|e| e.to_string())?;
     let data_offset = engine.superblock().geometry.data_offset;

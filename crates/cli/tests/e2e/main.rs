@@ -28,6 +28,7 @@ mod rbd;
 mod requests;
 mod settings;
 mod soak;
+mod stores;
 mod tls;
 mod ublk;
 mod volatile;

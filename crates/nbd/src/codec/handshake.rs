@@ -126,11 +126,14 @@ pub enum TlsMode {
 /// The handshake state machine after the greeting and client flags: one call per option.
 #[derive(Debug)]
 pub struct Negotiation<'a> {
-    export: &'a ExportInfo,
+    exports: &'a [ExportInfo],
     no_zeroes: bool,
     structured_replies: bool,
     /// `base:allocation` was selected with `NBD_OPT_SET_META_CONTEXT`.
     base_allocation: bool,
+    /// The export the last `NBD_OPT_SET_META_CONTEXT` named: what it selected applies to
+    /// that export only.
+    base_allocation_export: usize,
     options_seen: u32,
     tls_mode: TlsMode,
     tls_active: bool,
@@ -142,15 +145,26 @@ impl<'a> Negotiation<'a> {
         export: &'a ExportInfo,
         client_flags: [u8; CLIENT_FLAGS_BYTES],
     ) -> Result<Self, ProtocolError> {
+        Self::with_exports(std::slice::from_ref(export), client_flags)
+    }
+
+    /// A negotiation offering `exports` (at least one): the client picks one by name, the
+    /// empty name picking the first; `NBD_OPT_LIST` lists them all.
+    pub fn with_exports(
+        exports: &'a [ExportInfo],
+        client_flags: [u8; CLIENT_FLAGS_BYTES],
+    ) -> Result<Self, ProtocolError> {
+        assert!(!exports.is_empty(), "a negotiation offers an export at least");
         let flags = u32::from_be_bytes(client_flags);
         if flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
             return Err(ProtocolError::UnknownClientFlags(flags));
         }
         Ok(Self {
-            export,
+            exports,
             no_zeroes: flags & FLAG_C_NO_ZEROES != 0,
             structured_replies: false,
             base_allocation: false,
+            base_allocation_export: 0,
             options_seen: 0,
             tls_mode: TlsMode::Off,
             tls_active: false,
@@ -246,9 +260,11 @@ impl<'a> Negotiation<'a> {
             }
             OPT_LIST => {
                 if data.is_empty() {
-                    let name = self.export.name.as_bytes();
-                    let name_len = u32::try_from(name.len()).unwrap_or(u32::MAX).to_be_bytes();
-                    encode_option_reply(out, opt, REP_SERVER, &[&name_len, name]);
+                    for export in self.exports {
+                        let name = export.name.as_bytes();
+                        let name_len = u32::try_from(name.len()).unwrap_or(u32::MAX).to_be_bytes();
+                        encode_option_reply(out, opt, REP_SERVER, &[&name_len, name]);
+                    }
                     encode_option_reply(out, opt, REP_ACK, &[]);
                 } else {
                     error_reply(out, opt, REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
@@ -295,19 +311,20 @@ impl<'a> Negotiation<'a> {
             return;
         };
         let set = opt == OPT_SET_META_CONTEXT;
-        if !self.export.matches(name) {
+        let Some(export) = self.find(name) else {
             if set {
                 self.base_allocation = false;
             }
             error_reply(out, opt, REP_ERR_UNKNOWN, "no such export");
             return;
-        }
+        };
         let mut matched = !set && queries.iter().all(Option::is_none);
         for query in queries.iter().flatten() {
             matched |= *query == META_BASE_ALLOCATION.as_bytes() || (!set && *query == b"base:");
         }
         if set {
             self.base_allocation = matched;
+            self.base_allocation_export = export;
         }
         if matched {
             let id = if set { META_BASE_ALLOCATION_ID } else { 0 };
@@ -317,12 +334,19 @@ impl<'a> Negotiation<'a> {
         encode_option_reply(out, opt, REP_ACK, &[]);
     }
 
+    /// The export a client's `name` picks: the one of that name, or the first for the empty
+    /// name.
+    fn find(&self, name: &[u8]) -> Option<usize> {
+        self.exports.iter().position(|e| e.matches(name))
+    }
+
     fn export_name(&self, data: &[u8], out: &mut Vec<u8>) -> OptionOutcome {
-        if data.len() > STRING_BYTES_MAX || !self.export.matches(data) {
+        let found = if data.len() > STRING_BYTES_MAX { None } else { self.find(data) };
+        let Some(export) = found else {
             return OptionOutcome::Close(ProtocolError::UnknownExport);
-        }
-        let session = self.session(false);
-        out.extend_from_slice(&self.export.size_bytes.to_be_bytes());
+        };
+        let session = self.session(export, false);
+        out.extend_from_slice(&self.exports[export].size_bytes.to_be_bytes());
         out.extend_from_slice(&session.transmission_flags.to_be_bytes());
         if !self.no_zeroes {
             out.extend_from_slice(&[0u8; 124]);
@@ -335,10 +359,11 @@ impl<'a> Negotiation<'a> {
             error_reply(out, opt, REP_ERR_INVALID, "malformed NBD_OPT_INFO/GO data");
             return OptionOutcome::Continue;
         };
-        if !self.export.matches(name) {
+        let Some(export) = self.find(name) else {
             error_reply(out, opt, REP_ERR_UNKNOWN, "no such export");
             return OptionOutcome::Continue;
-        }
+        };
+        let info = &self.exports[export];
         let requested =
             |ty: u16| requests.chunks_exact(2).any(|c| u16::from_be_bytes([c[0], c[1]]) == ty);
         let block_size_requested = requested(INFO_BLOCK_SIZE);
@@ -348,8 +373,8 @@ impl<'a> Negotiation<'a> {
         // misaligned requests with EINVAL as it does after `NBD_OPT_EXPORT_NAME`. A larger
         // minimum, or a maximum below 32 MiB (and below the export's size, which bounds every
         // request anyway), must be agreed first.
-        let sizes = &self.export.block_sizes;
-        let payload_bound = u64::from(INTEROPERABLE_MAX_PAYLOAD_BYTES).min(self.export.size_bytes);
+        let sizes = &info.block_sizes;
+        let payload_bound = u64::from(INTEROPERABLE_MAX_PAYLOAD_BYTES).min(info.size_bytes);
         if opt == OPT_GO
             && !block_size_requested
             && (sizes.min_bytes > INTEROPERABLE_MIN_BLOCK_BYTES
@@ -363,10 +388,10 @@ impl<'a> Negotiation<'a> {
             );
             return OptionOutcome::Continue;
         }
-        let session = self.session(true);
+        let session = self.session(export, true);
         let mut export_info = [0u8; 12];
         export_info[0..2].copy_from_slice(&INFO_EXPORT.to_be_bytes());
-        export_info[2..10].copy_from_slice(&self.export.size_bytes.to_be_bytes());
+        export_info[2..10].copy_from_slice(&info.size_bytes.to_be_bytes());
         export_info[10..12].copy_from_slice(&session.transmission_flags.to_be_bytes());
         encode_option_reply(out, opt, REP_INFO, &[&export_info]);
         if requested(INFO_NAME) {
@@ -374,10 +399,10 @@ impl<'a> Negotiation<'a> {
                 out,
                 opt,
                 REP_INFO,
-                &[&INFO_NAME.to_be_bytes(), self.export.name.as_bytes()],
+                &[&INFO_NAME.to_be_bytes(), info.name.as_bytes()],
             );
         }
-        let bs = self.export.block_sizes;
+        let bs = info.block_sizes;
         let mut block_info = [0u8; 14];
         block_info[0..2].copy_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
         block_info[2..6].copy_from_slice(&bs.min_bytes.to_be_bytes());
@@ -388,16 +413,20 @@ impl<'a> Negotiation<'a> {
         if opt == OPT_GO { OptionOutcome::Transmission(session) } else { OptionOutcome::Continue }
     }
 
-    fn session(&self, block_sizes_agreed: bool) -> Session {
-        let bs = self.export.block_sizes;
+    fn session(&self, export: usize, block_sizes_agreed: bool) -> Session {
+        let info = &self.exports[export];
+        let bs = info.block_sizes;
         Session {
+            export,
             structured_replies: self.structured_replies,
-            transmission_flags: self.export.transmission_flags(self.structured_replies),
-            size_bytes: self.export.size_bytes,
+            transmission_flags: info.transmission_flags(self.structured_replies),
+            size_bytes: info.size_bytes,
             min_block_bytes: bs.min_bytes,
             max_payload_bytes: bs.max_bytes,
             block_sizes_agreed,
-            base_allocation: self.base_allocation && self.structured_replies,
+            base_allocation: self.base_allocation
+                && self.base_allocation_export == export
+                && self.structured_replies,
         }
     }
 }

@@ -606,3 +606,58 @@ fn a_long_error_message_is_cut_at_a_character_boundary() {
     assert_eq!(out.len(), SIMPLE_REPLY_BYTES, "a simple reply carries no message");
     assert_eq!(be_u32(&out, 4), Some(NBD_EIO));
 }
+
+/// A negotiation of several exports: LIST names each in order; GO and EXPORT_NAME pick one
+/// by name (the empty name the first), its size in the session; an unknown name is refused;
+/// the `base:allocation` a SET selected for one export is not served on another.
+#[test]
+fn several_exports_are_listed_and_picked_by_name() {
+    let small = ExportInfo { name: "small".into(), size_bytes: 1 << 20, ..export() };
+    let large = ExportInfo { name: "large".into(), size_bytes: 8 << 20, ..export() };
+    let exports = [small, large];
+    let mut n = Negotiation::with_exports(&exports, [0, 0, 0, 3]).expect("valid flags");
+    let (_, out) = option(&mut n, OPT_LIST, &[]);
+    let named = |name: &[u8]| {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name);
+        d
+    };
+    assert_eq!(
+        option_replies(&out),
+        [
+            (OPT_LIST, REP_SERVER, named(b"small")),
+            (OPT_LIST, REP_SERVER, named(b"large")),
+            (OPT_LIST, REP_ACK, Vec::new())
+        ]
+    );
+    let (outcome, out) = option(&mut n, OPT_GO, &go(b"other", &[INFO_BLOCK_SIZE]));
+    assert_eq!(outcome, OptionOutcome::Continue);
+    assert_eq!(option_replies(&out)[0].1, REP_ERR_UNKNOWN);
+    let (_, _) = option(&mut n, OPT_STRUCTURED_REPLY, &[]);
+    let (_, out) = option(&mut n, OPT_SET_META_CONTEXT, &meta(b"small", &[b"base:allocation"]));
+    assert_eq!(option_replies(&out).last().map(|r| r.1), Some(REP_ACK));
+    match option(&mut n, OPT_GO, &go(b"large", &[INFO_BLOCK_SIZE])).0 {
+        OptionOutcome::Transmission(s) => {
+            assert_eq!((s.export, s.size_bytes), (1, 8 << 20));
+            assert!(!s.base_allocation, "selected for another export");
+        }
+        other => panic!("GO large: {other:?}"),
+    }
+    let mut n = Negotiation::with_exports(&exports, [0, 0, 0, 3]).expect("valid flags");
+    let (_, _) = option(&mut n, OPT_STRUCTURED_REPLY, &[]);
+    let (_, _) = option(&mut n, OPT_SET_META_CONTEXT, &meta(b"large", &[b"base:allocation"]));
+    match option(&mut n, OPT_GO, &go(b"large", &[INFO_BLOCK_SIZE])).0 {
+        OptionOutcome::Transmission(s) => assert!(s.export == 1 && s.base_allocation),
+        other => panic!("GO large: {other:?}"),
+    }
+    let mut n = Negotiation::with_exports(&exports, [0, 0, 0, 3]).expect("valid flags");
+    match option(&mut n, OPT_EXPORT_NAME, b"").0 {
+        OptionOutcome::Transmission(s) => assert_eq!((s.export, s.size_bytes), (0, 1 << 20)),
+        other => panic!("EXPORT_NAME of the empty name: {other:?}"),
+    }
+    let mut n = Negotiation::with_exports(&exports, [0, 0, 0, 3]).expect("valid flags");
+    assert_eq!(
+        option(&mut n, OPT_EXPORT_NAME, b"nope").0,
+        OptionOutcome::Close(ProtocolError::UnknownExport)
+    );
+}

@@ -6,6 +6,8 @@ use super::*;
 /// What was agreed in the handshake; validates transmission requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Session {
+    /// The export the client picked: its index among those the negotiation offered.
+    pub export: usize,
     /// Structured replies were negotiated (reads get structured replies).
     pub structured_replies: bool,
     /// Transmission flags sent to the client.

@@ -28,8 +28,20 @@ pub fn serve_connection_tls<E: Export, T: Transport>(
     info: &ExportInfo,
     tls: &ConnTls,
 ) -> Result<ConnEnd, ConnError> {
+    serve_connection_to(transport, std::slice::from_ref(info), tls, |_| Some(export))
+}
+
+/// [`serve_connection_tls`] offering several exports, described by `infos`: when the client
+/// picks the `i`-th, `pick(i)` gives the export to serve, or `None` if it is no longer served
+/// (the client is refused with `ERR_SHUTDOWN`, as when a connection cannot be opened).
+pub(super) fn serve_connection_to<'e, E: Export, T: Transport>(
+    transport: T,
+    infos: &[ExportInfo],
+    tls: &ConnTls,
+    pick: impl FnMut(usize) -> Option<&'e E>,
+) -> Result<ConnEnd, ConnError> {
     let mut wire = Wire::new(MaybeTls::Plain(transport), READ_BUFFER_BYTES);
-    let (session, mut conn) = match handshake(&mut wire, info, export, tls) {
+    let (session, mut conn) = match handshake(&mut wire, infos, pick, tls) {
         Ok(Some(opened)) => opened,
         Ok(None) => return Ok(ConnEnd::Aborted),
         Err(ConnError::Io(e)) if is_eof(&e) => return Ok(ConnEnd::Closed),
@@ -60,17 +72,17 @@ pub fn serve_connection_tls<E: Export, T: Transport>(
 /// before the option that starts transmission is acknowledged: if it cannot be (no engine
 /// lane free, the cache shutting down), a GO gets `ERR_SHUTDOWN` with the reason and the
 /// haggling goes on, instead of an acknowledged GO followed by a dropped connection.
-pub(super) fn handshake<T: Transport, E: Export>(
+pub(super) fn handshake<'e, T: Transport, E: Export>(
     wire: &mut Wire<MaybeTls<T>>,
-    info: &ExportInfo,
-    export: &E,
+    infos: &[ExportInfo],
+    mut pick: impl FnMut(usize) -> Option<&'e E>,
     tls: &ConnTls,
 ) -> Result<Option<(Session, E::Conn)>, ConnError> {
     wire.out.extend_from_slice(&codec::greeting());
     wire.flush()?;
     let mut flags = [0u8; CLIENT_FLAGS_BYTES];
     wire.read_exact(&mut flags)?;
-    let mut negotiation = Negotiation::new(info, flags)?.with_tls(tls.mode());
+    let mut negotiation = Negotiation::with_exports(infos, flags)?.with_tls(tls.mode());
     let mut data = vec![0u8; OPTION_DATA_BYTES_MAX as usize];
     loop {
         let mut hb = [0u8; OPTION_HEADER_BYTES];
@@ -108,18 +120,31 @@ pub(super) fn handshake<T: Transport, E: Export>(
                 }
                 None
             }
-            OptionOutcome::Transmission(s) => match export.open_conn() {
-                Ok(conn) => Some(Ok(Some((s, conn)))),
-                // `EXPORT_NAME` has no error reply: the connection closes.
+            OptionOutcome::Transmission(s) => match pick(s.export).ok_or_else(|| {
+                let name = &infos[s.export].name;
+                io::Error::other(format!("export {name:?} is no longer served (detached)"))
+            }) {
                 Err(e) if header.option == codec::OPT_EXPORT_NAME => return Err(e.into()),
                 Err(e) => {
-                    warn!(error = %e, "cannot open a connection to the export");
                     wire.out.truncate(mark);
-                    let reason = format!("the server cannot serve this connection now: {e}");
+                    let reason = e.to_string();
                     let (out, option) = (&mut wire.out, header.option);
                     codec::error_reply(out, option, codec::REP_ERR_SHUTDOWN, &reason);
                     None
                 }
+                Ok(export) => match export.open_conn() {
+                    Ok(conn) => Some(Ok(Some((s, conn)))),
+                    // `EXPORT_NAME` has no error reply: the connection closes.
+                    Err(e) if header.option == codec::OPT_EXPORT_NAME => return Err(e.into()),
+                    Err(e) => {
+                        warn!(error = %e, "cannot open a connection to the export");
+                        wire.out.truncate(mark);
+                        let reason = format!("the server cannot serve this connection now: {e}");
+                        let (out, option) = (&mut wire.out, header.option);
+                        codec::error_reply(out, option, codec::REP_ERR_SHUTDOWN, &reason);
+                        None
+                    }
+                },
             },
         };
         wire.flush()?;

@@ -24,7 +24,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -100,7 +100,8 @@ impl ListenAddr {
 /// Server configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// Name of the one export. The empty name (the default export) also selects it.
+    /// Name of the export ([`Server::bind`]; [`Server::bind_exports`] names each of its
+    /// own). The empty name (the default export) also selects it (the first).
     pub export_name: String,
     /// Listener address. Default: `127.0.0.1:10809`.
     pub listen: ListenAddr,
@@ -333,18 +334,30 @@ pub struct ServerStats {
     pub connections_open: u64,
 }
 
+/// No export picked yet (a connection in its handshake).
+const NO_EXPORT: usize = usize::MAX;
+
+/// A connection's socket, and the export it picked ([`NO_EXPORT`] until it does).
+#[derive(Debug)]
+struct Registered {
+    sock: Sock,
+    export: Arc<AtomicUsize>,
+}
+
 #[derive(Debug)]
 struct Shared {
     stop: AtomicBool,
     wake_addr: ListenAddr,
-    conns: Mutex<HashMap<u64, Sock>>,
+    conns: Mutex<HashMap<u64, Registered>>,
     counters: Arc<ServerCounters>,
+    /// Per export: closed by [`ShutdownHandle::close_export`].
+    closed: Vec<AtomicBool>,
 }
 
 impl Shared {
     fn shut_conns(&self) {
         let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        for sock in conns.values() {
+        for Registered { sock, .. } in conns.values() {
             // Best effort: the socket may already be closed by its peer. The timeout covers
             // sends that start from now on; one already blocked keeps the timeout it started
             // with, which `cut_conns` ends.
@@ -357,7 +370,7 @@ impl Shared {
     /// blocked sending replies to a client that stopped reading returns (EPIPE).
     fn cut_conns(&self) {
         let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        for (id, sock) in conns.iter() {
+        for (id, Registered { sock, .. }) in conns.iter() {
             warn!(id, "connection still sending after the shutdown grace period; cutting it");
             let _ = sock.shutdown(Shutdown::Both);
         }
@@ -398,6 +411,43 @@ impl ShutdownHandle {
         }
     }
 
+    /// Stops serving export `index` (of those [`Server::bind_exports`] was given) while the
+    /// others go on: a client picking it from now on is refused (`ERR_SHUTDOWN`), and each
+    /// connection serving it finishes its current request and pending replies and closes, as
+    /// at a shutdown. Once every export is closed the server shuts down. Idempotent.
+    ///
+    /// # Panics
+    /// If there is no export `index`.
+    pub fn close_export(&self, index: usize) {
+        let shared = &self.shared;
+        if shared.closed[index].swap(true, Ordering::SeqCst) {
+            return;
+        }
+        {
+            let conns = shared.conns.lock().unwrap_or_else(|p| p.into_inner());
+            for Registered { sock, export } in conns.values() {
+                if export.load(Ordering::SeqCst) == index {
+                    let _ = sock.set_write_timeout(Some(SHUTDOWN_WRITE_TIMEOUT));
+                    let _ = sock.shutdown(Shutdown::Read);
+                }
+            }
+        }
+        if shared.closed.iter().all(|c| c.load(Ordering::SeqCst)) {
+            self.shutdown();
+        }
+    }
+
+    /// Whether export `index` was closed ([`ShutdownHandle::close_export`], or a shutdown).
+    pub fn is_export_closed(&self, index: usize) -> bool {
+        self.is_shutdown() || self.shared.closed[index].load(Ordering::SeqCst)
+    }
+
+    /// Connections serving export `index` now.
+    pub fn export_connections(&self, index: usize) -> u64 {
+        let conns = self.shared.conns.lock().unwrap_or_else(|p| p.into_inner());
+        conns.values().filter(|r| r.export.load(Ordering::SeqCst) == index).count() as u64
+    }
+
     /// True once shutdown was requested.
     pub fn is_shutdown(&self) -> bool {
         self.shared.stop.load(Ordering::SeqCst)
@@ -417,12 +467,12 @@ impl ShutdownHandle {
     }
 }
 
-/// An NBD server for one export.
+/// An NBD server of one export, or of several picked by name.
 #[derive(Debug)]
 pub struct Server<E: Export> {
     listener: Listener,
-    export: Arc<E>,
-    info: Arc<ExportInfo>,
+    exports: Arc<Vec<Arc<E>>>,
+    infos: Arc<Vec<ExportInfo>>,
     config: ServerConfig,
     tls: ConnTls,
     shared: Arc<Shared>,
@@ -431,10 +481,32 @@ pub struct Server<E: Export> {
 impl<E: Export> Server<E> {
     /// Validates the configuration and the export's geometry and binds the listener.
     pub fn bind(config: ServerConfig, export: Arc<E>) -> Result<Self, ServerError> {
+        let name = config.export_name.clone();
+        Self::bind_exports(config, vec![(name, export)])
+    }
+
+    /// [`Server::bind`] for several exports, each with its name (`config.export_name` is not
+    /// used): a client picks one by name, the empty name picking the first, and
+    /// `NBD_OPT_LIST` lists them in this order. Each can be closed alone
+    /// ([`ShutdownHandle::close_export`]).
+    pub fn bind_exports(
+        config: ServerConfig,
+        exports: Vec<(String, Arc<E>)>,
+    ) -> Result<Self, ServerError> {
         if config.max_connections == 0 {
             return Err(ServerError::InvalidConfig("max_connections must be at least 1".into()));
         }
-        let info = export_info(&*export, &config.export_name, config.max_request_bytes)?;
+        if exports.is_empty() {
+            return Err(ServerError::InvalidConfig("a server has an export at least".into()));
+        }
+        let mut infos = Vec::with_capacity(exports.len());
+        for (i, (name, export)) in exports.iter().enumerate() {
+            if exports[..i].iter().any(|(other, _)| other == name) {
+                return Err(ServerError::InvalidConfig(format!("two exports are named {name:?}")));
+            }
+            infos.push(export_info(&**export, name, config.max_request_bytes)?);
+        }
+        let exports: Vec<Arc<E>> = exports.into_iter().map(|(_, export)| export).collect();
         let tls = config.tls.load()?;
         let bind_err = |source| ServerError::Bind { addr: config.listen.clone(), source };
         let listener = match &config.listen {
@@ -454,8 +526,10 @@ impl<E: Export> Server<E> {
             wake_addr,
             conns: Mutex::new(HashMap::new()),
             counters: Arc::default(),
+            closed: exports.iter().map(|_| AtomicBool::new(false)).collect(),
         });
-        Ok(Self { listener, export, info: Arc::new(info), config, tls, shared })
+        let (exports, infos) = (Arc::new(exports), Arc::new(infos));
+        Ok(Self { listener, exports, infos, config, tls, shared })
     }
 
     /// The bound address (with the real port if port 0 was requested).
@@ -463,9 +537,9 @@ impl<E: Export> Server<E> {
         self.shared.wake_addr.clone()
     }
 
-    /// What the handshake advertises.
+    /// What the handshake advertises (of the first export).
     pub fn export_info(&self) -> &ExportInfo {
-        &self.info
+        &self.infos[0]
     }
 
     /// A handle that stops this server.
@@ -539,19 +613,27 @@ impl<E: Export> Server<E> {
         sock.set_read_timeout(Some(self.config.handshake_timeout))?;
         sock.set_write_timeout(Some(self.config.write_timeout))?;
         let conn = ConnSock::new(sock, id, &self.config, self.shared.counters.clone());
-        let registered = conn.sock.try_clone()?;
+        let picked = Arc::new(AtomicUsize::new(NO_EXPORT));
+        let registered = Registered { sock: conn.sock.try_clone()?, export: picked.clone() };
         self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(id, registered);
-        let export = self.export.clone();
-        let info = self.info.clone();
+        let exports = self.exports.clone();
+        let infos = self.infos.clone();
         let tls = self.tls.clone();
         let shared = self.shared.clone();
         let spawned = thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
             // Unregisters the connection however the thread ends, a panic included: the
             // registered clone of its socket would otherwise keep the connection open, and
             // the client would wait instead of seeing it close.
-            let _registered = Unregister { shared, id };
+            let _registered = Unregister { shared: shared.clone(), id };
             debug!(id, "connection opened");
-            match serve_connection_tls(conn, &*export, &info, &tls) {
+            // The export is recorded before its closed flag is read, and `close_export` sets
+            // that flag before it looks at the recorded exports: a connection picking an
+            // export being closed either is refused here or is shut down there.
+            let pick = |index: usize| {
+                picked.store(index, Ordering::SeqCst);
+                (!shared.closed[index].load(Ordering::SeqCst)).then(|| &*exports[index])
+            };
+            match conn::serve_connection_to(conn, &infos, &tls, pick) {
                 Ok(end) => debug!(id, ?end, "connection ended"),
                 Err(e) => warn!(id, error = %e, "connection closed"),
             }

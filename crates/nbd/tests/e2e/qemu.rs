@@ -120,3 +120,50 @@ fn qemu_img_convert_roundtrip() {
     );
     server.stop();
 }
+
+/// A server of two exports: qemu-io reaches each by name and finds only its data; an export
+/// closed alone refuses new clients with the reason while the other is served; closing the
+/// last stops the server.
+#[test]
+fn two_exports_each_served_and_closed_alone() {
+    use pmcache_nbd::{ListenAddr, MemExport, Server, ServerConfig};
+    use std::sync::Arc;
+    require_tool("qemu-io", "qemu-utils");
+    let first = MemExport::new(4 << 20, BlockSizes::default()).expect("export");
+    let second = MemExport::new(8 << 20, BlockSizes::default()).expect("export");
+    let config = ServerConfig {
+        listen: ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
+        ..ServerConfig::default()
+    };
+    let exports = vec![
+        ("one".to_string(), Arc::new(first.clone())),
+        ("two".into(), Arc::new(second.clone())),
+    ];
+    let server = Server::bind_exports(config, exports).expect("bind");
+    let addr = server.local_addr();
+    let running = server.spawn().expect("spawn");
+    let handle = running.shutdown_handle();
+    qemu_io(&addr.nbd_uri("one"), &["write -P 1 0 64k".into()]);
+    qemu_io(&addr.nbd_uri("two"), &["write -P 2 0 64k".into(), "write -P 3 6M 4k".into()]);
+    let mut buf = vec![0u8; 65536];
+    first.read_at(0, &mut buf).expect("read");
+    assert!(buf.iter().all(|&b| b == 1), "export one holds another's data");
+    second.read_at(0, &mut buf).expect("read");
+    assert!(buf.iter().all(|&b| b == 2), "export two holds another's data");
+    // The empty name is the first export.
+    qemu_io(&addr.nbd_uri(""), &["read -P 1 0 64k".into()]);
+
+    handle.close_export(0);
+    assert!(handle.is_export_closed(0) && !handle.is_export_closed(1));
+    let out = pmcache_testkit::run(
+        Command::new("qemu-io").args(["-f", "raw", &addr.nbd_uri("one"), "-c", "read 0 4k"]),
+        TIMEOUT,
+    );
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && text.contains("no longer served"), "{text}");
+    qemu_io(&addr.nbd_uri("two"), &["read -P 3 6M 4k".into()]);
+    assert!(!handle.is_shutdown());
+    handle.close_export(1);
+    assert!(handle.is_shutdown(), "closing the last export stops the server");
+    running.stop().expect("stopped");
+}

@@ -1,0 +1,198 @@
+//! A cache medium shared by several backing stores (`serve --store NAME=PATH`, repeated):
+//! formatting it (one window per store, then the store table: `pmcache_engine::stores`) or
+//! attaching each store's cache on its window. Every store is opened on its own: one whose
+//! backing store cannot be opened, or whose cache cannot be attached, is refused by name and
+//! the others are served.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pmcache_engine::stores::StoreTable;
+use pmcache_engine::{Engine, MonotonicClock};
+use pmcache_frontend::{CacheEngine, CacheMedium};
+use pmcache_media::{Medium, MediumSet, PmemFile, Window};
+
+use crate::args::StoreSpec;
+use crate::cache::{
+    Before, CacheArgs, Opened, attach_error, backing_to_attach, before_open, check_size_asked,
+    engine_config, open_cache_backing, open_member,
+};
+
+/// One store as opened: its cache, or why it is not served.
+pub(crate) struct StoreOpened {
+    /// The store's name.
+    pub(crate) name: String,
+    /// Its backing store's path.
+    pub(crate) backing: PathBuf,
+    /// Its cache, or why it is not served.
+    pub(crate) opened: Result<(CacheEngine, Opened), String>,
+}
+
+/// The cache of `window` of `medium`.
+fn window_of(medium: &Arc<PmemFile>, window: std::ops::Range<u64>) -> CacheMedium {
+    MediumSet::single(Window::new(medium.clone(), window))
+}
+
+/// The arguments of one store: the cache's, with the store's backing store.
+fn store_args(args: &CacheArgs, store: &StoreSpec) -> CacheArgs {
+    CacheArgs { backing: store.backing.clone(), ..args.clone() }
+}
+
+/// Formats a new medium for `stores`, or attaches each of them on an existing one. An error
+/// is about the medium as a whole (nothing served); a store's own failure is in its
+/// [`StoreOpened`].
+pub(crate) fn open_or_format(
+    args: &CacheArgs,
+    stores: &[StoreSpec],
+    max_lanes: usize,
+) -> Result<Vec<StoreOpened>, String> {
+    if args.cache.len() != 1 {
+        return Err("a cache shared by several backing stores (--store) is on one medium: give \
+                    one --cache"
+            .into());
+    }
+    let path = &args.cache[0].path;
+    match before_open(path)? {
+        Before::Holding => attach(args, path, stores, max_lanes),
+        before => format(args, path, before, stores, max_lanes),
+    }
+}
+
+/// Formats a new (missing or empty) medium: every store's backing store must open, each
+/// window is formatted, and the table is written last.
+fn format(
+    args: &CacheArgs,
+    path: &Path,
+    before: Before,
+    stores: &[StoreSpec],
+    max_lanes: usize,
+) -> Result<Vec<StoreOpened>, String> {
+    let names: Vec<String> = stores.iter().map(|s| s.name.clone()).collect();
+    let table = StoreTable::plan(args.new_cache_bytes(), &names)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut backings = Vec::with_capacity(stores.len());
+    for store in stores {
+        let backing = open_cache_backing(&store_args(args, store)).map_err(|e| {
+            format!(
+                "store {:?}: {e}; a new cache is formatted for all its stores at once, so \
+                 nothing was created",
+                store.name
+            )
+        })?;
+        backings.push(backing);
+    }
+    let undo = || {
+        let _ = match before {
+            Before::Missing => std::fs::remove_file(path),
+            _ => std::fs::OpenOptions::new().write(true).open(path).and_then(|f| f.set_len(0)),
+        };
+    };
+    if before == Before::Missing {
+        // Created here, atomically, as a one-store cache is: a racing server attaches or
+        // refuses, never removes what this one formats.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let (medium, _node) = open_member(args, &args.cache[0]).map_err(|e| {
+        undo();
+        e.into_message()
+    })?;
+    let medium = Arc::new(medium);
+    let config = engine_config(args, max_lanes);
+    StoreTable::clear(&*medium);
+    let mut opened = Vec::with_capacity(stores.len());
+    for ((store, entry), backing) in stores.iter().zip(&table.stores).zip(backings) {
+        let window = window_of(&medium, entry.window.clone());
+        match Engine::format(window, backing, MonotonicClock::default(), &config) {
+            Ok(engine) => opened.push(StoreOpened {
+                name: store.name.clone(),
+                backing: store.backing.clone(),
+                opened: Ok((engine, Opened::Formatted)),
+            }),
+            Err(e) => {
+                drop(opened);
+                undo();
+                return Err(format!(
+                    "store {:?} (a window of {} B of {}): {e}; nothing was created",
+                    store.name,
+                    entry.window.end - entry.window.start,
+                    path.display()
+                ));
+            }
+        }
+    }
+    // The commit point: before it, the medium names no store.
+    table.write(&*medium);
+    Ok(opened)
+}
+
+/// Attaches each store given on a medium that holds a store table.
+fn attach(
+    args: &CacheArgs,
+    path: &Path,
+    stores: &[StoreSpec],
+    max_lanes: usize,
+) -> Result<Vec<StoreOpened>, String> {
+    let (medium, _node) = open_member(args, &args.cache[0]).map_err(|e| e.into_message())?;
+    check_size_asked(args, path, &medium)?;
+    let medium = Arc::new(medium);
+    if !StoreTable::is_on(&*medium) {
+        let mut head = [0u8; 4096];
+        medium.read(0, &mut head);
+        let has_superblock = head[..8] == pmcache_engine::format::MAGIC;
+        return Err(if has_superblock {
+            format!(
+                "{} holds the cache of one backing store, not a cache shared by several: serve \
+                 it with --backing (or detach it and format it again for --store)",
+                path.display()
+            )
+        } else {
+            format!(
+                "{} holds no store table (its first 4 KiB are {}); refusing to format it \
+                 (`pmcache format --force` formats it; nothing on it was changed)",
+                path.display(),
+                if head.iter().all(|&b| b == 0) { "zero" } else { "not a pmcache cache" }
+            )
+        });
+    }
+    let table = StoreTable::read(&*medium).map_err(|e| format!("{}: {e}", path.display()))?;
+    let known = table.names().join(", ");
+    for entry in &table.stores {
+        if !stores.iter().any(|s| s.name == entry.name) {
+            eprintln!(
+                "pmcache: warning: store {:?} of {} is not served (no --store {}=PATH): its \
+                 cache stays on the medium as it is, dirty blocks included",
+                entry.name,
+                path.display(),
+                entry.name
+            );
+        }
+    }
+    let config = engine_config(args, max_lanes);
+    let opened = stores
+        .iter()
+        .map(|store| {
+            let one = store_args(args, store);
+            let opened = match table.store(&store.name) {
+                None => Err(format!(
+                    "store {:?} is not on {} (its stores: {known}); stores are chosen when the \
+                     cache is formatted",
+                    store.name,
+                    path.display()
+                )),
+                Some(entry) => open_cache_backing(&one).and_then(|backing| {
+                    let backing = backing_to_attach(&one, backing);
+                    let window = window_of(&medium, entry.window.clone());
+                    Engine::open(window, backing, MonotonicClock::default(), &config)
+                        .map(|(engine, report)| (engine, Opened::Attached(report)))
+                        .map_err(|e| attach_error(&one, e))
+                }),
+            };
+            StoreOpened { name: store.name.clone(), backing: store.backing.clone(), opened }
+        })
+        .collect();
+    Ok(opened)
+}
