@@ -68,7 +68,8 @@ fn format(
     max_lanes: usize,
 ) -> Result<Vec<StoreOpened>, String> {
     let names: Vec<String> = stores.iter().map(|s| s.name.clone()).collect();
-    let table = StoreTable::plan(args.new_cache_bytes(), &names)
+    // Refused before anything is created; planned again on the medium as opened.
+    StoreTable::plan(args.new_cache_bytes(), &names)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut backings = Vec::with_capacity(stores.len());
     for store in stores {
@@ -99,6 +100,10 @@ fn format(
     let (medium, _node) = open_member(args, &args.cache[0]).map_err(|e| {
         undo();
         e.into_message()
+    })?;
+    let table = StoreTable::plan(medium.len_bytes(), &names).map_err(|e| {
+        undo();
+        format!("{}: {e}", path.display())
     })?;
     let medium = Arc::new(medium);
     let config = engine_config(args, max_lanes);

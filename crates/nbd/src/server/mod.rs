@@ -629,9 +629,15 @@ impl<E: Export> Server<E> {
             // The export is recorded before its closed flag is read, and `close_export` sets
             // that flag before it looks at the recorded exports: a connection picking an
             // export being closed either is refused here or is shut down there.
+            // A connection refused goes back to no export, so that it does not count as one
+            // of that export's while its client haggles on.
             let pick = |index: usize| {
                 picked.store(index, Ordering::SeqCst);
-                (!shared.closed[index].load(Ordering::SeqCst)).then(|| &*exports[index])
+                if shared.closed[index].load(Ordering::SeqCst) {
+                    picked.store(NO_EXPORT, Ordering::SeqCst);
+                    return None;
+                }
+                Some(&*exports[index])
             };
             match conn::serve_connection_to(conn, &infos, &tls, pick) {
                 Ok(end) => debug!(id, ?end, "connection ended"),

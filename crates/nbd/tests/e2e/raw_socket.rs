@@ -896,3 +896,43 @@ fn pipelined_reads_are_answered_as_they_complete() {
     assert_eq!(order, [13, 12, 11, 10], "answered as they completed");
     server.stop();
 }
+
+/// A client refused an export that was closed is no connection of that export while it
+/// haggles on (a detach waiting for that export's last connection does not wait for it), and
+/// it can still pick another export and be served.
+#[test]
+fn a_client_refused_a_closed_export_is_not_counted_as_its_connection() {
+    let exports = ["one", "two"].map(|name| {
+        (
+            name.to_string(),
+            std::sync::Arc::new(MemExport::new(1 << 20, BlockSizes::default()).expect("export")),
+        )
+    });
+    let config = ServerConfig {
+        listen: ListenAddr::Tcp(([127, 0, 0, 1], 0).into()),
+        ..ServerConfig::default()
+    };
+    let server = Server::bind_exports(config, exports.to_vec()).expect("bind");
+    let ListenAddr::Tcp(addr) = server.local_addr() else { panic!("a TCP listener") };
+    let running = server.spawn().expect("spawn");
+    let handle = running.shutdown_handle();
+    handle.close_export(0);
+    let mut c = Client::connect(addr);
+    c.send(&3u32.to_be_bytes());
+    c.option(OPT_GO, &go_data("one", &[INFO_BLOCK_SIZE]));
+    let r = c.opt_reply();
+    assert_eq!(r.reply_type, REP_ERR_SHUTDOWN);
+    assert!(String::from_utf8_lossy(&r.data).contains("no longer served"));
+    assert_eq!(handle.export_connections(0), 0, "the refused client counts as export one's");
+    c.option(OPT_GO, &go_data("two", &[INFO_BLOCK_SIZE]));
+    loop {
+        let r = c.opt_reply();
+        if r.reply_type == REP_ACK {
+            break;
+        }
+        assert_eq!(r.reply_type, REP_INFO);
+    }
+    c.assert_works(0, 1);
+    assert_eq!((handle.export_connections(0), handle.export_connections(1)), (0, 1));
+    running.stop().expect("stopped");
+}
