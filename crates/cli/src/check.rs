@@ -58,21 +58,11 @@ pub fn check(args: CheckArgs) -> Result<(), String> {
         .sum();
     let members = superblock.membership.count;
     if args.json {
-        let json = serde_json::json!({
-            "cache": named,
-            "format_version": version,
-            "members": members,
-            "medium": kind.name(),
-            "file_system": file_system,
-            "slots": slots,
-            "block_size": superblock.geometry.block_size,
-            "data_crc": superblock.geometry.data_crc,
-            "backing_bytes": superblock.backing.size_bytes,
-            "clean_shutdown": report.was_clean_shutdown,
-            "free": report.free, "clean": report.clean, "dirty": report.dirty,
-            "superseded": report.superseded, "torn": report.torn, "corrupt": report.corrupt,
-            "synced_seq_invalid": report.synced_seq_invalid,
-        });
+        let mut json = report_json(version, slots, &superblock, &report);
+        json["cache"] = named.clone().into();
+        json["members"] = members.into();
+        json["medium"] = kind.name().into();
+        json["file_system"] = file_system.clone().into();
         println!("{json}");
     } else {
         println!("{named}: pmcache format version {version}");
@@ -120,6 +110,26 @@ pub fn check(args: CheckArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// What `check --json` says of one cache: its format, geometry and what recovery would find.
+fn report_json(
+    version: u32,
+    slots: u64,
+    superblock: &Superblock,
+    report: &pmcache_engine::CheckReport,
+) -> serde_json::Value {
+    serde_json::json!({
+        "format_version": version,
+        "slots": slots,
+        "block_size": superblock.geometry.block_size,
+        "data_crc": superblock.geometry.data_crc,
+        "backing_bytes": superblock.backing.size_bytes,
+        "clean_shutdown": report.was_clean_shutdown,
+        "free": report.free, "clean": report.clean, "dirty": report.dirty,
+        "superseded": report.superseded, "torn": report.torn, "corrupt": report.corrupt,
+        "synced_seq_invalid": report.synced_seq_invalid,
+    })
+}
+
 /// The store table at the start of the medium at `path`, if it starts with one's magic (an
 /// error if that table is not valid).
 fn store_table_of(path: &Path) -> Result<Option<StoreTable>, String> {
@@ -154,19 +164,11 @@ fn check_stores(args: &CheckArgs, path: &Path, table: &StoreTable) -> Result<(),
                 if report.corrupt > 0 || report.synced_seq_invalid {
                     failures.push(format!("store {:?}: corrupt metadata", store.name));
                 }
-                reports.push(serde_json::json!({
-                    "store": store.name,
-                    "window": [store.window.start, store.window.end],
-                    "format_version": version,
-                    "slots": superblock.geometry.slot_count,
-                    "block_size": superblock.geometry.block_size,
-                    "data_crc": superblock.geometry.data_crc,
-                    "backing_bytes": superblock.backing.size_bytes,
-                    "clean_shutdown": report.was_clean_shutdown,
-                    "free": report.free, "clean": report.clean, "dirty": report.dirty,
-                    "superseded": report.superseded, "torn": report.torn, "corrupt": report.corrupt,
-                    "synced_seq_invalid": report.synced_seq_invalid,
-                }));
+                let mut json =
+                    report_json(version, superblock.geometry.slot_count, &superblock, &report);
+                json["store"] = store.name.clone().into();
+                json["window"] = serde_json::json!([store.window.start, store.window.end]);
+                reports.push(json);
             }
             Err(e) => {
                 failures.push(format!("store {:?}: {e}", store.name));

@@ -58,16 +58,8 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         None => Ok(()),
     })?;
     let engine = serving.engine;
-    let config = ServerConfig {
-        export_name: args.export.clone(),
-        listen,
-        allow_remote: args.allow_remote,
-        max_connections: args.max_connections,
-        write_timeout: Duration::from_secs_f64(args.write_timeout),
-        idle_timeout: (args.idle_timeout > 0.0).then(|| Duration::from_secs_f64(args.idle_timeout)),
-        tls,
-        ..ServerConfig::default()
-    };
+    let config =
+        ServerConfig { export_name: args.export.clone(), ..server_config(args, listen, tls) };
     if let Some(warning) = warning {
         eprintln!("{warning}");
     }
@@ -91,6 +83,23 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     serving.keep_control_socket();
     let served = server.run().map_err(|e| e.to_string());
     serving.finish(served)
+}
+
+/// The NBD server's configuration from the command line (its export's name aside).
+fn server_config(
+    args: &ServeArgs,
+    listen: ListenAddr,
+    tls: pmcache_nbd::TlsConfig,
+) -> ServerConfig {
+    ServerConfig {
+        listen,
+        allow_remote: args.allow_remote,
+        max_connections: args.max_connections,
+        write_timeout: Duration::from_secs_f64(args.write_timeout),
+        idle_timeout: (args.idle_timeout > 0.0).then(|| Duration::from_secs_f64(args.idle_timeout)),
+        tls,
+        ..ServerConfig::default()
+    }
 }
 
 /// One export of a server of several (a store of a shared cache): stopping it closes that
@@ -134,15 +143,7 @@ fn run_stores(
     for why in &refused {
         eprintln!("pmcache: not serving {why}");
     }
-    let config = ServerConfig {
-        listen,
-        allow_remote: args.allow_remote,
-        max_connections: args.max_connections,
-        write_timeout: Duration::from_secs_f64(args.write_timeout),
-        idle_timeout: (args.idle_timeout > 0.0).then(|| Duration::from_secs_f64(args.idle_timeout)),
-        tls,
-        ..ServerConfig::default()
-    };
+    let config = server_config(args, listen, tls);
     if let Some(warning) = warning {
         eprintln!("{warning}");
     }
