@@ -14,8 +14,8 @@ use pmcache_media::{Medium, MediumSet, PmemFile, Window};
 
 use crate::args::StoreSpec;
 use crate::cache::{
-    Before, CacheArgs, Opened, attach_error, backing_to_attach, before_open, check_size_asked,
-    engine_config, open_cache_backing, open_member,
+    Before, CacheArgs, MediumError, Opened, attach_error, backing_to_attach, before_open,
+    check_size_asked, engine_config, open_cache_backing, open_member,
 };
 
 /// One store as opened: its cache, or why it is not served.
@@ -97,10 +97,15 @@ fn format(
             .open(path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    let (medium, _node) = open_member(args, &args.cache[0]).map_err(|e| {
-        undo();
-        e.into_message()
-    })?;
+    let (medium, _node) = match open_member(args, &args.cache[0]) {
+        Ok(opened) => opened,
+        // Another process holds the medium: it is theirs now, whoever created it.
+        Err(MediumError::Locked(e)) => return Err(e),
+        Err(MediumError::Other(e)) => {
+            undo();
+            return Err(e);
+        }
+    };
     let table = StoreTable::plan(medium.len_bytes(), &names).map_err(|e| {
         undo();
         format!("{}: {e}", path.display())
