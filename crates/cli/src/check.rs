@@ -132,7 +132,7 @@ fn report_json(
 
 /// The store table at the start of the medium at `path`, if it starts with one's magic (an
 /// error if that table is not valid).
-fn store_table_of(path: &Path) -> Result<Option<StoreTable>, String> {
+pub(crate) fn store_table_of(path: &Path) -> Result<Option<StoreTable>, String> {
     use std::io::{Read, Seek, SeekFrom};
     let describe = |e: std::io::Error| format!("{}: {e}", path.display());
     let mut file = std::fs::File::open(path).map_err(describe)?;

@@ -204,9 +204,7 @@ fn stats_once(args: &StatsArgs) -> Result<(), String> {
     if args.json {
         let mut all = serde_json::Map::new();
         for (name, path) in &targets {
-            let value: serde_json::Value = serde_json::from_str(stats_text(args, path)?.trim())
-                .map_err(|e| format!("bad reply: {e}"))?;
-            all.insert(name.clone().unwrap_or_default(), value);
+            all.insert(name.clone().unwrap_or_default(), fetch_stats(path)?);
         }
         return print_all(&format!("{}\n", serde_json::Value::Object(all)));
     }
@@ -266,12 +264,16 @@ fn label_by_store(bodies: &[(String, String)]) -> String {
     text
 }
 
-/// One server's (or store's) stats as `args` asks to print them.
-fn stats_text(args: &StatsArgs, path: &Path) -> Result<String, String> {
+/// One server's (or store's) stats, as its control socket at `path` answers them.
+fn fetch_stats(path: &Path) -> Result<serde_json::Value, String> {
     let mut reply = String::new();
     control::request(path, "stats", |line| reply = line.to_string())?;
-    let value: serde_json::Value =
-        serde_json::from_str(&reply).map_err(|e| format!("bad reply {reply:?}: {e}"))?;
+    serde_json::from_str(&reply).map_err(|e| format!("bad reply {reply:?}: {e}"))
+}
+
+/// One server's (or store's) stats as `args` asks to print them.
+fn stats_text(args: &StatsArgs, path: &Path) -> Result<String, String> {
+    let value = fetch_stats(path)?;
     let object = value.as_object().ok_or("the server's reply is not an object")?;
     let mut text = String::new();
     if args.json {

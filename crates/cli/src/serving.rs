@@ -120,7 +120,7 @@ impl Serving {
                 Err(e) => refused.push(format!("store {:?}: {e}", store.name)),
             }
         }
-        let new = std::fs::metadata(&cache).map_or(true, |m| m.is_file() && m.len() == 0);
+        let new = crate::cache::before_open(&cache)? != crate::cache::Before::Holding;
         if checked.is_empty() || (new && !refused.is_empty()) {
             if new {
                 refused.push(format!(

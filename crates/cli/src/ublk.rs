@@ -201,15 +201,8 @@ fn run_stores(args: &ServeArgs, cache: &Path) -> Result<(), String> {
 /// and each window's superblock), for the devices a dead server left.
 fn owners_of_stores(path: &Path) -> Vec<OwnerTag> {
     use std::os::unix::fs::FileExt;
+    let Ok(Some(table)) = crate::check::store_table_of(path) else { return Vec::new() };
     let Ok(file) = std::fs::File::open(path) else { return Vec::new() };
-    let Ok(medium_bytes) = file.metadata().map(|m| m.len()) else { return Vec::new() };
-    let mut table = vec![0u8; pmcache_engine::stores::STORE_TABLE_BYTES];
-    if file.read_exact_at(&mut table, 0).is_err() {
-        return Vec::new();
-    }
-    let Ok(table) = pmcache_engine::stores::StoreTable::decode(&table, medium_bytes) else {
-        return Vec::new();
-    };
     table
         .stores
         .iter()

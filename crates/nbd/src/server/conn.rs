@@ -120,32 +120,33 @@ pub(super) fn handshake<'e, T: Transport, E: Export>(
                 }
                 None
             }
-            OptionOutcome::Transmission(s) => match pick(s.export).ok_or_else(|| {
-                let name = &infos[s.export].name;
-                io::Error::other(format!("export {name:?} is no longer served (detached)"))
-            }) {
-                Err(e) if header.option == codec::OPT_EXPORT_NAME => return Err(e.into()),
-                Err(e) => {
-                    wire.out.truncate(mark);
-                    let reason = e.to_string();
-                    let (out, option) = (&mut wire.out, header.option);
-                    codec::error_reply(out, option, codec::REP_ERR_SHUTDOWN, &reason);
-                    None
-                }
-                Ok(export) => match export.open_conn() {
+            OptionOutcome::Transmission(s) => {
+                // The connection, or why it cannot be served: the error that closes an
+                // `EXPORT_NAME`, and the reason an `ERR_SHUTDOWN` reply gives.
+                let opened = match pick(s.export) {
+                    Some(export) => export.open_conn().map_err(|e| {
+                        let reason = format!("the server cannot serve this connection now: {e}");
+                        (ConnError::from(e), reason)
+                    }),
+                    None => {
+                        let name = &infos[s.export].name;
+                        let reason = format!("export {name:?} is no longer served (detached)");
+                        Err((io::Error::other(reason.clone()).into(), reason))
+                    }
+                };
+                match opened {
                     Ok(conn) => Some(Ok(Some((s, conn)))),
                     // `EXPORT_NAME` has no error reply: the connection closes.
-                    Err(e) if header.option == codec::OPT_EXPORT_NAME => return Err(e.into()),
-                    Err(e) => {
-                        warn!(error = %e, "cannot open a connection to the export");
+                    Err((e, _)) if header.option == codec::OPT_EXPORT_NAME => return Err(e),
+                    Err((_, reason)) => {
+                        warn!(reason, "cannot serve a connection to the export");
                         wire.out.truncate(mark);
-                        let reason = format!("the server cannot serve this connection now: {e}");
                         let (out, option) = (&mut wire.out, header.option);
                         codec::error_reply(out, option, codec::REP_ERR_SHUTDOWN, &reason);
                         None
                     }
-                },
-            },
+                }
+            }
         };
         wire.flush()?;
         if let Some(done) = done {
