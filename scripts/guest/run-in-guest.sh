@@ -169,11 +169,12 @@ kit="$cache/kit-$kpkg"
 # crc64-rocksoft): load the generic C ones explicitly, no modprobe runs in the guest.
 # (Newer kernels lack some of these or build them in; only nvme and ext4 are required.) The
 # block-device frontends' tests want ublk_drv (/dev/ublk-control, /dev/ublkbN) and nbd
-# (/dev/nbdN), and loop to mount a backing file itself; the DAX tests want the NVDIMM stack
+# (/dev/nbdN), loop to mount a backing file itself, and brd (RAM disks: paper 003's stock-ext4
+# bed, reloaded there with its size); the DAX tests want the NVDIMM stack
 # (nfit finds QEMU's emulated NVDIMMs, nd_pmem serves /dev/pmemN for fsdax, dax_pmem and
 # device_dax /dev/daxX.Y for devdax): loaded where the kernel has them (without an NVDIMM
 # they find nothing).
-wanted_modules=(crc32c_generic? crct10dif_generic? crc64_rocksoft_generic? nvme ext4 ublk_drv? nbd? loop?
+wanted_modules=(crc32c_generic? crct10dif_generic? crc64_rocksoft_generic? nvme ext4 ublk_drv? nbd? loop? brd?
   nfit? nd_pmem? dax_pmem? device_dax?
   bcache? dm_mod? dm_bufio? dm_persistent_data? dm_bio_prison? dm_cache? dm_cache_smq? dm_writecache?)
 # A kit prepared for another list of modules is prepared again.

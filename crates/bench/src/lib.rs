@@ -3,6 +3,7 @@
 
 pub mod engine_core;
 pub mod engines;
+pub mod fs;
 pub mod harness;
 pub mod lookup_cost;
 pub mod media_kinds;

@@ -2,7 +2,7 @@
 
 use clap::{Args, Subcommand};
 use pmcache_bench::{
-    engine_core, engines, lookup_cost, media_kinds, mixed, nbd_fio, nbd_tls, paper, paper002,
+    engine_core, engines, fs, lookup_cost, media_kinds, mixed, nbd_fio, nbd_tls, paper, paper002,
     serve_memory, ublk_mapping, writeback,
 };
 
@@ -59,6 +59,12 @@ enum Experiment {
     /// them, `all` runs every one) prints each figure's table and writes its JSON, SVG and PNG
     /// to `--out`; `bench paper report` writes the Markdown report there from the JSON.
     Paper(Box<paper::PaperArgs>),
+    /// Paper 003's file-system workloads: the four filebench personalities (fileserver,
+    /// webserver, varmail, OLTP), written from filebench's definitions with the paper's
+    /// counts, sizes and threads (scaled), run in `--dir` for a set time; filebench's summary
+    /// (ops/s counting every I/O flowop, r/w, MiB/s, ms/op) and each flowop's rate and
+    /// latency, JSON with `--json`.
+    Fs(Box<fs::FsArgs>),
     /// What `--medium-sync msync` costs: 4 KiB write-back writes per second through the
     /// engine with the medium on a disk file system in msync mode (every persist msyncs its
     /// pages) beside the same with the medium in /dev/shm (volatile), in the same run, taking
@@ -86,6 +92,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         Experiment::Tls(args) => nbd_tls::run_cli(&args),
         Experiment::Paper002(args) => paper002::run_cli(&args),
         Experiment::Paper(args) => paper::run_cli(&args),
+        Experiment::Fs(args) => fs::run_cli(&args),
         Experiment::MediaKinds(args) => media_kinds::run_cli(&args),
         Experiment::Memory(args) => serve_memory::run_cli(&args),
         Experiment::UblkMapping(args) => ublk_mapping::run_cli(&args),

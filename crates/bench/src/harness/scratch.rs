@@ -120,7 +120,7 @@ impl Drop for Scratch {
 
 /// The attachment record `pmcache serve` keeps beside a backing file when its cache medium is
 /// volatile.
-pub(super) fn state_file(backing: &Path) -> PathBuf {
+pub(crate) fn state_file(backing: &Path) -> PathBuf {
     let mut name = backing.as_os_str().to_owned();
     name.push(".pmcache-state");
     PathBuf::from(name)

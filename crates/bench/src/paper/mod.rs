@@ -16,6 +16,7 @@ mod p000;
 mod p001;
 mod p001_numa;
 mod p002;
+mod p003;
 mod p004;
 mod plot;
 mod report;
@@ -61,7 +62,9 @@ pub struct PaperArgs {
     /// `004-fig1`: the bed it runs on, as the figures name it: `host`, or `guest-nvme` (set by
     /// `scripts/guest/paper004.sh` inside its guest). `001-fig3-numa`: `guest-numa` measures
     /// here (set by `scripts/guest/paper001.sh` inside its guest of two nodes, whose members
-    /// are `<pm-dir>/node<N>`); anything else boots that guest.
+    /// are `<pm-dir>/node<N>`); anything else boots that guest. `003-fig2`: `guest-fs`
+    /// measures here (set by `scripts/guest/paper003.sh` inside its guest, where the beds are
+    /// mounted); anything else boots that guest.
     #[arg(long, default_value = "host")]
     pub bed: String,
 }
@@ -218,6 +221,18 @@ const EXPERIMENTS: &[Experiment] = &[
         id: "002-fig2",
         what: "the cleaner's priority: Figs 2, 3, 4 and Table 1 in one run (bench paper002)",
         run: p002::run,
+    },
+    Experiment {
+        id: "003-fig2",
+        what: "filebench's four personalities on ext4 on brd, over pmcache (ublk) and -o dax \
+               on an emulated NVDIMM, in a QEMU guest",
+        run: p003::run,
+    },
+    Experiment {
+        id: "003-fig2-host",
+        what: "003-fig2's roles on this host: tmpfs, ext4 over pmcache (NBD, nbdfuse, loop), \
+               ext4 on a loop device in /dev/shm (as root)",
+        run: p003::run_host,
     },
     Experiment {
         id: "004-fig1",

@@ -73,3 +73,114 @@ fn paper_002_measures_every_configuration_and_draws_stalls_over_time() {
         assert!(bytes > 0, "{picture}");
     }
 }
+
+/// `bench fs`: each personality a second on a temporary directory, the paper's threads and
+/// two; the JSON holds filebench's summary and every flowop of each loop.
+#[test]
+fn bench_fs_runs_each_personality_and_writes_its_flowops() {
+    let dir = TempDir::new_in(&std::env::temp_dir(), "bench-fs");
+    let json = dir.path().join("fs.json");
+    let printed = run_ok(
+        Command::new(PMCACHE)
+            .args(["bench", "fs", "--personality", "all", "--scale", "smallest"])
+            .args(["--seconds", "1", "--threads", "paper,2", "--dir"])
+            .arg(dir.path())
+            .arg("--json")
+            .arg(&json),
+        Duration::from_secs(300),
+    );
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON")).expect("JSON");
+    let results = results.as_array().expect("an array");
+    let runs: Vec<(&str, &str)> = results
+        .iter()
+        .map(|r| (r["personality"].as_str().unwrap(), r["threads"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            ("fileserver", "50"),
+            ("fileserver", "2"),
+            ("webserver", "50"),
+            ("webserver", "2"),
+            ("varmail", "50"),
+            ("varmail", "2"),
+            ("oltp", "1+10+200"),
+            ("oltp", "1+10+2")
+        ]
+    );
+    let loop_lengths = [("fileserver", 11), ("webserver", 31), ("varmail", 13), ("oltp", 12)];
+    for r in results {
+        let name = r["personality"].as_str().unwrap();
+        assert!(r["ops"].as_u64().unwrap() > 0 && r["ops_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        let flowops = r["flowops"].as_array().expect("flowops");
+        let expected = loop_lengths.iter().find(|(p, _)| *p == name).unwrap().1;
+        assert_eq!(flowops.len(), expected, "{name}: every flowop of its loops");
+        let counted: u64 = flowops
+            .iter()
+            .filter(|f| f["counted"].as_bool().unwrap())
+            .map(|f| f["ops"].as_u64().unwrap())
+            .sum();
+        assert_eq!(counted, r["ops"].as_u64().unwrap(), "{name}: ops are the counted flowops'");
+    }
+    assert!(printed.contains("IO Summary:"), "{printed}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name() != "fs.json")
+        .collect();
+    assert!(left.is_empty(), "the filesets are removed: {left:?}");
+    // A directory that is not there: a clear refusal.
+    let missing = dir.path().join("missing");
+    let out = Command::new(PMCACHE)
+        .args(["bench", "fs", "--personality", "varmail", "--dir"])
+        .arg(&missing)
+        .output()
+        .expect("pmcache");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--dir") && stderr.contains("missing"), "{stderr}");
+}
+
+/// Paper 003's Fig 2 on this host's beds (as root: it mounts tmpfs, attaches loop devices and
+/// serves pmcache through nbdfuse): every personality measured on every bed, ratios to the
+/// tmpfs bed, and everything it set up undone.
+#[test]
+fn paper_003_host_beds_measure_every_personality_and_clean_up() {
+    if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").expect("proc")) != 0 {
+        eprintln!("skipped: 003-fig2-host mounts file systems (CI runs the tests as root)");
+        return;
+    }
+    require_tool("nbdfuse", "libnbd-bin");
+    require_tool("mkfs.ext4", "e2fsprogs");
+    let out = TempDir::new_in(&std::env::temp_dir(), "bench-paper-003");
+    let disk = TempDir::new_in(&std::env::temp_dir(), "bench-paper-003-disk");
+    run_ok(
+        Command::new(PMCACHE)
+            .args(["bench", "paper", "003-fig2-host", "--scale", "smallest", "--seconds", "0.5"])
+            .args(["--runs", "1", "--out"])
+            .arg(out.path())
+            .arg("--dir")
+            .arg(disk.path())
+            .args(["--pm-dir", "/dev/shm"]),
+        Duration::from_secs(600),
+    );
+    for id in ["003-fig2-host", "003-fig2-host-2threads"] {
+        let figure = figure(out.path(), id);
+        let ticks: Vec<&str> =
+            figure["x_ticks"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+        assert_eq!(ticks, ["fileserver", "webserver", "varmail", "oltp"]);
+        let series = figure["absolute"]["series"].as_array().expect("absolute");
+        assert_eq!(series.len(), 3, "three beds");
+        for s in series {
+            let (measured, all) = medians(s);
+            assert_eq!(measured.len(), all, "{id}: a personality unmeasured on {s}");
+            assert!(measured.iter().all(|&v| v > 0.0), "{id}: {s}");
+        }
+        assert!(figure["ours"].as_str().unwrap().contains("ext4 over pmcache"), "{figure}");
+    }
+    let mounts_after = std::fs::read_to_string("/proc/mounts").expect("mounts");
+    assert!(!mounts_after.contains("pmcache-003-"), "a bed is still mounted: {mounts_after}");
+    let left: Vec<_> = std::fs::read_dir(disk.path()).expect("dir").collect();
+    assert!(left.is_empty(), "the backing file is removed: {left:?}");
+}

@@ -1,0 +1,497 @@
+//! Paper 003's Fig 2: the four filebench personalities (`bench fs`) on ext4 in the paper's
+//! three roles, in one run: stock ext4 on a RAM disk, ext4 over a persist-on-write layer
+//! (PMAL there, pmcache here) and the PM-native file system (PMFS there, ext4 `-o dax` here).
+//!
+//! `003-fig2` boots a QEMU guest (`scripts/guest/paper003.sh`) whose kernel has `brd`, ublk
+//! and an emulated NVDIMM: ext4 on `brd`, ext4 on pmcache's `/dev/ublkbN` (medium on one
+//! NVDIMM, backing file on the guest's NVMe disk) and ext4 `-o dax` on the other NVDIMM,
+//! mounted at fixed places; inside, `bench paper 003-fig2 --bed guest-fs` measures them.
+//! `003-fig2-host` runs the same on this host's substitutes: ext4 on a loop device over a
+//! `/dev/shm` file, ext4 over pmcache through NBD, nbdfuse and a loop device, and tmpfs as
+//! the upper bound.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::Ctx;
+use super::figure::{Absolute, Figure, Point, Series};
+use super::p000::percent;
+use crate::fs::{self, Personality, Threads};
+use crate::harness::servers::{PmcacheServe, Server};
+
+/// `--bed` inside the guest of `scripts/guest/paper003.sh`.
+pub const GUEST_BED: &str = "guest-fs";
+
+/// Where the guest script mounts each bed.
+const GUEST_MOUNTS: [(&str, &str); 3] = [
+    ("ext4 -o dax (NVDIMM: PMFS's role)", "/mnt/fs-dax"),
+    ("ext4 over pmcache (ublk: PMAL's role)", "/mnt/fs-pmcache"),
+    ("ext4 on brd (RAM disk: stock ext4)", "/mnt/fs-brd"),
+];
+
+/// The paper's sentence.
+const PUBLISHED: &str = "Ext4 with PMAL within 5 % of PMFS (abstract); \"considerably better \
+                         than the legacy file system and almost matches PMFS\" (§4.2); no \
+                         number per workload, none for stock Ext4.";
+
+/// A bed: its series name and the directory the personalities run in.
+struct Bed {
+    name: String,
+    dir: PathBuf,
+}
+
+/// `003-fig2`: the guest's beds (measured here inside the guest, or by booting it).
+pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
+    if ctx.args.bed == GUEST_BED {
+        let beds: Vec<Bed> = GUEST_MOUNTS
+            .iter()
+            .map(|(name, dir)| Bed { name: name.to_string(), dir: dir.into() })
+            .collect();
+        for bed in &beds {
+            if !is_mount_point(&bed.dir) {
+                return Err(format!(
+                    "{}: not mounted ({}); `--bed {GUEST_BED}` runs inside the guest of \
+                     scripts/guest/paper003.sh",
+                    bed.dir.display(),
+                    bed.name
+                ));
+            }
+        }
+        let bed = format!(
+            "QEMU guest (TCG, {} vCPUs, Linux {}): ext4 on brd, on pmcache's /dev/ublkbN \
+             (medium on an emulated NVDIMM, ext4 -o dax; backing file on the emulated NVMe \
+             disk) and -o dax on a second NVDIMM",
+            ctx.cpus,
+            crate::harness::machine::kernel()
+        );
+        let notes = vec![
+            "Under TCG every instruction is emulated: absolute ops/s are the emulator's; the \
+             figure is each bed's ratio to ext4 -o dax, run by run."
+                .to_string(),
+            "pmcache: `serve --ublk`, write-back, its cache as large as the backing store (it \
+             plays the paper's PM storage), medium on ext4 -o dax on its own NVDIMM; every \
+             write is persisted on the medium before it is acknowledged, so ext4's FLUSH and \
+             FUA (fsync, O_DSYNC, journal commits) cost no device cache flush."
+                .to_string(),
+        ];
+        return measure(ctx, &beds, "003-fig2", &bed, notes);
+    }
+    let figures = super::guest::figures_from_guest(ctx, "scripts/guest/paper003.sh", |f| {
+        f.id.starts_with("003-fig2") && !f.id.starts_with("003-fig2-host")
+    })?;
+    if figures.len() != 2 {
+        return Err(format!("the guest wrote {} 003-fig2 figures, not 2", figures.len()));
+    }
+    Ok(figures)
+}
+
+/// `003-fig2-host`: the beds this host can have, set up and torn down here (as root).
+pub fn run_host(ctx: &Ctx) -> Result<Vec<Figure>, String> {
+    if !rustix::process::geteuid().is_root() {
+        return Err("003-fig2-host mounts file systems and attaches loop devices: run it as \
+                    root"
+            .into());
+    }
+    for tool in ["mkfs.ext4", "losetup", "mount", "umount", "nbdfuse"] {
+        if !on_path(tool) {
+            return Err(format!("003-fig2-host needs {tool} (e2fsprogs, mount, libnbd-bin)"));
+        }
+    }
+    let bytes = bed_bytes(ctx.args.scale);
+    let mut host = HostBeds::new(ctx, bytes)?;
+    let beds = host.mount()?;
+    let bed = format!(
+        "this host: tmpfs, ext4 over pmcache (serve on a unix socket → nbdfuse → loop device; \
+         medium in {}, backing file in {}), ext4 on a loop device over a file in {}; {} MiB \
+         each",
+        ctx.args.pm_dir.display(),
+        ctx.args.dir.display(),
+        ctx.args.pm_dir.display(),
+        bytes >> 20
+    );
+    let notes = vec![
+        "tmpfs stands in for the PM-native file system as an upper bound: it has no block \
+         layer and no durability at all."
+            .to_string(),
+        "The pmcache bed's path crosses the kernel three times (ext4 → loop → FUSE → nbdfuse → \
+         NBD socket → pmcache), each request copied through user space twice; the guest's \
+         ublk bed is the faithful one."
+            .to_string(),
+        "The RAM-disk bed is a loop device over a tmpfs file (this host's kernel has no brd): \
+         a block device in DRAM with the block layer in front, as the paper's RAM-disk driver."
+            .to_string(),
+    ];
+    let figures = measure(ctx, &beds, "003-fig2-host", &bed, notes);
+    host.unmount();
+    figures
+}
+
+/// The size of each bed's device at a scale: room for the largest personality's fileset and
+/// what its run adds, with ext4's own overhead.
+fn bed_bytes(scale: super::Scale) -> u64 {
+    let need = Personality::ALL
+        .iter()
+        .map(|&p| fs::workload(p, fs::sizing(scale), Threads::Paper).preallocated_bytes())
+        .max()
+        .unwrap_or(0);
+    let bytes = (need * 2 + (64 << 20)).max(256 << 20);
+    bytes.div_ceil(64 << 20) * (64 << 20)
+}
+
+/// Runs every personality at the paper's threads and at 2 on every bed, taking turns, and
+/// makes one figure per thread count.
+fn measure(
+    ctx: &Ctx,
+    beds: &[Bed],
+    id: &str,
+    bed_text: &str,
+    mut notes: Vec<String>,
+) -> Result<Vec<Figure>, String> {
+    let scale = ctx.args.scale;
+    let seconds = ctx.args.seconds.unwrap_or(fs::seconds(scale));
+    let thread_counts = [Threads::Paper, Threads::Count(2)];
+    let personalities = Personality::ALL;
+    // rates[t][p][b]: (run, ops/s)
+    let mut rates = vec![vec![vec![vec![]; beds.len()]; personalities.len()]; 2];
+    let turns = (ctx.runs * personalities.len() * thread_counts.len() * beds.len()) as u64;
+    let bar = ctx.progress(id, turns);
+    for run in 0..ctx.runs {
+        for (p, &personality) in personalities.iter().enumerate() {
+            for (t, &threads) in thread_counts.iter().enumerate() {
+                for k in 0..beds.len() {
+                    let b = (k + run + p) % beds.len();
+                    let result = fs::run_one(
+                        personality,
+                        scale,
+                        threads,
+                        &beds[b].dir,
+                        seconds,
+                        run as u64 + 1,
+                    )
+                    .map_err(|e| format!("{}: {e}", beds[b].name))?;
+                    eprintln!(
+                        "{id}: run {} {} threads {} on {}: {:.0} ops/s",
+                        run + 1,
+                        personality.name(),
+                        result.threads,
+                        beds[b].name,
+                        result.ops_per_s
+                    );
+                    rates[t][p][b].push((run, result.ops_per_s));
+                    bar.inc(1);
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let sizing = fs::sizing(scale);
+    let sizes: Vec<String> = personalities
+        .iter()
+        .map(|&p| {
+            let w = fs::workload(p, sizing, Threads::Paper);
+            let set = &w.filesets[0];
+            format!("{} {} × {} KiB", p.name(), set.entries, set.mean_size >> 10)
+        })
+        .collect();
+    let shrunk = vec![
+        format!(
+            "file counts and OLTP's file size: the paper's Table 2 over {} ({}); mean sizes \
+             and every other parameter as filebench's",
+            sizing.divisor,
+            sizes.join(", ")
+        ),
+        format!("{} s per run (filebench's `run 60`; the paper does not say)", seconds),
+    ];
+    notes.push(
+        "The personalities are `pmcache bench fs`: filebench's fileserver, webserver, varmail \
+         and oltp written anew from their definitions (filebench is in no registry here and \
+         its own files hang in places); ops are counted as filebench counts them: every I/O \
+         flowop, open, close, stat and aiowait included."
+            .into(),
+    );
+    let mut figures = vec![];
+    for (t, &threads) in thread_counts.iter().enumerate() {
+        let over = match threads {
+            Threads::Paper => true,
+            Threads::Count(n) => n > ctx.cpus,
+        };
+        let (fig_id, what) = match threads {
+            Threads::Paper => {
+                (id.to_string(), "the paper's threads: 50; OLTP 200 + 10 + 1".to_string())
+            }
+            Threads::Count(n) => {
+                (format!("{id}-{n}threads"), format!("{n} threads (OLTP: {n} shadows + 10 + 1)"))
+            }
+        };
+        let absolute: Vec<Series> = beds
+            .iter()
+            .enumerate()
+            .map(|(b, bed)| Series {
+                name: bed.name.clone(),
+                points: (0..personalities.len())
+                    .map(|p| {
+                        let values: Vec<f64> = rates[t][p][b].iter().map(|&(_, r)| r).collect();
+                        (!values.is_empty()).then(|| Point::of(&values, over))
+                    })
+                    .collect(),
+            })
+            .collect();
+        let ratio = |p: usize, b: usize, to: usize| -> Option<Vec<f64>> {
+            let r: Vec<f64> = rates[t][p][b]
+                .iter()
+                .filter_map(|&(run, rate)| {
+                    let base = rates[t][p][to].iter().find(|(r, _)| *r == run)?.1;
+                    (base > 0.0).then_some(rate / base)
+                })
+                .collect();
+            (!r.is_empty()).then_some(r)
+        };
+        let normalised: Vec<Series> = beds
+            .iter()
+            .enumerate()
+            .map(|(b, bed)| Series {
+                name: bed.name.clone(),
+                points: (0..personalities.len())
+                    .map(|p| ratio(p, b, 0).map(|r| Point::of(&r, over)))
+                    .collect(),
+            })
+            .collect();
+        let median =
+            |p: usize, b: usize, to: usize| ratio(p, b, to).map(|r| Point::of(&r, false).median);
+        let parts: Vec<String> = personalities
+            .iter()
+            .enumerate()
+            .map(|(p, personality)| {
+                let of_native = median(p, 1, 0).map_or("—".into(), percent);
+                let of_ram = median(p, 1, 2).map_or("—".into(), |r| format!("{r:.2}×"));
+                format!("{} {of_native} of it ({of_ram} the RAM disk's)", personality.name())
+            })
+            .collect();
+        let ours =
+            format!("{} against {}, by ops/s: {}.", beds[1].name, beds[0].name, parts.join("; "));
+        let fig_notes = notes.clone();
+        figures.push(Figure {
+            id: fig_id,
+            title: format!("filebench personalities on ext4 in the paper's three roles, {what}"),
+            bed: bed_text.to_string(),
+            x_label: "workload".into(),
+            x_ticks: personalities.iter().map(|p| p.name().to_string()).collect(),
+            y_label: format!("ops/s / {}", beds[0].name),
+            y_log: false,
+            bars: true,
+            series: normalised,
+            absolute: Some(Absolute { y_label: "ops/s".into(), series: absolute }),
+            published: PUBLISHED.into(),
+            ours,
+            scale: ctx.scale_note_timed(shrunk.clone(), seconds),
+            notes: fig_notes,
+            provenance: ctx.provenance.clone(),
+        });
+    }
+    Ok(figures)
+}
+
+/// Whether `dir` is a mount point (its device differs from its parent's).
+fn is_mount_point(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(here), Some(Ok(parent))) =
+        (std::fs::metadata(dir), dir.parent().map(std::fs::metadata))
+    else {
+        return false;
+    };
+    here.dev() != parent.dev()
+}
+
+/// Runs a command to completion, its failure an error with its output.
+fn sh(program: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program} {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The host's beds: what was set up, undone in reverse (also when dropped).
+struct HostBeds {
+    work: PathBuf,
+    shm: PathBuf,
+    backing: PathBuf,
+    bytes: u64,
+    server: Option<Server>,
+    nbdfuse: Option<Child>,
+    mounts: Vec<PathBuf>,
+    loops: Vec<String>,
+}
+
+impl HostBeds {
+    fn new(ctx: &Ctx, bytes: u64) -> Result<HostBeds, String> {
+        let work = tempfile::Builder::new()
+            .prefix("pmcache-003-")
+            .tempdir_in(std::env::temp_dir())
+            .map_err(|e| format!("a work directory: {e}"))?
+            .keep();
+        let shm = ctx.args.pm_dir.join(format!("pmcache-003-{}", std::process::id()));
+        std::fs::create_dir_all(&shm).map_err(|e| format!("{}: {e}", shm.display()))?;
+        let backing = ctx.args.dir.join(format!("pmcache-003-{}.img", std::process::id()));
+        Ok(HostBeds {
+            work,
+            shm,
+            backing,
+            bytes,
+            server: None,
+            nbdfuse: None,
+            mounts: vec![],
+            loops: vec![],
+        })
+    }
+
+    fn mount(&mut self) -> Result<Vec<Bed>, String> {
+        let size = self.bytes.to_string();
+        let dir = |name: &str| -> Result<PathBuf, String> {
+            let d = self.work.join(name);
+            std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+            Ok(d)
+        };
+        // tmpfs.
+        let tmpfs = dir("tmpfs")?;
+        sh("mount", &["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", path(&tmpfs)])?;
+        self.mounts.push(tmpfs.clone());
+        // pmcache over NBD → nbdfuse → loop.
+        let file = std::fs::File::create(&self.backing)
+            .map_err(|e| format!("{}: {e}", self.backing.display()))?;
+        file.set_len(self.bytes).map_err(|e| format!("{}: {e}", self.backing.display()))?;
+        let socket = self.work.join("nbd.sock");
+        let control = self.work.join("control.sock");
+        let medium = self.shm.join("cache.pm");
+        let log = self.work.join("serve.log");
+        self.server = Some(Server::start_pmcache(&PmcacheServe {
+            medium: &medium,
+            cache_bytes: self.bytes,
+            backing: &self.backing,
+            socket: &socket,
+            control: &control,
+            log: &log,
+            cleaner: &[],
+            cpus: None,
+            max_connections: 4,
+            extra_args: &[],
+        })?);
+        let fuse = dir("fuse")?;
+        let disk = fuse.join("disk");
+        let child = Command::new("nbdfuse")
+            .arg(&disk)
+            .arg("--unix")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("nbdfuse: {e}"))?;
+        self.nbdfuse = Some(child);
+        let began = Instant::now();
+        while std::fs::metadata(&disk).map(|m| m.len()).unwrap_or(0) != self.bytes {
+            if began.elapsed() > Duration::from_secs(20) {
+                return Err(format!("nbdfuse: {} did not appear in 20 s", disk.display()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.mounts.push(fuse);
+        let pm_loop = sh("losetup", &["--show", "-f", path(&disk)])?;
+        self.loops.push(pm_loop.clone());
+        let pmcache = dir("pmcache")?;
+        mkfs_and_mount(&pm_loop, &pmcache)?;
+        self.mounts.push(pmcache.clone());
+        // ext4 on a loop device over a /dev/shm file.
+        let ram = self.shm.join("ramdisk.img");
+        let f = std::fs::File::create(&ram).map_err(|e| format!("{}: {e}", ram.display()))?;
+        f.set_len(self.bytes).map_err(|e| format!("{}: {e}", ram.display()))?;
+        let ram_loop = sh("losetup", &["--show", "-f", path(&ram)])?;
+        self.loops.push(ram_loop.clone());
+        let ramdisk = dir("ramdisk")?;
+        mkfs_and_mount(&ram_loop, &ramdisk)?;
+        self.mounts.push(ramdisk.clone());
+        Ok(vec![
+            Bed { name: "tmpfs (PMFS's role: an upper bound)".into(), dir: tmpfs },
+            Bed { name: "ext4 over pmcache (NBD, nbdfuse, loop)".into(), dir: pmcache },
+            Bed { name: "ext4 on a loop device in /dev/shm (RAM disk)".into(), dir: ramdisk },
+        ])
+    }
+
+    /// Undoes what `mount` did, in reverse order: the ext4 mounts, the loop devices, the
+    /// FUSE mount (nbdfuse then exits), pmcache (its clean shutdown), tmpfs.
+    fn unmount(&mut self) {
+        while let Some(m) = self.mounts.pop() {
+            if m.ends_with("fuse") {
+                while let Some(l) = self.loops.pop() {
+                    let _ = sh("losetup", &["-d", &l]);
+                }
+                // A loop device lets go of its file asynchronously.
+                let began = Instant::now();
+                while sh("umount", &[path(&m)]).is_err() && began.elapsed().as_secs() < 10 {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                if let Some(mut child) = self.nbdfuse.take() {
+                    let began = Instant::now();
+                    while matches!(child.try_wait(), Ok(None)) && began.elapsed().as_secs() < 10 {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                if let Some(server) = self.server.take()
+                    && let Err(e) = server.stop()
+                {
+                    eprintln!("warning: {e}");
+                }
+            } else {
+                let _ = sh("umount", &[path(&m)]);
+            }
+        }
+        while let Some(l) = self.loops.pop() {
+            let _ = sh("losetup", &["-d", &l]);
+        }
+        if let Some(mut child) = self.nbdfuse.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        drop(self.server.take());
+        let _ = std::fs::remove_dir_all(&self.shm);
+        let _ = std::fs::remove_file(&self.backing);
+        let _ = std::fs::remove_file(crate::harness::scratch::state_file(&self.backing));
+        let _ = std::fs::remove_dir_all(&self.work);
+    }
+}
+
+impl Drop for HostBeds {
+    fn drop(&mut self) {
+        self.unmount();
+    }
+}
+
+/// Whether `program` is on the `PATH`.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path made here")
+}
+
+/// mkfs.ext4 on `device` and mounts it at `at` (`noinit_itable`: no lazy inode-table
+/// initialisation running beside the measurement).
+fn mkfs_and_mount(device: &str, at: &Path) -> Result<(), String> {
+    sh("mkfs.ext4", &["-q", "-F", device])?;
+    sh("mount", &["-t", "ext4", "-o", "noinit_itable", device, path(at)])?;
+    Ok(())
+}
