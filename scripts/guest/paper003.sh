@@ -47,6 +47,10 @@ esac
 runs="${runs:-$def_runs}"
 seconds="${seconds:-$def_seconds}"
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "paper003: --runs wants a positive number" >&2; exit 2; }
+[[ "$seconds" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "paper003: --seconds wants a number" >&2; exit 2; }
+# A longer run needs a longer guest.
+timeout_s=$(awk -v t="$timeout_s" -v r="$runs" -v s="$seconds" -v dr="$def_runs" -v ds="$def_seconds" \
+  'BEGIN { v = t * r * (s + 10) / (dr * (ds + 10)); if (v < t) v = t; printf "%d", v }')
 need_tools ndctl:ndctl mkfs.ext4:e2fsprogs python3:python3
 build_pmcache test-opt
 

@@ -119,11 +119,12 @@ fn run_script(ctx: &Ctx, out: &Path) -> Result<(), String> {
 }
 
 /// Runs `script` (a guest bed that runs an experiment inside its guest and writes the
-/// figures' JSON to `--out`) at the context's scale and runs, and reads back the figures it
-/// wrote that `keep` selects.
+/// figures' JSON to `--out`) at the context's scale and runs, with `extra` arguments, and
+/// reads back the figures it wrote that `keep` selects.
 pub(super) fn figures_from_guest(
     ctx: &Ctx,
     script: &str,
+    extra: &[String],
     keep: impl Fn(&Figure) -> bool,
 ) -> Result<Vec<Figure>, String> {
     let script = Path::new(script);
@@ -132,7 +133,7 @@ pub(super) fn figures_from_guest(
     }
     let mut command = Command::new("bash");
     command.arg(script).args(["--scale", ctx.args.scale.name(), "--runs", &ctx.runs.to_string()]);
-    command.arg("--out").arg(&ctx.args.out);
+    command.args(extra).arg("--out").arg(&ctx.args.out);
     let status = command.status().map_err(|e| format!("{}: {e}", script.display()))?;
     if !status.success() {
         return Err(format!("{} failed ({status})", script.display()));

@@ -57,7 +57,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     if ctx.args.bed == GUEST_BED {
         return measure(ctx);
     }
-    let figures = super::guest::figures_from_guest(ctx, "scripts/guest/paper001.sh", |f| {
+    let figures = super::guest::figures_from_guest(ctx, "scripts/guest/paper001.sh", &[], |f| {
         f.id.starts_with("001-fig3-numa")
     })?;
     if figures.len() != panels().len() {

@@ -77,7 +77,10 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         ];
         return measure(ctx, &beds, "003-fig2", &bed, notes);
     }
-    let figures = super::guest::figures_from_guest(ctx, "scripts/guest/paper003.sh", |f| {
+    let seconds: Vec<String> =
+        ctx.args.seconds.map(|s| vec!["--seconds".into(), s.to_string()]).unwrap_or_default();
+    let script = "scripts/guest/paper003.sh";
+    let figures = super::guest::figures_from_guest(ctx, script, &seconds, |f| {
         f.id.starts_with("003-fig2") && !f.id.starts_with("003-fig2-host")
     })?;
     if figures.len() != 2 {
@@ -196,12 +199,18 @@ fn measure(
         .collect();
     let shrunk = vec![
         format!(
-            "file counts and OLTP's file size: the paper's Table 2 over {} ({}); mean sizes \
-             and every other parameter as filebench's",
+            "file counts and OLTP's file size: the paper's Table 2 over {} ({}), because its \
+             12–15 GB filesets do not fit in this machine's memory beside a RAM disk, a medium \
+             and a DAX device of the same size each (even at 1/8, --scale full); mean sizes, \
+             threads and every other parameter as the paper's and filebench's",
             sizing.divisor,
             sizes.join(", ")
         ),
-        format!("{} s per run (filebench's `run 60`; the paper does not say)", seconds),
+        format!(
+            "{} s per run (the paper does not say; filebench's `run 60` at --scale full), to \
+             keep a run of every personality on every bed within minutes",
+            seconds
+        ),
     ];
     notes.push(
         "The personalities are `pmcache bench fs`: filebench's fileserver, webserver, varmail \

@@ -182,7 +182,7 @@ fn is_sync(engine: &str) -> bool {
 /// Runs `scripts/guest/paper004.sh` (which runs this experiment in the guest and writes its
 /// figures to `--out`) and reads the figures back.
 pub fn run_guest(ctx: &Ctx) -> Result<Vec<Figure>, String> {
-    let figures = super::guest::figures_from_guest(ctx, "scripts/guest/paper004.sh", |f| {
+    let figures = super::guest::figures_from_guest(ctx, "scripts/guest/paper004.sh", &[], |f| {
         f.id.starts_with("004-fig1") && f.id.ends_with("-guest")
     })?;
     if figures.is_empty() {
