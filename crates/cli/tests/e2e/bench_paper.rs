@@ -3,9 +3,18 @@
 //! they are tested here, on the built binary, rather than from the bench crate's tests.
 
 use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::common::*;
+
+/// These benches load every CPU (paper 002's measures how its writers fare against a CPU
+/// hog; `bench fs` runs hundreds of threads): one at a time, so that none measures another.
+static ONE_BENCH_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_bench_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_BENCH_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// One figure's JSON.
 fn figure(dir: &std::path::Path, id: &str) -> serde_json::Value {
@@ -27,6 +36,7 @@ fn medians(series: &serde_json::Value) -> (Vec<f64>, usize) {
 #[test]
 fn paper_002_measures_every_configuration_and_draws_stalls_over_time() {
     require_fio_nbd();
+    let _alone = one_bench_at_a_time();
     let out = TempDir::new_in(&std::env::temp_dir(), "bench-paper-002");
     let disk = TempDir::new_in(&std::env::temp_dir(), "bench-paper-002-disk");
     let printed = run_ok(
@@ -78,6 +88,7 @@ fn paper_002_measures_every_configuration_and_draws_stalls_over_time() {
 /// two; the JSON holds filebench's summary and every flowop of each loop.
 #[test]
 fn bench_fs_runs_each_personality_and_writes_its_flowops() {
+    let _alone = one_bench_at_a_time();
     let dir = TempDir::new_in(&std::env::temp_dir(), "bench-fs");
     let json = dir.path().join("fs.json");
     let printed = run_ok(
@@ -153,6 +164,7 @@ fn paper_003_host_beds_measure_every_personality_and_clean_up() {
     }
     require_tool("nbdfuse", "libnbd-bin");
     require_tool("mkfs.ext4", "e2fsprogs");
+    let _alone = one_bench_at_a_time();
     let out = TempDir::new_in(&std::env::temp_dir(), "bench-paper-003");
     let disk = TempDir::new_in(&std::env::temp_dir(), "bench-paper-003-disk");
     run_ok(
