@@ -1,10 +1,12 @@
 //! What names a backing store whichever path it is given by, and across a reboot: the key its
 //! state record (`crate::state`) is found by.
 //!
-//! - **A regular file**: its inode, within its directory. Its record lives beside the file,
-//!   under its canonical path (so a start through a symlink finds it); a file renamed in its
-//!   directory is found by the inode its record names (every entry of a directory is on one
-//!   file system, where an inode number names one file).
+//! - **A regular file**: its inode and birth time, within its directory. Its record lives
+//!   beside the file, under its canonical path (so a start through a symlink finds it); a file
+//!   renamed in its directory is found by the inode its record names (every entry of a
+//!   directory is on one file system, where an inode number names one file at a time) and its
+//!   birth time, which tells it from a later file given the number of a deleted one. Where the
+//!   file system keeps no birth time, the inode alone.
 //! - **A block device**: a name that udev and the kernel keep for the device itself, not the
 //!   node's path: `dm-N`, `sdX` and `loopN` are handed out in the order devices appear, and
 //!   change across reboots — the one event the record exists for. In order: a device-mapper
@@ -28,12 +30,15 @@ const BY_ID: &str = "/dev/disk/by-id";
 /// A backing store's identity.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackingId {
-    /// A regular file: its canonical path and inode.
+    /// A regular file: its canonical path, inode and birth time.
     File {
         /// The canonical path.
         canonical: PathBuf,
         /// Its inode number.
         inode: u64,
+        /// When it was created (seconds and nanoseconds since the epoch), where the file
+        /// system keeps it.
+        born: Option<(u64, u32)>,
     },
     /// A block device (or anything else that is not a regular file).
     Device {
@@ -62,7 +67,12 @@ impl BackingId {
         let meta =
             std::fs::metadata(&canonical).map_err(|e| format!("{}: {e}", canonical.display()))?;
         if meta.is_file() {
-            return Ok(BackingId::File { canonical, inode: meta.ino() });
+            let born = meta
+                .created()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| (d.as_secs(), d.subsec_nanos()));
+            return Ok(BackingId::File { canonical, inode: meta.ino(), born });
         }
         if meta.file_type().is_block_device() {
             let rdev = meta.rdev();
@@ -75,10 +85,22 @@ impl BackingId {
         Ok(BackingId::Device { key: format!("path{}", escape(&canonical)), stable: false })
     }
 
+    /// A file's key as records written before birth times were kept carry it (the inode
+    /// alone), which such a record is still found by.
+    pub fn legacy_key(&self) -> Option<String> {
+        match self {
+            BackingId::File { inode, born: Some(_), .. } => Some(format!("file-inode-{inode}")),
+            _ => None,
+        }
+    }
+
     /// The key the state record carries (`backing_id=`).
     pub fn key(&self) -> String {
         match self {
-            BackingId::File { inode, .. } => format!("file-inode-{inode}"),
+            BackingId::File { inode, born: None, .. } => format!("file-inode-{inode}"),
+            BackingId::File { inode, born: Some((secs, nanos)), .. } => {
+                format!("file-inode-{inode}-born-{secs}.{nanos:09}")
+            }
             BackingId::Device { key, .. } => key.clone(),
             BackingId::Rbd { ids } => ids.key(),
         }

@@ -12,7 +12,7 @@
 //! # pmcache attachment state (docs/DURABILITY.md, "Stop and lost volatile media")
 //! format=2
 //! backing=/srv/pmcache-data/backing.img
-//! backing_id=file-inode-1835011
+//! backing_id=file-inode-1835011-born-1767225600.123456789
 //! cache=/dev/shm/pmcache-default.pm
 //! cache_uuid=5f0c...e1
 //! cache_volatile=true
@@ -22,7 +22,7 @@
 //!
 //! `backing_id` is the backing store's identity (`crate::backing_id`): the record of a file
 //! lives beside it under its canonical path and is found after a rename in its directory by
-//! that inode; the record of a block device lives under the state directory
+//! that inode and birth time; the record of a block device lives under the state directory
 //! (`/var/lib/pmcache`, `--state-dir`), named after the device's persistent name, so that it
 //! is found whichever node names the device after a reboot. Format 1 (no `backing_id`) is
 //! still read.
@@ -119,10 +119,11 @@ pub fn locate(backing: &Path, state_dir: Option<&Path>) -> Located {
     match &id {
         BackingId::File { canonical, .. } => {
             let path = suffixed(canonical);
+            let legacy = id.legacy_key();
             let found_at = if path.exists() {
                 None
             } else {
-                canonical.parent().and_then(|dir| find_by_id(dir, &key))
+                canonical.parent().and_then(|dir| find_by_id(dir, &key, legacy.as_deref()))
             };
             Located { path, found_at, backing_id: Some(key), warning: None }
         }
@@ -152,15 +153,17 @@ pub fn locate(backing: &Path, state_dir: Option<&Path>) -> Located {
     }
 }
 
-/// A state record in `dir` whose `backing_id` is `key`.
-fn find_by_id(dir: &Path, key: &str) -> Option<PathBuf> {
+/// A state record in `dir` whose `backing_id` is `key`, or `legacy` (the same file's key in a
+/// record that predates birth times).
+fn find_by_id(dir: &Path, key: &str, legacy: Option<&str>) -> Option<PathBuf> {
     std::fs::read_dir(dir)
         .ok()?
         .filter_map(|entry| entry.ok())
         .map(|entry| entry.path())
         .filter(|path| path.to_string_lossy().ends_with(STATE_SUFFIX))
         .find(|path| {
-            load(path).ok().flatten().and_then(|record| record.backing_id).as_deref() == Some(key)
+            let id = load(path).ok().flatten().and_then(|record| record.backing_id);
+            id.as_deref() == Some(key) || (legacy.is_some() && id.as_deref() == legacy)
         })
 }
 
@@ -624,5 +627,39 @@ mod tests {
 
         let missing = dir.path().join("none.img");
         assert_eq!(locate(&missing, None).path, dir.path().join("none.img.pmcache-state"));
+    }
+
+    /// A deleted file's record does not follow a later file that the file system gave the
+    /// deleted one's inode number: the record also names its file's birth time. (The later
+    /// file is stood in for by a record naming this inode with another birth time.) A record
+    /// written before birth times were kept, naming the inode alone, is still followed.
+    #[test]
+    fn a_deleted_files_record_does_not_follow_a_new_file_with_its_inode() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("new.img");
+        std::fs::write(&file, b"data").expect("backing");
+        let id = BackingId::of(&file).expect("id");
+        let BackingId::File { inode, born, .. } = &id else { panic!("a file: {id:?}") };
+        let (secs, nanos) =
+            born.unwrap_or_else(|| panic!("{} keeps birth times", dir.path().display()));
+        assert_eq!(id.key(), format!("file-inode-{inode}-born-{secs}.{nanos:09}"));
+        // What a record written for this file names: not the inode alone.
+        let written = Record { backing_id: locate(&file, None).backing_id, ..record() };
+        assert_eq!(written.backing_id, Some(id.key()));
+        let old = dir.path().join("deleted.img.pmcache-state");
+        let stale = |backing_id: String| Record {
+            backing: dir.path().join("deleted.img"),
+            backing_id: Some(backing_id),
+            ..record()
+        };
+        std::fs::write(&old, stale(format!("file-inode-{inode}-born-1.000000001")).encode())
+            .expect("record");
+        let located = locate(&file, None);
+        assert_eq!(located.found_at, None, "another file's record");
+        assert_eq!(located.read_path(), located.path);
+        std::fs::write(&old, stale(format!("file-inode-{inode}")).encode()).expect("record");
+        assert_eq!(locate(&file, None).found_at.as_deref(), Some(old.as_path()), "a legacy key");
+        std::fs::write(&old, stale(id.key()).encode()).expect("record");
+        assert_eq!(locate(&file, None).found_at.as_deref(), Some(old.as_path()), "its own key");
     }
 }
