@@ -102,16 +102,22 @@ pub fn run_host(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         }
     }
     let bytes = bed_bytes(ctx.args.scale);
-    let mut host = HostBeds::new(ctx, bytes)?;
+    // Webserver's one log file grows all run long (every thread appends to it, and filebench
+    // never trims it): room for that beyond the fileset, in sparse files and a tmpfs that
+    // take memory only as they are written.
+    let seconds = ctx.args.seconds.unwrap_or(fs::seconds(ctx.args.scale));
+    let device_bytes = bytes + (seconds.ceil() as u64) * (160 << 20);
+    let mut host = HostBeds::new(ctx, bytes, device_bytes)?;
     let beds = host.mount()?;
     let bed = format!(
         "this host: tmpfs, ext4 over pmcache (serve on a unix socket → nbdfuse → loop device; \
-         medium in {}, backing file in {}), ext4 on a loop device over a file in {}; {} MiB \
-         each",
+         a {} MiB cache in {}, backing file in {}), ext4 on a loop device over a file in {}; \
+         devices of {} MiB",
+        bytes >> 20,
         ctx.args.pm_dir.display(),
         ctx.args.dir.display(),
         ctx.args.pm_dir.display(),
-        bytes >> 20
+        device_bytes >> 20
     );
     let notes = vec![
         "tmpfs stands in for the PM-native file system as an upper bound: it has no block \
@@ -335,6 +341,9 @@ struct HostBeds {
     work: PathBuf,
     shm: PathBuf,
     backing: PathBuf,
+    /// The cache's size: at least the largest fileset's.
+    cache_bytes: u64,
+    /// Each device's size.
     bytes: u64,
     server: Option<Server>,
     nbdfuse: Option<Child>,
@@ -343,7 +352,7 @@ struct HostBeds {
 }
 
 impl HostBeds {
-    fn new(ctx: &Ctx, bytes: u64) -> Result<HostBeds, String> {
+    fn new(ctx: &Ctx, cache_bytes: u64, bytes: u64) -> Result<HostBeds, String> {
         let work = tempfile::Builder::new()
             .prefix("pmcache-003-")
             .tempdir_in(std::env::temp_dir())
@@ -356,6 +365,7 @@ impl HostBeds {
             work,
             shm,
             backing,
+            cache_bytes,
             bytes,
             server: None,
             nbdfuse: None,
@@ -385,7 +395,7 @@ impl HostBeds {
         let log = self.work.join("serve.log");
         self.server = Some(Server::start_pmcache(&PmcacheServe {
             medium: &medium,
-            cache_bytes: self.bytes,
+            cache_bytes: self.cache_bytes,
             backing: &self.backing,
             socket: &socket,
             control: &control,
