@@ -5,7 +5,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -39,26 +39,36 @@ impl Throttle {
         let mut counts = self.counts.lock().expect("throttle lock");
         counts.credits += value;
         self.changed.notify_all();
-        while counts.tokens < value {
-            if stop.load(Ordering::Relaxed) {
-                return false;
-            }
-            counts = self
-                .changed
-                .wait_timeout(counts, Duration::from_millis(50))
-                .expect("throttle lock")
-                .0;
-        }
+        let Some(mut counts) = self.wait_until(counts, |c| c.tokens >= value, stop) else {
+            return false;
+        };
         counts.tokens -= value;
         true
     }
 
     /// A blocking `sempost value=1`: false if `stop` was set while waiting.
     pub fn post(&self, stop: &AtomicBool) -> bool {
-        let mut counts = self.counts.lock().expect("throttle lock");
-        while counts.credits == 0 {
+        let counts = self.counts.lock().expect("throttle lock");
+        let Some(mut counts) = self.wait_until(counts, |c| c.credits > 0, stop) else {
+            return false;
+        };
+        counts.credits -= 1;
+        counts.tokens += 1;
+        drop(counts);
+        self.changed.notify_all();
+        true
+    }
+
+    /// Waits until `ready` holds of the counts (`None`: `stop` was set first).
+    fn wait_until<'a>(
+        &self,
+        mut counts: MutexGuard<'a, Counts>,
+        ready: impl Fn(&Counts) -> bool,
+        stop: &AtomicBool,
+    ) -> Option<MutexGuard<'a, Counts>> {
+        while !ready(&counts) {
             if stop.load(Ordering::Relaxed) {
-                return false;
+                return None;
             }
             counts = self
                 .changed
@@ -66,11 +76,7 @@ impl Throttle {
                 .expect("throttle lock")
                 .0;
         }
-        counts.credits -= 1;
-        counts.tokens += 1;
-        drop(counts);
-        self.changed.notify_all();
-        true
+        Some(counts)
     }
 
     /// Wakes every waiter (to see the stop flag).
