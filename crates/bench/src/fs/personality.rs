@@ -260,6 +260,15 @@ pub struct ThreadGroup {
     pub flowops: Vec<Flowop>,
 }
 
+impl ThreadGroup {
+    /// Whether its loop blocks on `semaphore` (its threads are that semaphore's owners).
+    pub fn blocks_on(&self, semaphore: Semaphore) -> bool {
+        self.flowops
+            .iter()
+            .any(|f| matches!(f.op, Op::SemBlock { semaphore: s, .. } if s == semaphore))
+    }
+}
+
 /// A personality at a size and thread count: what `bench fs` runs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Workload {

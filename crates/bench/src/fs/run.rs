@@ -159,22 +159,14 @@ struct Worker<'a> {
 
 impl<'a> Worker<'a> {
     fn new(shared: &'a Shared<'a>, group: &'a ThreadGroup, db_writer: usize, seed: u64) -> Self {
-        let aio_depth = group
-            .flowops
-            .iter()
-            .filter_map(|f| match f.op {
-                Op::AioWriteRandom { iters, .. } => Some(iters as usize),
-                _ => None,
-            })
-            .sum::<usize>();
-        let aio_bytes = group
-            .flowops
-            .iter()
-            .filter_map(|f| match f.op {
-                Op::AioWriteRandom { iosize, .. } => Some(iosize as usize),
-                _ => None,
-            })
-            .max();
+        // The writes a loop queues before its `aiowait`, and the largest.
+        let (aio_depth, aio_bytes) =
+            group.flowops.iter().fold((0usize, None), |(depth, bytes), f| match f.op {
+                Op::AioWriteRandom { iters, iosize, .. } => {
+                    (depth + iters as usize, bytes.max(Some(iosize as usize)))
+                }
+                _ => (depth, bytes),
+            });
         let read_bytes = group
             .flowops
             .iter()
@@ -528,11 +520,7 @@ fn measure(
     let db_writers = workload
         .groups
         .iter()
-        .filter(|g| {
-            g.flowops
-                .iter()
-                .any(|f| matches!(f.op, Op::SemBlock { semaphore: Semaphore::DbWriters, .. }))
-        })
+        .filter(|g| g.blocks_on(Semaphore::DbWriters))
         .map(|g| g.instances)
         .sum::<usize>();
     let shared = Shared {
@@ -552,17 +540,12 @@ fn measure(
         let mut handles = vec![];
         let mut n = 0u64;
         for group in &workload.groups {
-            let is_db_writer = group
-                .flowops
-                .iter()
-                .any(|f| matches!(f.op, Op::SemBlock { semaphore: Semaphore::DbWriters, .. }));
-            let mut db_writer = 0;
-            for _ in 0..group.instances {
+            let is_db_writer = group.blocks_on(Semaphore::DbWriters);
+            for instance in 0..group.instances {
                 n += 1;
                 let shared = &shared;
                 let start = &start;
-                let index = if is_db_writer { db_writer } else { 0 };
-                db_writer += usize::from(is_db_writer);
+                let index = if is_db_writer { instance } else { 0 };
                 let handle = std::thread::Builder::new()
                     .name(format!("fs-{}", group.name))
                     .stack_size(256 << 10)

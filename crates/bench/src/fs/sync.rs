@@ -1,5 +1,5 @@
 //! What OLTP's threads wait on: filebench's `semblock`/`sempost` pair of counters, and a
-//! thread's asynchronous writer (`aiowrite`/`aiowait`, POSIX AIO's helper thread in glibc).
+//! thread's asynchronous writer (`aiowrite`/`aiowait`, glibc's POSIX AIO, which runs them on a thread of its own).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -93,12 +93,12 @@ struct Job {
 }
 
 /// A thread's asynchronous writer: `submit` queues a write (blocking when `depth` are
-/// queued), `wait` returns when all are done. Writes run on one helper thread in submission
+/// queued), `wait` returns when all are done. Writes run on one thread of their own in submission
 /// order, as glibc's POSIX AIO runs a file's requests.
 pub struct AioWriter {
     jobs: Option<SyncSender<Job>>,
     state: Arc<(Mutex<AioState>, Condvar)>,
-    helper: Option<JoinHandle<()>>,
+    writer: Option<JoinHandle<()>>,
 }
 
 #[derive(Default)]
@@ -112,14 +112,14 @@ impl AioWriter {
     pub fn new(depth: usize, buffer_len: usize) -> Self {
         let (jobs, queue): (SyncSender<Job>, Receiver<Job>) = sync_channel(depth);
         let state: Arc<(Mutex<AioState>, Condvar)> = Arc::default();
-        let helper_state = Arc::clone(&state);
-        let helper = std::thread::Builder::new()
+        let writer_state = Arc::clone(&state);
+        let writer = std::thread::Builder::new()
             .name("fs-aio".into())
             .spawn(move || {
                 let buffer = vec![0x5au8; buffer_len];
                 for job in queue {
                     let result = job.file.write_all_at(&buffer[..job.len], job.offset);
-                    let (lock, done) = &*helper_state;
+                    let (lock, done) = &*writer_state;
                     let mut s = lock.lock().expect("aio lock");
                     if let Err(e) = result {
                         s.error.get_or_insert_with(|| format!("aiowrite: {e}"));
@@ -129,8 +129,8 @@ impl AioWriter {
                     done.notify_all();
                 }
             })
-            .expect("spawning the aio helper");
-        AioWriter { jobs: Some(jobs), state, helper: Some(helper) }
+            .expect("spawning the aio writer thread");
+        AioWriter { jobs: Some(jobs), state, writer: Some(writer) }
     }
 
     /// Queues a write of `len` bytes at `offset` of `file`.
@@ -163,8 +163,8 @@ impl AioWriter {
 impl Drop for AioWriter {
     fn drop(&mut self) {
         drop(self.jobs.take());
-        if let Some(helper) = self.helper.take() {
-            let _ = helper.join();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
         }
     }
 }
