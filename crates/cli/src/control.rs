@@ -3,8 +3,10 @@
 //! the cleaner when one runs, answered by `progress <dirty> <total>` lines then `done <total>`;
 //! `detach` → write everything back, stop serving, mark the cache clean; `set KEY=VALUE ...` →
 //! change the cache mode (`mode=`: leaving write-back writes every dirty block back first,
-//! answered by `progress` lines), the admission policy (`admission=`) or cleaner settings,
-//! answered by `setting KEY VALUE` lines, all of them, then `done`; `set` alone lists them).
+//! answered by `progress` lines; the state record of a volatile medium follows every change:
+//! `crate::attachment`), the admission policy (`admission=`) or cleaner settings, answered by
+//! `setting KEY VALUE` lines, all of them, then `done`; `set` alone lists them). A
+//! `warning TEXT` line says what did not stop the command but should be known.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -16,6 +18,7 @@ use std::time::Duration;
 use pmcache_engine::{AdmissionConfig, CacheMode, Error};
 use pmcache_frontend::CacheEngine;
 
+use crate::attachment::Attachment;
 use crate::cache::{admission_name, parse_admission};
 
 /// The control socket path of a cache.
@@ -144,27 +147,28 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
     serde_json::Value::Object(object)
 }
 
+/// What the control socket serves: the engine, its frontend, the state record it keeps in
+/// step with the mode, and the flag a `detach` sets.
+pub(crate) struct Served<F> {
+    pub(crate) engine: &'static CacheEngine,
+    pub(crate) frontend: F,
+    pub(crate) attachment: Arc<Attachment>,
+    pub(crate) detach: Arc<AtomicBool>,
+}
+
 /// Serves control connections until the process ends.
-pub fn serve(
-    listener: UnixListener,
-    engine: &'static CacheEngine,
-    frontend: impl Frontend,
-    detach: Arc<AtomicBool>,
-) {
+pub(crate) fn serve(listener: UnixListener, served: Served<impl Frontend>) {
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
-        if let Err(e) = handle(stream, engine, &frontend, &detach) {
+        if let Err(e) = handle(stream, &served) {
             eprintln!("pmcache: control connection: {e}");
         }
     }
 }
 
-fn handle(
-    stream: UnixStream,
-    engine: &'static CacheEngine,
-    frontend: &impl Frontend,
-    detach: &AtomicBool,
-) -> std::io::Result<()> {
+fn handle(stream: UnixStream, served: &Served<impl Frontend>) -> std::io::Result<()> {
+    let Served { engine, frontend, attachment, detach } = served;
+    let engine = *engine;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = stream;
@@ -187,7 +191,12 @@ fn handle(
             match flush(engine, |dirty| {
                 let _ = writeln!(writer, "progress {dirty} {total}");
             }) {
-                Ok(()) => writeln!(writer, "done {total}")?,
+                Ok(()) => {
+                    if let Err(e) = record_if_written_back(engine, attachment) {
+                        writeln!(writer, "warning {e}")?;
+                    }
+                    writeln!(writer, "done {total}")?
+                }
                 Err(e) => writeln!(writer, "error {e}")?,
             }
         }
@@ -210,11 +219,14 @@ fn handle(
                 engine.set_admission(admission);
             }
             if let Some(mode) = changes.mode {
-                let switched = switch_mode(engine, mode, |dirty, total| {
+                let switched = switch_mode(engine, attachment, mode, |dirty, total| {
                     let _ = writeln!(writer, "progress {dirty} {total}");
                 });
                 if let Err(e) = switched {
                     return writeln!(writer, "error {e}");
+                }
+                if let Err(e) = record_if_written_back(engine, attachment) {
+                    writeln!(writer, "warning {e}")?;
                 }
             }
             writeln!(writer, "setting mode {}", engine.mode())?;
@@ -262,13 +274,17 @@ impl ServingChanges {
 /// since the server started).
 static MODE_CHANGED_UNIX_SECS: AtomicU64 = AtomicU64::new(0);
 
-/// Switches the cache mode of a running server. Leaving a mode that keeps dirty blocks
-/// (write-back, write-only) for one that does not writes every dirty block back first, with
-/// `progress(dirty, total)` every 100 ms: while still in the old mode, then once more after
-/// the switch for what was written meanwhile. If either write-back fails, the old mode stays
-/// (nothing is lost: the dirty blocks stay in the cache) and the error says so.
+/// Switches the cache mode of a running server. Entering a mode that keeps dirty blocks
+/// (write-back, write-only) is recorded first (`Attachment::before_dirtying`: a volatile
+/// medium's state record says the backing store may be stale before the switch takes
+/// effect), and refused, the mode unchanged, if it cannot be. Leaving such a mode for one
+/// that does not writes every dirty block back first, with `progress(dirty, total)` every
+/// 100 ms: while still in the old mode, then once more after the switch for what was written
+/// meanwhile. If either write-back fails, the old mode stays (nothing is lost: the dirty
+/// blocks stay in the cache) and the error says so.
 fn switch_mode(
     engine: &'static CacheEngine,
+    attachment: &Attachment,
     to: CacheMode,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<(), String> {
@@ -276,7 +292,11 @@ fn switch_mode(
     if from == to {
         return Ok(());
     }
-    if from.writes_back() && !to.writes_back() {
+    if to.writes_back() {
+        attachment
+            .before_dirtying(|| engine.set_mode(to))
+            .map_err(|e| format!("{from} -> {to} refused: {e}; the cache stays {from}"))?;
+    } else if from.writes_back() {
         let total = engine.dirty_slots();
         let refused = |e: String| {
             format!(
@@ -287,6 +307,9 @@ fn switch_mode(
         flush(engine, |dirty| progress(dirty, total)).map_err(refused)?;
         engine.set_mode(to);
         if let Err(e) = flush(engine, |dirty| progress(dirty, total)) {
+            // Back to a mode that dirties blocks without a new record: the record has said
+            // the backing store may be stale since `from` was entered, and is recorded
+            // complete only after a switch out of it succeeds.
             engine.set_mode(from);
             return Err(refused(e));
         }
@@ -298,6 +321,28 @@ fn switch_mode(
         .map_or(0, |d| d.as_secs());
     MODE_CHANGED_UNIX_SECS.store(now, Ordering::SeqCst);
     Ok(())
+}
+
+/// Records the backing store complete in the state record of a volatile medium when the cache
+/// is in a mode that makes no dirty block and holds none (every slot's state read: after a
+/// switch out of write-back, or a flush). An error is the record's: the cache is as it was,
+/// and the record still says the backing store may be stale, which is safe.
+fn record_if_written_back(
+    engine: &'static CacheEngine,
+    attachment: &Attachment,
+) -> Result<bool, String> {
+    attachment
+        .backing_complete(|| {
+            !engine.mode().writes_back()
+                && engine.member_stats().iter().map(|member| member.dirty).sum::<u64>() == 0
+        })
+        .map_err(|e| {
+            format!(
+                "every block is written back, but recording it failed ({e}): the state record \
+                 still says the backing store may lack blocks, so a start after the medium is \
+                 lost is refused until --accept-stale-backing"
+            )
+        })
 }
 
 /// Writes every dirty block back, calling `progress` with the dirty count every 100 ms: through

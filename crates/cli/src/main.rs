@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod args;
+mod attachment;
 mod backing_id;
 mod bench;
 mod cache;

@@ -433,6 +433,8 @@ pub fn set(args: SetArgs) -> Result<(), String> {
         } else if let Some((left, total)) = progress_line(line) {
             let bar = bar.get_or_insert_with(|| progress_bar(total));
             bar.set_position(total.saturating_sub(left));
+        } else {
+            print_warning(line);
         }
     });
     if let Some(bar) = &bar {
@@ -466,8 +468,17 @@ pub fn flush(args: ControlArgs) -> Result<(), String> {
                 bar.finish();
             }
             println!("all dirty blocks written back ({total} were dirty)");
+        } else {
+            print_warning(line);
         }
     })
+}
+
+/// A server's `warning TEXT` reply line, on stderr.
+fn print_warning(line: &str) {
+    if let Some(warning) = line.strip_prefix("warning ") {
+        eprintln!("pmcache: warning: {warning}");
+    }
 }
 
 pub fn detach(args: DetachArgs) -> Result<(), String> {

@@ -20,6 +20,7 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use crate::args::{DEFAULT_BACKING, DEFAULT_CACHE, ServeArgs, StoreSpec};
+use crate::attachment::Attachment;
 use crate::cache::{CacheArgs, CacheSpec, Opened, open_or_format};
 use crate::control::{self, Frontend, default_control_path};
 use crate::state;
@@ -55,6 +56,8 @@ pub(crate) struct Serving {
     control_listener: Option<UnixListener>,
     control_file: RemoveOnDrop,
     state_path: PathBuf,
+    /// The state record as the mode changes (`crate::attachment`).
+    attachment: Arc<Attachment>,
     uuid: [u8; 16],
     /// The file system of a volatile medium.
     volatile: Option<String>,
@@ -184,7 +187,7 @@ impl Serving {
             );
         }
         let uuid = engine.superblock().uuid;
-        match &volatile {
+        let attachment = match &volatile {
             Some(fs) => {
                 let may_dirty = matches!(args.mode, CacheMode::WriteBack | CacheMode::WriteOnly)
                     || engine.dirty_slots() > 0;
@@ -203,12 +206,16 @@ impl Serving {
                      writes every dirty block back first; the attachment is recorded in {}",
                     located.path.display()
                 );
+                Attachment::recorded(&located.path, record)
             }
             // A record that was overridden would refuse the next start again: it no longer
             // describes this backing store.
-            None if overrode => state::remove(located.read_path())?,
-            None => {}
-        }
+            None if overrode => {
+                state::remove(located.read_path())?;
+                Attachment::unrecorded()
+            }
+            None => Attachment::unrecorded(),
+        };
         // Where the record is now, if there is one.
         let state_path =
             if volatile.is_some() { located.path.clone() } else { located.read_path().to_owned() };
@@ -242,6 +249,7 @@ impl Serving {
             control_listener: Some(control.listener),
             control_file: control.file,
             state_path,
+            attachment: Arc::new(attachment),
             uuid,
             volatile,
             write_back_all,
@@ -255,11 +263,15 @@ impl Serving {
     pub(crate) fn start_control(&mut self, frontend: impl Frontend) -> Result<(), String> {
         let engine = self.engine;
         if let Some(listener) = self.control_listener.take() {
-            let frontend = frontend.clone();
-            let detach = self.detach.clone();
+            let served = control::Served {
+                engine,
+                frontend: frontend.clone(),
+                attachment: self.attachment.clone(),
+                detach: self.detach.clone(),
+            };
             std::thread::Builder::new()
                 .name("pmcache-control".into())
-                .spawn(move || control::serve(listener, engine, frontend, detach))
+                .spawn(move || control::serve(listener, served))
                 .map_err(|e| e.to_string())?;
         }
         let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
@@ -318,6 +330,8 @@ impl Serving {
     /// the control socket.
     pub(crate) fn finish(self, served: Result<(), String>) -> Result<(), String> {
         let Self { engine, cache, backing, control_path, state_path, uuid, volatile, .. } = self;
+        // No mode change from here on (one in progress is done): the record is this stop's.
+        self.attachment.stop();
         let label = match &self.store {
             Some(name) => format!("{} store {name:?}", cache.display()),
             None => cache.display().to_string(),

@@ -265,3 +265,34 @@ fn a_lost_volatile_medium_is_refused_for_the_store_it_held_dirty_blocks_of() {
     io(&server, "a", &["read -P 0x41 0 64k"]);
     server.terminate();
 }
+
+/// Each store's mode is its own, and so is its record: store a, served write-through and
+/// switched to write-back at run time (`set --store a`), has its record say so before the
+/// switch; a lost medium then refuses a by name, and not b, which stayed write-through.
+#[test]
+fn a_store_switched_to_write_back_is_refused_when_its_volatile_medium_is_lost() {
+    let shared = Shared::new("stores-switch");
+    let server =
+        shared.serve(&shared.both(), &["--mode", "writethrough", "--cleaner", "order=none"]);
+    let out = shared.pmcache("set", Some("a"), &["mode=writeback"]);
+    assert!(out.status.success(), "{}", text(&out));
+    io(&server, "a", &["write -P 0x51 0 1M"]);
+    io(&server, "b", &["write -P 0x52 0 1M"]);
+    let (a, b) = (shared.stats("a"), shared.stats("b"));
+    assert_eq!((a["mode"].as_str(), a["dirty_slots"].as_u64()), (Some("writeback"), Some(256)));
+    assert_eq!((b["mode"].as_str(), b["dirty_slots"].as_u64()), (Some("writethrough"), Some(0)));
+    server.kill9();
+    std::fs::remove_file(&shared.setup.cache).expect("the medium is lost");
+    let out = shared.serve_refused(&shared.both(), &["--mode", "writethrough"]);
+    assert!(!out.status.success(), "a new cache was served over a's stale backing store");
+    let out = text(&out);
+    assert!(
+        out.contains("store \"a\": refusing to start") && !out.contains("store \"b\":"),
+        "{out}"
+    );
+    assert!(!shared.setup.cache.exists(), "a medium was created");
+    // b alone starts on a new cache, its data on its backing store.
+    let server = shared.serve(&[("b", &shared.b)], &[]);
+    io(&server, "b", &["read -P 0x52 0 1M"]);
+    server.terminate();
+}

@@ -412,3 +412,93 @@ fn attach_loop(file: &Path) -> Option<PathBuf> {
 fn detach_loop(device: &Path) {
     let _ = std::process::Command::new("losetup").arg("-d").arg(device).status();
 }
+
+fn qemu_io(server: &Server, cmds: &[&str]) -> String {
+    let cmds: Vec<String> = cmds.iter().map(|c| c.to_string()).collect();
+    pmcache_testkit::qemu_io(&server.uri, &cmds, Duration::from_secs(60))
+}
+
+/// A volatile cache served write-through and switched to write-back at run time: the state
+/// record says the backing store may lack blocks before the switch takes effect, so that 4 MiB
+/// written back later, then lost with the medium (kill -9, the medium deleted as a reboot
+/// deletes /dev/shm), is refused at the next start as for a cache served write-back from the
+/// start — never a new cache serving zeroes where the acknowledged writes were.
+#[test]
+fn a_switch_to_write_back_is_recorded_before_it_takes_effect() {
+    let setup = Setup::new("volswitch", 64 * MIB, 16 * MIB);
+    let server = setup.serve(Via::Tcp, &["--mode", "writethrough", "--cleaner", "order=none"]);
+    assert_eq!(state(&setup)["backing_stale"], "false");
+    let out = setup.pmcache(&["set", "--control", &setup.control_arg(), "mode=writeback"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(state(&setup)["backing_stale"], "true", "the switch was not recorded");
+    qemu_io(&server, &["write -P 0x5a 0 4M"]);
+    let stats = setup.stats();
+    assert_eq!(
+        (stats["mode"].as_str(), stats["dirty_slots"].as_u64()),
+        (Some("writeback"), Some(1024))
+    );
+    server.kill9();
+    std::fs::remove_file(&setup.cache).expect("rm medium");
+
+    let out = setup.serve_refused(&setup.cache, &["--mode", "writethrough"]);
+    assert!(!out.status.success(), "a new cache was served over the stale backing store");
+    let err = stderr(&out);
+    for part in [
+        "refusing to start",
+        "the medium file no longer exists",
+        "The blocks that were dirty in it are lost",
+        "--accept-stale-backing",
+    ] {
+        assert!(err.contains(part), "{part:?} missing from: {err}");
+    }
+    assert!(!setup.cache.exists(), "a refused serve created the medium");
+    assert!(read_file_at(&setup.backing, 0, (4 * MIB) as usize).iter().all(|&b| b == 0));
+}
+
+/// Back to write-through: once every dirty block is written back the record says the backing
+/// store holds every block (and not before: a start refused until then), so a medium lost
+/// after that starts a new cache, which serves the data from the backing store.
+#[test]
+fn a_switch_back_to_write_through_records_the_backing_store_complete() {
+    let setup = Setup::new("volswitchback", 64 * MIB, 16 * MIB);
+    let server = setup.serve(Via::Tcp, &["--mode", "writethrough", "--cleaner", "order=none"]);
+    let out = setup.pmcache(&["set", "--control", &setup.control_arg(), "mode=write-back"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    qemu_io(&server, &["write -P 0x5b 0 4M"]);
+    assert_eq!(state(&setup)["backing_stale"], "true");
+    let out = setup.pmcache(&["set", "--control", &setup.control_arg(), "mode=writethrough"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(setup.stats()["dirty_slots"], 0);
+    assert_eq!(state(&setup)["backing_stale"], "false", "not recorded complete");
+    server.kill9();
+    std::fs::remove_file(&setup.cache).expect("rm medium");
+    let server = setup.serve(Via::Tcp, &["--mode", "writethrough"]);
+    assert!(server.logs().contains("formatted"), "{}", server.logs());
+    qemu_io(&server, &["read -P 0x5b 0 4M"]);
+    server.terminate();
+}
+
+/// A switch to a mode that keeps dirty blocks whose record cannot be written (the state file's
+/// path taken by a directory, so its rename fails) is refused, saying why, and the mode stays.
+#[test]
+fn a_switch_whose_record_cannot_be_written_is_refused() {
+    let setup = Setup::new("volswitchfail", 64 * MIB, 16 * MIB);
+    let server = setup.serve(Via::Tcp, &["--mode", "writethrough", "--cleaner", "order=none"]);
+    std::fs::remove_file(state_path(&setup)).expect("rm record");
+    std::fs::create_dir(state_path(&setup)).expect("a directory in its place");
+    std::fs::write(state_path(&setup).join("keep"), b"x").expect("not empty");
+    for mode in ["writeback", "write-only"] {
+        let out =
+            setup.pmcache(&["set", "--control", &setup.control_arg(), &format!("mode={mode}")]);
+        assert!(!out.status.success(), "mode={mode} was switched to without its record");
+        let err = stderr(&out);
+        assert!(err.contains("refused") && err.contains("stays writethrough"), "{err}");
+        assert!(err.contains(&state_path(&setup).display().to_string()), "{err}");
+        assert_eq!(setup.stats()["mode"], "writethrough");
+    }
+    qemu_io(&server, &["write -P 0x5c 0 1M"]);
+    assert_eq!(setup.stats()["dirty_slots"], 0);
+    assert!(read_file_at(&setup.backing, 0, MIB as usize).iter().all(|&b| b == 0x5c));
+    std::fs::remove_dir_all(state_path(&setup)).expect("rm the directory");
+    server.terminate();
+}
