@@ -1,12 +1,13 @@
 //! The control socket of a running server: a unix socket speaking one command per connection,
 //! one line each way (`stats` → a JSON object; `flush` → write back every dirty block, through
 //! the cleaner when one runs, answered by `progress <dirty> <total>` lines then `done <total>`;
-//! `detach` → write everything back, stop serving, mark the cache clean; `set KEY=VALUE ...` →
-//! change the cache mode (`mode=`: leaving write-back writes every dirty block back first,
-//! answered by `progress` lines; the state record of a volatile medium follows every change:
-//! `crate::attachment`), the admission policy (`admission=`) or cleaner settings, answered by
-//! `setting KEY VALUE` lines, all of them, then `done`; `set` alone lists them). A
-//! `warning TEXT` line says what did not stop the command but should be known.
+//! `detach` → write everything back, drop the cache's copies, stop serving, mark the cache
+//! clean; `set KEY=VALUE ...` → change the cache mode (`mode=`: leaving write-back writes every
+//! dirty block back first, answered by `progress` lines; the state record of a volatile
+//! medium follows every change: `crate::attachment`), the admission policy (`admission=`) or
+//! cleaner settings, answered by `setting KEY VALUE` lines, all of them, then `done`; `set`
+//! alone lists them). A `warning TEXT` line says what did not stop the command but should be
+//! known.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};

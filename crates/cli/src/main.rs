@@ -85,7 +85,8 @@ enum Command {
     Set(manage::SetArgs),
     /// Write back every dirty block of a running server.
     Flush(manage::ControlArgs),
-    /// Write back everything and mark the cache clean, so the backing store can be used alone.
+    /// Write back everything, drop the cache's copies and mark it clean, so the backing store
+    /// can be used alone (the cache, attached again later, starts empty).
     Detach(manage::DetachArgs),
     /// Run an experiment and print its figures beside their baselines.
     Bench(bench::BenchArgs),

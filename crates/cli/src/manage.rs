@@ -541,10 +541,23 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
         .map_err(|e| format!("write-back failed: {e}"))?;
     }
     bar.finish();
+    // The backing store is to be used alone: the cache keeps no copy of its blocks, so an
+    // attach after it was written without the cache serves none of them.
+    let dropped = engine
+        .drop_clean_copies()
+        .map_err(|e| format!("dropping the cache's clean copies failed: {e}; not detached"))?;
+    let left: u64 = engine.member_stats().iter().map(|member| member.dirty).sum();
+    if left > 0 {
+        return Err(format!(
+            "{left} blocks are still dirty after the write-back: not detached (nothing \
+             acknowledged is lost)"
+        ));
+    }
     let uuid = engine.superblock().uuid;
     engine.shutdown().map_err(|e| e.to_string())?;
     println!(
-        "detached {}: {dirty} dirty blocks written back, cache marked clean",
+        "detached {}: {dirty} dirty blocks written back, {dropped} clean copies dropped, cache \
+         marked clean",
         cache_args.describe()
     );
     let state_path = match &args.state_file {

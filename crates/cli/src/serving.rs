@@ -378,19 +378,28 @@ impl Serving {
             }
             Some(Ok(_)) | None => {}
         }
-        // The frontend's threads have ended and dropped their lanes (the cleaner too); a
-        // control request may still hold one for a moment.
-        let mut attempts = 0;
-        loop {
-            match engine.shutdown() {
-                Err(Error::LanesOpen { .. }) if attempts < 600 => {
-                    attempts += 1;
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(e) => return Err(format!("clean shutdown failed: {e}")),
-                Ok(()) => break,
+        // A detach hands the backing store over to be used alone: the cache keeps no copy of
+        // its blocks, so an attach after the store was written without it serves none of them.
+        let dropped = if detaching {
+            let dropped = when_lanes_closed(|| engine.drop_clean_copies()).map_err(|e| {
+                format!(
+                    "dropping the cache's clean copies before detach failed: {e}; the cache was \
+                     not marked clean (nothing acknowledged is lost)"
+                )
+            })?;
+            let dirty: u64 = engine.member_stats().iter().map(|member| member.dirty).sum();
+            if dirty > 0 {
+                return Err(format!(
+                    "{dirty} blocks are still dirty after the write-back before detach: not \
+                     detached, and the cache was not marked clean (nothing acknowledged is lost)"
+                ));
             }
-        }
+            dropped
+        } else {
+            0
+        };
+        when_lanes_closed(|| engine.shutdown())
+            .map_err(|e| format!("clean shutdown failed: {e}"))?;
         // The backing store holds every block now: recorded before the control socket goes
         // (an online `detach` waits for that).
         let recorded = if written_back.is_some() {
@@ -405,9 +414,11 @@ impl Serving {
         }
         let _ = std::fs::remove_file(&control_path);
         let what = match (detaching, written_back.is_some()) {
-            (true, _) => " and detached (every block written back)",
-            (false, true) => " (every block written back: the medium is volatile)",
-            (false, false) => "",
+            (true, _) => {
+                format!(" and detached (every block written back, {dropped} clean copies dropped)")
+            }
+            (false, true) => " (every block written back: the medium is volatile)".to_string(),
+            (false, false) => String::new(),
         };
         eprintln!("pmcache: {label}: cache marked clean{what}");
         match recorded {
@@ -424,6 +435,24 @@ impl Serving {
             }
         }
         served
+    }
+}
+
+/// Runs `step`, an engine call that needs every lane dropped, again while lanes are open: the
+/// frontend's threads have ended and dropped theirs (the cleaner too), but a control request
+/// may still hold one for a moment (for up to a minute).
+fn when_lanes_closed<T>(
+    mut step: impl FnMut() -> pmcache_engine::Result<T>,
+) -> pmcache_engine::Result<T> {
+    let mut attempts = 0;
+    loop {
+        match step() {
+            Err(Error::LanesOpen { .. }) if attempts < 600 => {
+                attempts += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            done => return done,
+        }
     }
 }
 
