@@ -75,6 +75,23 @@ impl IoRequest {
     pub fn flush(user_data: u64) -> Self {
         Self { op: IoOp::Flush, offset: 0, buf: IoBuf::new(0), user_data }
     }
+
+    /// Runs the request on `store` with its synchronous calls, now, and hands back its
+    /// completion (what [`SyncQueue`] and the test stores' queues do with each request).
+    pub fn run_on(mut self, store: &dyn BackingStore) -> IoCompletion {
+        let result = match self.op {
+            IoOp::Read => store.read_at(&mut self.buf, self.offset),
+            IoOp::Write => store.write_at(&self.buf, self.offset),
+            IoOp::Flush => store.flush(),
+        };
+        IoCompletion {
+            user_data: self.user_data,
+            op: self.op,
+            offset: self.offset,
+            buf: self.buf,
+            result,
+        }
+    }
 }
 
 /// The outcome of one request, with its buffer handed back.
@@ -331,19 +348,8 @@ impl IoQueue for SyncQueue {
 
     fn submit(&mut self) -> Result<usize> {
         let n = self.pending.len();
-        while let Some(mut req) = self.pending.pop_front() {
-            let result = match req.op {
-                IoOp::Read => self.store.read_at(&mut req.buf, req.offset),
-                IoOp::Write => self.store.write_at(&req.buf, req.offset),
-                IoOp::Flush => self.store.flush(),
-            };
-            self.done.push_back(IoCompletion {
-                user_data: req.user_data,
-                op: req.op,
-                offset: req.offset,
-                buf: req.buf,
-                result,
-            });
+        while let Some(req) = self.pending.pop_front() {
+            self.done.push_back(req.run_on(self.store.as_ref()));
         }
         Ok(n)
     }

@@ -37,7 +37,7 @@ use crate::placement::{MemberCounters, MemberStats, Placement};
 use crate::slots::{SlotState, SlotTable, SlotWord};
 use crate::stats::{LaneCounters, PaddedCounters, Stats, bump};
 use crate::sync::{
-    AtomicBool, AtomicU8, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering, fence, lock, try_lock,
+    AtomicBool, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering, fence, lock, try_lock,
 };
 
 mod alloc;
@@ -45,9 +45,9 @@ mod batch;
 mod checked;
 mod cleaner;
 mod extents;
-mod invalidate;
 mod lifecycle;
 mod misses;
+mod mode;
 mod ordering;
 mod persist;
 mod read;
@@ -82,6 +82,9 @@ const DRAIN_BATCH: usize = 256;
 const WRITE_BACK_FAILURES_MAX: usize = 8;
 /// Batches in a row a drain lets write back nothing, with an error, before it stops.
 const DRAIN_FAILED_BATCHES_MAX: usize = 2;
+/// How long a drain waits for blocks kept busy by writes of them to the backing store in
+/// flight on other lanes before it gives up on them ([`Error::DrainBusy`]).
+const DRAIN_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Slots a lane frees before it returns them to the pool. Returning is a lock and one bit per
 /// slot set in the pool's bitmap; at 256 a write in 256 paid a few microseconds for it, at 16
 /// or 32 nothing shows (docs/PERFORMANCE.md, `bench core`).
@@ -97,6 +100,9 @@ pub(crate) struct LaneSlot {
     fences: CachePadded<AtomicU64>,
     /// Reads and writes of each member by this lane, local or remote (`placement.rs`).
     members: Box<[MemberCounters]>,
+    /// The mode word the lane's write request in progress pinned, 0 for none
+    /// (`cache/mode.rs`).
+    mode_pin: CachePadded<AtomicU64>,
 }
 
 /// A lock over a set of blocks, and the one superseded entry of them that may not be durably
@@ -205,7 +211,10 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     /// the cache shut down, so that neither passes the other: a lane taken after the check
     /// would run on a cache already marked cleanly shut down.
     lifecycle: Mutex<()>,
-    mode: AtomicU8,
+    /// The cache mode and how many times it switched (`cache/mode.rs`).
+    mode: AtomicU64,
+    /// Held by a mode switch while it waits for the requests of the old mode.
+    mode_switch: Mutex<()>,
     admission: Admission,
     eviction: &'static dyn EvictionPolicy,
     /// The background cleaner's shared state (`cache/cleaner/`).
@@ -336,6 +345,10 @@ pub struct Lane<'e, M: Medium, B: BackingStore, C: Clock> {
     /// `write_batch`'s starts and `write_batch_start`'s outcomes, reused likewise.
     write_starts: Vec<WriteStart>,
     write_outcomes: Vec<Result<()>>,
+    /// The mode its write request in progress pinned, and how many nested requests share the
+    /// pin (`cache/mode.rs`).
+    mode_pinned: Option<CacheMode>,
+    mode_pins: u32,
     /// The node this lane's thread ran on at its last refill (or node check): its reads and
     /// writes of the members on that node count as local.
     node: Option<u32>,
@@ -355,6 +368,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Drop for Lane<'_, M, B, C> {
             self.fence();
         }
         engine.pools.put(self.free.drain(..).chain(self.freed.drain(..)));
+        assert_eq!(self.mode_pins, 0, "a lane dropped inside a write request");
         self.shared.in_use.store(false, Ordering::Release);
     }
 }

@@ -92,6 +92,18 @@ pub enum Error {
         /// mismatch, a poisoned line): writing the backing store again does not help them.
         unreadable: u64,
     },
+    /// A drain gave up on blocks that stayed busy for its whole wait: a write of the same
+    /// blocks to the backing store still in flight (a hung store), or writers of the old
+    /// mode. Nothing failed; the blocks stay dirty and a later drain writes them back.
+    #[error(
+        "{dirty} dirty blocks could not be written back: writes of them to the backing store stayed in flight for {waited_ms} ms (is the backing store hung?); they stay dirty in the cache"
+    )]
+    DrainBusy {
+        /// Blocks dirty when the drain started and still dirty.
+        dirty: u64,
+        /// How long the drain waited for them.
+        waited_ms: u64,
+    },
 }
 
 impl Error {
@@ -106,6 +118,7 @@ impl Error {
             Error::Memory(_) => libc::ENOMEM,
             Error::BackingSyncFailedBefore => libc::EIO,
             Error::CleanerStalled { .. } | Error::WriteBackIncomplete { .. } => libc::EIO,
+            Error::DrainBusy { .. } => libc::EBUSY,
             Error::CachedBlockUnreadable { .. } => libc::EIO,
         }
     }
@@ -183,6 +196,7 @@ mod tests {
             (Error::LanesOpen { open: 1 }, libc::EBUSY),
             (Error::ShutDown, libc::ESHUTDOWN),
             (Error::BackingSyncFailedBefore, libc::EIO),
+            (Error::DrainBusy { dirty: 3, waited_ms: 30_000 }, libc::EBUSY),
         ];
         for (error, errno) in cases {
             assert_eq!(error.errno(), errno, "{error}");

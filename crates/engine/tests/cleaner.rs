@@ -49,7 +49,7 @@ fn power_cuts_with_the_cleaner_running_lose_nothing() {
     let mut cleaned = 0u64;
     let mut runs = 0u64;
     let (mut with_zeroes, mut with_zero_through, mut with_trims) = (0u64, 0u64, 0u64);
-    let (mut overlapping, mut queued) = (0u64, 0u64);
+    let (mut overlapping, mut queued, mut beside_switches) = (0u64, 0u64, 0u64);
     while cuts < 1500 {
         let mode = [CacheMode::WriteBack, CacheMode::WriteOnly, CacheMode::WriteThrough]
             [rng.gen_range(0..3)];
@@ -75,6 +75,7 @@ fn power_cuts_with_the_cleaner_running_lose_nothing() {
         cuts += outcome.power_cuts;
         cleaned += outcome.cleaner_blocks_cleaned;
         overlapping += outcome.overlapping_pairs;
+        beside_switches += outcome.pairs_beside_mode_switches;
         runs += 1;
         let zeroes = ops.iter().any(|op| matches!(op, Op::WriteZeroes { .. }));
         with_zeroes += u64::from(zeroes);
@@ -86,21 +87,23 @@ fn power_cuts_with_the_cleaner_running_lose_nothing() {
     eprintln!(
         "{cuts} power cuts over {runs} runs with the cleaner; runs with write-zeroes \
          {with_zeroes} ({with_zero_through} zeroing through), with trims {with_trims}, with a \
-         queued backing store {queued}; {overlapping} pairs on the same blocks; the cleaner \
-         cleaned {cleaned} blocks"
+         queued backing store {queued}; {overlapping} pairs on the same blocks, \
+         {beside_switches} beside a mode switch; the cleaner cleaned {cleaned} blocks"
     );
     assert!(cleaned >= 1000, "the cleaner cleaned only {cleaned} blocks");
     assert!(with_zero_through >= 50 && with_trims >= 50, "too few runs zero or trim");
     assert!(overlapping >= 200, "only {overlapping} pairs on the same blocks");
+    assert!(beside_switches >= 50, "only {beside_switches} pairs beside a mode switch");
 }
 
-/// Writes, reads, flushes, trims and write-zeroes over the whole device (2.4 times the cache).
+/// Writes, reads of one block and of several, flushes, trims, write-zeroes and mode switches over
+/// the whole device (2.4 times the cache).
 fn random_ops(rng: &mut SmallRng, count: usize) -> Vec<Op> {
     let block = BLOCK as u64;
     (0..count)
         .map(|_| {
             let lba = rng.gen_range(0..BLOCKS as u64 - 6);
-            match rng.gen_range(0..23) {
+            match rng.gen_range(0..26) {
                 0..=10 => Op::Write { offset: lba * block, len: block, fua: rng.gen_bool(0.1) },
                 11 => Op::Write { offset: lba * block + 100, len: 300, fua: false },
                 12..=16 => Op::Read { offset: lba * block, len: block },
@@ -108,7 +111,7 @@ fn random_ops(rng: &mut SmallRng, count: usize) -> Vec<Op> {
                     writes: (0..rng.gen_range(2..6))
                         .map(|_| (rng.gen_range(0..BLOCKS as u64) * block, block))
                         .collect(),
-                    fua: false,
+                    fua: rng.gen_bool(0.2),
                 },
                 18 => Op::Flush,
                 19 => Op::Trim { offset: lba * block, len: block * rng.gen_range(1..4) },
@@ -119,7 +122,13 @@ fn random_ops(rng: &mut SmallRng, count: usize) -> Vec<Op> {
                     len: block * rng.gen_range(1..6),
                     fua: rng.gen_bool(0.2),
                 },
-                _ => Op::WriteZeroes { offset: lba * block + 200, len: block * 3, fua: false },
+                22 => Op::WriteZeroes { offset: lba * block + 200, len: block * 3, fua: false },
+                // Reads of several blocks, beside writes in flight on the other lane.
+                23 => Op::Read { offset: lba * block, len: block * rng.gen_range(2..4) },
+                24 => Op::ReadBatch {
+                    reads: (0..rng.gen_range(2..5)).map(|i| ((lba + i) * block, block)).collect(),
+                },
+                _ => Op::SetMode { mode: CacheMode::ALL[rng.gen_range(0..CacheMode::ALL.len())] },
             }
         })
         .collect()
@@ -580,4 +589,130 @@ fn writers_slow_their_pace_while_the_cleaner_waits_on_a_slow_flush() {
     );
     drop(cleaner);
     engine.audit().unwrap();
+}
+
+/// A backing store whose queue takes requests and then fails every reap as a whole (a queue
+/// that fails for good): requests pushed on it never complete.
+struct DeadQueueBacking(pmcache_engine::testing::SimBacking);
+
+struct DeadQueue {
+    held: Vec<pmcache_backing::IoRequest>,
+    depth: usize,
+}
+
+impl pmcache_backing::IoQueue for DeadQueue {
+    fn depth(&self) -> usize {
+        self.depth
+    }
+    fn in_flight(&self) -> usize {
+        self.held.len()
+    }
+    fn push(&mut self, req: pmcache_backing::IoRequest) -> Result<(), pmcache_backing::IoRequest> {
+        if self.held.len() == self.depth {
+            return Err(req);
+        }
+        self.held.push(req);
+        Ok(())
+    }
+    fn submit(&mut self) -> pmcache_backing::Result<usize> {
+        Ok(0)
+    }
+    fn reap(
+        &mut self,
+        _min: usize,
+        _out: &mut Vec<pmcache_backing::IoCompletion>,
+    ) -> pmcache_backing::Result<usize> {
+        Err(pmcache_backing::BackingError::Io {
+            op: "reap",
+            offset: 0,
+            len: 0,
+            source: std::io::Error::from_raw_os_error(libc::EBADF),
+        })
+    }
+}
+
+impl pmcache_backing::BackingStore for DeadQueueBacking {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.0.logical_block_size()
+    }
+    fn identity(&self) -> pmcache_backing::BackingIdentity {
+        self.0.identity()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> pmcache_backing::Result<()> {
+        self.0.write_at(data, offset)
+    }
+    fn flush(&self) -> pmcache_backing::Result<()> {
+        self.0.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        self.0.discard(offset, len)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
+        self.0.write_zeroes(offset, len)
+    }
+    fn open_queue(
+        &self,
+        depth: usize,
+    ) -> pmcache_backing::Result<Box<dyn pmcache_backing::IoQueue>> {
+        Ok(Box::new(DeadQueue { held: Vec::new(), depth }))
+    }
+}
+
+/// The cleaner's queue fails for good: the cleaner gives it up after a few failed reaps, ends
+/// the copies it held (their stripes' counts lowered: a write-through of one of those blocks
+/// does not wait for them forever, holding its stripe) and writes back synchronously, so the
+/// drain completes and every block reaches the backing store.
+#[test]
+fn a_cleaner_queue_that_fails_for_good_is_given_up_and_writers_are_not_held() {
+    use pmcache_engine::testing::model::pattern;
+    let world = World::fresh(77);
+    let backing = Arc::new(DeadQueueBacking(world.backing.clone()));
+    let cfg = pmcache_engine::Config {
+        max_lanes: 4,
+        ..config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always)
+    };
+    let engine =
+        Engine::format(world.medium.clone(), backing, Arc::new(ManualClock::default()), &cfg)
+            .expect("format");
+    let block = BLOCK as u64;
+    let mut lane = engine.lane().expect("lane");
+    for lba in 0..8 {
+        lane.write(lba * block, &pattern(lba + 1, lba * block, block), false).expect("write");
+    }
+    drop(lane);
+    // Both threads answer through channels, so that a copy held forever fails the test (its
+    // threads left behind) instead of hanging it.
+    let engine: &'static _ = Box::leak(Box::new(engine));
+    let (drained_tx, drained_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut cleaner = engine.cleaner(eager(WriteBackOrder::Lba)).expect("cleaner");
+        // The first batch's copies are stuck on the dead queue until it is given up.
+        drained_tx.send(cleaner.drain().map_err(|e| e.to_string())).expect("the answer");
+    });
+    let (written_tx, written_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // A write-through of a block whose copy may be stuck: it waits for the copy's end.
+        engine.set_mode(CacheMode::WriteThrough);
+        let mut lane = engine.lane().expect("lane");
+        let written = lane.write(0, &pattern(100, 0, block), false).map_err(|e| e.to_string());
+        written_tx.send(written).expect("the answer");
+    });
+    let wait = Duration::from_secs(20);
+    let written = written_rx.recv_timeout(wait).expect("the write-through waited for ever");
+    written.expect("the write-through of block 0");
+    let drained = drained_rx.recv_timeout(wait).expect("the drain did not end");
+    drained.expect("the drain through the synchronous path");
+    assert_eq!(engine.stats().dirty_slots, 0, "blocks left dirty");
+    let stored = world.backing.contents();
+    assert_eq!(stored[..BLOCK], pattern(100, 0, block)[..], "block 0 is the write-through");
+    for lba in 1..8u64 {
+        let at = (lba * block) as usize;
+        assert_eq!(stored[at..at + BLOCK], pattern(lba + 1, lba * block, block)[..], "{lba}");
+    }
 }

@@ -222,3 +222,124 @@ fn two_lanes_writing_each_others_blocks_in_flight_do_not_wait_for_each_other() {
         }
     }
 }
+
+/// A read of several blocks beside a write-through or write-around in flight on another lane,
+/// on a store whose writes land only when they complete: the read goes to the store (the old
+/// data, the two overlap) but admits nothing, so once the write is answered every read of the
+/// block returns the new data — and so does the durable cache after a restart.
+#[test]
+fn a_multi_block_read_beside_a_write_in_flight_that_lands_late_caches_no_stale_copy() {
+    for mode in [CacheMode::WriteThrough, CacheMode::WriteAround] {
+        let (backing, engine) = latched_engine(mode);
+        backing.land_late(true);
+        let mut writer = engine.lane().expect("writer lane");
+        let mut reader = engine.lane().expect("reader lane");
+        let old = pattern(1, 0, 2 * B);
+        backing.hold(true);
+        let new = pattern(7, 0, B);
+        let WriteStart::Pending(ticket) = writer.write_start(0, &new, false) else {
+            panic!("{mode:?}: a whole-block write must be in flight");
+        };
+        assert_eq!(stored(&backing, 0), old[..BLOCK], "{mode:?}: the write landed at submit");
+        let mut both = vec![0u8; 2 * BLOCK];
+        reader.read(0, &mut both).expect("the read beside the write");
+        assert_eq!(both, old, "{mode:?}: the store still held the old data");
+        backing.hold(false);
+        assert_eq!(completed(&mut writer, 1), vec![ticket]);
+        assert_eq!(stored(&backing, 0), new, "{mode:?}: the write landed");
+        for lane in [&mut reader, &mut writer] {
+            let mut again = vec![0u8; 2 * BLOCK];
+            lane.read(0, &mut again).expect("read again");
+            assert_eq!(again[..BLOCK], new[..], "{mode:?}: a stale copy of block 0 was cached");
+            let mut one = vec![0u8; BLOCK];
+            lane.read(0, &mut one).expect("read block 0 alone");
+            assert_eq!(one, new, "{mode:?}");
+        }
+    }
+}
+
+/// A partial write made in write-back mode while a write-through of its block is still in
+/// flight (the mode switched between the two) merges with the data of that write, not with
+/// what the store held before it: it waits for the write in flight.
+#[test]
+fn a_partial_write_back_after_a_switch_merges_with_the_write_through_in_flight() {
+    let (backing, engine) = latched_engine(CacheMode::WriteThrough);
+    backing.land_late(true);
+    let mut through = engine.lane().expect("write-through lane");
+    let new = pattern(8, 0, B);
+    backing.hold(true);
+    let WriteStart::Pending(ticket) = through.write_start(0, &new, false) else {
+        panic!("a whole-block write-through must be in flight");
+    };
+    engine.set_mode(CacheMode::WriteBack);
+    let patch = vec![0xeeu8; BLOCK / 4];
+    std::thread::scope(|scope| {
+        let partial = scope.spawn(|| {
+            let mut lane = engine.lane().expect("write-back lane");
+            lane.write(B / 4, &patch, false).expect("the partial write");
+        });
+        // The partial write waits for the write in flight; it lands once let through.
+        std::thread::sleep(Duration::from_millis(20));
+        backing.hold(false);
+        assert_eq!(completed(&mut through, 1), vec![ticket]);
+        partial.join().expect("the partial write's thread");
+    });
+    let mut expected = new.clone();
+    expected[BLOCK / 4..BLOCK / 2].copy_from_slice(&patch);
+    let mut read = vec![0u8; BLOCK];
+    through.read(0, &mut read).expect("read");
+    assert_eq!(read, expected, "the partial write merged with the old data");
+}
+
+/// A drain beside a write-through in flight on the stripe of a dirty block (dirty from before
+/// a switch out of write-back) waits for that write, then writes the block back: it never
+/// answers success while a block dirty at its start is still dirty.
+#[test]
+fn a_drain_waits_for_a_write_in_flight_on_a_dirty_blocks_stripe_and_cleans_it() {
+    // A device of 4096 blocks, where two blocks share a stripe.
+    let blocks = 4096u64;
+    let world = pmcache_engine::testing::model::World::fresh(3);
+    let device = pmcache_engine::testing::SimBacking::new(blocks * B, world.switch.clone(), 3);
+    let backing = LatchedBacking::new(device);
+    let cfg = pmcache_engine::Config {
+        max_lanes: 4,
+        ..pmcache_engine::testing::model::config(
+            CacheMode::WriteBack,
+            pmcache_engine::EvictionKind::Clock,
+            pmcache_engine::AdmissionConfig::Always,
+        )
+    };
+    let engine = pmcache_engine::Engine::format(
+        world.medium.clone(),
+        backing.clone(),
+        Arc::new(ManualClock::default()),
+        &cfg,
+    )
+    .expect("format");
+    let stripe_of = |lba| pmcache_engine::testing::stripe_of(&engine, lba);
+    let (first, neighbour) = (0..blocks)
+        .flat_map(|a| (a + 1..blocks).map(move |b| (a, b)))
+        .find(|&(a, b)| stripe_of(a) == stripe_of(b))
+        .expect("two blocks of one stripe");
+    let mut writer = engine.lane().expect("writer lane");
+    let dirty = pattern(9, first * B, B);
+    writer.write(first * B, &dirty, false).expect("a dirty block");
+    engine.set_mode(CacheMode::WriteThrough);
+    backing.hold(true);
+    let WriteStart::Pending(ticket) = writer.write_start(neighbour * B, &pattern(10, 0, B), false)
+    else {
+        panic!("a whole-block write-through must be in flight");
+    };
+    std::thread::scope(|scope| {
+        let drain = scope.spawn(|| {
+            let mut lane = engine.lane().expect("drain lane");
+            lane.drain()
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        backing.hold(false);
+        assert_eq!(completed(&mut writer, 1), vec![ticket]);
+        drain.join().expect("the drain's thread").expect("the drain");
+    });
+    assert_eq!(engine.stats().dirty_slots, 0, "the drain answered with a block dirty");
+    assert_eq!(stored(&backing, first), dirty, "the dirty block is on the backing store");
+}

@@ -6,9 +6,9 @@
 //!
 //! Its queue ([`BackingStore::open_queue`]) keeps every request in flight for its own
 //! latency, with no limit on how many overlap (a device of unbounded concurrency, as a network
-//! store with deep queues is): each request runs on the inner store when submitted and
-//! completes once its latency has passed since it was pushed, signalled by a timer
-//! descriptor a caller can poll (`IoQueue::completion_fd`).
+//! store with deep queues is): each request runs on the inner store, and completes, once its
+//! latency has passed since it was pushed — a queued write lands late, not at submit —
+//! signalled by a timer descriptor a caller can poll (`IoQueue::completion_fd`).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +23,7 @@ use rustix::time::{
 };
 
 use super::{OpMask, wait_until};
-use crate::queue::{IoCompletion, IoOp, IoQueue, IoRequest, SyncQueue};
+use crate::queue::{IoCompletion, IoOp, IoQueue, IoRequest};
 use crate::{BackingError, BackingIdentity, BackingStore, Result};
 
 /// Where a request's latency comes from.
@@ -218,33 +218,32 @@ impl<S: BackingStore + 'static> BackingStore for LatencyStore<S> {
         let seed = self.rng.lock().unwrap_or_else(|e| e.into_inner()).r#gen();
         let inner: Arc<dyn BackingStore> = self.inner.clone();
         Ok(Box::new(LatencyQueue {
-            device: SyncQueue::new(inner, depth),
+            inner,
             dist: self.dist,
             ops: self.ops,
             rng: SmallRng::seed_from_u64(seed),
-            due: Vec::with_capacity(depth),
+            pushed: Vec::with_capacity(depth),
             held: Vec::with_capacity(depth),
-            ran: Vec::with_capacity(depth),
             timer,
             depth,
         }))
     }
 }
 
-/// The wrapper's queue: requests run on the inner store at submit and are held until their
-/// latency has passed.
+/// The wrapper's queue: each request is held for its latency and runs on the inner store
+/// only then, when it completes. A write lands late, as on a network disk whose writes are
+/// not visible until acknowledged: a read started meanwhile reads the old data, which is what
+/// a cache beside a write in flight must cope with.
 struct LatencyQueue {
-    device: SyncQueue,
+    inner: Arc<dyn BackingStore>,
     dist: LatencyDist,
     ops: OpMask,
     rng: SmallRng,
-    /// When each pushed request is due, by `user_data`, until it runs.
-    due: Vec<(u64, Instant)>,
-    /// Requests that ran, with when they complete.
-    held: Vec<(Instant, IoCompletion)>,
-    /// The requests the inner queue ran at a submit, on their way to `held`.
-    ran: Vec<IoCompletion>,
-    /// Armed for the earliest held completion.
+    /// Pushed and not submitted yet, with when each is due.
+    pushed: Vec<(Instant, IoRequest)>,
+    /// Submitted: each runs once it is due.
+    held: Vec<(Instant, IoRequest)>,
+    /// Armed for the earliest held request.
     timer: OwnedFd,
     depth: usize,
 }
@@ -258,8 +257,8 @@ impl LatencyQueue {
         }
     }
 
-    /// Arms the timer for the earliest held completion (disarms it when none is held); a
-    /// re-arm also clears an expiry not yet read.
+    /// Arms the timer for the earliest held request (disarms it when none is held); a re-arm
+    /// also clears an expiry not yet read.
     fn arm(&self) -> Result<()> {
         let value = match self.held.iter().map(|(due, _)| *due).min() {
             None => Timespec { tv_sec: 0, tv_nsec: 0 },
@@ -283,7 +282,7 @@ impl IoQueue for LatencyQueue {
     }
 
     fn in_flight(&self) -> usize {
-        self.device.in_flight() + self.held.len()
+        self.pushed.len() + self.held.len()
     }
 
     fn push(&mut self, req: IoRequest) -> std::result::Result<(), IoRequest> {
@@ -295,18 +294,13 @@ impl IoQueue for LatencyQueue {
         } else {
             Duration::ZERO
         };
-        self.due.push((req.user_data, Instant::now() + latency));
-        self.device.push(req)
+        self.pushed.push((Instant::now() + latency, req));
+        Ok(())
     }
 
     fn submit(&mut self) -> Result<usize> {
-        let n = self.device.submit()?;
-        self.device.reap(0, &mut self.ran)?;
-        for c in self.ran.drain(..) {
-            let at = self.due.iter().position(|(user_data, _)| *user_data == c.user_data);
-            let due = at.map_or_else(Instant::now, |at| self.due.swap_remove(at).1);
-            self.held.push((due, c));
-        }
+        let n = self.pushed.len();
+        self.held.append(&mut self.pushed);
         if n > 0 {
             self.arm()?;
         }
@@ -322,7 +316,8 @@ impl IoQueue for LatencyQueue {
             let mut at = 0;
             while at < self.held.len() {
                 if self.held[at].0 <= now {
-                    out.push(self.held.swap_remove(at).1);
+                    let (_, req) = self.held.swap_remove(at);
+                    out.push(req.run_on(self.inner.as_ref()));
                     got += 1;
                 } else {
                     at += 1;

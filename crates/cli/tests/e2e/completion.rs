@@ -90,3 +90,35 @@ fn a_hit_after_a_write_through_on_one_connection_is_answered_first() {
     backing.read_exact_at(&mut stored, 0).expect("read the backing store");
     assert_eq!(stored, [0x44; 4096], "the write is on the backing store");
 }
+
+/// Two connections in front of a store whose writes land only when they complete
+/// (`--backing-latency`), in write-through and write-around: connection A writes a block and
+/// does not wait; connection B reads 8 KiB covering it (served beside the write in flight: old
+/// or new data); A's write is answered; B reads the block again and must get the new data —
+/// a read beside the write in flight never caches the store's old data. 20 blocks per mode.
+#[test]
+fn a_read_beside_a_write_through_in_flight_never_caches_the_old_data() {
+    for mode in ["writethrough", "writearound"] {
+        let setup = Setup::new(&format!("overlap-{mode}"), 8 * MIB, 4 * MIB);
+        let server = setup.serve(Via::Tcp, &["--mode", mode, "--backing-latency", "20ms"]);
+        let mut a = NbdClient::connect(server.addr());
+        let mut b = NbdClient::connect(server.addr());
+        let mut stale = Vec::new();
+        for round in 0..20u64 {
+            let offset = round * 3 * 4096;
+            let new = [round as u8 + 1; 4096];
+            a.request(CMD_WRITE, 0, 100 + round, offset, 4096, &new).expect("the write");
+            let both = b.read_at(offset, 8192);
+            assert!(
+                both[..4096] == [0; 4096] || both[..4096] == new,
+                "{mode}: a read beside the write got neither the old nor the new data"
+            );
+            assert_eq!(a.simple_reply().expect("reply"), (0, 100 + round), "{mode}: the write");
+            if b.read_at(offset, 4096) != new || a.read_at(offset, 4096) != new {
+                stale.push(round);
+            }
+        }
+        assert!(stale.is_empty(), "{mode}: blocks of rounds {stale:?} read back old data");
+        server.terminate();
+    }
+}

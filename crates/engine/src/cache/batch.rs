@@ -27,6 +27,7 @@ use pmcache_media::Medium;
 use super::{Lane, ReadStart, block_of, offset_in_block};
 use crate::abort::AbortOnUnwind;
 use crate::clock::Clock;
+use crate::config::CacheMode;
 use crate::error::Result;
 use crate::format::{BlockState, SlotEntry};
 use crate::index::{Found, Key};
@@ -187,10 +188,22 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// write-back mode, or with `fua`) when this returns, as with `write`.
     pub fn write_batch(&mut self, writes: &[WriteRequest<'_>], outcomes: &mut Vec<Result<()>>) {
         let _unwind = AbortOnUnwind::new("Lane::write_batch");
+        // One mode for the whole batch: a switch waits for it (`cache/mode.rs`).
+        let mode = self.pin_mode();
+        self.write_batch_in_mode(mode, writes, outcomes);
+        self.unpin_mode();
+    }
+
+    /// [`Lane::write_batch`] in `mode`, pinned by the caller.
+    fn write_batch_in_mode(
+        &mut self,
+        mode: CacheMode,
+        writes: &[WriteRequest<'_>],
+        outcomes: &mut Vec<Result<()>>,
+    ) {
         let block = self.block_bytes();
         let group_max = self.engine.group_max;
-        // Read once per batch: a mode change made during a batch applies from the next one.
-        let writes_back = self.engine.mode().writes_back();
+        let writes_back = mode.writes_back();
         if writes_back {
             self.engine.pace_writes(writes.len() as u64);
         }

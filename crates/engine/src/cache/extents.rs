@@ -6,6 +6,11 @@
 //! of the backing store are looked up block by block (data stays data whatever the cache
 //! holds), at most [`EXTENT_LOOKUPS_MAX`] per call: a longer answer is cut short, which the
 //! protocol allows (the client asks again from where it stopped).
+//!
+//! The index is asked before the backing store's answer for a block is taken: a block the
+//! index does not hold inside a hole is asked of the backing store again after the lookup. A
+//! dirty block cleaned and evicted between the backing store's first answer and the lookup
+//! is then data on the store, and is never reported as a hole a copy would skip.
 
 use super::*;
 use pmcache_backing::Extent;
@@ -63,11 +68,38 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                 lookups += 1;
                 let lba = at / block;
                 let piece_end = ((lba + 1) * block).min(found_end);
-                let cached = self.index.lookup(lba).is_some();
-                if !push(out, Extent { len: piece_end - at, hole: !cached }) {
-                    return Ok(());
+                if self.index.lookup(lba).is_some() {
+                    if !push(out, Extent { len: piece_end - at, hole: false }) {
+                        return Ok(());
+                    }
+                    at = piece_end;
+                    continue;
                 }
+                // The run of blocks the index does not hold, from here on.
+                let run_start = at;
                 at = piece_end;
+                while at < found_end && lookups < EXTENT_LOOKUPS_MAX {
+                    let lba = at / block;
+                    if self.index.lookup(lba).is_some() {
+                        break;
+                    }
+                    lookups += 1;
+                    at = ((lba + 1) * block).min(found_end);
+                }
+                // Asked again, after the index: a block written back and evicted since the
+                // first answer is data on the backing store now, never a hole over it.
+                let mut run_at = run_start;
+                while run_at < at {
+                    let again = self
+                        .backing
+                        .extent_at(run_at, at - run_at)
+                        .map_err(|e| self.backing_failed(e))?;
+                    let again_end = (run_at + again.len.max(1)).min(at);
+                    if !push(out, Extent { len: again_end - run_at, hole: again.hole }) {
+                        return Ok(());
+                    }
+                    run_at = again_end;
+                }
             }
         }
         Ok(())

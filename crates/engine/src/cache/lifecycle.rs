@@ -132,12 +132,14 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                     in_use: AtomicBool::new(false),
                     counters: CachePadded::new(LaneCounters::default()),
                     fences: CachePadded::new(AtomicU64::new(0)),
+                    mode_pin: CachePadded::new(AtomicU64::new(0)),
                     members: (0..members).map(|_| MemberCounters::default()).collect(),
                 })
                 .collect(),
             closed: AtomicBool::new(false),
             lifecycle: Mutex::new(()),
-            mode: AtomicU8::new(config.mode.to_u8()),
+            mode: AtomicU64::new(super::mode::mode_word(config.mode, 1)),
+            mode_switch: Mutex::new(()),
             admission: Admission::new(config.admission),
             cleaner: CleanerShared::new(),
             eviction,
@@ -204,21 +206,13 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             read_starts: Vec::new(),
             write_starts: Vec::new(),
             write_outcomes: Vec::new(),
+            mode_pinned: None,
+            mode_pins: 0,
             node: None,
             refills: 0,
             // The first read asks which node the lane runs on.
             reads_since_node_check: NODE_CHECK_READS,
         })
-    }
-
-    /// The cache mode in force.
-    pub fn mode(&self) -> CacheMode {
-        CacheMode::from_u8(self.mode.load(Ordering::Relaxed))
-    }
-
-    /// Changes the cache mode. Dirty blocks stay dirty until written back.
-    pub fn set_mode(&self, mode: CacheMode) {
-        self.mode.store(mode.to_u8(), Ordering::Relaxed);
     }
 
     /// The read-miss admission policy in force.

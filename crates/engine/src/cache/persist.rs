@@ -102,7 +102,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     /// A sequence number for a write-back entry, from this lane's range (refilled from the
     /// global counter 1024 at a time, so writers share no counter), above every number issued
-    /// to the stripe. Write-back entries are dirty: the synced rule does not look at them.
+    /// to the stripe. Write-back entries are dirty: the synced rule does not look at them. A
+    /// number past the lane's range (the stripe's last is above it) moves the global counter
+    /// past it too, so that [`Engine::last_issued_seq`] stays at or above every number issued
+    /// (a drain tells the blocks dirty at its start by it).
     pub(super) fn local_seq(&mut self, stripe_last: &mut u64) -> u64 {
         const RANGE: u64 = 1024;
         if self.seq_next >= self.seq_end {
@@ -110,6 +113,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.seq_end = self.seq_next + RANGE;
         }
         let seq = first_seq_after(self.seq_next.max(*stripe_last + 1) - 1);
+        if seq >= self.seq_end {
+            self.engine.next_seq.fetch_max(seq + 1, Ordering::SeqCst);
+        }
         self.seq_next = seq + 1;
         *stripe_last = seq;
         seq

@@ -206,7 +206,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let admissible = may_admit && engine.mode().admits_reads();
         let admit = admissible && engine.admission.admit_block(lba);
         let cold = admissible && !admit;
-        let reserved = self.reserve_for_admission(admit);
+        let mut reserved = self.reserve_for_admission(admit);
+        let stripe = &engine.stripes[engine.stripe_index(lba)];
         let mut guard = engine.lock_stripe(lba);
         if let Some(found) = engine.index.lookup(lba) {
             let read = engine.read_slot_checked(found.slot, in_block, out, &mut self.checked_block);
@@ -226,6 +227,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             return Ok(());
         }
         let block = self.block_bytes();
+        if stripe.writing.load(Ordering::Relaxed) != 0
+            && let Some(slot) = reserved.take()
+        {
+            // A write of the stripe is on its way to the backing store and may land before
+            // or after this read: what the read finds there may be served (the two overlap),
+            // never admitted — a clean copy of the old data would hide the write for good.
+            self.give_back(slot);
+        }
         let Some(slot) = reserved else {
             engine.backing_read(out, lba * block + in_block as u64)?;
             let counters = self.counters();

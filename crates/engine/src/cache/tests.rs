@@ -562,3 +562,118 @@ mod full_index {
         }
     }
 }
+
+/// Block status over a dirty block the backing store holds as a hole: the cleaner (here a
+/// lane's drain) writes it back and the block is evicted between the backing store's answer
+/// and the index lookup. The block is data on the store by then, and must be reported as
+/// data: a hole there would make `qemu-img convert` or `nbdcopy` skip acknowledged data.
+/// With the backing store asked only before the index, the block is reported a hole.
+#[test]
+fn a_block_written_back_and_evicted_during_block_status_is_never_a_hole() {
+    use crate::testing::hooked::HookedBacking;
+    use pmcache_backing::{BackingStore, Extent};
+    use std::sync::mpsc;
+
+    let world = World::fresh(31);
+    let backing = HookedBacking::with_holes(world.backing.clone());
+    let device = backing.size_bytes();
+    backing.discard(0, device).expect("punch the whole device");
+    let cfg = config(CacheMode::WriteBack, EvictionKind::Clock, AdmissionConfig::Always);
+    let engine = Engine::format(
+        world.medium.clone(),
+        backing.clone(),
+        Arc::new(ManualClock::default()),
+        &cfg,
+    )
+    .expect("format");
+    let block = BLOCK as u64;
+    let target = 5u64;
+    let data = vec![0x77u8; BLOCK];
+    let mut lane = engine.lane().expect("lane");
+    lane.write(target * block, &data, false).expect("a dirty block over a hole");
+    let (ask, asked) = mpsc::channel::<()>();
+    let (done, answered) = mpsc::channel::<()>();
+    let mut first = true;
+    backing.on_extent(move |_| {
+        if std::mem::take(&mut first) {
+            ask.send(()).expect("ask for the write-back");
+            answered.recv().expect("the write-back and eviction");
+        }
+    });
+    std::thread::scope(|scope| {
+        let (lane, engine) = (&mut lane, &engine);
+        scope.spawn(move || {
+            asked.recv().expect("the extent query");
+            lane.drain().expect("write the block back");
+            // Other blocks read until the block is evicted.
+            let mut buf = vec![0u8; BLOCK];
+            let others = (0..device / block).filter(|&lba| lba != target).cycle();
+            for lba in others.take(1000) {
+                if engine.index.lookup(target).is_none() {
+                    break;
+                }
+                lane.read(lba * block, &mut buf).expect("read another block");
+            }
+            assert!(engine.index.lookup(target).is_none(), "the block was never evicted");
+            done.send(()).expect("answer the hook");
+        });
+        let mut extents = Vec::new();
+        engine.extents(target * block, block, 16, &mut extents).expect("block status");
+        assert_eq!(
+            extents,
+            vec![Extent { len: block, hole: false }],
+            "acknowledged data reported as a hole"
+        );
+    });
+}
+
+/// A mode switch is a barrier: `set_mode` returns only once every write request that read the
+/// old mode has returned, and such a request keeps that mode to its end. Here a request of
+/// this lane is in progress (its mode pinned, as `write_batch` pins it around the writes it
+/// runs alone) in write-around when another thread switches to write-back: the switch waits;
+/// the request's FUA write still flushes the backing store (in write-around its data is on the
+/// store, not in the cache, and only a flush makes it durable); once the request ends the
+/// switch returns, and the next write lands dirty in the cache. With the mode read anew for
+/// the FUA the flush is skipped; with a switch that does not wait it returns at once.
+#[test]
+fn a_mode_switch_waits_for_the_requests_of_the_old_mode_which_keep_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let world = World::fresh(41);
+    let cfg = config(CacheMode::WriteAround, EvictionKind::Clock, AdmissionConfig::Always);
+    let engine = Engine::format(
+        world.medium.clone(),
+        world.backing.clone(),
+        Arc::new(ManualClock::default()),
+        &cfg,
+    )
+    .expect("format");
+    let mut lane = engine.lane().expect("lane");
+    let block = BLOCK as u64;
+    assert_eq!(lane.pin_mode(), CacheMode::WriteAround);
+    let switched = AtomicBool::new(false);
+    let (passed, flushed, dirty) = std::thread::scope(|scope| {
+        let switch = scope.spawn(|| {
+            engine.set_mode(CacheMode::WriteBack);
+            switched.store(true, Ordering::SeqCst);
+        });
+        while engine.mode() != CacheMode::WriteBack {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let passed = switched.load(Ordering::SeqCst);
+        let flushes = world.backing.flushes();
+        lane.write(0, &vec![0x31; BLOCK], true).expect("a FUA write inside the request");
+        let flushed = world.backing.flushes() > flushes;
+        let dirty = lane.engine().stats().dirty_slots;
+        // The request ends before anything is checked: the switch waits for it.
+        lane.unpin_mode();
+        switch.join().expect("the switch");
+        (passed, flushed, dirty)
+    });
+    assert!(!passed, "the switch passed a request of the old mode");
+    assert!(flushed, "the FUA write did not flush the store");
+    assert_eq!(dirty, 0, "the write went to the cache");
+    assert!(switched.load(Ordering::SeqCst));
+    lane.write(block, &vec![0x32; BLOCK], false).expect("a write after the switch");
+    assert_eq!(engine.stats().dirty_slots, 1, "the write after the switch is not dirty");
+}

@@ -54,7 +54,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// backing store has it; any other write is done at once, as [`Lane::write`] does it.
     pub fn write_start(&mut self, offset: u64, data: &[u8], fua: bool) -> WriteStart {
         let _unwind = AbortOnUnwind::new("Lane::write_start");
+        self.pin_mode();
         let started = self.start_write(offset, data, fua);
+        self.unpin_mode();
         self.submit_misses();
         started
     }
@@ -70,22 +72,20 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     ) {
         let _unwind = AbortOnUnwind::new("Lane::write_batch_start");
         started.clear();
-        if let [w] = writes {
-            // One write: no group to commit.
-            started.push(self.start_write(w.offset, w.data, w.fua));
-            self.submit_misses();
-            return;
-        }
-        if self.engine.mode().writes_back() {
+        // One mode for the whole batch: a switch waits for its start (`cache/mode.rs`).
+        let mode = self.pin_mode();
+        if writes.len() > 1 && mode.writes_back() {
             let mut outcomes = std::mem::take(&mut self.write_outcomes);
             self.write_batch(writes, &mut outcomes);
             started.extend(outcomes.drain(..).map(WriteStart::Done));
             self.write_outcomes = outcomes;
-            return;
+        } else {
+            // One write (no group to commit), or writes that may go to the backing store.
+            for w in writes {
+                started.push(self.start_write(w.offset, w.data, w.fua));
+            }
         }
-        for w in writes {
-            started.push(self.start_write(w.offset, w.data, w.fua));
-        }
+        self.unpin_mode();
         self.submit_misses();
     }
 
@@ -122,7 +122,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// [`Lane::write_start`] without the submit.
     fn start_write(&mut self, offset: u64, data: &[u8], fua: bool) -> WriteStart {
         let engine = self.engine;
-        let mode = engine.mode();
+        let mode = self.pinned_mode();
         let block = self.block_bytes();
         let whole_block = data.len() as u64 == block
             && offset.is_multiple_of(block)
@@ -280,7 +280,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// lane has writes of its own in flight — on that stripe or any other — it reaps them
     /// (their answers kept for its caller): two lanes each waiting for a stripe the other is
     /// writing must not wait for each other. Otherwise the other lanes are given time.
-    fn wait_for_writes(&mut self, waits: &mut u32) {
+    pub(super) fn wait_for_writes(&mut self, waits: &mut u32) {
         let own = self.misses.table.iter().flatten().any(|r| matches!(r, InFlight::Write(_)));
         if own {
             self.reap_early(1);

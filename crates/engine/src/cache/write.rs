@@ -45,15 +45,29 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     pub fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         let _unwind = AbortOnUnwind::new("Lane::write");
         self.engine.check_range("write", offset, data.len() as u64)?;
+        let mode = self.pin_mode();
+        let written = self.write_in_mode(mode, offset, data, fua);
+        self.unpin_mode();
+        written
+    }
+
+    /// [`Lane::write`] in `mode`, pinned by the caller.
+    fn write_in_mode(
+        &mut self,
+        mode: CacheMode,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<()> {
         let block = self.block_bytes();
-        if self.engine.mode().writes_back()
+        if mode.writes_back()
             && offset_in_block(offset, block) == 0
             && (data.len() as u64).is_multiple_of(block)
             && data.len() as u64 >= 2 * block
         {
             return self.write_blocks_grouped(offset, data);
         }
-        if self.engine.mode().writes_back() {
+        if mode.writes_back() {
             let blocks = (data.len() as u64).div_ceil(self.block_bytes()).max(1);
             self.engine.pace_writes(blocks);
         }
@@ -63,7 +77,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             done += len;
         }
         bump(&self.counters().bytes_written, data.len() as u64);
-        if fua && !self.engine.mode().writes_back() {
+        if fua && !mode.writes_back() {
             self.flush()?;
         }
         Ok(())
@@ -103,10 +117,24 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     pub fn write_zeroes(&mut self, offset: u64, len: u64, fua: bool) -> Result<()> {
         let _unwind = AbortOnUnwind::new("Lane::write_zeroes");
         self.engine.check_range("write_zeroes", offset, len)?;
+        let mode = self.pin_mode();
+        let written = self.write_zeroes_in_mode(mode, offset, len, fua);
+        self.unpin_mode();
+        written
+    }
+
+    /// [`Lane::write_zeroes`] in `mode`, pinned by the caller.
+    fn write_zeroes_in_mode(
+        &mut self,
+        mode: CacheMode,
+        offset: u64,
+        len: u64,
+        fua: bool,
+    ) -> Result<()> {
         let block = self.block_bytes();
         let (first, end) = (offset.div_ceil(block), (offset + len) / block);
         let through = self.engine.zero_through_blocks_min.load(Ordering::Relaxed);
-        if self.engine.mode().writes_back() && end > first && end - first >= through {
+        if mode.writes_back() && end > first && end - first >= through {
             // Many whole blocks: bounded work (cache/zeroes.rs); the partial blocks at either
             // end through the cache.
             let (head, tail) = (first * block - offset, offset + len - end * block);
@@ -122,7 +150,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         for (lba, in_block, n) in pieces(offset, len, block) {
             self.write_block(lba, in_block, Payload::Zeroes(n))?;
         }
-        if fua && !self.engine.mode().writes_back() {
+        if fua && !mode.writes_back() {
             self.flush()?;
         }
         Ok(())
@@ -135,7 +163,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         payload: Payload<'_>,
     ) -> Result<()> {
         bump(&self.counters().writes, 1);
-        let mode = self.engine.mode();
+        let mode = self.pinned_mode();
         if mode.writes_back() {
             self.write_block_cached(lba, in_block, payload)
         } else {
@@ -190,7 +218,11 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         if full {
             self.fence();
         }
-        let mut guard = engine.lock_stripe_index(stripe);
+        // A partial block merges with the block's current data: when that is on the backing
+        // store with a write of it still in flight (a write-through before a switch to
+        // write-back), the write lands first, and the merge reads what it wrote.
+        let mut guard =
+            if full { engine.lock_stripe_index(stripe) } else { self.lock_stripe_for_backing(lba) };
         let seq = self.local_seq(&mut guard);
         let old = engine.index.lookup_key(&key);
         if let Some(found) = old {

@@ -131,29 +131,43 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         Ok(())
     }
 
-    /// Writes back every dirty block and marks it clean; the backing store then holds every
-    /// acknowledged write.
+    /// Writes back every block dirty when it starts and marks it clean; the backing store then
+    /// holds every write acknowledged before the call. A block busy meanwhile (a write of it
+    /// to the backing store in flight on another lane) is waited for and written back after
+    /// it, up to [`DRAIN_BUSY_WAIT`]; a block the backing store refuses stays dirty and is the
+    /// error, as are blocks still busy when the wait ends ([`Error::DrainBusy`]): the drain
+    /// never answers success while a block dirty at its start is dirty.
     pub fn drain(&mut self) -> Result<()> {
         let _unwind = AbortOnUnwind::new("Lane::drain");
         let engine = self.engine;
+        // Every block dirty now has an entry no newer than this; a block dirtied later by a
+        // writer beside the drain is that writer's, not the drain's.
+        let started_seq = engine.last_issued_seq();
+        let started = std::time::Instant::now();
         let mut batch = Vec::with_capacity(DRAIN_BATCH);
         // Everything that can be written back is, and the first failure is the result: a
         // block the backing store refuses stays dirty, and so does nothing else.
         let mut error = None;
         let mut failed_batches = 0;
-        let mut write_back = |lane: &mut Self, batch: &[u32]| {
-            let written = lane.write_back(batch, None);
-            match written.error {
-                Some(e) => {
-                    failed_batches = if written.cleaned == 0 { failed_batches + 1 } else { 0 };
-                    error.get_or_insert(e);
+        let mut waits = 0;
+        loop {
+            let mut write_back = |lane: &mut Self, batch: &[u32]| {
+                let written = lane.write_back(batch, None);
+                match written.error {
+                    Some(e) => {
+                        failed_batches = if written.cleaned == 0 { failed_batches + 1 } else { 0 };
+                        error.get_or_insert(e);
+                    }
+                    None => failed_batches = 0,
                 }
-                None => failed_batches = 0,
-            }
-            failed_batches < DRAIN_FAILED_BATCHES_MAX
-        };
-        for slot in 0..engine.slots.len() {
-            if engine.slots.load(slot).state() == SlotState::Dirty {
+                failed_batches < DRAIN_FAILED_BATCHES_MAX
+            };
+            let mut left = 0u64;
+            for slot in 0..engine.slots.len() {
+                if !engine.dirty_since_before(slot, started_seq) {
+                    continue;
+                }
+                left += 1;
                 batch.push(slot);
                 if batch.len() == DRAIN_BATCH {
                     let go_on = write_back(self, &batch);
@@ -163,14 +177,42 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                     }
                 }
             }
-        }
-        if !batch.is_empty() {
-            write_back(self, &batch);
+            if !batch.is_empty() {
+                write_back(self, &batch);
+                batch.clear();
+            }
+            if error.is_some() || left == 0 {
+                break;
+            }
+            let busy = engine.dirty_slots_up_to(started_seq);
+            if busy == 0 {
+                break;
+            }
+            if started.elapsed() >= DRAIN_BUSY_WAIT {
+                let waited_ms = started.elapsed().as_millis() as u64;
+                error = Some(Error::DrainBusy { dirty: busy, waited_ms });
+                break;
+            }
+            self.wait_for_writes(&mut waits);
         }
         let flushed = self.flush();
         match error {
             Some(e) => Err(e),
             None => flushed,
         }
+    }
+}
+
+impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
+    /// Whether `slot` is dirty with an entry no newer than `seq`.
+    fn dirty_since_before(&self, slot: u32, seq: u64) -> bool {
+        self.slots.load(slot).state() == SlotState::Dirty
+            && matches!(self.read_entry(slot), DecodedEntry::Valid(entry) if entry.seq <= seq)
+    }
+
+    /// The slots dirty with an entry no newer than `seq` (a pass over the slot table): the
+    /// blocks dirty when a drain that sampled `seq` started, still dirty.
+    pub(super) fn dirty_slots_up_to(&self, seq: u64) -> u64 {
+        (0..self.slots.len()).filter(|&slot| self.dirty_since_before(slot, seq)).count() as u64
     }
 }

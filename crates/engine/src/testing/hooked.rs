@@ -30,6 +30,8 @@ pub struct HookedBacking {
     pub before_discard: Mutex<Option<Hook>>,
     /// Called before each flush reaches the device (with offset 0).
     pub before_flush: Mutex<Option<Hook>>,
+    /// Called once each extent query has its answer, before the answer is returned.
+    pub after_extent: Mutex<Option<Hook>>,
     /// With [`HookedBacking::with_holes`]: per sector, whether it is a hole (discarded since
     /// it was last written), as a file's punched range is.
     holes: Option<Mutex<Vec<bool>>>,
@@ -60,6 +62,7 @@ impl HookedBacking {
             before_write_zeroes: Mutex::new(None),
             before_discard: Mutex::new(None),
             before_flush: Mutex::new(None),
+            after_extent: Mutex::new(None),
         })
     }
 
@@ -87,6 +90,11 @@ impl HookedBacking {
     /// Sets the hook before flushes.
     pub fn on_flush(&self, hook: impl FnMut(u64) + Send + 'static) {
         *self.before_flush.lock().expect("poisoned") = Some(Box::new(hook));
+    }
+
+    /// Sets the hook after extent queries (what the engine learns is then already old).
+    pub fn on_extent(&self, hook: impl FnMut(u64) + Send + 'static) {
+        *self.after_extent.lock().expect("poisoned") = Some(Box::new(hook));
     }
 
     /// Marks the sectors of `offset..offset + len` holes (or data).
@@ -161,14 +169,18 @@ impl BackingStore for HookedBacking {
         let Some(holes) = &self.holes else {
             return Ok(pmcache_backing::Extent { len, hole: false });
         };
-        let holes = holes.lock().expect("poisoned");
-        let sector = SIM_SECTOR_BYTES as u64;
-        let hole_at = |at: u64| holes.get((at / sector) as usize).copied().unwrap_or(false);
-        let hole = hole_at(offset);
-        let mut end = offset;
-        while end < offset + len && hole_at(end) == hole {
-            end = (end / sector + 1) * sector;
-        }
-        Ok(pmcache_backing::Extent { len: end.min(offset + len) - offset, hole })
+        let extent = {
+            let holes = holes.lock().expect("poisoned");
+            let sector = SIM_SECTOR_BYTES as u64;
+            let hole_at = |at: u64| holes.get((at / sector) as usize).copied().unwrap_or(false);
+            let hole = hole_at(offset);
+            let mut end = offset;
+            while end < offset + len && hole_at(end) == hole {
+                end = (end / sector + 1) * sector;
+            }
+            pmcache_backing::Extent { len: end.min(offset + len) - offset, hole }
+        };
+        HookedBacking::call(&self.after_extent, offset);
+        Ok(extent)
     }
 }

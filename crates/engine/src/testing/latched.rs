@@ -1,16 +1,19 @@
-//! A backing store whose queued requests complete only when the test lets them: each read or
-//! write reaches the device when it is submitted (a read's data is what the device held then)
-//! and its completion is held while the latch is closed, as a slow device's would be. What a
-//! frontend does with the requests behind a miss or a write-through in flight is tested with
-//! it.
+//! A backing store whose queued requests complete only when the test lets them, as a slow
+//! device's would. Each read or write reaches the device either when it is submitted (a read's
+//! data is what the device held then) or, with [`LatchedBacking::land_late`], only when its
+//! completion is let through (a write lands late, as on a network disk: a read started
+//! meanwhile sees the old data); its completion is held while the latch is closed. What the
+//! engine and a frontend do with requests overlapping a miss or a write-through in flight is
+//! tested with it.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use pmcache_backing::{BackingIdentity, BackingStore, IoCompletion, IoQueue, IoRequest, SyncQueue};
+use pmcache_backing::{BackingIdentity, BackingStore, IoCompletion, IoQueue, IoRequest};
 
 use super::SimBacking;
 use super::model::{World, config, pattern};
@@ -51,6 +54,8 @@ pub struct LatchedBacking {
     /// The device underneath.
     pub inner: SimBacking,
     latch: Arc<Latch>,
+    /// Queued requests run on the device when their completion is let through, not at submit.
+    late: AtomicBool,
 }
 
 impl LatchedBacking {
@@ -60,7 +65,13 @@ impl LatchedBacking {
         let latch = Latch { closed: Mutex::new(true), opened: Condvar::new(), event, signal };
         let latch = Arc::new(latch);
         latch.set(false);
-        Arc::new(Self { inner, latch })
+        Arc::new(Self { inner, latch, late: AtomicBool::new(false) })
+    }
+
+    /// Makes the requests of queues opened from now on run on the device only when their
+    /// completion is let through (`true`), or at submit (`false`, the default).
+    pub fn land_late(&self, late: bool) {
+        self.late.store(late, Ordering::SeqCst);
     }
 
     /// Closes (`true`) or opens the latch that queued requests' completions wait at.
@@ -99,21 +110,32 @@ impl BackingStore for LatchedBacking {
     }
     fn open_queue(&self, depth: usize) -> pmcache_backing::Result<Box<dyn IoQueue>> {
         Ok(Box::new(LatchedQueue {
-            device: SyncQueue::new(Arc::new(self.inner.clone()), depth),
+            device: self.inner.clone(),
+            late: self.late.load(Ordering::SeqCst),
             latch: self.latch.clone(),
+            pushed: VecDeque::with_capacity(depth),
             held: VecDeque::with_capacity(depth),
             depth,
         }))
     }
 }
 
-/// Runs each request on the device at submit; holds its completion while the latch is
-/// closed.
+/// Runs each request on the device at submit (or, landing late, when its completion is let
+/// through); holds its completion while the latch is closed.
 struct LatchedQueue {
-    device: SyncQueue,
+    device: SimBacking,
+    late: bool,
     latch: Arc<Latch>,
-    held: VecDeque<IoCompletion>,
+    /// Pushed, not submitted yet.
+    pushed: VecDeque<IoRequest>,
+    /// Submitted: run already (landing at submit) or still to run (landing late).
+    held: VecDeque<Held>,
     depth: usize,
+}
+
+enum Held {
+    Ran(IoCompletion),
+    ToRun(IoRequest),
 }
 
 impl IoQueue for LatchedQueue {
@@ -121,19 +143,24 @@ impl IoQueue for LatchedQueue {
         self.depth
     }
     fn in_flight(&self) -> usize {
-        self.device.in_flight() + self.held.len()
+        self.pushed.len() + self.held.len()
     }
     fn push(&mut self, req: IoRequest) -> Result<(), IoRequest> {
         if self.in_flight() == self.depth {
             return Err(req);
         }
-        self.device.push(req)
+        self.pushed.push_back(req);
+        Ok(())
     }
     fn submit(&mut self) -> pmcache_backing::Result<usize> {
-        let mut done = Vec::new();
-        let n = self.device.submit()?;
-        self.device.reap(0, &mut done)?;
-        self.held.extend(done);
+        let n = self.pushed.len();
+        while let Some(req) = self.pushed.pop_front() {
+            self.held.push_back(if self.late {
+                Held::ToRun(req)
+            } else {
+                Held::Ran(req.run_on(&self.device))
+            });
+        }
         Ok(n)
     }
     fn reap(&mut self, min: usize, out: &mut Vec<IoCompletion>) -> pmcache_backing::Result<usize> {
@@ -141,8 +168,11 @@ impl IoQueue for LatchedQueue {
         let mut closed = self.latch.closed.lock().expect("poisoned");
         let mut got = 0;
         loop {
-            while !*closed && let Some(completion) = self.held.pop_front() {
-                out.push(completion);
+            while !*closed && let Some(held) = self.held.pop_front() {
+                out.push(match held {
+                    Held::Ran(completion) => completion,
+                    Held::ToRun(req) => req.run_on(&self.device),
+                });
                 got += 1;
             }
             if got >= min.min(got + self.held.len()) {

@@ -286,8 +286,14 @@ impl BackingStore for SimBacking {
                 reason: "this simulated device offers no queue".into(),
             });
         }
-        let queue = pmcache_backing::SyncQueue::new(Arc::new(self.clone()), depth);
-        Ok(Box::new(ReversedQueue(queue)))
+        let seed = self.inner.rng.lock().expect("poisoned").r#gen();
+        Ok(Box::new(LateQueue {
+            device: self.clone(),
+            depth,
+            pushed: Vec::with_capacity(depth),
+            submitted: Vec::with_capacity(depth),
+            rng: SmallRng::seed_from_u64(seed),
+        }))
     }
 
     fn failed_flush_loses_writes(&self) -> bool {
@@ -335,35 +341,72 @@ impl BackingStore for SimBacking {
     }
 }
 
-/// The simulated device's queue: requests run one by one as they are submitted, and each
-/// reap hands their completions back in reverse order, so the engine's queued paths (misses
-/// in flight, the cleaner's pipelined writes) meet completions out of order.
-struct ReversedQueue(pmcache_backing::SyncQueue);
+/// The simulated device's queue. A submitted request runs on the device only when a reap
+/// picks it — a write lands late, as on a network disk, so a read started meanwhile on another
+/// lane reads the old data — and before it runs the reaping thread yields, so that other lanes
+/// act while the request is in flight. A reap that must wait runs at least the requests it
+/// waits for and each other one by a coin flip; a poll (`min = 0`) runs each by a coin flip.
+/// Completions come back in a shuffled order, so the engine's queued paths (misses in flight,
+/// the cleaner's pipelined writes, write-throughs) meet completions out of order.
+struct LateQueue {
+    device: SimBacking,
+    depth: usize,
+    /// Pushed, not submitted yet.
+    pushed: Vec<pmcache_backing::IoRequest>,
+    /// Submitted, not run yet.
+    submitted: Vec<pmcache_backing::IoRequest>,
+    rng: SmallRng,
+}
 
-impl pmcache_backing::IoQueue for ReversedQueue {
+impl pmcache_backing::IoQueue for LateQueue {
     fn depth(&self) -> usize {
-        self.0.depth()
+        self.depth
     }
     fn in_flight(&self) -> usize {
-        self.0.in_flight()
+        self.pushed.len() + self.submitted.len()
     }
     fn push(
         &mut self,
         req: pmcache_backing::IoRequest,
     ) -> std::result::Result<(), pmcache_backing::IoRequest> {
-        self.0.push(req)
+        if self.in_flight() == self.depth {
+            return Err(req);
+        }
+        self.pushed.push(req);
+        Ok(())
     }
     fn submit(&mut self) -> pmcache_backing::Result<usize> {
-        self.0.submit()
+        let n = self.pushed.len();
+        self.submitted.append(&mut self.pushed);
+        Ok(n)
     }
     fn reap(
         &mut self,
         min: usize,
         out: &mut Vec<pmcache_backing::IoCompletion>,
     ) -> pmcache_backing::Result<usize> {
-        let from = out.len();
-        let n = self.0.reap(min, out)?;
-        out[from..].reverse();
-        Ok(n)
+        use rand::seq::SliceRandom;
+        self.submit()?;
+        if self.submitted.is_empty() {
+            return Ok(0);
+        }
+        // The requests stay in flight a moment: another lane's request may pass them.
+        for _ in 0..4 {
+            std::thread::yield_now();
+        }
+        self.submitted.shuffle(&mut self.rng);
+        let min = min.min(self.submitted.len());
+        let mut got = 0;
+        let mut at = 0;
+        while at < self.submitted.len() {
+            if got < min || self.rng.gen_bool(0.5) {
+                let req = self.submitted.swap_remove(at);
+                out.push(req.run_on(&self.device));
+                got += 1;
+            } else {
+                at += 1;
+            }
+        }
+        Ok(got)
     }
 }

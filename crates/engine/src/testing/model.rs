@@ -1021,16 +1021,21 @@ fn blocks_touched(op: &Op) -> Option<Vec<u64>> {
     }
 }
 
-/// Whether `a` and `b` may run at once: neither orders the other, and no block is in both.
+/// Whether `a` and `b` may run at once: neither orders the other, and no block is in both —
+/// or one is a mode switch and the other a request, which runs in either mode.
 fn may_run_together(a: &Op, b: &Op) -> bool {
     match (blocks_touched(a), blocks_touched(b)) {
         (Some(a), Some(b)) => a.iter().all(|block| !b.contains(block)),
-        _ => false,
+        (Some(_), None) => matches!(b, Op::SetMode { .. }),
+        (None, Some(_)) => matches!(a, Op::SetMode { .. }),
+        (None, None) => false,
     }
 }
 
 /// Whether `a` and `b` may run at once although they touch the same blocks: both change
-/// blocks (a write, a batch of writes, a trim, a write-zeroes).
+/// blocks (a write, a batch of writes, a trim, a write-zeroes), or one reads and the other
+/// changes exactly one block the read covers (the read then ran wholly before or after that
+/// block's change, which the model tells apart by its data).
 fn may_overlap(a: &Op, b: &Op) -> bool {
     let changes = |op: &Op| {
         matches!(
@@ -1038,7 +1043,40 @@ fn may_overlap(a: &Op, b: &Op) -> bool {
             Op::Write { .. } | Op::WriteBatch { .. } | Op::Trim { .. } | Op::WriteZeroes { .. }
         )
     };
-    changes(a) && changes(b)
+    let reads = |op: &Op| matches!(op, Op::Read { .. } | Op::ReadBatch { .. });
+    (changes(a) && changes(b))
+        || ((reads(a) && changes(b) || changes(a) && reads(b)) && blocks_in_both(a, b).len() == 1)
+}
+
+/// Settles a mode switch and a request that ran at once: the request ran in the old mode or
+/// the new one, so it is durable at its acknowledgement only if both modes make it so.
+fn settle_beside_mode_switch(
+    model: &mut Model,
+    pair: [&Op; 2],
+    data: &[Vec<u8>],
+    results: [(Result<Done, OpFailure>, bool); 2],
+    faults: Faults,
+    outcome: &mut RunOutcome,
+) -> Result<(), String> {
+    let switch_at = usize::from(!matches!(pair[0], Op::SetMode { .. }));
+    let Op::SetMode { mode } = *pair[switch_at] else {
+        unreachable!("one of the pair is a mode switch");
+    };
+    let [first, second] = results;
+    let (request, switch) = if switch_at == 0 { (second, first) } else { (first, second) };
+    let durable_at_ack = model.durable_at_ack;
+    model.durable_at_ack = durable_at_ack && mode.writes_back();
+    settle(
+        model,
+        pair[1 - switch_at],
+        &data[1 - switch_at],
+        request.0,
+        request.1,
+        faults,
+        outcome,
+    )?;
+    model.durable_at_ack = durable_at_ack;
+    settle(model, pair[switch_at], &[], switch.0, switch.1, faults, outcome)
 }
 
 /// The blocks both `a` and `b` touch.
@@ -1069,6 +1107,8 @@ pub struct RunOutcome {
     pub cuts_during_pairs: u64,
     /// Pairs run at once that touched the same blocks (`CrashRun::overlapping_pairs`).
     pub overlapping_pairs: u64,
+    /// Pairs run at once of which one was a mode switch (`CrashRun::concurrent_pairs`).
+    pub pairs_beside_mode_switches: u64,
     /// Backing-store fault operations run (`Op::FailBacking*`, `Op::HealBacking`).
     pub backing_fault_ops: u64,
     /// Operations that failed with a backing-store error while faults were injected.
@@ -1188,7 +1228,9 @@ fn settle_overlapping(
     outcome: &mut RunOutcome,
 ) -> Result<bool, String> {
     let [(first, first_cut), (second, second_cut)] = results;
-    let mut orders = [model.clone(), model.clone()];
+    // Each order's model, or why the reads of the pair rule it out (a read that ran beside a
+    // write saw the block before or after it, not both).
+    let mut orders = [Ok(model.clone()), Ok(model.clone())];
     for (order, sequence) in orders.iter_mut().zip([[0usize, 1], [1, 0]]) {
         for at in sequence {
             let (result, cut) = if at == 0 { (&first, first_cut) } else { (&second, second_cut) };
@@ -1197,10 +1239,25 @@ fn settle_overlapping(
                 Err(failure) if cut || switch.has_crashed() => Err(failure.clone()),
                 Err(failure) => return Err(format!("failed: {}", failure.message)),
             };
-            settle(order, pair[at], &data[at], result, cut, Faults::default(), outcome)?;
+            if let Ok(model) = order {
+                let settled =
+                    settle(model, pair[at], &data[at], result, cut, Faults::default(), outcome);
+                if let Err(why) = settled {
+                    *order = Err(why);
+                }
+            }
         }
     }
-    let [mut ab, ba] = orders;
+    let (mut ab, ba) = match orders {
+        [Ok(ab), Ok(ba)] => (ab, ba),
+        [Ok(only), Err(_)] | [Err(_), Ok(only)] => (only.clone(), only),
+        [Err(ab), Err(ba)] => {
+            return Err(format!(
+                "{:?} and {:?} at once match neither order: {ab}; {ba}",
+                pair[0], pair[1]
+            ));
+        }
+    };
     let widen = |ab: &mut Model, ba: &Model| {
         ab.widen_to(ba);
         true
@@ -1358,6 +1415,24 @@ pub fn run_crash_case(ops: &[Op], run: &CrashRun) -> Result<RunOutcome, String> 
                             world.switch.points(),
                             world.switch.has_crashed()
                         );
+                    }
+                    if pair.iter().any(|op| matches!(op, Op::SetMode { .. })) {
+                        outcome.pairs_beside_mode_switches += 1;
+                        let crashed = world.switch.has_crashed();
+                        settle_beside_mode_switch(
+                            &mut model,
+                            pair,
+                            &pair_data,
+                            results,
+                            faults,
+                            &mut outcome,
+                        )
+                        .map_err(|e| format!("ops {} and {}: {e}", next - 1, next))?;
+                        if crashed {
+                            outcome.cuts_during_pairs += 1;
+                            break;
+                        }
+                        continue;
                     }
                     let both = blocks_in_both(pair[0], pair[1]);
                     if !both.is_empty() {

@@ -255,12 +255,18 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             Some(queue) => {
                 if let Err(e) = queue.reap(min, &mut self.completions) {
                     // The queue itself failed (not one request): its writes' outcomes are
-                    // unknown, so wait them out request by request on later calls; nothing
-                    // in flight is counted as written.
-                    engine.backing_failed(e);
-                    std::thread::sleep(Duration::from_millis(1));
+                    // unknown, so wait them out on later calls; nothing in flight is counted
+                    // as written. A queue that keeps failing is given up.
+                    let _counted = engine.backing_failed(e);
+                    self.queue_failures += 1;
+                    if self.queue_failures >= QUEUE_FAILURES_MAX {
+                        self.abandon_queue();
+                    } else {
+                        std::thread::sleep(Duration::from_millis(1 << self.queue_failures.min(6)));
+                    }
                     return;
                 }
+                self.queue_failures = 0;
             }
             None => self.completions.append(&mut self.direct_done),
         }
@@ -290,6 +296,37 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             self.runs[run].clear();
             self.free_buffers.push(run);
         }
+    }
+
+    /// Gives the queue up after it failed [`QUEUE_FAILURES_MAX`] times in a row: it is dropped
+    /// (the engines' queues wait, when dropped, for what the kernel still holds), every copy
+    /// it had in flight is ended unwritten (its stripe's `cleaning` count lowered, its block
+    /// left dirty for a later batch), a flush in flight is made again synchronously, and the
+    /// cleaner writes synchronously from then on.
+    fn abandon_queue(&mut self) {
+        let engine = self.lane.engine;
+        drop(self.queue.take());
+        let bytes = self.buffer_blocks * engine.layout.block_size as usize;
+        for run in 0..self.buffers.len() {
+            if self.buffers[run].is_some() {
+                continue;
+            }
+            for &(_, _, entry) in &self.runs[run] {
+                engine.stripes[engine.stripe_index(entry.lba)]
+                    .cleaning
+                    .fetch_sub(1, Ordering::AcqRel);
+                // Left dirty as it is: the backing store did not refuse it.
+                self.in_batch.remove(&entry.lba);
+            }
+            self.runs[run].clear();
+            self.buffers[run] = Some(IoBuf::new(bytes));
+            self.free_buffers.push(run);
+        }
+        if let Some(syncing) = self.syncing.as_mut().filter(|s| s.result.is_none()) {
+            // Its writes had all completed before it was sent: a flush now covers them.
+            syncing.result = Some(engine.backing.flush());
+        }
+        lock(&engine.cleaner.status).errors += 1;
     }
 
     /// After every write of the batch completed: marks the refused blocks, and sends the

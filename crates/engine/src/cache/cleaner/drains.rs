@@ -5,7 +5,7 @@ use super::*;
 
 /// Batches in a row a requested drain lets clean nothing without an error (every dirty block
 /// busy under a writer's stripe, or overwritten while it was copied) before it ends, 1 ms
-/// apart.
+/// apart: answered busy if blocks dirty at its start are left.
 const DRAIN_FRUITLESS_MAX: u32 = 1000;
 /// A requested drain ends once it has written back this many times the cache's slots: writers
 /// that keep dirtying blocks as fast as they are cleaned would otherwise hold it forever.
@@ -14,9 +14,11 @@ const DRAIN_SLOTS_FACTOR: u64 = 4;
 /// How a requested drain ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum DrainAnswer {
-    /// No dirty block was left, or none could be written back for a while without an error
-    /// (writers keep them busy).
+    /// No block dirty when the drain started is dirty any more.
     Drained { cleaned: u64 },
+    /// Blocks dirty when the drain started stayed busy (writes of them to the backing store
+    /// in flight on lanes) while nothing could be cleaned for the drain's whole wait.
+    Busy { dirty: u64, waited_ms: u64 },
     /// A batch cleaned nothing because the backing store refused writes or its sync failed.
     Failed { failed: u64, cleaned: u64, unreadable: u64 },
     /// The cleaner was stopped first (or its run ended before it got to the request).
@@ -112,8 +114,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     }
 
     /// Waits up to `timeout` for the drain asked for as `ticket` ([`Engine::request_drain`]):
-    /// `None` while it runs; `Some(Ok(cleaned))` once no dirty block is left (or none could be
-    /// written back for a second without an error: writers keep them busy);
+    /// `None` while it runs; `Some(Ok(cleaned))` once no block dirty at the drain's start is
+    /// dirty; `Some(Err(DrainBusy))` when such blocks stayed busy for a second while nothing
+    /// could be cleaned (writes of them to the backing store in flight);
     /// `Some(Err(WriteBackIncomplete))` when the backing store refused blocks (they stay dirty);
     /// `Some(Err(ShutDown))` when the cleaner stopped before the drain was done.
     pub fn drain_outcome(&self, ticket: u64, timeout: Duration) -> Option<Result<u64>> {
@@ -127,6 +130,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         }
         Some(match state.last.unwrap_or(DrainAnswer::Stopped) {
             DrainAnswer::Drained { cleaned } => Ok(cleaned),
+            DrainAnswer::Busy { dirty, waited_ms } => Err(Error::DrainBusy { dirty, waited_ms }),
             DrainAnswer::Failed { failed, cleaned, unreadable } => {
                 Err(Error::WriteBackIncomplete { failed, cleaned, unreadable })
             }
@@ -144,19 +148,32 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         let shared = &engine.cleaner;
         let Some(upto) = shared.drains.take() else { return false };
         lock(&shared.status).phase = "draining";
+        // Every block dirty now has an entry no newer than this: the drain is done when none
+        // of them is dirty; blocks writers dirty meanwhile are theirs, not the drain's.
+        let started_seq = engine.last_issued_seq();
         let slots = engine.layout.slot_count;
         let mut cleaned = 0u64;
+        let mut cleaned_since_check = 0u64;
         let mut fruitless = 0u32;
         let answer = loop {
             if shared.stop.load(Ordering::SeqCst) {
                 break DrainAnswer::Stopped;
             }
-            if engine.dirty_slots() == 0 || cleaned >= DRAIN_SLOTS_FACTOR * slots {
+            if engine.dirty_slots() == 0 {
                 break DrainAnswer::Drained { cleaned };
+            }
+            if cleaned_since_check >= DRAIN_SLOTS_FACTOR * slots {
+                // Writers keep dirtying blocks as fast as they are cleaned: done once none of
+                // the drain's own is left (the sweep reaches them all), which a pass tells.
+                if engine.dirty_slots_up_to(started_seq) == 0 {
+                    break DrainAnswer::Drained { cleaned };
+                }
+                cleaned_since_check = 0;
             }
             let batch_blocks = lock(&shared.config).batch_blocks;
             let outcome = self.clean_batch(batch_blocks);
             cleaned += outcome.cleaned;
+            cleaned_since_check += outcome.cleaned;
             if outcome.cleaned > 0 {
                 fruitless = 0;
                 shared.failing.store(false, Ordering::SeqCst);
@@ -174,7 +191,12 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             // being marked clean). Look again shortly; the count decides when it is done.
             fruitless += 1;
             if fruitless >= DRAIN_FRUITLESS_MAX {
-                break DrainAnswer::Drained { cleaned };
+                let dirty = engine.dirty_slots_up_to(started_seq);
+                if dirty == 0 {
+                    break DrainAnswer::Drained { cleaned };
+                }
+                let waited_ms = u64::from(fruitless);
+                break DrainAnswer::Busy { dirty, waited_ms };
             }
             std::thread::sleep(Duration::from_millis(1));
         };

@@ -50,6 +50,10 @@ const REST_MS: u64 = 100;
 const STALL_POLL_MS: u64 = 20;
 /// The `user_data` of the cleaner's flushes (its writes carry their buffer's index).
 const FLUSH_TAG: u64 = u64::MAX;
+/// Reaps in a row that fail as a whole (the queue itself, not one request) before the cleaner
+/// gives its queue up and writes synchronously: a queue that fails for good must not keep the
+/// copies it holds in flight forever, each keeping writers of its stripe waiting.
+const QUEUE_FAILURES_MAX: u32 = 8;
 /// Busy time over which the cleaner's write-back rate is measured before it updates its
 /// estimate.
 const RATE_WINDOW: Duration = Duration::from_millis(200);
@@ -186,6 +190,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         Ok(Cleaner {
             lane,
             queue,
+            queue_failures: 0,
             direct_done: Vec::with_capacity(depth),
             buffers: (0..depth).map(|_| Some(IoBuf::new(config.merge_blocks * block))).collect(),
             buffer_blocks: config.merge_blocks,
@@ -360,6 +365,8 @@ pub struct BatchOutcome {
 pub struct Cleaner<'e, M: Medium, B: BackingStore, C: Clock> {
     lane: Lane<'e, M, B, C>,
     queue: Option<Box<dyn IoQueue>>,
+    /// Reaps of `queue` in a row that failed as a whole.
+    queue_failures: u32,
     /// Completions of writes made synchronously (a store without a queue).
     direct_done: Vec<IoCompletion>,
     /// One buffer per write in flight, `buffer_blocks` blocks each; `None` while in flight.
