@@ -45,6 +45,7 @@ mod batch;
 mod checked;
 mod cleaner;
 mod extents;
+mod invalidate;
 mod lifecycle;
 mod misses;
 mod mode;
