@@ -19,6 +19,14 @@
 //! (on the device it is a machine check the process does not survive), and stores do not
 //! heal it. Poison is not part of the images: a medium made from an image is poisoned anew.
 //!
+//! [`CrashMedium::poison_mapped`] poisons lines the way the mapped medium (`PmemFile`) meets
+//! them: a plain access of such a line panics, and the first checked read that reaches one
+//! *loses* the page around it ([`CrashMedium::PAGE_BYTES`]), as `PmemFile`'s `SIGBUS` handler
+//! replaces that page with a zeroed private one. A lost page reads as zeroes (plain reads do
+//! not fault any more; checked reads of any byte of it fail), and what is stored there from
+//! then on is seen by later loads but never reaches the durable image or a power cut's image:
+//! the file under the mapping keeps what it held when the page was lost.
+//!
 //! A [`CrashSwitch`] shared by every participant (this medium, a simulated backing store)
 //! counts persist points (each `drain`, each backing write and flush) and cuts power at the
 //! N-th: from then on nothing more becomes durable, and each participant's crash image is
@@ -150,6 +158,15 @@ struct Inner {
     /// Poisoned cache lines (line numbers), and whether there are any (checked first).
     poisoned: Mutex<BTreeSet<u64>>,
     any_poisoned: AtomicBool,
+    /// Lines poisoned as a mapped medium meets them (`poison_mapped`), not reached yet by a
+    /// checked read; and whether there are any.
+    latent: Mutex<BTreeSet<u64>>,
+    any_latent: AtomicBool,
+    /// Pages lost (page numbers): see the module. Whether there are any, and how many stores
+    /// touched one since.
+    lost: Mutex<BTreeSet<u64>>,
+    any_lost: AtomicBool,
+    stores_to_lost: AtomicU64,
 }
 
 impl Inner {
@@ -176,9 +193,16 @@ impl Inner {
                 }
             }
         }
+        let lost = self.lost_pages();
         let mut image = durable.words.to_vec();
         for (index, word) in image.iter_mut().enumerate() {
-            let current = self.volatile[index].load(Ordering::SeqCst);
+            // A lost page's stores never reach the medium: its words are candidates only as
+            // they were flushed before it was lost.
+            let current = if lost.contains(&(index as u64 * 8 / CrashMedium::PAGE_BYTES)) {
+                *word
+            } else {
+                self.volatile[index].load(Ordering::SeqCst)
+            };
             let snapshots = flushed.get(&index).map_or(&[][..], Vec::as_slice);
             let newer = usize::from(current != *word) + snapshots.len();
             if newer > 0 && rng.gen_bool(keep_bias) {
@@ -187,6 +211,14 @@ impl Inner {
             }
         }
         image
+    }
+
+    /// The lost pages (page numbers).
+    fn lost_pages(&self) -> BTreeSet<u64> {
+        if !self.any_lost.load(Ordering::SeqCst) {
+            return BTreeSet::new();
+        }
+        self.lost.lock().expect("lost pages lock").clone()
     }
 }
 
@@ -224,6 +256,11 @@ impl CrashMedium {
             switch: switch.clone(),
             poisoned: Mutex::new(BTreeSet::new()),
             any_poisoned: AtomicBool::new(false),
+            latent: Mutex::new(BTreeSet::new()),
+            any_latent: AtomicBool::new(false),
+            lost: Mutex::new(BTreeSet::new()),
+            any_lost: AtomicBool::new(false),
+            stores_to_lost: AtomicU64::new(0),
         });
         let weak: Weak<Inner> = Arc::downgrade(&inner);
         switch.on_crash(Box::new(move || {
@@ -272,6 +309,108 @@ impl CrashMedium {
         let poisoned = self.inner.poisoned.lock().expect("poisoned lines lock");
         poisoned.range(lines).next().map(|&line| (line * CACHE_LINE).max(offset))
     }
+
+    /// The page a mapped medium replaces when a checked read meets a poisoned line in it.
+    pub const PAGE_BYTES: u64 = 4096;
+
+    /// Poisons the cache lines covering `offset..offset + len` as a mapped medium meets them
+    /// (see the module): a plain access of one panics; the first checked read that reaches
+    /// one loses the page holding it, from then on listed by [`Medium::poisoned_ranges`].
+    pub fn poison_mapped(&self, offset: u64, len: u64) {
+        check_bounds(offset, len, self.len_bytes());
+        let lines = offset / CACHE_LINE..(offset + len).div_ceil(CACHE_LINE);
+        self.inner.latent.lock().expect("latent lines lock").extend(lines);
+        self.inner.any_latent.store(true, Ordering::SeqCst);
+    }
+
+    /// Loses the pages covering `offset..offset + len` now, as a checked read that met a
+    /// poisoned line in each would (see the module).
+    pub fn lose_pages(&self, offset: u64, len: u64) {
+        check_bounds(offset, len, self.len_bytes());
+        let pages = offset / Self::PAGE_BYTES..(offset + len).div_ceil(Self::PAGE_BYTES);
+        for page in pages {
+            self.lose_page(page);
+        }
+    }
+
+    fn lose_page(&self, page: u64) {
+        let _gate = self.inner.switch.store_gate();
+        let mut lost = self.inner.lost.lock().expect("lost pages lock");
+        if !lost.insert(page) {
+            return;
+        }
+        let words = page * Self::PAGE_BYTES / 8..((page + 1) * Self::PAGE_BYTES / 8);
+        for index in words.filter(|&i| i < self.inner.volatile.len() as u64) {
+            self.word(index as usize).store(0, Ordering::SeqCst);
+        }
+        self.inner.any_lost.store(true, Ordering::SeqCst);
+    }
+
+    /// How many stores (writes, word stores and exchanges) touched a lost page since this
+    /// medium was made: stores that never reach the medium.
+    pub fn stores_to_lost_pages(&self) -> u64 {
+        self.inner.stores_to_lost.load(Ordering::SeqCst)
+    }
+
+    /// Whether `offset..offset + len` touches a lost page.
+    fn touches_lost(&self, offset: u64, len: u64) -> bool {
+        if !self.inner.any_lost.load(Ordering::SeqCst) || len == 0 {
+            return false;
+        }
+        let pages = offset / Self::PAGE_BYTES..(offset + len).div_ceil(Self::PAGE_BYTES);
+        self.inner.lost.lock().expect("lost pages lock").range(pages).next().is_some()
+    }
+
+    /// Counts a store to `offset..offset + len` if it touches a lost page.
+    fn note_store(&self, offset: u64, len: u64) {
+        if self.touches_lost(offset, len) {
+            self.inner.stores_to_lost.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A plain access of `offset..offset + len`: a line poisoned as a mapped medium meets
+    /// it is a machine check there.
+    fn check_plain_access(&self, offset: u64, len: u64) {
+        if !self.inner.any_latent.load(Ordering::SeqCst) || len == 0 {
+            return;
+        }
+        let lines = offset / CACHE_LINE..(offset + len).div_ceil(CACHE_LINE);
+        let latent = self.inner.latent.lock().expect("latent lines lock");
+        if let Some(&line) = latent.range(lines).next() {
+            panic!(
+                "a plain access of poisoned byte {}: a machine check on a PM device",
+                (line * CACHE_LINE).max(offset)
+            );
+        }
+    }
+
+    /// A checked read of `offset..offset + len` on the mapped model: every page holding a
+    /// poisoned line it reaches is lost; then the first byte it reads of a lost page, if any.
+    fn checked_read_losses(&self, offset: u64, len: u64) -> Option<u64> {
+        if len == 0 {
+            return None;
+        }
+        if self.inner.any_latent.load(Ordering::SeqCst) {
+            let lines = offset / CACHE_LINE..(offset + len).div_ceil(CACHE_LINE);
+            let reached: Vec<u64> = {
+                let mut latent = self.inner.latent.lock().expect("latent lines lock");
+                let reached: Vec<u64> = latent.range(lines).copied().collect();
+                let pages: BTreeSet<u64> =
+                    reached.iter().map(|line| line * CACHE_LINE / Self::PAGE_BYTES).collect();
+                latent.retain(|line| !pages.contains(&(line * CACHE_LINE / Self::PAGE_BYTES)));
+                pages.into_iter().collect()
+            };
+            for page in reached {
+                self.lose_page(page);
+            }
+        }
+        if !self.inner.any_lost.load(Ordering::SeqCst) {
+            return None;
+        }
+        let pages = offset / Self::PAGE_BYTES..(offset + len).div_ceil(Self::PAGE_BYTES);
+        let lost = self.inner.lost.lock().expect("lost pages lock");
+        lost.range(pages).next().map(|&page| (page * Self::PAGE_BYTES).max(offset))
+    }
 }
 
 const CACHE_LINE: u64 = crate::CACHE_LINE_BYTES;
@@ -296,12 +435,15 @@ impl Medium for CrashMedium {
         if let Some(at) = self.first_poisoned(offset, buf.len() as u64) {
             panic!("an unchecked read of poisoned byte {at}: a machine check on a PM device");
         }
+        self.check_plain_access(offset, buf.len() as u64);
         self.copy_out(offset, buf);
     }
 
     fn read_checked(&self, offset: u64, buf: &mut [u8]) -> std::result::Result<(), Poisoned> {
         check_bounds(offset, buf.len() as u64, self.len_bytes());
-        if let Some(at) = self.first_poisoned(offset, buf.len() as u64) {
+        let len = buf.len() as u64;
+        let first = [self.first_poisoned(offset, len), self.checked_read_losses(offset, len)];
+        if let Some(at) = first.into_iter().flatten().min() {
             return Err(Poisoned { offset: at });
         }
         self.copy_out(offset, buf);
@@ -310,11 +452,15 @@ impl Medium for CrashMedium {
 
     fn poisoned_ranges(&self) -> Vec<std::ops::Range<u64>> {
         let poisoned = self.inner.poisoned.lock().expect("poisoned lines lock");
-        poisoned.iter().map(|&line| line * CACHE_LINE..(line + 1) * CACHE_LINE).collect()
+        let lines = poisoned.iter().map(|&line| line * CACHE_LINE..(line + 1) * CACHE_LINE);
+        let lost = self.inner.lost_pages();
+        let pages = lost.iter().map(|&page| page * Self::PAGE_BYTES..(page + 1) * Self::PAGE_BYTES);
+        lines.chain(pages.map(|r| r.start..r.end.min(self.len_bytes()))).collect()
     }
 
     fn write(&self, offset: u64, data: &[u8]) {
         check_bounds(offset, data.len() as u64, self.len_bytes());
+        self.note_store(offset, data.len() as u64);
         let _gate = self.inner.switch.store_gate();
         let mut at = offset as usize;
         let end = at + data.len();
@@ -340,12 +486,14 @@ impl Medium for CrashMedium {
     fn load_u64(&self, offset: u64) -> u64 {
         assert!(offset.is_multiple_of(8), "unaligned word load at {offset}");
         check_bounds(offset, 8, self.len_bytes());
+        self.check_plain_access(offset, 8);
         self.word(offset as usize / 8).load(Ordering::Acquire)
     }
 
     fn store_u64(&self, offset: u64, value: u64) {
         assert!(offset.is_multiple_of(8), "unaligned word store at {offset}");
         check_bounds(offset, 8, self.len_bytes());
+        self.note_store(offset, 8);
         let _gate = self.inner.switch.store_gate();
         self.word(offset as usize / 8).store(value, Ordering::Release)
     }
@@ -353,6 +501,8 @@ impl Medium for CrashMedium {
     fn compare_exchange_u64(&self, offset: u64, current: u64, new: u64) -> bool {
         assert!(offset.is_multiple_of(8), "unaligned word exchange at {offset}");
         check_bounds(offset, 8, self.len_bytes());
+        self.check_plain_access(offset, 8);
+        self.note_store(offset, 8);
         let _gate = self.inner.switch.store_gate();
         self.word(offset as usize / 8)
             .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
@@ -367,11 +517,15 @@ impl Medium for CrashMedium {
         let words = self.inner.volatile.len();
         let first_line = offset as usize / 64;
         let last_line = (offset + len - 1) as usize / 64;
+        // A lost page's lines never reach the medium again.
+        let lost = self.inner.lost_pages();
+        let line_page = |line: usize| (line as u64 * CACHE_LINE) / Self::PAGE_BYTES;
         // Snapshots are taken under the lock, so their numbers follow the order of their loads.
         let mut pending = self.inner.pending.lock().expect("pending flushes poisoned");
         pending.next_snapshot += 1;
         let snapshot = pending.next_snapshot;
-        let lines = (first_line..=last_line).map(|line| {
+        let kept = (first_line..=last_line).filter(|&line| !lost.contains(&line_page(line)));
+        let lines = kept.map(|line| {
             let mut values = [0u64; 8];
             for (i, value) in values.iter_mut().enumerate() {
                 let index = line * 8 + i;

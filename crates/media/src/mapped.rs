@@ -59,6 +59,9 @@ pub struct PmemFile {
     msync_bytes: AtomicU64,
     /// Where the medium lives (for messages).
     path: String,
+    /// The smallest piece of the mapping a poisoned line's `SIGBUS` replaces (`poison.rs`): a
+    /// page, or the mapping's own page size where the kernel cannot split it finer.
+    poison_granule_bytes: usize,
     _file: File,
 }
 
@@ -138,6 +141,7 @@ impl PmemFile {
             msync_calls: AtomicU64::new(0),
             msync_bytes: AtomicU64::new(0),
             path: path.display().to_string(),
+            poison_granule_bytes: poison_granule(&file),
             _file: file,
         };
         let nontemporal = medium.nontemporal_is_faster();
@@ -221,6 +225,15 @@ impl PmemFile {
             calls: self.msync_calls.load(Ordering::Relaxed),
             synced_bytes: self.msync_bytes.load(Ordering::Relaxed),
         }
+    }
+
+    /// How much of the mapping a poisoned line takes with it: the piece a `SIGBUS` under a
+    /// checked read replaces with zeroed private memory, whose stores then never reach the
+    /// medium (see [`Medium::poisoned_ranges`]). The page size, or a device-dax mapping's
+    /// alignment (2 MiB or 1 GiB), or a hugetlbfs file's huge page size: the kernel does not
+    /// split those mappings finer.
+    pub fn poison_granule_bytes(&self) -> u64 {
+        self.poison_granule_bytes as u64
     }
 
     /// In msync mode, writes the pages covering `offset..offset + len` to the device and waits
@@ -409,18 +422,7 @@ fn crate_file_len(file: &File) -> io::Result<u64> {
 /// rounded down to a multiple of its `align` (device-dax; 1 where there is none). A device
 /// without a `size` (not a device-dax) has no length.
 fn char_device_len(sys: &Path) -> io::Result<u64> {
-    let read = |name: &str| -> io::Result<Option<u64>> {
-        match std::fs::read_to_string(sys.join(name)) {
-            Ok(text) => text.trim().parse().map(Some).map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}/{name}: {:?} is not a number", sys.display(), text.trim()),
-                )
-            }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    };
+    let read = |name: &str| sysfs_number(sys, name);
     let Some(size) = read("size")? else {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
@@ -432,6 +434,64 @@ fn char_device_len(sys: &Path) -> io::Result<u64> {
     };
     let align = read("align")?.filter(|&a| a > 0).unwrap_or(1);
     Ok(size / align * align)
+}
+
+/// The number in the sysfs file `name` of the directory `sys`, `None` if there is no such file.
+fn sysfs_number(sys: &Path, name: &str) -> io::Result<Option<u64>> {
+    match std::fs::read_to_string(sys.join(name)) {
+        Ok(text) => text.trim().parse().map(Some).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}/{name}: {:?} is not a number", sys.display(), text.trim()),
+            )
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `f_type` of hugetlbfs.
+const HUGETLBFS_MAGIC: u64 = 0x9584_58f6;
+
+/// The replacement granule of a mapping of `file` ([`PmemFile::poison_granule_bytes`]): what
+/// [`poison_granule_for`] decides from the device-dax alignment in sysfs (a character device)
+/// and the huge page size of a hugetlbfs file (`fstatfs`'s block size there). Whatever cannot
+/// be read counts as absent.
+fn poison_granule(file: &File) -> usize {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let page = crate::poison::system_page_bytes();
+    let Ok(meta) = file.metadata() else { return page };
+    let device_align = meta.file_type().is_char_device().then(|| {
+        let (major, minor) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
+        let sys = std::path::PathBuf::from(format!("/sys/dev/char/{major}:{minor}"));
+        sysfs_number(&sys, "align").ok().flatten()
+    });
+    // SAFETY: `statfs` is plain old data; all zeroes is a valid value to be overwritten.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a plain system call on an open descriptor, writing into `stat`, which lives for
+    // the call.
+    let statted = unsafe { libc::fstatfs(file.as_raw_fd(), &mut stat) } == 0;
+    let huge_page = (statted && (stat.f_type as u64) & 0xffff_ffff == HUGETLBFS_MAGIC)
+        .then_some(stat.f_bsize as u64);
+    poison_granule_for(page, device_align.flatten(), huge_page)
+}
+
+/// The replacement granule for a mapping on a system of `page`-byte pages: the largest of the
+/// page, a device-dax mapping's `device_align` and a hugetlbfs file's `huge_page` (each only
+/// if a power of two: anything else is not a page size and is not trusted). A device-dax
+/// mapping of 2 MiB alignment refuses to be split anywhere else (`dev_dax_may_split`), and a
+/// hugetlbfs one at anything finer than its huge page: replacing one page there fails, which
+/// would end the process, so the whole aligned granule is replaced.
+pub(crate) fn poison_granule_for(
+    page: usize,
+    device_align: Option<u64>,
+    huge_page: Option<u64>,
+) -> usize {
+    [device_align, huge_page]
+        .into_iter()
+        .flatten()
+        .filter(|bytes| bytes.is_power_of_two() && *bytes <= 1 << 40)
+        .fold(page, |granule, bytes| granule.max(bytes as usize))
 }
 
 /// Maps `len` bytes of `file`: synchronously (`MAP_SYNC`) if `sync`, which only DAX accepts
@@ -481,9 +541,16 @@ impl Medium for PmemFile {
 
     fn read_checked(&self, offset: u64, buf: &mut [u8]) -> std::result::Result<(), Poisoned> {
         let src = self.ptr(offset, buf.len() as u64);
+        let guard = crate::poison::Guard {
+            start: 0,
+            len: 0,
+            map_start: self.base.as_ptr() as usize,
+            map_len: self.len_bytes as usize,
+            granule: self.poison_granule_bytes,
+        };
         // SAFETY: as in `read`: `src` is valid for `buf.len()` bytes of this shared file
-        // mapping and does not overlap `buf`.
-        match unsafe { crate::poison::guarded_copy(src, buf.as_mut_ptr(), buf.len()) } {
+        // mapping, which `guard` names, and does not overlap `buf`.
+        match unsafe { crate::poison::guarded_copy(src, buf.as_mut_ptr(), buf.len(), guard) } {
             None => Ok(()),
             Some(address) => {
                 Err(Poisoned { offset: (address - self.base.as_ptr() as usize) as u64 })
@@ -493,11 +560,10 @@ impl Medium for PmemFile {
 
     fn poisoned_ranges(&self) -> Vec<std::ops::Range<u64>> {
         let base = self.base.as_ptr() as usize;
-        let page = crate::poison::page_bytes() as u64;
         crate::poison::poisoned_in(base..base + self.len_bytes as usize)
-            .map(|address| {
-                let start = (address - base) as u64;
-                start..(start + page).min(self.len_bytes)
+            .map(|granule| {
+                let start = (granule.start - base) as u64;
+                start..(granule.end - base) as u64
             })
             .collect()
     }
@@ -764,6 +830,58 @@ mod tests {
         assert_eq!(char_device_len(sys).unwrap(), 262_144_000, "rounded down to 2 MiB");
         std::fs::write(sys.join("size"), "lots\n").unwrap();
         assert!(char_device_len(sys).unwrap_err().to_string().contains("not a number"));
+    }
+
+    /// The replacement granule: the page, unless the mapping cannot be split that finely — a
+    /// device-dax node's alignment (2 MiB, 1 GiB) or a hugetlbfs file's huge page; a size
+    /// that is not a power of two (an unreadable or odd sysfs value) is not trusted.
+    #[test]
+    fn the_poison_granule_is_the_page_or_the_mappings_own_page_size() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(poison_granule_for(4096, None, None), 4096);
+        assert_eq!(poison_granule_for(4096, Some(4096), None), 4096, "devdax of 4 KiB align");
+        assert_eq!(poison_granule_for(4096, Some(2 * MIB), None), 2 << 20, "devdax, 2 MiB");
+        assert_eq!(poison_granule_for(4096, Some(1 << 30), None), 1 << 30, "devdax, 1 GiB");
+        assert_eq!(poison_granule_for(4096, None, Some(2 * MIB)), 2 << 20, "hugetlbfs");
+        assert_eq!(poison_granule_for(4096, Some(3 * MIB), None), 4096, "not a page size");
+        assert_eq!(poison_granule_for(65536, Some(4096), None), 65536, "never below a page");
+        // A file in /dev/shm: the page.
+        let dir = shm_dir();
+        let medium = PmemFile::open(&dir.path().join("pm"), Some(1 << 20)).unwrap();
+        assert_eq!(medium.poison_granule_bytes(), crate::poison::system_page_bytes() as u64);
+    }
+
+    /// A mapping whose granule is 2 MiB (as a device-dax node of 2 MiB alignment): a fault
+    /// under a checked read replaces the whole granule around it, cut to the mapping — every
+    /// page of it then reads as zeroes without a fault, and the medium lists it as one range.
+    #[test]
+    fn a_fault_replaces_the_whole_granule_of_a_mapping_of_large_pages() {
+        const MIB: u64 = 1 << 20;
+        let dir = shm_dir();
+        let path = dir.path().join("pm");
+        let mut medium = PmemFile::open(&path, Some(8 * MIB)).unwrap();
+        medium.poison_granule_bytes = 2 << 20;
+        medium.write_persist(MIB, &[7u8; 4096]);
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(3 * MIB).unwrap();
+        let mut buf = [0u8; 64];
+        let err = medium.read_checked(5 * MIB + 64, &mut buf).expect_err("past the file");
+        assert_eq!(err.offset, 5 * MIB + 64);
+        let base = medium.base.as_ptr() as u64;
+        let granule_start = (base + 5 * MIB) & !(2 * MIB - 1);
+        let expected =
+            granule_start.max(base) - base..(granule_start + 2 * MIB - base).min(8 * MIB);
+        assert_eq!(medium.poisoned_ranges(), vec![expected.clone()]);
+        // Every page of the granule was replaced: plain reads there no longer fault.
+        for page in (expected.start..expected.end).step_by(4096) {
+            medium.read(page, &mut buf);
+            assert_eq!(buf, [0u8; 64], "page at {page}");
+        }
+        // The page before the cut is outside the granule (when the mapping is aligned) and
+        // still the file's.
+        if base.is_multiple_of(2 * MIB) {
+            medium.read_checked(MIB, &mut buf).expect("a page the file has");
+            assert_eq!(buf, [7u8; 64]);
+        }
     }
 
     #[test]
