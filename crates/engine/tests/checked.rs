@@ -335,3 +335,42 @@ fn attach_retires_the_slots_the_medium_reports_poisoned() {
     drop(lane);
     engine.audit().unwrap();
 }
+
+/// A full cache (every slot holds a block, the pool is empty): the slot of a clean block on a
+/// poisoned line is retired and freed into the lane's own list, and the lane, finding the pool
+/// empty, takes back the slots it freed — never the retired one. (It did: the next write
+/// landed there, on the poisoned line, and read back as an error.)
+#[test]
+fn a_full_cache_never_reuses_a_retired_slot_from_its_own_freed_list() {
+    let switch = CrashSwitch::new();
+    let medium = CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1);
+    let backing = SimBacking::new(BACKING_BLOCKS * BLOCK_BYTES, switch, 2);
+    // Write-only: a read miss is not admitted, so the freed slot waits for the next write.
+    let config = Config {
+        max_lanes: 2,
+        ..model::config(CacheMode::WriteOnly, EvictionKind::Clock, AdmissionConfig::Always)
+    };
+    let engine =
+        Engine::format(medium.clone(), backing, Arc::new(ManualClock::default()), &config).unwrap();
+    let bed = Bed { medium, engine };
+    let slots = bed.engine.layout().slot_count;
+    assert!(slots < 250 && BACKING_BLOCKS > slots + 10);
+    let mut lane = bed.engine.lane().unwrap();
+    for lba in 0..slots {
+        lane.write(lba * BLOCK_BYTES, &block_of(lba as u8), false).unwrap();
+    }
+    lane.drain().unwrap();
+    let poisoned = slot_holding(&bed, &block_of(3));
+    bed.medium.poison(bed.engine.layout().data_offset(poisoned) + 64, 1);
+    assert_eq!(read(&mut lane, 3).unwrap(), block_of(3), "read from the backing store");
+    assert_eq!(bed.engine.stats().retired_slots, 1);
+
+    let fresh = slots + 5;
+    lane.write(fresh * BLOCK_BYTES, &block_of(0xee), false).unwrap();
+    assert_eq!(read(&mut lane, fresh).unwrap(), block_of(0xee), "written to the retired slot");
+    let mut buf = vec![0u8; BLOCK];
+    bed.medium.read(bed.engine.layout().data_offset(poisoned), &mut buf[..64]);
+    assert_ne!(buf[..64], [0xee; 64], "the write reached the poisoned slot");
+    drop(lane);
+    bed.engine.audit().unwrap();
+}

@@ -32,10 +32,18 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     }
 
     /// `alloc`, or for an `optional` slot `None` rather than a wait for the cleaner.
+    ///
+    /// Every slot is checked as it is handed out: one retired after this lane took it, or
+    /// retired while it held a block this lane freed and now takes back, is dropped, so no
+    /// block is ever placed in one.
     fn alloc_with(&mut self, optional: bool) -> Result<Option<u32>> {
+        let engine = self.engine;
         let mut stall = None;
         loop {
             if let Some(slot) = self.free.pop() {
+                if engine.pools.is_retired(slot) {
+                    continue;
+                }
                 self.end_stall(stall);
                 self.count_write(slot, 1);
                 return Ok(Some(slot));
@@ -49,7 +57,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             if !self.freed.is_empty() {
                 // The pool is empty (a full cache): this lane reuses the slots it freed itself,
                 // rather than hand them to the pool where another lane's allocation could take
-                // them first and leave this one to reclaim.
+                // them first and leave this one to reclaim. (A retired one among them is
+                // dropped when it comes up, above, as the pool would not take it back.)
                 self.settle_freed();
                 self.free.extend(self.freed.drain(..).rev());
                 self.freed_durable = 0;
