@@ -1,12 +1,14 @@
 //! The pools of free slots, one per member of the cache: each a bitmap (one bit per slot)
 //! behind a mutex, taken from and returned to in batches by lanes, so the lock is amortised
-//! over many allocations.
+//! over many allocations. Beside them, the slots retired for good (on ranges of the medium
+//! that lost their poisoned lines) and those ranges ([`LostRanges`]).
 
-use std::collections::BTreeSet;
+use std::ops::Range;
+use std::sync::OnceLock;
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::{AtomicU64, Mutex, Ordering, lock};
+use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering, lock};
 
 struct Bits {
     words: Vec<u64>,
@@ -16,45 +18,67 @@ struct Bits {
 
 pub(crate) struct FreePool {
     bits: Mutex<Bits>,
+    slot_count: u32,
 }
 
 /// One pool per member, over the cache's slot numbers.
 pub(crate) struct Pools {
     /// Each member's pool with its first slot, in member order.
     pools: Box<[(u32, CachePadded<FreePool>)]>,
-    /// Slots whose data lies on poisoned lines of the medium: never handed out again while
-    /// the engine runs (a slot retired while it holds a block is kept out when it is freed).
-    retired: Mutex<BTreeSet<u32>>,
-    /// How many are retired: returning slots looks at `retired` only when this is not 0.
+    /// The slots of all members.
+    slot_count: u32,
+    /// One bit per slot retired for good — its data, checksum or metadata entry lies on a
+    /// range of the medium that lost its contents: never handed out again while the engine
+    /// runs (a slot retired while it holds a block is kept out when it is freed, and one a
+    /// lane holds in its lists is dropped when it comes up). Made at the first retirement.
+    retired: OnceLock<Box<[AtomicU64]>>,
+    /// How many are retired: a slot's bit is looked at only when this is not 0.
     retired_count: AtomicU64,
+    /// The ranges of the medium lost so far.
+    pub(crate) lost: LostRanges,
 }
 
 impl Pools {
     /// Empty pools for members of these `(first slot, slot count)`.
     pub(crate) fn new(members: impl IntoIterator<Item = (u32, u32)>) -> Self {
-        let pools = members
+        let pools: Box<[(u32, CachePadded<FreePool>)]> = members
             .into_iter()
             .map(|(first, count)| (first, CachePadded::new(FreePool::new(count))))
             .collect();
-        Self { pools, retired: Mutex::new(BTreeSet::new()), retired_count: AtomicU64::new(0) }
+        let slot_count = pools.last().map_or(0, |(first, pool)| first + pool.slot_count());
+        Self {
+            pools,
+            slot_count,
+            retired: OnceLock::new(),
+            retired_count: AtomicU64::new(0),
+            lost: LostRanges::default(),
+        }
     }
 
     /// Keeps `slot` out of the pools from now on (taken out if it is in one). Returns whether
     /// it was not retired before.
     pub(crate) fn retire(&self, slot: u32) -> bool {
-        let mut retired = lock(&self.retired);
-        if !retired.insert(slot) {
+        let bits = self.retired.get_or_init(|| {
+            (0..(self.slot_count as usize).div_ceil(64)).map(|_| AtomicU64::new(0)).collect()
+        });
+        let bit = 1u64 << (slot % 64);
+        if bits[slot as usize / 64].fetch_or(bit, Ordering::AcqRel) & bit != 0 {
             return false;
         }
-        self.retired_count.store(retired.len() as u64, Ordering::Release);
+        self.retired_count.fetch_add(1, Ordering::AcqRel);
         let (pool, at) = self.of(slot);
         pool.remove(at);
         true
     }
 
-    /// Whether `slot` is retired.
+    /// Whether `slot` is retired: one load while none is, two otherwise (no lock: a lane asks
+    /// at every allocation once one is).
+    #[inline]
     pub(crate) fn is_retired(&self, slot: u32) -> bool {
-        self.retired_count.load(Ordering::Acquire) != 0 && lock(&self.retired).contains(&slot)
+        self.retired_count.load(Ordering::Acquire) != 0
+            && self.retired.get().is_some_and(|bits| {
+                bits[slot as usize / 64].load(Ordering::Acquire) & 1 << (slot % 64) != 0
+            })
     }
 
     /// How many slots are retired.
@@ -67,8 +91,7 @@ impl Pools {
         if self.retired_count.load(Ordering::Acquire) == 0 {
             return std::borrow::Cow::Borrowed(slots);
         }
-        let retired = lock(&self.retired);
-        slots.iter().copied().filter(|slot| !retired.contains(slot)).collect()
+        slots.iter().copied().filter(|&slot| !self.is_retired(slot)).collect()
     }
 
     /// The pool holding `slot`, and the slot's number in it.
@@ -158,7 +181,12 @@ impl Pools {
 impl FreePool {
     pub(crate) fn new(slot_count: u32) -> Self {
         let words = vec![0u64; (slot_count as usize).div_ceil(64)];
-        Self { bits: Mutex::new(Bits { words, cursor: 0, free: 0 }) }
+        Self { bits: Mutex::new(Bits { words, cursor: 0, free: 0 }), slot_count }
+    }
+
+    /// The slots the pool is for.
+    fn slot_count(&self) -> u32 {
+        self.slot_count
     }
 
     pub(crate) fn bytes(&self) -> usize {
@@ -221,6 +249,114 @@ impl FreePool {
         let start = out.len() - taken;
         out[start..].reverse();
         taken
+    }
+}
+
+/// A range of the medium that lost its contents (a poisoned line took the page, or the
+/// mapping's granule, around it: `cache/checked.rs`): what is stored there no longer reaches
+/// the medium. Every slot whose data, checksum or metadata entry lies in it is retired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Lost {
+    /// Medium offsets, cache-line aligned.
+    pub(crate) range: Range<u64>,
+    /// The slots that touch it, ascending.
+    pub(crate) slots: Vec<u32>,
+    /// Whether its blocks were dealt with and the medium's record says so (`checked.rs`).
+    pub(crate) settled: bool,
+}
+
+/// The ranges of the medium lost so far.
+pub(crate) struct LostRanges {
+    ranges: Mutex<Vec<Lost>>,
+    /// Held while the medium's record of lost ranges is written (`cache/checked.rs`).
+    pub(crate) record_lock: Mutex<()>,
+    /// How many there are: 0 on a healthy medium, where every question is one load.
+    count: AtomicU64,
+    /// Whether one is not settled yet.
+    unsettled: AtomicBool,
+    /// Allocations to let pass before the next try to settle them (after a try that could
+    /// not: busy stripes, a backing store that refused).
+    skip: AtomicU64,
+}
+
+impl Default for LostRanges {
+    fn default() -> Self {
+        Self {
+            ranges: Mutex::new(Vec::new()),
+            record_lock: Mutex::new(()),
+            count: AtomicU64::new(0),
+            unsettled: AtomicBool::new(false),
+            skip: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LostRanges {
+    /// Whether no range is lost.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count.load(Ordering::Acquire) == 0
+    }
+
+    /// Whether `range` lies inside one already known.
+    pub(crate) fn covers(&self, range: &Range<u64>) -> bool {
+        !self.is_empty()
+            && lock(&self.ranges)
+                .iter()
+                .any(|lost| lost.range.start <= range.start && range.end <= lost.range.end)
+    }
+
+    /// Adds a range (its slots retired by the caller).
+    pub(crate) fn add(&self, lost: Lost) {
+        let mut ranges = lock(&self.ranges);
+        if !lost.settled {
+            self.unsettled.store(true, Ordering::Release);
+            self.skip.store(0, Ordering::Release);
+        }
+        ranges.push(lost);
+        self.count.store(ranges.len() as u64, Ordering::Release);
+    }
+
+    /// The ranges not settled yet.
+    pub(crate) fn unsettled(&self) -> Vec<Lost> {
+        if !self.unsettled.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        lock(&self.ranges).iter().filter(|lost| !lost.settled).cloned().collect()
+    }
+
+    /// Records that `range` is settled.
+    pub(crate) fn settle(&self, range: &Range<u64>) {
+        let mut ranges = lock(&self.ranges);
+        for lost in ranges.iter_mut().filter(|lost| lost.range == *range) {
+            lost.settled = true;
+        }
+        self.unsettled.store(ranges.iter().any(|lost| !lost.settled), Ordering::Release);
+    }
+
+    /// Whether `offset..offset + len` overlaps a lost range (`unsettled_only`: one not
+    /// settled yet).
+    pub(crate) fn touches(&self, offset: u64, len: u64, unsettled_only: bool) -> bool {
+        !self.is_empty()
+            && lock(&self.ranges).iter().any(|lost| {
+                (!unsettled_only || !lost.settled)
+                    && lost.range.start < offset + len
+                    && offset < lost.range.end
+            })
+    }
+
+    /// Whether an allocation should try to settle the unsettled ranges now: one load while
+    /// every range is settled.
+    #[inline]
+    pub(crate) fn settle_due(&self) -> bool {
+        if !self.unsettled.load(Ordering::Acquire) {
+            return false;
+        }
+        self.skip.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_err()
+    }
+
+    /// Lets `allocations` allocations pass before the next try.
+    pub(crate) fn try_again_after(&self, allocations: u64) {
+        self.skip.store(allocations, Ordering::Release);
     }
 }
 
@@ -307,6 +443,27 @@ mod tests {
         pools.put([5, 7]);
         assert_eq!(pools.len(), 3, "6, 7 and 71 came back, 5 and 70 did not");
         assert!(!pools.holds(5) && !pools.holds(70) && pools.holds(71));
+        assert!(!pools.is_retired(6) && !pools.is_retired(69) && pools.is_retired(5));
+    }
+
+    /// A lost range is known until the engine ends; an allocation is asked to settle the
+    /// unsettled ones at once, then, after a try that could not, after the allocations it was
+    /// told to let pass.
+    #[test]
+    fn lost_ranges_are_settled_by_allocations_until_they_are() {
+        let lost = LostRanges::default();
+        assert!(lost.is_empty() && !lost.settle_due() && !lost.touches(0, u64::MAX, false));
+        lost.add(Lost { range: 4096..8192, slots: vec![3, 9], settled: false });
+        assert!(lost.covers(&(4096..4160)) && !lost.covers(&(4000..4160)));
+        assert!(lost.touches(8191, 1, true) && !lost.touches(8192, 64, false));
+        assert!(lost.settle_due());
+        lost.try_again_after(2);
+        assert!(!lost.settle_due() && !lost.settle_due() && lost.settle_due());
+        assert_eq!(lost.unsettled().len(), 1);
+        lost.settle(&(4096..8192));
+        assert!(lost.unsettled().is_empty() && !lost.settle_due());
+        assert!(lost.touches(5000, 1, false) && !lost.touches(5000, 1, true));
+        assert_eq!(lost.unsettled().len(), 0);
     }
 
     #[test]

@@ -151,6 +151,18 @@ fn mix40(lba: u64) -> u64 {
     x
 }
 
+/// mix40's inverse, built step by step from its definition: undo each xor-shift, and multiply
+/// by each odd multiplier's inverse modulo 2^40.
+fn unmix40(h: u64) -> u64 {
+    let unshift = |y: u64, s: u32| (0..LBA_BITS).step_by(s as usize).fold(0, |x, at| x ^ y >> at);
+    let inverse =
+        |c: u64| (0..6).fold(c, |i: u64, _| i.wrapping_mul(2u64.wrapping_sub(c.wrapping_mul(i))));
+    let mut x = unshift(h, 19);
+    x = x.wrapping_mul(inverse(0xBF58_476D_1CE4_E5B9)) & LBA_MASK;
+    x = unshift(x, 20);
+    x.wrapping_mul(inverse(0x9E37_79B9_7F4A_7C15)) & LBA_MASK
+}
+
 pub(crate) struct Index {
     /// The buckets, `WAYS` entries each; a bucket is one cache line (the table starts on a
     /// page boundary).
@@ -271,6 +283,45 @@ impl Index {
             }
         }
         None
+    }
+
+    /// Every entry whose slot `wanted` picks, with the block it maps (a pass over the whole
+    /// table: for the rare moments a slot is known and its block is not — a lost page of
+    /// metadata entries, `cache/checked.rs`). An entry's bucket, choice and tag give back the
+    /// block number: `b1` from the bucket and the tag's step, then the mixed number, then
+    /// the block. Entries that change during the pass are seen as they were when read.
+    pub(crate) fn mappings_where(&self, wanted: impl Fn(u32) -> bool) -> Vec<(u64, Found)> {
+        let layout = self.layout;
+        let n = self.buckets.len() as u64;
+        let mut found = Vec::new();
+        for (bucket, entries) in self.buckets.iter().enumerate() {
+            for (way, entry) in entries.iter().enumerate() {
+                let value = entry.load(Ordering::Acquire);
+                if value == EMPTY || !wanted(layout.slot(value)) {
+                    continue;
+                }
+                let identity = value >> layout.identity_shift();
+                let (tag, choice) = (identity >> 2, (identity & 0b11) as usize - 1);
+                let spread = tag.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let step = 1 + ((u128::from(spread) * u128::from(n - 1)) >> 64) as u64;
+                let back = [0, step, 2 * step + 1][choice] % n;
+                let b1 = (bucket as u64 + n - back) % n;
+                let lba = unmix40(tag * n + b1);
+                debug_assert_eq!(self.key(lba).buckets[choice], bucket, "block {lba}");
+                found.push((
+                    lba,
+                    Found {
+                        slot: layout.slot(value),
+                        hidden: value & layout.hidden_bit() != 0,
+                        referenced: value & layout.ref_bit() != 0,
+                        bucket,
+                        way,
+                        value,
+                    },
+                ));
+            }
+        }
+        found
     }
 
     /// Whether the entry found earlier is still in place: the same slot, the same slot
@@ -419,20 +470,6 @@ mod tests {
         }
     }
 
-    /// mix40's inverse, built step by step from its definition: undo each xor-shift, and
-    /// multiply by each odd multiplier's inverse modulo 2^40.
-    fn unmix40(h: u64) -> u64 {
-        let unshift =
-            |y: u64, s: u32| (0..LBA_BITS).step_by(s as usize).fold(0, |x, at| x ^ y >> at);
-        let inverse = |c: u64| {
-            (0..6).fold(c, |i: u64, _| i.wrapping_mul(2u64.wrapping_sub(c.wrapping_mul(i))))
-        };
-        let mut x = unshift(h, 19);
-        x = x.wrapping_mul(inverse(0xBF58_476D_1CE4_E5B9)) & LBA_MASK;
-        x = unshift(x, 20);
-        x.wrapping_mul(inverse(0x9E37_79B9_7F4A_7C15)) & LBA_MASK
-    }
-
     /// Every block number of 40 bits comes back from its mixed value: mix40 is a bijection,
     /// so two blocks never share an index identity.
     #[test]
@@ -442,6 +479,44 @@ mod tests {
             lbas.chain((0..100_000u64).map(|i| i.wrapping_mul(0x2545_F491_4F6C_DD1D) & LBA_MASK))
         {
             assert_eq!(unmix40(mix40(lba)), lba, "block {lba}");
+        }
+    }
+
+    /// Every entry comes back with its block from a pass over the table, whichever of its
+    /// three buckets it went to, and only the slots asked for.
+    #[test]
+    fn a_pass_over_the_table_gives_back_each_slots_block() {
+        for buckets in [1024u64, 1031, 4099] {
+            let index = Index::with_buckets(3000, Some(buckets)).unwrap();
+            let mut rng = 0x9E37_79B9_u64;
+            let mut present = HashMap::new();
+            let mut choices = std::collections::HashSet::new();
+            while present.len() < 3000 {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let lba = rng & LBA_MASK;
+                let slot = present.len() as u32;
+                if present.contains_key(&lba) {
+                    continue;
+                }
+                if let Ok(found) = index.insert(lba, slot) {
+                    index.replace(&found, slot, slot % 7);
+                    choices.insert(index.key(lba).buckets.iter().position(|&b| b == found.bucket));
+                    present.insert(lba, slot);
+                } else {
+                    break;
+                }
+            }
+            assert_eq!(choices.len(), 3, "every choice used with {buckets} buckets");
+            let all = index.mappings_where(|_| true);
+            assert_eq!(all.len(), present.len());
+            for (lba, found) in &all {
+                assert_eq!(present.get(lba), Some(&found.slot), "block {lba}");
+                assert_eq!(index.lookup(*lba), Some(*found));
+            }
+            let odd = index.mappings_where(|slot| slot % 2 == 1);
+            assert_eq!(odd.len(), present.values().filter(|&&s| s % 2 == 1).count());
         }
     }
 

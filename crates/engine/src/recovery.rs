@@ -12,11 +12,13 @@
 use pmcache_backing::BackingStore;
 use pmcache_media::Medium;
 
+use std::ops::Range;
+
 use crate::cache::{Engine, first_seq_after, read_shutdown_state};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::Result;
-use crate::format::{BlockState, DecodedEntry, SlotEntry};
+use crate::format::{BlockState, DecodedEntry, ENTRY_BYTES, SlotEntry};
 use crate::layout::Layout;
 use crate::slots::SlotState;
 use crate::sync::Ordering;
@@ -45,6 +47,10 @@ pub struct RecoveryReport {
     /// Whether the synced sequence word was corrupt (beyond `format::SEQ_MAX`): taken as 0,
     /// so every clean entry was made dirty.
     pub synced_seq_invalid: bool,
+    /// Entries not trusted because they lie on a range of the medium recorded lost
+    /// (`cache/checked.rs`): every one in a settled range (not read), and the clean ones no
+    /// newer than the synced sequence number in a range still pending.
+    pub lost_entries: u64,
     /// Time taken, in nanoseconds.
     pub duration_ns: u64,
 }
@@ -69,6 +75,12 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         report.synced_seq_invalid = synced_seq_invalid;
         engine.recovered_dirty = report.dirty;
         engine.mark_attached();
+        // Lost ranges not settled (recorded pending, or reported by the medium now) are
+        // settled before the first request (`cache/checked.rs`); if that cannot be done now
+        // (the backing store refusing), the first allocations try again.
+        if !engine.pools.lost.unsettled().is_empty() {
+            engine.lane()?.settle_lost_ranges(None, None);
+        }
         report.duration_ns = engine.clock.now_ns().saturating_sub(started_ns);
         Ok((engine, report))
     }
@@ -80,7 +92,30 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         // Copies whose block found its index buckets full: settled after the scan.
         let mut overflow = Vec::new();
         let mut max_seq = synced_seq;
+        // Ranges recorded lost: their entries are not trusted, or not all (`checked.rs`).
+        let lost = self.recorded_lost_ranges();
         for slot in 0..slot_count {
+            let lost_here = if lost.is_empty() {
+                None
+            } else {
+                lost_entry(&lost, self.layout.entry_offset(slot))
+            };
+            match lost_here {
+                Some(true) => {
+                    report.lost_entries += 1;
+                    continue;
+                }
+                Some(false) => {
+                    if let DecodedEntry::Valid(entry) = self.read_entry(slot)
+                        && entry.state == BlockState::Clean
+                        && entry.seq <= synced_seq
+                    {
+                        report.lost_entries += 1;
+                        continue;
+                    }
+                }
+                None => {}
+            }
             let mut entry = match self.read_entry(slot) {
                 DecodedEntry::Free => {
                     // A free slot's word 1 may hold the sequence number of a new entry whose
@@ -163,9 +198,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             }
         }
         self.next_seq.store(first_seq_after(max_seq), Ordering::SeqCst);
-        // Slots on lines the medium reports poisoned are not used again (a cached block
-        // there stays, and fails its reads: `checked.rs`).
-        self.retire_poisoned_slots();
+        // Slots touching a range recorded lost, or one the medium reports now, are not used
+        // again (a cached block there stays until the range is settled: `checked.rs`).
+        self.register_lost_ranges(&lost);
         self.pools.put_all(&free);
         Ok(report)
     }
@@ -287,6 +322,88 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     }
 }
 
+// ----- The record of lost ranges (see `cache/checked.rs`) -----
+
+/// Where the record of lost ranges starts in member 0's superblock page.
+pub(crate) const LOST_RECORD_OFFSET: u64 = 1024;
+/// Words of the record: the rest of the superblock page.
+pub(crate) const LOST_RECORD_WORDS: u64 =
+    (crate::format::SUPERBLOCK_BYTES - LOST_RECORD_OFFSET) / 8;
+/// A record word: the first cache line of the run (40 bits: 64 TiB), log2 of its lines (5
+/// bits), settled (1 bit), check (18 bits).
+pub(crate) const LOST_LINE_BITS: u32 = 40;
+const LOST_SIZE_SHIFT: u32 = 40;
+const LOST_SETTLED_BIT: u64 = 1 << 45;
+const LOST_CHECK_SHIFT: u32 = 46;
+
+/// The record word for the run of `2^lines_log2` cache lines from line `first_line`.
+pub(crate) fn lost_word(uuid: &[u8; 16], first_line: u64, lines_log2: u32, settled: bool) -> u64 {
+    let body = first_line
+        | u64::from(lines_log2) << LOST_SIZE_SHIFT
+        | if settled { LOST_SETTLED_BIT } else { 0 };
+    body | lost_check(uuid, body) << LOST_CHECK_SHIFT
+}
+
+fn lost_check(uuid: &[u8; 16], body: u64) -> u64 {
+    let mut bytes = [0u8; 32];
+    bytes[..16].copy_from_slice(uuid);
+    bytes[16..24].copy_from_slice(&body.to_le_bytes());
+    bytes[24..].copy_from_slice(b"PMLOST\0\x01");
+    u64::from(crc32c::crc32c(&bytes)) & ((1 << (64 - LOST_CHECK_SHIFT)) - 1)
+}
+
+/// What a record word says, if it is one of this cache's: the run's first line, log2 of its
+/// lines, and whether it is settled.
+pub(crate) fn decode_lost_word(uuid: &[u8; 16], word: u64) -> Option<(u64, u32, bool)> {
+    let body = word & ((1 << LOST_CHECK_SHIFT) - 1);
+    if word == 0 || word >> LOST_CHECK_SHIFT != lost_check(uuid, body) {
+        return None;
+    }
+    let first_line = body & ((1 << LOST_LINE_BITS) - 1);
+    let lines_log2 = ((body >> LOST_SIZE_SHIFT) & 0b1_1111) as u32;
+    Some((first_line, lines_log2, body & LOST_SETTLED_BIT != 0))
+}
+
+/// `range`, widened to whole cache lines, as aligned power-of-two runs of lines: (first line,
+/// log2 of its lines). A page or a mapping's granule is one run.
+pub(crate) fn line_runs(range: &Range<u64>) -> Vec<(u64, u32)> {
+    let line = pmcache_media::CACHE_LINE_BYTES;
+    let (mut at, end) = (range.start / line, range.end.div_ceil(line));
+    let mut runs = Vec::new();
+    while at < end {
+        let aligned = if at == 0 { 31 } else { at.trailing_zeros().min(31) };
+        let fits = (end - at).ilog2().min(31);
+        let log2 = aligned.min(fits);
+        runs.push((at, log2));
+        at += 1 << log2;
+    }
+    runs
+}
+
+/// The ranges the record of the cache `uuid` names, at `record` (member 0's base plus
+/// [`LOST_RECORD_OFFSET`]) on `medium`, each with whether it is settled.
+pub(crate) fn read_lost_record<M: Medium>(
+    medium: &M,
+    record: u64,
+    uuid: &[u8; 16],
+) -> Vec<(Range<u64>, bool)> {
+    let line = pmcache_media::CACHE_LINE_BYTES;
+    (0..LOST_RECORD_WORDS)
+        .filter_map(|i| decode_lost_word(uuid, medium.load_u64(record + 8 * i)))
+        .map(|(first, log2, settled)| (first * line..(first + (1 << log2)) * line, settled))
+        .collect()
+}
+
+/// Whether the entry at `at` lies in one of `ranges`, and if so whether that range is
+/// settled (a settled range wins over a pending one it overlaps).
+pub(crate) fn lost_entry(ranges: &[(Range<u64>, bool)], at: u64) -> Option<bool> {
+    ranges
+        .iter()
+        .filter(|(range, _)| range.start < at + ENTRY_BYTES && at < range.end)
+        .map(|&(_, settled)| settled)
+        .max()
+}
+
 /// What a read-only check of a cache medium found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckReport {
@@ -312,6 +429,9 @@ pub struct CheckReport {
     /// Entries that fail validation, or that repeat the sequence number of another copy of
     /// their block.
     pub corrupt: u64,
+    /// Entries recovery would not trust: on a range recorded lost (see
+    /// [`RecoveryReport::lost_entries`]).
+    pub lost_entries: u64,
 }
 
 /// Verifies a cache medium without changing it: the superblocks of every member (as
@@ -330,8 +450,27 @@ pub fn check_medium<M: Medium>(medium: &M) -> Result<CheckReport> {
     };
     let mut newest: std::collections::HashMap<u64, (u64, BlockState)> =
         std::collections::HashMap::new();
+    let record = layout.members()[0].base + LOST_RECORD_OFFSET;
+    let lost = read_lost_record(medium, record, &superblock.uuid);
     for slot in 0..layout.slot_count as u32 {
         let at = layout.entry_offset(slot);
+        match lost_entry(&lost, at) {
+            Some(true) => {
+                report.lost_entries += 1;
+                continue;
+            }
+            Some(false) => {
+                if let DecodedEntry::Valid(entry) =
+                    SlotEntry::decode(medium.load_u64(at), medium.load_u64(at + 8))
+                    && entry.state == BlockState::Clean
+                    && entry.seq <= synced_seq
+                {
+                    report.lost_entries += 1;
+                    continue;
+                }
+            }
+            None => {}
+        }
         match SlotEntry::decode(medium.load_u64(at), medium.load_u64(at + 8)) {
             DecodedEntry::Free => report.free += 1,
             DecodedEntry::Torn => report.torn += 1,
@@ -381,6 +520,34 @@ mod tests {
     use crate::testing::full_buckets::{
         BACKING_FILL, BLOCK, FullBuckets, SLOTS, TestCache, assert_reads,
     };
+
+    /// A record word of lost ranges names its run of cache lines and whether it is settled,
+    /// for its own cache only: another cache's word (one left on the medium by an earlier
+    /// format), a zero word and a word with any one bit flipped name nothing.
+    #[test]
+    fn a_lost_range_word_names_its_run_for_its_cache_only() {
+        use super::{decode_lost_word, line_runs, lost_entry, lost_word};
+        let (uuid, other) = ([7u8; 16], [8u8; 16]);
+        for (first, log2, settled) in [(64, 6, false), (1, 0, true), ((1 << 40) - 1, 0, true)] {
+            let word = lost_word(&uuid, first, log2, settled);
+            assert_eq!(decode_lost_word(&uuid, word), Some((first, log2, settled)));
+            assert_eq!(decode_lost_word(&other, word), None, "another cache's word");
+            for bit in 0..64 {
+                assert_eq!(decode_lost_word(&uuid, word ^ 1 << bit), None, "bit {bit} flipped");
+            }
+        }
+        assert_eq!(decode_lost_word(&uuid, 0), None);
+        // A page is one run; a range is widened to whole lines and cut into aligned runs.
+        assert_eq!(line_runs(&(8192..12288)), [(128, 6)]);
+        assert_eq!(line_runs(&(2 << 20..4 << 20)), [(1 << 15, 15)]);
+        assert_eq!(line_runs(&(100..300)), [(1, 0), (2, 1), (4, 0)]);
+        assert_eq!(line_runs(&(0..64)), [(0, 0)]);
+        // An entry in a settled range and a pending one is in the settled one.
+        let ranges = [(4096..8192, false), (4096..4160, true)];
+        assert_eq!(lost_entry(&ranges, 4096 + 16), Some(true));
+        assert_eq!(lost_entry(&ranges, 4096 + 64), Some(false));
+        assert_eq!(lost_entry(&ranges, 8192), None);
+    }
 
     /// A synced word that fails its check (here: a valid word for 50 with one bit flipped,
     /// which would otherwise read as a far larger number and keep unsynced clean copies
@@ -470,6 +637,7 @@ mod tests {
                 superseded: 2,
                 torn: 1,
                 corrupt: 3,
+                lost_entries: 0,
             }
         );
         assert_eq!(checked.superblock.map(|sb| sb.geometry), Some(geometry));
@@ -493,6 +661,7 @@ mod tests {
                 corrupt: 3,
                 was_clean_shutdown: false,
                 synced_seq_invalid: false,
+                lost_entries: 0,
                 duration_ns: 0,
             }
         );

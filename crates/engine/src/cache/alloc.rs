@@ -33,11 +33,16 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     /// `alloc`, or for an `optional` slot `None` rather than a wait for the cleaner.
     ///
-    /// Every slot is checked as it is handed out: one retired after this lane took it, or
-    /// retired while it held a block this lane freed and now takes back, is dropped, so no
-    /// block is ever placed in one.
+    /// Every slot is checked as it is handed out: one retired after this lane took it (a
+    /// range of the medium lost meanwhile: `checked.rs`), or retired while it held a block
+    /// this lane freed and now takes back, is dropped, so no block is ever placed in one. A
+    /// lost range whose blocks are not dealt with yet is dealt with first (no stripe is held
+    /// here).
     fn alloc_with(&mut self, optional: bool) -> Result<Option<u32>> {
         let engine = self.engine;
+        if engine.pools.lost.settle_due() {
+            self.settle_lost_ranges(None, None);
+        }
         let mut stall = None;
         loop {
             if let Some(slot) = self.free.pop() {
@@ -157,7 +162,15 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.fence();
         }
         engine.slots.free(slot);
-        engine.clear_entry(slot);
+        // An entry on a lost range is not stored to: the store would not reach the medium,
+        // and the next attach does not trust entries there (`checked.rs`). Only a retired
+        // slot's entry can be on one (a load while none is; no lock otherwise).
+        let entry_at = engine.layout.entry_offset(slot);
+        let entry_lost = engine.pools.is_retired(slot)
+            && engine.pools.lost.touches(entry_at, format::ENTRY_BYTES, false);
+        if !entry_lost {
+            engine.clear_entry(slot);
+        }
         self.fence();
         engine.stripes[stripe].pending_free.store(0, Ordering::Relaxed);
         self.keep_free(slot);
@@ -348,6 +361,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // again). Only when nothing at all is written back is the first error the result.
         let mut first_error = None;
         let mut refused = 0;
+        let mut evicted = false;
         for chunk in by_age.chunks(want.max(1)) {
             dirty.clear();
             dirty.extend(chunk.iter().map(|&(_, slot)| slot));
@@ -355,7 +369,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             for &slot in &dirty {
                 let word = engine.slots.load(slot);
                 if word.state() == SlotState::Clean {
-                    self.try_evict(slot, word, None);
+                    evicted |= self.try_evict(slot, word, None);
                 }
             }
             refused += written.refused;
@@ -373,6 +387,11 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
         }
         self.scratch_slots = dirty;
+        // Room made is room made, whatever else failed: a block that could not be read was
+        // written back from where it could (a lost range's, `checked.rs`), then evicted.
+        if evicted {
+            return Ok(true);
+        }
         first_error.map_or(Ok(true), Err)
     }
 
@@ -470,14 +489,25 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             if engine.slots.load(occupant).state() != SlotState::Dirty {
                 continue;
             }
-            // One the backing store refuses stays; the next occupant may go instead.
-            match self.write_back(&[occupant], held).into_result() {
-                Ok(0) => {}
-                Ok(_) => return Ok(Insert::RoomMade),
-                Err(e) => {
-                    error.get_or_insert(e);
-                }
+            // One the backing store refuses stays; the next occupant may go instead. One that
+            // could not be read may have been written back from where it could (a lost range's
+            // block, `checked.rs`): clean, it goes next round like any other.
+            let written = self.write_back(&[occupant], held).into_result();
+            if matches!(written, Ok(1..)) || engine.slots.load(occupant).state() == SlotState::Clean
+            {
+                return Ok(Insert::RoomMade);
             }
+            if let Err(e) = written {
+                error.get_or_insert(e);
+            }
+        }
+        // Occupants on a lost range not settled yet may not be evictable before it is (their
+        // entries lost): settle it, this lane's stripe held.
+        if full.occupants.iter().any(|&s| engine.pools.is_retired(s))
+            && engine.pools.lost.settle_due()
+            && self.settle_lost_ranges(None, held)
+        {
+            return Ok(Insert::RoomMade);
         }
         match error {
             Some(e) => Err(e),
