@@ -122,8 +122,9 @@ impl Medium for CoarseMedium {
     fn drain(&self) {}
 }
 
-/// The backing store, with a queue that reads at submit (so a miss's completion comes later,
-/// at the reaper's next call: the window in which writes race it).
+/// The backing store, with a queue that runs each request when it is reaped, not at submit:
+/// a miss's completion comes later (the window in which writes race it), and a write lands
+/// late, as on a network disk (the window in which a read on another lane sees the old data).
 struct ShuttleBacking {
     bytes: Arc<Mutex<Vec<u8>>>,
 }
@@ -161,8 +162,47 @@ impl BackingStore for ShuttleBacking {
         &self,
         depth: usize,
     ) -> pmcache_backing::Result<Box<dyn pmcache_backing::IoQueue>> {
-        let store = Arc::new(ShuttleBacking { bytes: self.bytes.clone() });
-        Ok(Box::new(pmcache_backing::SyncQueue::new(store, depth)))
+        let store = ShuttleBacking { bytes: self.bytes.clone() };
+        Ok(Box::new(LateQueue { store, depth, pushed: Vec::new(), submitted: Vec::new() }))
+    }
+}
+
+/// [`ShuttleBacking`]'s queue: requests run when reaped (all submitted ones at each reap).
+struct LateQueue {
+    store: ShuttleBacking,
+    depth: usize,
+    pushed: Vec<pmcache_backing::IoRequest>,
+    submitted: Vec<pmcache_backing::IoRequest>,
+}
+
+impl pmcache_backing::IoQueue for LateQueue {
+    fn depth(&self) -> usize {
+        self.depth
+    }
+    fn in_flight(&self) -> usize {
+        self.pushed.len() + self.submitted.len()
+    }
+    fn push(&mut self, req: pmcache_backing::IoRequest) -> Result<(), pmcache_backing::IoRequest> {
+        if self.in_flight() == self.depth {
+            return Err(req);
+        }
+        self.pushed.push(req);
+        Ok(())
+    }
+    fn submit(&mut self) -> pmcache_backing::Result<usize> {
+        let n = self.pushed.len();
+        self.submitted.append(&mut self.pushed);
+        Ok(n)
+    }
+    fn reap(
+        &mut self,
+        _min: usize,
+        out: &mut Vec<pmcache_backing::IoCompletion>,
+    ) -> pmcache_backing::Result<usize> {
+        self.submit()?;
+        let n = self.submitted.len();
+        out.extend(self.submitted.drain(..).map(|req| req.run_on(&self.store)));
+        Ok(n)
     }
 }
 
@@ -527,6 +567,12 @@ fn miss_in_flight_beside_a_writer_write_around() {
 /// miss beside a write in flight admits nothing: after both, the cached copy (if any) is
 /// exactly what the backing store holds, and that is one of the last writes.
 fn write_through_in_flight_scenario(mode: CacheMode) {
+    write_through_in_flight_scenario_with(mode, false)
+}
+
+/// [`write_through_in_flight_scenario`] with the third lane reading blocks 4–6 in one request
+/// (the locked read path of a read across blocks, which must not admit block 5 either).
+fn write_through_in_flight_scenario_with(mode: CacheMode, multi_block: bool) {
     let mut backing = vec![0; 64 * BLOCK];
     backing[5 * BLOCK..6 * BLOCK].copy_from_slice(&stamp(7));
     let engine = engine(mode, backing);
@@ -552,10 +598,16 @@ fn write_through_in_flight_scenario(mode: CacheMode) {
     let writers = [writer(10), writer(20)];
     let mut lane = engine.lane().unwrap();
     let mut buf = vec![0u8; BLOCK];
-    match lane.read_start(5 * BLOCK as u64, &mut buf) {
-        ReadStart::Done(result) => result.unwrap(),
-        ReadStart::Pending(_) => {
-            lane.complete(1, &mut |_, data| buf.copy_from_slice(data.unwrap()));
+    if multi_block {
+        let mut three = vec![0u8; 3 * BLOCK];
+        lane.read(4 * BLOCK as u64, &mut three).unwrap();
+        buf.copy_from_slice(&three[BLOCK..2 * BLOCK]);
+    } else {
+        match lane.read_start(5 * BLOCK as u64, &mut buf) {
+            ReadStart::Done(result) => result.unwrap(),
+            ReadStart::Pending(_) => {
+                lane.complete(1, &mut |_, data| buf.copy_from_slice(data.unwrap()));
+            }
         }
     }
     let version = version_of(&buf);
@@ -576,6 +628,15 @@ fn write_through_in_flight_scenario(mode: CacheMode) {
 fn write_through_in_flight_beside_writers_and_a_miss() {
     shuttle::check_pct(
         || write_through_in_flight_scenario(CacheMode::WriteThrough),
+        iterations(),
+        3,
+    );
+}
+
+#[test]
+fn write_through_in_flight_beside_writers_and_a_multi_block_read() {
+    shuttle::check_pct(
+        || write_through_in_flight_scenario_with(CacheMode::WriteThrough, true),
         iterations(),
         3,
     );
