@@ -117,6 +117,66 @@ pub enum BackingError {
         #[source]
         source: io::Error,
     },
+    /// This client lost the store's exclusive lock while attached (another client broke it,
+    /// and the cluster fenced this one off): nothing more is written from here.
+    #[error(
+        "backing store {store}: this host lost the image's exclusive lock ({why}): another client \
+         broke it, so nothing more is written to the image from this attachment; the cache keeps \
+         its dirty blocks. Stop this server: started again on the same cache it writes them back \
+         if no other cache took the image over meanwhile, and is refused if one did"
+    )]
+    LockLost {
+        /// The store as given.
+        store: String,
+        /// What showed it (the error a request got).
+        why: String,
+    },
+    /// The store records another cache as holding dirty blocks of it: attaching this one
+    /// would let that one, when it comes back, write older blocks over this one's writes.
+    #[error(
+        "backing store {store} holds dirty blocks of another cache: {holder}. If that cache is \
+         gone for good (its host or medium lost), attach with the takeover override (add \
+         :takeover=1 to the rbd: spec): its dirty blocks are then lost, and it is refused if it \
+         comes back; otherwise stop or detach it there first"
+    )]
+    HeldByAnother {
+        /// The store as given.
+        store: String,
+        /// The cache that holds it (its uuid, host and since when).
+        holder: String,
+    },
+    /// Another cache took the store over from this one: this cache's dirty blocks are older
+    /// than what was written since, and are never written back.
+    #[error(
+        "backing store {store} was taken over from this cache ({cache}) by {by}: this cache's \
+         dirty blocks are older than what was written to the image since, and are not written \
+         back. Format this cache anew to use it with this image (to write its blocks over the \
+         newer data anyway: rbd image-meta remove {image} pmcache.superseded)"
+    )]
+    TakenOver {
+        /// The store as given.
+        store: String,
+        /// The image as Ceph's tools name it (`POOL/IMAGE`).
+        image: String,
+        /// This cache's uuid.
+        cache: String,
+        /// The cache that took it over (its uuid, host and when).
+        by: String,
+    },
+    /// A write before a cache claimed the store, on a store that records a cache holding dirty
+    /// blocks of it, or one taken over.
+    #[error(
+        "{op} refused on backing store {store}: the image records a cache that holds dirty \
+         blocks of it ({record}), and this attachment has not claimed the image yet"
+    )]
+    Unclaimed {
+        /// The operation.
+        op: &'static str,
+        /// The store as given.
+        store: String,
+        /// The record found on the image.
+        record: String,
+    },
 }
 
 impl BackingError {
@@ -177,7 +237,11 @@ impl BackingError {
             BackingError::ShortRead { .. } | BackingError::ShortWrite { .. } => libc::EIO,
             BackingError::Misaligned { .. } => libc::EINVAL,
             BackingError::Unsupported { .. } => libc::EOPNOTSUPP,
-            BackingError::Locked { .. } => libc::EBUSY,
+            BackingError::Locked { .. } | BackingError::HeldByAnother { .. } => libc::EBUSY,
+            // What librados answers a client the cluster fenced off (EBLOCKLISTED).
+            BackingError::LockLost { .. } => libc::ESHUTDOWN,
+            BackingError::TakenOver { .. } => libc::ESTALE,
+            BackingError::Unclaimed { .. } => libc::EROFS,
         }
     }
 }

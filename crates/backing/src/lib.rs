@@ -120,6 +120,25 @@ pub trait BackingStore: Send + Sync {
     fn release(&self) -> Result<()> {
         Ok(())
     }
+    /// Records on the store that the cache `cache_uuid` (its superblock's uuid) is attached
+    /// and may hold dirty blocks of it, before the cache writes anything to it. Refused when
+    /// the store records another cache holding dirty blocks ([`BackingError::HeldByAnother`];
+    /// `takeover` overrides that: the operator says the other is gone for good, and it is
+    /// refused from then on), or when another cache took the store over from this one
+    /// ([`BackingError::TakenOver`]). The same cache claiming again (its recovery) is not
+    /// refused. Kept until [`BackingStore::disclaim`]: a cache that stops without it (a crash,
+    /// or a stop with dirty blocks) keeps its claim. Default: nothing recorded (a store only
+    /// one host reaches).
+    fn claim(&self, cache_uuid: [u8; 16], takeover: bool) -> Result<()> {
+        let _ = (cache_uuid, takeover);
+        Ok(())
+    }
+    /// Drops this attachment's claim: the cache holds no dirty block of the store any more
+    /// (written back and flushed), so another cache may attach without the takeover override.
+    /// Default: nothing.
+    fn disclaim(&self) -> Result<()> {
+        Ok(())
+    }
     /// Opens a queue of `depth` requests for the calling thread (see [`IoQueue`]). Stores
     /// without a native queue refuse; [`SyncQueue`] runs a queue over any store.
     fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
@@ -171,6 +190,12 @@ impl<T: BackingStore + ?Sized> BackingStore for std::sync::Arc<T> {
     }
     fn release(&self) -> Result<()> {
         (**self).release()
+    }
+    fn claim(&self, cache_uuid: [u8; 16], takeover: bool) -> Result<()> {
+        (**self).claim(cache_uuid, takeover)
+    }
+    fn disclaim(&self) -> Result<()> {
+        (**self).disclaim()
     }
     fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
         (**self).open_queue(depth)

@@ -92,6 +92,29 @@ impl Cluster {
         data
     }
 
+    /// Image `name`'s metadata `key` (`rbd image-meta get`), `None` when it is not set.
+    pub fn image_meta(&self, name: &str, key: &str) -> Option<String> {
+        let value = self.rbd(&["image-meta", "get", &format!("rbd/{name}"), key]).ok()?;
+        Some(value.strip_suffix('\n').unwrap_or(&value).to_string())
+    }
+
+    /// Breaks image `name`'s lock as an operator does (`rbd lock rm`, which blocklists the
+    /// holder: the cluster refuses its requests from then on); the holder's address.
+    pub fn break_lock(&self, name: &str) -> String {
+        let image = format!("rbd/{name}");
+        let listed = self.rbd(&["lock", "ls", "--format", "json", &image]).expect("rbd lock ls");
+        let field = |key: &str| -> String {
+            let at = listed
+                .find(&format!("\"{key}\":\""))
+                .unwrap_or_else(|| panic!("no {key} in rbd lock ls: {listed}"));
+            let rest = &listed[at + key.len() + 4..];
+            rest[..rest.find('"').expect("a closing quote")].to_string()
+        };
+        let (id, locker, address) = (field("id"), field("locker"), field("address"));
+        self.rbd(&["lock", "rm", &image, &id, &locker]).expect("rbd lock rm");
+        address
+    }
+
     /// Stops the OSD (its process exits): I/O to the pool waits, then times out.
     pub fn stop_osd(&self) {
         run_script(&["osd-stop", self.dir.to_str().expect("utf-8")]).expect("osd-stop");

@@ -66,6 +66,11 @@ pub(super) struct Api {
         *mut c_char,
         *mut usize,
     ) -> isize,
+    pub rbd_is_exclusive_lock_owner: unsafe extern "C" fn(Image, *mut c_int) -> c_int,
+    pub rbd_metadata_get:
+        unsafe extern "C" fn(Image, *const c_char, *mut c_char, *mut usize) -> c_int,
+    pub rbd_metadata_set: unsafe extern "C" fn(Image, *const c_char, *const c_char) -> c_int,
+    pub rbd_metadata_remove: unsafe extern "C" fn(Image, *const c_char) -> c_int,
     pub rbd_aio_create_completion:
         unsafe extern "C" fn(*mut c_void, Callback, *mut Completion) -> c_int,
     pub rbd_aio_get_return_value: unsafe extern "C" fn(Completion) -> isize,
@@ -134,6 +139,10 @@ fn load() -> Result<Api, String> {
             rbd_lock_acquire: symbol(&rbd, "rbd_lock_acquire")?,
             rbd_lock_release: symbol(&rbd, "rbd_lock_release")?,
             rbd_list_lockers: symbol(&rbd, "rbd_list_lockers")?,
+            rbd_is_exclusive_lock_owner: symbol(&rbd, "rbd_is_exclusive_lock_owner")?,
+            rbd_metadata_get: symbol(&rbd, "rbd_metadata_get")?,
+            rbd_metadata_set: symbol(&rbd, "rbd_metadata_set")?,
+            rbd_metadata_remove: symbol(&rbd, "rbd_metadata_remove")?,
             rbd_aio_create_completion: symbol(&rbd, "rbd_aio_create_completion")?,
             rbd_aio_get_return_value: symbol(&rbd, "rbd_aio_get_return_value")?,
             rbd_aio_wait_for_complete: symbol(&rbd, "rbd_aio_wait_for_complete")?,

@@ -11,6 +11,10 @@
 //!   dropped, so two hosts never cache one image for writing; a second open is refused with
 //!   the holder's address ([`BackingError::Locked`]). An image without the `exclusive-lock`
 //!   feature is refused.
+//! - **Which cache holds dirty blocks** is recorded on the image ([`claim`]): a second cache
+//!   is refused while another holds dirty blocks unless the operator says that one is gone
+//!   (`takeover=1`), and a cache taken over is refused when it comes back. A client whose lock
+//!   another broke writes nothing more ([`BackingError::LockLost`]).
 //! - **No second cache**: librbd's own in-memory cache (`rbd_cache`) is off unless the spec
 //!   turns it on: pmcache is the cache, and librbd's would hold acknowledged write-back in
 //!   volatile memory until a flush.
@@ -20,14 +24,15 @@
 //!   (`rados_osd_op_timeout`), failing with `ETIMEDOUT`: the cleaner then backs off and retries,
 //!   and a read miss fails instead of hanging its client.
 
+pub mod claim;
 mod ffi;
 mod queue;
 mod spec;
 
 use std::ffi::{CString, c_char, c_int};
 use std::io;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 pub use spec::{RBD_PREFIX, RbdSpec};
 
@@ -87,6 +92,18 @@ struct Handle {
     image: ffi::Image,
     /// The exclusive lock is held (taken at open, released by `release` or at drop).
     locked: AtomicBool,
+    /// The store as messages name it (`rbd:POOL/IMAGE`).
+    name: String,
+    /// The lock was lost while attached: nothing more is written ([`claim`]).
+    lock_lost: AtomicBool,
+    /// The answer that showed the lock lost.
+    lost_why: Mutex<String>,
+    /// Writes wait for a claim: the image records a holder or a cache taken over.
+    gated: AtomicBool,
+    /// What the image recorded, for the refusal.
+    gate_record: Mutex<String>,
+    /// The uuid of the cache this attachment claimed the image for.
+    claimed: Mutex<Option<String>>,
 }
 
 // SAFETY: librados' cluster and I/O context handles and librbd's image handle may be used from
@@ -165,6 +182,12 @@ impl RbdImage {
             ioctx: std::ptr::null_mut(),
             image: std::ptr::null_mut(),
             locked: AtomicBool::new(false),
+            name: parsed.to_string(),
+            lock_lost: AtomicBool::new(false),
+            lost_why: Mutex::new(String::new()),
+            gated: AtomicBool::new(false),
+            gate_record: Mutex::new(String::new()),
+            claimed: Mutex::new(None),
         };
         let user = parsed
             .user
@@ -256,6 +279,9 @@ impl RbdImage {
                 });
             }
             handle.locked.store(true, Ordering::SeqCst);
+            handle
+                .gate_if_recorded()
+                .map_err(|e| fail("reading the image's pmcache.holder metadata".into(), e))?;
         }
         let rbd_cache = conf_get(&handle, "rbd_cache").as_deref() == Some("true");
         Ok(Self { handle: Arc::new(handle), spec: parsed, ids, size_bytes, read_only, rbd_cache })
@@ -272,7 +298,18 @@ impl RbdImage {
     }
 
     fn check(&self, op: &'static str, offset: u64, len: u64) -> Result<()> {
-        check_request(self.read_only, self.size_bytes, op, offset, len)
+        check_request(self.read_only, self.size_bytes, op, offset, len)?;
+        if op != "read" {
+            self.handle.check_write(op)?;
+        }
+        Ok(())
+    }
+
+    /// Whether this attachment lost the image's exclusive lock (another client broke it):
+    /// every write, discard, write-zeroes and flush then fails with
+    /// [`BackingError::LockLost`].
+    pub fn lock_lost(&self) -> bool {
+        self.handle.lock_lost.load(Ordering::SeqCst)
     }
 }
 
@@ -487,7 +524,7 @@ impl BackingStore for RbdImage {
 
     fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
         self.check("write", offset, data.len() as u64)?;
-        transfer("write", offset, data.len(), |done| {
+        self.written(transfer("write", offset, data.len(), |done| {
             let rest = &data[done..];
             // SAFETY: open image; `rest` is readable for `rest.len()` bytes for the call.
             unsafe {
@@ -498,19 +535,17 @@ impl BackingStore for RbdImage {
                     rest.as_ptr().cast(),
                 )
             }
-        })
+        }))
     }
 
     fn flush(&self) -> Result<()> {
+        self.handle.check_write("flush")?;
         // SAFETY: open image.
         let ret = unsafe { (self.handle.api.rbd_flush)(self.handle.image) };
         if ret < 0 {
-            return Err(BackingError::Io {
-                op: "flush",
-                offset: 0,
-                len: 0,
-                source: errno(ret.into()),
-            });
+            let error =
+                BackingError::Io { op: "flush", offset: 0, len: 0, source: errno(ret.into()) };
+            return Err(self.handle.write_failed(ret.into(), error));
         }
         Ok(())
     }
@@ -523,12 +558,9 @@ impl BackingStore for RbdImage {
             // SAFETY: open image; the range lies inside it.
             let ret = unsafe { (self.handle.api.rbd_discard)(self.handle.image, at, n) };
             if ret < 0 {
-                return Err(BackingError::Io {
-                    op: "discard",
-                    offset,
-                    len,
-                    source: errno(ret.into()),
-                });
+                let error =
+                    BackingError::Io { op: "discard", offset, len, source: errno(ret.into()) };
+                return Err(self.handle.write_failed(ret.into(), error));
             }
             at += n;
         }
@@ -545,12 +577,9 @@ impl BackingStore for RbdImage {
                 (self.handle.api.rbd_write_zeroes)(self.handle.image, at, n as usize, 0, 0)
             };
             if ret < 0 {
-                return Err(BackingError::Io {
-                    op: "write-zeroes",
-                    offset,
-                    len,
-                    source: errno(ret as i64),
-                });
+                let error =
+                    BackingError::Io { op: "write-zeroes", offset, len, source: errno(ret as i64) };
+                return Err(self.handle.write_failed(ret as i64, error));
             }
             at += n;
         }
@@ -589,6 +618,20 @@ impl BackingStore for RbdImage {
         Ok(())
     }
 
+    fn claim(&self, cache_uuid: [u8; 16], takeover: bool) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.handle.claim(&self.spec.image_path(), cache_uuid, takeover || self.spec.takeover)
+    }
+
+    fn disclaim(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.handle.disclaim()
+    }
+
     fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
         Ok(Box::new(queue::RbdQueue::new(
             self.handle.clone(),
@@ -596,6 +639,19 @@ impl BackingStore for RbdImage {
             self.size_bytes,
             self.read_only,
         )?))
+    }
+}
+
+impl RbdImage {
+    /// A write's result, with an error that shows the lock lost made [`BackingError::LockLost`].
+    fn written(&self, result: Result<()>) -> Result<()> {
+        match result {
+            Err(error @ BackingError::Io { .. }) => {
+                let ret = -i64::from(error.errno());
+                Err(self.handle.write_failed(ret, error))
+            }
+            other => other,
+        }
     }
 }
 

@@ -108,11 +108,21 @@ impl RbdQueue {
     }
 
     fn check(&self, req: &IoRequest) -> Result<()> {
+        if req.op != IoOp::Read {
+            self.handle.check_write(req.op.name())?;
+        }
         if req.op == IoOp::Flush {
             return Ok(());
         }
         let len = req.buf.len() as u64;
         check_request(self.read_only, self.size_bytes, req.op.name(), req.offset, len)
+    }
+
+    /// The error for `req` answered with `ret` (< 0): for a write or a flush, one that shows
+    /// the lock lost is [`BackingError::LockLost`].
+    fn failed(&self, op: IoOp, offset: u64, len: u64, ret: isize) -> BackingError {
+        let error = io_error(op.name(), offset, len, ret);
+        if op == IoOp::Read { error } else { self.handle.write_failed(ret as i64, error) }
     }
 
     /// Issues one request to librbd.
@@ -153,7 +163,7 @@ impl RbdQueue {
             // SAFETY: the completion was created above and is not queued.
             unsafe { (api.rbd_aio_release)(completion) };
             self.free.push(slot);
-            let error = io_error(req.op.name(), offset, len as u64, ret as isize);
+            let error = self.failed(req.op, offset, len as u64, ret as isize);
             self.ready.push_back(completion_of(req, Err(error)));
             return;
         }
@@ -171,7 +181,7 @@ impl RbdQueue {
             self.free.push(slot);
             let len = if req.op == IoOp::Flush { 0 } else { req.buf.len() };
             let result = if ret < 0 {
-                Err(io_error(req.op.name(), req.offset, len as u64, ret))
+                Err(self.failed(req.op, req.offset, len as u64, ret))
             } else if req.op == IoOp::Read && (ret as usize) < len {
                 Err(BackingError::ShortRead {
                     offset: req.offset,

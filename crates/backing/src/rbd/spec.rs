@@ -1,6 +1,7 @@
 //! `rbd:POOL[/NAMESPACE]/IMAGE[:KEY=VALUE]...`: the form qemu and its users write an RBD image
-//! in. `id=USER` names the Ceph user (without `client.`), `conf=PATH` the configuration file;
-//! any other key is a Ceph option set on the connection (`mon_host=...`,
+//! in. `id=USER` names the Ceph user (without `client.`), `conf=PATH` the configuration file,
+//! `takeover=1` the operator's word that the cache recorded on the image as holding dirty
+//! blocks is gone for good (see [`super::RbdImage`]'s claim); any other key is a Ceph option set on the connection (`mon_host=...`,
 //! `rados_osd_op_timeout=5`, `rbd_cache=true`). A `:` or `\` inside a value is escaped with
 //! `\`. A snapshot (`IMAGE@SNAP`) is refused: a snapshot is read-only, and a cache that
 //! writes cannot sit in front of it.
@@ -24,6 +25,8 @@ pub struct RbdSpec {
     /// The configuration file (`None`: librados' search: `$CEPH_CONF`, /etc/ceph/ceph.conf,
     /// ~/.ceph/config, ./ceph.conf).
     pub conf: Option<String>,
+    /// `takeover=1`: a claim overrides the record of another cache holding dirty blocks.
+    pub takeover: bool,
     /// Other Ceph options, in the order given.
     pub options: Vec<(String, String)>,
 }
@@ -67,6 +70,7 @@ impl RbdSpec {
             image: image.into(),
             user: None,
             conf: None,
+            takeover: false,
             options: Vec::new(),
         };
         for field in fields {
@@ -79,6 +83,17 @@ impl RbdSpec {
             match key {
                 "id" => spec.user = Some(value.into()),
                 "conf" => spec.conf = Some(value.into()),
+                "takeover" => {
+                    spec.takeover = match value {
+                        "1" | "true" | "yes" => true,
+                        "0" | "false" | "no" => false,
+                        _ => {
+                            return Err(format!(
+                                "{text:?}: takeover={value:?}: expected takeover=1 (or 0)"
+                            ));
+                        }
+                    }
+                }
                 _ => spec.options.push((key.into(), value.into())),
             }
         }
@@ -149,6 +164,13 @@ mod tests {
         assert_eq!(spec.option("mon_host"), Some("10.0.0.1:6789"));
         assert_eq!(spec.option("rbd_cache"), Some("false"));
         assert_eq!(spec.option("rbd_cache_size"), None);
+        assert!(!spec.takeover);
+
+        let spec = RbdSpec::parse("rbd:vols/db1:takeover=1:rbd_cache=false").expect("parse");
+        assert!(spec.takeover, "takeover=1 is the override, not a Ceph option");
+        assert_eq!(spec.option("takeover"), None);
+        assert_eq!(spec.to_string(), "rbd:vols/db1");
+        assert!(!RbdSpec::parse("rbd:vols/db1:takeover=0").expect("parse").takeover);
     }
 
     #[test]
@@ -162,6 +184,7 @@ mod tests {
             ("rbd:pool/img@snap1", "snapshot is read-only"),
             ("rbd:pool/img:id", "is not KEY=VALUE"),
             ("rbd:pool/img:=x", "has no key"),
+            ("rbd:pool/img:takeover=maybe", "expected takeover=1"),
             ("/dev/sdb", "not an rbd: spec"),
         ] {
             let err = RbdSpec::parse(text).expect_err(text);

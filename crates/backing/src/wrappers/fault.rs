@@ -239,4 +239,10 @@ impl<S: BackingStore> BackingStore for FaultStore<S> {
     fn release(&self) -> Result<()> {
         self.inner.release()
     }
+    fn claim(&self, cache_uuid: [u8; 16], takeover: bool) -> Result<()> {
+        self.inner.claim(cache_uuid, takeover)
+    }
+    fn disclaim(&self) -> Result<()> {
+        self.inner.disclaim()
+    }
 }

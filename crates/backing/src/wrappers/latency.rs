@@ -209,6 +209,12 @@ impl<S: BackingStore + 'static> BackingStore for LatencyStore<S> {
     fn release(&self) -> Result<()> {
         self.inner.release()
     }
+    fn claim(&self, cache_uuid: [u8; 16], takeover: bool) -> Result<()> {
+        self.inner.claim(cache_uuid, takeover)
+    }
+    fn disclaim(&self) -> Result<()> {
+        self.inner.disclaim()
+    }
     fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
         let timer = timerfd_create(
             TimerfdClockId::Monotonic,

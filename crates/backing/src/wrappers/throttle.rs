@@ -91,4 +91,10 @@ impl<S: BackingStore> BackingStore for ThrottleStore<S> {
     fn release(&self) -> Result<()> {
         self.inner.release()
     }
+    fn claim(&self, cache_uuid: [u8; 16], takeover: bool) -> Result<()> {
+        self.inner.claim(cache_uuid, takeover)
+    }
+    fn disclaim(&self) -> Result<()> {
+        self.inner.disclaim()
+    }
 }
