@@ -38,11 +38,12 @@
 //! data or newer), every other entry is trusted as usual (it may be a dirty block's only
 //! copy); the range is then settled at once. Every slot touching a recorded range is retired.
 //!
-//! The record is 384 words in member 0's superblock page (bytes 1024..4096, zero at format).
-//! Each word names an aligned power-of-two run of cache lines, with a check that binds it to
-//! the cache's uuid (a word left by an earlier cache on the medium, or a corrupt one, names
-//! nothing). A range holding entries that cannot be recorded (the record full, or the record's
-//! own page lost) stops the process: the next start must not trust what that range held.
+//! The record is 384 words in member 0's superblock page (bytes 1024..4096, which format
+//! does not write). Each word names an aligned power-of-two run of cache lines, with a check
+//! that binds it to the cache's uuid: a word left there by an earlier cache on the medium, or
+//! a corrupt one, names nothing and is free. A range holding entries that cannot be recorded
+//! (the record full, or the record's own page lost) stops the process: the next start must
+//! not trust what that range held.
 
 use super::*;
 use crate::error::Unreadable;
