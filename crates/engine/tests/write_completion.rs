@@ -296,31 +296,8 @@ fn a_partial_write_back_after_a_switch_merges_with_the_write_through_in_flight()
 /// answers success while a block dirty at its start is still dirty.
 #[test]
 fn a_drain_waits_for_a_write_in_flight_on_a_dirty_blocks_stripe_and_cleans_it() {
-    // A device of 4096 blocks, where two blocks share a stripe.
-    let blocks = 4096u64;
-    let world = pmcache_engine::testing::model::World::fresh(3);
-    let device = pmcache_engine::testing::SimBacking::new(blocks * B, world.switch.clone(), 3);
-    let backing = LatchedBacking::new(device);
-    let cfg = pmcache_engine::Config {
-        max_lanes: 4,
-        ..pmcache_engine::testing::model::config(
-            CacheMode::WriteBack,
-            pmcache_engine::EvictionKind::Clock,
-            pmcache_engine::AdmissionConfig::Always,
-        )
-    };
-    let engine = pmcache_engine::Engine::format(
-        world.medium.clone(),
-        backing.clone(),
-        Arc::new(ManualClock::default()),
-        &cfg,
-    )
-    .expect("format");
-    let stripe_of = |lba| pmcache_engine::testing::stripe_of(&engine, lba);
-    let (first, neighbour) = (0..blocks)
-        .flat_map(|a| (a + 1..blocks).map(move |b| (a, b)))
-        .find(|&(a, b)| stripe_of(a) == stripe_of(b))
-        .expect("two blocks of one stripe");
+    let (backing, engine) = wide_latched_engine();
+    let (first, neighbour) = two_blocks_of_one_stripe(&engine);
     let mut writer = engine.lane().expect("writer lane");
     let dirty = pattern(9, first * B, B);
     writer.write(first * B, &dirty, false).expect("a dirty block");
@@ -342,4 +319,93 @@ fn a_drain_waits_for_a_write_in_flight_on_a_dirty_blocks_stripe_and_cleans_it() 
     });
     assert_eq!(engine.stats().dirty_slots, 0, "the drain answered with a block dirty");
     assert_eq!(stored(&backing, first), dirty, "the dirty block is on the backing store");
+}
+
+/// A latched engine in write-back over a device of 4096 blocks (where two blocks share a
+/// stripe), its cache the model's 20 slots.
+fn wide_latched_engine() -> (Arc<LatchedBacking>, pmcache_engine::testing::latched::LatchedEngine) {
+    let blocks = 4096u64;
+    let world = pmcache_engine::testing::model::World::fresh(3);
+    let device = pmcache_engine::testing::SimBacking::new(blocks * B, world.switch.clone(), 3);
+    let backing = LatchedBacking::new(device);
+    let cfg = pmcache_engine::Config {
+        max_lanes: 4,
+        ..pmcache_engine::testing::model::config(
+            CacheMode::WriteBack,
+            pmcache_engine::EvictionKind::Clock,
+            pmcache_engine::AdmissionConfig::Always,
+        )
+    };
+    let engine = pmcache_engine::Engine::format(
+        world.medium.clone(),
+        backing.clone(),
+        Arc::new(ManualClock::default()),
+        &cfg,
+    )
+    .expect("format");
+    (backing, engine)
+}
+
+/// Two blocks of one stripe.
+fn two_blocks_of_one_stripe(
+    engine: &pmcache_engine::testing::latched::LatchedEngine,
+) -> (u64, u64) {
+    let stripe_of = |lba| pmcache_engine::testing::stripe_of(engine, lba);
+    let blocks = engine.size_bytes() / B;
+    (0..blocks)
+        .flat_map(|a| (a + 1..blocks).map(move |b| (a, b)))
+        .find(|&(a, b)| stripe_of(a) == stripe_of(b))
+        .expect("two blocks of one stripe")
+}
+
+/// A drain asked of the running cleaner (the control socket's `flush`) while the only dirty
+/// block's stripe has a write-through in flight that does not complete: after a second of
+/// finding nothing it can clean, it answers `DrainBusy`, never success; once the write
+/// completes, the next drain writes the block back.
+#[test]
+fn a_requested_drain_answers_busy_while_a_dirty_blocks_stripe_stays_busy() {
+    let (backing, engine) = wide_latched_engine();
+    let (first, neighbour) = two_blocks_of_one_stripe(&engine);
+    let mut writer = engine.lane().expect("writer lane");
+    writer.write(first * B, &pattern(11, first * B, B), false).expect("a dirty block");
+    engine.set_mode(CacheMode::WriteThrough);
+    backing.hold(true);
+    let WriteStart::Pending(ticket) = writer.write_start(neighbour * B, &pattern(12, 0, B), false)
+    else {
+        panic!("a whole-block write-through must be in flight");
+    };
+    let config = pmcache_engine::CleanerConfig {
+        target_pct: 99,
+        high_pct: 100,
+        low_pct: 99,
+        idle_target_pct: 99,
+        idle_ms: 3_600_000,
+        ..pmcache_engine::CleanerConfig::default()
+    };
+    let mut cleaner = engine.cleaner(config).expect("cleaner");
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| cleaner.run(|_| {}));
+        let ask = || loop {
+            if let Some(asked) = engine.request_drain() {
+                break asked;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let answer = |asked| loop {
+            if let Some(outcome) = engine.drain_outcome(asked, Duration::from_millis(100)) {
+                break outcome;
+            }
+        };
+        let busy = answer(ask());
+        backing.hold(false);
+        assert_eq!(completed(&mut writer, 1), vec![ticket]);
+        let drained = answer(ask());
+        engine.stop_cleaner();
+        running.join().expect("the cleaner");
+        let err = busy.expect_err("a drain answered success with the block dirty");
+        assert!(matches!(err, pmcache_engine::Error::DrainBusy { dirty: 1, .. }), "{err}");
+        drained.expect("the drain once the write completed");
+    });
+    assert_eq!(engine.stats().dirty_slots, 0);
+    assert_eq!(stored(&backing, first), pattern(11, first * B, B));
 }
