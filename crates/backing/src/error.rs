@@ -137,7 +137,8 @@ pub enum BackingError {
         "backing store {store} holds dirty blocks of another cache: {holder}. If that cache is \
          gone for good (its host or medium lost), attach with the takeover override (add \
          :takeover=1 to the rbd: spec): its dirty blocks are then lost, and it is refused if it \
-         comes back; otherwise stop or detach it there first"
+         comes back; otherwise detach it there first (pmcache detach: its dirty blocks written \
+         back)"
     )]
     HeldByAnother {
         /// The store as given.
