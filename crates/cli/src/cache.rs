@@ -208,6 +208,12 @@ impl BackingStore for MovedBacking {
     fn release(&self) -> pmcache_backing::Result<()> {
         self.0.release()
     }
+    fn claim(&self, cache_uuid: [u8; 16], takeover: bool) -> pmcache_backing::Result<()> {
+        self.0.claim(cache_uuid, takeover)
+    }
+    fn disclaim(&self) -> pmcache_backing::Result<()> {
+        self.0.disclaim()
+    }
     fn open_queue(
         &self,
         depth: usize,
@@ -220,6 +226,30 @@ impl BackingStore for MovedBacking {
 /// without the record of which file it is.
 pub(crate) fn backing_to_attach(args: &CacheArgs, backing: Backing) -> Backing {
     if args.backing_moved { Arc::new(MovedBacking(backing)) } else { backing }
+}
+
+/// Claims the backing store for the cache whose superblock heads `medium` (its uuid) before
+/// the engine opens it: an RBD image records on itself which cache may hold dirty blocks
+/// there, refuses another cache while one does, and takes no write before the claim — and
+/// recovery may write back (docs/RBD.md). A superblock that does not decode claims nothing
+/// here: the open refuses it. Other stores take any claim.
+pub(crate) fn claim_for_medium(
+    backing: &Backing,
+    medium: &impl Medium,
+    describe: &str,
+) -> Result<(), String> {
+    let len_bytes = medium.len_bytes();
+    let mut head = vec![0u8; SUPERBLOCK_BYTES.min(len_bytes) as usize];
+    medium.read(0, &mut head);
+    match Superblock::decode(&head, len_bytes) {
+        Ok(superblock) => claim(backing, superblock.uuid, describe),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Claims the backing store for the cache `uuid` (see [`claim_for_medium`]).
+pub(crate) fn claim(backing: &Backing, uuid: [u8; 16], describe: &str) -> Result<(), String> {
+    backing.claim(uuid, false).map_err(|e| format!("{describe}: {e}"))
 }
 
 /// The message for a failed attach, with the way out where there is one.
@@ -528,7 +558,11 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
             MonotonicClock::default(),
             &config,
         ) {
-            Ok(engine) => Ok((engine, Opened::Formatted)),
+            Ok(engine) => {
+                // Before anything of the new cache reaches the backing store.
+                claim(engine.backing(), engine.superblock().uuid, &args.describe())?;
+                Ok((engine, Opened::Formatted))
+            }
             Err(e) => {
                 undo_new_media(args, &before);
                 Err(describe(e))
@@ -562,6 +596,7 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
     }
     check_geometry_asked(args, &members)?;
     let backing = backing_to_attach(args, backing);
+    claim_for_medium(&backing, &members[0].0, &args.describe())?;
     match Engine::open(as_set(members, true), backing, MonotonicClock::default(), &config) {
         Ok((engine, report)) => Ok((engine, Opened::Attached(report))),
         Err(Error::Format(FormatError::BadMagic { found }))
@@ -611,6 +646,7 @@ pub fn open_existing(args: &CacheArgs, max_lanes: usize) -> Result<CacheEngine, 
     }
     check_geometry_asked(args, &members)?;
     let backing = backing_to_attach(args, backing);
+    claim_for_medium(&backing, &members[0].0, &args.describe())?;
     let config = engine_config(args, max_lanes);
     Engine::open(as_set(members, true), backing, MonotonicClock::default(), &config)
         .map(|(engine, _)| engine)
@@ -639,11 +675,13 @@ pub fn format(args: &CacheArgs, force: bool) -> Result<CacheEngine, String> {
     for (spec, (medium, _)) in args.cache.iter().zip(&members) {
         check_size_asked(args, &spec.path, medium)?;
     }
-    Engine::format(
+    let engine = Engine::format(
         as_set(members, false),
         backing,
         MonotonicClock::default(),
         &engine_config(args, 4),
     )
-    .map_err(|e| format!("{}: {e}", args.describe()))
+    .map_err(|e| format!("{}: {e}", args.describe()))?;
+    claim(engine.backing(), engine.superblock().uuid, &args.describe())?;
+    Ok(engine)
 }

@@ -555,6 +555,7 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
     }
     let uuid = engine.superblock().uuid;
     engine.shutdown().map_err(|e| e.to_string())?;
+    engine.backing().disclaim().map_err(|e| format!("{}: {e}", cache_args.describe()))?;
     println!(
         "detached {}: {dirty} dirty blocks written back, {dropped} clean copies dropped, cache \
          marked clean",

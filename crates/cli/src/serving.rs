@@ -407,6 +407,14 @@ impl Serving {
         } else {
             Ok(false)
         };
+        // No dirty block left (written back, or never any): the cache's claim on the backing
+        // store goes, and another cache attaches without a takeover; a stop that leaves dirty
+        // blocks keeps it.
+        if engine.dirty_slots() == 0
+            && let Err(e) = engine.backing().disclaim()
+        {
+            eprintln!("pmcache: removing this cache's claim on the backing store: {e}");
+        }
         // Nothing more goes to the backing store: what it holds for this host (an RBD image's
         // lock) is let go, so another host may attach at once.
         if let Err(e) = engine.backing().release() {

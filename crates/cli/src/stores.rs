@@ -117,11 +117,16 @@ fn format(
     for ((store, entry), backing) in stores.iter().zip(&table.stores).zip(backings) {
         let window = window_of(&medium, entry.window.clone());
         match Engine::format(window, backing, MonotonicClock::default(), &config) {
-            Ok(engine) => opened.push(StoreOpened {
-                name: store.name.clone(),
-                backing: store.backing.clone(),
-                opened: Ok((engine, Opened::Formatted)),
-            }),
+            Ok(engine) => {
+                let describe = format!("store {:?}", store.name);
+                let claimed =
+                    crate::cache::claim(engine.backing(), engine.superblock().uuid, &describe);
+                opened.push(StoreOpened {
+                    name: store.name.clone(),
+                    backing: store.backing.clone(),
+                    opened: claimed.map(|()| (engine, Opened::Formatted)),
+                })
+            }
             Err(e) => {
                 drop(opened);
                 undo();
@@ -196,6 +201,7 @@ fn attach(
                 Some(entry) => open_cache_backing(&one).and_then(|backing| {
                     let backing = backing_to_attach(&one, backing);
                     let window = window_of(&medium, entry.window.clone());
+                    crate::cache::claim_for_medium(&backing, &window, &one.describe())?;
                     Engine::open(window, backing, MonotonicClock::default(), &config)
                         .map(|(engine, report)| (engine, Opened::Attached(report)))
                         .map_err(|e| attach_error(&one, e))

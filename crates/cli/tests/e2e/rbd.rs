@@ -4,7 +4,9 @@
 //! read; kill -9 under load and a restart (the dead server's lock broken by the cluster); the
 //! OSD stopped while serving (hits served, writes acknowledged, `stats` says unreachable, the
 //! cleaner catches up when it returns); a second host's attach refused while the image's lock
-//! is held; and a monitor that does not answer at start, a precise error within the timeout.
+//! is held, and while a dead host's cache holds dirty blocks on it (then taken over, and the
+//! dead host refused when it comes back); a live host whose lock is broken writes nothing
+//! more; and a monitor that does not answer at start, a precise error within the timeout.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -320,4 +322,80 @@ fn a_second_host_is_refused_and_a_dead_monitor_is_a_precise_error() {
         "{stderr}"
     );
     assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+}
+
+/// Two hosts, one image, both orders. (a) Host A's cache holds dirty blocks and A dies (kill -9;
+/// its lock broken as the cluster would after the watch timeout): host B's attach is refused,
+/// naming A's cache; B attaches with `takeover=1`, writes and detaches; A started again on its
+/// own cache is refused (its blocks are older than B's) and writes nothing. (b) A serves with
+/// dirty blocks and its lock is broken under it (`rbd lock rm`, which blocklists it): B takes
+/// the image over and writes; A's write-back then fails with the lock-lost error, its blocks
+/// stay dirty, and the image keeps B's data in both orders.
+#[test]
+fn a_second_cache_never_meets_a_returning_holders_older_blocks() {
+    let cluster = Cluster::start();
+    let never_clean = ["--mode", "writeback", "--cleaner", "order=none"];
+    for (case, image) in [("dead", "dead-holder"), ("live", "live-holder")] {
+        cluster.create_image(image, "64M");
+        let spec = cluster.spec(image, &[]);
+        let host_a = Setup::new(&format!("rbd-{case}-a"), 0, 8 * MIB);
+        let host_b = Setup::new(&format!("rbd-{case}-b"), 0, 8 * MIB);
+        // Host A's cache file outlives its server (kill -9 leaves /dev/shm as it is).
+        let a = serve_rbd(&host_a, &spec, &never_clean);
+        qemu_write(&a, 0, 0x41, MIB);
+        assert!(cluster.image_meta(image, "pmcache.holder").is_some(), "no holder recorded");
+        let b_state = host_b.disk.path().join("state");
+        let b_state = b_state.to_str().expect("utf-8");
+        let a_alive = if case == "dead" {
+            a.kill9();
+            cluster.break_lock(image);
+            let out = host_b.serve_refused_on(Path::new(&spec), &["--state-dir", b_state]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{stderr}");
+            assert!(stderr.contains("holds dirty blocks of another cache"), "{stderr}");
+            assert!(stderr.contains("takeover=1"), "{stderr}");
+            None
+        } else {
+            cluster.break_lock(image);
+            Some(a)
+        };
+        let takeover = cluster.spec(image, &["takeover=1"]);
+        let b = serve_rbd(&host_b, &takeover, &[]);
+        qemu_write(&b, 0, 0x42, MIB);
+        detach(&host_b, b);
+        match a_alive {
+            None => {
+                let a_state = host_a.disk.path().join("state");
+                let out = host_a.serve_refused_on(
+                    Path::new(&spec),
+                    &["--state-dir", a_state.to_str().expect("utf-8")],
+                );
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                assert!(!out.status.success(), "the taken-over cache attached: {stderr}");
+                assert!(stderr.contains("older"), "{stderr}");
+            }
+            Some(a) => {
+                let out = host_a.pmcache(&["flush", "--control", &host_a.control_arg()]);
+                let said = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                assert!(!out.status.success(), "a flush after the lock was lost: {said}");
+                let stats = host_a.stats();
+                assert!(
+                    said.contains("lost the image's exclusive lock")
+                        || stats.to_string().contains("lost the image's exclusive lock"),
+                    "{said} {stats}"
+                );
+                assert!(stats["dirty_slots"].as_u64().unwrap_or(0) > 0, "{stats}");
+                a.kill9();
+            }
+        }
+        let exported = cluster.export(image);
+        assert!(
+            exported[..MIB as usize].iter().all(|&b| b == 0x42),
+            "{case}: the image lost the second host's writes"
+        );
+    }
 }
