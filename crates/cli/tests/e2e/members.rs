@@ -23,7 +23,12 @@ fn a_cache_of_two_members_serves_recovers_in_any_order_and_refuses_a_missing_mem
     let second = setup.shm.path().join("cache-1.pm");
     let second_arg = format!("{}@0", second.display());
     let first_arg = format!("{}@0", setup.cache.display());
-    let server = setup.serve_with_cache(Path::new(&first_arg), Via::Tcp, &["--cache", &second_arg]);
+    // No background cleaning: the dirty counts below are the writes', whatever the load.
+    let server = setup.serve_with_cache(
+        Path::new(&first_arg),
+        Via::Tcp,
+        &["--cache", &second_arg, "--cleaner", "order=none"],
+    );
     let logs_formatted = |s: &str| s.contains("formatted") && s.contains(" + ");
     let cmds: Vec<String> = (0..6u64)
         .flat_map(|i| {

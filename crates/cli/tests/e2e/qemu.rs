@@ -97,7 +97,7 @@ fn patterns(mode: &str, via: Via) {
     assert_eq!(first_diff, None, "backing file differs from the model after detach");
     let (status, logs) = server.wait(Duration::from_secs(30));
     assert!(status.success(), "{logs}");
-    assert!(logs.contains("detached (every block written back)"), "{logs}");
+    assert!(logs.contains("detached (every block written back,"), "{logs}");
     let check = setup.pmcache(&["check", "--json", "--cache", &setup.cache_arg()]);
     let v: serde_json::Value = serde_json::from_slice(&check.stdout).expect("check --json");
     assert!(check.status.success(), "{v}");
