@@ -361,15 +361,20 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         // again). Only when nothing at all is written back is the first error the result.
         let mut first_error = None;
         let mut refused = 0;
-        let mut evicted = false;
+        let mut changed = false;
         for chunk in by_age.chunks(want.max(1)) {
             dirty.clear();
             dirty.extend(chunk.iter().map(|&(_, slot)| slot));
             let written = self.write_back(&dirty, None);
             for &slot in &dirty {
                 let word = engine.slots.load(slot);
-                if word.state() == SlotState::Clean {
-                    evicted |= self.try_evict(slot, word, None);
+                match word.state() {
+                    SlotState::Clean => {
+                        changed = true;
+                        self.try_evict(slot, word, None);
+                    }
+                    SlotState::Free => changed = true,
+                    SlotState::Dirty => {}
                 }
             }
             refused += written.refused;
@@ -387,9 +392,11 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
         }
         self.scratch_slots = dirty;
-        // Room made is room made, whatever else failed: a block that could not be read was
-        // written back from where it could (a lost range's, `checked.rs`), then evicted.
-        if evicted {
+        // A victim no longer dirty is progress, whatever else failed: room made, or about to
+        // be (evicted here, or by the hand's next sweep if its stripe was busy), or dropped
+        // with a lost range it lay on once its data was written back from where it could
+        // (`checked.rs`), so the next try looks at other blocks.
+        if changed {
             return Ok(true);
         }
         first_error.map_or(Ok(true), Err)

@@ -355,6 +355,12 @@ impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
         let engine = self.engine;
         let unsettled = engine.pools.lost.unsettled();
         if unsettled.is_empty() {
+            // Every range is settled, but the caller's block may have been written there
+            // since, by a write that took its slot just before the range was lost.
+            if let Some(slot) = held_slot.filter(|&slot| engine.pools.is_retired(slot)) {
+                let mappings = engine.index.mappings_where(|s| s == slot);
+                self.settle_held_alone(held_slot, &mappings);
+            }
             return true;
         }
         let mut slots: Vec<u32> = unsettled.iter().flat_map(|l| l.slots.iter().copied()).collect();
@@ -484,10 +490,11 @@ impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
         }
     }
 
-    /// Settling put off for a busy stripe: the caller's block alone (`held_slot`, its stripe
-    /// held) is written back now if it is dirty and its data can still be read, so that it
-    /// no longer fails its reads and its write-backs, and a reclaim can evict it. It stays
-    /// where it is until the range is settled. Returns false (not settled).
+    /// Settling put off for a busy stripe (or every range settled already): the caller's
+    /// block alone (`held_slot`, its stripe held) is written back now if it is dirty and its
+    /// data can still be read, so that it no longer fails its reads and its write-backs, and
+    /// a reclaim can evict it. It stays where it is until the range is settled. Returns false
+    /// (not settled).
     fn settle_held_alone(&mut self, held_slot: Option<u32>, mappings: &[(u64, Found)]) -> bool {
         let engine = self.engine;
         let held = held_slot.and_then(|slot| mappings.iter().find(|(_, found)| found.slot == slot));
