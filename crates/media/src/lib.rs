@@ -21,6 +21,7 @@
 //! [`DramTable`] is the engine's volatile counterpart: zeroed arrays of atomics in their own
 //! anonymous mappings, aligned and advised for transparent huge pages.
 
+pub mod barrier;
 mod crash;
 mod dram;
 mod error;

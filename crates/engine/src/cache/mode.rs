@@ -6,7 +6,12 @@
 //! word again, taking it only if it did not move meanwhile. [`Engine::set_mode`] stores a new
 //! word (the mode with a switch count above it), then waits until no lane holds a pin of an
 //! older word. Both sides store, then load, sequentially consistent: either the switch sees
-//! the lane's pin and waits for it, or the lane sees the new word and pins that instead.
+//! the lane's pin and waits for it, or the lane sees the new word and pins that instead. Where
+//! the kernel offers an expedited membarrier, the switch issues it between its store and its
+//! loads (`pmcache_media::barrier::heavy_fence`: a full fence on every thread), and the lane
+//! needs only a compiler fence between its own: a write request pays no fence for the pin
+//! (a sequentially consistent store is a locked instruction, about a fifth of a 4 KiB
+//! write-back write's time, `bench core`).
 //!
 //! So when `set_mode` returns, every write request that read the old mode has returned, and
 //! every later one runs in the new mode: after a switch away from a write-back mode no write
@@ -45,6 +50,9 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         let word = self.mode.load(Ordering::SeqCst);
         let next = mode_word(mode, (word >> MODE_BITS) + 1);
         self.mode.store(next, Ordering::SeqCst);
+        if self.mode_fence_asymmetric {
+            assert!(pmcache_media::barrier::heavy_fence(), "membarrier failed once registered");
+        }
         for lane in self.lanes.iter() {
             let mut waits = 0u32;
             loop {
@@ -75,7 +83,13 @@ impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
         let engine = self.engine;
         let mode = loop {
             let word = engine.mode.load(Ordering::SeqCst);
-            self.shared.mode_pin.store(word, Ordering::SeqCst);
+            if engine.mode_fence_asymmetric {
+                // The switch's membarrier is the fence between this store and the load.
+                self.shared.mode_pin.store(word, Ordering::Relaxed);
+                std::sync::atomic::compiler_fence(Ordering::SeqCst);
+            } else {
+                self.shared.mode_pin.store(word, Ordering::SeqCst);
+            }
             if engine.mode.load(Ordering::SeqCst) == word {
                 break mode_of(word);
             }
