@@ -95,8 +95,9 @@ pub fn check(args: CheckArgs) -> Result<(), String> {
             report.clean, report.dirty, report.free, report.superseded
         );
         println!(
-            "  entries dropped on attach: {} torn (power cut mid-update), {} corrupt",
-            report.torn, report.corrupt
+            "  entries dropped on attach: {} torn (power cut mid-update), {} corrupt, {} on \
+             ranges recorded lost",
+            report.torn, report.corrupt, report.lost_entries
         );
     }
     if report.synced_seq_invalid {
@@ -126,6 +127,7 @@ fn report_json(
         "clean_shutdown": report.was_clean_shutdown,
         "free": report.free, "clean": report.clean, "dirty": report.dirty,
         "superseded": report.superseded, "torn": report.torn, "corrupt": report.corrupt,
+        "lost_entries": report.lost_entries,
         "synced_seq_invalid": report.synced_seq_invalid,
     })
 }

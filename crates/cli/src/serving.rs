@@ -576,6 +576,16 @@ fn report_opened(cache: &str, opened: &Opened) {
         ),
     }
     if let Opened::Attached(report) = opened
+        && report.lost_entries > 0
+    {
+        eprintln!(
+            "pmcache: {} entries on ranges of the medium recorded lost were not trusted (their \
+             blocks were written back before the range was settled, or are older than the \
+             backing store's)",
+            report.lost_entries
+        );
+    }
+    if let Opened::Attached(report) = opened
         && report.synced_seq_invalid
     {
         eprintln!(

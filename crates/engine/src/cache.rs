@@ -216,10 +216,12 @@ pub struct Engine<M: Medium, B: BackingStore, C: Clock> {
     mode: AtomicU64,
     /// Held by a mode switch while it waits for the requests of the old mode.
     mode_switch: Mutex<()>,
-    /// A mode switch pays the pins' fence (`pmcache_media::barrier`), so a lane pins with a
-    /// compiler fence only (`cache/mode.rs`); false where the kernel offers no expedited
-    /// membarrier, and under shuttle.
-    mode_fence_asymmetric: bool,
+    /// The rare side pays the frequent side's fences (`pmcache_media::barrier`): a mode
+    /// switch those of the pins (`cache/mode.rs`), a medium losing a range those of the
+    /// writes that check their stores landed (`cache/checked.rs`), so lanes fence with a
+    /// compiler fence only. False where the kernel offers no expedited membarrier, and under
+    /// shuttle.
+    fence_asymmetric: bool,
     admission: Admission,
     eviction: &'static dyn EvictionPolicy,
     /// The background cleaner's shared state (`cache/cleaner/`).

@@ -277,6 +277,9 @@ pub(crate) struct LostRanges {
     /// Allocations to let pass before the next try to settle them (after a try that could
     /// not: busy stripes, a backing store that refused).
     skip: AtomicU64,
+    /// The medium's count of losses ([`pmcache_media::Medium::losses`]) when every loss it
+    /// counted was last known registered here (`cache/checked.rs`, stores that landed).
+    pub(crate) losses_known: AtomicU64,
 }
 
 impl Default for LostRanges {
@@ -287,6 +290,7 @@ impl Default for LostRanges {
             count: AtomicU64::new(0),
             unsettled: AtomicBool::new(false),
             skip: AtomicU64::new(0),
+            losses_known: AtomicU64::new(0),
         }
     }
 }

@@ -104,6 +104,10 @@ counters! {
     /// Of the blocks that failed a checksum or a read, the dirty ones: the request got an
     /// error (never other data), and the block stays dirty, not written back.
     unreadable_dirty,
+    /// Writes and admissions whose stores went to a range of the medium lost while they ran
+    /// (`cache/checked.rs`): each write ran again in another slot, each admission was not
+    /// made.
+    unlanded_stores,
     /// Dirty-slot increments minus decrements made by this lane (wrapping).
     dirty_delta,
 }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use pmcache_backing::{BackingIdentity, BackingStore};
+use pmcache_engine::testing::LateQueue;
 use pmcache_engine::{
     AdmissionConfig, CacheMode, Config, Engine, EvictionKind, ManualClock, ReadRequest, ReadStart,
     WriteRequest, WriteStart,
@@ -163,46 +164,7 @@ impl BackingStore for ShuttleBacking {
         depth: usize,
     ) -> pmcache_backing::Result<Box<dyn pmcache_backing::IoQueue>> {
         let store = ShuttleBacking { bytes: self.bytes.clone() };
-        Ok(Box::new(LateQueue { store, depth, pushed: Vec::new(), submitted: Vec::new() }))
-    }
-}
-
-/// [`ShuttleBacking`]'s queue: requests run when reaped (all submitted ones at each reap).
-struct LateQueue {
-    store: ShuttleBacking,
-    depth: usize,
-    pushed: Vec<pmcache_backing::IoRequest>,
-    submitted: Vec<pmcache_backing::IoRequest>,
-}
-
-impl pmcache_backing::IoQueue for LateQueue {
-    fn depth(&self) -> usize {
-        self.depth
-    }
-    fn in_flight(&self) -> usize {
-        self.pushed.len() + self.submitted.len()
-    }
-    fn push(&mut self, req: pmcache_backing::IoRequest) -> Result<(), pmcache_backing::IoRequest> {
-        if self.in_flight() == self.depth {
-            return Err(req);
-        }
-        self.pushed.push(req);
-        Ok(())
-    }
-    fn submit(&mut self) -> pmcache_backing::Result<usize> {
-        let n = self.pushed.len();
-        self.submitted.append(&mut self.pushed);
-        Ok(n)
-    }
-    fn reap(
-        &mut self,
-        _min: usize,
-        out: &mut Vec<pmcache_backing::IoCompletion>,
-    ) -> pmcache_backing::Result<usize> {
-        self.submit()?;
-        let n = self.submitted.len();
-        out.extend(self.submitted.drain(..).map(|req| req.run_on(&self.store)));
-        Ok(n)
+        Ok(Box::new(LateQueue::in_order(store, depth)))
     }
 }
 

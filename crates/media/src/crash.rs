@@ -33,6 +33,7 @@
 //! captured at that instant.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, Weak};
 use std::thread::ThreadId;
@@ -167,6 +168,12 @@ struct Inner {
     lost: Mutex<BTreeSet<u64>>,
     any_lost: AtomicBool,
     stores_to_lost: AtomicU64,
+    /// Pages lost so far, counted before each is ([`Medium::losses`]).
+    losses: AtomicU64,
+    /// Armed by [`CrashMedium::lose_page_at_store`]: the range whose next store loses its
+    /// page first.
+    lose_at_store: Mutex<Option<Range<u64>>>,
+    any_lose_at_store: AtomicBool,
 }
 
 impl Inner {
@@ -261,6 +268,9 @@ impl CrashMedium {
             lost: Mutex::new(BTreeSet::new()),
             any_lost: AtomicBool::new(false),
             stores_to_lost: AtomicU64::new(0),
+            losses: AtomicU64::new(0),
+            lose_at_store: Mutex::new(None),
+            any_lose_at_store: AtomicBool::new(false),
         });
         let weak: Weak<Inner> = Arc::downgrade(&inner);
         switch.on_crash(Box::new(move || {
@@ -336,14 +346,52 @@ impl CrashMedium {
     fn lose_page(&self, page: u64) {
         let _gate = self.inner.switch.store_gate();
         let mut lost = self.inner.lost.lock().expect("lost pages lock");
-        if !lost.insert(page) {
+        if lost.contains(&page) {
             return;
         }
+        // Counted before the page is lost: a store's flush that finds it lost (under this
+        // lock) is followed by a load of the count that sees it (`Medium::losses`).
+        self.inner.losses.fetch_add(1, Ordering::SeqCst);
+        lost.insert(page);
         let words = page * Self::PAGE_BYTES / 8..((page + 1) * Self::PAGE_BYTES / 8);
         for index in words.filter(|&i| i < self.inner.volatile.len() as u64) {
             self.word(index as usize).store(0, Ordering::SeqCst);
         }
         self.inner.any_lost.store(true, Ordering::SeqCst);
+    }
+
+    /// Arms a loss at a store: the next store (write, word store or exchange) that touches
+    /// `trigger` first loses the page it touches there (its first such page), as if a read on
+    /// another thread met a poisoned line in it at that instant — the store then goes to the
+    /// replacement and never reaches the medium. Once.
+    pub fn lose_page_at_store(&self, trigger: Range<u64>) {
+        *self.inner.lose_at_store.lock().expect("lose-at-store lock") = Some(trigger);
+        self.inner.any_lose_at_store.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a loss armed by [`CrashMedium::lose_page_at_store`] is still waiting for its
+    /// store.
+    pub fn loss_at_store_armed(&self) -> bool {
+        self.inner.any_lose_at_store.load(Ordering::SeqCst)
+    }
+
+    /// The armed loss at a store, if this store of `offset..offset + len` is its.
+    fn lose_at_store(&self, offset: u64, len: u64) {
+        if !self.inner.any_lose_at_store.load(Ordering::SeqCst) {
+            return;
+        }
+        let page = {
+            let mut armed = self.inner.lose_at_store.lock().expect("lose-at-store lock");
+            let Some(trigger) = armed.as_ref() else { return };
+            let (start, end) = (offset.max(trigger.start), (offset + len).min(trigger.end));
+            if start >= end {
+                return;
+            }
+            *armed = None;
+            self.inner.any_lose_at_store.store(false, Ordering::SeqCst);
+            start / Self::PAGE_BYTES
+        };
+        self.lose_page(page);
     }
 
     /// How many stores (writes, word stores and exchanges) touched a lost page since this
@@ -363,6 +411,7 @@ impl CrashMedium {
 
     /// Counts a store to `offset..offset + len` if it touches a lost page.
     fn note_store(&self, offset: u64, len: u64) {
+        self.lose_at_store(offset, len);
         if self.touches_lost(offset, len) {
             self.inner.stores_to_lost.fetch_add(1, Ordering::SeqCst);
         }
@@ -448,6 +497,10 @@ impl Medium for CrashMedium {
         }
         self.copy_out(offset, buf);
         Ok(())
+    }
+
+    fn losses(&self) -> u64 {
+        self.inner.losses.load(Ordering::SeqCst)
     }
 
     fn poisoned_ranges(&self) -> Vec<std::ops::Range<u64>> {

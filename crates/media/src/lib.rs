@@ -78,6 +78,16 @@ pub trait Medium: Send + Sync {
     fn poisoned_ranges(&self) -> Vec<std::ops::Range<u64>> {
         Vec::new()
     }
+    /// How many ranges this medium has lost so far (see [`Medium::poisoned_ranges`]): a count
+    /// that only grows, and grows *before* a range is lost. A thread that stored into the
+    /// medium, then fenced, then finds this count where it was when every loss counted so far
+    /// was accounted for, knows its stores did not go into a range lost meanwhile. The fence
+    /// is a full one, or a compiler fence alone in a process registered for
+    /// [`barrier::heavy_fence`]: a medium that loses a range then fences every thread with it
+    /// between counting the loss and losing the range.
+    fn losses(&self) -> u64 {
+        0
+    }
     /// Stores `data` at `offset` (not yet durable).
     fn write(&self, offset: u64, data: &[u8]);
     /// Atomically loads the 8-byte word at `offset` (8-byte aligned).
@@ -159,6 +169,9 @@ impl<M: Medium + ?Sized> Medium for std::sync::Arc<M> {
     }
     fn poisoned_ranges(&self) -> Vec<std::ops::Range<u64>> {
         (**self).poisoned_ranges()
+    }
+    fn losses(&self) -> u64 {
+        (**self).losses()
     }
     fn write(&self, offset: u64, data: &[u8]) {
         (**self).write(offset, data)

@@ -558,6 +558,9 @@ impl Medium for PmemFile {
         }
     }
 
+    fn losses(&self) -> u64 {
+        crate::poison::losses()
+    }
     fn poisoned_ranges(&self) -> Vec<std::ops::Range<u64>> {
         let base = self.base.as_ptr() as usize;
         crate::poison::poisoned_in(base..base + self.len_bytes as usize)

@@ -28,7 +28,7 @@
 use std::cell::Cell;
 use std::ops::Range;
 use std::sync::Once;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering, compiler_fence};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, compiler_fence};
 
 /// A read found a poisoned line: the medium cannot return the data there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -53,6 +53,9 @@ static POISONED_LENS: [AtomicUsize; GRANULES_MAX] = [const { AtomicUsize::new(0)
 /// One more than the highest entry of `POISONED_STARTS` ever used: 0 while no granule was
 /// found poisoned, so that a guarded read costs one load beside the copy.
 static POISONED_USED: AtomicUsize = AtomicUsize::new(0);
+/// Granules found poisoned in this process so far, counted before each is replaced
+/// ([`crate::Medium::losses`]).
+static LOSSES: AtomicU64 = AtomicU64::new(0);
 /// The `SIGBUS` action that was installed before this module's: put back for faults that are
 /// not a guarded read's.
 static PREVIOUS_ACTION: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
@@ -126,6 +129,12 @@ extern "C" fn on_sigbus(
     if guard.len != 0 && (guard.start..guard.start + guard.len).contains(&address) {
         let replaced = replaced_range(&guard, address);
         if record(replaced.clone()) {
+            // A thread storing into the granule after it is replaced must see it counted: the
+            // count first, then a fence on every thread (the frequent side's fence, in a
+            // process registered for it; elsewhere those threads fence themselves), then the
+            // replacement. membarrier is a plain system call, safe in a signal handler.
+            LOSSES.fetch_add(1, Ordering::SeqCst);
+            let _ = crate::barrier::heavy_fence();
             // SAFETY: `replaced` lies inside the guarded mapping (the copy's source is inside
             // it, and the range is cut to it); replacing it with private zeroed memory changes
             // nothing else. mmap is a plain system call, safe in a signal handler on Linux.
@@ -157,6 +166,11 @@ extern "C" fn on_sigbus(
             libc::sigaction(libc::SIGBUS, previous, std::ptr::null_mut());
         }
     }
+}
+
+/// Granules found poisoned in this process so far ([`crate::Medium::losses`]).
+pub(crate) fn losses() -> u64 {
+    LOSSES.load(Ordering::SeqCst)
 }
 
 /// Adds `range` to the poisoned list (async-signal-safe: atomics only). False when the list is

@@ -142,6 +142,9 @@ impl<M: Medium> Medium for MediumSet<M> {
             .read_checked(at, buf)
             .map_err(|poisoned| crate::Poisoned { offset: poisoned.offset - at + offset })
     }
+    fn losses(&self) -> u64 {
+        self.media().map(|medium| medium.losses()).sum()
+    }
     fn poisoned_ranges(&self) -> Vec<std::ops::Range<u64>> {
         self.spans()
             .flat_map(|(start, medium)| {

@@ -77,6 +77,9 @@ impl<M: Medium> Medium for Window<M> {
             .read_checked(at, buf)
             .map_err(|poisoned| Poisoned { offset: poisoned.offset - self.start })
     }
+    fn losses(&self) -> u64 {
+        self.medium.losses()
+    }
     fn poisoned_ranges(&self) -> Vec<Range<u64>> {
         let end = self.start + self.len_bytes;
         self.medium

@@ -415,6 +415,26 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             return;
         }
         self.fence();
+        // A write whose stores went to a range of the medium lost meanwhile is not switched
+        // in: it runs again alone, in another slot (`Lane::stores_landed`).
+        let mut kept = 0;
+        for at in 0..group.len() {
+            let g = group[at];
+            if !self.stores_landed(g.slot) {
+                let entry = g.entry.expect("found or inserted under the stripe");
+                if entry.hidden {
+                    engine.index.remove(&entry);
+                }
+                self.abandon_unlanded(g.slot);
+                alone.push(g.request);
+                continue;
+            }
+            if kept != at {
+                group.swap(kept, at);
+            }
+            kept += 1;
+        }
+        group.truncate(kept);
         // Visible: switch the index, publish, free the replaced copies — their entries zeroed
         // after the stripes are released, not fenced: each becomes its stripe's pending free
         // (see `Stripe`); a fence only if one of those stripes still had an earlier pending

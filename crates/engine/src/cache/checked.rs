@@ -183,6 +183,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
     /// When a new range holding metadata entries cannot be recorded (the record full, or its
     /// own page lost): a fail-stop, since the next start would trust what the range held.
     pub(crate) fn register_lost_ranges(&self, recorded: &[(Range<u64>, bool)]) {
+        // Read before the medium's list: every loss it counts is in the list read after.
+        let losses = self.medium.losses();
         let on_record = recorded.iter().map(|(range, settled)| (range.clone(), *settled, true));
         let reported = self.medium.poisoned_ranges().into_iter();
         let reported = reported.map(|range| (whole_lines(range), false, false));
@@ -204,6 +206,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             }
             self.pools.lost.add(Lost { range, slots, settled });
         }
+        self.pools.lost.losses_known.fetch_max(losses, Ordering::AcqRel);
     }
 
     /// Writes `range` into the medium's record of lost ranges (see the module), pending or
@@ -291,6 +294,51 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
 }
 
 impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
+    /// Whether what this lane stored for `slot` since it took the slot — data, checksum,
+    /// entry, all fenced — reached the medium: false if a range they lie on was lost
+    /// meanwhile (the stores went to the replacement, see the module). A write asks before
+    /// it switches its block in, an admission before it publishes its copy. The cost while
+    /// the medium has lost nothing new: a compiler fence and three loads (the losing side
+    /// fences every thread: `Medium::losses`).
+    #[inline]
+    pub(super) fn stores_landed(&self, slot: u32) -> bool {
+        let engine = self.engine;
+        if engine.fence_asymmetric {
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        } else {
+            std::sync::atomic::fence(Ordering::SeqCst);
+        }
+        let losses = engine.medium.losses();
+        if losses == engine.pools.lost.losses_known.load(Ordering::Acquire)
+            && !engine.pools.is_retired(slot)
+        {
+            return true;
+        }
+        engine.register_lost_ranges(&[]);
+        !engine.pools.is_retired(slot)
+    }
+
+    /// Lets go of `slot`, taken for a block whose stores did not all land (see
+    /// [`Lane::stores_landed`]): its entry is cleared durably where it is not lost itself (it
+    /// may have landed without the data), and the slot goes back to the lane, which drops it
+    /// (retired). The caller holds the stripe the slot's block was for and has taken back
+    /// any index entry it made for it.
+    pub(super) fn abandon_unlanded(&mut self, slot: u32) {
+        self.abandon_unlanded_entry(slot);
+        self.give_back(slot);
+    }
+
+    /// [`Lane::abandon_unlanded`] but for giving the slot back, which the caller does.
+    pub(super) fn abandon_unlanded_entry(&mut self, slot: u32) {
+        let engine = self.engine;
+        let entry_at = engine.layout.entry_offset(slot);
+        if !engine.pools.lost.touches(entry_at, ENTRY_BYTES, false) {
+            engine.clear_entry(slot);
+            self.fence();
+        }
+        bump(&self.counters().unlanded_stores, 1);
+    }
+
     /// Counts `slot`'s failed check (`why`); for a poisoned line, retires the slot and deals
     /// with the range of the medium the line took with it (see the module); marks a dirty
     /// slot so that reclaim tries it after every other dirty one. The caller holds the stripe

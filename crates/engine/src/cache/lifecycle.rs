@@ -140,7 +140,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             lifecycle: Mutex::new(()),
             mode: AtomicU64::new(super::mode::mode_word(config.mode, 1)),
             mode_switch: Mutex::new(()),
-            mode_fence_asymmetric: !cfg!(feature = "shuttle")
+            fence_asymmetric: !cfg!(feature = "shuttle")
                 && pmcache_media::barrier::register_heavy_fence(),
             admission: Admission::new(config.admission),
             cleaner: CleanerShared::new(),

@@ -408,9 +408,17 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                                 slot,
                                 SlotEntry { lba, state: BlockState::Clean, seq },
                             );
-                            engine.index.replace(&inserted, slot, engine.slots.generation(slot));
-                            engine.slots.publish(slot, SlotState::Clean);
-                            true
+                            if self.stores_landed(slot) {
+                                let generation = engine.slots.generation(slot);
+                                engine.index.replace(&inserted, slot, generation);
+                                engine.slots.publish(slot, SlotState::Clean);
+                                true
+                            } else {
+                                // Given back below, as a slot not admitted.
+                                engine.index.remove(&inserted);
+                                self.abandon_unlanded_entry(slot);
+                                false
+                            }
                         }
                         Ok(None) | Err(_) => false,
                     };

@@ -50,7 +50,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         let word = self.mode.load(Ordering::SeqCst);
         let next = mode_word(mode, (word >> MODE_BITS) + 1);
         self.mode.store(next, Ordering::SeqCst);
-        if self.mode_fence_asymmetric {
+        if self.fence_asymmetric {
             assert!(pmcache_media::barrier::heavy_fence(), "membarrier failed once registered");
         }
         for lane in self.lanes.iter() {
@@ -83,7 +83,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
         let engine = self.engine;
         let mode = loop {
             let word = engine.mode.load(Ordering::SeqCst);
-            if engine.mode_fence_asymmetric {
+            if engine.fence_asymmetric {
                 // The switch's membarrier is the fence between this store and the load.
                 self.shared.mode_pin.store(word, Ordering::Relaxed);
                 std::sync::atomic::compiler_fence(Ordering::SeqCst);

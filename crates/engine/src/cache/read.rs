@@ -269,12 +269,22 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let data = std::mem::take(&mut self.block);
         self.write_data(slot, &data);
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
-        engine.index.replace(&inserted, slot, engine.slots.generation(slot));
-        engine.slots.publish(slot, SlotState::Clean);
+        let admitted = self.stores_landed(slot);
+        if admitted {
+            engine.index.replace(&inserted, slot, engine.slots.generation(slot));
+            engine.slots.publish(slot, SlotState::Clean);
+        } else {
+            engine.index.remove(&inserted);
+            self.abandon_unlanded(slot);
+        }
         out.copy_from_slice(&data[in_block..in_block + out.len()]);
         self.block = data;
         drop(guard);
-        bump(&self.counters().read_misses_admitted, 1);
+        let counters = self.counters();
+        bump(
+            if admitted { &counters.read_misses_admitted } else { &counters.read_misses_bypassed },
+            1,
+        );
         Ok(())
     }
 

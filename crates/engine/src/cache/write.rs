@@ -249,6 +249,17 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         };
         crate::failpoint::mid_write();
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Dirty, seq });
+        if !self.stores_landed(slot) {
+            // A range the slot's data, checksum or entry lie on was lost while this write
+            // stored there: nothing of the write is visible yet (the block keeps the copy it
+            // had), so it runs again in another slot.
+            if entry.hidden {
+                engine.index.remove(&entry);
+            }
+            self.abandon_unlanded(slot);
+            drop(guard);
+            return self.write_block_cached(lba, in_block, payload);
+        }
         let switched = self.switch_in_dirty(stripe, slot, entry);
         if switched.must_fence {
             self.fence();
@@ -355,11 +366,22 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 self.write_data(slot, &data);
                 self.block = data;
                 self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
-                engine.index.replace(&entry, slot, engine.slots.generation(slot));
-                engine.slots.publish(slot, SlotState::Clean);
-                if !entry.hidden {
-                    self.free_slot(lba, entry.slot);
-                    bump(&counters.dirty_delta, 1u64.wrapping_neg());
+                if !self.stores_landed(slot) {
+                    // Not admitted (its stores went to a lost range); a dirty copy it was to
+                    // replace goes, as without an admission.
+                    engine.index.remove(&entry);
+                    if !entry.hidden {
+                        self.free_slot(lba, entry.slot);
+                        bump(&counters.dirty_delta, 1u64.wrapping_neg());
+                    }
+                    self.abandon_unlanded(slot);
+                } else {
+                    engine.index.replace(&entry, slot, engine.slots.generation(slot));
+                    engine.slots.publish(slot, SlotState::Clean);
+                    if !entry.hidden {
+                        self.free_slot(lba, entry.slot);
+                        bump(&counters.dirty_delta, 1u64.wrapping_neg());
+                    }
                 }
             }
             (None, Some(found)) => {

@@ -63,10 +63,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let turn = engine.backing_turn(entry.lba, &guard);
             if let Err(why) = engine.read_block_checked(slot, &mut self.write_back_block) {
                 // The block's only copy cannot be read: it stays dirty (marked), and the
-                // caller hears of it; the others are still written back.
-                self.note_unreadable(slot, why);
-                error.get_or_insert(Error::CachedBlockUnreadable { lba: entry.lba, why });
-                refused += 1;
+                // caller hears of it; the others are still written back. Unless the read met
+                // a poisoned line whose lost range, settled at once, wrote the block back.
+                if self.note_unreadable(slot, why) {
+                    error.get_or_insert(Error::CachedBlockUnreadable { lba: entry.lba, why });
+                    refused += 1;
+                }
                 continue;
             }
             if let Err(e) = engine.backing_write(&self.write_back_block, entry.lba * block, &turn) {

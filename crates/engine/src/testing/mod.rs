@@ -287,13 +287,7 @@ impl BackingStore for SimBacking {
             });
         }
         let seed = self.inner.rng.lock().expect("poisoned").r#gen();
-        Ok(Box::new(LateQueue {
-            device: self.clone(),
-            depth,
-            pushed: Vec::with_capacity(depth),
-            submitted: Vec::with_capacity(depth),
-            rng: SmallRng::seed_from_u64(seed),
-        }))
+        Ok(Box::new(LateQueue::shuffled(self.clone(), depth, seed)))
     }
 
     fn failed_flush_loses_writes(&self) -> bool {
@@ -341,24 +335,46 @@ impl BackingStore for SimBacking {
     }
 }
 
-/// The simulated device's queue. A submitted request runs on the device only when a reap
-/// picks it — a write lands late, as on a network disk, so a read started meanwhile on another
-/// lane reads the old data — and before it runs the reaping thread yields, so that other lanes
-/// act while the request is in flight. A reap that must wait runs at least the requests it
-/// waits for and each other one by a coin flip; a poll (`min = 0`) runs each by a coin flip.
-/// Completions come back in a shuffled order, so the engine's queued paths (misses in flight,
-/// the cleaner's pipelined writes, write-throughs) meet completions out of order.
-struct LateQueue {
-    device: SimBacking,
+/// A queue over a backing store whose requests run on it only when a reap picks them, not
+/// at submit: a write lands late, as on a network disk, so a read started meanwhile on
+/// another lane reads the old data.
+///
+/// [`LateQueue::shuffled`] (the simulated device's queue) also lets other lanes act while a
+/// request is in flight: before running any, the reaping thread yields; a reap that must wait
+/// runs at least the requests it waits for and each other one by a coin flip, a poll
+/// (`min = 0`) each by a coin flip, and completions come back shuffled — the engine's queued
+/// paths (misses in flight, the cleaner's pipelined writes, write-throughs) meet completions
+/// out of order. [`LateQueue::in_order`] runs every submitted request at each reap, in order,
+/// without yielding: for a model checker (shuttle) that schedules the threads itself.
+pub struct LateQueue<S> {
+    store: S,
     depth: usize,
     /// Pushed, not submitted yet.
     pushed: Vec<pmcache_backing::IoRequest>,
     /// Submitted, not run yet.
     submitted: Vec<pmcache_backing::IoRequest>,
-    rng: SmallRng,
+    /// The coin for shuffled queues; none for in-order ones.
+    rng: Option<SmallRng>,
 }
 
-impl pmcache_backing::IoQueue for LateQueue {
+impl<S: BackingStore> LateQueue<S> {
+    /// A queue of `depth` whose reaps yield, pick and shuffle (see the type), from `seed`.
+    pub fn shuffled(store: S, depth: usize, seed: u64) -> Self {
+        Self::new(store, depth, Some(SmallRng::seed_from_u64(seed)))
+    }
+
+    /// A queue of `depth` whose reaps run every submitted request, in order.
+    pub fn in_order(store: S, depth: usize) -> Self {
+        Self::new(store, depth, None)
+    }
+
+    fn new(store: S, depth: usize, rng: Option<SmallRng>) -> Self {
+        let (pushed, submitted) = (Vec::with_capacity(depth), Vec::with_capacity(depth));
+        Self { store, depth, pushed, submitted, rng }
+    }
+}
+
+impl<S: BackingStore> pmcache_backing::IoQueue for LateQueue<S> {
     fn depth(&self) -> usize {
         self.depth
     }
@@ -387,6 +403,11 @@ impl pmcache_backing::IoQueue for LateQueue {
     ) -> pmcache_backing::Result<usize> {
         use rand::seq::SliceRandom;
         self.submit()?;
+        let Some(rng) = self.rng.as_mut() else {
+            let n = self.submitted.len();
+            out.extend(self.submitted.drain(..).map(|req| req.run_on(&self.store)));
+            return Ok(n);
+        };
         if self.submitted.is_empty() {
             return Ok(0);
         }
@@ -394,14 +415,14 @@ impl pmcache_backing::IoQueue for LateQueue {
         for _ in 0..4 {
             std::thread::yield_now();
         }
-        self.submitted.shuffle(&mut self.rng);
+        self.submitted.shuffle(rng);
         let min = min.min(self.submitted.len());
         let mut got = 0;
         let mut at = 0;
         while at < self.submitted.len() {
-            if got < min || self.rng.gen_bool(0.5) {
+            if got < min || rng.gen_bool(0.5) {
                 let req = self.submitted.swap_remove(at);
-                out.push(req.run_on(&self.device));
+                out.push(req.run_on(&self.store));
                 got += 1;
             } else {
                 at += 1;

@@ -181,9 +181,12 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
             if let Err(why) = engine.read_block_checked(candidate.slot, copy) {
                 // The block's only copy cannot be read: it stays dirty, marked, and counts
                 // as failed (a drain ends with an error rather than trying it forever).
-                self.lane.note_unreadable(candidate.slot, why);
-                outcome.failed += 1;
-                outcome.unreadable += 1;
+                // Unless the read met a poisoned line whose lost range, settled at once,
+                // wrote the block back.
+                if self.lane.note_unreadable(candidate.slot, why) {
+                    outcome.failed += 1;
+                    outcome.unreadable += 1;
+                }
                 continue;
             }
             engine.stripes[stripe].cleaning.fetch_add(1, Ordering::AcqRel);
