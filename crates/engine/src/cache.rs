@@ -56,6 +56,7 @@ mod shared;
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests;
 mod through;
+mod through_runs;
 mod write;
 mod writeback;
 mod zeroes;

@@ -89,6 +89,13 @@ impl RangeHold<'_> {
         &self.stripes
     }
 
+    /// The last sequence number issued under `stripe`, one of those held (for
+    /// `Engine::global_seq`).
+    pub(super) fn stripe_last(&mut self, stripe: usize) -> &mut u64 {
+        let at = self.stripes.iter().position(|&s| s == stripe).expect("a stripe of the hold");
+        &mut self.guards[at]
+    }
+
     /// The turn to write or discard the blocks held.
     pub(super) fn turn(&self) -> BackingTurn<'_> {
         BackingTurn { first: self.first, end: self.end, _held: PhantomData }

@@ -67,6 +67,18 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         {
             return self.write_blocks_grouped(offset, data);
         }
+        if !mode.writes_back()
+            && offset_in_block(offset, block) == 0
+            && (data.len() as u64).is_multiple_of(block)
+            && data.len() as u64 >= 2 * block
+        {
+            self.write_blocks_backing(offset, data, mode == CacheMode::WriteThrough)?;
+            bump(&self.counters().bytes_written, data.len() as u64);
+            if fua {
+                self.flush()?;
+            }
+            return Ok(());
+        }
         if mode.writes_back() {
             let blocks = (data.len() as u64).div_ceil(self.block_bytes()).max(1);
             self.engine.pace_writes(blocks);
