@@ -85,7 +85,9 @@ pmcache=target/test-opt/pmcache
 "$pmcache" bench memory --quick
 "$pmcache" bench ublk-mapping --quick
 "$pmcache" bench mixed --quick
-"$pmcache" bench paper all --scale smallest --out target/papers-smoke
+# The experiments measured here; those that boot a QEMU guest are campaigns
+# (scripts/guest/paper00N.sh), their figures in docs/papers.
+"$pmcache" bench paper host --scale smallest --out target/papers-smoke
 "$pmcache" bench paper report --out target/papers-smoke
 
 echo "== fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"

@@ -56,7 +56,7 @@ enum Experiment {
     /// switches, boosts; Table 1: the same beside a CPU-bound π job on the server's CPU.
     Paper002(Box<paper002::Paper002Args>),
     /// The papers' experiments with pmcache on their axes: `bench paper <id>` (`list` names
-    /// them, `all` runs every one) prints each figure's table and writes its JSON, SVG and PNG
+    /// them, `all` runs every one, `host` those that boot no guest) prints each figure's table and writes its JSON, SVG and PNG
     /// to `--out`; `bench paper report` writes the Markdown report there from the JSON.
     Paper(Box<paper::PaperArgs>),
     /// Paper 003's file-system workloads: the four filebench personalities (fileserver,

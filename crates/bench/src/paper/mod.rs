@@ -33,9 +33,10 @@ pub use report::{read_figures, write as write_report};
 /// Options of `pmcache bench paper`.
 #[derive(Args, Debug, Clone)]
 pub struct PaperArgs {
-    /// The experiment (`list` names them; `all` runs every one; a panel's or a sibling's id,
-    /// such as `000-fig4b` or `002-table1`, runs the experiment that makes it), `report` to
-    /// write the report from the JSON in `--out`, or `list`.
+    /// The experiment (`list` names them; `all` runs every one, `host` every one measured on
+    /// this host, booting no QEMU guest; a panel's or a sibling's id, such as `000-fig4b` or
+    /// `002-table1`, runs the experiment that makes it), `report` to write the report from the
+    /// JSON in `--out`, or `list`.
     pub id: String,
     /// How close to the paper: `smallest` (seconds, CI), `small` (minutes), `full`.
     #[arg(long, value_enum, default_value_t = Scale::Small)]
@@ -178,6 +179,8 @@ struct Experiment {
     id: &'static str,
     what: &'static str,
     run: fn(&Ctx) -> Result<Vec<Figure>, String>,
+    /// Whether it boots a QEMU guest (left out of `host`).
+    guest: bool,
 }
 
 const EXPERIMENTS: &[Experiment] = &[
@@ -185,64 +188,83 @@ const EXPERIMENTS: &[Experiment] = &[
         id: "000-fig2",
         what: "devices alone vs the cache stacks (log MB/s)",
         run: p000::fig2,
+        guest: false,
     },
     Experiment {
         id: "000-fig3",
         what: "lookup cost by request size and working set",
         run: p000::fig3,
+        guest: false,
     },
     Experiment {
         id: "000-fig4",
         what: "threads: 4 KiB random reads (a), 4 MiB sequential reads (b)",
         run: p000::fig4,
+        guest: false,
     },
     Experiment {
-        id: "000-fig5", what: "4 MiB sequential, read share 100 → 10 %", run: p000::fig5
+        id: "000-fig5",
+        what: "4 MiB sequential, read share 100 → 10 %",
+        run: p000::fig5,
+        guest: false,
     },
-    Experiment { id: "000-fig6", what: "4 KiB random 50:50 by threads", run: p000::fig6 },
+    Experiment {
+        id: "000-fig6",
+        what: "4 KiB random 50:50 by threads",
+        run: p000::fig6,
+        guest: false,
+    },
     Experiment {
         id: "000-guest",
         what: "Figs 2-6 on the papers' own systems: bcache, dm-cache, dm-writecache and \
                pmcache (ublk) on emulated NVDIMMs in one QEMU guest",
         run: guest::run,
+        guest: true,
     },
     Experiment {
         id: "001-fig3",
         what: "FxMark analogues: private, shared, mixed 75/25 and 25/75 (a–d)",
         run: p001::fig3,
+        guest: false,
     },
     Experiment {
         id: "001-fig3-numa",
         what: "Fig 3 a and d as local and remote accesses on a cache of a member per node (a \
                QEMU guest of two NUMA nodes)",
         run: p001_numa::run,
+        guest: true,
     },
     Experiment {
         id: "002-fig2",
         what: "the cleaner's priority: Figs 2, 3, 4 and Table 1 in one run (bench paper002)",
         run: p002::run,
+        guest: false,
     },
     Experiment {
         id: "003-fig2",
         what: "filebench's four personalities on ext4 on brd, over pmcache (ublk) and -o dax \
                on an emulated NVDIMM, in a QEMU guest",
         run: p003::run,
+        guest: true,
     },
     Experiment {
         id: "003-fig2-host",
         what: "003-fig2's roles on this host: tmpfs, ext4 over pmcache (NBD, nbdfuse, loop), \
                ext4 on a loop device in /dev/shm (as root)",
         run: p003::run_host,
+        guest: false,
     },
     Experiment {
         id: "004-fig1",
         what: "backing engines against fio's, 4 KiB random reads by jobs, QD 1 and 32",
         run: p004::run,
+        guest: false,
     },
     Experiment {
         id: "004-guest",
         what: "004-fig1 in a QEMU guest on NVMe with poll queues (HIPRI and IOPOLL poll)",
         run: p004::run_guest,
+        guest: true,
     },
 ];
 
@@ -277,6 +299,8 @@ pub fn run(
 ) -> Result<Vec<Figure>, String> {
     let chosen: Vec<&Experiment> = if args.id == "all" {
         EXPERIMENTS.iter().collect()
+    } else if args.id == "host" {
+        EXPERIMENTS.iter().filter(|e| !e.guest).collect()
     } else {
         let id = args.id.as_str();
         let experiment = EXPERIMENTS
@@ -289,7 +313,7 @@ pub fn run(
             })
             .ok_or_else(|| {
                 let ids: Vec<&str> = EXPERIMENTS.iter().map(|e| e.id).collect();
-                format!("no experiment {id:?}: one of {}, all, report, list", ids.join(", "))
+                format!("no experiment {id:?}: one of {}, all, host, report, list", ids.join(", "))
             })?;
         vec![experiment]
     };
