@@ -1034,8 +1034,9 @@ fn may_run_together(a: &Op, b: &Op) -> bool {
 
 /// Whether `a` and `b` may run at once although they touch the same blocks: both change
 /// blocks (a write, a batch of writes, a trim, a write-zeroes), or one reads and the other
-/// changes exactly one block the read covers (the read then ran wholly before or after that
-/// block's change, which the model tells apart by its data).
+/// changes exactly one block the read covers, once (the read then ran wholly before or after
+/// that block's change, which the model tells apart by its data; a batch writing the block
+/// twice has a state between its two writes, which a read beside it may see).
 fn may_overlap(a: &Op, b: &Op) -> bool {
     let changes = |op: &Op| {
         matches!(
@@ -1044,8 +1045,19 @@ fn may_overlap(a: &Op, b: &Op) -> bool {
         )
     };
     let reads = |op: &Op| matches!(op, Op::Read { .. } | Op::ReadBatch { .. });
-    (changes(a) && changes(b))
-        || ((reads(a) && changes(b) || changes(a) && reads(b)) && blocks_in_both(a, b).len() == 1)
+    let changed_once = |changer: &Op, block: u64| {
+        blocks_touched(changer)
+            .is_some_and(|blocks| blocks.iter().filter(|&&touched| touched == block).count() == 1)
+    };
+    if changes(a) && changes(b) {
+        return true;
+    }
+    let changer = match (reads(a) && changes(b), changes(a) && reads(b)) {
+        (true, _) => b,
+        (_, true) => a,
+        _ => return false,
+    };
+    matches!(blocks_in_both(a, b)[..], [block] if changed_once(changer, block))
 }
 
 /// Settles a mode switch and a request that ran at once: the request ran in the old mode or
