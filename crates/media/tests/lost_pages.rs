@@ -116,3 +116,27 @@ fn a_read_across_two_poisoned_pages_loses_both() {
     // Plain reads of the lost pages no longer fault.
     medium.read(2 * PAGE, &mut buf);
 }
+
+/// A page lost at the instant a store reaches it (`lose_page_at_store`): the loss is counted
+/// (`Medium::losses`) before the store, which goes to the replacement and never reaches the
+/// medium; the other pages keep their stores; the loss happens once.
+#[test]
+fn a_page_lost_at_a_store_is_counted_before_the_store() {
+    let medium = CrashMedium::new(4 * 4096, CrashSwitch::new(), 1);
+    assert_eq!(medium.losses(), 0);
+    medium.lose_page_at_store(4096..3 * 4096);
+    medium.write_persist(0, &pattern(64, 1));
+    assert!(medium.loss_at_store_armed(), "a store outside the trigger loses nothing");
+    medium.write_persist(2 * 4096 + 128, &pattern(64, 2));
+    assert!(!medium.loss_at_store_armed());
+    assert_eq!(medium.losses(), 1);
+    assert_eq!(medium.poisoned_ranges(), vec![2 * 4096..3 * 4096]);
+    assert_eq!(medium.stores_to_lost_pages(), 1);
+    medium.write_persist(4096, &pattern(64, 3));
+    assert_eq!(medium.losses(), 1, "once");
+    let image = medium.durable_image();
+    let bytes: Vec<u8> = image.iter().flat_map(|w| w.to_le_bytes()).collect();
+    assert_eq!(bytes[..64], pattern(64, 1)[..]);
+    assert_eq!(bytes[4096..4096 + 64], pattern(64, 3)[..]);
+    assert_eq!(bytes[2 * 4096 + 128..2 * 4096 + 192], [0u8; 64][..], "the store never landed");
+}

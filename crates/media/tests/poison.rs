@@ -24,7 +24,9 @@ fn a_sigbus_under_a_checked_read_of_a_mapped_medium_is_an_error_not_a_crash() {
     let mut buf = vec![0u8; 8192];
     medium.read_checked(MIB, &mut buf).expect("a page the file still has");
     assert_eq!(buf, pattern);
+    let losses = medium.losses();
     let err = medium.read_checked(3 * MIB + 100, &mut buf).expect_err("a page past the file");
+    assert!(medium.losses() > losses, "the replaced page is counted as a loss");
     assert_eq!(err, Poisoned { offset: 3 * MIB + 100 });
     assert!(err.to_string().contains("poisoned line"), "{err}");
     let err = medium.read_checked(3 * MIB - 4096, &mut buf).expect_err("spans into the bad page");
