@@ -328,6 +328,24 @@ impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
         self.give_back(slot);
     }
 
+    /// Makes the clean copy in `slot` (data and entry persisted) the block's, through the
+    /// index entry `replaced` (the hidden one inserted for it, or the copy it replaces), if
+    /// its stores landed (see [`Lane::stores_landed`]): true. Otherwise takes `replaced` out
+    /// of the index and clears the slot's entry where it landed: false, and the caller gives
+    /// the slot back (a replaced copy's slot is the caller's to free either way). The caller
+    /// holds the block's stripe.
+    pub(super) fn reveal_clean_copy(&mut self, replaced: &Found, slot: u32) -> bool {
+        let engine = self.engine;
+        if self.stores_landed(slot) {
+            engine.index.replace(replaced, slot, engine.slots.generation(slot));
+            engine.slots.publish(slot, SlotState::Clean);
+            return true;
+        }
+        engine.index.remove(replaced);
+        self.abandon_unlanded_entry(slot);
+        false
+    }
+
     /// [`Lane::abandon_unlanded`] but for giving the slot back, which the caller does.
     pub(super) fn abandon_unlanded_entry(&mut self, slot: u32) {
         let engine = self.engine;

@@ -408,17 +408,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                                 slot,
                                 SlotEntry { lba, state: BlockState::Clean, seq },
                             );
-                            if self.stores_landed(slot) {
-                                let generation = engine.slots.generation(slot);
-                                engine.index.replace(&inserted, slot, generation);
-                                engine.slots.publish(slot, SlotState::Clean);
-                                true
-                            } else {
-                                // Given back below, as a slot not admitted.
-                                engine.index.remove(&inserted);
-                                self.abandon_unlanded_entry(slot);
-                                false
-                            }
+                            // Given back below if it is not revealed.
+                            self.reveal_clean_copy(&inserted, slot)
                         }
                         Ok(None) | Err(_) => false,
                     };

@@ -269,13 +269,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let data = std::mem::take(&mut self.block);
         self.write_data(slot, &data);
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
-        let admitted = self.stores_landed(slot);
-        if admitted {
-            engine.index.replace(&inserted, slot, engine.slots.generation(slot));
-            engine.slots.publish(slot, SlotState::Clean);
-        } else {
-            engine.index.remove(&inserted);
-            self.abandon_unlanded(slot);
+        let admitted = self.reveal_clean_copy(&inserted, slot);
+        if !admitted {
+            self.give_back(slot);
         }
         out.copy_from_slice(&data[in_block..in_block + out.len()]);
         self.block = data;

@@ -207,15 +207,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let seq = engine.global_seq(&mut guard);
             self.write_data(slot, &buf);
             self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
-            if self.stores_landed(slot) {
-                engine.index.replace(&inserted, slot, engine.slots.generation(slot));
-                engine.slots.publish(slot, SlotState::Clean);
-                admitted = true;
-            } else {
-                // Given back below, as a slot not admitted.
-                engine.index.remove(&inserted);
-                self.abandon_unlanded_entry(slot);
-            }
+            // Given back below if it is not revealed.
+            admitted = self.reveal_clean_copy(&inserted, slot);
         }
         stripe.writing.fetch_sub(1, Ordering::Relaxed);
         stripe.changes.fetch_add(1, Ordering::Relaxed);

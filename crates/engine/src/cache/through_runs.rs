@@ -117,12 +117,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
         let seq = engine.global_seq(hold.stripe_last(engine.stripe_index(lba)));
         self.write_data(slot, data);
         self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
-        if self.stores_landed(slot) {
-            engine.index.replace(&inserted, slot, engine.slots.generation(slot));
-            engine.slots.publish(slot, SlotState::Clean);
-        } else {
-            engine.index.remove(&inserted);
-            self.abandon_unlanded(slot);
+        if !self.reveal_clean_copy(&inserted, slot) {
+            self.give_back(slot);
         }
         true
     }

@@ -378,22 +378,14 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                 self.write_data(slot, &data);
                 self.block = data;
                 self.persist_entry(slot, SlotEntry { lba, state: BlockState::Clean, seq });
-                if !self.stores_landed(slot) {
-                    // Not admitted (its stores went to a lost range); a dirty copy it was to
-                    // replace goes, as without an admission.
-                    engine.index.remove(&entry);
-                    if !entry.hidden {
-                        self.free_slot(lba, entry.slot);
-                        bump(&counters.dirty_delta, 1u64.wrapping_neg());
-                    }
-                    self.abandon_unlanded(slot);
-                } else {
-                    engine.index.replace(&entry, slot, engine.slots.generation(slot));
-                    engine.slots.publish(slot, SlotState::Clean);
-                    if !entry.hidden {
-                        self.free_slot(lba, entry.slot);
-                        bump(&counters.dirty_delta, 1u64.wrapping_neg());
-                    }
+                // Not revealed (its stores went to a lost range): not admitted, and a dirty
+                // copy it was to replace goes all the same.
+                if !self.reveal_clean_copy(&entry, slot) {
+                    self.give_back(slot);
+                }
+                if !entry.hidden {
+                    self.free_slot(lba, entry.slot);
+                    bump(&counters.dirty_delta, 1u64.wrapping_neg());
                 }
             }
             (None, Some(found)) => {
