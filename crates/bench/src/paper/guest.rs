@@ -13,14 +13,17 @@ use std::process::Command;
 
 use serde::Deserialize;
 
-use super::Ctx;
 use super::figure::{Absolute, Figure, Point, Series, number};
 use super::p000::{percent, published};
+use super::{Ctx, library};
 
 /// The normaliser's series name in the script's output.
 pub const NVM_SERIES: &str = "NVM (raw pmem)";
 /// The ublk frontend with nothing behind it: pmcache's ceiling in the guest.
 pub const UBLK_NULL_SERIES: &str = "ublk null (no cache)";
+/// fio's libpmem engine on the DAX file beside pmcache's library medium: a cross-check of
+/// the raw medium's loads and stores.
+pub const FIO_LIBPMEM_SERIES: &str = "fio libpmem (DAX)";
 
 /// The script's output.
 #[derive(Debug, Deserialize)]
@@ -32,6 +35,9 @@ pub struct GuestRun {
     pub notes: Vec<String>,
     /// One fio run each.
     pub points: Vec<GuestPoint>,
+    /// Where a request's time goes (`000-time`): one window of one run each.
+    #[serde(default)]
+    pub time: Vec<super::guest_time::TimeSample>,
 }
 
 /// What the guest was.
@@ -237,9 +243,56 @@ impl Table {
     }
 }
 
-/// `NVM (raw pmem)` for every series; for Fig 3's `<layer> <working set>`, `NVM <working set>`.
+/// `NVM (raw pmem)` for every series measured through the block layer; the raw medium by
+/// loads and stores for those measured on its DAX mapping (pmcache embedded as a library, fio's
+/// libpmem engine); for Fig 3's `<layer> <working set>`, `NVM <working set>`.
 fn nvm_of(name: &str) -> Option<String> {
-    Some(NVM_SERIES.to_string()).filter(|_| !name.starts_with("NVM"))
+    if name.starts_with("NVM") {
+        None
+    } else if name == library::LIBRARY_SERIES || name == FIO_LIBPMEM_SERIES {
+        Some(library::RAW_SERIES.to_string())
+    } else {
+        Some(NVM_SERIES.to_string())
+    }
+}
+
+/// Whether a series is a cache layer (not a raw device, a null target or a plain remapper).
+fn is_cache(name: &str) -> bool {
+    ["bcache", "dm-", "pmcache"].iter().any(|p| name.starts_with(p))
+}
+
+/// For each x: the cache layer closest to its device, its ratio and its lead over the next
+/// layer; and pmcache's own layers' ratios.
+fn leaders(table: &Table, normaliser_of: &dyn Fn(&str) -> Option<String>, x_name: &str) -> String {
+    let mut parts = vec![];
+    for (x, tick) in table.xs.iter().enumerate() {
+        let mut ranked: Vec<(f64, &str)> = table
+            .names
+            .iter()
+            .enumerate()
+            .filter(|(_, name)| is_cache(name))
+            .filter_map(|(s, name)| Some((table.median_ratio(x, s, normaliser_of)?, name.as_str())))
+            .collect();
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let Some(&(best, leader)) = ranked.first() else { continue };
+        let lead = match ranked.get(1) {
+            Some(&(next, second)) => {
+                format!(
+                    ", {}× {second}",
+                    number(if next > 0.0 { best / next } else { f64::INFINITY })
+                )
+            }
+            None => String::new(),
+        };
+        let ours: Vec<String> = ranked
+            .iter()
+            .filter(|(_, name)| name.starts_with("pmcache") && *name != leader)
+            .map(|(r, name)| format!("{name} {}", percent(*r)))
+            .collect();
+        let ours = if ours.is_empty() { String::new() } else { format!("; {}", ours.join(", ")) };
+        parts.push(format!("{tick} {x_name}: {leader} leads at {}{lead}{ours}", percent(best)));
+    }
+    format!("Closest to its device (ratio to it): {}.", parts.join("; ").replace("  ", " "))
 }
 
 fn nvm_of_set(name: &str) -> Option<String> {
@@ -415,6 +468,20 @@ fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
                 ctx.cpus
             ));
         }
+        if table.names.iter().any(|n| n == library::LIBRARY_SERIES) {
+            notes.push(format!(
+                "'{}' is pmcache's engine embedded in a process of the guest (`pmcache bench \
+                 paper 000-library`), its medium a file on ext4 -o dax on an NVDIMM of its own, \
+                 normalised to '{}': the same requests as loads and stores of the same \
+                 mapping (reads copy out; writes copy and persist) — each cache against its \
+                 device through the interface it is used by, as the kernel layers are against \
+                 the raw NVDIMM through the block layer. '{}' is fio's libpmem engine on a file \
+                 of the same file system, a cross-check of that normaliser.",
+                library::LIBRARY_SERIES,
+                library::RAW_SERIES,
+                FIO_LIBPMEM_SERIES
+            ));
+        }
         notes.extend(run.notes.iter().cloned());
         notes.extend(hit_notes(run, id));
         figures.push(Figure {
@@ -426,7 +493,11 @@ fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
             y_label,
             y_log: log,
             bars: id == "000-fig2",
-            ours: ours(&table, normaliser_of, x_name),
+            ours: if id == "000-fig2" || id == "000-fig3" {
+                ours(&table, normaliser_of, x_name)
+            } else {
+                leaders(&table, normaliser_of, x_name)
+            },
             series,
             absolute,
             published: published(id).into(),
@@ -441,6 +512,7 @@ fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
             provenance: ctx.provenance.clone(),
         });
     }
+    figures.extend(super::guest_time::figures(ctx, &run.time, &bed, run.bed.seconds));
     if figures.is_empty() {
         return Err("the guest bed's output has no figure's points".into());
     }
@@ -477,6 +549,7 @@ mod tests {
             },
             notes: vec!["bcache in writethrough".into()],
             points,
+            time: vec![],
         }
     }
 
@@ -506,6 +579,34 @@ mod tests {
         assert_eq!(
             sentence,
             "Of the raw NVDIMM in the same boot, at 1 jobs: bcache 60 %; at 4 jobs: bcache 20 %."
+        );
+    }
+
+    /// The summary names the cache layer closest to its device at each x and its lead;
+    /// pmcache embedded as a library is taken against the raw medium by loads and stores.
+    #[test]
+    fn the_summary_names_the_leader_at_each_x_and_by_how_much() {
+        let run = guest_run(vec![
+            point("000-fig4a", "1", NVM_SERIES, 0, 100.0),
+            point("000-fig4a", "1", library::RAW_SERIES, 0, 1000.0),
+            point("000-fig4a", "1", "bcache", 0, 77.0),
+            point("000-fig4a", "1", "dm-writecache", 0, 92.0),
+            point("000-fig4a", "1", "pmcache (ublk)", 0, 6.0),
+            point("000-fig4a", "1", UBLK_NULL_SERIES, 0, 9.0),
+            point("000-fig4a", "1", library::LIBRARY_SERIES, 0, 800.0),
+            point("000-fig4a", "4", NVM_SERIES, 0, 100.0),
+            point("000-fig4a", "4", library::RAW_SERIES, 0, 1000.0),
+            point("000-fig4a", "4", "bcache", 0, 50.0),
+            point("000-fig4a", "4", library::LIBRARY_SERIES, 0, 950.0),
+        ]);
+        let t = table(&run, "000-fig4a").expect("points");
+        assert_eq!(t.names[..2], [NVM_SERIES, library::RAW_SERIES], "both normalisers first");
+        let sentence = leaders(&t, &nvm_of, "jobs");
+        assert_eq!(
+            sentence,
+            "Closest to its device (ratio to it): 1 jobs: dm-writecache leads at 92 %, 1.15× \
+             pmcache (library); pmcache (library) 80 %, pmcache (ublk) 6 %; 4 jobs: pmcache \
+             (library) leads at 95 %, 1.90× bcache."
         );
     }
 

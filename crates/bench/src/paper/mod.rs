@@ -11,7 +11,9 @@
 
 mod figure;
 mod guest;
+mod guest_time;
 mod inproc;
+mod library;
 mod p000;
 mod p001;
 mod p001_numa;
@@ -212,6 +214,13 @@ const EXPERIMENTS: &[Experiment] = &[
         id: "000-fig6",
         what: "4 KiB random 50:50 by threads",
         run: p000::fig6,
+        guest: false,
+    },
+    Experiment {
+        id: "000-library",
+        what: "Figs 4a, 4b, 5 and 6's points with pmcache embedded as a library beside the raw \
+               medium by loads and stores (in the guest: on a DAX file system), for 000-guest",
+        run: library::run,
         guest: false,
     },
     Experiment {
