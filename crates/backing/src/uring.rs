@@ -517,6 +517,12 @@ impl BackingStore for UringFile {
         self.shared.file.direct
     }
     fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
+        Ok(Box::new(self.open_uring_queue(depth)?))
+    }
+}
+
+impl UringFile {
+    fn open_uring_queue(&self, depth: usize) -> Result<UringQueue> {
         let (ring, task_run) = build_ring(self.shared.mode, depth as u32, None, RingUse::Queue)
             .map_err(|e| {
                 let what = format!("create a ring of depth {depth}");
@@ -536,7 +542,7 @@ impl BackingStore for UringFile {
             .then(|| eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC).ok())
             .flatten()
             .filter(|event| ring.submitter().register_eventfd(event.as_raw_fd()).is_ok());
-        Ok(Box::new(UringQueue {
+        Ok(UringQueue {
             shared: self.shared.clone(),
             ring,
             file_ref,
@@ -549,7 +555,8 @@ impl BackingStore for UringFile {
             submit_each: self.shared.mode != UringMode::Sqpoll && !self.shared.punted,
             sq_fresh: 0,
             completion_event,
-        }))
+            submit_enters: 0,
+        })
     }
 }
 
@@ -597,6 +604,8 @@ struct UringQueue {
     /// the kernel, which a thread asleep in `poll` does not) and where the kernel refused
     /// the registration.
     completion_event: Option<OwnedFd>,
+    /// `io_uring_enter` calls made to submit or to poll without waiting.
+    submit_enters: u64,
 }
 
 /// How long a waiter on a queue with many requests in the kernel lets completions gather
@@ -658,7 +667,7 @@ impl UringQueue {
         }
         if !entered {
             // The task-run flag makes this enter ask for completions, which runs the work.
-            self.submit()?;
+            self.enter_now()?;
             self.drain_cq();
             *got += self.slots.drain_ready(out);
             if !self.ring.submission().is_empty() {
@@ -731,6 +740,36 @@ impl UringQueue {
     }
 }
 
+impl UringQueue {
+    /// Passes what is queued to the kernel with one `io_uring_enter`, not waiting (which also
+    /// runs completion work the ring defers to this thread, and polls an IOPOLL ring once);
+    /// returns how many entries were passed.
+    fn enter_now(&mut self) -> Result<usize> {
+        self.fill_sq();
+        self.enable()?;
+        self.submit_enters += 1;
+        let fresh = std::mem::take(&mut self.sq_fresh);
+        loop {
+            match self.ring.submit() {
+                Ok(_) if self.shared.mode == UringMode::Sqpoll => return Ok(fresh),
+                Ok(n) => return Ok(n),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => {
+                    // Left in the SQ for the next enter; an SQPOLL thread takes them anyway.
+                    let sqpoll = self.shared.mode == UringMode::Sqpoll;
+                    return Ok(if sqpoll { fresh } else { 0 });
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    return Err(second_thread(self.shared.file.engine));
+                }
+                Err(source) => {
+                    return Err(BackingError::Io { op: "submit", offset: 0, len: 0, source });
+                }
+            }
+        }
+    }
+}
+
 impl IoQueue for UringQueue {
     fn depth(&self) -> usize {
         self.slots.depth()
@@ -770,26 +809,14 @@ impl IoQueue for UringQueue {
 
     fn submit(&mut self) -> Result<usize> {
         self.fill_sq();
-        self.enable()?;
-        let fresh = std::mem::take(&mut self.sq_fresh);
-        loop {
-            match self.ring.submit() {
-                Ok(_) if self.shared.mode == UringMode::Sqpoll => return Ok(fresh),
-                Ok(n) => return Ok(n),
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY)) => {
-                    // Left in the SQ for the next enter; an SQPOLL thread takes them anyway.
-                    let sqpoll = self.shared.mode == UringMode::Sqpoll;
-                    return Ok(if sqpoll { fresh } else { 0 });
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                    return Err(second_thread(self.shared.file.engine));
-                }
-                Err(source) => {
-                    return Err(BackingError::Io { op: "submit", offset: 0, len: 0, source });
-                }
-            }
+        // An SQPOLL ring's kernel thread may have taken entries not yet reported as passed.
+        let unreported = self.shared.mode == UringMode::Sqpoll && self.sq_fresh > 0;
+        if self.ring.submission().is_empty() && !unreported {
+            // Nothing to pass: no system call. The read path submits after every batch, and
+            // a batch of hits queued nothing (a wasted `io_uring_enter` per request served).
+            return Ok(0);
         }
+        self.enter_now()
     }
 
     fn reap(&mut self, min: usize, out: &mut Vec<IoCompletion>) -> Result<usize> {
@@ -818,7 +845,7 @@ impl IoQueue for UringQueue {
                 // A poll that found nothing: one enter without waiting, which runs deferred
                 // or cooperative completion work when the ring flags it (the task-run flag)
                 // and polls an IOPOLL ring once. Without it a deferred ring posts nothing.
-                self.submit()?;
+                self.enter_now()?;
                 entered = true;
             } else if self.ring.params().is_setup_single_issuer() {
                 // Only deferred rings (see `TaskRun::Deferred`) are single-issuer.
@@ -979,6 +1006,34 @@ mod tests {
         let mut out = Vec::new();
         queue.reap(1, &mut out)?;
         Ok(out.pop().expect("one completion"))
+    }
+
+    /// A submit with nothing queued makes no system call (the read path submits after every
+    /// batch, most of them all hits); one with requests queued enters once, and a poll that
+    /// finds nothing still enters, for completion work the ring defers to the thread.
+    #[test]
+    fn submitting_nothing_enters_no_system_call() {
+        let (_dir, file) = queue_file();
+        let mut queue = file.open_uring_queue(4).expect("queue");
+        for _ in 0..3 {
+            assert_eq!(queue.submit().expect("submit"), 0);
+        }
+        assert_eq!(queue.submit_enters, 0, "an empty submit entered the kernel");
+        let done = read_one(&mut queue, 4096).expect("read");
+        assert_eq!(done.buf[0], (4096 % 251) as u8);
+        let after_read = queue.submit_enters;
+        assert_eq!(queue.submit().expect("submit"), 0);
+        assert_eq!(queue.submit_enters, after_read, "an empty submit after a read entered");
+        let mut out = Vec::new();
+        assert_eq!(queue.reap(0, &mut out).expect("poll"), 0);
+        assert_eq!(queue.submit_enters, after_read, "a poll with nothing in flight entered");
+        queue.push(IoRequest::read(0, IoBuf::new(4096), 1)).expect("room");
+        let before = queue.submit_enters;
+        queue.submit().expect("submit");
+        assert!(queue.submit_enters > before || queue.submit_each, "a queued read was not passed");
+        out.clear();
+        queue.reap(1, &mut out).expect("reap");
+        assert_eq!(out.len(), 1);
     }
 
     /// A queue may be opened on one thread and driven by another; once driven, it refuses a

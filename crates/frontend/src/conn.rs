@@ -61,6 +61,9 @@ impl ReadLatencies {
     }
 }
 
+/// The requests of one batch, held without allocating up to a typical batch.
+type Batch<T> = smallvec::SmallVec<[T; 16]>;
+
 /// What receives each completed miss: its ticket, and its data or the frontend's error.
 pub(crate) type Completed<'a, E> = dyn FnMut(usize, Result<&[u8], E>) + 'a;
 
@@ -106,7 +109,7 @@ impl<'e> CacheConn<'e> {
         outcomes: &mut Vec<Result<(), E>>,
         map: fn(Error) -> E,
     ) {
-        let requests: Vec<WriteRequest<'a>> = writes.collect();
+        let requests: Batch<WriteRequest<'a>> = writes.collect();
         self.lane.write_batch(&requests, &mut self.results);
         outcomes.extend(self.results.drain(..).map(|r| r.map_err(map)));
     }
@@ -122,7 +125,7 @@ impl<'e> CacheConn<'e> {
         answered: impl Fn(Result<(), Error>) -> S,
         pending: impl Fn(usize) -> S,
     ) {
-        let requests: Vec<WriteRequest<'a>> = writes.collect();
+        let requests: Batch<WriteRequest<'a>> = writes.collect();
         self.lane.write_batch_start(&requests, &mut self.write_starts);
         started.extend(self.write_starts.drain(..).map(|s| match s {
             WriteStart::Done(result) => answered(result),
@@ -140,7 +143,7 @@ impl<'e> CacheConn<'e> {
         answered: impl Fn(Result<(), Error>) -> S,
         pending: impl Fn(usize) -> S,
     ) {
-        let mut requests: Vec<ReadRequest<'a>> = reads.collect();
+        let mut requests: Batch<ReadRequest<'a>> = reads.collect();
         let began = Instant::now();
         self.lane.read_batch_start(&mut requests, &mut self.starts);
         let hit_ns = began.elapsed().as_nanos() as u64;
@@ -201,7 +204,7 @@ impl<'e> CacheConn<'e> {
         outcomes: &mut Vec<Result<(), E>>,
         map: fn(Error) -> E,
     ) {
-        let mut requests: Vec<ReadRequest<'a>> = reads.collect();
+        let mut requests: Batch<ReadRequest<'a>> = reads.collect();
         self.lane.read_batch(&mut requests, &mut self.results);
         outcomes.extend(self.results.drain(..).map(|r| r.map_err(map)));
     }
