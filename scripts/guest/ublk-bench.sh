@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fio 4 KiB random reads and writes at queue depth 1 and 32 on four block devices in one QEMU
+# fio 4 KiB random reads and writes at queue depth 1 and 32 on five block devices in one QEMU
 # guest (run-in-guest.sh; this host's kernel has no ublk_drv or nbd), in rounds that
 # alternate between them:
 #
@@ -8,16 +8,22 @@
 #   null-usercopy  the same with UBLK_F_USER_COPY: the null target never reads the data, so
 #                  this is the frontend without the copy
 #   pmcache-ublk   pmcache serve --ublk (1 queue of depth 128)
+#   pmcache-ublk-poll
+#                  the same with --ublk-poll: the queue thread polls its ring while requests
+#                  come (and 1 ms after the last), rather than sleeping on it
 #   pmcache-nbd    pmcache serve on a Unix socket, through the kernel's NBD client
 #
-# Both caches are 256 MiB in /dev/shm over a 1 GiB backing file; fio works on the first
-# 128 MiB, written and flushed first, so reads are hits and writes overwrite cached blocks.
-# The guest is emulated (TCG): only ratios within the run mean anything. Prints the median
-# IOPS of each device and case and the ratios to the null target.
+# The three caches are 256 MiB in /dev/shm, each over a 1 GiB backing file; fio works on the
+# first 128 MiB, written and flushed first, so reads are hits and writes overwrite cached
+# blocks. The guest is emulated (TCG): only ratios within the run mean anything. Prints the
+# median IOPS of each device and case, the ratios to the null target, and the pmcache
+# servers' CPU.
 #
 #   scripts/guest/ublk-bench.sh [ROUNDS (3)] [SECONDS per run (5)]
 #
 # UBLK_QUEUES=N gives the ublk devices (pmcache's and the null targets) N queues (default 1).
+# A polling server keeps one vCPU per queue busy while its device is measured: with the
+# guest's two vCPUs, fio and the kernel share the other.
 #
 # Needs rublk (`cargo install rublk`; RUBLK=path, or found in PATH, or installed under
 # target/rublk), nbd-client and fio on the host (installed when missing); builds pmcache in
@@ -45,7 +51,7 @@ PM=$exe
 RUBLK=$rublk
 fail() { echo "ublk-bench: FAILED: \$*"; tail -n 20 /tmp/*.log 2>/dev/null; exit 1; }
 wait_for() { i=0; while ! eval "\$1"; do i=\$((i+1)); [ \$i -lt 600 ] || fail "\$2"; sleep 0.1; done; }
-for b in u n; do dd if=/dev/zero of=/mnt/nvme/\$b.img bs=1M count=0 seek=1024 2>/dev/null; done
+for b in u p n; do dd if=/dev/zero of=/mnt/nvme/\$b.img bs=1M count=0 seek=1024 2>/dev/null; done
 \$PM serve --ublk --ublk-queues $queues --cache /dev/shm/u.pm --cache-size 256M --backing /mnt/nvme/u.img \\
   --control /tmp/u.ctl > /tmp/serve-ublk.log 2>&1 &
 UPID=\$!
@@ -58,6 +64,12 @@ nbd-client -u /tmp/nbd.sock /dev/nbd0 -N pmcache -b 4096 > /dev/null || fail "nb
 \$RUBLK add null -n 1 -q $queues -d 128 --quiet > /tmp/rublk1.log 2>&1 || fail "rublk null"
 \$RUBLK add null -n 2 -q $queues -d 128 -u --quiet > /tmp/rublk2.log 2>&1 || fail "rublk null -u"
 wait_for "[ -b /dev/ublkb1 ] && [ -b /dev/ublkb2 ]" "no rublk devices"
+\$PM serve --ublk --ublk-poll --ublk-queues $queues --cache /dev/shm/p.pm --cache-size 256M \\
+  --backing /mnt/nvme/p.img --control /tmp/p.ctl > /tmp/serve-ublk-poll.log 2>&1 &
+POLLPID=\$!
+wait_for "grep -q 'ublk device:' /tmp/serve-ublk-poll.log" "no polling pmcache device"
+PDEV=\$(sed -n 's/.*ublk device: \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/serve-ublk-poll.log)
+wait_for "[ -b \$PDEV ]" "no \$PDEV"
 # cpu PID: clock ticks (user + system) of the whole process, and of its cleaner thread.
 cpu() {
   all=\$(awk '{print \$14 + \$15}' /proc/\$1/stat)
@@ -67,18 +79,20 @@ cpu() {
   done
   echo "\$all \$cleaner \$(awk '{print \$1 * 100}' /proc/uptime)"
 }
-for dev in /dev/ublkb0 /dev/nbd0; do
+for dev in /dev/ublkb0 \$PDEV /dev/nbd0; do
   fio --name=fill --filename=\$dev --rw=write --bs=1M --size=128M --direct=1 \\
     --ioengine=libaio --iodepth=4 > /tmp/fill.log 2>&1 || fail "filling \$dev"
 done
-\$PM flush --control /tmp/u.ctl > /dev/null 2>&1 && \$PM flush --control /tmp/n.ctl > /dev/null 2>&1
-echo "ublk-bench: 4 devices up (ublk: $queues queues of depth 128); \$(nproc) vCPUs; $rounds rounds of $seconds s runs"
+for c in u p n; do \$PM flush --control /tmp/\$c.ctl > /dev/null 2>&1; done
+echo "ublk-bench: 5 devices up (pmcache-ublk-poll: \$PDEV) (ublk: $queues queues of depth 128); \$(nproc) vCPUs; $rounds rounds of $seconds s runs"
 for round in \$(seq 1 $rounds); do
   for case in randread:1 randread:32 randwrite:1 randwrite:32; do
     rw=\${case%%:*} qd=\${case#*:}
-    for target in null-copy:/dev/ublkb1 null-usercopy:/dev/ublkb2 pmcache-ublk:/dev/ublkb0 pmcache-nbd:/dev/nbd0; do
+    for target in null-copy:/dev/ublkb1 null-usercopy:/dev/ublkb2 pmcache-ublk:/dev/ublkb0 \\
+        pmcache-ublk-poll:\$PDEV pmcache-nbd:/dev/nbd0; do
       name=\${target%%:*} dev=\${target#*:}
       pid=; [ \$name = pmcache-ublk ] && pid=\$UPID; [ \$name = pmcache-nbd ] && pid=\$NPID
+      [ \$name = pmcache-ublk-poll ] && pid=\$POLLPID
       [ -n "\$pid" ] && before=\$(cpu \$pid)
       line=\$(fio --name=b --filename=\$dev --rw=\$rw --bs=4k --size=128M --direct=1 \\
         --ioengine=libaio --iodepth=\$qd --time_based --runtime=$seconds --ramp_time=1 \\
@@ -94,7 +108,7 @@ for round in \$(seq 1 $rounds); do
 done
 nbd-client -d /dev/nbd0 > /dev/null
 \$RUBLK del -n 1 > /dev/null 2>&1; \$RUBLK del -n 2 > /dev/null 2>&1
-kill -TERM %1 %2 2>/dev/null || true
+kill -TERM \$UPID \$NPID \$POLLPID 2>/dev/null || true
 wait
 echo "ublk-bench: done"
 GUEST
@@ -115,17 +129,18 @@ grep "^BENCH " "$out" | awk -v rounds="$rounds" '
     return (k % 2) ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
   }
   END {
-    printf "%-14s %-15s %12s %10s   %s\n", "case", "device", "IOPS (median)", "vs null", "runs"
+    printf "%-14s %-17s %12s %10s   %s\n", "case", "device", "IOPS (median)", "vs null", "runs"
     split("randread QD1,randread QD32,randwrite QD1,randwrite QD32", order, ",")
-    split("null-copy,null-usercopy,pmcache-ublk,pmcache-nbd", names, ",")
+    split("null-copy,null-usercopy,pmcache-ublk,pmcache-ublk-poll,pmcache-nbd", names, ",")
     for (c = 1; c <= 4; c++) {
       key = order[c]; base = median(key, "null-copy")
-      for (d = 1; d <= 4; d++) {
+      for (d = 1; d <= 5; d++) {
         dev = names[d]; m = median(key, dev); runs = ""
         for (i = 1; i <= n[key, dev]; i++) runs = runs (i > 1 ? ", " : "") v[key, dev, i]
-        printf "%-14s %-15s %12.0f %10.3f   %s\n", key, dev, m, m / base, runs
+        printf "%-14s %-17s %12.0f %10.3f   %s\n", key, dev, m, m / base, runs
       }
-      printf "%-14s %-15s %12s %10.3f   (pmcache-ublk / pmcache-nbd)\n", key, "ublk vs nbd", "", median(key, "pmcache-ublk") / median(key, "pmcache-nbd")
+      printf "%-14s %-17s %12s %10.3f   (pmcache-ublk / pmcache-nbd)\n", key, "ublk vs nbd", "", median(key, "pmcache-ublk") / median(key, "pmcache-nbd")
+      printf "%-14s %-17s %12s %10.3f   (pmcache-ublk-poll / pmcache-ublk)\n", key, "poll vs sleep", "", median(key, "pmcache-ublk-poll") / median(key, "pmcache-ublk")
     }
   }'
 
@@ -140,11 +155,11 @@ grep "^CPU " "$out" | awk '
     return (count % 2) ? a[(count + 1) / 2] : (a[count / 2] + a[count / 2 + 1]) / 2
   }
   END {
-    printf "%-14s %-13s %18s %16s\n", "case", "server", "CPU (cores busy)", "of it, cleaner"
+    printf "%-14s %-17s %18s %16s\n", "case", "server", "CPU (cores busy)", "of it, cleaner"
     split("randread QD1,randread QD32,randwrite QD1,randwrite QD32", order, ",")
-    split("pmcache-ublk,pmcache-nbd", names, ",")
-    for (c = 1; c <= 4; c++) for (d = 1; d <= 2; d++) {
+    split("pmcache-ublk,pmcache-ublk-poll,pmcache-nbd", names, ",")
+    for (c = 1; c <= 4; c++) for (d = 1; d <= 3; d++) {
       key = order[c] " " names[d]
-      if (n[key]) printf "%-14s %-13s %18.2f %16.2f\n", order[c], names[d], median(all, key, n[key]), median(cl, key, n[key])
+      if (n[key]) printf "%-14s %-17s %18.2f %16.2f\n", order[c], names[d], median(all, key, n[key]), median(cl, key, n[key])
     }
   }'

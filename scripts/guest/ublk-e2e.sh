@@ -9,8 +9,11 @@
 # every block fio wrote through the new device, and stop with SIGTERM. Then a cache shared by
 # two backing stores (`--store a=... --store b=...`), each its own device: each reads back its
 # own data; stats per store; `detach --store a` while b is served; SIGTERM writes b back; a
-# restart without b's backing file refuses b by name and serves a. Last, `pmcache ublk null`:
-# its device reads zeroes, takes writes and is removed on SIGTERM.
+# restart without b's backing file refuses b by name and serves a. Then polling queue threads
+# (`serve --ublk --ublk-poll`): fio writes and verifies (crc32c) 16 MiB on the device itself
+# at queue depth 1 and 16, the startup line says polling is on, `stats` counts polls (and
+# none without --ublk-poll), SIGTERM stops it. Last, `pmcache ublk null --poll`: its device
+# reads zeroes, takes writes and is removed on SIGTERM.
 #
 #   scripts/guest/ublk-e2e.sh
 #
@@ -45,6 +48,8 @@ fio --name=verify --directory=\$M --ioengine=psync --direct=1 --rw=randwrite --b
 grep -E "WRITE:|READ:" /tmp/fio.log
 \$PM stats --json --control /tmp/pm.ctl > /tmp/stats.json || fail "stats"
 grep -q '"cleaner_blocks_cleaned":0,' /tmp/stats.json && fail "the cleaner wrote nothing back"
+grep -Eq '"ublk_polls":0([,}]|\$)' /tmp/stats.json || fail "polls counted without --ublk-poll"
+grep -q 'polling: off' /tmp/serve.log || fail "the startup line does not say polling is off"
 umount \$M || fail "umount"
 \$PM detach --cache /dev/shm/cache.pm --control /tmp/pm.ctl > /tmp/detach.log 2>&1 || { cat /tmp/detach.log; fail "detach"; }
 wait \$SERVER || fail "serve exited with \$? after detach"
@@ -156,21 +161,59 @@ gone \$DA "after SIGTERM (store a alone)"
 grep -q 'store "a": cache marked clean' /tmp/serve-stores2.log || fail "no clean stop of store a (alone)"
 mv \$BB.away \$BB
 echo "ublk-e2e: stores: without b's backing file: b refused by name, a served (\$DA, its data read back)"
-# The null device (the frontend's ceiling in benchmarks): reads zeroes, takes writes, and
-# goes away on SIGTERM.
-\$PM ublk null --size 64M > /tmp/serve-null.log 2>&1 &
+# Polling queue threads: a fresh cache over a backing file of its own; fio writes and
+# verifies 16 MiB through the device, half at queue depth 1, half at 16 (reads of blocks the
+# cache no longer holds: target reads in flight, completed through the ring's poll).
+BP=/mnt/nvme/poll.img
+rm -f /dev/shm/poll.pm \$BP.pmcache-state
+dd if=/dev/zero of=\$BP bs=1M count=0 seek=64 2>/dev/null
+\$PM serve --ublk --ublk-poll --ublk-poll-idle-us 500 --cache /dev/shm/poll.pm --cache-size 8M \\
+  --backing \$BP --control /tmp/poll.ctl > /tmp/serve-poll.log 2>&1 &
+SERVER=\$!
+i=0; while ! grep -q "ublk device:" /tmp/serve-poll.log; do
+  i=\$((i+1)); [ \$i -lt 600 ] && kill -0 \$SERVER 2>/dev/null || fail "serve --ublk-poll did not start"; sleep 0.1
+done
+D=\$(sed -n 's/.*ublk device: \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/serve-poll.log)
+wait_dev \$D
+grep -q "polling: on, 500 µs after the last request" /tmp/serve-poll.log \\
+  || fail "the startup line does not say polling is on"
+fio --filename=\$D --direct=1 --rw=randwrite --bs=4k --size=8m --verify=crc32c --verify_fatal=1 \\
+  --do_verify=1 --verify_state_save=0 --group_reporting \\
+  --name=qd1 --ioengine=psync --offset=0 \\
+  --name=qd16 --ioengine=libaio --iodepth=16 --offset=8m > /tmp/fio-poll.log 2>&1 \\
+  || { cat /tmp/fio-poll.log; fail "fio through the polling device"; }
+grep -E "WRITE:|READ:" /tmp/fio-poll.log
+\$PM stats --json --control /tmp/poll.ctl > /tmp/stats-poll.json || fail "stats (polling)"
+grep -Eq '"ublk_polls":[1-9]' /tmp/stats-poll.json || { cat /tmp/stats-poll.json; fail "no poll counted with --ublk-poll"; }
+grep -Eq '"ublk_poll_idle_us":500([,}]|\$)' /tmp/stats-poll.json || fail "stats lack the polling budget"
+kill -TERM \$SERVER; wait \$SERVER || fail "serve --ublk-poll exited with \$? on SIGTERM"
+grep -q "cache marked clean" /tmp/serve-poll.log || fail "no clean stop (polling)"
+gone \$D "after SIGTERM (polling)"
+# SIGTERM wrote every block back: the backing file itself verifies.
+fio --filename=\$BP --direct=1 --rw=randwrite --bs=4k --size=8m --verify=crc32c --verify_fatal=1 \\
+  --verify_only --verify_state_save=0 --group_reporting \\
+  --name=qd1 --ioengine=psync --offset=0 \\
+  --name=qd16 --ioengine=libaio --iodepth=16 --offset=8m > /tmp/fio-poll-raw.log 2>&1 \\
+  || { cat /tmp/fio-poll-raw.log; fail "fio verify of the polling device's backing file"; }
+echo "ublk-e2e: --ublk-poll: fio wrote and verified 16 MiB at QD1 and QD16 through an 8 MiB" \\
+  "cache, polls counted, SIGTERM wrote it all back (the backing file verifies)"
+# The null device (the frontend's ceiling in benchmarks), its queue polling: reads zeroes,
+# takes writes, and goes away on SIGTERM.
+\$PM ublk null --size 64M --poll > /tmp/serve-null.log 2>&1 &
 NULL=\$!
 i=0; while ! grep -q "ublk device:" /tmp/serve-null.log; do
   i=\$((i+1)); [ \$i -lt 300 ] && kill -0 \$NULL 2>/dev/null || fail "ublk null did not start"; sleep 0.1
 done
 D=\$(sed -n 's/.*ublk device: \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/serve-null.log)
+grep -q "polling: on, 1000 µs after the last request" /tmp/serve-null.log \\
+  || fail "ublk null --poll does not say polling is on"
 [ "\$(cat /sys/block/\${D#/dev/}/size)" = 131072 ] || fail "the null device is not 64 MiB"
 dd if=/dev/urandom of=\$D bs=1M count=4 oflag=direct 2>/dev/null || fail "write to the null device"
 [ "\$(dd if=\$D bs=1M count=4 iflag=direct 2>/dev/null | tr -d '\\000' | wc -c)" = 0 ] \
   || fail "the null device read something other than zeroes"
 kill -TERM \$NULL; wait \$NULL || fail "ublk null exited with \$? on SIGTERM"
 [ ! -b \$D ] || fail "\$D is still there after SIGTERM"
-echo "ublk-e2e: ublk null: zeroes read, writes taken, removed on SIGTERM"
+echo "ublk-e2e: ublk null --poll: zeroes read, writes taken, removed on SIGTERM"
 echo "ublk-e2e: OK"
 GUEST
 

@@ -8,11 +8,13 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 use pmcache_engine::format::{HEADER_BYTES, Superblock};
 use pmcache_frontend::CacheConn;
 use pmcache_ublk::{
-    Device, DeviceConfig, DeviceInfo, DeviceState, OwnerTag, Started, Stopper, recovery,
+    Device, DeviceConfig, DeviceInfo, DeviceState, OwnerTag, QueueWaits, Started, Stopper, recovery,
 };
 
 use crate::args::{DEFAULT_CACHE, ServeArgs, Switch, UblkArgs, UblkCommand};
@@ -31,6 +33,8 @@ struct UblkFrontend {
     id: u32,
     queues: u16,
     depth: u16,
+    poll_idle: Option<Duration>,
+    waits: Arc<QueueWaits>,
 }
 
 impl Frontend for UblkFrontend {
@@ -45,6 +49,12 @@ impl Frontend for UblkFrontend {
             ("ublk_device", u64::from(self.id)),
             ("ublk_queues", u64::from(self.queues)),
             ("ublk_depth", u64::from(self.depth)),
+            (
+                "ublk_poll_idle_us",
+                self.poll_idle.map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+            ),
+            ("ublk_sleeping_waits", self.waits.slept()),
+            ("ublk_polls", self.waits.polled()),
         ]
     }
 }
@@ -80,19 +90,42 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     // One lane per queue, plus two for control requests and the cleaner's.
     let mut serving = Serving::open(args, usize::from(queues) + 3, || Ok(()))?;
     let recovery = args.ublk_recovery == Switch::On;
-    let served = serve_device(&mut serving, queues, depth, recovery, takeover.as_ref());
+    let shape = Shape { queues, depth, user_recovery: recovery, poll_idle: poll_idle(args) };
+    let served = serve_device(&mut serving, shape, takeover.as_ref());
     serving.finish(served)
+}
+
+/// How the queues of a device are served.
+#[derive(Clone, Copy)]
+struct Shape {
+    queues: u16,
+    depth: u16,
+    user_recovery: bool,
+    /// `--ublk-poll`'s budget.
+    poll_idle: Option<Duration>,
+}
+
+/// The queue threads' polling budget: `None` (they sleep) without `--ublk-poll`.
+fn poll_idle(args: &ServeArgs) -> Option<Duration> {
+    args.ublk_poll.then(|| Duration::from_micros(args.ublk_poll_idle_us))
+}
+
+/// What the startup line says of the queue threads' waits.
+pub(crate) fn polling(poll_idle: Option<Duration>) -> String {
+    match poll_idle {
+        Some(idle) => format!("polling: on, {} µs after the last request", idle.as_micros()),
+        None => "polling: off".to_owned(),
+    }
 }
 
 /// Adds the device over the opened cache (or takes over `takeover`) and serves it until it
 /// is stopped.
 fn serve_device(
     serving: &mut Serving,
-    queues: u16,
-    depth: u16,
-    user_recovery: bool,
+    shape: Shape,
     takeover: Option<&DeviceInfo>,
 ) -> Result<(), String> {
+    let Shape { queues, depth, user_recovery, poll_idle } = shape;
     let engine = serving.engine;
     let block = engine.block_size();
     let config = DeviceConfig {
@@ -104,6 +137,7 @@ fn serve_device(
         max_io_bytes: MAX_IO_BYTES.max(block),
         user_recovery,
         owner: OwnerTag::of_uuid(&engine.superblock().uuid),
+        poll_idle,
     };
     let device = match takeover {
         Some(info) => Device::recover(info.id, config),
@@ -114,7 +148,14 @@ fn serve_device(
         .map(|_| engine.lane().map(CacheConn::new))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("engine lanes for the ublk queues: {e}"))?;
-    let frontend = UblkFrontend { stopper: device.stopper(), id: device.id(), queues, depth };
+    let frontend = UblkFrontend {
+        stopper: device.stopper(),
+        id: device.id(),
+        queues,
+        depth,
+        poll_idle,
+        waits: device.waits(),
+    };
     serving.start_control(frontend)?;
     let (cache, backing, control) =
         (serving.cache.clone(), serving.backing.clone(), serving.control_path.clone());
@@ -128,10 +169,14 @@ fn serve_device(
             }
             let device = started.block_path.display();
             let id = started.id;
+            let polling = polling(poll_idle);
             if started.recovered {
-                println!("  ublk device: {device}, taken over ({queues} queues of depth {depth})");
+                println!(
+                    "  ublk device: {device}, taken over ({queues} queues of depth {depth}, \
+                     {polling})"
+                );
             } else {
-                println!("  ublk device: {device} ({queues} queues of depth {depth})");
+                println!("  ublk device: {device} ({queues} queues of depth {depth}, {polling})");
                 println!("  format:      mkfs.ext4 {device}");
             }
             if started.user_recovery {
@@ -167,11 +212,12 @@ fn run_stores(args: &ServeArgs, cache: &Path) -> Result<(), String> {
         refuse_orphans(owner)?;
     }
     let (queues, depth) = (args.ublk_queues, args.ublk_depth);
+    let recovery = args.ublk_recovery == Switch::On;
+    let shape = Shape { queues, depth, user_recovery: recovery, poll_idle: poll_idle(args) };
     let (servings, refused) = Serving::open_stores(args, usize::from(queues) + 3, || Ok(()))?;
     for why in &refused {
         eprintln!("pmcache: not serving {why}");
     }
-    let recovery = args.ublk_recovery == Switch::On;
     let devices: Vec<_> = servings
         .into_iter()
         .map(|mut serving| {
@@ -181,7 +227,7 @@ fn run_stores(args: &ServeArgs, cache: &Path) -> Result<(), String> {
             std::thread::Builder::new()
                 .name(thread_name)
                 .spawn(move || {
-                    let served = serve_device(&mut serving, queues, depth, recovery, None);
+                    let served = serve_device(&mut serving, shape, None);
                     serving.finish(served).map_err(|e| format!("store {name:?}: {e}"))
                 })
                 .map_err(|e| format!("{refused}: {e}"))

@@ -4,6 +4,8 @@
 //! frontend's ceiling on a machine: what `serve --ublk` would reach with a cache that cost
 //! nothing. Benchmarks measure it beside the cache; it stores nothing.
 
+use std::time::Duration;
+
 use pmcache_ublk::{Device, DeviceConfig, OwnerTag, Started, Target, TargetError};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -64,6 +66,7 @@ pub fn run(args: &NullArgs) -> Result<(), String> {
         max_io_bytes: MAX_IO_BYTES,
         user_recovery: false,
         owner: NULL_OWNER,
+        poll_idle: args.poll.then(|| Duration::from_micros(args.poll_idle_us)),
     };
     config.validate().map_err(|e| e.to_string())?;
     let device = Device::add(config).map_err(|e| e.to_string())?;
@@ -80,12 +83,13 @@ pub fn run(args: &NullArgs) -> Result<(), String> {
         })
         .map_err(|e| format!("signal thread: {e}"))?;
     let (queues, depth) = (args.queues, args.depth);
+    let polling = crate::ublk::polling(config.poll_idle);
     let targets = (0..queues).map(|_| NullTarget).collect();
     device
         .run(targets, move |started: &Started| {
             println!(
                 "  ublk device: {} (null: reads return zeroes, writes are dropped; {queues} \
-                 queues of depth {depth})",
+                 queues of depth {depth}, {polling})",
                 started.block_path.display()
             );
             println!("  stop:        Ctrl-C or SIGTERM");

@@ -8,6 +8,9 @@
 //! and a read's data out of it when the result is committed, so between those two points the
 //! buffer belongs to the queue's thread alone.
 //!
+//! A queue thread sleeps on its ring until the driver hands it requests, or, with
+//! [`DeviceConfig::poll_idle`], polls it while requests keep coming ([`crate::poll`]).
+//!
 //! [`Device::add`] creates the device (with `UBLK_F_USER_RECOVERY` and, where offered,
 //! `UBLK_F_USER_RECOVERY_REISSUE`, when asked for and the driver offers them: a server that
 //! dies leaves the device to a successor, which takes it over with [`Device::recover`]);
@@ -56,6 +59,8 @@
 //!     max_io_bytes: 1 << 20,
 //!     user_recovery: true,
 //!     owner: OwnerTag(0x5eed), // what identifies the data served, recorded in the device
+//!     // Queue threads poll their rings for 1 ms after each request (None: they sleep).
+//!     poll_idle: Some(std::time::Duration::from_micros(1000)),
 //! };
 //! // A device left by a dead server of the same data is taken over; otherwise a new one.
 //! let orphan = recovery::list()?
@@ -75,14 +80,16 @@
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
 
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{UblkDev, UblkIOCtx, UblkQueue};
 use libublk::{BufDesc, BufDescList, UblkError, UblkFlags, UblkIORes, UblkUringData, sys};
 
 use crate::mapping::{self, Geometry, IoDesc, SECTOR_BYTES};
+use crate::poll::PollPolicy;
 use crate::queue::Dispatcher;
 use crate::recovery::OwnerTag;
 use crate::target::Target;
@@ -189,6 +196,11 @@ pub struct DeviceConfig {
     pub user_recovery: bool,
     /// The cache served, recorded in the device (see [`crate::recovery`]).
     pub owner: OwnerTag,
+    /// Poll the queues' rings instead of sleeping on them while requests keep coming, and
+    /// for this long after the last one ([`PollPolicy`]): a request is picked up without a
+    /// wake-up, at the cost of a CPU busy per queue while I/O flows. `None` (or zero): the
+    /// queue threads sleep until the driver hands them requests.
+    pub poll_idle: Option<Duration>,
 }
 
 impl DeviceConfig {
@@ -295,6 +307,40 @@ pub struct Device {
     pub(crate) config: DeviceConfig,
     /// Taken over from a server that died ([`Device::recover`]), rather than added.
     pub(crate) recovered: bool,
+    /// How the queue threads waited, counted as they serve.
+    pub(crate) waits: Arc<QueueWaits>,
+}
+
+/// How a device's queue threads waited on their rings: sleeping until the driver handed
+/// them requests, or polling ([`DeviceConfig::poll_idle`]). Each queue's thread counts its
+/// own; read from any thread.
+#[derive(Debug)]
+pub struct QueueWaits(Box<[QueueWaitCounts]>);
+
+/// One queue's counts, on cache lines of their own: a polling thread writes them at every
+/// poll, and the other queues' threads none of them.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct QueueWaitCounts {
+    slept: AtomicU64,
+    polled: AtomicU64,
+}
+
+impl QueueWaits {
+    pub(crate) fn new(queues: u16) -> Self {
+        Self((0..queues).map(|_| QueueWaitCounts::default()).collect())
+    }
+
+    /// Waits that slept until a completion came, over every queue.
+    pub fn slept(&self) -> u64 {
+        self.0.iter().map(|q| q.slept.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Polls (waits that returned at once, whether they found requests or not), over every
+    /// queue.
+    pub fn polled(&self) -> u64 {
+        self.0.iter().map(|q| q.polled.load(Ordering::Relaxed)).sum()
+    }
 }
 
 /// What the started device is, given to `run`'s `started` callback.
@@ -381,7 +427,13 @@ impl Device {
             .map_err(ublk("adding the device"))?;
         // The flags the driver kept (it clears those it does not know).
         ctrl.read_dev_info().map_err(ublk("reading the new device's information"))?;
-        Ok(Self { ctrl: Arc::new(ctrl), stop_requested: Arc::default(), config, recovered: false })
+        Ok(Self {
+            ctrl: Arc::new(ctrl),
+            stop_requested: Arc::default(),
+            config,
+            recovered: false,
+            waits: Arc::new(QueueWaits::new(config.queues)),
+        })
     }
 
     /// The device number N.
@@ -397,6 +449,11 @@ impl Device {
     /// A handle that stops the device from another thread.
     pub fn stopper(&self) -> Stopper {
         Stopper { ctrl: Arc::downgrade(&self.ctrl), requested: self.stop_requested.clone() }
+    }
+
+    /// How the queue threads waited on their rings, counted while the device runs.
+    pub fn waits(&self) -> Arc<QueueWaits> {
+        self.waits.clone()
     }
 
     /// Serves the device, queue `q` on `targets[q]` (one per queue) in a thread of its own,
@@ -423,12 +480,17 @@ impl Device {
             Ok(())
         };
         let targets = Arc::new(Mutex::new(targets.into_iter().map(Some).collect::<Vec<_>>()));
+        let (waits, poll_idle) = (self.waits.clone(), self.config.poll_idle.unwrap_or_default());
         let serve = move |queue: u16, dev: &UblkDev| {
             let target =
                 targets.lock().unwrap_or_else(PoisonError::into_inner)[usize::from(queue)].take();
-            match target {
-                Some(target) => serve_queue(queue, dev, target, geometry),
-                None => tracing::error!(queue, "ublk queue started twice"),
+            let policy = PollPolicy::new(poll_idle);
+            match (target, waits.0.get(usize::from(queue))) {
+                (Some(target), Some(waits)) => {
+                    serve_queue(queue, dev, target, geometry, policy, waits);
+                }
+                (None, _) => tracing::error!(queue, "ublk queue started twice"),
+                (_, None) => tracing::error!(queue, "ublk queue beyond the device's queues"),
             }
         };
         let (user_recovery, recovered) = (self.user_recovery(), self.recovered);
@@ -473,8 +535,18 @@ impl Device {
 
 /// One queue's loop: wait for the requests the driver hands over, dispatch them as one
 /// batch, commit their results (each commit also fetches the tag's next request), until the
-/// queue is stopped.
-fn serve_queue<T: Target>(queue_id: u16, dev: &UblkDev, mut target: T, geometry: Geometry) {
+/// queue is stopped. The commits are queued on the ring and submitted together by the next
+/// wait, which sleeps until requests come or, while `policy` polls, returns at once.
+///
+/// libublk pins the thread to the CPUs of its queue in the driver's map (`set_thread_affinity`).
+fn serve_queue<T: Target>(
+    queue_id: u16,
+    dev: &UblkDev,
+    mut target: T,
+    geometry: Geometry,
+    mut policy: PollPolicy,
+    waits: &QueueWaitCounts,
+) {
     let mut bufs = dev.alloc_queue_io_bufs();
     let queue = match UblkQueue::new(queue_id, dev)
         .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
@@ -492,6 +564,11 @@ fn serve_queue<T: Target>(queue_id: u16, dev: &UblkDev, mut target: T, geometry:
     // I/O this queue issues).
     let mut completion_poll_armed = false;
     loop {
+        // 0 polls: `io_uring_enter` without waiting runs the ring's pending completions (the
+        // ring is COOP_TASKRUN: the driver's completions are posted only when the thread
+        // enters the kernel, so spinning on the CQ alone would never see them), submits the
+        // queued commits and returns. 1 sleeps until a completion is posted.
+        let to_wait = policy.to_wait();
         let mut completion_polled = false;
         let received = queue.flush_and_wake_io_tasks(
             |user_data, cqe, _last| {
@@ -513,10 +590,18 @@ fn serve_queue<T: Target>(queue_id: u16, dev: &UblkDev, mut target: T, geometry:
                 };
                 dispatcher.receive(tag, &desc);
             },
-            1,
+            to_wait,
         );
-        if received.is_err() {
-            break;
+        // An error is the queue going down, in either mode.
+        let Ok(cqes) = received else { break };
+        let count = if to_wait == 0 { &waits.polled } else { &waits.slept };
+        count.fetch_add(1, Ordering::Relaxed);
+        policy.saw(usize::try_from(cqes).unwrap_or(0), Instant::now);
+        if cqes == 0 && to_wait == 0 {
+            // Nothing came: nothing to serve or commit (target reads in flight are waited
+            // for by the completion poll on the ring, or were completed before this wait).
+            std::hint::spin_loop();
+            continue;
         }
         if completion_polled {
             completion_poll_armed = false;
@@ -572,6 +657,7 @@ mod tests {
             max_io_bytes: 1 << 20,
             user_recovery: true,
             owner: OwnerTag(1),
+            poll_idle: None,
         }
     }
 

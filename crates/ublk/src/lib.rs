@@ -11,6 +11,8 @@
 //!   Pure as well: `pmcache bench ublk-mapping` measures it without a kernel.
 //! - [`device`]: the device itself through libublk — added, served one thread per queue,
 //!   stopped from another thread, deleted.
+//! - [`poll`]: the [`PollPolicy`] of a queue thread — when it polls its ring (`--ublk-poll`)
+//!   and when it sleeps on it. Pure as well.
 //! - [`mounts`]: the file systems mounted on a device, synced before it stops (a stop is a
 //!   surprise removal for them).
 //! - [`recovery`]: devices a server that died left behind (user recovery): described,
@@ -29,6 +31,7 @@
 pub mod device;
 pub mod mapping;
 pub mod mounts;
+pub mod poll;
 pub mod queue;
 #[cfg(feature = "device")]
 pub mod recovery;
@@ -39,8 +42,11 @@ pub mod target;
 pub use libublk::helpers::IoBuf;
 
 #[cfg(feature = "device")]
-pub use device::{CONTROL_PATH, Device, DeviceConfig, DeviceError, Started, Stopper, check_driver};
+pub use device::{
+    CONTROL_PATH, Device, DeviceConfig, DeviceError, QueueWaits, Started, Stopper, check_driver,
+};
 pub use mapping::{Geometry, IoDesc, MapError, Request};
+pub use poll::PollPolicy;
 pub use queue::Dispatcher;
 #[cfg(feature = "device")]
 pub use recovery::{DeviceInfo, DeviceState, OwnerTag};

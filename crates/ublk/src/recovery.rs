@@ -21,7 +21,9 @@ use libublk::UblkFlags;
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::sys;
 
-use crate::device::{Device, DeviceConfig, DeviceError, check_driver, control_flags, ublk};
+use crate::device::{
+    Device, DeviceConfig, DeviceError, QueueWaits, check_driver, control_flags, ublk,
+};
 use crate::mapping::SECTOR_BYTES;
 
 /// The identity of the cache a device serves, kept in the device by the driver: the first
@@ -328,7 +330,13 @@ impl Device {
             .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
             .build()
             .map_err(ublk("opening the device to take it over"))?;
-        Ok(Self { ctrl: Arc::new(ctrl), stop_requested: Arc::default(), config, recovered: true })
+        Ok(Self {
+            ctrl: Arc::new(ctrl),
+            stop_requested: Arc::default(),
+            config,
+            recovered: true,
+            waits: Arc::new(QueueWaits::new(config.queues)),
+        })
     }
 }
 

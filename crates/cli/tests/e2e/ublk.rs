@@ -41,7 +41,8 @@ fn serve_ublk_without_the_driver_is_refused_and_says_what_to_do() {
     assert!(!setup.control.exists(), "a refused serve --ublk left a control socket");
 }
 
-/// The ublk options are refused without `--ublk`, and `--ublk` with NBD's listening options.
+/// The ublk options are refused without `--ublk` (the polling budget without `--ublk-poll`),
+/// and `--ublk` with NBD's listening options.
 #[test]
 fn ublk_options_need_ublk_and_exclude_nbds() {
     let setup = Setup::new("ublk-args", 64 * MIB, 4 * MIB);
@@ -51,6 +52,8 @@ fn ublk_options_need_ublk_and_exclude_nbds() {
         &["--ublk-queues", "2"][..],
         &["--recover", "0"][..],
         &["--ublk-recovery", "off"][..],
+        &["--ublk-poll"][..],
+        &["--ublk", "--ublk-poll-idle-us", "500"][..],
         &["--ublk", "--socket", "/tmp/x.sock"][..],
     ] {
         let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
