@@ -3,8 +3,8 @@
 # the kernel's cache layers, all on the same emulated NVDIMMs in one QEMU guest
 # (run-in-guest.sh: this host's kernel has no bcache, device-mapper or ublk modules).
 #
-# The guest has eight NVDIMMs (files in /dev/shm on the host, fsdax namespaces /dev/pmemN in the
-# guest) and one extra NVMe controller (serial paper000) with thirteen namespaces (sparse files
+# The guest has ten NVDIMMs (files in /dev/shm on the host, fsdax namespaces /dev/pmemN in the
+# guest) and one extra NVMe controller (serial paper000) with fourteen namespaces (sparse files
 # on the host) as "SSD"s, "HDD"s (QEMU-throttled to 200 IOPS and 150 MB/s) and SSD-class cache
 # devices. One of each per system, so that every stack is up at once:
 #
@@ -18,9 +18,22 @@
 #   pmcache (ublk)                 pmcache serve --ublk, its medium a file on ext4 -o dax,
 #                                  backing an SSD, write-back
 #   pmcache (ublk, write-through)  a second server, --mode writethrough
+#   pmcache (ublk, poll)           a third server, --ublk-poll: its queue threads poll instead
+#                                  of sleeping while requests come
 #   ublk null (no cache)           pmcache ublk null: the same ublk frontend with nothing behind
 #                                  it (reads return zeroes, writes are dropped), the ceiling of
-#                                  any server behind ublk here (Figs 4, 5, 6)
+#                                  any server behind ublk here (Figs 4, 5, 6); "ublk null
+#                                  (poll)" the same with --poll
+#   rublk null, rublk loop         rublk (a peer ublk server, `cargo install rublk`): its null
+#   (raw pmem)                     target, copying data as pmcache does, and its loop target
+#                                  over the raw NVDIMM (direct I/O)
+#   loop (raw pmem)                the kernel's loop device over the raw NVDIMM, direct I/O: a
+#                                  kernel layer that hands each request to a worker thread
+#   pmcache (library)              pmcache's engine embedded in a process (`pmcache bench paper
+#                                  000-library`), its medium on ext4 -o dax on an NVDIMM of its
+#                                  own, against "NVM (DAX loads and stores)": the same requests
+#                                  as loads and stores of the same mapping; "fio libpmem (DAX)"
+#                                  cross-checks that normaliser (Figs 4a, 4b, 5, 6)
 #   SSD→HDD stacks (Fig 2)         bcache and dm-cache with an NVMe namespace as cache device
 #                                  in front of a throttled one
 #
@@ -35,6 +48,13 @@
 #              raw NVM, bcache, dm-cache and pmcache, series "<name> <working set> MiB"
 #   000-fig2   1 job: 4K randread, 4M seq read, 4K randrw 50:50, 4M seq rw 50:50 on the raw
 #              devices, the SSD→HDD stacks and the NVM→SSD stacks
+#   000-library  pmcache (library) and its normalisers at the points of Figs 4a, 4b, 5 and 6
+#   000-time   where a request's time goes: 1 job at QD 1 on the workloads of Figs 4a, 4b and 6
+#              (4K randread, 4M read, 4K randrw 50:50) on every layer, fio running for the
+#              run's seconds + 3 while the guest's counters are sampled over a window of the
+#              run's seconds in its middle: /proc/stat (CPU ticks, context switches) and
+#              /proc/PID/task/* of fio's processes and of the server's (CPU ticks, switches,
+#              migrations); printed as `PAPER000-TIME {json}` lines
 # Each figure starts with a warm-up of every cache it measures: random 256 KiB reads of the
 # working set (bcache with sequential_cutoff 0), pass after pass until one pass misses nothing
 # (dm-cache's smq promotes gradually), and for dm-writecache, which caches only writes, one
@@ -54,14 +74,16 @@
 #   full      NVDIMMs of 768 MiB, working set 320 MiB, every point, 5 runs of 10 s
 #
 # The JSON file: {"bed": {...}, "notes": [...], "points": [{"figure", "x", "series", "run",
-# "bytes_per_s", "iops", "cache_hits", "cache_misses"}, ...]}; cache_hits and cache_misses are
-# null where the layer counts nothing (raw devices, dm-writecache). The guest prints each point
+# "bytes_per_s", "iops", "cache_hits", "cache_misses"}, ...], "time": [{"workload", "series",
+# "run", "window_s", "iops", "hz", "system", "fio", "server"}, ...]}; cache_hits and
+# cache_misses are null where the layer counts nothing (raw devices, dm-writecache). The guest prints each point
 # on its console as a `PAPER000 {json}` line; this script collects them. When the guest fails,
 # its console is kept beside the output as FILE.guest.log.
 #
 # Builds `pmcache` (profile test-opt, feature ublk) and installs fio, ndctl, bcache-tools
 # (make-bcache), dmsetup, e2fsprogs and python3 on the host when missing (their binaries and
-# libraries are copied into the guest). The guest kernel's bcache, dm-cache, dm-writecache and
+# libraries are copied into the guest); rublk is `cargo install`ed under target/rublk unless
+# RUBLK names its binary or it is in PATH. The guest kernel's bcache, dm-cache, dm-writecache and
 # NVDIMM modules are loaded by run-in-guest.sh.
 source "$(dirname "$0")/lib.sh"
 caller_pwd=$OLDPWD # lib.sh changed to the repository root
@@ -105,7 +127,7 @@ runs="${runs:-$def_runs}"
 seconds="${seconds:-$def_seconds}"
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "paper000: --runs wants a positive number" >&2; exit 2; }
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "paper000: --seconds wants a positive number" >&2; exit 2; }
-all_figs="000-fig4a 000-fig4b 000-fig3 000-fig2 000-fig5 000-fig6"
+all_figs="000-time 000-library 000-fig4a 000-fig4b 000-fig3 000-fig2 000-fig5 000-fig6"
 figs=
 if [[ -n "$only" ]]; then
   for f in ${only//,/ }; do
@@ -122,14 +144,21 @@ timeout_s=$((timeout_s * runs * (seconds + 2) / (def_runs * (def_seconds + 2))))
 need_tools fio:fio ndctl:ndctl make-bcache:bcache-tools dmsetup:dmsetup mkfs.ext4:e2fsprogs \
   python3:python3
 build_pmcache test-opt
+rublk="${RUBLK:-$(command -v rublk || true)}"
+if [[ -z "$rublk" ]]; then
+  rublk="$PWD/${CARGO_TARGET_DIR:-target}/rublk/bin/rublk"
+  [[ -x "$rublk" ]] || cargo install rublk --locked --root "$(dirname "$(dirname "$rublk")")"
+fi
 
-mem_mib=1536
-nvdimms=8
-namespaces=13
+# Each ublk server holds a buffer per tag (1 MiB, touched as requests use it): 2 queues of 128
+# tags are up to 256 MiB a server, and five servers run at once.
+mem_mib=3072
+nvdimms=10
+namespaces=14
 shm=$(mktemp -d /dev/shm/paper000.XXXXXX)
 work=$(mktemp -d "${TMPDIR:-/tmp}/paper000.XXXXXX")
 on_exit 'rm -rf "$shm" "$work"'
-((mem_mib + nvdimms * nv_mib <= 8192)) || { echo "paper000: guest memory and NVDIMMs exceed 8 GiB" >&2; exit 2; }
+((mem_mib + nvdimms * nv_mib <= 12288)) || { echo "paper000: guest memory and NVDIMMs exceed 12 GiB" >&2; exit 2; }
 shm_free_mib=$(df -Pm /dev/shm | awk 'NR == 2 {print $4}')
 ((shm_free_mib > nvdimms * nv_mib + 256)) \
   || { echo "paper000: /dev/shm has ${shm_free_mib} MiB free, the NVDIMMs need $((nvdimms * nv_mib))" >&2; exit 1; }
@@ -146,13 +175,14 @@ for ((i = 0; i < nvdimms; i++)); do
   qemu_args+=" -device nvdimm,id=nvdimm$i,memdev=nv$i"
 done
 # Namespaces 1-8: SSDs (raw, bcache, dm-cache, dm-cache 32K, dm-cache WT, dm-writecache, pmcache,
-# pmcache WT); 9-11: HDDs (raw, bcache, dm-cache); 12-13: SSD cache devices (bcache, dm-cache).
+# pmcache WT); 9-11: HDDs (raw, bcache, dm-cache); 12-13: SSD cache devices (bcache, dm-cache);
+# 14: the SSD of the polling pmcache server.
 disk_mib=$((ws_mib * 2 > 256 ? ws_mib * 2 : 256))
 hdd_throttle="throttling.iops-total=200,throttling.bps-total=150000000"
 qemu_args+=" -device nvme,id=nvp,serial=paper000"
 for ((n = 1; n <= namespaces; n++)); do
   size=$disk_mib
-  ((n >= 12)) && size=$nv_mib
+  ((n == 12 || n == 13)) && size=$nv_mib
   truncate -s "${size}M" "$work/ns$n.img"
   drive="file=$work/ns$n.img,if=none,id=pd$n,format=raw,cache=unsafe"
   ((n >= 9 && n <= 11)) && drive+=",$hdd_throttle"
@@ -160,9 +190,13 @@ for ((n = 1; n <= namespaces; n++)); do
 done
 
 guest_script paper000
+# util-linux's losetup (direct I/O), under a path of its own: the guest's busybox has one too.
+cp "$(command -v losetup)" "$work/losetup"
 {
   cat <<PARAMS
 PM=$exe
+RUBLK=$rublk
+LOSETUP=$work/losetup
 SCALE=$scale RUNS=$runs SECS=$seconds WS=$ws_mib NV=$nv_mib
 PM_CACHE_MIB=$((nv_mib * 3 / 4)) BC_BUCKET=$bc_bucket
 SETS="$sets" THREADS="$threads" SIZES="$sizes" SHARES="$shares" FIGS="$figs"
@@ -196,7 +230,7 @@ for m in bcache dm_mod dm_cache dm_cache_smq dm_writecache nd_pmem ublk_drv; do
 done
 
 # --- NVDIMMs: eight fsdax namespaces -------------------------------------------------------
-for i in 0 1 2 3 4 5 6 7; do
+for i in 0 1 2 3 4 5 6 7 8 9; do
   ndctl create-namespace -f -e namespace$i.0 -m fsdax -a 2M > /tmp/ns$i.json 2>/tmp/ns$i.err \
     || { cat /tmp/ns$i.err; ndctl list -NR; fail "ndctl create-namespace -m fsdax on namespace$i.0"; }
   dev=$(sed -n 's/.*"blockdev":"\(pmem[0-9]*\)".*/\1/p' /tmp/ns$i.json | head -n 1)
@@ -207,7 +241,7 @@ for i in 0 1 2 3 4 5 6 7; do
   sysw 1 /sys/block/$dev/queue/iostats
   eval "PMEM$i=$dev"
 done
-log "NVDIMMs: $PMEM0 $PMEM1 $PMEM2 $PMEM3 $PMEM4 $PMEM5 $PMEM6 $PMEM7 ($(($(cat /sys/block/$PMEM0/size) / 2048)) MiB each as fsdax)"
+log "NVDIMMs: $PMEM0 $PMEM1 $PMEM2 $PMEM3 $PMEM4 $PMEM5 $PMEM6 $PMEM7 $PMEM8 $PMEM9 ($(($(cat /sys/block/$PMEM0/size) / 2048)) MiB each as fsdax)"
 
 # --- NVMe namespaces of the controller with serial paper000 ---------------------------------
 ctrl=
@@ -221,15 +255,15 @@ nsdev() { # nsdev NSID: the block device of namespace NSID of $ctrl (empty if no
   done
   return 0
 }
-for n in 1 2 3 4 5 6 7 8 9 10 11 12 13; do
+for n in 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
   wait_until "[ -n \"\$(nsdev $n)\" ]" "no namespace $n on $ctrl ($(ls -d /sys/block/${ctrl}n* 2>/dev/null | tr '\n' ' '))"
   d=$(nsdev $n)
   eval "NS$n=$d"
   wait_until "[ -b /dev/$d ]" "no /dev/$d"
 done
 SSD_RAW=$NS1 SSD_BC=$NS2 SSD_DMC=$NS3 SSD_DMC32K=$NS4 SSD_DMCWT=$NS5 SSD_WC=$NS6 SSD_PM=$NS7 SSD_PMWT=$NS8
-HDD_RAW=$NS9 HDD_BC=$NS10 HDD_DMC=$NS11 SSDC_BC=$NS12 SSDC_DMC=$NS13
-log "NVMe $ctrl: SSDs $NS1 $NS2 $NS3 $NS4 $NS5 $NS6 $NS7 $NS8, HDDs (throttled) $NS9 $NS10 $NS11, SSD caches $NS12 $NS13"
+HDD_RAW=$NS9 HDD_BC=$NS10 HDD_DMC=$NS11 SSDC_BC=$NS12 SSDC_DMC=$NS13 SSD_PMP=$NS14
+log "NVMe $ctrl: SSDs $NS1 $NS2 $NS3 $NS4 $NS5 $NS6 $NS7 $NS8 $NS14, HDDs (throttled) $NS9 $NS10 $NS11, SSD caches $NS12 $NS13"
 
 # --- bcache: NVM→SSD and SSD→HDD -------------------------------------------------------------
 bcache_dev() { # bcache_dev BACKING: the bcacheN device over BACKING (empty if none yet)
@@ -295,25 +329,74 @@ serve_pm() { # serve_pm N PMEM BACKING ARGS...: sets UBLK
   mkdir -p /mnt/pm$k
   mount -t ext4 -o dax /dev/$pmem /mnt/pm$k || fail "mount -o dax /dev/$pmem"
   grep " /mnt/pm$k " /proc/mounts | grep -q dax || fail "/mnt/pm$k is not mounted with dax"
-  $PM serve --ublk --ublk-recovery off --ublk-queues $CPUS --cache /mnt/pm$k/cache.pm \
+  case " $* " in *" --ublk-queues "*) queues= ;; *) queues="--ublk-queues $CPUS" ;; esac
+  $PM serve --ublk --ublk-recovery off $queues --cache /mnt/pm$k/cache.pm \
     --cache-size ${PM_CACHE_MIB}M --backing /dev/$backing --control /tmp/pm$k.ctl "$@" \
     > /tmp/serve-pm$k.log 2>&1 &
+  PID=$!
   wait_until "grep -q 'ublk device:' /tmp/serve-pm$k.log || ! kill -0 $! 2>/dev/null" \
     "pmcache serve on /mnt/pm$k did not start"
   UBLK=$(sed -n 's/.*ublk device: \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/serve-pm$k.log | head -n 1)
   [ -n "$UBLK" ] && [ -b "$UBLK" ] || fail "pmcache serve on /mnt/pm$k: no ublk device"
   grep -q "medium: dax" /tmp/serve-pm$k.log || fail "pmcache on /mnt/pm$k is not served as the dax kind: $(head -n 3 /tmp/serve-pm$k.log)"
 }
-serve_pm 6 $PMEM6 $SSD_PM; UB_WB=$UBLK
-serve_pm 7 $PMEM7 $SSD_PMWT --mode writethrough; UB_WT=$UBLK
+serve_pm 6 $PMEM6 $SSD_PM; UB_WB=$UBLK PID_WB=$PID
+serve_pm 7 $PMEM7 $SSD_PMWT --mode writethrough; UB_WT=$UBLK PID_WT=$PID
+# Polling servers get one queue, its thread free to run on any CPU: with a queue per CPU each
+# queue's thread is pinned to the CPU that submits to it, and a thread polling there
+# time-shares that CPU with the submitter (measured: 0.5x the sleeping server at QD 1).
+serve_pm 9 $PMEM9 $SSD_PMP --ublk-poll --ublk-queues 1; UB_POLL=$UBLK PID_POLL=$PID
 # The ublk frontend alone: pmcache's null device (reads return zeroes, writes are dropped),
-# the ceiling of any server behind ublk in this guest.
-$PM ublk null --size ${WS}M --queues $CPUS > /tmp/serve-null.log 2>&1 &
-wait_until "grep -q 'ublk device:' /tmp/serve-null.log || ! kill -0 $! 2>/dev/null" \
-  "pmcache ublk null did not start"
-UB_NULL=$(sed -n 's/.*ublk device: \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/serve-null.log | head -n 1)
-[ -n "$UB_NULL" ] && [ -b "$UB_NULL" ] || fail "pmcache ublk null: no ublk device"
-log "pmcache: $UB_WB (write-back, medium on /dev/$PMEM6, backing /dev/$SSD_PM), $UB_WT (write-through, /dev/$PMEM7, /dev/$SSD_PMWT), $UB_NULL (null), $CPUS ublk queues each"
+# the ceiling of any server behind ublk in this guest; sleeping and polling.
+null_dev() { # null_dev NAME ARGS...: sets UBLK and PID
+  name=$1; shift
+  case " $* " in *" --queues "*) queues= ;; *) queues="--queues $CPUS" ;; esac
+  $PM ublk null --size ${WS}M $queues "$@" > /tmp/serve-$name.log 2>&1 &
+  PID=$!
+  wait_until "grep -q 'ublk device:' /tmp/serve-$name.log || ! kill -0 $PID 2>/dev/null" \
+    "pmcache ublk null $* did not start"
+  UBLK=$(sed -n 's/.*ublk device: \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/serve-$name.log | head -n 1)
+  [ -n "$UBLK" ] && [ -b "$UBLK" ] || fail "pmcache ublk null $*: no ublk device"
+}
+null_dev null; UB_NULL=$UBLK PID_NULL=$PID
+null_dev nullpoll --poll --queues 1; UB_NULLP=$UBLK PID_NULLP=$PID
+log "pmcache: $UB_WB (write-back, medium on /dev/$PMEM6, backing /dev/$SSD_PM), $UB_WT (write-through, /dev/$PMEM7, /dev/$SSD_PMWT), $UB_POLL (write-back, polling, /dev/$PMEM9, /dev/$SSD_PMP), $UB_NULL (null), $UB_NULLP (null, polling), $CPUS ublk queues each"
+for p in $PID_WB $PID_POLL $PID_NULL; do
+  for t in /proc/$p/task/*; do
+    case "$(cat $t/comm)" in *ublk*|*queue*|pmcache) ;; *) continue ;; esac
+    log "  pid $p thread ${t##*/} ($(cat $t/comm)): $(grep Cpus_allowed_list $t/status | tr -s '\t' ' ')"
+  done
+done
+
+# --- rublk (a peer ublk server) and the kernel's loop device over the raw NVDIMM -------------
+# rublk's null target copies data as pmcache does (no -u); its loop target does direct I/O to
+# the raw NVDIMM; both with pmcache's queues, depth and largest request.
+$RUBLK add null -n 20 -q $CPUS -d 128 -b 1MiB --quiet > /tmp/serve-rublk-null.log 2>&1 \
+  || { cat /tmp/serve-rublk-null.log; fail "rublk add null"; }
+$RUBLK add loop -n 21 -q $CPUS -d 128 -b 1MiB -f /dev/$PMEM0 --quiet > /tmp/serve-rublk-loop.log 2>&1 \
+  || { cat /tmp/serve-rublk-loop.log; fail "rublk add loop -f /dev/$PMEM0"; }
+wait_until "[ -b /dev/ublkb20 ] && [ -b /dev/ublkb21 ]" "no rublk devices /dev/ublkb20, /dev/ublkb21"
+RB_NULL=/dev/ublkb20 RB_LOOP=/dev/ublkb21
+rublk_pid() { # rublk_pid N: the rublk process serving device N
+  for d in /proc/[0-9]*; do
+    [ "$(cat $d/comm 2>/dev/null)" = rublk ] || continue
+    case " $(tr '\0' ' ' < $d/cmdline) " in *" -n $1 "*) echo ${d#/proc/}; return 0 ;; esac
+  done
+  fail "no rublk process serving device $1"
+}
+PID_RBNULL=$(rublk_pid 20) PID_RBLOOP=$(rublk_pid 21)
+wait_until "[ -b /dev/loop$loopn ]" "no /dev/loop$loopn"
+$LOSETUP --direct-io=on /dev/loop$loopn /dev/$PMEM0 || fail "losetup --direct-io=on /dev/loop$loopn /dev/$PMEM0"
+LOOP_RAW=/dev/loop$loopn
+[ "$(cat /sys/block/loop$loopn/loop/dio)" = 1 ] || fail "$LOOP_RAW does not do direct I/O"
+loopn=$((loopn + 1))
+log "rublk: $RB_NULL (null, pid $PID_RBNULL), $RB_LOOP (loop over /dev/$PMEM0, pid $PID_RBLOOP); kernel loop: $LOOP_RAW over /dev/$PMEM0 (direct I/O)"
+
+# --- the library bed's DAX file system -------------------------------------------------------
+mkfs.ext4 -q -F -b 4096 /dev/$PMEM8 || fail "mkfs.ext4 /dev/$PMEM8"
+mkdir -p /mnt/lib
+mount -t ext4 -o dax /dev/$PMEM8 /mnt/lib || fail "mount -o dax /dev/$PMEM8"
+grep " /mnt/lib " /proc/mounts | grep -q dax || fail "/mnt/lib is not mounted with dax"
 
 # --- series: device, counters, mode ----------------------------------------------------------
 # use BASE: sets DEV, SYS (the cache to warm; "" for a raw device) and CTR (how its read hits
@@ -334,8 +417,26 @@ use() {
     dm-writecache) DEV=/dev/mapper/wc SYS=wc CTR=none ;;
     "pmcache (ublk)"|pmcache|"pmcache NVM→SSD") DEV=$UB_WB SYS=pm CTR="pm /tmp/pm6.ctl" ;;
     "pmcache (ublk, write-through)") DEV=$UB_WT SYS=pmwt CTR="pm /tmp/pm7.ctl" ;;
+    "pmcache (ublk, poll)") DEV=$UB_POLL SYS=pmpoll CTR="pm /tmp/pm9.ctl" ;;
     "ublk null (no cache)") DEV=$UB_NULL SYS= CTR=none ;;
+    "ublk null (poll)") DEV=$UB_NULLP SYS= CTR=none ;;
+    "rublk null") DEV=$RB_NULL SYS= CTR=none ;;
+    "rublk loop (raw pmem)") DEV=$RB_LOOP SYS= CTR=none ;;
+    "loop (raw pmem)") DEV=$LOOP_RAW SYS= CTR=none ;;
     *) fail "unknown series '$1'" ;;
+  esac
+}
+# server_pid BASE: the process of the user-space server behind the series (empty: in the kernel)
+server_pid() {
+  case "$1" in
+    "pmcache (ublk)") echo $PID_WB ;;
+    "pmcache (ublk, write-through)") echo $PID_WT ;;
+    "pmcache (ublk, poll)") echo $PID_POLL ;;
+    "ublk null (no cache)") echo $PID_NULL ;;
+    "ublk null (poll)") echo $PID_NULLP ;;
+    "rublk null") echo $PID_RBNULL ;;
+    "rublk loop (raw pmem)") echo $PID_RBLOOP ;;
+    *) echo ;;
   esac
 }
 jnum() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" /tmp/stats.json | head -n 1; }
@@ -416,13 +517,21 @@ fig_point() {
       esac ;;
   esac
 }
+# Beside the caches, on every point of Figs 4, 5 and 6: the user-space frontends with nothing
+# (null) or a plain remapper (loop) behind them, and the kernel's loop device.
+REFERENCES="ublk null (no cache)
+ublk null (poll)
+rublk null
+rublk loop (raw pmem)
+loop (raw pmem)"
 READ_SERIES="NVM (raw pmem)
 bcache
 dm-cache
 dm-cache (32 KiB blocks)
 dm-writecache
 pmcache (ublk)
-ublk null (no cache)"
+pmcache (ublk, poll)
+$REFERENCES"
 MIXED_SERIES="NVM (raw pmem)
 bcache
 bcache (writeback)
@@ -431,8 +540,9 @@ dm-cache (writethrough)
 dm-cache (32 KiB blocks)
 dm-writecache
 pmcache (ublk)
+pmcache (ublk, poll)
 pmcache (ublk, write-through)
-ublk null (no cache)"
+$REFERENCES"
 POINTS=0
 # figure FIG XS SERIES: series lines are "NAME|BASE|SET" (SET: Fig 3's working set in MiB)
 figure() {
@@ -472,9 +582,163 @@ EOF
     run=$((run + 1))
   done
 }
+# --- where a request's time goes (000-time) --------------------------------------------------
+HZ=100 # USER_HZ: the unit of /proc's tick counts
+# sysstat: "USER NICE SYSTEM IDLE IOWAIT IRQ SOFTIRQ CTXT" of the whole guest so far
+sysstat() {
+  awk '/^cpu / { v = $2 " " $3 " " $4 " " $5 " " $6 " " $7 " " $8 } /^ctxt / { c = $2 }
+    END { print v, c }' /proc/stat
+}
+# acct PID...: "USER SYSTEM CTX MIGRATIONS" of those processes so far: CPU ticks of the
+# processes (their threads that ended and their children reaped included), switches and
+# migrations of their live threads (MIGRATIONS "null" where the kernel has no
+# /proc/PID/task/TID/sched); "0 0 0 0" for none
+acct() {
+  [ $# -gt 0 ] || { echo "0 0 0 0"; return 0; }
+  ticks=$(for p in "$@"; do cat /proc/$p/stat 2>/dev/null; done \
+    | awk '{ sub(/.*\) /, ""); u += $12 + $14; s += $13 + $15 } END { print u + 0, s + 0 }')
+  ctx=$(for p in "$@"; do cat /proc/$p/task/*/status 2>/dev/null; done \
+    | awk '/ctxt_switches/ { c += $2 } END { print c + 0 }')
+  if ls /proc/$1/task/*/sched > /dev/null 2>&1; then
+    mig=$(for p in "$@"; do cat /proc/$p/task/*/sched 2>/dev/null; done \
+      | awk '/se.nr_migrations/ { m += $3 } END { print m + 0 }')
+  else
+    mig=null
+  fi
+  echo "$ticks $ctx $mig"
+}
+fio_pids() {
+  for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = fio ] && echo ${d#/proc/}; done
+  return 0
+}
+# time_point WORKLOAD FIO_ARGS SERIES RUN: one fio run of SECS + 8 s; the counters over SECS s
+# from its third second on, while every fio process lives (a window that outlived one is
+# measured again, up to three times)
+time_point() {
+  label=$1 fa=$2 name=$3 run=$4
+  use "$name"
+  spid=$(server_pid "$name")
+  tries=0
+  while :; do
+    tries=$((tries + 1))
+    fio --name=p --filename=$DEV --ioengine=psync --direct=1 --group_reporting --minimal \
+      --time_based --runtime=$((SECS + 8)) $fa < /dev/null > /tmp/fio.out 2> /tmp/fio.err &
+    fpid=$!
+    sleep 2
+    fios=$(fio_pids)
+    [ -n "$fios" ] || { cat /tmp/fio.err; fail "fio on $DEV did not start: $fa"; }
+    s0=$(sysstat) f0=$(acct $fios) v0=$(acct $spid) u0=$(cut -d' ' -f1 /proc/uptime)
+    sleep $SECS
+    s1=$(sysstat) f1=$(acct $fios) v1=$(acct $spid) u1=$(cut -d' ' -f1 /proc/uptime)
+    alive=1
+    for p in $fios; do kill -0 $p 2>/dev/null || alive=0; done
+    wait $fpid || { cat /tmp/fio.err /tmp/fio.out; fail "fio on $DEV: $fa"; }
+    [ $alive = 1 ] && break
+    [ $tries -lt 3 ] || fail "$name, $label: fio ended before the counters' window did, three times"
+    log "$name, $label: fio ended before the counters' window did; measured again"
+  done
+  line=$(grep '^3;' /tmp/fio.out | tail -n 1)
+  [ -n "$line" ] || { cat /tmp/fio.out /tmp/fio.err; fail "no terse line from fio on $DEV: $fa"; }
+  iops=$(echo "$line" | awk -F';' '{printf "%.1f", $8 + $49}')
+  awk -v s0="$s0" -v s1="$s1" -v f0="$f0" -v f1="$f1" -v v0="$v0" -v v1="$v1" -v u0="$u0" \
+    -v u1="$u1" -v iops="$iops" -v hz=$HZ -v w="$label" -v n="$name" -v r=$run -v srv="$spid" '
+    function acc(x, y) {
+      return sprintf("{\"user\":%d,\"system\":%d,\"ctx\":%d,\"migrations\":%s}", y[1] - x[1],
+        y[2] - x[2], y[3] - x[3], x[4] == "null" ? "null" : y[4] - x[4])
+    }
+    BEGIN {
+      split(s0, a, " "); split(s1, b, " "); split(f0, c, " "); split(f1, d, " ")
+      split(v0, e, " "); split(v1, f, " ")
+      printf "PAPER000-TIME {\"workload\":\"%s\",\"series\":\"%s\",\"run\":%d,\"window_s\":%.2f,", w, n, r, u1 - u0
+      printf "\"iops\":%s,\"hz\":%d,\"system\":{\"user\":%d,\"nice\":%d,\"system\":%d,", iops, hz, b[1] - a[1], b[2] - a[2], b[3] - a[3]
+      printf "\"idle\":%d,\"iowait\":%d,\"irq\":%d,\"softirq\":%d,\"ctxt\":%d},", b[4] - a[4], b[5] - a[5], b[6] - a[6], b[7] - a[7], b[8] - a[8]
+      printf "\"fio\":%s,\"server\":%s}\n", acc(c, d), srv == "" ? "null" : acc(e, f)
+    }'
+  TIMES=$((TIMES + 1))
+}
+TIME_SERIES="NVM (raw pmem)
+loop (raw pmem)
+bcache
+dm-cache
+dm-writecache
+rublk null
+rublk loop (raw pmem)
+ublk null (no cache)
+ublk null (poll)
+pmcache (ublk)
+pmcache (ublk, poll)"
+TIMES=0
+time_figure() {
+  fig=000-time
+  log "$fig: warming up"
+  warmed=" "
+  echo "$TIME_SERIES" > /tmp/time-series
+  while IFS= read -r name; do
+    use "$name"
+    if [ -n "$SYS" ] && [ "${warmed#* $SYS }" = "$warmed" ]; then
+      warm $fig $SYS $DEV "$CTR"
+      warmed="$warmed$SYS "
+    fi
+  done < /tmp/time-series
+  nseries=$(wc -l < /tmp/time-series)
+  log "$fig: $RUNS run(s) x 3 workloads x $nseries layers, $((SECS + 8)) s each"
+  run=0
+  while [ $run -lt $RUNS ]; do
+    wi=0
+    for w in rr sr rm; do
+      case $w in
+        rr) label="4K rand read" fa="--rw=randread --bs=4k --size=${WS}m" ;;
+        sr) label="4M seq read" fa="--rw=read --bs=4m --size=${WS}m" ;;
+        rm) label="4K rand 50:50" fa="--rw=randrw --rwmixread=50 --bs=4k --size=${WS}m" ;;
+      esac
+      rot=$(((run + wi) % nseries))
+      awk -v r=$rot '{ line[NR - 1] = $0 } END { for (i = 0; i < NR; i++) print line[(i + r) % NR] }' /tmp/time-series > /tmp/order
+      while IFS= read -r name; do
+        time_point "$label" "$fa" "$name" $run
+      done < /tmp/order
+      wi=$((wi + 1))
+    done
+    run=$((run + 1))
+  done
+}
+
+# --- pmcache embedded as a library (000-library) ---------------------------------------------
+library_figure() {
+  log "000-library: pmcache embedded in a process, its medium on /mnt/lib (ext4 -o dax on /dev/$PMEM8)"
+  $PM bench paper 000-library --scale $SCALE --runs $RUNS --seconds $SECS --pm-dir /mnt/lib \
+    --dir /mnt/nvme --out /tmp/lib > /tmp/lib.log 2>&1 || { cat /tmp/lib.log; fail "pmcache bench paper 000-library"; }
+  points=/tmp/lib/raw/000-library.jsonl
+  grep -q '"medium":"dax"' $points || fail "the library's medium is not dax: $(head -c 300 $points)"
+  while IFS= read -r line; do
+    echo "PAPER000 $line"
+    POINTS=$((POINTS + 1))
+  done < $points
+  # fio's libpmem engine on a file of the same file system: a cross-check of the raw loads and
+  # stores (with direct=1 libpmem copies with non-temporal stores and drains).
+  dd if=/dev/zero of=/mnt/lib/fio.pmem bs=1M count=$WS 2>/dev/null || fail "creating /mnt/lib/fio.pmem"
+  log "000-library: fio libpmem on /mnt/lib/fio.pmem"
+  run=0
+  while [ $run -lt $RUNS ]; do
+    for fig in 000-fig4a 000-fig4b 000-fig5 000-fig6; do
+      xs=$THREADS
+      [ $fig = 000-fig5 ] && xs=$SHARES
+      for x in $xs; do
+        fig_point $fig $x $WS
+        fio_run /mnt/lib/fio.pmem --ioengine=libpmem --time_based --runtime=$SECS $FA
+        printf 'PAPER000 {"figure":"%s","x":"%s","series":"fio libpmem (DAX)","run":%d,"bytes_per_s":%s,"iops":%s,"cache_hits":null,"cache_misses":null}\n' \
+          "$fig" "$XL" $run $BPS $IOPS
+        POINTS=$((POINTS + 1))
+      done
+    done
+    run=$((run + 1))
+  done
+}
+
 lines() { echo "$1" | awk '{ print $0 "|" $0 "|" }'; }
 for fig in $FIGS; do
   case $fig in
+    000-time) time_figure ;;
+    000-library) library_figure ;;
     000-fig4a) figure $fig "$THREADS" "$(lines "$READ_SERIES")" ;;
     000-fig4b) figure $fig "$THREADS" "$(lines "$READ_SERIES
 bcache (cutoff 0)")" ;;
@@ -497,7 +761,7 @@ pmcache NVM→SSD")" ;;
     *) fail "unknown figure $fig" ;;
   esac
 done
-echo "PAPER000-DONE $POINTS"
+echo "PAPER000-DONE $POINTS $TIMES"
 GUEST
 } > "$script"
 
@@ -509,7 +773,8 @@ PMCACHE_GUEST_QEMU_ARGS="$qemu_args ${PMCACHE_GUEST_QEMU_ARGS:-}" \
   "$here/run-in-guest.sh" --timeout "$timeout_s" --mem "$mem_mib" --disk-mib 256 \
   ${PMCACHE_GUEST_ARGS:-} --copy "$exe" --copy "$(command -v fio)" \
   --copy "$(command -v ndctl)" --copy "$(command -v make-bcache)" \
-  --copy "$(command -v dmsetup)" --copy "$(command -v mkfs.ext4)" --copy "$script" \
+  --copy "$(command -v dmsetup)" --copy "$(command -v mkfs.ext4)" --copy "$rublk" \
+  --copy "$work/losetup" --copy "$script" \
   -- sh "$script" > "$log" 2>&1 &
 runner=$!
 # Progress: the guest's own lines, as they come.
@@ -526,13 +791,14 @@ if ((rc != 0)); then
 fi
 
 qemu_version=$(qemu-system-x86_64 --version | head -n 1)
+rublk_version=$("$rublk" --version 2>/dev/null | head -n 1)
 python3 - "$log" "$out" "$scale" "$runs" "$seconds" "$nv_mib" "$ws_mib" "$qemu_version" \
-  "$sets" "$bc_bucket" <<'EOF'
+  "$sets" "$bc_bucket" "$rublk_version" <<'EOF'
 import json, sys
 
-log, out, scale, runs, seconds, nv_mib, ws_mib, qemu, sets, bc_bucket = sys.argv[1:]
+log, out, scale, runs, seconds, nv_mib, ws_mib, qemu, sets, bc_bucket, rublk = sys.argv[1:]
 runs, seconds, nv_mib, ws_mib = int(runs), int(seconds), int(nv_mib), int(ws_mib)
-bed, points, warm, done = None, [], [], None
+bed, points, warm, times, done = None, [], [], [], None
 
 
 def payload(line, tag):
@@ -550,13 +816,18 @@ for line in open(log, encoding="utf-8", errors="replace"):
     elif line.startswith("PAPER000-WARM "):
         warm.append(payload(line, "PAPER000-WARM "))
     elif line.startswith("PAPER000-DONE "):
-        done = int(line.split()[1])
+        done = [int(n) for n in line.split()[1:3]]
+    elif line.startswith("PAPER000-TIME "):
+        times.append(payload(line, "PAPER000-TIME "))
     elif line.startswith("PAPER000 "):
         points.append(payload(line, "PAPER000 "))
 if bed is None or done is None:
     sys.exit("paper000: FAILED: the guest did not report its kernel or its end")
-if done != len(points):
-    sys.exit(f"paper000: FAILED: the guest made {done} points, the console shows {len(points)}")
+if done != [len(points), len(times)]:
+    sys.exit(f"paper000: FAILED: the guest made {done[0]} points and {done[1]} time windows, the console shows {len(points)} and {len(times)}")
+for t in times:
+    if t["iops"] <= 0 or t["window_s"] <= 0:
+        sys.exit(f"paper000: FAILED: a time window without requests: {t}")
 for p in points:
     if p["bytes_per_s"] <= 0:
         sys.exit(f"paper000: FAILED: a point without throughput: {p}")
@@ -580,6 +851,9 @@ notes = [
     "The NVMe namespaces are sparse files on the host with cache=unsafe: the 'SSD' is the host's page cache behind QEMU's NVMe emulation, not a flash device.",
     "pmcache runs in user space behind ublk: every request crosses from the kernel to the server and back, which TCG emulates at a high cost, while bcache and dm-* run in the kernel. 'ublk null (no cache)' is `pmcache ublk null` with one queue per vCPU: the same frontend with nothing behind it (reads return zeroes, writes are dropped), the ceiling of any ublk server in this guest.",
     "Write-back layers (bcache writeback, dm-cache, dm-writecache, pmcache) write dirty data back in the background, possibly during other series' runs; write figures (2, 5, 6) stay within the working set, so the caches keep holding it.",
+    "'pmcache (ublk, poll)' is a third write-back server with --ublk-poll (its queue thread polls its ring instead of sleeping while requests come, up to 1 ms after the last one), on its own NVDIMM and NVMe namespace; 'ublk null (poll)' is the null device with --poll. Both have one queue, whose thread may run on any CPU: with a queue per CPU, each queue's thread is pinned to the CPU that submits to it, and polling there time-shares that CPU with the submitter.",
+    f"'rublk null' and 'rublk loop (raw pmem)' are {rublk or 'rublk'} (a peer ublk server written on the same library, libublk): its null target copying data as pmcache's does, and its loop target over the raw NVDIMM with direct I/O; one queue per vCPU, depth 128 and 1 MiB requests as pmcache's, rublk's default single-CPU queue affinity.",
+    "'loop (raw pmem)' is the kernel's loop device over the raw NVDIMM with direct I/O: a kernel layer that hands each request to a worker thread, as a user-space server does.",
 ]
 def rate(fig, x, series):
     v = [p["bytes_per_s"] for p in points if p["figure"] == fig and p["x"] == x and p["series"] == series]
@@ -614,11 +888,12 @@ doc = {
     },
     "notes": notes,
     "points": points,
+    "time": times,
 }
 with open(out, "w", encoding="utf-8") as f:
     json.dump(doc, f, indent=1, ensure_ascii=False)
     f.write("\n")
 figures = sorted({p["figure"] for p in points})
-print(f"paper000: {len(points)} points of {', '.join(figures)} in {out}")
+print(f"paper000: {len(points)} points of {', '.join(figures)} and {len(times)} time windows in {out}")
 EOF
 echo "paper000: done ($((SECONDS - start)) s in all)"

@@ -105,6 +105,27 @@ struct Shape {
     poll_idle: Option<Duration>,
 }
 
+/// CPUs this process may run on.
+fn online_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// What an operator is told when polling queue threads would share every CPU with the
+/// application: with as many queues as CPUs, the block layer maps each CPU to a queue of its
+/// own and libublk pins the queue's thread there, so a polling thread spins on the very CPU
+/// whose submissions it waits for (in the QEMU guest bed, QD 1 reads ran at about half the
+/// sleeping server's rate that way).
+fn poll_warning(poll_idle: Option<Duration>, queues: u16, cpus: usize) -> Option<String> {
+    (poll_idle.is_some() && usize::from(queues) >= cpus).then(|| {
+        format!(
+            "--ublk-poll with {queues} queues on {cpus} CPUs: each queue's thread polls on the \
+             CPU that submits to it, time-sharing it with the application; fewer queues than \
+             CPUs (--ublk-queues) leave the polling threads CPUs of their own (docs/UBLK.md, \
+             \"Polling\")"
+        )
+    })
+}
+
 /// The queue threads' polling budget: `None` (they sleep) without `--ublk-poll`.
 fn poll_idle(args: &ServeArgs) -> Option<Duration> {
     args.ublk_poll.then(|| Duration::from_micros(args.ublk_poll_idle_us))
@@ -126,6 +147,9 @@ fn serve_device(
     takeover: Option<&DeviceInfo>,
 ) -> Result<(), String> {
     let Shape { queues, depth, user_recovery, poll_idle } = shape;
+    if let Some(warning) = poll_warning(poll_idle, queues, online_cpus()) {
+        tracing::warn!("{warning}");
+    }
     let engine = serving.engine;
     let block = engine.block_size();
     let config = DeviceConfig {
@@ -350,5 +374,21 @@ pub fn manage(args: UblkArgs) -> Result<(), String> {
             );
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Polling is warned about only when every CPU has a queue (and so a pinned poller).
+    #[test]
+    fn polling_on_every_cpu_is_warned_about() {
+        let on = Some(Duration::from_micros(1000));
+        let warning = poll_warning(on, 2, 2).expect("a queue per CPU");
+        assert!(warning.contains("2 queues on 2 CPUs") && warning.contains("--ublk-queues"));
+        assert!(poll_warning(on, 4, 2).is_some());
+        assert_eq!(poll_warning(on, 1, 2), None, "one queue leaves a CPU free");
+        assert_eq!(poll_warning(None, 2, 2), None, "a sleeping server is not warned about");
     }
 }
