@@ -21,6 +21,8 @@ use super::{Ctx, library};
 pub const NVM_SERIES: &str = "NVM (raw pmem)";
 /// The ublk frontend with nothing behind it: pmcache's ceiling in the guest.
 pub const UBLK_NULL_SERIES: &str = "ublk null (no cache)";
+/// The null device whose queue threads poll (`pmcache ublk null --poll`).
+pub const UBLK_NULL_POLL_SERIES: &str = "ublk null (poll)";
 /// fio's libpmem engine on the DAX file beside pmcache's library medium: a cross-check of
 /// the raw medium's loads and stores.
 pub const FIO_LIBPMEM_SERIES: &str = "fio libpmem (DAX)";
@@ -75,6 +77,9 @@ pub struct GuestPoint {
     pub run: usize,
     /// fio's bandwidth.
     pub bytes_per_s: f64,
+    /// fio's requests per second (reads and writes).
+    #[serde(default)]
+    pub iops: Option<f64>,
     /// Cache hits during the run, where the layer counts them.
     pub cache_hits: Option<u64>,
     /// Cache misses during the run, where the layer counts them.
@@ -303,6 +308,47 @@ fn nvm_of_set(name: &str) -> Option<String> {
     Some(format!("NVM {set}"))
 }
 
+/// At one job and queue depth 1 a request's time is 1 / IOPS: each cache layer's time per
+/// request beyond its own device's (the raw NVDIMM through the block layer, or its loads and
+/// stores for the library), run by run, median. A ratio to the device favours a layer whose
+/// device is reached through an expensive interface (a system call and the block layer per
+/// request); the added time does not.
+fn added_time_note(run: &GuestRun, figure: &str, x: &str) -> Option<String> {
+    let at = |series: &str, r: usize| {
+        run.points
+            .iter()
+            .find(|p| p.figure == figure && p.x == x && p.series == series && p.run == r)
+            .and_then(|p| p.iops)
+            .filter(|&iops| iops > 0.0)
+    };
+    let mut names: Vec<&str> = vec![];
+    for p in run.points.iter().filter(|p| p.figure == figure && p.x == x) {
+        if is_cache(&p.series) && !names.contains(&p.series.as_str()) {
+            names.push(&p.series);
+        }
+    }
+    let mut parts = vec![];
+    for name in names {
+        let device = nvm_of(name)?;
+        let added: Vec<f64> = (0..run.bed.runs.max(1))
+            .filter_map(|r| Some(1e6 / at(name, r)? - 1e6 / at(&device, r)?))
+            .collect();
+        if !added.is_empty() {
+            parts.push(format!("{name} {} µs", number(Point::of(&added, false).median)));
+        }
+    }
+    (!parts.is_empty()).then(|| {
+        format!(
+            "Time each request spends beyond its own device's, at {x} job (QD 1: a request's \
+             time is 1 / IOPS), median of the runs: {}. Measured in the guest, where every \
+             instruction is emulated; the ratios above favour the kernel layers, whose device \
+             is reached through a system call and the block layer per request, while the \
+             library's is reached by loads and stores.",
+            parts.join(", ")
+        )
+    })
+}
+
 /// Hit ratios over a figure's measured runs, per series that counts them.
 fn hit_notes(run: &GuestRun, figure: &str) -> Vec<String> {
     let mut counted: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
@@ -431,33 +477,47 @@ fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
         ];
         let null = table.names.iter().position(|n| n == UBLK_NULL_SERIES);
         let pmcache = table.names.iter().position(|n| n == "pmcache (ublk)");
-        if let (Some(_), Some(pm)) = (null, pmcache) {
-            let of_null = |x: usize| {
-                table.median_ratio(x, pm, &|_| Some(UBLK_NULL_SERIES.to_string())).map(percent)
-            };
+        if let (Some(_), Some(_)) = (null, pmcache) {
             let last = table.xs.len() - 1;
+            // Each pmcache server over the null device of the same wait (sleeping, polling).
+            let pairs = [
+                ("pmcache (ublk)", UBLK_NULL_SERIES),
+                ("pmcache (ublk, poll)", UBLK_NULL_POLL_SERIES),
+            ];
+            let mut reached = vec![];
+            for (server, null) in pairs {
+                let Some(s) = table.names.iter().position(|n| n == server) else { continue };
+                if !table.names.iter().any(|n| n == null) {
+                    continue;
+                }
+                let of_null = |x: usize| {
+                    table
+                        .median_ratio(x, s, &|_| Some(null.to_string()))
+                        .map_or_else(|| "—".into(), percent)
+                };
+                reached.push(format!(
+                    "{server} reaches {} of '{null}' at {} {x_name} and {} at {}",
+                    of_null(0),
+                    table.xs[0],
+                    of_null(last),
+                    table.xs[last]
+                ));
+            }
             notes.push(format!(
                 "pmcache is served through ublk: each request goes from the kernel to the server \
                  in user space and back (io_uring commands), which TCG emulates instruction by \
                  instruction, while bcache and dm-* stay in the kernel. '{UBLK_NULL_SERIES}' is \
                  the same frontend with nothing behind it (`pmcache ublk null`: reads return \
-                 zeroes, writes are dropped), the ceiling of any server behind ublk here; \
-                 pmcache (ublk) reaches {} of it at {} {x_name} and {} at {}. The in-process \
-                 figures measure the cache itself.",
-                of_null(0).unwrap_or_else(|| "—".into()),
-                table.xs[0],
-                of_null(last).unwrap_or_else(|| "—".into()),
-                table.xs[last],
+                 zeroes, writes are dropped), the ceiling of any server behind ublk here; {}. \
+                 'pmcache (library)' measures the cache itself, through its own interface.",
+                reached.join("; ")
             ));
-        } else if table.names.iter().any(|n| n.starts_with("pmcache")) {
+        } else if table.names.iter().any(|n| n.starts_with("pmcache (ublk")) {
             notes.push(
                 "pmcache is served through ublk: each request goes from the kernel to the \
                  server in user space and back (io_uring commands), which TCG emulates \
-                 instruction by instruction, while bcache and dm-* stay in the kernel. In this \
-                 kind of guest `scripts/guest/ublk-bench.sh` measured the ublk null target (no \
-                 cache at all) at about 2,200 IOPS at QD 1, the same as pmcache over ublk \
-                 (docs/PERFORMANCE.md): the frontend under emulation, not the cache, bounds the \
-                 pmcache series here. The in-process figures measure the cache itself."
+                 instruction by instruction, while bcache and dm-* stay in the kernel. \
+                 `000-time-*-guest` shows where a request's time goes on each layer."
                     .to_string(),
             );
         }
@@ -481,6 +541,9 @@ fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
                 library::RAW_SERIES,
                 FIO_LIBPMEM_SERIES
             ));
+        }
+        if id == "000-fig4a" || id == "000-fig6" {
+            notes.extend(added_time_note(run, id, "1"));
         }
         notes.extend(run.notes.iter().cloned());
         notes.extend(hit_notes(run, id));
@@ -530,6 +593,7 @@ mod tests {
             series: series.into(),
             run,
             bytes_per_s: rate,
+            iops: Some(rate),
             cache_hits: series.starts_with("bcache").then_some(90),
             cache_misses: series.starts_with("bcache").then_some(10),
         }
@@ -610,6 +674,26 @@ mod tests {
         );
     }
 
+    /// At one job, each cache's time per request beyond its own device's, run by run.
+    #[test]
+    fn the_added_time_per_request_is_taken_against_each_layers_own_device() {
+        let run = guest_run(vec![
+            point("000-fig4a", "1", NVM_SERIES, 0, 100.0),
+            point("000-fig4a", "1", NVM_SERIES, 1, 50.0),
+            point("000-fig4a", "1", "bcache", 0, 50.0),
+            point("000-fig4a", "1", "bcache", 1, 25.0),
+            point("000-fig4a", "1", library::RAW_SERIES, 0, 1000.0),
+            point("000-fig4a", "1", library::LIBRARY_SERIES, 0, 500.0),
+            point("000-fig4a", "1", UBLK_NULL_SERIES, 0, 10.0),
+        ]);
+        let note = added_time_note(&run, "000-fig4a", "1").expect("a note");
+        // bcache: 1/50 - 1/100 s = 10,000 µs in run 0, 1/25 - 1/50 = 20,000 in run 1.
+        assert!(note.contains("bcache 15000 µs"), "{note}");
+        assert!(note.contains("pmcache (library) 1000 µs"), "{note}");
+        assert!(!note.contains("ublk null"), "not a cache: {note}");
+        assert_eq!(added_time_note(&run, "000-fig4a", "2"), None);
+    }
+
     #[test]
     fn fig3_lines_are_normalised_to_the_nvdimm_of_their_own_working_set() {
         assert_eq!(nvm_of_set("dm-cache 32 MiB").as_deref(), Some("NVM 32 MiB"));
@@ -652,7 +736,11 @@ mod tests {
         );
         assert!(fig4a.bed.contains("Linux 6.12"));
         assert!(
-            fig4a.notes.iter().any(|n| n.contains("reaches 50 % of it at 1 jobs")),
+            fig4a
+                .notes
+                .iter()
+                .any(|n| n
+                    .contains("pmcache (ublk) reaches 50 % of 'ublk null (no cache)' at 1 jobs")),
             "pmcache against the ublk frontend alone: {:?}",
             fig4a.notes
         );
