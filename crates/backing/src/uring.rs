@@ -738,9 +738,7 @@ impl UringQueue {
         }
         self.cqes.clear();
     }
-}
 
-impl UringQueue {
     /// Passes what is queued to the kernel with one `io_uring_enter`, not waiting (which also
     /// runs completion work the ring defers to this thread, and polls an IOPOLL ring once);
     /// returns how many entries were passed.

@@ -704,17 +704,7 @@ mod tests {
     #[test]
     fn figures_carry_the_papers_sentence_the_hit_ratios_and_the_guest() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let args = super::super::PaperArgs {
-            id: "000-guest".into(),
-            scale: super::super::Scale::Smallest,
-            out: dir.path().into(),
-            runs: None,
-            seconds: None,
-            pm_dir: "/dev/shm".into(),
-            dir: "/var/tmp".into(),
-            guest_json: None,
-            bed: "host".into(),
-        };
+        let args = super::super::PaperArgs::smallest("000-guest", dir.path());
         let ctx = super::super::Ctx::new(&args);
         let run = guest_run(vec![
             point("000-fig4a", "1", NVM_SERIES, 0, 100.0),

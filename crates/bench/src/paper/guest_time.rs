@@ -272,17 +272,7 @@ mod tests {
 
     #[test]
     fn one_figure_per_workload_with_a_column_per_cost() {
-        let args = super::super::PaperArgs {
-            id: "000-guest".into(),
-            scale: super::super::Scale::Smallest,
-            out: std::env::temp_dir(),
-            runs: None,
-            seconds: None,
-            pm_dir: "/dev/shm".into(),
-            dir: "/var/tmp".into(),
-            guest_json: None,
-            bed: "host".into(),
-        };
+        let args = super::super::PaperArgs::smallest("000-guest", &std::env::temp_dir());
         let ctx = super::super::Ctx::new(&args);
         let mut other = sample("bcache", None);
         other.workload = "4M seq read".into();

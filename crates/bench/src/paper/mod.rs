@@ -72,6 +72,25 @@ pub struct PaperArgs {
     pub bed: String,
 }
 
+#[cfg(test)]
+impl PaperArgs {
+    /// The options of `bench paper <id> --scale smallest --out <out>`, the rest at their
+    /// defaults: what unit tests build figures with.
+    pub(crate) fn smallest(id: &str, out: &Path) -> Self {
+        PaperArgs {
+            id: id.into(),
+            scale: Scale::Smallest,
+            out: out.into(),
+            runs: None,
+            seconds: None,
+            pm_dir: "/dev/shm".into(),
+            dir: "/var/tmp".into(),
+            guest_json: None,
+            bed: "host".into(),
+        }
+    }
+}
+
 /// How close to the paper a run is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scale {
