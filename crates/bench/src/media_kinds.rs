@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use pmcache_backing::PsyncFile;
-use pmcache_engine::{AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MonotonicClock};
+use pmcache_engine::{AdmissionConfig, Config, Engine, MonotonicClock};
 use pmcache_media::{FileSystem, MediumKind, MediumOptions, MediumSync, MsyncCounts, PmemFile};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -151,14 +151,10 @@ impl Bed {
             .map_err(|e| format!("{}: {e}", backing_path.display()))?;
         let backing = PsyncFile::open(&backing_path).map_err(|e| e.to_string())?;
         let config = Config {
-            mode: CacheMode::WriteBack,
             block_size: BLOCK_BYTES as u32,
             max_lanes: 2,
             admission: AdmissionConfig::Always,
-            eviction: EvictionKind::Clock,
-            index_buckets: None,
-            placement: Default::default(),
-            data_crc: false,
+            ..Config::default()
         };
         let engine = Engine::format(medium, backing, MonotonicClock::default(), &config)
             .map_err(|e| e.to_string())?;

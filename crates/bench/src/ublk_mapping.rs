@@ -17,10 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pmcache_backing::{IoBuf, PsyncFile};
-use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MonotonicClock, ReadRequest,
-    WriteRequest,
-};
+use pmcache_engine::{AdmissionConfig, Config, Engine, MonotonicClock, ReadRequest, WriteRequest};
 use pmcache_frontend::{Backing, CacheConn};
 use pmcache_media::{MediumOptions, MediumSet, MediumSync, PmemFile, Window};
 use pmcache_ublk::mapping::{UBLK_IO_OP_READ, UBLK_IO_OP_WRITE};
@@ -223,14 +220,10 @@ pub fn run(args: &UblkMappingArgs) -> Result<UblkMappingResult, String> {
         .map_err(|e| format!("{}: {e}", backing_path.display()))?;
     let backing: Backing = Arc::new(PsyncFile::open(&backing_path).map_err(|e| e.to_string())?);
     let config = Config {
-        mode: CacheMode::WriteBack,
         block_size: BLOCK_BYTES as u32,
         max_lanes: 2,
         admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
-        index_buckets: None,
-        placement: Default::default(),
-        data_crc: false,
+        ..Config::default()
     };
     let engine = Engine::format(
         MediumSet::single(Window::whole(Arc::new(medium))),

@@ -59,7 +59,8 @@ pub struct ServeArgs {
     /// an existing cache keeps what it was formatted with.
     #[arg(long)]
     pub data_crc: bool,
-    /// Cache mode: writeback, writethrough, writearound, passthrough, writeonly.
+    /// Cache mode: writeback, writethrough, writearound, passthrough, writeonly (also with a
+    /// hyphen: write-back, ...).
     #[arg(long, default_value = "writeback")]
     pub mode: pmcache_engine::CacheMode,
     /// Backing-store I/O engine (default: io_uring).
@@ -269,19 +270,19 @@ pub struct NullArgs {
     /// The device's size (a multiple of 4 KiB).
     #[arg(long = "size", value_name = "BYTES", value_parser = parse_nonzero_size, default_value = "1G")]
     pub size_bytes: u64,
-    /// ublk hardware queues: a thread each.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    /// ublk hardware queues: a thread each (the name `serve` gives it; `--queues` also works).
+    #[arg(long = "ublk-queues", alias = "queues", value_name = "N", default_value_t = 1)]
     pub queues: u16,
-    /// ublk tags per queue: the requests each queue can have in flight.
-    #[arg(long, value_name = "N", default_value_t = 128)]
+    /// ublk tags per queue: the requests each queue can have in flight (`--depth` also works).
+    #[arg(long = "ublk-depth", alias = "depth", value_name = "N", default_value_t = 128)]
     pub depth: u16,
     /// Poll each queue's ring instead of sleeping on it while requests keep coming, as
-    /// `serve --ublk --ublk-poll`.
-    #[arg(long)]
+    /// `serve --ublk --ublk-poll` (`--poll` also works).
+    #[arg(long = "ublk-poll", alias = "poll")]
     pub poll: bool,
-    /// With --poll: how long a queue goes on polling after its last request before it sleeps
-    /// again, in microseconds.
-    #[arg(long, value_name = "N", default_value_t = 1000, requires = "poll", value_parser = poll_idle_us)]
+    /// With --ublk-poll: how long a queue goes on polling after its last request before it
+    /// sleeps again, in microseconds (`--poll-idle-us` also works).
+    #[arg(long = "ublk-poll-idle-us", alias = "poll-idle-us", value_name = "N", default_value_t = 1000, requires = "poll", value_parser = poll_idle_us)]
     pub poll_idle_us: u64,
 }
 
@@ -347,15 +348,36 @@ mod tests {
         }
     }
 
-    /// `ublk null --poll [--poll-idle-us N]`, the budget refused without `--poll`.
+    /// `ublk null --ublk-poll [--ublk-poll-idle-us N]`, the budget refused without polling.
     #[test]
     fn ublk_null_poll() {
         let off = null(&[]).expect("no options");
         assert!(!off.poll);
-        let on = null(&["--poll", "--poll-idle-us", "200"]).expect("--poll");
+        let on = null(&["--ublk-poll", "--ublk-poll-idle-us", "200"]).expect("--ublk-poll");
         assert_eq!((on.poll, on.poll_idle_us), (true, 200));
-        assert_eq!(null(&["--poll"]).expect("--poll").poll_idle_us, 1000);
-        let err = null(&["--poll-idle-us", "200"]).expect_err("--poll-idle-us without --poll");
+        assert_eq!(null(&["--ublk-poll"]).expect("--ublk-poll").poll_idle_us, 1000);
+        let err = null(&["--ublk-poll-idle-us", "200"]).expect_err("a budget without polling");
         assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+    }
+
+    /// `ublk null` takes the names `serve --ublk` gives its queues, depth and polling, and
+    /// still the short ones.
+    #[test]
+    fn ublk_null_takes_the_flag_names_of_serve() {
+        for args in [
+            &[
+                "--ublk-queues",
+                "2",
+                "--ublk-depth",
+                "64",
+                "--ublk-poll",
+                "--ublk-poll-idle-us",
+                "9",
+            ],
+            &["--queues", "2", "--depth", "64", "--poll", "--poll-idle-us", "9"],
+        ] {
+            let n = null(args).expect("the flags");
+            assert_eq!((n.queues, n.depth, n.poll, n.poll_idle_us), (2, 64, true, 9), "{args:?}");
+        }
     }
 }

@@ -273,9 +273,9 @@ pub fn engine_config(args: &CacheArgs, max_lanes: usize) -> Config {
         max_lanes,
         admission: args.admission,
         eviction: args.eviction,
-        index_buckets: None,
         placement: pmcache_engine::PlacementConfig { policy: args.placement, ..Default::default() },
         data_crc: args.data_crc,
+        ..Config::default()
     }
 }
 

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use pmcache_ublk::{Device, DeviceConfig, OwnerTag, Started, Target, TargetError};
+use pmcache_block::{BlockConn, BlockError};
+use pmcache_ublk::{Device, DeviceConfig, OwnerTag, Started};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -22,21 +23,21 @@ const NULL_OWNER: OwnerTag = OwnerTag(0);
 /// One queue's target: stores nothing.
 struct NullTarget;
 
-impl Target for NullTarget {
-    fn read(&mut self, _offset_bytes: u64, buf: &mut [u8]) -> Result<(), TargetError> {
+impl BlockConn for NullTarget {
+    fn read(&mut self, _offset_bytes: u64, buf: &mut [u8]) -> Result<(), BlockError> {
         buf.fill(0);
         Ok(())
     }
 
-    fn write(&mut self, _offset_bytes: u64, _data: &[u8], _fua: bool) -> Result<(), TargetError> {
+    fn write(&mut self, _offset_bytes: u64, _data: &[u8], _fua: bool) -> Result<(), BlockError> {
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), TargetError> {
+    fn flush(&mut self) -> Result<(), BlockError> {
         Ok(())
     }
 
-    fn discard(&mut self, _offset_bytes: u64, _len_bytes: u64) -> Result<(), TargetError> {
+    fn trim(&mut self, _offset_bytes: u64, _len_bytes: u64, _fua: bool) -> Result<(), BlockError> {
         Ok(())
     }
 
@@ -46,7 +47,7 @@ impl Target for NullTarget {
         _len_bytes: u64,
         _fua: bool,
         _may_unmap: bool,
-    ) -> Result<(), TargetError> {
+    ) -> Result<(), BlockError> {
         Ok(())
     }
 }
@@ -109,7 +110,7 @@ mod tests {
         assert!(buf.iter().all(|&b| b == 0));
         target.write(0, &[1; 4096], true).expect("write");
         target.flush().expect("flush");
-        target.discard(0, 1 << 20).expect("discard");
+        target.trim(0, 1 << 20, false).expect("trim");
         target.write_zeroes(0, 1 << 20, false, true).expect("write zeroes");
     }
 }

@@ -66,8 +66,11 @@ impl fmt::Display for CacheMode {
 
 impl FromStr for CacheMode {
     type Err = String;
+    /// A mode's name, with or without the hyphen people write (`write-back`, `writeback`);
+    /// it is printed without.
     fn from_str(s: &str) -> Result<Self, String> {
-        CacheMode::ALL.into_iter().find(|m| m.name() == s).ok_or_else(|| {
+        let unhyphenated = s.replacen('-', "", 1);
+        CacheMode::ALL.into_iter().find(|m| m.name() == unhyphenated).ok_or_else(|| {
             format!("unknown cache mode {s:?}; expected writeback, writethrough, writearound, passthrough or writeonly")
         })
     }
@@ -197,6 +200,9 @@ mod tests {
             assert_eq!((mode.writes_back(), mode.admits_reads()), (writes_back, admits_reads));
             assert_eq!(mode.to_string(), name);
             assert_eq!(name.parse::<CacheMode>(), Ok(mode));
+            let split = if name.starts_with("write") { 5 } else { 4 };
+            let hyphenated = format!("{}-{}", &name[..split], &name[split..]);
+            assert_eq!(hyphenated.parse::<CacheMode>(), Ok(mode), "{hyphenated}");
             assert_eq!(CacheMode::from_u8(mode.to_u8()), mode);
             codes.push(mode.to_u8());
         }

@@ -31,6 +31,7 @@ mod slots;
 mod stats;
 pub mod stores;
 mod sync;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod writeback;
 

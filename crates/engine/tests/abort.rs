@@ -11,9 +11,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 
 use pmcache_engine::testing::SimBacking;
-use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, ManualClock, WriteRequest,
-};
+use pmcache_engine::{AdmissionConfig, Config, Engine, ManualClock, WriteRequest};
 use pmcache_media::{CrashMedium, CrashSwitch};
 
 const BLOCK: usize = 512;
@@ -25,14 +23,10 @@ const CHILD: &str = "PMCACHE_ENGINE_ABORT_TEST_CHILD";
 fn engine() -> Engine<CrashMedium, SimBacking, Arc<ManualClock>> {
     let switch = CrashSwitch::new();
     let config = Config {
-        mode: CacheMode::WriteBack,
         block_size: BLOCK as u32,
         max_lanes: 2,
         admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
-        index_buckets: None,
-        placement: Default::default(),
-        data_crc: false,
+        ..Config::default()
     };
     Engine::format(
         CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1),

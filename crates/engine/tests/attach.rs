@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use pmcache_engine::format::{FormatError, SUPERBLOCK_BYTES};
 use pmcache_engine::testing::SimBacking;
-use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, Error, EvictionKind, ManualClock,
-};
+use pmcache_engine::{AdmissionConfig, CacheMode, Config, Engine, Error, ManualClock};
 use pmcache_media::{CrashMedium, CrashSwitch, Medium, PmemFile};
 use proptest::prelude::*;
 
@@ -22,10 +20,7 @@ fn config(mode: CacheMode) -> Config {
         block_size: BLOCK as u32,
         max_lanes: 2,
         admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
-        index_buckets: None,
-        placement: Default::default(),
-        data_crc: false,
+        ..Config::default()
     }
 }
 

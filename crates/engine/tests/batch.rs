@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use pmcache_engine::testing::SimBacking;
 use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, Error, EvictionKind, Lane, ManualClock,
-    ReadRequest, WriteRequest,
+    AdmissionConfig, CacheMode, Config, Engine, Error, Lane, ManualClock, ReadRequest, WriteRequest,
 };
 use pmcache_media::{CrashMedium, CrashSwitch};
 
@@ -28,10 +27,7 @@ fn engine_over(mode: CacheMode, backing_blocks: u64) -> (SimEngine, Arc<CrashSwi
         block_size: BLOCK as u32,
         max_lanes: 2,
         admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
-        index_buckets: None,
-        placement: Default::default(),
-        data_crc: false,
+        ..Config::default()
     };
     let engine = Engine::format(
         CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1),

@@ -15,7 +15,7 @@ const BLOCK_BYTES: u64 = BLOCK as u64;
 /// Room for the superblock, the metadata table and about 700 slots.
 const MEDIUM_BYTES: u64 = 16384 + 700 * BLOCK_BYTES;
 const BACKING_BLOCKS: u64 = 2048;
-/// `cache.rs`'s `DRAIN_BATCH`: a drain writes back this many blocks per backing sync.
+/// `cache/mod.rs`'s `DRAIN_BATCH`: a drain writes back this many blocks per backing sync.
 const DRAIN_BATCH: u64 = 256;
 
 use model::SimEngine;

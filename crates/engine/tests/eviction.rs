@@ -23,9 +23,7 @@ fn hot_hits_after_a_scan(eviction: EvictionKind) -> (u64, u64) {
         max_lanes: 1,
         admission: AdmissionConfig::Always,
         eviction,
-        index_buckets: None,
-        placement: Default::default(),
-        data_crc: false,
+        ..Config::default()
     };
     let engine =
         Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).expect("format");
@@ -65,14 +63,10 @@ fn the_hand_passes_twice_before_it_writes_back() {
     let medium = CrashMedium::new(MEDIUM_BYTES, switch.clone(), 1);
     let backing = SimBacking::new(BACKING_BLOCKS * BLOCK as u64, switch, 2);
     let config = Config {
-        mode: CacheMode::WriteBack,
         block_size: BLOCK as u32,
         max_lanes: 1,
         admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
-        index_buckets: None,
-        placement: Default::default(),
-        data_crc: false,
+        ..Config::default()
     };
     let engine =
         Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).expect("format");

@@ -12,8 +12,8 @@ use pmcache_engine::format::{BlockState, DecodedEntry, FormatError, Geometry, Sl
 use pmcache_engine::layout::sort_members;
 use pmcache_engine::testing::SimBacking;
 use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, Error, EvictionKind, ManualClock, MemberStats,
-    PlacementConfig, PlacementPolicy, WriteRequest,
+    AdmissionConfig, Config, Engine, Error, ManualClock, MemberStats, PlacementConfig,
+    PlacementPolicy, WriteRequest,
 };
 use pmcache_media::numa::Topology;
 use pmcache_media::{CrashMedium, CrashSwitch, Medium, MediumSet};
@@ -43,18 +43,15 @@ fn run_on(cpu: usize) {
 fn config(policy: PlacementPolicy, distances: Vec<Vec<u32>>) -> Config {
     let cpu_node = (0..distances.len() as u32).collect();
     Config {
-        mode: CacheMode::WriteBack,
         block_size: BLOCK as u32,
         max_lanes: 4,
         admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
-        index_buckets: None,
         placement: PlacementConfig {
             policy,
             topology: Some(Arc::new(Topology::simulated(cpu_node, distances))),
             current_cpu: this_cpu,
         },
-        data_crc: false,
+        ..Config::default()
     }
 }
 

@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use pmcache_backing::{BackingStore, EngineKind, EngineOptions, open_backing};
-use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MonotonicClock, ReadRequest,
-};
+use pmcache_engine::{AdmissionConfig, Config, Engine, MonotonicClock, ReadRequest};
 use pmcache_media::PmemFile;
 
 const BLOCK: usize = 4096;
@@ -55,14 +53,10 @@ fn engine_in(dir: &Path, lanes: usize) -> FileEngine {
         PmemFile::open(&medium_path, Some(8192 + 256 * BLOCK as u64 + 65536)).expect("medium");
     std::fs::remove_file(&medium_path).expect("unlink the mapped medium");
     let config = Config {
-        mode: CacheMode::WriteBack,
         block_size: BLOCK as u32,
         max_lanes: lanes,
         admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
-        index_buckets: None,
-        placement: Default::default(),
-        data_crc: false,
+        ..Config::default()
     };
     Engine::format(medium, store, MonotonicClock::default(), &config).unwrap()
 }

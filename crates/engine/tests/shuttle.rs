@@ -9,8 +9,8 @@ use std::sync::Arc;
 use pmcache_backing::{BackingIdentity, BackingStore};
 use pmcache_engine::testing::LateQueue;
 use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, ManualClock, ReadRequest, ReadStart,
-    WriteRequest, WriteStart,
+    AdmissionConfig, CacheMode, Config, Engine, ManualClock, ReadRequest, ReadStart, WriteRequest,
+    WriteStart,
 };
 use pmcache_media::Medium;
 use shuttle::sync::Mutex;
@@ -203,10 +203,7 @@ fn engine_on<M: Medium>(medium: M, mode: CacheMode, backing: Vec<u8>) -> Arc<Shu
         block_size: BLOCK as u32,
         max_lanes: 3,
         admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
-        index_buckets: None,
-        placement: Default::default(),
-        data_crc: false,
+        ..Config::default()
     };
     Arc::new(Engine::format(medium, backing, Arc::new(ManualClock::default()), &config).unwrap())
 }

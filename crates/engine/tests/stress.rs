@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 
 use pmcache_backing::{EngineKind, EngineOptions, PsyncFile, open_backing};
 use pmcache_engine::{
-    AdmissionConfig, CacheMode, CleanerConfig, Config, Engine, EvictionKind, MonotonicClock,
-    WriteBackOrder,
+    AdmissionConfig, CacheMode, CleanerConfig, Config, Engine, MonotonicClock, WriteBackOrder,
 };
 use pmcache_media::PmemFile;
 use rand::rngs::SmallRng;
@@ -34,10 +33,8 @@ fn config(mode: CacheMode, lanes: usize, index_buckets: Option<u64>) -> Config {
         block_size: BLOCK as u32,
         max_lanes: lanes,
         admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
         index_buckets,
-        placement: Default::default(),
-        data_crc: false,
+        ..Config::default()
     }
 }
 

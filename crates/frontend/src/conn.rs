@@ -1,13 +1,16 @@
-//! The engine lane a frontend connection or queue serves: NBD's `ExportConn` (`crate::nbd`)
-//! and ublk's `Target` (`crate::ublk`) are both implemented on it, with the batch calls they
-//! share here, and the read latencies by class (hits answered at once, misses answered when
-//! their backing read completes) that `pmcache stats` reports.
+//! The engine lane a frontend connection or queue serves: [`CacheConn`], the one
+//! implementation of `pmcache_block::BlockConn` that NBD connections and ublk queues run, and
+//! the read latencies by class (hits answered at once, misses answered when their backing read
+//! completes) that `pmcache stats` reports.
 
 use std::os::fd::BorrowedFd;
 use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
+use pmcache_block::{
+    BatchRead, BatchWrite, BlockConn, BlockError, BlockExtent, Completed, Started,
+};
 use pmcache_engine::{
     Error, Lane, MonotonicClock, READS_PENDING_MAX, ReadRequest, ReadStart, WriteRequest,
     WriteStart,
@@ -64,12 +67,8 @@ impl ReadLatencies {
 /// The requests of one batch, held without allocating up to a typical batch.
 type Batch<T> = smallvec::SmallVec<[T; 16]>;
 
-/// What receives each completed miss: its ticket, and its data or the frontend's error.
-pub(crate) type Completed<'a, E> = dyn FnMut(usize, Result<&[u8], E>) + 'a;
-
-/// One engine lane, served by one frontend connection or queue: NBD's `ExportConn` in
-/// `crate::nbd`, ublk's `Target` in `crate::ublk`. Its reads' latencies go to
-/// [`READ_LATENCIES`].
+/// One engine lane, served by one NBD connection or one ublk queue as their
+/// `pmcache_block::BlockConn`. Its reads' latencies go to [`READ_LATENCIES`].
 pub struct CacheConn<'e> {
     pub(crate) lane: Lane<'e, crate::CacheMedium, Backing, MonotonicClock>,
     /// The engine's outcomes of one batch, kept from batch to batch.
@@ -101,49 +100,72 @@ impl<'e> CacheConn<'e> {
         &mut self.lane
     }
 
-    /// The writes a frontend had in flight together, group-committed by the engine
-    /// (`Lane::write_batch`); their outcomes appended to `outcomes` through `map`.
-    pub(crate) fn write_batch_into<'a, E>(
-        &mut self,
-        writes: impl Iterator<Item = WriteRequest<'a>>,
-        outcomes: &mut Vec<Result<(), E>>,
-        map: fn(Error) -> E,
-    ) {
-        let requests: Batch<WriteRequest<'a>> = writes.collect();
-        self.lane.write_batch(&requests, &mut self.results);
-        outcomes.extend(self.results.drain(..).map(|r| r.map_err(map)));
+    fn note_latencies(&mut self) {
+        if self.hit_ns.len() + self.miss_ns.len() >= LATENCY_FLUSH_RECORDS {
+            READ_LATENCIES.add(&mut self.hit_ns, &mut self.miss_ns);
+        }
+    }
+}
+
+/// The engine's error as the frontends report it: its errno and message.
+pub fn block_error(err: Error) -> BlockError {
+    BlockError::new(err.errno(), err.to_string())
+}
+
+fn write_requests<'a>(writes: &'a [BatchWrite<'_>]) -> Batch<WriteRequest<'a>> {
+    writes
+        .iter()
+        .map(|w| WriteRequest { offset: w.offset_bytes, data: w.data, fua: w.fua })
+        .collect()
+}
+
+fn read_requests<'a>(reads: &'a mut [BatchRead<'_>]) -> Batch<ReadRequest<'a>> {
+    reads.iter_mut().map(|r| ReadRequest { offset: r.offset_bytes, buf: &mut *r.buf }).collect()
+}
+
+impl BlockConn for CacheConn<'_> {
+    fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        self.lane.read(offset_bytes, buf).map_err(block_error)
     }
 
-    /// The writes a frontend had in flight together, started by the engine
-    /// (`Lane::write_batch_start`: group-committed in write-back modes, whole blocks left in
-    /// flight to the backing store otherwise): for each, in order, `answered(result)` or
-    /// `pending(ticket)`, appended to `started`.
-    pub(crate) fn write_batch_start_into<'a, S>(
+    fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
+        self.lane.write(offset_bytes, data, fua).map_err(block_error)
+    }
+
+    /// Group-committed by the engine (`Lane::write_batch`).
+    fn write_batch(
         &mut self,
-        writes: impl Iterator<Item = WriteRequest<'a>>,
-        started: &mut Vec<S>,
-        answered: impl Fn(Result<(), Error>) -> S,
-        pending: impl Fn(usize) -> S,
+        writes: &[BatchWrite<'_>],
+        outcomes: &mut Vec<Result<(), BlockError>>,
     ) {
-        let requests: Batch<WriteRequest<'a>> = writes.collect();
-        self.lane.write_batch_start(&requests, &mut self.write_starts);
+        self.lane.write_batch(&write_requests(writes), &mut self.results);
+        outcomes.extend(self.results.drain(..).map(|r| r.map_err(block_error)));
+    }
+
+    /// Group-committed in write-back modes, whole blocks left in flight to the backing store
+    /// otherwise (`Lane::write_batch_start`).
+    fn write_batch_start(&mut self, writes: &[BatchWrite<'_>], started: &mut Vec<Started>) {
+        self.lane.write_batch_start(&write_requests(writes), &mut self.write_starts);
         started.extend(self.write_starts.drain(..).map(|s| match s {
-            WriteStart::Done(result) => answered(result),
-            WriteStart::Pending(ticket) => pending(ticket.index()),
+            WriteStart::Done(result) => Started::Done(result.map_err(block_error)),
+            WriteStart::Pending(ticket) => Started::Pending(ticket.index()),
         }));
     }
 
-    /// The reads a frontend had in flight together, started by the engine
-    /// (`Lane::read_batch_start`): for each, in order, `answered(result)` when answered (its
-    /// buffer filled) or `pending(ticket)` when in flight, appended to `started`.
-    pub(crate) fn read_batch_start_into<'a, S>(
+    /// Pipelined by the engine (`Lane::read_batch`), all answered on return.
+    fn read_batch(
         &mut self,
-        reads: impl Iterator<Item = ReadRequest<'a>>,
-        started: &mut Vec<S>,
-        answered: impl Fn(Result<(), Error>) -> S,
-        pending: impl Fn(usize) -> S,
+        reads: &mut [BatchRead<'_>],
+        outcomes: &mut Vec<Result<(), BlockError>>,
     ) {
-        let mut requests: Batch<ReadRequest<'a>> = reads.collect();
+        self.lane.read_batch(&mut read_requests(reads), &mut self.results);
+        outcomes.extend(self.results.drain(..).map(|r| r.map_err(block_error)));
+    }
+
+    /// Hits answered at once, misses left in flight on the lane's queue
+    /// (`Lane::read_batch_start`); each class's latency recorded.
+    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<Started>) {
+        let mut requests = read_requests(reads);
         let began = Instant::now();
         self.lane.read_batch_start(&mut requests, &mut self.starts);
         let hit_ns = began.elapsed().as_nanos() as u64;
@@ -153,25 +175,31 @@ impl<'e> CacheConn<'e> {
                     if result.is_ok() {
                         self.hit_ns.saturating_record(hit_ns.max(1));
                     }
-                    answered(result)
+                    Started::Done(result.map_err(block_error))
                 }
                 ReadStart::Pending(ticket) => {
                     self.miss_started[ticket.index()] = Some(began);
-                    pending(ticket.index())
+                    Started::Pending(ticket.index())
                 }
             });
         }
         self.note_latencies();
     }
 
-    /// Hands completed misses to `done` (ticket, data or error through `map`), waiting for at
-    /// least `min` of them (`Lane::complete`).
-    pub(crate) fn complete_into<E>(
-        &mut self,
-        min: usize,
-        done: &mut Completed<'_, E>,
-        map: fn(Error) -> E,
-    ) -> usize {
+    fn pending(&self) -> usize {
+        self.lane.pending()
+    }
+
+    fn pending_max(&self) -> usize {
+        READS_PENDING_MAX
+    }
+
+    fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.lane.completion_fd()
+    }
+
+    /// Completed misses handed over (`Lane::complete`), each one's latency recorded.
+    fn complete(&mut self, min: usize, done: &mut Completed<'_>) -> usize {
         let (miss_started, miss_ns) = (&mut self.miss_started, &mut self.miss_ns);
         let n = self.lane.complete(min, &mut |ticket, result| {
             if let Some(began) = miss_started[ticket.index()].take()
@@ -179,34 +207,52 @@ impl<'e> CacheConn<'e> {
             {
                 miss_ns.saturating_record((began.elapsed().as_nanos() as u64).max(1));
             }
-            done(ticket.index(), result.map_err(map));
+            done(ticket.index(), result.map_err(block_error));
         });
         self.note_latencies();
         n
     }
 
-    /// The descriptor that polls readable when a miss may have completed.
-    pub(crate) fn completion_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.lane.completion_fd()
+    fn flush(&mut self) -> Result<(), BlockError> {
+        self.lane.flush().map_err(block_error)
     }
 
-    fn note_latencies(&mut self) {
-        if self.hit_ns.len() + self.miss_ns.len() >= LATENCY_FLUSH_RECORDS {
-            READ_LATENCIES.add(&mut self.hit_ns, &mut self.miss_ns);
-        }
-    }
-
-    /// The reads a frontend had in flight together, all answered on return
-    /// (`Lane::read_batch`); their outcomes appended to `outcomes` through `map`.
-    pub(crate) fn read_batch_into<'a, E>(
+    /// Holes of the backing store not cached are holes that read as zeroes; the rest is
+    /// data (`Engine::extents`).
+    fn block_status(
         &mut self,
-        reads: impl Iterator<Item = ReadRequest<'a>>,
-        outcomes: &mut Vec<Result<(), E>>,
-        map: fn(Error) -> E,
-    ) {
-        let mut requests: Batch<ReadRequest<'a>> = reads.collect();
-        self.lane.read_batch(&mut requests, &mut self.results);
-        outcomes.extend(self.results.drain(..).map(|r| r.map_err(map)));
+        offset_bytes: u64,
+        len_bytes: u32,
+        extents_max: usize,
+        extents: &mut Vec<BlockExtent>,
+    ) -> Result<(), BlockError> {
+        let mut found = Vec::with_capacity(extents_max.min(64));
+        let engine = self.lane.engine();
+        engine
+            .extents(offset_bytes, u64::from(len_bytes), extents_max, &mut found)
+            .map_err(block_error)?;
+        extents.extend(found.into_iter().map(|e| BlockExtent {
+            // Within the request's length, a u32.
+            len_bytes: u32::try_from(e.len).unwrap_or(len_bytes),
+            hole: e.hole,
+            zero: e.hole,
+        }));
+        Ok(())
+    }
+
+    fn trim(&mut self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<(), BlockError> {
+        self.lane.trim(offset_bytes, len_bytes).map_err(block_error)?;
+        if fua { self.flush() } else { Ok(()) }
+    }
+
+    fn write_zeroes(
+        &mut self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fua: bool,
+        _may_trim: bool,
+    ) -> Result<(), BlockError> {
+        self.lane.write_zeroes(offset_bytes, len_bytes, fua).map_err(block_error)
     }
 }
 

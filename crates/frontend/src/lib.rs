@@ -1,12 +1,10 @@
 //! The engine as pmcache's frontends serve it, for the `pmcache` command and the benches alike:
 //!
-//! - [`conn`]: [`CacheConn`], one engine lane served by one NBD connection or one ublk queue
-//!   (the batch calls both frontends make, and the read latencies by class that `pmcache
-//!   stats` reports, [`READ_LATENCIES`]).
-//! - [`nbd`]: the engine as an NBD export ([`CacheExport`]) and `CacheConn` as its
-//!   connection (`pmcache_nbd::ExportConn`).
-//! - [`ublk`]: `CacheConn` as a ublk queue's `pmcache_ublk::Target` (the pure request path:
-//!   the kernel device stays with the command).
+//! - [`conn`]: [`CacheConn`], one engine lane served by one NBD connection or one ublk queue:
+//!   the one `pmcache_block::BlockConn` both frontends run (the request path alone, which
+//!   needs no kernel), and the read latencies by class that `pmcache stats` reports,
+//!   [`READ_LATENCIES`].
+//! - [`nbd`]: the engine as an NBD export ([`CacheExport`]), a `CacheConn` per connection.
 //! - [`units`]: sizes as the command line gives them and bytes as people read them.
 //!
 //! The engine they serve is a [`CacheEngine`]: `PmemFile` media (a set of members) in front of any
@@ -22,10 +20,9 @@ use pmcache_media::{MediumSet, PmemFile, Window};
 
 pub mod conn;
 pub mod nbd;
-pub mod ublk;
 pub mod units;
 
-pub use conn::{CacheConn, READ_LATENCIES, ReadLatencies};
+pub use conn::{CacheConn, READ_LATENCIES, ReadLatencies, block_error};
 pub use nbd::CacheExport;
 
 /// The backing store as the frontends serve it: any engine, chosen at run time.

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use pmcache_backing::PsyncFile;
+use pmcache_block::{BatchRead, BlockConn};
 use pmcache_engine::{Config, Engine, MonotonicClock};
 use pmcache_frontend::{Backing, CacheConn, CacheEngine, READ_LATENCIES};
 use pmcache_media::{MediumOptions, MediumSet, MediumSync, PmemFile, Window};
-use pmcache_nbd::{BatchRead, ExportConn};
 use pmcache_ublk::mapping::{UBLK_IO_OP_FLUSH, UBLK_IO_OP_READ, UBLK_IO_OP_WRITE};
 use pmcache_ublk::{Dispatcher, Geometry, IoDesc};
 
@@ -92,20 +92,20 @@ fn an_nbd_connection_writes_reads_and_reports_errors_as_errnos() {
     let (_tmp, engine) = engine();
     let mut conn = CacheConn::new(engine.lane().expect("lane"));
     let data = vec![0x5au8; BLOCK];
-    ExportConn::write(&mut conn, 2 * BLOCK as u64, &data, true).expect("write");
+    BlockConn::write(&mut conn, 2 * BLOCK as u64, &data, true).expect("write");
     let (mut a, mut b) = (vec![0u8; BLOCK], vec![0xffu8; BLOCK]);
     let mut reads = [
         BatchRead { offset_bytes: 2 * BLOCK as u64, buf: &mut a },
         BatchRead { offset_bytes: 3 * BLOCK as u64, buf: &mut b },
     ];
     let mut outcomes = Vec::new();
-    ExportConn::read_batch(&mut conn, &mut reads, &mut outcomes);
+    BlockConn::read_batch(&mut conn, &mut reads, &mut outcomes);
     assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
     assert_eq!(a, data);
     // Never written: the backing file's zeroes.
     assert!(b.iter().all(|&x| x == 0));
-    ExportConn::flush(&mut conn).expect("flush");
+    BlockConn::flush(&mut conn).expect("flush");
     // Past the end: refused with an errno, not a panic.
-    let err = ExportConn::read(&mut conn, BACKING_BYTES, &mut a).expect_err("out of range");
+    let err = BlockConn::read(&mut conn, BACKING_BYTES, &mut a).expect_err("out of range");
     assert_ne!(err.errno(), 0);
 }

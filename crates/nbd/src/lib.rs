@@ -3,8 +3,9 @@
 //! - [`codec`]: the pure wire format — fixed newstyle handshake (`NBD_OPT_GO`, `INFO`,
 //!   `LIST`, `ABORT`, `EXPORT_NAME`, `STRUCTURED_REPLY`, `STARTTLS`), request decoding and
 //!   validation, simple and structured reply encoding. No I/O; never panics on any input; fuzzed.
-//! - [`export`]: the [`Export`] / [`ExportConn`] traits the server serves, [`BlockSizes`] and
-//!   [`ExportError`] (an errno, mapped to NBD error codes).
+//! - [`export`]: the [`Export`] trait the server serves (a `pmcache_block::BlockConn` per
+//!   connection) and [`BlockSizes`]; a `pmcache_block::BlockError`'s errno is mapped to NBD
+//!   error codes.
 //! - [`server`]: TCP (loopback unless `allow_remote`) or unix-socket listener, one thread
 //!   per connection with pipelined requests, connection limit, bounded buffers, clean
 //!   shutdown through a [`ShutdownHandle`].
@@ -23,9 +24,7 @@ pub mod server;
 pub mod tls;
 
 pub use codec::TlsMode;
-pub use export::{
-    BatchRead, BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, Started,
-};
+pub use export::{BlockSizes, Export, extent_flags};
 pub use mem::{MemExport, MemStats};
 pub use server::{
     ConnEnd, ConnError, ListenAddr, ReplayTransport, RunningServer, Server, ServerConfig,

@@ -19,7 +19,9 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
-use crate::export::{BatchRead, BlockSizes, Export, ExportConn, ExportError, Started};
+use pmcache_block::{BatchRead, BlockConn, BlockError, Started};
+
+use crate::export::{BlockSizes, Export};
 
 /// Reads one connection leaves in flight at most.
 const READS_IN_FLIGHT_MAX: usize = 64;
@@ -125,10 +127,10 @@ pub struct MemExport {
 
 impl MemExport {
     /// A zero-filled export of `size_bytes` with the given block size constraints.
-    pub fn new(size_bytes: u64, block_sizes: BlockSizes) -> Result<Self, ExportError> {
-        block_sizes.validate().map_err(|m| ExportError::new(libc::EINVAL, m))?;
+    pub fn new(size_bytes: u64, block_sizes: BlockSizes) -> Result<Self, BlockError> {
+        block_sizes.validate().map_err(|m| BlockError::new(libc::EINVAL, m))?;
         if !size_bytes.is_multiple_of(u64::from(block_sizes.min_bytes)) {
-            return Err(ExportError::new(libc::EINVAL, "size is not a multiple of min block"));
+            return Err(BlockError::new(libc::EINVAL, "size is not a multiple of min block"));
         }
         let stripe_count = size_bytes.div_ceil(STRIPE_BYTES);
         let stripes = (0..stripe_count)
@@ -198,7 +200,7 @@ impl MemExport {
     }
 
     /// Reads bytes directly (for tests); out-of-range reads fail with `EINVAL`.
-    pub fn read_at(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+    pub fn read_at(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), BlockError> {
         self.inner.check(offset_bytes, buf.len() as u64)?;
         self.inner.for_each_stripe(offset_bytes, buf.len(), |stripe, at, range| {
             let s = stripe.read().unwrap_or_else(|p| p.into_inner());
@@ -208,7 +210,7 @@ impl MemExport {
     }
 
     /// Writes bytes directly (for tests and preloading); out-of-range writes fail.
-    pub fn write_at(&self, offset_bytes: u64, data: &[u8]) -> Result<(), ExportError> {
+    pub fn write_at(&self, offset_bytes: u64, data: &[u8]) -> Result<(), BlockError> {
         self.inner.check(offset_bytes, data.len() as u64)?;
         self.inner.for_each_stripe(offset_bytes, data.len(), |stripe, at, range| {
             let mut s = stripe.write().unwrap_or_else(|p| p.into_inner());
@@ -217,9 +219,9 @@ impl MemExport {
         Ok(())
     }
 
-    fn zero(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), ExportError> {
+    fn zero(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), BlockError> {
         self.inner.check(offset_bytes, len_bytes)?;
-        let len = usize::try_from(len_bytes).map_err(|_| ExportError::new(libc::EINVAL, "len"))?;
+        let len = usize::try_from(len_bytes).map_err(|_| BlockError::new(libc::EINVAL, "len"))?;
         self.inner.for_each_stripe(offset_bytes, len, |stripe, at, range| {
             let mut s = stripe.write().unwrap_or_else(|p| p.into_inner());
             s[at..at + range.len()].fill(0);
@@ -229,18 +231,18 @@ impl MemExport {
 }
 
 impl Inner {
-    fn check(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), ExportError> {
+    fn check(&self, offset_bytes: u64, len_bytes: u64) -> Result<(), BlockError> {
         let end = offset_bytes
             .checked_add(len_bytes)
             .filter(|&end| end <= self.size_bytes)
-            .ok_or_else(|| ExportError::new(libc::EINVAL, "range past the end of the export"))?;
+            .ok_or_else(|| BlockError::new(libc::EINVAL, "range past the end of the export"))?;
         if self.has_fault.load(Ordering::Acquire) {
             let fault = *self.fault.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(f) = fault
                 && offset_bytes < f.end_bytes
                 && end > f.start_bytes
             {
-                return Err(ExportError::new(f.errno, "injected fault"));
+                return Err(BlockError::new(f.errno, "injected fault"));
             }
         }
         Ok(())
@@ -269,9 +271,9 @@ impl Inner {
 impl Export for MemExport {
     type Conn = MemConn;
 
-    fn open_conn(&self) -> Result<MemConn, ExportError> {
+    fn open_conn(&self) -> Result<MemConn, BlockError> {
         if self.inner.refuse_conns.load(Ordering::Acquire) {
-            return Err(ExportError::new(libc::EBUSY, "no connection can be opened now"));
+            return Err(BlockError::new(libc::EBUSY, "no connection can be opened now"));
         }
         self.inner.counters.conns_opened.fetch_add(1, Ordering::Relaxed);
         Ok(MemConn {
@@ -309,7 +311,7 @@ pub struct MemConn {
 struct InFlight {
     ticket: usize,
     offset_bytes: u64,
-    answer: Result<Vec<u8>, ExportError>,
+    answer: Result<Vec<u8>, BlockError>,
 }
 
 impl MemConn {
@@ -322,16 +324,16 @@ impl MemConn {
     }
 }
 
-impl ExportConn for MemConn {
-    fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+impl BlockConn for MemConn {
+    fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), BlockError> {
         self.count(|c| &c.reads, false);
         self.export.read_at(offset_bytes, buf)
     }
 
     fn read_batch(
         &mut self,
-        reads: &mut [crate::export::BatchRead<'_>],
-        outcomes: &mut Vec<Result<(), ExportError>>,
+        reads: &mut [pmcache_block::BatchRead<'_>],
+        outcomes: &mut Vec<Result<(), BlockError>>,
     ) {
         if reads.len() > 1 {
             let batched = &self.export.inner.counters.batched_reads;
@@ -376,7 +378,7 @@ impl ExportConn for MemConn {
     }
 
     /// Completes the reads in flight outside the held range, the latest started first.
-    fn complete(&mut self, min: usize, done: &mut crate::export::Completed<'_>) -> usize {
+    fn complete(&mut self, min: usize, done: &mut pmcache_block::Completed<'_>) -> usize {
         let min = min.min(self.in_flight.len());
         let hold = &self.export.inner.held;
         let mut range = hold.range.lock().unwrap_or_else(|p| p.into_inner());
@@ -401,15 +403,15 @@ impl ExportConn for MemConn {
         }
     }
 
-    fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+    fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
         self.count(|c| &c.writes, fua);
         self.export.write_at(offset_bytes, data)
     }
 
     fn write_batch(
         &mut self,
-        writes: &[crate::export::BatchWrite<'_>],
-        outcomes: &mut Vec<Result<(), ExportError>>,
+        writes: &[pmcache_block::BatchWrite<'_>],
+        outcomes: &mut Vec<Result<(), BlockError>>,
     ) {
         if writes.len() > 1 {
             let batched = &self.export.inner.counters.batched_writes;
@@ -427,8 +429,8 @@ impl ExportConn for MemConn {
         offset_bytes: u64,
         len_bytes: u32,
         extents_max: usize,
-        extents: &mut Vec<crate::export::BlockExtent>,
-    ) -> Result<(), ExportError> {
+        extents: &mut Vec<pmcache_block::BlockExtent>,
+    ) -> Result<(), BlockError> {
         const PIECE_BYTES: u32 = 4096;
         let mut piece = [0u8; PIECE_BYTES as usize];
         let mut done = 0u32;
@@ -441,19 +443,19 @@ impl ExportConn for MemConn {
             match extents.last_mut() {
                 Some(last) if last.zero == zero => last.len_bytes += n,
                 _ if full => break,
-                _ => extents.push(crate::export::BlockExtent { len_bytes: n, hole: zero, zero }),
+                _ => extents.push(pmcache_block::BlockExtent { len_bytes: n, hole: zero, zero }),
             }
             done += n;
         }
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), ExportError> {
+    fn flush(&mut self) -> Result<(), BlockError> {
         self.count(|c| &c.flushes, false);
         self.export.inner.check(0, 0)
     }
 
-    fn trim(&mut self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<(), ExportError> {
+    fn trim(&mut self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<(), BlockError> {
         self.count(|c| &c.trims, fua);
         self.export.zero(offset_bytes, len_bytes)
     }
@@ -464,7 +466,7 @@ impl ExportConn for MemConn {
         len_bytes: u64,
         fua: bool,
         _may_trim: bool,
-    ) -> Result<(), ExportError> {
+    ) -> Result<(), BlockError> {
         self.count(|c| &c.zero_writes, fua);
         self.export.zero(offset_bytes, len_bytes)
     }

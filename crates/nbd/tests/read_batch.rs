@@ -1,4 +1,4 @@
-//! Pipelined reads reach the export in batches (`ExportConn::read_batch`): a READ and the
+//! Pipelined reads reach the export in batches (`BlockConn::read_batch`): a READ and the
 //! valid READs whose headers are buffered after it, bounded in count and bytes. Every reply
 //! comes back in request order with its own data or its own error, in simple and structured
 //! form alike, whatever else (writes, flushes, refused requests) is pipelined between them.
@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use pmcache_block::{BatchRead, BatchWrite, BlockConn, BlockError};
 use pmcache_nbd::codec::*;
-use pmcache_nbd::export::BatchRead;
 use pmcache_nbd::mem::MemConn;
 use pmcache_nbd::server::{READ_BATCH_BYTES_MAX, READ_BATCH_MAX, export_info};
 use pmcache_nbd::{
-    BatchWrite, BlockSizes, ConnEnd, Export, ExportConn, ExportError, ListenAddr, MemExport,
-    ReplayTransport, Server, ServerConfig, serve_connection,
+    BlockSizes, ConnEnd, Export, ListenAddr, MemExport, ReplayTransport, Server, ServerConfig,
+    serve_connection,
 };
 use pmcache_testkit::pseudo_random;
 
@@ -61,7 +61,7 @@ struct CountingConn {
 impl Export for Counting {
     type Conn = CountingConn;
 
-    fn open_conn(&self) -> Result<CountingConn, ExportError> {
+    fn open_conn(&self) -> Result<CountingConn, BlockError> {
         Ok(CountingConn { inner: self.inner.open_conn()?, log: self.log.clone() })
     }
 
@@ -78,8 +78,8 @@ impl Export for Counting {
     }
 }
 
-impl ExportConn for CountingConn {
-    fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+impl BlockConn for CountingConn {
+    fn read(&mut self, offset_bytes: u64, buf: &mut [u8]) -> Result<(), BlockError> {
         self.log.lone_reads.fetch_add(1, Ordering::Relaxed);
         self.inner.read(offset_bytes, buf)
     }
@@ -87,30 +87,30 @@ impl ExportConn for CountingConn {
     fn read_batch(
         &mut self,
         reads: &mut [BatchRead<'_>],
-        outcomes: &mut Vec<Result<(), ExportError>>,
+        outcomes: &mut Vec<Result<(), BlockError>>,
     ) {
         assert!(outcomes.is_empty(), "the server passes the outcomes in empty");
         self.log.batches.lock().expect("log").push(reads.len());
         self.inner.read_batch(reads, outcomes);
     }
 
-    fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+    fn write(&mut self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
         self.inner.write(offset_bytes, data, fua)
     }
 
     fn write_batch(
         &mut self,
         writes: &[BatchWrite<'_>],
-        outcomes: &mut Vec<Result<(), ExportError>>,
+        outcomes: &mut Vec<Result<(), BlockError>>,
     ) {
         self.inner.write_batch(writes, outcomes);
     }
 
-    fn flush(&mut self) -> Result<(), ExportError> {
+    fn flush(&mut self) -> Result<(), BlockError> {
         self.inner.flush()
     }
 
-    fn trim(&mut self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<(), ExportError> {
+    fn trim(&mut self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<(), BlockError> {
         self.inner.trim(offset_bytes, len_bytes, fua)
     }
 
@@ -120,7 +120,7 @@ impl ExportConn for CountingConn {
         len_bytes: u64,
         fua: bool,
         may_trim: bool,
-    ) -> Result<(), ExportError> {
+    ) -> Result<(), BlockError> {
         self.inner.write_zeroes(offset_bytes, len_bytes, fua, may_trim)
     }
 }

@@ -1,5 +1,5 @@
 //! The ublk device: added through `/dev/ublk-control` with libublk, one thread per queue, each
-//! with its own [`Target`] (the cache gives each one its own engine lane) and its own io_uring;
+//! with its own [`BlockConn`] (the cache gives each one its own engine lane) and its own io_uring;
 //! the descriptors a queue receives in one wait on its ring go to a [`Dispatcher`] as one
 //! batch.
 //!
@@ -20,31 +20,32 @@
 //! Serving a device, and taking one over after its server died (needs the driver and root):
 //!
 //! ```no_run
-//! use pmcache_ublk::{Device, DeviceConfig, OwnerTag, Target, TargetError, recovery};
+//! use pmcache_block::{BlockConn, BlockError};
+//! use pmcache_ublk::{Device, DeviceConfig, OwnerTag, recovery};
 //!
 //! /// A RAM disk: what a queue serves. (Its bytes die with the server; a target whose device
 //! /// is to be taken over keeps them where the next server finds them, as pmcache's medium.)
 //! struct Ram(Vec<u8>);
 //!
-//! impl Target for Ram {
-//!     fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), TargetError> {
+//! impl BlockConn for Ram {
+//!     fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
 //!         let at = offset as usize;
 //!         buf.copy_from_slice(&self.0[at..at + buf.len()]);
 //!         Ok(())
 //!     }
-//!     fn write(&mut self, offset: u64, data: &[u8], _fua: bool) -> Result<(), TargetError> {
+//!     fn write(&mut self, offset: u64, data: &[u8], _fua: bool) -> Result<(), BlockError> {
 //!         let at = offset as usize;
 //!         self.0[at..at + data.len()].copy_from_slice(data);
 //!         Ok(())
 //!     }
-//!     fn flush(&mut self) -> Result<(), TargetError> {
+//!     fn flush(&mut self) -> Result<(), BlockError> {
 //!         Ok(())
 //!     }
-//!     fn discard(&mut self, _offset: u64, _len: u64) -> Result<(), TargetError> {
+//!     fn trim(&mut self, _offset: u64, _len: u64, _fua: bool) -> Result<(), BlockError> {
 //!         Ok(())
 //!     }
 //!     fn write_zeroes(&mut self, offset: u64, len: u64, _fua: bool, _unmap: bool)
-//!         -> Result<(), TargetError> {
+//!         -> Result<(), BlockError> {
 //!         self.0[offset as usize..(offset + len) as usize].fill(0);
 //!         Ok(())
 //!     }
@@ -92,7 +93,7 @@ use crate::mapping::{self, Geometry, IoDesc, SECTOR_BYTES};
 use crate::poll::PollPolicy;
 use crate::queue::Dispatcher;
 use crate::recovery::OwnerTag;
-use crate::target::Target;
+use pmcache_block::BlockConn;
 
 /// The ublk driver's control device.
 pub const CONTROL_PATH: &str = "/dev/ublk-control";
@@ -461,7 +462,7 @@ impl Device {
     /// and `/dev/ublkbN` exists.
     pub fn run<T, S>(self, targets: Vec<T>, started: S) -> Result<(), DeviceError>
     where
-        T: Target + Send + 'static,
+        T: BlockConn + Send + 'static,
         S: FnOnce(&Started) + Send + Sync + 'static,
     {
         if targets.len() != usize::from(self.config.queues) {
@@ -539,7 +540,7 @@ impl Device {
 /// wait, which sleeps until requests come or, while `policy` polls, returns at once.
 ///
 /// libublk pins the thread to the CPUs of its queue in the driver's map (`set_thread_affinity`).
-fn serve_queue<T: Target>(
+fn serve_queue<T: BlockConn>(
     queue_id: u16,
     dev: &UblkDev,
     mut target: T,

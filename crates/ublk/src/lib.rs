@@ -1,11 +1,11 @@
 //! ublk frontend for pmcache: the cache as a kernel block device (`/dev/ublkbN`) served from
-//! userspace through the kernel's ublk driver (Linux 6.0 and later, module `ublk_drv`).
+//! userspace through the kernel's ublk driver (Linux 6.0 and later, module `ublk_drv`). Each
+//! queue serves a `pmcache_block::BlockConn` of its own (the cache gives each its own engine
+//! lane); a `pmcache_block::BlockError`'s errno completes a failed request.
 //!
 //! - [`mapping`]: the pure request mapping — a ublk I/O descriptor decoded into a
 //!   [`Request`], validated against the device's [`Geometry`], and an outcome turned into the
 //!   completion result (bytes done or a negative errno). No kernel needed; unit-tested.
-//! - [`target`]: the [`Target`] trait a queue serves (one per queue: the cache gives each its
-//!   own engine lane), with batch hooks, and [`TargetError`] (an errno).
 //! - [`queue`]: the [`Dispatcher`] of one queue — the requests it received together served
 //!   as batches (reads together, writes together: group commit), one completion per tag.
 //!   Pure as well: `pmcache bench ublk-mapping` measures it without a kernel.
@@ -35,7 +35,6 @@ pub mod poll;
 pub mod queue;
 #[cfg(feature = "device")]
 pub mod recovery;
-pub mod target;
 
 /// The per-tag I/O buffer the device uses (libublk's, 4096-byte aligned).
 #[cfg(feature = "device")]
@@ -50,4 +49,3 @@ pub use poll::PollPolicy;
 pub use queue::Dispatcher;
 #[cfg(feature = "device")]
 pub use recovery::{DeviceInfo, DeviceState, OwnerTag};
-pub use target::{BatchRead, BatchWrite, IoStarted, Target, TargetError};

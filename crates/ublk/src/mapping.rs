@@ -7,7 +7,7 @@
 //! `include/uapi/linux/ublk_cmd.h`; `crate::device` asserts at compile time that they match
 //! libublk's bindings of it.
 
-use crate::target::TargetError;
+use pmcache_block::BlockError;
 
 /// Bytes per sector: `start_sector` and `nr_sectors` always count 512-byte sectors, whatever
 /// the device's logical block size.
@@ -257,7 +257,7 @@ pub fn error_result(errno: i32) -> i32 {
 }
 
 /// The completion result of `request` given the target's outcome.
-pub fn completion_result(request: &Request, outcome: &Result<(), TargetError>) -> i32 {
+pub fn completion_result(request: &Request, outcome: &Result<(), BlockError>) -> i32 {
     match outcome {
         Ok(()) => request.done_result(),
         Err(e) => error_result(e.errno()),

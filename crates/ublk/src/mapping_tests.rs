@@ -155,7 +155,7 @@ fn outcomes_become_completion_results() {
     let write = Request::Write { offset_bytes: 0, len_bytes: 4096, fua: true };
     assert_eq!(completion_result(&read, &Ok(())), 8192);
     assert_eq!(completion_result(&write, &Ok(())), 4096);
-    let failed = |errno| completion_result(&write, &Err(TargetError::new(errno, "x")));
+    let failed = |errno| completion_result(&write, &Err(BlockError::new(errno, "x")));
     assert_eq!(failed(libc::EIO), -libc::EIO);
     for errno in [libc::ENOSPC, libc::EDQUOT, libc::EFBIG] {
         assert_eq!(failed(errno), -libc::ENOSPC);

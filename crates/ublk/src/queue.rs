@@ -1,6 +1,6 @@
 //! One queue's dispatch: the descriptors a queue received together (one wait on its ring),
-//! decoded, handed to its [`Target`] — the reads as one [`Target::read_batch`], the writes as
-//! one [`Target::write_batch`] (group commit; a lone read or write goes to the single call),
+//! decoded, handed to its [`BlockConn`] — the reads as one [`BlockConn::read_batch`], the writes as
+//! one [`BlockConn::write_batch`] (group commit; a lone read or write goes to the single call),
 //! the rest one by one in arrival order — and turned into completion results, one per tag.
 //! A read or write the target leaves in flight (a cache miss, a write-through to a slow
 //! store) completes its tag later ([`Dispatcher::complete_pending`]), without holding back
@@ -18,7 +18,7 @@ use std::ops::DerefMut;
 use smallvec::SmallVec;
 
 use crate::mapping::{Geometry, IoDesc, Request, completion_result, decode};
-use crate::target::{BatchRead, BatchWrite, IoStarted, Target, TargetError};
+use pmcache_block::{BatchRead, BatchWrite, BlockConn, BlockError, Started};
 
 /// Requests of one kind in a batch held without allocating.
 const INLINE_BATCH: usize = 16;
@@ -34,7 +34,7 @@ pub struct Dispatcher {
     /// Completion results ready to be committed: (tag, bytes done or negative errno).
     completions: Vec<(u16, i32)>,
     /// How each request of a batch call started.
-    started: Vec<IoStarted>,
+    started: Vec<Started>,
     /// The reads and writes in flight by ticket.
     in_flight: Vec<Option<(u16, Request)>>,
     /// How many of `in_flight` are taken.
@@ -61,7 +61,7 @@ impl Dispatcher {
     /// [`Dispatcher::completions`].
     pub fn complete_pending<T, B>(&mut self, target: &mut T, bufs: &mut [B], min: usize)
     where
-        T: Target + ?Sized,
+        T: BlockConn + ?Sized,
         B: DerefMut<Target = [u8]>,
     {
         let (in_flight, completions) = (&mut self.in_flight, &mut self.completions);
@@ -114,7 +114,7 @@ impl Dispatcher {
     /// data goes there, write data comes from there), at least a maximum request long.
     pub fn dispatch<T, B>(&mut self, target: &mut T, bufs: &mut [B])
     where
-        T: Target + ?Sized,
+        T: BlockConn + ?Sized,
         B: DerefMut<Target = [u8]>,
     {
         if self.received.is_empty() {
@@ -132,9 +132,9 @@ impl Dispatcher {
                     }
                     target.flush()
                 }
-                Request::Discard { offset_bytes, len_bytes, fua } => target
-                    .discard(offset_bytes, len_bytes)
-                    .and_then(|()| if fua { target.flush() } else { Ok(()) }),
+                Request::Discard { offset_bytes, len_bytes, fua } => {
+                    target.trim(offset_bytes, len_bytes, fua)
+                }
                 Request::WriteZeroes { offset_bytes, len_bytes, fua, may_unmap } => {
                     target.write_zeroes(offset_bytes, len_bytes, fua, may_unmap)
                 }
@@ -152,7 +152,7 @@ impl Dispatcher {
 
     fn dispatch_writes<T, B>(&mut self, target: &mut T, bufs: &[B])
     where
-        T: Target + ?Sized,
+        T: BlockConn + ?Sized,
         B: DerefMut<Target = [u8]>,
     {
         let mut writes: SmallVec<[BatchWrite<'_>; INLINE_BATCH]> = SmallVec::new();
@@ -174,10 +174,8 @@ impl Dispatcher {
         let writes: SmallVec<[(u16, Request); INLINE_BATCH]> = writes.copied().collect();
         for ((tag, request), s) in writes.into_iter().zip(started.drain(..)) {
             match s {
-                IoStarted::Done(outcome) => {
-                    self.completions.push(complete(tag, &request, &outcome))
-                }
-                IoStarted::Pending(ticket) => await_ticket(
+                Started::Done(outcome) => self.completions.push(complete(tag, &request, &outcome)),
+                Started::Pending(ticket) => await_ticket(
                     &mut self.in_flight,
                     &mut self.in_flight_count,
                     ticket,
@@ -190,7 +188,7 @@ impl Dispatcher {
 
     fn dispatch_reads<T, B>(&mut self, target: &mut T, bufs: &mut [B])
     where
-        T: Target + ?Sized,
+        T: BlockConn + ?Sized,
         B: DerefMut<Target = [u8]>,
     {
         self.reads.clear();
@@ -220,10 +218,10 @@ impl Dispatcher {
         for (&(tag, offset_bytes, len_bytes), s) in self.reads.iter().zip(self.started.drain(..)) {
             let request = Request::Read { offset_bytes, len_bytes };
             match s {
-                IoStarted::Done(outcome) => {
+                Started::Done(outcome) => {
                     self.completions.push(complete(tag, &request, &outcome));
                 }
-                IoStarted::Pending(ticket) => await_ticket(
+                Started::Pending(ticket) => await_ticket(
                     &mut self.in_flight,
                     &mut self.in_flight_count,
                     ticket,
@@ -249,7 +247,7 @@ fn await_ticket(
     *count += 1;
 }
 
-fn complete(tag: u16, request: &Request, outcome: &Result<(), TargetError>) -> (u16, i32) {
+fn complete(tag: u16, request: &Request, outcome: &Result<(), BlockError>) -> (u16, i32) {
     if let Err(e) = outcome {
         tracing::debug!(tag, ?request, "ublk request failed: {e}");
     }

@@ -5,7 +5,7 @@ use crate::mapping::{
     UBLK_IO_F_FUA, UBLK_IO_F_NOUNMAP, UBLK_IO_OP_DISCARD, UBLK_IO_OP_FLUSH, UBLK_IO_OP_READ,
     UBLK_IO_OP_WRITE, UBLK_IO_OP_WRITE_ZEROES,
 };
-use crate::target::IoStarted;
+use pmcache_block::{BatchRead, BatchWrite, BlockConn, BlockError, Started};
 
 const BLOCK: usize = 4096;
 const GEOMETRY: Geometry =
@@ -23,7 +23,7 @@ impl Ram {
         Self { bytes: vec![0; GEOMETRY.size_bytes as usize], calls: Vec::new() }
     }
 
-    fn store(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), TargetError> {
+    fn store(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
         Self::check(offset, data.len() as u64)?;
         self.bytes[offset as usize..offset as usize + data.len()].copy_from_slice(data);
         if fua {
@@ -32,34 +32,34 @@ impl Ram {
         Ok(())
     }
 
-    fn load(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), TargetError> {
+    fn load(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
         Self::check(offset, buf.len() as u64)?;
         buf.copy_from_slice(&self.bytes[offset as usize..offset as usize + buf.len()]);
         Ok(())
     }
 
-    fn check(offset: u64, len: u64) -> Result<(), TargetError> {
+    fn check(offset: u64, len: u64) -> Result<(), BlockError> {
         let bad = 13 * BLOCK as u64;
         if offset <= bad && bad < offset + len {
-            return Err(TargetError::new(libc::ENOSPC, "block 13"));
+            return Err(BlockError::new(libc::ENOSPC, "block 13"));
         }
         Ok(())
     }
 }
 
-impl Target for Ram {
-    fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), TargetError> {
+impl BlockConn for Ram {
+    fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
         self.calls.push(format!("read {offset}"));
         self.load(offset, buf)
     }
-    fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), TargetError> {
+    fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
         self.calls.push(format!("write {offset}"));
         self.store(offset, data, fua)
     }
     fn write_batch(
         &mut self,
         writes: &[BatchWrite<'_>],
-        outcomes: &mut Vec<Result<(), TargetError>>,
+        outcomes: &mut Vec<Result<(), BlockError>>,
     ) {
         self.calls.push(format!("write_batch {}", writes.len()));
         for w in writes {
@@ -69,20 +69,20 @@ impl Target for Ram {
     fn read_batch(
         &mut self,
         reads: &mut [BatchRead<'_>],
-        outcomes: &mut Vec<Result<(), TargetError>>,
+        outcomes: &mut Vec<Result<(), BlockError>>,
     ) {
         self.calls.push(format!("read_batch {}", reads.len()));
         for r in reads {
             outcomes.push(self.load(r.offset_bytes, r.buf));
         }
     }
-    fn flush(&mut self) -> Result<(), TargetError> {
+    fn flush(&mut self) -> Result<(), BlockError> {
         self.calls.push("flush".into());
         Ok(())
     }
-    fn discard(&mut self, offset: u64, len: u64) -> Result<(), TargetError> {
+    fn trim(&mut self, offset: u64, len: u64, fua: bool) -> Result<(), BlockError> {
         Self::check(offset, len)?;
-        self.calls.push(format!("discard {offset} {len}"));
+        self.calls.push(format!("trim {offset} {len} fua={fua}"));
         Ok(())
     }
     fn write_zeroes(
@@ -91,7 +91,7 @@ impl Target for Ram {
         len: u64,
         fua: bool,
         may_unmap: bool,
-    ) -> Result<(), TargetError> {
+    ) -> Result<(), BlockError> {
         Self::check(offset, len)?;
         self.bytes[offset as usize..(offset + len) as usize].fill(0);
         self.calls.push(format!("zeroes {offset} {len} fua={fua} unmap={may_unmap}"));
@@ -137,7 +137,7 @@ fn a_batch_goes_to_the_batch_calls_with_one_result_per_tag() {
 }
 
 /// Flushes, discards and write-zeroes follow the batch's writes and reads, in arrival order;
-/// a discard with FUA is followed by a flush; NOUNMAP reaches write_zeroes.
+/// a discard's FUA reaches trim; NOUNMAP reaches write_zeroes.
 #[test]
 fn other_requests_follow_in_arrival_order() {
     let mut ram = Ram::new();
@@ -153,8 +153,7 @@ fn other_requests_follow_in_arrival_order() {
         [
             "write 81920",
             "flush",
-            "discard 8192 16384",
-            "flush",
+            "trim 8192 16384 fua=true",
             "zeroes 32768 4096 fua=false unmap=false"
         ]
     );
@@ -186,7 +185,7 @@ fn refused_and_failed_requests_fail_alone() {
         sorted(d.completions().collect()),
         [(3, -libc::ENOSPC), (4, 4096), (5, -libc::ENOSPC), (6, 4096), (7, -libc::ENOSPC)]
     );
-    assert!(ram.calls.iter().all(|c| !c.starts_with("discard")), "{:?}", ram.calls);
+    assert!(ram.calls.iter().all(|c| !c.starts_with("trim")), "{:?}", ram.calls);
 }
 
 /// A dispatch with nothing received calls nothing.
@@ -203,22 +202,22 @@ fn an_empty_batch_calls_nothing() {
 #[test]
 fn the_default_batch_calls_go_one_by_one() {
     struct Plain(Ram);
-    impl Target for Plain {
-        fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), TargetError> {
+    impl BlockConn for Plain {
+        fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
             self.0.calls.push(format!("read {offset}"));
             self.0.load(offset, buf)
         }
-        fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), TargetError> {
+        fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
             self.0.calls.push(format!("write {offset}"));
             self.0.store(offset, data, fua)
         }
-        fn flush(&mut self) -> Result<(), TargetError> {
+        fn flush(&mut self) -> Result<(), BlockError> {
             self.0.flush()
         }
-        fn discard(&mut self, offset: u64, len: u64) -> Result<(), TargetError> {
-            self.0.discard(offset, len)
+        fn trim(&mut self, offset: u64, len: u64, fua: bool) -> Result<(), BlockError> {
+            self.0.trim(offset, len, fua)
         }
-        fn write_zeroes(&mut self, o: u64, l: u64, f: bool, u: bool) -> Result<(), TargetError> {
+        fn write_zeroes(&mut self, o: u64, l: u64, f: bool, u: bool) -> Result<(), BlockError> {
             self.0.write_zeroes(o, l, f, u)
         }
     }
@@ -245,42 +244,42 @@ struct Slow {
     released: bool,
 }
 
-impl Target for Slow {
-    fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), TargetError> {
+impl BlockConn for Slow {
+    fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
         self.ram.load(offset, buf)
     }
-    fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), TargetError> {
+    fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), BlockError> {
         self.ram.store(offset, data, fua)
     }
-    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<IoStarted>) {
+    fn read_batch_start(&mut self, reads: &mut [BatchRead<'_>], started: &mut Vec<Started>) {
         for r in reads {
             let outcome = self.ram.load(r.offset_bytes, r.buf);
             if r.offset_bytes / BLOCK as u64 == self.slow_block {
                 let ticket = self.in_flight.len() + 10;
                 self.in_flight.push((ticket, r.buf.to_vec()));
-                started.push(IoStarted::Pending(ticket));
+                started.push(Started::Pending(ticket));
             } else {
-                started.push(IoStarted::Done(outcome));
+                started.push(Started::Done(outcome));
             }
         }
     }
     /// Writes of the slow block stay in flight too (a write-through to a slow store).
-    fn write_batch_start(&mut self, writes: &[BatchWrite<'_>], started: &mut Vec<IoStarted>) {
+    fn write_batch_start(&mut self, writes: &[BatchWrite<'_>], started: &mut Vec<Started>) {
         for w in writes {
             let outcome = self.ram.store(w.offset_bytes, w.data, w.fua);
             if w.offset_bytes / BLOCK as u64 == self.slow_block {
                 let ticket = self.in_flight.len() + 10;
                 self.in_flight.push((ticket, Vec::new()));
-                started.push(IoStarted::Pending(ticket));
+                started.push(Started::Pending(ticket));
             } else {
-                started.push(IoStarted::Done(outcome));
+                started.push(Started::Done(outcome));
             }
         }
     }
     fn pending(&self) -> usize {
         self.in_flight.len()
     }
-    fn complete(&mut self, _min: usize, done: &mut crate::target::Completed<'_>) -> usize {
+    fn complete(&mut self, _min: usize, done: &mut pmcache_block::Completed<'_>) -> usize {
         if !self.released {
             return 0;
         }
@@ -290,13 +289,13 @@ impl Target for Slow {
         }
         n
     }
-    fn flush(&mut self) -> Result<(), TargetError> {
+    fn flush(&mut self) -> Result<(), BlockError> {
         self.ram.flush()
     }
-    fn discard(&mut self, offset: u64, len: u64) -> Result<(), TargetError> {
-        self.ram.discard(offset, len)
+    fn trim(&mut self, offset: u64, len: u64, fua: bool) -> Result<(), BlockError> {
+        self.ram.trim(offset, len, fua)
     }
-    fn write_zeroes(&mut self, o: u64, l: u64, f: bool, u: bool) -> Result<(), TargetError> {
+    fn write_zeroes(&mut self, o: u64, l: u64, f: bool, u: bool) -> Result<(), BlockError> {
         self.ram.write_zeroes(o, l, f, u)
     }
 }

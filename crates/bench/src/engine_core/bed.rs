@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hdrhistogram::Histogram;
 use pmcache_backing::PsyncFile;
 use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MonotonicClock,
-    READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest,
+    AdmissionConfig, Config, Engine, MonotonicClock, READ_DATA_PREFETCH_AHEAD, ReadRequest,
+    WriteRequest,
 };
 use pmcache_media::{DramTable, Medium, MediumSet, PmemFile, Window};
 use rand::rngs::SmallRng;
@@ -95,14 +95,11 @@ pub(super) fn bed(
         PmemFile::open(&tmp.path().join("medium"), Some(cache_bytes)).map_err(|e| e.to_string())?,
     );
     let config = Config {
-        mode: CacheMode::WriteBack,
         block_size: BLOCK as u32,
         max_lanes: lanes,
         admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
-        index_buckets: None,
-        placement: Default::default(),
         data_crc,
+        ..Config::default()
     };
     let slots = pmcache_engine::format::Geometry::plan(cache_bytes, BLOCK as u32, data_crc)
         .map_err(|e| e.to_string())?

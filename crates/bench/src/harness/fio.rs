@@ -300,7 +300,7 @@ impl FioRun {
     pub(crate) fn interrupt(&mut self) {
         if let Some(child) = &self.child {
             self.interrupted = true;
-            send_signal(child.id(), libc::SIGINT);
+            send_signal(child.id(), rustix::process::Signal::INT);
         }
     }
 

@@ -5,27 +5,22 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+use rustix::process::{Pid, Signal};
 
-extern "C" fn note_interrupt(_signal: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
+/// Set by SIGINT or SIGTERM once [`catch_interrupts`] ran.
+static INTERRUPTED: LazyLock<Arc<AtomicBool>> = LazyLock::new(Arc::default);
 
 /// From now on SIGINT and SIGTERM end the experiment at its next step through its error path,
 /// which stops the servers and fio and removes the files, instead of ending the process at
 /// once. (A terminal's Ctrl-C reaches the servers and fio too: they stop by themselves.)
 pub(crate) fn catch_interrupts() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe; the action
-    // is zeroed (a valid empty mask and no flags) before its fields are set.
-    unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = note_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        action.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut action.sa_mask);
-        libc::sigaction(libc::SIGINT, &action, std::ptr::null_mut());
-        libc::sigaction(libc::SIGTERM, &action, std::ptr::null_mut());
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // Registering fails only for signals that cannot be caught (SIGKILL, SIGSTOP).
+        let registered = signal_hook::flag::register(signal, Arc::clone(&INTERRUPTED));
+        assert!(registered.is_ok(), "SIGINT and SIGTERM can be caught: {registered:?}");
     }
 }
 
@@ -39,25 +34,22 @@ pub(crate) fn check_interrupted() -> Result<(), String> {
     if was_interrupted() { Err("interrupted".into()) } else { Ok(()) }
 }
 
-/// Sends `signal` to `pid`.
-pub(crate) fn send_signal(pid: u32, signal: libc::c_int) {
-    // SAFETY: kill(2) has no memory effects in this process; a stale pid only yields ESRCH.
-    unsafe {
-        libc::kill(pid as libc::pid_t, signal);
+/// Sends `signal` to `pid` (a child that already ended is not an error).
+pub(crate) fn send_signal(pid: u32, signal: Signal) {
+    if let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
+        let _gone = rustix::process::kill_process(pid, signal);
     }
 }
 
 /// Makes a spawned child receive SIGTERM when the thread that spawned it ends (the bench
 /// killed, or panicking through a path that skips the server's guard).
 pub(super) fn terminate_with_parent(command: &mut Command) {
-    // SAFETY: the closure runs between fork and exec and calls only prctl(2), which is
-    // async-signal-safe, and allocates nothing.
+    // SAFETY: the closure runs between fork and exec and makes one prctl(2) system call,
+    // which is async-signal-safe, and allocates nothing (an error is an errno).
     unsafe {
         command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
+            rustix::process::set_parent_process_death_signal(Some(Signal::TERM))
+                .map_err(std::io::Error::from)
         });
     }
 }

@@ -148,18 +148,12 @@ pub(crate) fn write_random(path: &Path, bytes: u64) -> std::io::Result<()> {
 /// Syncs the backing file and drops it from the page cache, so that a measurement starts
 /// with nothing of it cached and no dirty pages of the previous one left to write.
 pub(crate) fn settle(path: &Path) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     file.sync_all().map_err(|e| format!("syncing {}: {e}", path.display()))?;
-    // SAFETY: posix_fadvise only reads its arguments; the descriptor is open for the call.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        let e = std::io::Error::from_raw_os_error(rc);
-        return Err(format!("dropping {} from the page cache: {e}", path.display()));
-    }
-    Ok(())
+    rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed)
+        .map_err(|e| format!("dropping {} from the page cache: {e}", path.display()))
 }

@@ -238,11 +238,11 @@ impl Server {
     fn shutdown(&mut self, grace: Duration) -> Result<(), String> {
         let Some(mut child) = self.child.take() else { return Ok(()) };
         if let Ok(None) = child.try_wait() {
-            send_signal(child.id(), libc::SIGTERM);
+            send_signal(child.id(), rustix::process::Signal::TERM);
             if grace.is_zero() {
                 std::thread::sleep(Duration::from_millis(100));
                 if let Ok(None) = child.try_wait() {
-                    send_signal(child.id(), libc::SIGTERM);
+                    send_signal(child.id(), rustix::process::Signal::TERM);
                 }
             }
         }
@@ -252,7 +252,7 @@ impl Server {
         if status.is_none() && was_interrupted() {
             // Interrupted while pmcache writes its cache back: a second SIGTERM stops it at
             // once (nothing acknowledged is lost; the data does not matter here).
-            send_signal(child.id(), libc::SIGTERM);
+            send_signal(child.id(), rustix::process::Signal::TERM);
             status = wait_until(&mut child, Instant::now() + Duration::from_secs(10), false);
         }
         match status {

@@ -18,9 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pmcache_backing::{BackingStore, IoBuf, PsyncFile};
-use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, Lane, MonotonicClock,
-};
+use pmcache_engine::{AdmissionConfig, Config, Engine, Lane, MonotonicClock};
 use pmcache_media::{Medium, PmemFile};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -97,14 +95,9 @@ impl<B: BackingStore> Bed<B> {
             .map_err(|e| format!("{}: {e}", backing_path.display()))?;
         let backing = open(&backing_path)?;
         let config = Config {
-            mode: CacheMode::WriteBack,
             block_size: BLOCK_BYTES as u32,
-            max_lanes: 64,
             admission: AdmissionConfig::Always,
-            eviction: EvictionKind::Clock,
-            index_buckets: None,
-            placement: Default::default(),
-            data_crc: false,
+            ..Config::default()
         };
         let engine = Engine::format(medium.clone(), backing, MonotonicClock::default(), &config)
             .map_err(|e| e.to_string())?;

@@ -15,8 +15,7 @@ use std::path::{Path, PathBuf};
 
 use pmcache_backing::PsyncFile;
 use pmcache_engine::{
-    AdmissionConfig, CacheMode, Config, Engine, EvictionKind, MemberStats, MonotonicClock,
-    PlacementConfig, PlacementPolicy,
+    AdmissionConfig, Config, Engine, MemberStats, MonotonicClock, PlacementConfig, PlacementPolicy,
 };
 use pmcache_media::numa::{Topology, pin_to_cpu};
 use pmcache_media::{MediumSet, PmemFile};
@@ -142,14 +141,10 @@ fn engine(
         .map_err(|e| format!("{}: {e}", backing_path.display()))?;
     let backing = PsyncFile::open(&backing_path).map_err(|e| e.to_string())?;
     let config = Config {
-        mode: CacheMode::WriteBack,
         block_size: BLOCK as u32,
-        max_lanes: 64,
         admission: AdmissionConfig::Always,
-        eviction: EvictionKind::Clock,
-        index_buckets: None,
         placement: PlacementConfig { policy, ..Default::default() },
-        data_crc: false,
+        ..Config::default()
     };
     let engine =
         Engine::format(MediumSet::new(members), backing, MonotonicClock::default(), &config)

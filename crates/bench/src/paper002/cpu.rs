@@ -169,17 +169,9 @@ impl Drop for RunSampler {
 
 /// Confines the calling thread to one CPU.
 fn pin_current_thread(cpu: usize) -> Result<(), String> {
-    // SAFETY: cpu_set_t is plain data (all zeroes is the empty set); CPU_SET writes within
-    // it; sched_setaffinity(0, ...) reads the set and applies it to the calling thread only.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc != 0 {
-        return Err(format!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error()));
-    }
-    Ok(())
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set).map_err(|e| format!("pinning to CPU {cpu}: {e}"))
 }
 
 /// π from `terms` terms of the Leibniz series: a chain of dependent divisions and additions,

@@ -64,14 +64,10 @@ fn us(ns: f64) -> String {
     }
 }
 
+/// The median of the finite values (NaN when there is none).
 fn median(values: &[f64]) -> f64 {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len().is_multiple_of(2) { (v[mid - 1] + v[mid]) / 2.0 } else { v[mid] }
+    crate::harness::stats::median(values.iter().copied().filter(|x| x.is_finite()))
+        .unwrap_or(f64::NAN)
 }
 
 pub(super) fn summary(plan: &Plan, rows: &[ShapeRow], drains: &[DrainRun]) -> String {

@@ -25,6 +25,7 @@ mod medium;
 mod members;
 mod panic;
 mod qemu;
+mod quickstart;
 mod raw_socket;
 mod rbd;
 mod requests;

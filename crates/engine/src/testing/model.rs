@@ -761,9 +761,7 @@ pub fn config(mode: CacheMode, eviction: EvictionKind, admission: AdmissionConfi
         max_lanes: 2,
         admission,
         eviction,
-        index_buckets: None,
-        placement: Default::default(),
-        data_crc: false,
+        ..Config::default()
     }
 }
 

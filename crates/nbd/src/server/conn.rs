@@ -155,7 +155,7 @@ pub(super) fn handshake<'e, T: Transport, E: Export>(
     }
 }
 
-pub(super) fn transmission<T: Transport, C: ExportConn>(
+pub(super) fn transmission<T: Transport, C: BlockConn>(
     wire: &mut Wire<T>,
     session: &Session,
     conn: &mut C,
@@ -291,7 +291,7 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
                 match block_status(conn, offset_bytes, len_bytes, max, &mut extents) {
                     Ok(()) => {
                         wire.make_room(codec::STRUCTURED_HEADER_BYTES + 4 + 8 * extents.len())?;
-                        let pairs = extents.iter().map(|e| (e.len_bytes, e.flags()));
+                        let pairs = extents.iter().map(|e| (e.len_bytes, extent_flags(e)));
                         codec::encode_block_status(&mut wire.out, cookie, pairs);
                         continue;
                     }
@@ -319,13 +319,13 @@ pub(super) fn transmission<T: Transport, C: ExportConn>(
 /// Asks the export for the block status of a range and keeps its answer to the rules of the
 /// reply: at most `extents_max` extents, none empty, together within the range; an answer with
 /// none says the whole range is allocated data.
-pub(super) fn block_status<C: ExportConn>(
+pub(super) fn block_status<C: BlockConn>(
     conn: &mut C,
     offset_bytes: u64,
     len_bytes: u32,
     extents_max: usize,
     extents: &mut Vec<BlockExtent>,
-) -> Result<(), ExportError> {
+) -> Result<(), BlockError> {
     extents.clear();
     conn.block_status(offset_bytes, len_bytes, extents_max, extents)?;
     extents.retain(|e| e.len_bytes > 0);
@@ -357,7 +357,7 @@ pub(super) struct ErrorLog {
 }
 
 impl ErrorLog {
-    fn note(&mut self, command: u16, offset_bytes: u64, len_bytes: u32, error: &ExportError) {
+    fn note(&mut self, command: u16, offset_bytes: u64, len_bytes: u32, error: &BlockError) {
         let now = Instant::now();
         if self.logged_at.is_some_and(|at| now.duration_since(at) < Duration::from_secs(1)) {
             self.unlogged += 1;
@@ -381,7 +381,7 @@ pub(super) fn reply<T: Transport>(
     wire: &mut Wire<T>,
     cookie: u64,
     structured_read: bool,
-    result: Result<(), ExportError>,
+    result: Result<(), BlockError>,
 ) -> io::Result<()> {
     wire.make_room(STRUCTURED_READ_HEADER_BYTES + codec::ERROR_MESSAGE_BYTES_MAX)?;
     match result {
@@ -417,7 +417,7 @@ pub(super) struct WriteBatch<'a> {
 /// write the export left in flight is answered when it completes. Anything else — another
 /// command, an invalid or partial request — ends the batch and is left in the buffer for the
 /// ordinary path.
-pub(super) fn write_buffered_batch<T: Transport, C: ExportConn>(
+pub(super) fn write_buffered_batch<T: Transport, C: BlockConn>(
     wire: &mut Wire<T>,
     session: &Session,
     conn: &mut C,
@@ -522,7 +522,7 @@ impl InFlight {
 }
 
 /// Answers every request in flight, sending what is answered already before it waits.
-fn answer_in_flight<T: Transport, C: ExportConn>(
+fn answer_in_flight<T: Transport, C: BlockConn>(
     wire: &mut Wire<T>,
     conn: &mut C,
     in_flight: &mut InFlight,
@@ -539,7 +539,7 @@ fn answer_in_flight<T: Transport, C: ExportConn>(
 }
 
 /// Appends the replies of the requests in flight that completed, waiting for at least `min`.
-fn deliver_completed<T: Transport, C: ExportConn>(
+fn deliver_completed<T: Transport, C: BlockConn>(
     wire: &mut Wire<T>,
     conn: &mut C,
     in_flight: &mut InFlight,
@@ -579,7 +579,7 @@ fn deliver_completed<T: Transport, C: ExportConn>(
 /// completed, and while some are still in flight, sends what is answered and waits for
 /// whichever comes first, a completion or the client. An export without a completion
 /// descriptor (or a transport without one to poll) has its reads completed before the wait.
-fn wait_for_client<T: Transport, C: ExportConn>(
+fn wait_for_client<T: Transport, C: BlockConn>(
     wire: &mut Wire<T>,
     conn: &mut C,
     in_flight: &mut InFlight,
@@ -633,7 +633,7 @@ pub(super) struct ReadBatch<'a> {
 /// left in flight has its reply taken out, to be appended when it completes; the others keep
 /// theirs, in request order. Anything else — another command, an invalid or partial request —
 /// ends the batch and is left in the buffer for the ordinary path.
-pub(super) fn read_buffered_batch<T: Transport, C: ExportConn>(
+pub(super) fn read_buffered_batch<T: Transport, C: BlockConn>(
     wire: &mut Wire<T>,
     session: &Session,
     conn: &mut C,

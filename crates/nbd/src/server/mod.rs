@@ -1,13 +1,13 @@
 //! The NBD server: listener, connection threads, the per-connection protocol loop, shutdown.
 //!
-//! One thread per client connection, each with its own [`ExportConn`]. Requests on a
+//! One thread per client connection, each with its own [`BlockConn`]. Requests on a
 //! connection are pipelined: the thread decodes requests from a read buffer and executes
 //! them in order, appending replies to an output buffer that it writes out whenever no
 //! further complete request header is buffered (so a burst of pipelined requests costs one
 //! `read` and one `write` system call, and a lone request is answered at once). Requests of
 //! the same kind that are already buffered go to the export together: a WRITE with the
-//! writes whose payloads have arrived after it ([`ExportConn::write_batch`], at most 32), a
-//! READ with the reads whose headers have arrived after it ([`ExportConn::read_batch`], at
+//! writes whose payloads have arrived after it ([`BlockConn::write_batch`], at most 32), a
+//! READ with the reads whose headers have arrived after it ([`BlockConn::read_batch`], at
 //! most [`READ_BATCH_MAX`] and [`READ_BATCH_BYTES_MAX`] of data). All buffers are allocated
 //! when a connection enters transmission, sized from the configuration: a 256 KiB read
 //! buffer, a write-payload buffer and a reply buffer of the maximum request size (a read
@@ -16,7 +16,7 @@
 //!
 //! Shutdown ([`ShutdownHandle::shutdown`], callable from any thread) stops accepting, shuts
 //! down the read side of every connection (each finishes the request it is executing, writes
-//! its pending replies, flushes its `ExportConn`), and [`Server::run`] returns once all
+//! its pending replies, flushes its `BlockConn`), and [`Server::run`] returns once all
 //! connection threads have exited.
 
 use std::collections::HashMap;
@@ -36,10 +36,9 @@ use crate::codec::{
     OptionOutcome, ProtocolError, REQUEST_HEADER_BYTES, Request, STRING_BYTES_MAX,
     STRUCTURED_READ_HEADER_BYTES, Session,
 };
-use crate::export::{
-    BatchRead, BatchWrite, BlockExtent, BlockSizes, Export, ExportConn, ExportError, Started,
-};
+use crate::export::{BlockSizes, Export, extent_flags};
 use crate::tls::{ConnTls, MaybeTls, TlsConfig, TlsError};
+use pmcache_block::{BatchRead, BatchWrite, BlockConn, BlockError, BlockExtent, Started};
 
 mod conn;
 mod sock;
@@ -61,7 +60,7 @@ const READ_BUFFER_BYTES: usize = 256 * 1024;
 const OUT_FLUSH_BYTES: usize = 256 * 1024;
 /// Writes handed to the export together at most.
 const WRITE_BATCH_MAX: usize = 32;
-/// Reads handed to the export together ([`ExportConn::read_batch`]) at most: the cache
+/// Reads handed to the export together ([`BlockConn::read_batch`]) at most: the cache
 /// engine's pipelined read chunk.
 pub const READ_BATCH_MAX: usize = 32;
 /// Data bytes of the reads of one batch at most, when the maximum request size is larger
@@ -175,7 +174,7 @@ pub enum ConnError {
     Protocol(#[from] ProtocolError),
     /// The export could not open a connection.
     #[error("export: {0}")]
-    Export(#[from] ExportError),
+    Export(#[from] BlockError),
     /// TLS could not start.
     #[error("{0}")]
     Tls(#[from] TlsError),
@@ -756,7 +755,7 @@ mod tests {
 
     impl Export for Uneven {
         type Conn = crate::mem::MemConn;
-        fn open_conn(&self) -> Result<Self::Conn, ExportError> {
+        fn open_conn(&self) -> Result<Self::Conn, BlockError> {
             unreachable!("never served")
         }
         fn size_bytes(&self) -> u64 {
