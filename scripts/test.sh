@@ -8,12 +8,17 @@
 # are missing and this runs as root with apt-get; otherwise it stops at once with the command
 # that installs them.
 set -euo pipefail
+
+# Each section's heading carries the time since the start, so that a CI log shows where the
+# minutes go.
+section() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
+
 cd "$(dirname "$0")/.."
 
 missing=$(bash scripts/deps.sh missing)
 if [[ -n "$missing" ]]; then
   if ((EUID == 0)) && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing the system packages the tests use (missing: $missing)"
+    section "installing the system packages the tests use (missing: $missing)"
     bash scripts/deps.sh install
   else
     echo "test.sh: the tests need system packages that are missing: $missing" >&2
@@ -26,46 +31,47 @@ fi
 # the default build (without it) is linted and its own tests run too, so neither rots.
 all_features=(--features pmcache-cli/ublk)
 
+
 # Property tests draw from a fixed seed here so that CI is reproducible; run them with another
 # PROPTEST_RNG_SEED (or none: `cargo test`) to explore further. A failure prints its seed.
 export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261122}"
 
-echo "== cargo fmt --check"
+section "cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== cargo clippy (all targets, warnings are errors; with the ublk feature, then without)"
+section "cargo clippy (all targets, warnings are errors; with the ublk feature, then without)"
 cargo clippy --workspace --all-targets "${all_features[@]}" -- -D warnings
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p pmcache-engine --features shuttle --all-targets -- -D warnings
 
-echo "== cargo test (release optimisation: profile test-opt, release without LTO; every feature)"
+section "cargo test (release optimisation: profile test-opt, release without LTO; every feature)"
 cargo test --workspace --profile test-opt "${all_features[@]}"
 
-echo "== the default build (no ublk feature): its own tests of what --ublk says"
+section "the default build (no ublk feature): its own tests of what --ublk says"
 cargo test --profile test-opt -p pmcache-cli --test e2e ublk
 
-echo "== shuttle: reader / writer / evictor interleavings, admission counters"
+section "shuttle: reader / writer / evictor interleavings, admission counters"
 cargo test --profile test-opt -p pmcache-engine --features shuttle --lib --test shuttle
 
-echo "== io_uring IOPOLL conformance in a QEMU guest (NVMe with poll queues; this host has none)"
+section "io_uring IOPOLL conformance in a QEMU guest (NVMe with poll queues; this host has none)"
 scripts/guest/iopoll-conformance.sh
 
-echo "== the kernel's NBD client on pmcache serve in a QEMU guest: mkfs.ext4, mount, fio verify"
+section "the kernel's NBD client on pmcache serve in a QEMU guest: mkfs.ext4, mount, fio verify"
 scripts/guest/nbd-kernel-e2e.sh
 
-echo "== pmcache serve --ublk in a QEMU guest: mkfs.ext4, mount, fio verify, detach, fsck"
+section "pmcache serve --ublk in a QEMU guest: mkfs.ext4, mount, fio verify, detach, fsck"
 scripts/guest/ublk-e2e.sh
 
-echo "== serve --ublk in a QEMU guest: kill -9 under fio, take-over (--recover), re-attach"
+section "serve --ublk in a QEMU guest: kill -9 under fio, take-over (--recover), re-attach"
 scripts/guest/ublk-recovery-e2e.sh
 
-echo "== the dax medium on emulated NVDIMMs in a QEMU guest: fsdax, devdax, kill -9, power cut"
+section "the dax medium on emulated NVDIMMs in a QEMU guest: fsdax, devdax, kill -9, power cut"
 scripts/guest/dax-e2e.sh
 
-echo "== a cache of two members on a QEMU guest of two NUMA nodes: placement on and interleaved"
+section "a cache of two members on a QEMU guest of two NUMA nodes: placement on and interleaved"
 scripts/guest/numa-e2e.sh
 
-echo "== bench smoke runs"
+section "bench smoke runs"
 # The test build's binary (release optimisation without the whole-program link, every
 # feature): the smoke runs check the benches' harnesses, not their figures, and a fat-LTO
 # release build of its own would cost CI minutes.
@@ -90,10 +96,12 @@ pmcache=target/test-opt/pmcache
 "$pmcache" bench paper host --scale smallest --out target/papers-smoke
 "$pmcache" bench paper report --out target/papers-smoke
 
-echo "== fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"
+section "fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"
 if cargo +nightly fuzz --version >/dev/null 2>&1; then
   (cd fuzz && cargo +nightly fuzz run -O connection -- -seed=20261122 -max_total_time=20 \
     && cargo +nightly fuzz run -O codec -- -seed=20261122 -max_total_time=10)
 else
   echo "fuzz smoke skipped: no nightly toolchain with cargo-fuzz on this machine"
 fi
+
+section "done"

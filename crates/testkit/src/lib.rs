@@ -120,6 +120,28 @@ pub fn qemu_io(uri: &str, cmds: &[String], timeout: Duration) -> String {
     text
 }
 
+/// `qemu-img convert -f raw -O raw FROM TO` (`into_existing`: `-n`, TO is not created), each
+/// an NBD URI or a file; fails the test when qemu-img does.
+pub fn qemu_img_convert(from: &str, to: &str, into_existing: bool, timeout: Duration) {
+    require_tool("qemu-img", "qemu-utils");
+    let mut cmd = Command::new("qemu-img");
+    cmd.arg("convert");
+    if into_existing {
+        cmd.arg("-n");
+    }
+    cmd.args(["-f", "raw", "-O", "raw", from, to]);
+    run_ok(&mut cmd, timeout);
+}
+
+/// `len` pseudo-random bytes with 8–12 MiB zeroed (when `len` reaches that far): an image
+/// whose zero region exercises a client's zero detection (write zeroes, trim).
+pub fn image_with_zero_region(len: usize, seed: u64) -> Vec<u8> {
+    let mut data = pseudo_random(len, seed);
+    let zeroes = (8 << 20).min(len)..(12 << 20).min(len);
+    data[zeroes].fill(0);
+    data
+}
+
 /// Deterministic pseudo-random bytes.
 pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

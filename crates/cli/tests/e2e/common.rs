@@ -12,7 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pmcache_nbd::codec::*;
 
-pub use pmcache_testkit::{pseudo_random, read_file, require_tool, run, run_ok};
+pub use pmcache_testkit::{
+    image_with_zero_region, pseudo_random, qemu_img_convert, read_file, require_tool, run, run_ok,
+};
 
 /// Export name `pmcache serve` uses by default.
 pub const EXPORT: &str = "pmcache";

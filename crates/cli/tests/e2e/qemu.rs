@@ -123,30 +123,12 @@ fn qemu_img_convert_roundtrip() {
     std::fs::write(&setup.backing, vec![0xee; size_bytes as usize]).expect("dirty the backing");
     let server = setup.serve(Via::Tcp, &[]);
     let src = setup.disk.path().join("src.img");
-    let mut data = pseudo_random(size_bytes as usize, 42);
-    // A zero region exercises qemu-img's zero detection (write zeroes / trim).
-    data[(8 << 20)..(12 << 20)].fill(0);
+    let data = image_with_zero_region(size_bytes as usize, 42);
     std::fs::write(&src, &data).expect("write src");
     let src_s = src.to_str().expect("utf8 path");
-    run_ok(
-        Command::new("qemu-img").args([
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            src_s,
-            &server.uri,
-        ]),
-        TIMEOUT,
-    );
+    qemu_img_convert(src_s, &server.uri, true, TIMEOUT);
     let out = setup.disk.path().join("out.img");
-    let out_s = out.to_str().expect("utf8 path");
-    run_ok(
-        Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw", &server.uri, out_s]),
-        TIMEOUT,
-    );
+    qemu_img_convert(&server.uri, out.to_str().expect("utf8 path"), false, TIMEOUT);
     assert!(read_file(&out) == data, "qemu-img convert out differs from the source");
     run_ok(
         Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", src_s, &server.uri]),

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use pmcache_nbd::BlockSizes;
 
-use crate::common::{TestServer, Via, pseudo_random, read_file, require_tool, run_ok};
+use crate::common::{TestServer, Via, read_file, require_tool, run_ok};
+use pmcache_testkit::{image_with_zero_region, qemu_img_convert};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -82,37 +83,19 @@ fn qemu_img_convert_roundtrip() {
     let size_bytes: u64 = 24 << 20;
     let server = TestServer::start(size_bytes, BlockSizes::default(), Via::Tcp);
     let src = server.path("src.img");
-    let mut data = pseudo_random(size_bytes as usize, 42);
-    // A zero region exercises qemu-img's zero detection (write zeroes / trim).
-    data[(8 << 20)..(12 << 20)].fill(0);
+    let data = image_with_zero_region(size_bytes as usize, 42);
     std::fs::write(&src, &data).expect("write src");
     // Dirty the export first so zero detection must actually write zeroes.
     server.export.write_at(0, &vec![0xee; size_bytes as usize]).expect("dirty");
 
     let src_s = src.to_str().expect("utf8 path");
-    run_ok(
-        Command::new("qemu-img").args([
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            src_s,
-            &server.uri,
-        ]),
-        TIMEOUT,
-    );
+    qemu_img_convert(src_s, &server.uri, true, TIMEOUT);
     let mut actual = vec![0u8; size_bytes as usize];
     server.export.read_at(0, &mut actual).expect("read export");
     assert!(actual == data, "export differs from source after qemu-img convert in");
 
     let out = server.path("out.img");
-    let out_s = out.to_str().expect("utf8 path");
-    run_ok(
-        Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw", &server.uri, out_s]),
-        TIMEOUT,
-    );
+    qemu_img_convert(&server.uri, out.to_str().expect("utf8 path"), false, TIMEOUT);
     assert!(read_file(&out) == data, "qemu-img convert out differs from source");
     run_ok(
         Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", src_s, &server.uri]),
