@@ -72,6 +72,97 @@ pub struct Extent {
     pub hole: bool,
 }
 
+/// Inside an `impl BackingStore for` a wrapper: the named methods passed to the store in the
+/// wrapper's field (`inner`, or `0` for a tuple struct), unchanged, so that the wrapper writes
+/// out only the calls it changes. Any method of [`BackingStore`] can be named.
+///
+/// ```
+/// use pmcache_backing::{BackingStore, Result};
+///
+/// /// Counts the writes that reach the store it wraps.
+/// struct Counting<S> {
+///     inner: S,
+///     writes: std::sync::atomic::AtomicU64,
+/// }
+///
+/// impl<S: BackingStore> BackingStore for Counting<S> {
+///     pmcache_backing::forward_to!(inner: size_bytes, logical_block_size, identity, read_at,
+///         flush, discard, write_zeroes, engine_name, is_direct);
+///     fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
+///         self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+///         self.inner.write_at(data, offset)
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! forward_to {
+    ($field:tt : $($method:ident),+ $(,)?) => {
+        $( $crate::forward_to!(@one $field $method); )+
+    };
+    (@one $f:tt size_bytes) => {
+        fn size_bytes(&self) -> u64 { self.$f.size_bytes() }
+    };
+    (@one $f:tt logical_block_size) => {
+        fn logical_block_size(&self) -> u32 { self.$f.logical_block_size() }
+    };
+    (@one $f:tt identity) => {
+        fn identity(&self) -> $crate::BackingIdentity { self.$f.identity() }
+    };
+    (@one $f:tt read_at) => {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> $crate::Result<()> {
+            self.$f.read_at(buf, offset)
+        }
+    };
+    (@one $f:tt write_at) => {
+        fn write_at(&self, data: &[u8], offset: u64) -> $crate::Result<()> {
+            self.$f.write_at(data, offset)
+        }
+    };
+    (@one $f:tt flush) => {
+        fn flush(&self) -> $crate::Result<()> { self.$f.flush() }
+    };
+    (@one $f:tt discard) => {
+        fn discard(&self, offset: u64, len: u64) -> $crate::Result<()> {
+            self.$f.discard(offset, len)
+        }
+    };
+    (@one $f:tt write_zeroes) => {
+        fn write_zeroes(&self, offset: u64, len: u64) -> $crate::Result<()> {
+            self.$f.write_zeroes(offset, len)
+        }
+    };
+    (@one $f:tt engine_name) => {
+        fn engine_name(&self) -> &'static str { self.$f.engine_name() }
+    };
+    (@one $f:tt is_direct) => {
+        fn is_direct(&self) -> bool { self.$f.is_direct() }
+    };
+    (@one $f:tt extent_at) => {
+        fn extent_at(&self, offset: u64, len: u64) -> $crate::Result<$crate::Extent> {
+            self.$f.extent_at(offset, len)
+        }
+    };
+    (@one $f:tt failed_flush_loses_writes) => {
+        fn failed_flush_loses_writes(&self) -> bool { self.$f.failed_flush_loses_writes() }
+    };
+    (@one $f:tt release) => {
+        fn release(&self) -> $crate::Result<()> { self.$f.release() }
+    };
+    (@one $f:tt claim) => {
+        fn claim(&self, cache_uuid: [u8; 16], takeover: bool) -> $crate::Result<()> {
+            self.$f.claim(cache_uuid, takeover)
+        }
+    };
+    (@one $f:tt disclaim) => {
+        fn disclaim(&self) -> $crate::Result<()> { self.$f.disclaim() }
+    };
+    (@one $f:tt open_queue) => {
+        fn open_queue(&self, depth: usize) -> $crate::Result<Box<dyn $crate::IoQueue>> {
+            self.$f.open_queue(depth)
+        }
+    };
+}
+
 /// The block interface the cache engine drives. All methods may be called from many threads.
 pub trait BackingStore: Send + Sync {
     /// Size in bytes.

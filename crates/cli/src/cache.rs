@@ -169,50 +169,11 @@ pub(crate) fn open_cache_backing(args: &CacheArgs) -> Result<Backing, String> {
 struct MovedBacking(Backing);
 
 impl BackingStore for MovedBacking {
-    fn size_bytes(&self) -> u64 {
-        self.0.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.0.logical_block_size()
-    }
+    pmcache_backing::forward_to!(0: size_bytes, logical_block_size, read_at, write_at, flush,
+        discard, write_zeroes, extent_at, engine_name, is_direct, failed_flush_loses_writes,
+        release, claim, disclaim);
     fn identity(&self) -> pmcache_backing::BackingIdentity {
         pmcache_backing::BackingIdentity { instance: 0, ..self.0.identity() }
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
-        self.0.read_at(buf, offset)
-    }
-    fn write_at(&self, data: &[u8], offset: u64) -> pmcache_backing::Result<()> {
-        self.0.write_at(data, offset)
-    }
-    fn flush(&self) -> pmcache_backing::Result<()> {
-        self.0.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
-        self.0.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
-        self.0.write_zeroes(offset, len)
-    }
-    fn extent_at(&self, offset: u64, len: u64) -> pmcache_backing::Result<pmcache_backing::Extent> {
-        self.0.extent_at(offset, len)
-    }
-    fn engine_name(&self) -> &'static str {
-        self.0.engine_name()
-    }
-    fn is_direct(&self) -> bool {
-        self.0.is_direct()
-    }
-    fn failed_flush_loses_writes(&self) -> bool {
-        self.0.failed_flush_loses_writes()
-    }
-    fn release(&self) -> pmcache_backing::Result<()> {
-        self.0.release()
-    }
-    fn claim(&self, cache_uuid: [u8; 16], takeover: bool) -> pmcache_backing::Result<()> {
-        self.0.claim(cache_uuid, takeover)
-    }
-    fn disclaim(&self) -> pmcache_backing::Result<()> {
-        self.0.disclaim()
     }
     fn open_queue(
         &self,

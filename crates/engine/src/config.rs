@@ -213,8 +213,8 @@ mod tests {
 
     #[test]
     fn unknown_names_are_refused_with_the_choices() {
-        let err = "write-back".parse::<CacheMode>().unwrap_err();
-        assert!(err.contains("\"write-back\"") && err.contains("writeonly"), "{err}");
+        let err = "write-behind".parse::<CacheMode>().unwrap_err();
+        assert!(err.contains("\"write-behind\"") && err.contains("writeonly"), "{err}");
         let err = "lru".parse::<EvictionKind>().unwrap_err();
         assert!(err.contains("\"lru\"") && err.contains("clock or fifo"), "{err}");
     }

@@ -632,30 +632,8 @@ impl pmcache_backing::IoQueue for DeadQueue {
 }
 
 impl pmcache_backing::BackingStore for DeadQueueBacking {
-    fn size_bytes(&self) -> u64 {
-        self.0.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.0.logical_block_size()
-    }
-    fn identity(&self) -> pmcache_backing::BackingIdentity {
-        self.0.identity()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
-        self.0.read_at(buf, offset)
-    }
-    fn write_at(&self, data: &[u8], offset: u64) -> pmcache_backing::Result<()> {
-        self.0.write_at(data, offset)
-    }
-    fn flush(&self) -> pmcache_backing::Result<()> {
-        self.0.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
-        self.0.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
-        self.0.write_zeroes(offset, len)
-    }
+    pmcache_backing::forward_to!(0: size_bytes, logical_block_size, identity, read_at, write_at,
+        flush, discard, write_zeroes);
     fn open_queue(
         &self,
         depth: usize,

@@ -14,7 +14,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::OpMask;
-use crate::{BackingError, BackingIdentity, BackingStore, Result};
+use crate::{BackingError, BackingStore, Result};
 
 /// When a rule fires.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -171,15 +171,8 @@ fn injected_error(op: &'static str, offset: u64, len: u64, errno: i32) -> Backin
 }
 
 impl<S: BackingStore> BackingStore for FaultStore<S> {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn identity(&self) -> BackingIdentity {
-        self.inner.identity()
-    }
+    crate::forward_to!(inner: size_bytes, logical_block_size, identity, extent_at, engine_name,
+        is_direct, failed_flush_loses_writes, release, claim, disclaim);
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
         match self.decide(OpMask::READ, Some((offset, len))) {
@@ -223,26 +216,5 @@ impl<S: BackingStore> BackingStore for FaultStore<S> {
             }
             _ => self.inner.write_zeroes(offset, len),
         }
-    }
-    fn extent_at(&self, offset: u64, len: u64) -> Result<crate::Extent> {
-        self.inner.extent_at(offset, len)
-    }
-    fn engine_name(&self) -> &'static str {
-        self.inner.engine_name()
-    }
-    fn is_direct(&self) -> bool {
-        self.inner.is_direct()
-    }
-    fn failed_flush_loses_writes(&self) -> bool {
-        self.inner.failed_flush_loses_writes()
-    }
-    fn release(&self) -> Result<()> {
-        self.inner.release()
-    }
-    fn claim(&self, cache_uuid: [u8; 16], takeover: bool) -> Result<()> {
-        self.inner.claim(cache_uuid, takeover)
-    }
-    fn disclaim(&self) -> Result<()> {
-        self.inner.disclaim()
     }
 }

@@ -24,7 +24,7 @@ use rustix::time::{
 
 use super::{OpMask, wait_until};
 use crate::queue::{IoCompletion, IoOp, IoQueue, IoRequest};
-use crate::{BackingError, BackingIdentity, BackingStore, Result};
+use crate::{BackingError, BackingStore, Result};
 
 /// Where a request's latency comes from.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -170,15 +170,8 @@ impl<S: BackingStore + 'static> LatencyStore<S> {
 }
 
 impl<S: BackingStore + 'static> BackingStore for LatencyStore<S> {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn identity(&self) -> BackingIdentity {
-        self.inner.identity()
-    }
+    crate::forward_to!(inner: size_bytes, logical_block_size, identity, extent_at, engine_name,
+        is_direct, failed_flush_loses_writes, release, claim, disclaim);
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.timed(OpMask::READ, || self.inner.read_at(buf, offset))
     }
@@ -193,27 +186,6 @@ impl<S: BackingStore + 'static> BackingStore for LatencyStore<S> {
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.timed(OpMask::DISCARD, || self.inner.write_zeroes(offset, len))
-    }
-    fn extent_at(&self, offset: u64, len: u64) -> Result<crate::Extent> {
-        self.inner.extent_at(offset, len)
-    }
-    fn engine_name(&self) -> &'static str {
-        self.inner.engine_name()
-    }
-    fn is_direct(&self) -> bool {
-        self.inner.is_direct()
-    }
-    fn failed_flush_loses_writes(&self) -> bool {
-        self.inner.failed_flush_loses_writes()
-    }
-    fn release(&self) -> Result<()> {
-        self.inner.release()
-    }
-    fn claim(&self, cache_uuid: [u8; 16], takeover: bool) -> Result<()> {
-        self.inner.claim(cache_uuid, takeover)
-    }
-    fn disclaim(&self) -> Result<()> {
-        self.inner.disclaim()
     }
     fn open_queue(&self, depth: usize) -> Result<Box<dyn IoQueue>> {
         let timer = timerfd_create(

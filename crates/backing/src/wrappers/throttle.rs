@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::wait_until;
-use crate::{BackingIdentity, BackingStore, Result};
+use crate::{BackingStore, Result};
 
 /// A store limited to `iops` requests and `bytes_per_sec` bytes per second.
 #[derive(Debug)]
@@ -50,15 +50,9 @@ impl<S: BackingStore> ThrottleStore<S> {
 }
 
 impl<S: BackingStore> BackingStore for ThrottleStore<S> {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn identity(&self) -> BackingIdentity {
-        self.inner.identity()
-    }
+    crate::forward_to!(inner: size_bytes, logical_block_size, identity, flush, discard,
+        write_zeroes, extent_at, engine_name, is_direct, failed_flush_loses_writes, release, claim,
+        disclaim);
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.admit(buf.len());
         self.inner.read_at(buf, offset)
@@ -66,35 +60,5 @@ impl<S: BackingStore> BackingStore for ThrottleStore<S> {
     fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
         self.admit(data.len());
         self.inner.write_at(data, offset)
-    }
-    fn flush(&self) -> Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.write_zeroes(offset, len)
-    }
-    fn extent_at(&self, offset: u64, len: u64) -> Result<crate::Extent> {
-        self.inner.extent_at(offset, len)
-    }
-    fn engine_name(&self) -> &'static str {
-        self.inner.engine_name()
-    }
-    fn is_direct(&self) -> bool {
-        self.inner.is_direct()
-    }
-    fn failed_flush_loses_writes(&self) -> bool {
-        self.inner.failed_flush_loses_writes()
-    }
-    fn release(&self) -> Result<()> {
-        self.inner.release()
-    }
-    fn claim(&self, cache_uuid: [u8; 16], takeover: bool) -> Result<()> {
-        self.inner.claim(cache_uuid, takeover)
-    }
-    fn disclaim(&self) -> Result<()> {
-        self.inner.disclaim()
     }
 }

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
-use pmcache_backing::{BackingIdentity, BackingStore};
+use pmcache_backing::BackingStore;
 
 use super::{SIM_SECTOR_BYTES, SimBacking};
 
@@ -124,18 +124,7 @@ impl HookedBacking {
 }
 
 impl BackingStore for HookedBacking {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn identity(&self) -> BackingIdentity {
-        self.inner.identity()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
+    pmcache_backing::forward_to!(inner: size_bytes, logical_block_size, identity, read_at);
     fn write_at(&self, data: &[u8], offset: u64) -> pmcache_backing::Result<()> {
         HookedBacking::call(&self.before_write, offset);
         let mut held = self.held.lock().expect("poisoned");

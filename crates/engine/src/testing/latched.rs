@@ -13,7 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use pmcache_backing::{BackingIdentity, BackingStore, IoCompletion, IoQueue, IoRequest};
+use pmcache_backing::{BackingStore, IoCompletion, IoQueue, IoRequest};
 
 use super::SimBacking;
 use super::model::{World, config, pattern};
@@ -81,30 +81,8 @@ impl LatchedBacking {
 }
 
 impl BackingStore for LatchedBacking {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn identity(&self) -> BackingIdentity {
-        self.inner.identity()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, data: &[u8], offset: u64) -> pmcache_backing::Result<()> {
-        self.inner.write_at(data, offset)
-    }
-    fn flush(&self) -> pmcache_backing::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> pmcache_backing::Result<()> {
-        self.inner.write_zeroes(offset, len)
-    }
+    pmcache_backing::forward_to!(inner: size_bytes, logical_block_size, identity, read_at, write_at,
+        flush, discard, write_zeroes);
     fn engine_name(&self) -> &'static str {
         "latched"
     }
