@@ -42,6 +42,24 @@ on_exit() {
   trap 'for c in "${exit_commands[@]}"; do eval "$c"; done' EXIT
 }
 
+# paper_args NAME ARGS...: the arguments of a paper's guest script, `[--scale S] [--runs N]
+# --out DIR`, into scale (default small), runs and out; exits 2 with NAME's message on
+# anything else or without --out.
+paper_args() {
+  local name=$1
+  shift
+  scale=small runs= out=
+  while (($#)); do
+    case "$1" in
+      --scale) scale="$2"; shift 2 ;;
+      --runs) runs="$2"; shift 2 ;;
+      --out) out="$2"; shift 2 ;;
+      *) echo "$name: unknown argument '$1'" >&2; exit 2 ;;
+    esac
+  done
+  [[ -n "$out" ]] || { echo "$name: --out DIR is required" >&2; exit 2; }
+}
+
 # guest_script NAME: a new temporary file for the guest's script, removed at exit; sets
 # script to its path.
 guest_script() {

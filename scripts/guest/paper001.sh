@@ -10,18 +10,7 @@
 #
 # Builds `pmcache` (profile test-opt) and needs python3 on the host.
 source "$(dirname "$0")/lib.sh"
-scale=small
-runs=
-out=
-while (($#)); do
-  case "$1" in
-    --scale) scale="$2"; shift 2 ;;
-    --runs) runs="$2"; shift 2 ;;
-    --out) out="$2"; shift 2 ;;
-    *) echo "paper001: unknown argument '$1'" >&2; exit 2 ;;
-  esac
-done
-[[ -n "$out" ]] || { echo "paper001: --out DIR is required" >&2; exit 2; }
+paper_args paper001 "$@"
 need_tools python3:python3
 build_pmcache test-opt
 log=$(mktemp "${TMPDIR:-/tmp}/paper001.XXXXXX.log")

@@ -11,18 +11,7 @@
 # libraries are copied into the guest). The guest is emulated (TCG): only each engine's ratio
 # to fio's same engine, measured in the same run, means anything.
 source "$(dirname "$0")/lib.sh"
-scale=small
-runs=
-out=
-while (($#)); do
-  case "$1" in
-    --scale) scale="$2"; shift 2 ;;
-    --runs) runs="$2"; shift 2 ;;
-    --out) out="$2"; shift 2 ;;
-    *) echo "paper004: unknown argument '$1'" >&2; exit 2 ;;
-  esac
-done
-[[ -n "$out" ]] || { echo "paper004: --out DIR is required" >&2; exit 2; }
+paper_args paper004 "$@"
 need_tools fio:fio python3:python3
 build_pmcache test-opt
 log=$(mktemp "${TMPDIR:-/tmp}/paper004.XXXXXX.log")
