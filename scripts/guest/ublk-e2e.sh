@@ -12,7 +12,7 @@
 # restart without b's backing file refuses b by name and serves a. Then polling queue threads
 # (`serve --ublk --ublk-poll`): fio writes and verifies (crc32c) 16 MiB on the device itself
 # at queue depth 1 and 16, the startup line says polling is on, `stats` counts polls (and
-# none without --ublk-poll), SIGTERM stops it. Last, `pmcache ublk null --poll`: its device
+# none without --ublk-poll), SIGTERM stops it. Last, `pmcache ublk null --ublk-poll`: its device
 # reads zeroes, takes writes and is removed on SIGTERM.
 #
 #   scripts/guest/ublk-e2e.sh
@@ -199,21 +199,21 @@ echo "ublk-e2e: --ublk-poll: fio wrote and verified 16 MiB at QD1 and QD16 throu
   "cache, polls counted, SIGTERM wrote it all back (the backing file verifies)"
 # The null device (the frontend's ceiling in benchmarks), its queue polling: reads zeroes,
 # takes writes, and goes away on SIGTERM.
-\$PM ublk null --size 64M --poll > /tmp/serve-null.log 2>&1 &
+\$PM ublk null --size 64M --ublk-poll > /tmp/serve-null.log 2>&1 &
 NULL=\$!
 i=0; while ! grep -q "ublk device:" /tmp/serve-null.log; do
   i=\$((i+1)); [ \$i -lt 300 ] && kill -0 \$NULL 2>/dev/null || fail "ublk null did not start"; sleep 0.1
 done
 D=\$(sed -n 's/.*ublk device: \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/serve-null.log)
 grep -q "polling: on, 1000 µs after the last request" /tmp/serve-null.log \\
-  || fail "ublk null --poll does not say polling is on"
+  || fail "ublk null --ublk-poll does not say polling is on"
 [ "\$(cat /sys/block/\${D#/dev/}/size)" = 131072 ] || fail "the null device is not 64 MiB"
 dd if=/dev/urandom of=\$D bs=1M count=4 oflag=direct 2>/dev/null || fail "write to the null device"
 [ "\$(dd if=\$D bs=1M count=4 iflag=direct 2>/dev/null | tr -d '\\000' | wc -c)" = 0 ] \
   || fail "the null device read something other than zeroes"
 kill -TERM \$NULL; wait \$NULL || fail "ublk null exited with \$? on SIGTERM"
 [ ! -b \$D ] || fail "\$D is still there after SIGTERM"
-echo "ublk-e2e: ublk null --poll: zeroes read, writes taken, removed on SIGTERM"
+echo "ublk-e2e: ublk null --ublk-poll: zeroes read, writes taken, removed on SIGTERM"
 echo "ublk-e2e: OK"
 GUEST
 
