@@ -42,17 +42,22 @@ on_exit() {
   trap 'for c in "${exit_commands[@]}"; do eval "$c"; done' EXIT
 }
 
-# paper_args NAME ARGS...: the arguments of a paper's guest script, `[--scale S] [--runs N]
-# --out DIR`, into scale (default small), runs and out; exits 2 with NAME's message on
-# anything else or without --out.
+# paper_args NAME [--with-seconds] ARGS...: the arguments of a paper's guest script,
+# `[--scale S] [--runs N] --out DIR` (and `[--seconds S]` where the script takes it), into
+# scale (default small), runs, seconds and out; exits 2 with NAME's message on anything else
+# or without --out.
 paper_args() {
-  local name=$1
+  local name=$1 with_seconds=
   shift
-  scale=small runs= out=
+  if [[ "${1:-}" == --with-seconds ]]; then with_seconds=1; shift; fi
+  scale=small runs= seconds= out=
   while (($#)); do
     case "$1" in
       --scale) scale="$2"; shift 2 ;;
       --runs) runs="$2"; shift 2 ;;
+      --seconds)
+        [[ -n "$with_seconds" ]] || { echo "$name: unknown argument '$1'" >&2; exit 2; }
+        seconds="$2"; shift 2 ;;
       --out) out="$2"; shift 2 ;;
       *) echo "$name: unknown argument '$1'" >&2; exit 2 ;;
     esac

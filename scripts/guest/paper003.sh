@@ -24,20 +24,7 @@
 # Builds `pmcache` (profile test-opt, feature ublk) and installs ndctl, e2fsprogs and python3
 # on the host when missing (their binaries and libraries are copied into the guest).
 source "$(dirname "$0")/lib.sh"
-scale=small
-runs=
-seconds=
-out=
-while (($#)); do
-  case "$1" in
-    --scale) scale="$2"; shift 2 ;;
-    --runs) runs="$2"; shift 2 ;;
-    --seconds) seconds="$2"; shift 2 ;;
-    --out) out="$2"; shift 2 ;;
-    *) echo "paper003: unknown argument '$1'" >&2; exit 2 ;;
-  esac
-done
-[[ -n "$out" ]] || { echo "paper003: --out DIR is required" >&2; exit 2; }
+paper_args paper003 --with-seconds "$@"
 case "$scale" in
   smallest) bed_mib=256 mem_mib=1536 def_runs=1 def_seconds=2 timeout_s=2400 ;;
   small) bed_mib=640 mem_mib=2048 def_runs=3 def_seconds=10 timeout_s=10800 ;;

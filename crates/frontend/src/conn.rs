@@ -108,7 +108,7 @@ impl<'e> CacheConn<'e> {
 }
 
 /// The engine's error as the frontends report it: its errno and message.
-pub fn block_error(err: Error) -> BlockError {
+pub(crate) fn block_error(err: Error) -> BlockError {
     BlockError::new(err.errno(), err.to_string())
 }
 

@@ -22,7 +22,7 @@ pub mod conn;
 pub mod nbd;
 pub mod units;
 
-pub use conn::{CacheConn, READ_LATENCIES, ReadLatencies, block_error};
+pub use conn::{CacheConn, READ_LATENCIES, ReadLatencies};
 pub use nbd::CacheExport;
 
 /// The backing store as the frontends serve it: any engine, chosen at run time.
