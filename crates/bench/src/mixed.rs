@@ -1,7 +1,8 @@
 //! `pmcache bench mixed`: cache hits and misses on the same connections, in front of a slow
 //! backing store — what a hit costs while misses are in flight beside it.
 //!
-//! Each measurement starts `pmcache serve` on a fresh cache medium in `/dev/shm` in front of a
+//! Each measurement starts a pmcache server (what `pmcache serve` runs, in this process) on a
+//! fresh cache medium in `/dev/shm` in front of a
 //! backing file in `/dev/shm` with `--backing-latency` (every backing read and write takes at
 //! least that long; requests overlap without limit, like a network disk with a deep queue).
 //! The hot zone (the first `--hot` bytes) is read once at a high queue depth, so it is cached;
@@ -39,7 +40,7 @@ use crate::harness::machine::Machine;
 use crate::harness::output::write_json;
 use crate::harness::output::{opt, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
-use crate::harness::servers::{PmcacheServe, Server};
+use crate::harness::servers::{PmcacheServe, ServeOptions, Server};
 use crate::harness::stats::median;
 
 /// Bytes of one request.
@@ -252,9 +253,14 @@ fn measure(
     let medium = dir.join("cache");
     let (socket, control, log) =
         (dir.join("nbd.sock"), dir.join("ctl.sock"), dir.join("serve.log"));
-    let mut extra = vec!["--backing-latency".to_string(), args.latency.clone()];
     let mode = if hit_pct.is_none() { "passthrough" } else { args.mode.as_str() };
-    extra.extend(["--mode".to_string(), mode.to_string()]);
+    let options = ServeOptions {
+        mode: Some(mode.parse().map_err(|e| format!("--mode {mode}: {e}"))?),
+        backing_latency: Some(
+            LatencyDist::parse(&args.latency).map_err(|e| format!("--latency: {e}"))?,
+        ),
+        tls_certificates: None,
+    };
     let server = Server::start_pmcache(&PmcacheServe {
         medium: &medium,
         cache_bytes: args.cache_size,
@@ -265,7 +271,7 @@ fn measure(
         cleaner: &[],
         cpus: None,
         max_connections: conns + 2,
-        extra_args: &extra,
+        options,
     })?;
     if hit_pct.is_some() {
         // Every hot block once (fio's random map), many in flight: all cached.

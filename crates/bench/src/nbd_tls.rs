@@ -27,7 +27,7 @@ use crate::harness::output::write_json;
 use crate::harness::output::{opt, progress};
 use crate::harness::process::catch_interrupts;
 use crate::harness::scratch::Scratch;
-use crate::harness::servers::{PmcacheServe, Server};
+use crate::harness::servers::{PmcacheServe, ServeOptions, Server};
 use crate::harness::stats::median;
 
 /// Bytes of one read.
@@ -109,11 +109,11 @@ pub fn run_cli(args: &TlsArgs) -> Result<(), String> {
         .and_then(|f| f.set_len(span))
         .map_err(|e| format!("{}: {e}", scratch.backing.display()))?;
     let (server_pki, home) = credentials(scratch.dir())?;
-    let extra: Vec<String> = ["--mode", "writethrough", "--tls=on", "--tls-certificates"]
-        .into_iter()
-        .map(String::from)
-        .chain([server_pki.display().to_string()])
-        .collect();
+    let options = ServeOptions {
+        mode: Some(pmcache_engine::CacheMode::WriteThrough),
+        tls_certificates: Some(&server_pki),
+        ..ServeOptions::default()
+    };
     let (socket, control) = (scratch.path("pmcache.sock"), scratch.path("pmcache.ctl"));
     let server = Server::start_pmcache(&PmcacheServe {
         medium: &scratch.medium,
@@ -126,7 +126,7 @@ pub fn run_cli(args: &TlsArgs) -> Result<(), String> {
         cleaner: &[],
         cpus: None,
         max_connections: 16,
-        extra_args: &extra,
+        options,
     })?;
     let plain_uri = server.uri();
     let tls_uri = plain_uri.replacen("nbd+unix://", "nbds+unix://", 1);

@@ -1,9 +1,9 @@
-//! `pmcache bench memory`: the resident memory of `pmcache serve` with 16 connections idle
-//! and busy.
+//! `pmcache bench memory`: the resident memory of a pmcache server (as `pmcache serve` runs it,
+//! served in this process through `pmcache_serve`) with 16 connections idle and busy.
 //!
-//! The server's own memory is its anonymous resident set (`RssAnon`: heap, stacks,
-//! per-connection buffers); the cache medium it maps from /dev/shm is counted apart
-//! (`RssShmem`). Each run starts a fresh server and measures, in turn:
+//! The server's own memory is what the process's anonymous resident set (`RssAnon`: heap,
+//! stacks, per-connection buffers) grew by from just before the server started; the cache
+//! medium it maps from /dev/shm is counted apart (`RssShmem`, likewise). Each run starts a fresh server and measures, in turn:
 //! - no connection;
 //! - 16 connections that finished the handshake and send nothing;
 //! - 16 fio connections (fio's nbd engine) of 4 KiB random reads and writes, QD 16;
@@ -26,7 +26,7 @@ use crate::harness::output::progress;
 use crate::harness::output::write_json;
 use crate::harness::process::check_interrupted;
 use crate::harness::scratch::Scratch;
-use crate::harness::servers::{PmcacheServe, Server};
+use crate::harness::servers::{PmcacheServe, ServeOptions, Server};
 use crate::harness::stats::median;
 
 /// Connections of every measurement.
@@ -69,6 +69,15 @@ pub struct MemoryArgs {
 struct Rss {
     anon_kib: u64,
     shmem_kib: u64,
+}
+
+/// The resident memory of process `pid` above `base`.
+fn rss_over(pid: u32, base: &Rss) -> Result<Rss, String> {
+    let now = rss_of(pid)?;
+    Ok(Rss {
+        anon_kib: now.anon_kib.saturating_sub(base.anon_kib),
+        shmem_kib: now.shmem_kib.saturating_sub(base.shmem_kib),
+    })
 }
 
 fn rss_of(pid: u32) -> Result<Rss, String> {
@@ -175,16 +184,17 @@ fn measure_run(
         cleaner: &[],
         cpus: None,
         max_connections: CONNECTIONS,
-        extra_args: &[],
+        options: ServeOptions::default(),
     };
+    let base = rss_of(std::process::id())?;
     let server = Server::start_pmcache(&serve)?;
     let pid = server.pid();
     std::thread::sleep(Duration::from_millis(500));
-    let mut found = vec![rss_of(pid)?];
+    let mut found = vec![rss_over(pid, &base)?];
     let idle: Vec<UnixStream> =
         (0..CONNECTIONS).map(|_| idle_connection(&socket)).collect::<Result<_, _>>()?;
     std::thread::sleep(Duration::from_secs(1));
-    found.push(rss_of(pid)?);
+    found.push(rss_over(pid, &base)?);
     drop(idle);
     for (bs, qd) in [(4096, 16), (1 << 20, 4)] {
         check_interrupted()?;
@@ -205,7 +215,7 @@ fn measure_run(
         let mut peak = Rss::default();
         let started = Instant::now();
         while fio.running() {
-            let now = rss_of(pid)?;
+            let now = rss_over(pid, &base)?;
             if now.anon_kib > peak.anon_kib {
                 peak = now;
             }
@@ -267,7 +277,7 @@ pub fn run_cli(args: &MemoryArgs) -> Result<(), String> {
         return Ok(());
     }
     println!(
-        "pmcache serve's resident memory: {CONNECTIONS} connections, cache {} MiB in {}, \
+        "pmcache server's resident memory: {CONNECTIONS} connections, cache {} MiB in {}, \
          backing {} MiB, busy runs {seconds} s; median of {runs} run(s)",
         cache >> 20,
         args.shm_dir.display(),

@@ -239,7 +239,7 @@ pub fn run(args: &UblkMappingArgs) -> Result<UblkMappingResult, String> {
         max_io_bytes: MAX_IO_BYTES,
     };
     let mut bed = Bed {
-        target: CacheConn::new(engine.lane().map_err(|e| e.to_string())?),
+        target: CacheConn::new(engine.lane().map_err(|e| e.to_string())?, Default::default()),
         dispatcher: Dispatcher::new(geometry, BATCH as u16),
         bufs: buffers(MAX_IO_BYTES as usize, 0xa5),
         blocks: (0..args.request_count()).map(|_| rng.gen_range(0..span_blocks)).collect(),

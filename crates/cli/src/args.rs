@@ -5,12 +5,15 @@
 
 use pmcache_backing::wrappers::LatencyDist;
 use pmcache_frontend::units::{parse_nonzero_size, parse_size};
+use pmcache_serve::open::parse_admission;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use pmcache_media::MediumSync;
 
-use crate::cache::MEDIUM_SYNC_HELP;
+use pmcache_engine::{AdmissionConfig, CacheMode, EvictionKind, PlacementPolicy};
+use pmcache_serve::{CacheConfig, CacheSpec, StoreSpec};
+
 use crate::tls::TlsArgs;
 
 /// Default cache medium of `pmcache serve` with no arguments.
@@ -18,34 +21,28 @@ pub const DEFAULT_CACHE: &str = "/dev/shm/pmcache-default.pm";
 /// Default backing file of `pmcache serve` with no arguments.
 pub const DEFAULT_BACKING: &str = "./pmcache-data/backing.img";
 
-/// Options of `pmcache serve`. With none, it runs on the embedded default.
+/// `--medium-sync`'s long help (shared by the commands that open a medium).
+pub const MEDIUM_SYNC_HELP: &str = "How a cache medium that is neither DAX nor volatile is made \
+durable. `auto`: DAX (a MAP_SYNC mapping: a file on a DAX file system, or device-dax) is \
+persistent; a file on tmpfs, ramfs or hugetlbfs (/dev/shm) is volatile (survives a crash of \
+the process, not a reboot); anything else (a file on ext4, xfs, ..., a block device) is \
+refused, since its mapping lives in the page cache and would come back from a power cut as an \
+arbitrary subset of its pages. `msync`: accept such a medium and make every persist call \
+msync(MS_SYNC) on the pages it covers, so that each acknowledged write is on the device. The \
+cost: every cache write waits for two msyncs (its data block's page, then its metadata \
+entry's), each a page write and a device flush: some hundreds of writes per second on a disk against hundreds of thousands \
+on /dev/shm (`pmcache bench media-kinds` measures it here).";
+
+/// How a new cache medium is shaped, and how a medium is made durable: what `format`
+/// records and `serve` formats a new cache with.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ServeArgs {
-    /// The cache medium: a file on a DAX file system, a device-dax node, or a file in /dev/shm
-    /// (emulated PM); any other file only with --medium-sync msync (default: a 1 GiB file in
-    /// /dev/shm). Given several times, one medium per NUMA node as PATH@NODE, the cache is a
-    /// set of members and each write lands on its writer's node (docs/NUMA.md).
-    #[arg(long, value_name = "PATH[@NODE]")]
-    pub cache: Vec<crate::cache::CacheSpec>,
+pub struct MediumArgs {
     /// How a medium that is neither DAX nor volatile is made durable: `auto` refuses it,
     /// `msync` syncs its pages at every persist (slow: a device write per cache write).
     #[arg(long, default_value = "auto", value_name = "auto|msync", long_help = MEDIUM_SYNC_HELP)]
     pub medium_sync: MediumSync,
-    /// The backing store: a file, a block device, or a Ceph RBD image as
-    /// rbd:POOL[/NAMESPACE]/IMAGE[:id=USER][:conf=PATH][:KEY=VALUE]... (docs/RBD.md) (default:
-    /// a sparse 8 GiB file under ./pmcache-data, created if missing).
-    #[arg(long)]
-    pub backing: Option<PathBuf>,
-    /// A backing store of a cache shared by several, as NAME=PATH (repeatable, instead of
-    /// --backing): the medium is cut into one window per store at format, each a cache of
-    /// its own served as NBD export NAME (or its own /dev/ublkbN with --ublk), with its own
-    /// control socket (the cache path + ".NAME.ctl": `pmcache stats --store NAME`), recovery,
-    /// write-back, detach and state record. A store whose backing store cannot be opened is
-    /// refused by name and the others are served (docs/STORES.md).
-    #[arg(long = "store", value_name = "NAME=PATH", value_parser = parse_store, conflicts_with_all = ["backing", "export", "recover", "state_file"])]
-    pub stores: Vec<StoreSpec>,
-    /// Size of a new cache medium [default: 1G]. Given for an existing cache, it must be the
-    /// medium's size.
+    /// Size of a new cache medium, each member's (K, M, G, T suffixes; powers of 1024)
+    /// [default: 1G]. Given for an existing cache, it must be the media's size.
     #[arg(long, value_parser = parse_size)]
     pub cache_size: Option<u64>,
     /// Cache block size in bytes, for a new cache [default: 4096]. Given for an existing
@@ -59,26 +56,32 @@ pub struct ServeArgs {
     /// an existing cache keeps what it was formatted with.
     #[arg(long)]
     pub data_crc: bool,
+}
+
+/// How a served cache behaves: its mode and policies, and how its backing store is driven.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PolicyArgs {
     /// Cache mode: writeback, writethrough, writearound, passthrough, writeonly (also with a
     /// hyphen: write-back, ...).
     #[arg(long, default_value = "writeback")]
-    pub mode: pmcache_engine::CacheMode,
-    /// Backing-store I/O engine (default: io_uring).
+    pub mode: CacheMode,
+    /// Backing-store I/O engine: psync, pvsync2, pvsync2-hipri, libaio, io_uring,
+    /// io_uring-iopoll, io_uring-sqpoll (default: io_uring; see docs/ENGINES.md).
     #[arg(long)]
     pub engine: Option<String>,
     /// Eviction policy: clock or fifo.
     #[arg(long, default_value = "clock")]
-    pub eviction: pmcache_engine::EvictionKind,
+    pub eviction: EvictionKind,
     /// Which read misses are admitted into the cache: `always`; `seq-cutoff=SIZE` (all but
     /// what a sequential stream reads past SIZE, so a backup's scan does not flush the cache;
     /// the default, at 4M); `n-hit=N` (a block on its N-th miss within the recent window).
     /// Changed at run time with `pmcache set admission=...`.
-    #[arg(long, default_value = "seq-cutoff=4M", value_parser = crate::cache::parse_admission, value_name = "always|seq-cutoff=SIZE|n-hit=N")]
-    pub admission: pmcache_engine::AdmissionConfig,
+    #[arg(long, default_value = "seq-cutoff=4M", value_parser = parse_admission, value_name = "always|seq-cutoff=SIZE|n-hit=N")]
+    pub admission: AdmissionConfig,
     /// Where a cache of several members places writes: `local` (the member of the writer's
     /// NUMA node, falling back to the nearest) or `interleave` (every member in turn).
     #[arg(long, default_value = "local", value_name = "local|interleave")]
-    pub placement: pmcache_engine::PlacementPolicy,
+    pub placement: PlacementPolicy,
     /// Attach an existing cache although the file at --backing is another file than the one
     /// it was formatted for (another inode: a copy, a move across file systems, a restore).
     /// You vouch that it holds the data the cache was written over; its size and path must
@@ -91,6 +94,86 @@ pub struct ServeArgs {
     /// `nvme-ssd`: 60–70 µs). Requests overlap without limit.
     #[arg(long, value_parser = LatencyDist::parse, value_name = "TIME|hdd|sata-ssd|nvme-ssd")]
     pub backing_latency: Option<LatencyDist>,
+}
+
+impl PolicyArgs {
+    /// `pmcache serve`'s defaults, for the commands that attach a cache without serving it.
+    pub fn attach_only(
+        engine: Option<String>,
+        medium_sync: MediumSync,
+        backing_moved: bool,
+    ) -> (MediumArgs, Self) {
+        let medium =
+            MediumArgs { medium_sync, cache_size: None, block_size: None, data_crc: false };
+        let policy = Self {
+            mode: CacheMode::WriteBack,
+            engine,
+            eviction: EvictionKind::Clock,
+            admission: AdmissionConfig::default(),
+            placement: PlacementPolicy::Local,
+            backing_moved,
+            backing_latency: None,
+        };
+        (medium, policy)
+    }
+}
+
+/// The cache on `cache` in front of `backing`, shaped by `medium` and run by `policy`.
+pub fn cache_config(
+    cache: Vec<CacheSpec>,
+    backing: PathBuf,
+    medium: &MediumArgs,
+    policy: &PolicyArgs,
+) -> CacheConfig {
+    CacheConfig {
+        cache,
+        medium_sync: medium.medium_sync,
+        backing,
+        cache_size: medium.cache_size,
+        block_size: medium.block_size,
+        data_crc: medium.data_crc,
+        mode: policy.mode,
+        engine: policy.engine.clone(),
+        eviction: policy.eviction,
+        placement: policy.placement,
+        backing_moved: policy.backing_moved,
+        admission: policy.admission,
+        backing_latency: policy.backing_latency,
+    }
+}
+
+/// Options of `pmcache serve`. With none, it runs on the embedded default.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Read these settings from a TOML file, one key per flag under the flag's name, without
+    /// the leading `--` (`cache = "/dev/shm/pm0"`, `cache-size = "1G"`, `mode = "write-back"`,
+    /// `data-crc = true`, `cleaner = ["order=lba"]`); a flag given beside it replaces the
+    /// file's setting (docs/OPERATIONS.md).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The cache medium: a file on a DAX file system, a device-dax node, or a file in /dev/shm
+    /// (emulated PM); any other file only with --medium-sync msync (default: a 1 GiB file in
+    /// /dev/shm). Given several times, one medium per NUMA node as PATH@NODE, the cache is a
+    /// set of members and each write lands on its writer's node (docs/NUMA.md).
+    #[arg(long, value_name = "PATH[@NODE]")]
+    pub cache: Vec<CacheSpec>,
+    /// The backing store: a file, a block device, or a Ceph RBD image as
+    /// rbd:POOL[/NAMESPACE]/IMAGE[:id=USER][:conf=PATH][:KEY=VALUE]... (docs/RBD.md) (default:
+    /// a sparse 8 GiB file under ./pmcache-data, created if missing).
+    #[arg(long)]
+    pub backing: Option<PathBuf>,
+    /// A backing store of a cache shared by several, as NAME=PATH (repeatable, instead of
+    /// --backing): the medium is cut into one window per store at format, each a cache of
+    /// its own served as NBD export NAME (or its own /dev/ublkbN with --ublk), with its own
+    /// control socket (the cache path + ".NAME.ctl": `pmcache stats --store NAME`), recovery,
+    /// write-back, detach and state record. A store whose backing store cannot be opened is
+    /// refused by name and the others are served (docs/STORES.md).
+    #[arg(long = "store", value_name = "NAME=PATH", value_parser = parse_store, conflicts_with_all = ["backing", "export", "recover", "state_file"])]
+    pub stores: Vec<StoreSpec>,
+    #[command(flatten)]
+    pub medium: MediumArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// TCP address to listen on (loopback unless --allow-remote).
     #[arg(long, default_value = "127.0.0.1:10809", conflicts_with = "socket")]
     pub listen: SocketAddr,
@@ -187,15 +270,6 @@ pub struct ServeArgs {
     /// are abandoned, and the backing store is served as it is.
     #[arg(long)]
     pub accept_stale_backing: bool,
-}
-
-/// One `--store NAME=PATH`: a backing store of a cache shared by several.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreSpec {
-    /// The store's name (its export name).
-    pub name: String,
-    /// Its backing store (a file, a block device or an RBD image, as --backing).
-    pub backing: PathBuf,
 }
 
 fn parse_store(text: &str) -> Result<StoreSpec, String> {

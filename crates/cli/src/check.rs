@@ -6,13 +6,12 @@ use std::path::Path;
 
 use pmcache_engine::check_medium;
 use pmcache_engine::format::Superblock;
-use pmcache_engine::stores::{
-    STORE_TABLE_BYTES, STORE_TABLE_MAGIC, STORE_TABLE_VERSION, StoreTable,
-};
+use pmcache_engine::stores::{STORE_TABLE_VERSION, StoreTable};
 use pmcache_frontend::units::human;
 use pmcache_media::{FileSystem, Medium, MediumKind, MediumSync};
 
-use crate::cache::CacheSpec;
+use pmcache_serve::CacheSpec;
+use pmcache_serve::stores::store_table_of;
 
 /// `pmcache check`.
 #[derive(Debug, clap::Args)]
@@ -130,24 +129,6 @@ fn report_json(
         "lost_entries": report.lost_entries,
         "synced_seq_invalid": report.synced_seq_invalid,
     })
-}
-
-/// The store table at the start of the medium at `path`, if it starts with one's magic (an
-/// error if that table is not valid).
-pub(crate) fn store_table_of(path: &Path) -> Result<Option<StoreTable>, String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let describe = |e: std::io::Error| format!("{}: {e}", path.display());
-    let mut file = std::fs::File::open(path).map_err(describe)?;
-    let len_bytes = file.seek(SeekFrom::End(0)).map_err(describe)?;
-    file.seek(SeekFrom::Start(0)).map_err(describe)?;
-    let mut table = vec![0u8; STORE_TABLE_BYTES];
-    if len_bytes < STORE_TABLE_BYTES as u64 || file.read_exact(&mut table).is_err() {
-        return Ok(None);
-    }
-    if table[..8] != STORE_TABLE_MAGIC {
-        return Ok(None);
-    }
-    StoreTable::decode(&table, len_bytes).map(Some).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// `pmcache check` of a medium shared by several backing stores: its table, then each store's

@@ -6,28 +6,18 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 mod args;
-mod attachment;
-mod backing_id;
 mod bench;
-mod cache;
 mod check;
-mod control;
+mod config_file;
 mod manage;
-mod nbd;
-mod numa;
 mod serve;
-mod serving;
-mod state;
-mod stores;
 mod summary;
 mod tls;
 #[cfg(feature = "ublk")]
 mod ublk;
-#[cfg(feature = "ublk")]
-mod ublk_null;
 
 /// pmcache: a block cache on persistent memory, served over NBD or as a ublk block device.
 #[derive(Parser)]
@@ -48,12 +38,12 @@ enum LogFormat {
     Json,
 }
 
-/// Logs to stderr: `RUST_LOG` filters (default `info`); colour only on a terminal, so that a
-/// log written to a file or a pipe carries no escape codes.
-fn init_logs(format: LogFormat) {
+/// Logs to stderr: `RUST_LOG` filters (default `info`; `warn` for `bench`, whose servers run in
+/// its process and would log each start and stop between the figures); colour only on a
+/// terminal, so that a log written to a file or a pipe carries no escape codes.
+fn init_logs(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        // libublk logs each control device it opens at info: its own lines from warn on.
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,libublk=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -105,8 +95,22 @@ fn manage_ublk(_args: args::UblkArgs) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logs(cli.log_format);
+    let command = Cli::command();
+    let serve = command.find_subcommand("serve").expect("a serve command");
+    let argv = match config_file::expand(std::env::args_os().collect(), serve) {
+        Ok(argv) => argv,
+        Err(message) => {
+            eprintln!("pmcache: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cli = Cli::parse_from(argv);
+    // libublk logs each control device it opens at info: its own lines from warn on.
+    let filter = match cli.command {
+        Command::Bench(_) => "warn",
+        _ => "info,libublk=warn",
+    };
+    init_logs(cli.log_format, filter);
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
         Command::Format(args) => manage::format(args),

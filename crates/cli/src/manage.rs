@@ -7,15 +7,31 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pmcache_frontend::units::human;
 use pmcache_media::MediumSync;
 
-use crate::cache::{CacheArgs, CacheSpec, MEDIUM_SYNC_HELP, open_existing};
-use crate::control::{self, default_control_path};
-use crate::serving::store_control_path;
+use pmcache_serve::CacheSpec;
+use pmcache_serve::control::{self, default_control_path};
+use pmcache_serve::open::open_existing;
+use pmcache_serve::serving::store_control_path;
 
-/// `pmcache format`.
+use crate::args::{MEDIUM_SYNC_HELP, MediumArgs, PolicyArgs, cache_config};
+
+/// `pmcache format`: what a cache records of itself at format — its media and their size,
+/// its block size, data checksums, the backing store it caches. How it is then served (mode,
+/// policies, I/O engine) is `serve`'s to say, every time.
 #[derive(Debug, clap::Args)]
 pub struct FormatArgs {
+    /// The cache medium: a file on a DAX file system, a device-dax node, or a file in
+    /// /dev/shm (emulated PM); any other file only with --medium-sync msync. Created with
+    /// --cache-size when missing or empty. Given several times, one medium per NUMA node as
+    /// PATH@NODE, the cache is a set of members and each write lands on its writer's node
+    /// (docs/NUMA.md); their order does not matter once formatted.
+    #[arg(long, required = true, value_name = "PATH[@NODE]")]
+    cache: Vec<CacheSpec>,
+    /// The backing store: a file, a block device, or a Ceph RBD image as
+    /// rbd:POOL[/NAMESPACE]/IMAGE[:id=USER][:conf=PATH][:KEY=VALUE]... (docs/RBD.md).
+    #[arg(long)]
+    backing: PathBuf,
     #[command(flatten)]
-    cache: CacheArgs,
+    medium: MediumArgs,
     /// Reformat a medium that is not blank (destroys its contents, dirty blocks included).
     #[arg(long)]
     force: bool,
@@ -165,7 +181,9 @@ pub struct DetachArgs {
 }
 
 pub fn format(args: FormatArgs) -> Result<(), String> {
-    let engine = crate::cache::format(&args.cache, args.force)?;
+    let (_, policy) = PolicyArgs::attach_only(None, args.medium.medium_sync, false);
+    let config = cache_config(args.cache, args.backing, &args.medium, &policy);
+    let engine = pmcache_serve::open::format(&config, args.force)?;
     let layout = engine.layout();
     let members = match layout.members().len() {
         1 => String::new(),
@@ -173,11 +191,11 @@ pub fn format(args: FormatArgs) -> Result<(), String> {
     };
     println!(
         "formatted {}: {} slots of {} B ({}){members} caching {} ({})",
-        args.cache.describe(),
+        config.describe(),
         layout.slot_count,
         layout.block_size,
         human(layout.slot_count * u64::from(layout.block_size)),
-        args.cache.backing.display(),
+        config.backing.display(),
         human(engine.size_bytes())
     );
     engine.shutdown().map_err(|e| e.to_string())
@@ -508,21 +526,9 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
     for spec in &args.cache {
         std::fs::metadata(&spec.path).map_err(|e| format!("{}: {e}", spec.path.display()))?;
     }
-    let cache_args = CacheArgs {
-        cache: args.cache.clone(),
-        placement: pmcache_engine::PlacementPolicy::Local,
-        medium_sync: args.medium_sync,
-        backing,
-        cache_size: None,
-        block_size: None,
-        data_crc: false,
-        mode: pmcache_engine::CacheMode::WriteBack,
-        engine: args.engine.clone(),
-        eviction: pmcache_engine::EvictionKind::Clock,
-        admission: pmcache_engine::AdmissionConfig::default(),
-        backing_moved: args.backing_moved,
-        backing_latency: None,
-    };
+    let (medium, policy) =
+        PolicyArgs::attach_only(args.engine.clone(), args.medium_sync, args.backing_moved);
+    let cache_args = cache_config(args.cache.clone(), backing, &medium, &policy);
     // Attach only, never format: a medium whose superblock page reads blank may still hold
     // dirty entries in its metadata table, which formatting would zero.
     let engine = open_existing(&cache_args, 2)?;
@@ -563,11 +569,11 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
     );
     let state_path = match &args.state_file {
         Some(path) => path.clone(),
-        None => crate::state::locate(&cache_args.backing, args.state_dir.as_deref())
+        None => pmcache_serve::state::locate(&cache_args.backing, args.state_dir.as_deref())
             .read_path()
             .to_owned(),
     };
-    if crate::state::mark_backing_complete(&state_path, first, uuid)? {
+    if pmcache_serve::state::mark_backing_complete(&state_path, first, uuid)? {
         println!("{}: the backing store holds every block", state_path.display());
     }
     Ok(())
@@ -649,7 +655,47 @@ mod tests {
     use std::os::unix::net::UnixListener;
     use std::time::{Duration, Instant};
 
+    use clap::Parser;
+
     use super::*;
+
+    #[derive(Parser)]
+    struct Format {
+        #[command(flatten)]
+        args: FormatArgs,
+    }
+
+    /// `format` takes what a cache records of itself, and refuses how it is served.
+    #[test]
+    fn format_offers_only_what_it_records() {
+        let base = ["format", "--cache", "/dev/shm/x.pm", "--backing", "/tmp/b.img"];
+        let recorded = [
+            &["--cache-size", "64M"][..],
+            &["--block-size", "8192"],
+            &["--data-crc"],
+            &["--medium-sync", "msync"],
+            &["--force"],
+        ];
+        for extra in recorded {
+            let argv = base.iter().chain(extra);
+            assert!(Format::try_parse_from(argv).is_ok(), "{extra:?} refused");
+        }
+        for extra in [
+            &["--mode", "writeback"][..],
+            &["--engine", "psync"],
+            &["--eviction", "fifo"],
+            &["--admission", "always"],
+            &["--placement", "interleave"],
+            &["--backing-moved"],
+            &["--backing-latency", "2ms"],
+        ] {
+            let argv = base.iter().chain(extra);
+            match Format::try_parse_from(argv) {
+                Ok(_) => panic!("format took {extra:?}, which a cache does not record"),
+                Err(e) => assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument, "{e}"),
+            }
+        }
+    }
 
     /// Stores' expositions merged: each sample labelled with its store (beside its own
     /// labels), one `# TYPE` line per metric, its samples together.

@@ -1,344 +1,58 @@
-//! `pmcache serve --ublk`: the cache as a kernel block device, `/dev/ublkbN`, through the
-//! kernel's ublk driver (`pmcache_ublk`): one queue per thread, one engine lane per queue, the
-//! requests a queue received together served as the engine's batches. The cache, the
-//! cleaner, the control socket and the stop are those both frontends share (`crate::serving`);
-//! SIGINT or SIGTERM stops the device (the driver lets in-flight requests complete), then
-//! the device is deleted and the cache marked clean. A server killed leaves the device (user
-//! recovery); `--recover N` takes it over, and `pmcache ublk remove N` deletes it.
+//! `pmcache ublk`: the ublk devices there are (`list`), removing one a dead server left
+//! (`remove`), and what `serve --ublk` prints of its device.
+//!
+//! `pmcache ublk null`: a ublk device with nothing behind it — reads return zeroes, writes
+//! are dropped — served by the same frontend as `pmcache serve --ublk` (the driver, the
+//! queues' io_uring commands, the copies to and from the tags' buffers). Its speed is the
+//! frontend's ceiling on a machine: what `serve --ublk` would reach with a cache that cost
+//! nothing. Benchmarks measure it beside the cache; it stores nothing.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
-use pmcache_engine::format::{HEADER_BYTES, Superblock};
-use pmcache_frontend::CacheConn;
-use pmcache_ublk::{
-    Device, DeviceConfig, DeviceInfo, DeviceState, OwnerTag, QueueWaits, Started, Stopper, recovery,
-};
+use pmcache_block::{BlockConn, BlockError};
+use pmcache_serve::Ready;
+use pmcache_ublk::{Device, DeviceConfig, OwnerTag, Started, recovery};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 
-use crate::args::{DEFAULT_CACHE, ServeArgs, Switch, UblkArgs, UblkCommand};
-use crate::control::Frontend;
-use crate::serving::{Serving, print_serving};
+use crate::args::{NullArgs, UblkArgs, UblkCommand};
 
-/// Largest read or write a request carries: each tag's buffer (per queue: depth × this).
+/// Logical block size of the null device.
+const BLOCK_BYTES: u32 = 4096;
+/// Largest request, as `serve --ublk`'s.
 const MAX_IO_BYTES: u32 = 1 << 20;
-/// Largest logical block size the driver takes (the page size).
-const MAX_LOGICAL_BLOCK_BYTES: u32 = 4096;
+/// The owner tag of null devices: no cache has it (`pmcache ublk list` shows it).
+const NULL_OWNER: OwnerTag = OwnerTag(0);
 
-/// The running device, as the control socket and the signals see it.
-#[derive(Clone)]
-struct UblkFrontend {
-    stopper: Stopper,
-    id: u32,
-    queues: u16,
-    depth: u16,
-    poll_idle: Option<Duration>,
-    waits: Arc<QueueWaits>,
-}
+/// One queue's target: stores nothing.
+struct NullTarget;
 
-impl Frontend for UblkFrontend {
-    fn stop(&self) {
-        if let Err(e) = self.stopper.stop() {
-            eprintln!("pmcache: {e}");
-        }
+impl BlockConn for NullTarget {
+    fn read(&mut self, _offset_bytes: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        buf.fill(0);
+        Ok(())
     }
 
-    fn stats(&self) -> Vec<(&'static str, u64)> {
-        vec![
-            ("ublk_device", u64::from(self.id)),
-            ("ublk_queues", u64::from(self.queues)),
-            ("ublk_depth", u64::from(self.depth)),
-            (
-                "ublk_poll_idle_us",
-                self.poll_idle.map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
-            ),
-            ("ublk_sleeping_waits", self.waits.slept()),
-            ("ublk_polls", self.waits.polled()),
-        ]
+    fn write(&mut self, _offset_bytes: u64, _data: &[u8], _fua: bool) -> Result<(), BlockError> {
+        Ok(())
     }
-}
 
-/// Serves the cache as `/dev/ublkbN` until SIGINT, SIGTERM or `pmcache detach`; with
-/// `--recover N`, takes over device N, left by a server of this cache that died.
-pub fn run(args: &ServeArgs) -> Result<(), String> {
-    // Without the driver nothing is opened: the error says what to load, or to use NBD.
-    pmcache_ublk::check_driver().map_err(|e| e.to_string())?;
-    // A device taken over keeps its queues and depth: read them before the lanes are sized.
-    // A server killed moments ago may not have been noticed by the driver yet: waited for.
-    let takeover = args.recover.map(recovery::settle).transpose().map_err(|e| e.to_string())?;
-    // Refusals that depend only on the medium's identity come before the medium is opened
-    // (opening runs recovery; a refused start would then stop cleanly, writing back).
-    let cache = args.cache.first().map_or_else(|| PathBuf::from(DEFAULT_CACHE), |c| c.path.clone());
-    if !args.stores.is_empty() {
-        return run_stores(args, &cache);
+    fn flush(&mut self) -> Result<(), BlockError> {
+        Ok(())
     }
-    if let Some(owner) = owner_of_medium(&cache) {
-        match &takeover {
-            // The device's shape is checked against the cache's once it is open.
-            Some(info) => {
-                let (size, block) = (info.size_bytes, info.logical_block_bytes);
-                if let Some(why) = recovery::takeover_refusal(info, owner, size, block) {
-                    return Err(why);
-                }
-            }
-            None => refuse_orphans(owner)?,
-        }
+
+    fn trim(&mut self, _offset_bytes: u64, _len_bytes: u64, _fua: bool) -> Result<(), BlockError> {
+        Ok(())
     }
-    let (queues, depth) =
-        takeover.as_ref().map_or((args.ublk_queues, args.ublk_depth), |d| (d.queues, d.depth));
-    // One lane per queue, plus two for control requests and the cleaner's.
-    let mut serving = Serving::open(args, usize::from(queues) + 3, || Ok(()))?;
-    let recovery = args.ublk_recovery == Switch::On;
-    let shape = Shape { queues, depth, user_recovery: recovery, poll_idle: poll_idle(args) };
-    let served = serve_device(&mut serving, shape, takeover.as_ref());
-    serving.finish(served)
-}
 
-/// How the queues of a device are served.
-#[derive(Clone, Copy)]
-struct Shape {
-    queues: u16,
-    depth: u16,
-    user_recovery: bool,
-    /// `--ublk-poll`'s budget.
-    poll_idle: Option<Duration>,
-}
-
-/// CPUs this process may run on.
-fn online_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// What an operator is told when polling queue threads would share every CPU with the
-/// application: with as many queues as CPUs, the block layer maps each CPU to a queue of its
-/// own and libublk pins the queue's thread there, so a polling thread spins on the very CPU
-/// whose submissions it waits for (in the QEMU guest bed, QD 1 reads ran at about half the
-/// sleeping server's rate that way).
-fn poll_warning(poll_idle: Option<Duration>, queues: u16, cpus: usize) -> Option<String> {
-    (poll_idle.is_some() && usize::from(queues) >= cpus).then(|| {
-        format!(
-            "--ublk-poll with {queues} queues on {cpus} CPUs: each queue's thread polls on the \
-             CPU that submits to it, time-sharing it with the application; fewer queues than \
-             CPUs (--ublk-queues) leave the polling threads CPUs of their own (docs/UBLK.md, \
-             \"Polling\")"
-        )
-    })
-}
-
-/// The queue threads' polling budget: `None` (they sleep) without `--ublk-poll`.
-fn poll_idle(args: &ServeArgs) -> Option<Duration> {
-    args.ublk_poll.then(|| Duration::from_micros(args.ublk_poll_idle_us))
-}
-
-/// What the startup line says of the queue threads' waits.
-pub(crate) fn polling(poll_idle: Option<Duration>) -> String {
-    match poll_idle {
-        Some(idle) => format!("polling: on, {} µs after the last request", idle.as_micros()),
-        None => "polling: off".to_owned(),
-    }
-}
-
-/// Adds the device over the opened cache (or takes over `takeover`) and serves it until it
-/// is stopped.
-fn serve_device(
-    serving: &mut Serving,
-    shape: Shape,
-    takeover: Option<&DeviceInfo>,
-) -> Result<(), String> {
-    let Shape { queues, depth, user_recovery, poll_idle } = shape;
-    if let Some(warning) = poll_warning(poll_idle, queues, online_cpus()) {
-        tracing::warn!("{warning}");
-    }
-    let engine = serving.engine;
-    let block = engine.block_size();
-    let config = DeviceConfig {
-        queues,
-        depth,
-        size_bytes: engine.size_bytes(),
-        logical_block_bytes: block.min(MAX_LOGICAL_BLOCK_BYTES),
-        physical_block_bytes: block,
-        max_io_bytes: MAX_IO_BYTES.max(block),
-        user_recovery,
-        owner: OwnerTag::of_uuid(&engine.superblock().uuid),
-        poll_idle,
-    };
-    let device = match takeover {
-        Some(info) => Device::recover(info.id, config),
-        None => Device::add(config),
-    }
-    .map_err(|e| e.to_string())?;
-    let targets = (0..queues)
-        .map(|_| engine.lane().map(CacheConn::new))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("engine lanes for the ublk queues: {e}"))?;
-    let frontend = UblkFrontend {
-        stopper: device.stopper(),
-        id: device.id(),
-        queues,
-        depth,
-        poll_idle,
-        waits: device.waits(),
-    };
-    serving.start_control(frontend)?;
-    let (cache, backing, control) =
-        (serving.cache.clone(), serving.backing.clone(), serving.control_path.clone());
-    let store = serving.store.clone();
-    serving.keep_control_socket();
-    device
-        .run(targets, move |started: &Started| {
-            print_serving(&cache, &backing, engine);
-            if let Some(name) = &store {
-                println!("  store:       {name}");
-            }
-            let device = started.block_path.display();
-            let id = started.id;
-            let polling = polling(poll_idle);
-            if started.recovered {
-                println!(
-                    "  ublk device: {device}, taken over ({queues} queues of depth {depth}, \
-                     {polling})"
-                );
-            } else {
-                println!("  ublk device: {device} ({queues} queues of depth {depth}, {polling})");
-                println!("  format:      mkfs.ext4 {device}");
-            }
-            if started.user_recovery {
-                println!(
-                    "  if killed:   the device stays; `pmcache serve --ublk --recover {id}` with \
-                     the same cache takes it over"
-                );
-            } else {
-                println!(
-                    "  if killed:   the device fails its requests (user recovery {}); `pmcache \
-                     ublk remove {id}` deletes it, and a restart serves a new device",
-                    if user_recovery { "not offered by this kernel" } else { "off" }
-                );
-            }
-            println!("  stats:       pmcache stats --control {}", control.display());
-            let store_arg =
-                store.as_ref().map(|name| format!(" --store {name}")).unwrap_or_default();
-            println!(
-                "  stop:        Ctrl-C or SIGTERM (the device is removed once the requests in \
-                 flight complete), or `pmcache detach --cache {}{store_arg}`",
-                cache.display()
-            );
-        })
-        .map_err(|e| e.to_string())
-}
-
-/// The owner tag of the cache on the medium at `path`, from its superblock; `None` when there
-/// is no medium there or it has no valid superblock (then no device can be its).
-/// `run` for a cache shared by several backing stores: one device per store served, each
-/// with its queues, stopped and detached on its own; SIGINT or SIGTERM stops them all.
-fn run_stores(args: &ServeArgs, cache: &Path) -> Result<(), String> {
-    for owner in owners_of_stores(cache) {
-        refuse_orphans(owner)?;
-    }
-    let (queues, depth) = (args.ublk_queues, args.ublk_depth);
-    let recovery = args.ublk_recovery == Switch::On;
-    let shape = Shape { queues, depth, user_recovery: recovery, poll_idle: poll_idle(args) };
-    let (servings, refused) = Serving::open_stores(args, usize::from(queues) + 3, || Ok(()))?;
-    for why in &refused {
-        eprintln!("pmcache: not serving {why}");
-    }
-    let devices: Vec<_> = servings
-        .into_iter()
-        .map(|mut serving| {
-            let name = serving.store.clone().unwrap_or_default();
-            let thread_name = format!("pmcache-store-{name}");
-            let refused = format!("starting store {name:?}");
-            std::thread::Builder::new()
-                .name(thread_name)
-                .spawn(move || {
-                    let served = serve_device(&mut serving, shape, None);
-                    serving.finish(served).map_err(|e| format!("store {name:?}: {e}"))
-                })
-                .map_err(|e| format!("{refused}: {e}"))
-        })
-        .collect::<Result<_, _>>()?;
-    let errors: Vec<String> = devices
-        .into_iter()
-        .filter_map(|device| match device.join() {
-            Ok(result) => result.err(),
-            Err(_) => Some("a store's thread panicked".into()),
-        })
-        .collect();
-    if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
-}
-
-/// The owner tags of the stores' caches on a medium shared by several (from its store table
-/// and each window's superblock), for the devices a dead server left.
-fn owners_of_stores(path: &Path) -> Vec<OwnerTag> {
-    use std::os::unix::fs::FileExt;
-    let Ok(Some(table)) = crate::check::store_table_of(path) else { return Vec::new() };
-    let Ok(file) = std::fs::File::open(path) else { return Vec::new() };
-    table
-        .stores
-        .iter()
-        .filter_map(|store| {
-            let mut header = [0u8; HEADER_BYTES];
-            file.read_exact_at(&mut header, store.window.start).ok()?;
-            let window_bytes = store.window.end - store.window.start;
-            let superblock = Superblock::decode(&header, window_bytes).ok()?;
-            Some(OwnerTag::of_uuid(&superblock.uuid))
-        })
-        .collect()
-}
-
-fn owner_of_medium(path: &Path) -> Option<OwnerTag> {
-    let mut file = std::fs::File::open(path).ok()?;
-    let medium_bytes = file.metadata().ok()?.len();
-    let mut header = [0u8; HEADER_BYTES];
-    file.read_exact(&mut header).ok()?;
-    let superblock = Superblock::decode(&header, medium_bytes).ok()?;
-    Some(OwnerTag::of_uuid(&superblock.uuid))
-}
-
-/// Refuses to add a device for a cache that a device left by a dead server still holds: the
-/// file system mounted on it would wait forever, and its blocks are this cache's. Devices of
-/// this cache that the driver already stopped (their server died without user recovery) are
-/// removed: nothing waits on them.
-fn refuse_orphans(owner: OwnerTag) -> Result<(), String> {
-    // Listing is best effort: a device that cannot be read is not this cache's orphan. One
-    // whose server died moments ago is waited for until the driver has noticed.
-    let devices: Vec<DeviceInfo> = recovery::list()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|d| d.owner == owner)
-        .map(|d| if d.server_alive { d } else { recovery::settle(d.id).unwrap_or(d) })
-        .collect();
-    let ours = devices.iter();
-    for dead in ours.clone().filter(|d| d.state == DeviceState::Dead && !d.server_alive) {
-        match recovery::remove(dead.id) {
-            // The driver forgets the server's process once it stops the device (-1).
-            Ok(()) if dead.server_pid > 0 => eprintln!(
-                "pmcache: removed /dev/ublkb{}, stopped after its server (process {}) died",
-                dead.id, dead.server_pid
-            ),
-            Ok(()) => {
-                eprintln!("pmcache: removed /dev/ublkb{}, stopped after its server died", dead.id)
-            }
-            Err(e) => eprintln!("pmcache: warning: /dev/ublkb{} stays: {e}", dead.id),
-        }
-    }
-    match ours.clone().find(|d| d.orphaned()) {
-        None => Ok(()),
-        Some(orphan) if !orphan.user_recovery => Err(format!(
-            "/dev/ublkb{id} (left by process {pid}, which died; no user recovery: its requests \
-             fail) serves this cache: remove it with `pmcache ublk remove {id}` and start again",
-            id = orphan.id,
-            pid = orphan.server_pid,
-        )),
-        Some(orphan) => Err(format!(
-            "/dev/ublkb{id} ({state}, left by process {pid}) serves this cache: take it over \
-             with `pmcache serve --ublk --recover {id}` (a file system mounted on it carries \
-             on), or remove it with `pmcache ublk remove {id}` (its waiting requests fail) and \
-             start again",
-            id = orphan.id,
-            state = orphan.state,
-            pid = orphan.server_pid,
-        )),
+    fn write_zeroes(
+        &mut self,
+        _offset_bytes: u64,
+        _len_bytes: u64,
+        _fua: bool,
+        _may_unmap: bool,
+    ) -> Result<(), BlockError> {
+        Ok(())
     }
 }
 
@@ -365,7 +79,7 @@ pub fn manage(args: UblkArgs) -> Result<(), String> {
             }
             Ok(())
         }
-        UblkCommand::Null(args) => crate::ublk_null::run(&args),
+        UblkCommand::Null(args) => run_null(&args),
         UblkCommand::Remove { id } => {
             recovery::remove(id).map_err(|e| e.to_string())?;
             println!(
@@ -377,18 +91,114 @@ pub fn manage(args: UblkArgs) -> Result<(), String> {
     }
 }
 
+/// What the startup lines say of the queue threads' waits.
+fn polling(poll_idle: Option<Duration>) -> String {
+    match poll_idle {
+        Some(idle) => format!("polling: on, {} µs after the last request", idle.as_micros()),
+        None => "polling: off".to_owned(),
+    }
+}
+
+/// The lines `serve --ublk` prints once its device is up: where it is, what a kill does, and
+/// how to stop it.
+pub fn print_device(
+    ready: &Ready<'_>,
+    started: &Started,
+    (queues, depth): (u16, u16),
+    poll_idle: Option<Duration>,
+    user_recovery_asked: bool,
+) {
+    let device = started.block_path.display();
+    let id = started.id;
+    let polling = polling(poll_idle);
+    if started.recovered {
+        println!(
+            "  ublk device: {device}, taken over ({queues} queues of depth {depth}, {polling})"
+        );
+    } else {
+        println!("  ublk device: {device} ({queues} queues of depth {depth}, {polling})");
+        println!("  format:      mkfs.ext4 {device}");
+    }
+    if started.user_recovery {
+        println!(
+            "  if killed:   the device stays; `pmcache serve --ublk --recover {id}` with the same \
+             cache takes it over"
+        );
+    } else {
+        println!(
+            "  if killed:   the device fails its requests (user recovery {}); `pmcache ublk \
+             remove {id}` deletes it, and a restart serves a new device",
+            if user_recovery_asked { "not offered by this kernel" } else { "off" }
+        );
+    }
+    println!("  stats:       pmcache stats --control {}", ready.control.display());
+    let store_arg = ready.store.map(|name| format!(" --store {name}")).unwrap_or_default();
+    println!(
+        "  stop:        Ctrl-C or SIGTERM (the device is removed once the requests in flight \
+         complete), or `pmcache detach --cache {}{store_arg}`",
+        ready.cache.display()
+    );
+}
+
+/// Serves a null device until SIGINT or SIGTERM, then removes it.
+pub fn run_null(args: &NullArgs) -> Result<(), String> {
+    pmcache_ublk::check_driver().map_err(|e| e.to_string())?;
+    if !args.size_bytes.is_multiple_of(u64::from(BLOCK_BYTES)) {
+        return Err(format!("--size must be a multiple of {BLOCK_BYTES} bytes"));
+    }
+    let config = DeviceConfig {
+        queues: args.queues,
+        depth: args.depth,
+        size_bytes: args.size_bytes,
+        logical_block_bytes: BLOCK_BYTES,
+        physical_block_bytes: BLOCK_BYTES,
+        max_io_bytes: MAX_IO_BYTES,
+        user_recovery: false,
+        owner: NULL_OWNER,
+        poll_idle: args.poll.then(|| Duration::from_micros(args.poll_idle_us)),
+    };
+    config.validate().map_err(|e| e.to_string())?;
+    let device = Device::add(config).map_err(|e| e.to_string())?;
+    let stopper = device.stopper();
+    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
+    std::thread::Builder::new()
+        .name("pmcache-signals".into())
+        .spawn(move || {
+            if signals.forever().next().is_some()
+                && let Err(e) = stopper.stop()
+            {
+                eprintln!("pmcache: {e}");
+            }
+        })
+        .map_err(|e| format!("signal thread: {e}"))?;
+    let (queues, depth) = (args.queues, args.depth);
+    let polling = polling(config.poll_idle);
+    let targets = (0..queues).map(|_| NullTarget).collect();
+    device
+        .run(targets, move |started: &Started| {
+            println!(
+                "  ublk device: {} (null: reads return zeroes, writes are dropped; {queues} \
+                 queues of depth {depth}, {polling})",
+                started.block_path.display()
+            );
+            println!("  stop:        Ctrl-C or SIGTERM");
+        })
+        .map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Polling is warned about only when every CPU has a queue (and so a pinned poller).
     #[test]
-    fn polling_on_every_cpu_is_warned_about() {
-        let on = Some(Duration::from_micros(1000));
-        let warning = poll_warning(on, 2, 2).expect("a queue per CPU");
-        assert!(warning.contains("2 queues on 2 CPUs") && warning.contains("--ublk-queues"));
-        assert!(poll_warning(on, 4, 2).is_some());
-        assert_eq!(poll_warning(on, 1, 2), None, "one queue leaves a CPU free");
-        assert_eq!(poll_warning(None, 2, 2), None, "a sleeping server is not warned about");
+    fn reads_are_zeroes_and_everything_else_succeeds() {
+        let mut target = NullTarget;
+        let mut buf = vec![0xa5u8; 8192];
+        target.read(4096, &mut buf).expect("read");
+        assert!(buf.iter().all(|&b| b == 0));
+        target.write(0, &[1; 4096], true).expect("write");
+        target.flush().expect("flush");
+        target.trim(0, 1 << 20, false).expect("trim");
+        target.write_zeroes(0, 1 << 20, false, true).expect("write zeroes");
     }
 }

@@ -15,6 +15,7 @@
 mod abort;
 mod admission;
 mod cache;
+pub mod cleaner_policy;
 mod clock;
 mod config;
 mod error;
@@ -33,12 +34,12 @@ pub mod stores;
 mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod writeback;
 
 pub use cache::{
     BatchOutcome, Cleaner, Engine, Lane, READ_DATA_PREFETCH_AHEAD, READS_PENDING_MAX, ReadRequest,
     ReadStart, Ticket, WriteRequest, WriteStart,
 };
+pub use cleaner_policy::{Adaptive, CleanerConfig, CleanerStats, WriteBackOrder};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{AdmissionConfig, CacheMode, Config, EvictionKind};
 pub use error::{Error, Result, Unreadable};
@@ -47,4 +48,3 @@ pub use layout::{Layout, Member};
 pub use placement::{MemberStats, PlacementConfig, PlacementPolicy};
 pub use recovery::{CheckReport, RecoveryReport, check_medium};
 pub use stats::Stats;
-pub use writeback::{Adaptive, CleanerConfig, CleanerStats, WriteBackOrder};

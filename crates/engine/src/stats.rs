@@ -31,7 +31,7 @@ macro_rules! counters {
             /// The backing store's health: the last operations' outcome.
             pub backing: crate::BackingHealth,
             /// The background cleaner's figures.
-            pub cleaner: crate::writeback::CleanerStats,
+            pub cleaner: crate::cleaner_policy::CleanerStats,
         }
 
         impl LaneCounters {

@@ -4,7 +4,7 @@
 //! completes) that `pmcache stats` reports.
 
 use std::os::fd::BorrowedFd;
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
@@ -18,7 +18,7 @@ use pmcache_engine::{
 
 use crate::Backing;
 
-/// Read latencies recorded by a connection before they are added to the process's.
+/// Read latencies recorded by a connection before they are added to the server's.
 const LATENCY_FLUSH_RECORDS: u64 = 4096;
 
 /// The server's read latencies, from a read's hand-over to the engine to its answer: hits
@@ -32,11 +32,11 @@ fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
 }
 
-/// The process's read latencies (one cache is served per process).
-pub static READ_LATENCIES: LazyLock<ReadLatencies> = LazyLock::new(|| ReadLatencies {
-    hit: Mutex::new(latency_histogram()),
-    miss: Mutex::new(latency_histogram()),
-});
+impl Default for ReadLatencies {
+    fn default() -> Self {
+        Self { hit: Mutex::new(latency_histogram()), miss: Mutex::new(latency_histogram()) }
+    }
+}
 
 impl ReadLatencies {
     /// `(name, value)` pairs for `stats`: count, p50, p90, p99 and max of each class, in ns.
@@ -68,7 +68,7 @@ impl ReadLatencies {
 type Batch<T> = smallvec::SmallVec<[T; 16]>;
 
 /// One engine lane, served by one NBD connection or one ublk queue as their
-/// `pmcache_block::BlockConn`. Its reads' latencies go to [`READ_LATENCIES`].
+/// `pmcache_block::BlockConn`. Its reads' latencies go to the server's [`ReadLatencies`].
 pub struct CacheConn<'e> {
     pub(crate) lane: Lane<'e, crate::CacheMedium, Backing, MonotonicClock>,
     /// The engine's outcomes of one batch, kept from batch to batch.
@@ -79,12 +79,18 @@ pub struct CacheConn<'e> {
     miss_started: Box<[Option<Instant>]>,
     hit_ns: Histogram<u64>,
     miss_ns: Histogram<u64>,
+    /// Where the latencies go, every `LATENCY_FLUSH_RECORDS` and at the end.
+    latencies: Arc<ReadLatencies>,
 }
 
 impl<'e> CacheConn<'e> {
-    /// Serves `lane`.
-    pub fn new(lane: Lane<'e, crate::CacheMedium, Backing, MonotonicClock>) -> Self {
+    /// Serves `lane`, its reads' latencies added to `latencies`.
+    pub fn new(
+        lane: Lane<'e, crate::CacheMedium, Backing, MonotonicClock>,
+        latencies: Arc<ReadLatencies>,
+    ) -> Self {
         Self {
+            latencies,
             lane,
             results: Vec::new(),
             starts: Vec::new(),
@@ -102,7 +108,7 @@ impl<'e> CacheConn<'e> {
 
     fn note_latencies(&mut self) {
         if self.hit_ns.len() + self.miss_ns.len() >= LATENCY_FLUSH_RECORDS {
-            READ_LATENCIES.add(&mut self.hit_ns, &mut self.miss_ns);
+            self.latencies.add(&mut self.hit_ns, &mut self.miss_ns);
         }
     }
 }
@@ -258,6 +264,6 @@ impl BlockConn for CacheConn<'_> {
 
 impl Drop for CacheConn<'_> {
     fn drop(&mut self) {
-        READ_LATENCIES.add(&mut self.hit_ns, &mut self.miss_ns);
+        self.latencies.add(&mut self.hit_ns, &mut self.miss_ns);
     }
 }

@@ -3,7 +3,7 @@
 //! - [`conn`]: [`CacheConn`], one engine lane served by one NBD connection or one ublk queue:
 //!   the one `pmcache_block::BlockConn` both frontends run (the request path alone, which
 //!   needs no kernel), and the read latencies by class that `pmcache stats` reports,
-//!   [`READ_LATENCIES`].
+//!   [`ReadLatencies`].
 //! - [`nbd`]: the engine as an NBD export ([`CacheExport`]), a `CacheConn` per connection.
 //! - [`units`]: sizes as the command line gives them and bytes as people read them.
 //!
@@ -22,7 +22,7 @@ pub mod conn;
 pub mod nbd;
 pub mod units;
 
-pub use conn::{CacheConn, READ_LATENCIES, ReadLatencies};
+pub use conn::{CacheConn, ReadLatencies};
 pub use nbd::CacheExport;
 
 /// The backing store as the frontends serve it: any engine, chosen at run time.

@@ -2,29 +2,33 @@
 //! client connection, which serves the requests a client had in flight together as the
 //! engine's batches.
 
+use std::sync::Arc;
+
 use pmcache_block::BlockError;
 use pmcache_nbd::{BlockSizes, Export};
 
 use crate::CacheEngine;
-use crate::conn::{CacheConn, block_error};
+use crate::conn::{CacheConn, ReadLatencies, block_error};
 
 /// The engine as an NBD export: every connection gets its own lane.
 pub struct CacheExport {
-    engine: &'static CacheEngine,
+    engine: Arc<CacheEngine>,
+    latencies: Arc<ReadLatencies>,
 }
 
 impl CacheExport {
-    /// Exports `engine`, which lives as long as the process.
-    pub fn new(engine: &'static CacheEngine) -> Self {
-        Self { engine }
+    /// Exports `engine`, its connections' read latencies added to `latencies`.
+    pub fn new(engine: Arc<CacheEngine>, latencies: Arc<ReadLatencies>) -> Self {
+        Self { engine, latencies }
     }
 }
 
 impl Export for CacheExport {
-    type Conn = CacheConn<'static>;
+    type Conn<'a> = CacheConn<'a>;
 
-    fn open_conn(&self) -> Result<CacheConn<'static>, BlockError> {
-        self.engine.lane().map(CacheConn::new).map_err(block_error)
+    fn open_conn(&self) -> Result<CacheConn<'_>, BlockError> {
+        let lane = self.engine.lane().map_err(block_error)?;
+        Ok(CacheConn::new(lane, self.latencies.clone()))
     }
 
     fn size_bytes(&self) -> u64 {

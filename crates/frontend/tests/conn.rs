@@ -6,7 +6,8 @@ use std::sync::Arc;
 use pmcache_backing::PsyncFile;
 use pmcache_block::{BatchRead, BlockConn};
 use pmcache_engine::{Config, Engine, MonotonicClock};
-use pmcache_frontend::{Backing, CacheConn, CacheEngine, READ_LATENCIES};
+
+use pmcache_frontend::{Backing, CacheConn, CacheEngine, ReadLatencies};
 use pmcache_media::{MediumOptions, MediumSet, MediumSync, PmemFile, Window};
 use pmcache_ublk::mapping::{UBLK_IO_OP_FLUSH, UBLK_IO_OP_READ, UBLK_IO_OP_WRITE};
 use pmcache_ublk::{Dispatcher, Geometry, IoDesc};
@@ -42,14 +43,15 @@ fn engine() -> (tempfile::TempDir, CacheEngine) {
     (tmp, engine)
 }
 
-fn stat(name: &str) -> u64 {
-    READ_LATENCIES.stats().into_iter().find(|(n, _)| n == name).map_or(0, |(_, v)| v)
+fn stat(latencies: &ReadLatencies, name: &str) -> u64 {
+    latencies.stats().into_iter().find(|(n, _)| n == name).map_or(0, |(_, v)| v)
 }
 
 #[test]
 fn a_ublk_queue_writes_then_reads_through_the_lane() {
     let (_tmp, engine) = engine();
-    let mut conn = CacheConn::new(engine.lane().expect("lane"));
+    let latencies = Arc::new(ReadLatencies::default());
+    let mut conn = CacheConn::new(engine.lane().expect("lane"), latencies.clone());
     let geometry = Geometry {
         size_bytes: engine.size_bytes(),
         logical_block_bytes: BLOCK as u32,
@@ -69,7 +71,7 @@ fn a_ublk_queue_writes_then_reads_through_the_lane() {
     done.sort_unstable();
     assert_eq!(done, [(0, BLOCK as i32), (1, BLOCK as i32), (2, 0)]);
     // Both blocks read back together (hits), into other tags.
-    let hits_before = stat("read_hit_latency_count");
+    let hits_before = stat(&latencies, "read_hit_latency_count");
     dispatcher.receive(2, &IoDesc::new(UBLK_IO_OP_READ, 0, 0, sectors));
     dispatcher.receive(3, &IoDesc::new(UBLK_IO_OP_READ, 0, u64::from(sectors), sectors));
     dispatcher.dispatch(&mut conn, &mut bufs);
@@ -82,15 +84,15 @@ fn a_ublk_queue_writes_then_reads_through_the_lane() {
     let mut direct = vec![0u8; BLOCK];
     conn.lane().read(BLOCK as u64, &mut direct).expect("direct read");
     assert_eq!(direct, bufs[3]);
-    // A connection's latencies reach the process's when it ends.
+    // A connection's latencies reach the server's when it ends.
     drop(conn);
-    assert!(stat("read_hit_latency_count") >= hits_before + 2);
+    assert!(stat(&latencies, "read_hit_latency_count") >= hits_before + 2);
 }
 
 #[test]
 fn an_nbd_connection_writes_reads_and_reports_errors_as_errnos() {
     let (_tmp, engine) = engine();
-    let mut conn = CacheConn::new(engine.lane().expect("lane"));
+    let mut conn = CacheConn::new(engine.lane().expect("lane"), Default::default());
     let data = vec![0x5au8; BLOCK];
     BlockConn::write(&mut conn, 2 * BLOCK as u64, &data, true).expect("write");
     let (mut a, mut b) = (vec![0u8; BLOCK], vec![0xffu8; BLOCK]);

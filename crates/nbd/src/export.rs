@@ -54,11 +54,14 @@ impl Default for BlockSizes {
 
 /// Something the NBD server can serve. Shared by all connections.
 pub trait Export: Send + Sync + 'static {
-    /// Per-connection state.
-    type Conn: BlockConn + Send;
+    /// Per-connection state, which may borrow the export (a connection's thread holds the
+    /// export while it serves).
+    type Conn<'a>: BlockConn + Send
+    where
+        Self: 'a;
 
     /// Opens the state for one new client connection. An error closes that connection only.
-    fn open_conn(&self) -> Result<Self::Conn, BlockError>;
+    fn open_conn(&self) -> Result<Self::Conn<'_>, BlockError>;
 
     /// Export size; a multiple of `block_sizes().min_bytes`. Constant while serving.
     fn size_bytes(&self) -> u64;

@@ -269,7 +269,7 @@ impl Inner {
 }
 
 impl Export for MemExport {
-    type Conn = MemConn;
+    type Conn<'a> = MemConn;
 
     fn open_conn(&self) -> Result<MemConn, BlockError> {
         if self.inner.refuse_conns.load(Ordering::Acquire) {

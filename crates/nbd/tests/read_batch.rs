@@ -59,7 +59,7 @@ struct CountingConn {
 }
 
 impl Export for Counting {
-    type Conn = CountingConn;
+    type Conn<'a> = CountingConn;
 
     fn open_conn(&self) -> Result<CountingConn, BlockError> {
         Ok(CountingConn { inner: self.inner.open_conn()?, log: self.log.clone() })

@@ -1,16 +1,21 @@
-//! The servers fio drives: `pmcache serve` (this executable) and `nbdkit file`.
+//! The servers fio drives: pmcache, served in this process through the serving library
+//! (`pmcache_serve`, what `pmcache serve` runs), and `nbdkit`.
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use pmcache_backing::wrappers::LatencyDist;
+use pmcache_engine::CacheMode;
+use pmcache_nbd::{ListenAddr, ServerConfig, TlsConfig, TlsMode};
+use pmcache_serve::{Announce, CacheConfig, ServeConfig, StopHandle};
 use serde::Serialize;
 
-use super::process::{
-    check_interrupted, log_tail, send_signal, terminate_with_parent, wait_until, was_interrupted,
-};
+use super::process::{check_interrupted, log_tail, send_signal, terminate_with_parent, wait_until};
 use super::scratch::state_file;
 
 /// Sends `stats` to a pmcache server's control socket and returns its JSON reply.
@@ -27,7 +32,7 @@ pub(crate) fn control_stats(control: &Path) -> Result<serde_json::Value, String>
     serde_json::from_str(line.trim()).map_err(|e| format!("control socket: bad reply ({e})"))
 }
 
-/// How to start `pmcache serve` for a measurement.
+/// How to serve pmcache for a measurement.
 pub(crate) struct PmcacheServe<'a> {
     /// The cache medium (removed first: every measurement starts with an empty cache).
     pub(crate) medium: &'a Path,
@@ -39,23 +44,69 @@ pub(crate) struct PmcacheServe<'a> {
     pub(crate) socket: &'a Path,
     /// The control socket.
     pub(crate) control: &'a Path,
-    /// Where the server's stdout and stderr go.
+    /// Where the server's notes go (formatted, written back, marked clean).
     pub(crate) log: &'a Path,
-    /// `--cleaner` settings, `KEY=VALUE` each.
+    /// The cleaner's settings, `KEY=VALUE` each (as `serve --cleaner`).
     pub(crate) cleaner: &'a [String],
-    /// CPUs to confine the server to (a taskset list such as `0` or `0-1`), with the taskset
-    /// binary.
-    pub(crate) cpus: Option<(&'a str, &'a str)>,
+    /// CPUs to confine the server's threads to (a list such as `0`, `0-1` or `0,2`).
+    pub(crate) cpus: Option<&'a str>,
     /// Most client connections.
     pub(crate) max_connections: usize,
-    /// Further `pmcache serve` arguments (e.g. `--mode`, `--tls`).
-    pub(crate) extra_args: &'a [String],
+    /// The cache mode, the backing store's added latency, TLS.
+    pub(crate) options: ServeOptions<'a>,
+}
+
+/// What a measurement changes of `pmcache serve`'s defaults.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ServeOptions<'a> {
+    /// `--mode` (write-back when `None`).
+    pub(crate) mode: Option<CacheMode>,
+    /// `--backing-latency`.
+    pub(crate) backing_latency: Option<LatencyDist>,
+    /// `--tls=on --tls-certificates DIR`.
+    pub(crate) tls_certificates: Option<&'a Path>,
+}
+
+/// A pmcache server's notes, into its log file.
+struct LogNotes(Mutex<std::fs::File>);
+
+impl Announce for LogNotes {
+    fn note(&self, line: &str) {
+        let mut file = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = writeln!(file, "pmcache: {line}");
+    }
+
+    fn progress_bar(&self) -> bool {
+        false
+    }
+}
+
+/// The CPUs of a list such as `0`, `0-1` or `0,2-3`.
+fn cpu_set(list: &str) -> Result<rustix::thread::CpuSet, String> {
+    let mut set = rustix::thread::CpuSet::new();
+    let bad = || format!("{list:?} is not a list of CPUs (such as 0, 0-1 or 0,2-3)");
+    for part in list.split(',') {
+        let (first, last) = part.split_once('-').unwrap_or((part, part));
+        let (first, last): (usize, usize) =
+            (first.trim().parse().map_err(|_| bad())?, last.trim().parse().map_err(|_| bad())?);
+        if first > last || last >= rustix::thread::CpuSet::MAX_CPU {
+            return Err(bad());
+        }
+        (first..=last).for_each(|cpu| set.set(cpu));
+    }
+    Ok(set)
+}
+
+/// Where a server runs: a child process (nbdkit), or pmcache on a thread of this process.
+enum Running {
+    Child(Child),
+    Thread { thread: JoinHandle<Result<(), String>>, stop: StopHandle },
 }
 
 /// A server process (pmcache or nbdkit) that is stopped, and its files removed, when
 /// dropped: no path out of a measurement leaves one running.
 pub(crate) struct Server {
-    child: Option<Child>,
+    running: Option<Running>,
     what: &'static str,
     log: PathBuf,
     socket: PathBuf,
@@ -64,46 +115,66 @@ pub(crate) struct Server {
 }
 
 impl Server {
-    /// Starts `pmcache serve` (this executable) and waits until its control socket answers
-    /// (by then its NBD socket listens).
+    /// Serves pmcache on a thread of this process through the serving library, as `pmcache
+    /// serve` would with these settings, and waits until its control socket answers (by then
+    /// its NBD socket listens). Its threads (the cleaner's, the connections') are confined to
+    /// `serve.cpus` when given.
     pub(crate) fn start_pmcache(serve: &PmcacheServe<'_>) -> Result<Server, String> {
-        let exe = std::env::current_exe()
-            .map_err(|e| format!("cannot find the pmcache executable: {e}"))?;
         // A fresh cache for every measurement, over a backing file whose contents do not
         // matter: no medium left from the previous one, and no attachment record of it
         // beside the backing file (`serve` refuses a backing store a lost volatile cache may
         // have held newer blocks of).
         let _ = std::fs::remove_file(serve.medium);
         let _ = std::fs::remove_file(state_file(serve.backing));
-        let mut command = match serve.cpus {
-            Some((cpus, taskset)) => {
-                let mut c = Command::new(taskset);
-                c.arg("-c").arg(cpus).arg(&exe);
-                c
-            }
-            None => Command::new(&exe),
+        let _ = std::fs::remove_file(serve.socket);
+        let mut cache = CacheConfig::new(serve.medium, serve.backing);
+        cache.cache_size = Some(serve.cache_bytes);
+        cache.mode = serve.options.mode.unwrap_or(CacheMode::WriteBack);
+        cache.backing_latency = serve.options.backing_latency;
+        let mut config = ServeConfig::new(cache);
+        config.control = Some(serve.control.to_path_buf());
+        config
+            .cleaner
+            .set_all(serve.cleaner.iter().map(String::as_str))
+            .map_err(|e| format!("cleaner: {e}"))?;
+        let tls = match serve.options.tls_certificates {
+            Some(dir) => TlsConfig {
+                mode: TlsMode::On,
+                certificates_dir: Some(dir.to_path_buf()),
+                ..TlsConfig::default()
+            },
+            None => TlsConfig::default(),
         };
-        command
-            .arg("serve")
-            .arg("--cache")
-            .arg(serve.medium)
-            .arg("--cache-size")
-            .arg(serve.cache_bytes.to_string())
-            .arg("--backing")
-            .arg(serve.backing)
-            .arg("--socket")
-            .arg(serve.socket)
-            .arg("--control")
-            .arg(serve.control)
-            .arg("--max-connections")
-            .arg(serve.max_connections.to_string());
-        for setting in serve.cleaner {
-            command.arg("--cleaner").arg(setting);
-        }
-        command.args(serve.extra_args);
-        let mut server = Server::spawn(command, "pmcache serve", serve.log, serve.socket)?;
-        server.control = Some(serve.control.to_path_buf());
-        server.medium = Some(serve.medium.to_path_buf());
+        let nbd = ServerConfig {
+            listen: ListenAddr::Unix(serve.socket.to_path_buf()),
+            max_connections: serve.max_connections,
+            tls,
+            ..ServerConfig::default()
+        };
+        let cpus = serve.cpus.map(cpu_set).transpose()?;
+        let log = std::fs::File::create(serve.log)
+            .map_err(|e| format!("{}: {e}", serve.log.display()))?;
+        let notes: Arc<dyn Announce> = Arc::new(LogNotes(Mutex::new(log)));
+        let stop = config.stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("pmcache-serve".into())
+            .spawn(move || {
+                // Every thread the server starts inherits this one's CPUs.
+                if let Some(cpus) = &cpus {
+                    rustix::thread::sched_setaffinity(None, cpus)
+                        .map_err(|e| format!("confining the server to its CPUs: {e}"))?;
+                }
+                pmcache_serve::nbd::serve(&config, nbd, notes)
+            })
+            .map_err(|e| format!("starting the server's thread: {e}"))?;
+        let mut server = Server {
+            running: Some(Running::Thread { thread, stop }),
+            what: "pmcache",
+            log: serve.log.to_path_buf(),
+            socket: serve.socket.to_path_buf(),
+            control: Some(serve.control.to_path_buf()),
+            medium: Some(serve.medium.to_path_buf()),
+        };
         let control = serve.control.to_path_buf();
         let socket = serve.socket.to_path_buf();
         server.wait_ready(|| socket.exists() && control_stats(&control).is_ok())?;
@@ -169,7 +240,7 @@ impl Server {
             format!("cannot start {what} ({:?}): {e}", command.get_program().to_string_lossy())
         })?;
         Ok(Server {
-            child: Some(child),
+            running: Some(Running::Child(child)),
             what,
             log: log.to_path_buf(),
             socket: socket.to_path_buf(),
@@ -181,14 +252,33 @@ impl Server {
     fn wait_ready(&mut self, mut ready: impl FnMut() -> bool) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let child = self.child.as_mut().expect("a running server");
-            if let Ok(Some(status)) = child.try_wait() {
-                self.child = None;
-                return Err(format!(
-                    "{} exited ({status}) before it was ready: {}",
-                    self.what,
-                    log_tail(&self.log)
-                ));
+            match self.running.as_mut().expect("a running server") {
+                Running::Child(child) => {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        self.running = None;
+                        return Err(format!(
+                            "{} exited ({status}) before it was ready: {}",
+                            self.what,
+                            log_tail(&self.log)
+                        ));
+                    }
+                }
+                Running::Thread { thread, .. } if thread.is_finished() => {
+                    let Some(Running::Thread { thread, .. }) = self.running.take() else {
+                        unreachable!("matched a thread")
+                    };
+                    let why = match thread.join() {
+                        Ok(Err(e)) => e,
+                        Ok(Ok(())) => "it stopped".into(),
+                        Err(_) => "its thread panicked".into(),
+                    };
+                    return Err(format!(
+                        "{} ended before it was ready: {why}; {}",
+                        self.what,
+                        log_tail(&self.log)
+                    ));
+                }
+                Running::Thread { .. } => {}
             }
             if ready() {
                 return Ok(());
@@ -205,9 +295,13 @@ impl Server {
         }
     }
 
-    /// The server's process id (a taskset wrapper has exec'd into it).
+    /// The server's process id: this process's for pmcache.
     pub(crate) fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
+        match &self.running {
+            Some(Running::Child(child)) => child.id(),
+            Some(Running::Thread { .. }) => std::process::id(),
+            None => 0,
+        }
     }
 
     /// The NBD URI of the default export on the server's socket.
@@ -226,36 +320,37 @@ impl Server {
         control_stats(control)
     }
 
-    /// Stops the server with SIGTERM and waits for it (pmcache on a medium in /dev/shm writes
-    /// every dirty block back first) for up to 10 minutes, then kills it; an error if it had
-    /// to be killed or pmcache did not exit cleanly.
+    /// Stops the server and waits for it (pmcache on a medium in /dev/shm writes every dirty
+    /// block back first) for up to 10 minutes; an error if it did not stop cleanly.
     pub(crate) fn stop(mut self) -> Result<(), String> {
         self.shutdown(Duration::from_secs(600))
     }
 
-    /// SIGTERM, then after `grace` SIGKILL. With a zero grace (a measurement abandoned), a
-    /// second SIGTERM follows at once, which stops pmcache without its final write-back.
+    /// Stops the server: pmcache through its stop handle, waited for; nbdkit with SIGTERM,
+    /// then after `grace` SIGKILL.
     fn shutdown(&mut self, grace: Duration) -> Result<(), String> {
-        let Some(mut child) = self.child.take() else { return Ok(()) };
-        if let Ok(None) = child.try_wait() {
-            send_signal(child.id(), rustix::process::Signal::TERM);
-            if grace.is_zero() {
-                std::thread::sleep(Duration::from_millis(100));
-                if let Ok(None) = child.try_wait() {
-                    send_signal(child.id(), rustix::process::Signal::TERM);
+        match self.running.take() {
+            None => Ok(()),
+            Some(Running::Thread { thread, stop }) => {
+                stop.stop();
+                match thread.join() {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(format!("{} did not stop cleanly: {e}", self.what)),
+                    Err(_) => Err(format!("{}'s thread panicked", self.what)),
                 }
             }
+            Some(Running::Child(child)) => self.shutdown_child(child, grace),
+        }
+    }
+
+    /// SIGTERM, then after `grace` SIGKILL.
+    fn shutdown_child(&mut self, mut child: Child, grace: Duration) -> Result<(), String> {
+        if let Ok(None) = child.try_wait() {
+            send_signal(child.id(), rustix::process::Signal::TERM);
         }
         let grace = grace.max(Duration::from_secs(10));
         let deadline = Instant::now() + grace;
-        let mut status = wait_until(&mut child, deadline, true);
-        if status.is_none() && was_interrupted() {
-            // Interrupted while pmcache writes its cache back: a second SIGTERM stops it at
-            // once (nothing acknowledged is lost; the data does not matter here).
-            send_signal(child.id(), rustix::process::Signal::TERM);
-            status = wait_until(&mut child, Instant::now() + Duration::from_secs(10), false);
-        }
-        match status {
+        match wait_until(&mut child, deadline, true) {
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -265,11 +360,6 @@ impl Server {
                     grace.as_secs()
                 ))
             }
-            Some(status) if self.control.is_some() && !status.success() => Err(format!(
-                "{} exited with {status} at shutdown: {}",
-                self.what,
-                log_tail(&self.log)
-            )),
             Some(_) => Ok(()),
         }
     }

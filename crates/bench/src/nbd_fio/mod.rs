@@ -1,11 +1,11 @@
 //! `pmcache bench nbd`: pmcache served over NBD, driven by fio's nbd engine, beside `nbdkit
 //! file` serving the same backing file and fio on the raw backing file, in the same run.
 //!
-//! Each measurement spawns the real server: this executable's `pmcache serve` on a fresh
-//! cache medium in `/dev/shm` (emulated PM) in front of a backing file on the root disk,
-//! listening on a unix socket. Once its control socket answers, fio runs with
-//! `--ioengine=nbd`; the server's statistics are fetched over the control socket, then the
-//! server is stopped with SIGTERM and waited for (on a medium in /dev/shm, a volatile one,
+//! Each measurement starts the real server — what `pmcache serve` runs, served in this process
+//! through `pmcache_serve` — on a fresh cache medium in `/dev/shm` (emulated PM) in front of a
+//! backing file on the root disk, listening on a unix socket. Once its control socket answers,
+//! fio runs with `--ioengine=nbd`; the server's statistics are fetched over the control
+//! socket, then the server is stopped (as SIGTERM stops `pmcache serve`) and waited for (on a medium in /dev/shm, a volatile one,
 //! pmcache writes every dirty block back before it exits, so the disk is quiet when the next
 //! measurement starts). The baselines: `nbdkit file` on the same backing file (by default
 //! `cache=none fadvise=random`, so its reads reach the disk as pmcache's misses do and the
@@ -40,7 +40,7 @@ use crate::harness::machine::{Machine, tool_version};
 use crate::harness::output::{JsonArgs, opt, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
 use crate::harness::scratch::{Scratch, settle};
-use crate::harness::servers::{PmcacheServe, Server, ServerFigures};
+use crate::harness::servers::{PmcacheServe, ServeOptions, Server, ServerFigures};
 use crate::harness::stats::{median, median_index};
 
 /// Bytes of one request of `bench nbd`.
@@ -350,7 +350,7 @@ fn measure(
                 cleaner: &config.cleaner,
                 cpus: None,
                 max_connections: 16,
-                extra_args: &[],
+                options: ServeOptions::default(),
             })?;
             let result = FioRun::run(&fio(FioTarget::Nbd(server.uri())))?;
             let stats = server.stats()?;

@@ -18,7 +18,7 @@ struct Wrapped {
     args: Paper002Args,
 }
 
-const BED: &str = "pmcache serve (NBD, spawned from this executable) confined with taskset to \
+const BED: &str = "pmcache served over NBD in the bench's process, its threads confined to \
                    CPU 0 or CPUs 0-1; fio's 4 MiB random writes, QD 1 per writer, into a cache \
                    smaller than the span; backing file on the root disk";
 

@@ -18,7 +18,7 @@ use super::Ctx;
 use super::figure::{Absolute, Figure, Point, Series};
 use super::p000::percent;
 use crate::fs::{self, Personality, Threads};
-use crate::harness::servers::{PmcacheServe, Server};
+use crate::harness::servers::{PmcacheServe, ServeOptions, Server};
 
 /// `--bed` inside the guest of `scripts/guest/paper003.sh`.
 pub const GUEST_BED: &str = "guest-fs";
@@ -403,7 +403,7 @@ impl HostBeds {
             cleaner: &[],
             cpus: None,
             max_connections: 4,
-            extra_args: &[],
+            options: ServeOptions::default(),
         })?);
         let fuse = dir("fuse")?;
         let disk = fuse.join("disk");

@@ -4,7 +4,7 @@ use super::cpu::{RunSampler, Sampled, join_pi, spawn_pi};
 use super::{Config, Paper002Args, Plan, Sample};
 use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, RAW_ENGINES, best_of_engines};
 use crate::harness::scratch::{Scratch, settle};
-use crate::harness::servers::{PmcacheServe, Server, ServerFigures};
+use crate::harness::servers::{PmcacheServe, ServeOptions, Server, ServerFigures};
 
 /// Everything a measurement needs.
 pub(super) struct Bed<'a> {
@@ -46,9 +46,9 @@ impl Bed<'_> {
             control: &control,
             log: &log,
             cleaner: &cleaner,
-            cpus: Some((&cpu_list, &self.args.taskset)),
+            cpus: Some(&cpu_list),
             max_connections: writers.max(16),
-            extra_args: &[],
+            options: ServeOptions::default(),
         })
     }
 

@@ -38,7 +38,13 @@ struct TaskCounters {
     involuntary: u64,
 }
 
-/// Every thread of `pid`: `/proc/<pid>/task/<tid>/status`.
+/// Threads of this process that are the bench's, not the server's: the π job and the sampler.
+const BENCH_THREADS: [&str; 2] = [PI_THREAD, SAMPLER_THREAD];
+const PI_THREAD: &str = "pi-job";
+const SAMPLER_THREAD: &str = "ctx-sampler";
+
+/// Every thread of `pid` (`/proc/<pid>/task/<tid>/status`); of this process, where the server
+/// runs beside the bench, the server's alone (not its main thread nor `BENCH_THREADS`).
 fn read_tasks(pid: u32) -> BTreeMap<u32, TaskCounters> {
     let mut tasks = BTreeMap::new();
     let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return tasks };
@@ -58,7 +64,11 @@ fn read_tasks(pid: u32) -> BTreeMap<u32, TaskCounters> {
                 _ => {}
             }
         }
-        tasks.insert(tid, task);
+        let ours = pid == std::process::id()
+            && (tid == pid || BENCH_THREADS.contains(&task.name.as_str()));
+        if !ours {
+            tasks.insert(tid, task);
+        }
     }
     tasks
 }
@@ -103,51 +113,57 @@ impl RunSampler {
         let base = read_tasks(pid);
         let handle = {
             let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut last = base.clone();
-                let mut boost: Option<(Instant, u64)> = None;
-                let mut counters = Vec::new();
-                let start = Instant::now();
-                for tick in 0u64.. {
-                    let done = stop.load(Ordering::Acquire);
-                    last.extend(read_tasks(pid));
-                    if tick.is_multiple_of(STATS_EVERY_TICKS)
-                        && let Some(stats) = control.as_deref().and_then(|c| control_stats(c).ok())
-                    {
-                        counters.push(CounterTick {
-                            t_s: start.elapsed().as_secs_f64(),
-                            writes: stats["writes"].as_u64().unwrap_or(0),
-                            stalls: stats["stalls"].as_u64().unwrap_or(0),
-                        });
-                        let boosts = stats["cleaner_boosts"].as_u64().unwrap_or(0);
-                        boost = match (stats["cleaner_boosted"].as_bool(), boost) {
-                            // The same boost as at the last sample.
-                            (Some(true), Some((since, n))) if n == boosts => Some((since, n)),
-                            (Some(true), _) => Some((Instant::now(), boosts)),
-                            _ => None,
-                        };
+            std::thread::Builder::new()
+                .name(SAMPLER_THREAD.into())
+                .spawn(move || {
+                    let mut last = base.clone();
+                    let mut boost: Option<(Instant, u64)> = None;
+                    let mut counters = Vec::new();
+                    let start = Instant::now();
+                    for tick in 0u64.. {
+                        let done = stop.load(Ordering::Acquire);
+                        last.extend(read_tasks(pid));
+                        if tick.is_multiple_of(STATS_EVERY_TICKS)
+                            && let Some(stats) =
+                                control.as_deref().and_then(|c| control_stats(c).ok())
+                        {
+                            counters.push(CounterTick {
+                                t_s: start.elapsed().as_secs_f64(),
+                                writes: stats["writes"].as_u64().unwrap_or(0),
+                                stalls: stats["stalls"].as_u64().unwrap_or(0),
+                            });
+                            let boosts = stats["cleaner_boosts"].as_u64().unwrap_or(0);
+                            boost = match (stats["cleaner_boosted"].as_bool(), boost) {
+                                // The same boost as at the last sample.
+                                (Some(true), Some((since, n))) if n == boosts => Some((since, n)),
+                                (Some(true), _) => Some((Instant::now(), boosts)),
+                                _ => None,
+                            };
+                        }
+                        if done {
+                            break;
+                        }
+                        // Ticks on a 100 ms grid from the start, whatever each one's reads cost.
+                        let next = Duration::from_millis(100 * (tick + 1));
+                        std::thread::sleep(next.saturating_sub(start.elapsed()));
                     }
-                    if done {
-                        break;
+                    let mut out = ContextSwitches::default();
+                    for (tid, now) in &last {
+                        let (v0, i0) =
+                            base.get(tid).map_or((0, 0), |b| (b.voluntary, b.involuntary));
+                        let (v, i) =
+                            (now.voluntary.saturating_sub(v0), now.involuntary.saturating_sub(i0));
+                        out.voluntary += v;
+                        out.involuntary += i;
+                        let name = now.name.trim_end_matches(|c: char| c.is_ascii_digit());
+                        let name = name.strip_suffix('-').unwrap_or(name).to_string();
+                        *out.by_thread.entry(name).or_default() += v + i;
                     }
-                    // Ticks on a 100 ms grid from the start, whatever each one's reads cost.
-                    let next = Duration::from_millis(100 * (tick + 1));
-                    std::thread::sleep(next.saturating_sub(start.elapsed()));
-                }
-                let mut out = ContextSwitches::default();
-                for (tid, now) in &last {
-                    let (v0, i0) = base.get(tid).map_or((0, 0), |b| (b.voluntary, b.involuntary));
-                    let (v, i) =
-                        (now.voluntary.saturating_sub(v0), now.involuntary.saturating_sub(i0));
-                    out.voluntary += v;
-                    out.involuntary += i;
-                    let name = now.name.trim_end_matches(|c: char| c.is_ascii_digit());
-                    let name = name.strip_suffix('-').unwrap_or(name).to_string();
-                    *out.by_thread.entry(name).or_default() += v + i;
-                }
-                let open_boost_s = boost.map_or(0.0, |(since, _)| since.elapsed().as_secs_f64());
-                Sampled { switches: out, counters, open_boost_s }
-            })
+                    let open_boost_s =
+                        boost.map_or(0.0, |(since, _)| since.elapsed().as_secs_f64());
+                    Sampled { switches: out, counters, open_boost_s }
+                })
+                .expect("a thread for the sampler")
         };
         RunSampler { stop, handle: Some(handle) }
     }
@@ -195,7 +211,7 @@ fn leibniz_pi(terms: u64) -> f64 {
 
 /// Starts the π job on a thread pinned to CPU 0; it returns its run time.
 pub(super) fn spawn_pi(terms: u64) -> JoinHandle<Result<Duration, String>> {
-    std::thread::spawn(move || {
+    let pi = std::thread::Builder::new().name(PI_THREAD.into()).spawn(move || {
         pin_current_thread(0)?;
         let started = Instant::now();
         let pi = leibniz_pi(terms);
@@ -205,7 +221,8 @@ pub(super) fn spawn_pi(terms: u64) -> JoinHandle<Result<Duration, String>> {
             return Err(format!("the π job computed {pi}"));
         }
         Ok(elapsed)
-    })
+    });
+    pi.expect("a thread for the π job")
 }
 
 pub(super) fn join_pi(handle: JoinHandle<Result<Duration, String>>) -> Result<Duration, String> {
@@ -241,5 +258,26 @@ mod tests {
         let tasks = read_tasks(std::process::id());
         assert!(!tasks.is_empty());
         assert!(tasks.values().all(|t| !t.name.is_empty()));
+    }
+
+    /// The server runs in the bench's process: the bench's own threads are not counted as its.
+    #[test]
+    fn the_bench_threads_are_not_the_servers() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let pi = std::thread::Builder::new()
+            .name(PI_THREAD.into())
+            .spawn(move || rx.recv())
+            .expect("thread");
+        let server = std::thread::Builder::new()
+            .name("pmcache-cleaner".into())
+            .spawn(|| std::thread::sleep(std::time::Duration::from_millis(300)))
+            .expect("thread");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let tasks = read_tasks(std::process::id());
+        drop(tx);
+        let _ = (pi.join(), server.join());
+        assert!(!tasks.contains_key(&std::process::id()), "the main thread was counted");
+        assert!(tasks.values().all(|t| t.name != PI_THREAD), "the π job was counted");
+        assert!(tasks.values().any(|t| t.name == "pmcache-cleaner"), "a server thread was not");
     }
 }

@@ -4,8 +4,8 @@
 //! The write-back buffer is the cache and the writer daemon is pmcache's cleaner. fio writes
 //! 4 MiB random requests over NBD (one connection per writer, `numjobs`) into a cache smaller
 //! than the span, so the cleaner must keep writing back for writers to find slots. The real
-//! server (`pmcache serve`, spawned from this executable) is confined with `taskset` to CPU 0,
-//! or CPUs 0–1; the cleaner runs with adaptive boosting off (`--cleaner adaptive=off`: fixed
+//! server (pmcache served in this process through `pmcache_serve`, as `pmcache serve` runs it)
+//! has its threads confined to CPU 0, or CPUs 0–1; the cleaner runs with adaptive boosting off (`--cleaner adaptive=off`: fixed
 //! priority) or on (`adaptive=boost`: its thread's nice value is lowered while writers stall
 //! or dirty data is above the high watermark). Each row gives the median over `--runs` runs of
 //! the bandwidth (MB/s), the stalls per block written (writes that found no free or clean slot
@@ -35,7 +35,7 @@ use pmcache_frontend::units::{human, parse_nonzero_size};
 use serde::Serialize;
 
 use crate::harness::fio::{EngineRate, FioResult, check_fio};
-use crate::harness::machine::{self, Machine, tool_version};
+use crate::harness::machine::{self, Machine};
 use crate::harness::output::{JsonArgs, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
 use crate::harness::scratch::Scratch;
@@ -120,9 +120,6 @@ pub struct Paper002Args {
     /// The fio binary.
     #[arg(long, default_value = "fio")]
     pub fio: String,
-    /// The taskset binary.
-    #[arg(long, default_value = "taskset")]
-    pub taskset: String,
 }
 
 /// The resolved plan of one invocation.
@@ -373,7 +370,6 @@ fn measure(args: &Paper002Args, tables: bool) -> Result<Report, String> {
     let plan = make_plan(args)?;
     catch_interrupts();
     let fio_version = check_fio(&args.fio)?;
-    tool_version(&args.taskset, "--version", "util-linux")?;
     let machine = Machine::probe(fio_version, None);
     let scratch = Scratch::new(&args.dir, &args.shm_dir, "paper002", args.keep_files)?;
     scratch.prefill(plan.span_bytes)?;

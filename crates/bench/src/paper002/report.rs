@@ -28,7 +28,7 @@ pub(super) fn header(m: &Machine, plan: &Plan) -> String {
     let _ = writeln!(
         out,
         "# {} random writes over NBD (one connection per writer, QD{} each), span {}, cache {} \
-         in /dev/shm{extra}; the server confined to CPUs 0..n-1 (taskset); {} s per run, \
+         in /dev/shm{extra}; the server's threads confined to CPUs 0..n-1; {} s per run, \
          median of {} runs; ×off: over adaptive=off in the same run; ×{}cpu: over the same \
          with the most CPUs; stalls/write: writer stalls per block written; ctx sw: the server \
          threads' context switches during the run",

@@ -32,6 +32,7 @@ mod requests;
 mod settings;
 mod soak;
 mod stores;
+mod systemd;
 mod tls;
 mod ublk;
 mod volatile;

@@ -45,6 +45,7 @@ mod batch;
 mod checked;
 mod cleaner;
 mod extents;
+mod inline_writeback;
 mod invalidate;
 mod lifecycle;
 mod misses;
@@ -58,15 +59,14 @@ mod tests;
 mod through;
 mod through_runs;
 mod write;
-mod writeback;
 mod zeroes;
 
 pub use batch::{READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest};
 use cleaner::CleanerShared;
 pub use cleaner::{BatchOutcome, Cleaner};
+use inline_writeback::WrittenBack;
 pub use misses::{READS_PENDING_MAX, ReadStart, Ticket};
 pub use through::WriteStart;
-use writeback::WrittenBack;
 
 /// Read hits a lane of a cache of several members counts local or remote between asking which
 /// node its thread runs on (a `sched_getcpu`; it also asks at every refill of its free run).

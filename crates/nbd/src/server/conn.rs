@@ -77,7 +77,7 @@ pub(super) fn handshake<'e, T: Transport, E: Export>(
     infos: &[ExportInfo],
     mut pick: impl FnMut(usize) -> Option<&'e E>,
     tls: &ConnTls,
-) -> Result<Option<(Session, E::Conn)>, ConnError> {
+) -> Result<Option<(Session, E::Conn<'e>)>, ConnError> {
     wire.out.extend_from_slice(&codec::greeting());
     wire.flush()?;
     let mut flags = [0u8; CLIENT_FLAGS_BYTES];

@@ -754,8 +754,8 @@ mod tests {
     struct Uneven;
 
     impl Export for Uneven {
-        type Conn = crate::mem::MemConn;
-        fn open_conn(&self) -> Result<Self::Conn, BlockError> {
+        type Conn<'a> = crate::mem::MemConn;
+        fn open_conn(&self) -> Result<Self::Conn<'_>, BlockError> {
             unreachable!("never served")
         }
         fn size_bytes(&self) -> u64 {

@@ -1,4 +1,5 @@
-//! The cleaner: a background thread that writes dirty blocks back through the backing store's
+//! The cleaner's mechanism (its policy — settings, order, rate, priority — is
+//! `crate::cleaner_policy`): a background thread that writes dirty blocks back through the backing store's
 //! queued interface, in batches of one `fdatasync` each, at a rate set by watermarks, a PID
 //! controller and idleness, with its thread priority raised while writers stall (paper 002).
 //!
@@ -28,12 +29,12 @@ use pmcache_backing::{IoBuf, IoCompletion, IoQueue, IoRequest};
 
 use super::shared::SyncTicket;
 use super::*;
-use crate::sync::{Condvar, wait_timeout};
-use crate::writeback::priority::ThreadPriority;
-use crate::writeback::{
+use crate::cleaner_policy::priority::ThreadPriority;
+use crate::cleaner_policy::{
     Candidate, CleanerConfig, CleanerStats, DirtyThresholds, RateController, RateTerms,
     STALL_BUCKETS, WriteBackOrder, stall_bucket,
 };
+use crate::sync::{Condvar, wait_timeout};
 
 mod batch;
 mod drains;

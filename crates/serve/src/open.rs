@@ -1,4 +1,4 @@
-//! Opening a cache from the command line: the medium, the backing store, and the decision to
+//! Opening a cache: the medium, the backing store, and the decision to
 //! format, attach (recover) or refuse.
 
 use std::path::{Path, PathBuf};
@@ -21,82 +21,60 @@ pub const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
 /// The block size of a new cache when `--block-size` is not given.
 pub const DEFAULT_BLOCK_BYTES: u32 = 4096;
 
-/// `--medium-sync`'s long help (shared by the commands that open a medium).
-pub const MEDIUM_SYNC_HELP: &str = "How a cache medium that is neither DAX nor volatile is made \
-durable. `auto`: DAX (a MAP_SYNC mapping: a file on a DAX file system, or device-dax) is \
-persistent; a file on tmpfs, ramfs or hugetlbfs (/dev/shm) is volatile (survives a crash of \
-the process, not a reboot); anything else (a file on ext4, xfs, ..., a block device) is \
-refused, since its mapping lives in the page cache and would come back from a power cut as an \
-arbitrary subset of its pages. `msync`: accept such a medium and make every persist call \
-msync(MS_SYNC) on the pages it covers, so that each acknowledged write is on the device. The \
-cost: every cache write waits for two msyncs (its data block's page, then its metadata \
-entry's), each a page write and a device flush: some hundreds of writes per second on a disk against hundreds of thousands \
-on /dev/shm (`pmcache bench media-kinds` measures it here).";
-
-/// Options shared by the commands that open a cache.
-#[derive(Debug, Clone, clap::Args)]
-pub struct CacheArgs {
-    /// The cache medium: a file on a DAX file system, a device-dax node, or a file in
-    /// /dev/shm (emulated PM); any other file only with --medium-sync msync. Created with
-    /// --cache-size when missing or empty. Given several times, one medium per NUMA node as
-    /// PATH@NODE, the cache is a set of members and each write lands on its writer's node
-    /// (docs/NUMA.md); their order does not matter once formatted.
-    #[arg(long, required = true, value_name = "PATH[@NODE]")]
+/// How to open a cache: its media, its backing store, and the engine's settings. The
+/// `pmcache` command builds it from its flags; a program embedding the server fills it in.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// The media: one, or one per NUMA node (a set of members).
     pub cache: Vec<CacheSpec>,
     /// How a medium that is neither DAX nor volatile is made durable.
-    #[arg(long, default_value = "auto", value_name = "auto|msync", long_help = MEDIUM_SYNC_HELP)]
     pub medium_sync: MediumSync,
-    /// The backing store: a file, a block device, or a Ceph RBD image as
-    /// rbd:POOL[/NAMESPACE]/IMAGE[:id=USER][:conf=PATH][:KEY=VALUE]... (docs/RBD.md).
-    #[arg(long)]
+    /// The backing store: a file, a block device, or `rbd:...`.
     pub backing: PathBuf,
-    /// Size of a new cache medium, each member's (K, M, G, T suffixes; powers of 1024)
-    /// [default: 1G]. Given for an existing cache, it must be the media's size.
-    #[arg(long, value_parser = parse_size)]
+    /// Size of a new medium, each member's ([`DEFAULT_CACHE_BYTES`] when `None`); for an
+    /// existing cache, it must be the media's size.
     pub cache_size: Option<u64>,
-    /// Cache block size in bytes, for a new cache [default: 4096]. Given for an existing
+    /// Block size of a new cache ([`DEFAULT_BLOCK_BYTES`] when `None`); for an existing
     /// cache, it must be the cache's.
-    #[arg(long)]
     pub block_size: Option<u32>,
-    /// Give each cached block a CRC32C, written with it and checked on every read from the
-    /// cache (hits, write-back): a block that fails is re-read from the backing store if it
-    /// is clean there, and an error if it is dirty — never other data. For a new cache (a
-    /// format choice, costing a checksum per block read or written: docs/PERFORMANCE.md);
-    /// an existing cache keeps what it was formatted with.
-    #[arg(long)]
+    /// A CRC32C per cached block, for a new cache.
     pub data_crc: bool,
-    /// Cache mode.
-    #[arg(long, default_value = "writeback")]
+    /// The cache mode.
     pub mode: CacheMode,
-    /// Backing-store I/O engine: psync, pvsync2, pvsync2-hipri, libaio, io_uring,
-    /// io_uring-iopoll, io_uring-sqpoll (default: io_uring; see docs/ENGINES.md).
-    #[arg(long)]
+    /// The backing store's I/O engine by name (`pmcache_backing::EngineKind::name`; io_uring
+    /// when `None`).
     pub engine: Option<String>,
-    /// Eviction policy: clock or fifo.
-    #[arg(long, default_value = "clock")]
+    /// The eviction policy.
     pub eviction: EvictionKind,
-    /// Where a cache of several members places writes: `local` (the member of the writer's
-    /// NUMA node, falling back to the nearest) or `interleave` (every member in turn).
-    #[arg(long, default_value = "local", value_name = "local|interleave")]
+    /// Where a cache of several members places writes.
     pub placement: PlacementPolicy,
-    /// Attach an existing cache although the file at --backing is another file than the one
-    /// it was formatted for (another inode: a copy, a move across file systems, a restore).
-    /// You vouch that it holds the data the cache was written over; its size and path must
-    /// still match. Needed at every attach until the cache is formatted again.
-    #[arg(long)]
+    /// Attach although the backing file is another file than the one formatted for.
     pub backing_moved: bool,
-    /// Which read misses are admitted into the cache: `always`; `seq-cutoff=SIZE` (all but
-    /// what a sequential stream reads past SIZE, so a backup's scan does not flush the cache;
-    /// the default, at 4M); `n-hit=N` (a block on its N-th miss within the recent window).
-    /// Changed at run time with `pmcache set admission=...`.
-    #[arg(long, default_value = "seq-cutoff=4M", value_parser = parse_admission, value_name = "always|seq-cutoff=SIZE|n-hit=N")]
+    /// Which read misses are admitted.
     pub admission: AdmissionConfig,
-    /// Give every backing-store read and write at least this latency, as a slower device
-    /// would (for benches and tests of a cache in front of a network disk or an HDD): a time
-    /// (`2ms`, `500us`) or a device preset (`hdd`: 2–14 ms, `sata-ssd`: 90–300 µs,
-    /// `nvme-ssd`: 60–70 µs). Requests overlap without limit.
-    #[arg(long, value_parser = LatencyDist::parse, value_name = "TIME|hdd|sata-ssd|nvme-ssd")]
+    /// A latency added to every backing-store read and write.
     pub backing_latency: Option<LatencyDist>,
+}
+
+impl CacheConfig {
+    /// The defaults of `pmcache serve` for the cache on `cache` in front of `backing`.
+    pub fn new(cache: impl Into<PathBuf>, backing: impl Into<PathBuf>) -> Self {
+        Self {
+            cache: vec![CacheSpec { path: cache.into(), node: None }],
+            medium_sync: MediumSync::Auto,
+            backing: backing.into(),
+            cache_size: None,
+            block_size: None,
+            data_crc: false,
+            mode: CacheMode::WriteBack,
+            engine: None,
+            eviction: EvictionKind::Clock,
+            placement: PlacementPolicy::Local,
+            backing_moved: false,
+            admission: AdmissionConfig::SequentialCutoff { cutoff_bytes: 4 << 20 },
+            backing_latency: None,
+        }
+    }
 }
 
 fn engine_options(name: Option<&str>) -> Result<EngineOptions, String> {
@@ -156,9 +134,9 @@ pub fn open_backing_store(path: &Path, engine: Option<&str>) -> Result<Backing, 
 }
 
 /// Opens a cache's backing store as its arguments say (engine, added latency).
-pub(crate) fn open_cache_backing(args: &CacheArgs) -> Result<Backing, String> {
-    let backing = open_backing_store(&args.backing, args.engine.as_deref())?;
-    Ok(match args.backing_latency {
+pub(crate) fn open_cache_backing(config: &CacheConfig) -> Result<Backing, String> {
+    let backing = open_backing_store(&config.backing, config.engine.as_deref())?;
+    Ok(match config.backing_latency {
         Some(dist) => Arc::new(LatencyStore::new(backing, dist, 0x1a7e)),
         None => backing,
     })
@@ -185,8 +163,8 @@ impl BackingStore for MovedBacking {
 
 /// The backing store an existing cache attaches to: as opened, or, with `--backing-moved`,
 /// without the record of which file it is.
-pub(crate) fn backing_to_attach(args: &CacheArgs, backing: Backing) -> Backing {
-    if args.backing_moved { Arc::new(MovedBacking(backing)) } else { backing }
+pub(crate) fn backing_to_attach(config: &CacheConfig, backing: Backing) -> Backing {
+    if config.backing_moved { Arc::new(MovedBacking(backing)) } else { backing }
 }
 
 /// Claims the backing store for the cache whose superblock heads `medium` (its uuid) before
@@ -214,7 +192,7 @@ pub(crate) fn claim(backing: &Backing, uuid: [u8; 16], describe: &str) -> Result
 }
 
 /// The message for a failed attach, with the way out where there is one.
-pub(crate) fn attach_error(args: &CacheArgs, e: Error) -> String {
+pub(crate) fn attach_error(config: &CacheConfig, e: Error) -> String {
     let hint = match e {
         Error::Format(FormatError::BackingReplaced { .. }) => {
             " (if that file holds the same data — copied, moved across file systems or \
@@ -223,19 +201,22 @@ pub(crate) fn attach_error(args: &CacheArgs, e: Error) -> String {
         }
         _ => "",
     };
-    format!("{}: {e}{hint}", args.describe())
+    format!("{}: {e}{hint}", config.describe())
 }
 
 /// Engine configuration from the command line.
-pub fn engine_config(args: &CacheArgs, max_lanes: usize) -> Config {
+pub fn engine_config(config: &CacheConfig, max_lanes: usize) -> Config {
     Config {
-        mode: args.mode,
-        block_size: args.block_size.unwrap_or(DEFAULT_BLOCK_BYTES),
+        mode: config.mode,
+        block_size: config.block_size.unwrap_or(DEFAULT_BLOCK_BYTES),
         max_lanes,
-        admission: args.admission,
-        eviction: args.eviction,
-        placement: pmcache_engine::PlacementConfig { policy: args.placement, ..Default::default() },
-        data_crc: args.data_crc,
+        admission: config.admission,
+        eviction: config.eviction,
+        placement: pmcache_engine::PlacementConfig {
+            policy: config.placement,
+            ..Default::default()
+        },
+        data_crc: config.data_crc,
         ..Config::default()
     }
 }
@@ -253,11 +234,13 @@ pub enum Opened {
 /// must fail now with a message, not die of SIGBUS at its first store into a hole. Returns it
 /// with its node: the one given (`PATH@NODE`), else the one it declares.
 pub(crate) fn open_member(
-    args: &CacheArgs,
+    config: &CacheConfig,
     spec: &CacheSpec,
 ) -> Result<(PmemFile, Option<u32>), MediumError> {
-    let options =
-        MediumOptions { create_len_bytes: Some(args.new_cache_bytes()), sync: args.medium_sync };
+    let options = MediumOptions {
+        create_len_bytes: Some(config.new_cache_bytes()),
+        sync: config.medium_sync,
+    };
     let medium =
         PmemFile::open_with(&spec.path, &options).map_err(|e| MediumError::Other(e.to_string()))?;
     medium.lock_exclusive().map_err(|e| MediumError::Locked(e.to_string()))?;
@@ -269,16 +252,16 @@ pub(crate) fn open_member(
 /// Opens every member given, in the order given. Members of different kinds (a DAX medium
 /// beside a volatile one) are refused: the cache would promise only the weaker durability
 /// for every block, which no operator asks for by accident.
-fn open_members(args: &CacheArgs) -> Result<Vec<(PmemFile, Option<u32>)>, MediumError> {
+fn open_members(config: &CacheConfig) -> Result<Vec<(PmemFile, Option<u32>)>, MediumError> {
     let members: Vec<(PmemFile, Option<u32>)> =
-        args.cache.iter().map(|spec| open_member(args, spec)).collect::<Result<_, _>>()?;
+        config.cache.iter().map(|spec| open_member(config, spec)).collect::<Result<_, _>>()?;
     let kind = members[0].0.kind();
     if let Some(at) = members.iter().position(|(medium, _)| medium.kind() != kind) {
         return Err(MediumError::Other(format!(
             "{} is {} but {} is {}: a cache's members are all of one kind",
-            args.cache[at].path.display(),
+            config.cache[at].path.display(),
             members[at].0.kind(),
-            args.cache[0].path.display(),
+            config.cache[0].path.display(),
             kind
         )));
     }
@@ -346,7 +329,7 @@ impl std::str::FromStr for CacheSpec {
     }
 }
 
-impl CacheArgs {
+impl CacheConfig {
     /// The size a new medium is created with.
     pub fn new_cache_bytes(&self) -> u64 {
         self.cache_size.unwrap_or(DEFAULT_CACHE_BYTES)
@@ -367,14 +350,14 @@ impl CacheArgs {
 /// silent attach of what is there. An unreadable superblock is left for the attach to
 /// report.
 fn check_geometry_asked(
-    args: &CacheArgs,
+    config: &CacheConfig,
     members: &[(PmemFile, Option<u32>)],
 ) -> Result<(), String> {
-    for (spec, (medium, _)) in args.cache.iter().zip(members) {
-        check_size_asked(args, &spec.path, medium)?;
+    for (spec, (medium, _)) in config.cache.iter().zip(members) {
+        check_size_asked(config, &spec.path, medium)?;
         let path = spec.path.display();
         let len_bytes = medium.len_bytes();
-        if let Some(asked) = args.block_size {
+        if let Some(asked) = config.block_size {
             let mut head = vec![0u8; SUPERBLOCK_BYTES.min(len_bytes) as usize];
             medium.read(0, &mut head);
             if let Ok(superblock) = Superblock::decode(&head, len_bytes)
@@ -388,7 +371,7 @@ fn check_geometry_asked(
                 ));
             }
         }
-        if args.data_crc {
+        if config.data_crc {
             let mut head = vec![0u8; SUPERBLOCK_BYTES.min(len_bytes) as usize];
             medium.read(0, &mut head);
             if let Ok(superblock) = Superblock::decode(&head, len_bytes)
@@ -408,12 +391,12 @@ fn check_geometry_asked(
 /// Refuses a `--cache-size` other than the size of the medium opened: an existing file or
 /// device keeps its size (only a new or empty file is created at the size asked).
 pub(crate) fn check_size_asked(
-    args: &CacheArgs,
+    config: &CacheConfig,
     path: &Path,
     medium: &PmemFile,
 ) -> Result<(), String> {
     let len_bytes = medium.len_bytes();
-    match args.cache_size {
+    match config.cache_size {
         Some(asked) if asked != len_bytes => Err(format!(
             "{} is an existing medium of {} ({len_bytes} bytes), not the {} ({asked} bytes) \
              --cache-size asks for: the size shapes a new medium only; omit --cache-size to use \
@@ -427,8 +410,11 @@ pub(crate) fn check_size_asked(
 }
 
 /// The first member given whose first bytes are all zero (new or never formatted).
-fn first_blank<'a>(args: &'a CacheArgs, members: &[(PmemFile, Option<u32>)]) -> Option<&'a Path> {
-    args.cache.iter().zip(members).find_map(|(spec, (medium, _))| {
+fn first_blank<'a>(
+    config: &'a CacheConfig,
+    members: &[(PmemFile, Option<u32>)],
+) -> Option<&'a Path> {
+    config.cache.iter().zip(members).find_map(|(spec, (medium, _))| {
         let mut head = [0u8; 4096];
         medium.read(0, &mut head);
         head.iter().all(|&b| b == 0).then_some(spec.path.as_path())
@@ -454,15 +440,15 @@ pub(crate) fn before_open(path: &Path) -> Result<Before, String> {
 }
 
 /// Refuses a set given twice the same medium, or more members than a cache has.
-fn check_members_given(args: &CacheArgs) -> Result<(), String> {
-    if args.cache.len() > MEMBERS_MAX {
+fn check_members_given(config: &CacheConfig) -> Result<(), String> {
+    if config.cache.len() > MEMBERS_MAX {
         return Err(format!(
             "{} cache media given; a cache has at most {MEMBERS_MAX} members (one per NUMA node)",
-            args.cache.len()
+            config.cache.len()
         ));
     }
-    for (i, spec) in args.cache.iter().enumerate() {
-        if args.cache[..i].iter().any(|other| other.path == spec.path) {
+    for (i, spec) in config.cache.iter().enumerate() {
+        if config.cache[..i].iter().any(|other| other.path == spec.path) {
             return Err(format!("{} is given twice as a cache medium", spec.path.display()));
         }
     }
@@ -475,19 +461,22 @@ fn check_members_given(args: &CacheArgs) -> Result<(), String> {
 /// was lost may still hold dirty data; only `pmcache format --force` formats it), and a set
 /// of members some new and some not (a set is formatted or attached whole). Media created
 /// here that cannot be formatted are removed again.
-pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine, Opened), String> {
-    check_members_given(args)?;
-    let backing = open_cache_backing(args)?;
-    let config = engine_config(args, max_lanes);
-    let describe = |e: Error| format!("{}: {e}", args.describe());
+pub fn open_or_format(
+    config: &CacheConfig,
+    max_lanes: usize,
+) -> Result<(CacheEngine, Opened), String> {
+    check_members_given(config)?;
+    let backing = open_cache_backing(config)?;
+    let settings = engine_config(config, max_lanes);
+    let describe = |e: Error| format!("{}: {e}", config.describe());
     let mut before: Vec<Before> =
-        args.cache.iter().map(|spec| before_open(&spec.path)).collect::<Result<_, _>>()?;
+        config.cache.iter().map(|spec| before_open(&spec.path)).collect::<Result<_, _>>()?;
     let new = |before: &[Before]| !before.contains(&Before::Holding);
     if new(&before) {
         // Refusals a format would make, before anything is created.
-        let sizes = vec![args.new_cache_bytes(); args.cache.len()];
-        CacheEngine::check_format_set(&sizes, backing.size_bytes(), &config).map_err(describe)?;
-        for (spec, state) in args.cache.iter().zip(before.iter_mut()) {
+        let sizes = vec![config.new_cache_bytes(); config.cache.len()];
+        CacheEngine::check_format_set(&sizes, backing.size_bytes(), &settings).map_err(describe)?;
+        for (spec, state) in config.cache.iter().zip(before.iter_mut()) {
             if *state != Before::Missing {
                 continue;
             }
@@ -497,19 +486,19 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => *state = Before::Holding,
                 Err(e) => {
-                    undo_new_media(args, &before);
+                    undo_new_media(config, &before);
                     return Err(format!("{}: {e}", spec.path.display()));
                 }
             }
         }
     }
     if new(&before) {
-        let members = match open_members(args) {
+        let members = match open_members(config) {
             Ok(members) => members,
             // Another process holds a medium: it is theirs now, whoever created it.
             Err(MediumError::Locked(e)) => return Err(e),
             Err(MediumError::Other(e)) => {
-                undo_new_media(args, &before);
+                undo_new_media(config, &before);
                 return Err(e);
             }
         };
@@ -517,22 +506,22 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
             as_set(members, false),
             backing,
             MonotonicClock::default(),
-            &config,
+            &settings,
         ) {
             Ok(engine) => {
                 // Before anything of the new cache reaches the backing store.
-                claim(engine.backing(), engine.superblock().uuid, &args.describe())?;
+                claim(engine.backing(), engine.superblock().uuid, &config.describe())?;
                 Ok((engine, Opened::Formatted))
             }
             Err(e) => {
-                undo_new_media(args, &before);
+                undo_new_media(config, &before);
                 Err(describe(e))
             }
         };
     }
     if before.iter().any(|&b| b != Before::Holding) {
         // Nothing was created: a format creates only when every member is new.
-        let new: Vec<String> = args
+        let new: Vec<String> = config
             .cache
             .iter()
             .zip(&before)
@@ -546,8 +535,8 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
             new.join(", ")
         ));
     }
-    let members = open_members(args).map_err(MediumError::into_message)?;
-    if let Some(blank) = first_blank(args, &members) {
+    let members = open_members(config).map_err(MediumError::into_message)?;
+    if let Some(blank) = first_blank(config, &members) {
         return Err(format!(
             "{} has no cache superblock (its first 4 KiB are zero) but is not empty: it may be \
              a cache whose superblock was lost, still holding dirty data; refusing to format it \
@@ -555,10 +544,10 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
             blank.display()
         ));
     }
-    check_geometry_asked(args, &members)?;
-    let backing = backing_to_attach(args, backing);
-    claim_for_medium(&backing, &members[0].0, &args.describe())?;
-    match Engine::open(as_set(members, true), backing, MonotonicClock::default(), &config) {
+    check_geometry_asked(config, &members)?;
+    let backing = backing_to_attach(config, backing);
+    claim_for_medium(&backing, &members[0].0, &config.describe())?;
+    match Engine::open(as_set(members, true), backing, MonotonicClock::default(), &settings) {
         Ok((engine, report)) => Ok((engine, Opened::Attached(report))),
         Err(Error::Format(FormatError::BadMagic { found }))
             if found == pmcache_engine::stores::STORE_TABLE_MAGIC =>
@@ -567,21 +556,21 @@ pub fn open_or_format(args: &CacheArgs, max_lanes: usize) -> Result<(CacheEngine
                 "{} is a cache shared by several backing stores (it starts with a store \
                  table): serve it with --store NAME=PATH for each of its stores instead of \
                  --backing (`pmcache check` names them)",
-                args.describe()
+                config.describe()
             ))
         }
         Err(Error::Format(FormatError::BadMagic { found })) if found != MAGIC => Err(format!(
             "{} holds data that is not a pmcache cache; refusing to overwrite it (use `pmcache format --force` to reformat)",
-            args.describe()
+            config.describe()
         )),
-        Err(e) => Err(attach_error(args, e)),
+        Err(e) => Err(attach_error(config, e)),
     }
 }
 
 /// Puts new media's paths back as they were after a format that failed (rare once
 /// `check_format` passed: no room to reserve, no memory for the DRAM tables).
-fn undo_new_media(args: &CacheArgs, before: &[Before]) {
-    for (spec, state) in args.cache.iter().zip(before) {
+fn undo_new_media(config: &CacheConfig, before: &[Before]) {
+    for (spec, state) in config.cache.iter().zip(before) {
         let _ = match state {
             Before::Missing => std::fs::remove_file(&spec.path),
             Before::Empty => {
@@ -594,34 +583,34 @@ fn undo_new_media(args: &CacheArgs, before: &[Before]) {
 
 /// Attaches (recovering) the cache on the media, never formatting it: a blank superblock
 /// page is refused with a message, whatever the rest of the medium holds.
-pub fn open_existing(args: &CacheArgs, max_lanes: usize) -> Result<CacheEngine, String> {
-    check_members_given(args)?;
-    let backing = open_cache_backing(args)?;
-    let members = open_members(args).map_err(MediumError::into_message)?;
-    if let Some(blank) = first_blank(args, &members) {
+pub fn open_existing(config: &CacheConfig, max_lanes: usize) -> Result<CacheEngine, String> {
+    check_members_given(config)?;
+    let backing = open_cache_backing(config)?;
+    let members = open_members(config).map_err(MediumError::into_message)?;
+    if let Some(blank) = first_blank(config, &members) {
         return Err(format!(
             "{} has no cache superblock (its first 4 KiB are zero); nothing to attach, and \
              nothing on it was changed",
             blank.display()
         ));
     }
-    check_geometry_asked(args, &members)?;
-    let backing = backing_to_attach(args, backing);
-    claim_for_medium(&backing, &members[0].0, &args.describe())?;
-    let config = engine_config(args, max_lanes);
-    Engine::open(as_set(members, true), backing, MonotonicClock::default(), &config)
+    check_geometry_asked(config, &members)?;
+    let backing = backing_to_attach(config, backing);
+    claim_for_medium(&backing, &members[0].0, &config.describe())?;
+    let settings = engine_config(config, max_lanes);
+    Engine::open(as_set(members, true), backing, MonotonicClock::default(), &settings)
         .map(|(engine, _)| engine)
-        .map_err(|e| attach_error(args, e))
+        .map_err(|e| attach_error(config, e))
 }
 
 /// Formats the media as one cache (one member each, in the order given), refusing to
 /// overwrite a medium that is not blank unless `force`.
-pub fn format(args: &CacheArgs, force: bool) -> Result<CacheEngine, String> {
-    check_members_given(args)?;
-    let backing = open_cache_backing(args)?;
-    let members = open_members(args).map_err(MediumError::into_message)?;
+pub fn format(config: &CacheConfig, force: bool) -> Result<CacheEngine, String> {
+    check_members_given(config)?;
+    let backing = open_cache_backing(config)?;
+    let members = open_members(config).map_err(MediumError::into_message)?;
     if !force {
-        for (spec, (medium, _)) in args.cache.iter().zip(&members) {
+        for (spec, (medium, _)) in config.cache.iter().zip(&members) {
             let mut head = [0u8; 4096];
             medium.read(0, &mut head);
             if head.iter().any(|&b| b != 0) {
@@ -633,16 +622,16 @@ pub fn format(args: &CacheArgs, force: bool) -> Result<CacheEngine, String> {
             }
         }
     }
-    for (spec, (medium, _)) in args.cache.iter().zip(&members) {
-        check_size_asked(args, &spec.path, medium)?;
+    for (spec, (medium, _)) in config.cache.iter().zip(&members) {
+        check_size_asked(config, &spec.path, medium)?;
     }
     let engine = Engine::format(
         as_set(members, false),
         backing,
         MonotonicClock::default(),
-        &engine_config(args, 4),
+        &engine_config(config, 4),
     )
-    .map_err(|e| format!("{}: {e}", args.describe()))?;
-    claim(engine.backing(), engine.superblock().uuid, &args.describe())?;
+    .map_err(|e| format!("{}: {e}", config.describe()))?;
+    claim(engine.backing(), engine.superblock().uuid, &config.describe())?;
     Ok(engine)
 }

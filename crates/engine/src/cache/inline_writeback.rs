@@ -1,5 +1,5 @@
-//! Writing dirty blocks back to the backing store: the inline write-back of reclaim and
-//! index room, flush and drain.
+//! Writing dirty blocks back inline, on the writer's or caller's own lane: the write-back of
+//! reclaim and index room, flush and drain (the background cleaner is `cache/cleaner/`).
 
 use super::*;
 

@@ -7,14 +7,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use pmcache_engine::stores::StoreTable;
+use pmcache_engine::stores::{STORE_TABLE_BYTES, STORE_TABLE_MAGIC, StoreTable};
 use pmcache_engine::{Engine, MonotonicClock};
 use pmcache_frontend::{CacheEngine, CacheMedium};
 use pmcache_media::{Medium, MediumSet, PmemFile, Window};
 
-use crate::args::StoreSpec;
-use crate::cache::{
-    Before, CacheArgs, MediumError, Opened, attach_error, backing_to_attach, before_open,
+use crate::config::StoreSpec;
+use crate::open::{
+    Before, CacheConfig, MediumError, Opened, attach_error, backing_to_attach, before_open,
     check_size_asked, engine_config, open_cache_backing, open_member,
 };
 
@@ -34,34 +34,34 @@ fn window_of(medium: &Arc<PmemFile>, window: std::ops::Range<u64>) -> CacheMediu
 }
 
 /// The arguments of one store: the cache's, with the store's backing store.
-fn store_args(args: &CacheArgs, store: &StoreSpec) -> CacheArgs {
-    CacheArgs { backing: store.backing.clone(), ..args.clone() }
+fn store_config(config: &CacheConfig, store: &StoreSpec) -> CacheConfig {
+    CacheConfig { backing: store.backing.clone(), ..config.clone() }
 }
 
 /// Formats a new medium for `stores`, or attaches each of them on an existing one. An error
 /// is about the medium as a whole (nothing served); a store's own failure is in its
 /// [`StoreOpened`].
 pub(crate) fn open_or_format(
-    args: &CacheArgs,
+    config: &CacheConfig,
     stores: &[StoreSpec],
     max_lanes: usize,
 ) -> Result<Vec<StoreOpened>, String> {
-    if args.cache.len() != 1 {
+    if config.cache.len() != 1 {
         return Err("a cache shared by several backing stores (--store) is on one medium: give \
                     one --cache"
             .into());
     }
-    let path = &args.cache[0].path;
+    let path = &config.cache[0].path;
     match before_open(path)? {
-        Before::Holding => attach(args, path, stores, max_lanes),
-        before => format(args, path, before, stores, max_lanes),
+        Before::Holding => attach(config, path, stores, max_lanes),
+        before => format(config, path, before, stores, max_lanes),
     }
 }
 
 /// Formats a new (missing or empty) medium: every store's backing store must open, each
 /// window is formatted, and the table is written last.
 fn format(
-    args: &CacheArgs,
+    config: &CacheConfig,
     path: &Path,
     before: Before,
     stores: &[StoreSpec],
@@ -69,11 +69,11 @@ fn format(
 ) -> Result<Vec<StoreOpened>, String> {
     let names: Vec<String> = stores.iter().map(|s| s.name.clone()).collect();
     // Refused before anything is created; planned again on the medium as opened.
-    StoreTable::plan(args.new_cache_bytes(), &names)
+    StoreTable::plan(config.new_cache_bytes(), &names)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut backings = Vec::with_capacity(stores.len());
     for store in stores {
-        let backing = open_cache_backing(&store_args(args, store)).map_err(|e| {
+        let backing = open_cache_backing(&store_config(config, store)).map_err(|e| {
             format!(
                 "store {:?}: {e}; a new cache is formatted for all its stores at once, so \
                  nothing was created",
@@ -97,7 +97,7 @@ fn format(
             .open(path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    let (medium, _node) = match open_member(args, &args.cache[0]) {
+    let (medium, _node) = match open_member(config, &config.cache[0]) {
         Ok(opened) => opened,
         // Another process holds the medium: it is theirs now, whoever created it.
         Err(MediumError::Locked(e)) => return Err(e),
@@ -111,16 +111,16 @@ fn format(
         format!("{}: {e}", path.display())
     })?;
     let medium = Arc::new(medium);
-    let config = engine_config(args, max_lanes);
+    let settings = engine_config(config, max_lanes);
     StoreTable::clear(&*medium);
     let mut opened = Vec::with_capacity(stores.len());
     for ((store, entry), backing) in stores.iter().zip(&table.stores).zip(backings) {
         let window = window_of(&medium, entry.window.clone());
-        match Engine::format(window, backing, MonotonicClock::default(), &config) {
+        match Engine::format(window, backing, MonotonicClock::default(), &settings) {
             Ok(engine) => {
                 let describe = format!("store {:?}", store.name);
                 let claimed =
-                    crate::cache::claim(engine.backing(), engine.superblock().uuid, &describe);
+                    crate::open::claim(engine.backing(), engine.superblock().uuid, &describe);
                 opened.push(StoreOpened {
                     name: store.name.clone(),
                     backing: store.backing.clone(),
@@ -146,13 +146,13 @@ fn format(
 
 /// Attaches each store given on a medium that holds a store table.
 fn attach(
-    args: &CacheArgs,
+    config: &CacheConfig,
     path: &Path,
     stores: &[StoreSpec],
     max_lanes: usize,
 ) -> Result<Vec<StoreOpened>, String> {
-    let (medium, _node) = open_member(args, &args.cache[0]).map_err(|e| e.into_message())?;
-    check_size_asked(args, path, &medium)?;
+    let (medium, _node) = open_member(config, &config.cache[0]).map_err(|e| e.into_message())?;
+    check_size_asked(config, path, &medium)?;
     let medium = Arc::new(medium);
     if !StoreTable::is_on(&*medium) {
         let mut head = [0u8; 4096];
@@ -186,11 +186,11 @@ fn attach(
             );
         }
     }
-    let config = engine_config(args, max_lanes);
+    let settings = engine_config(config, max_lanes);
     let opened = stores
         .iter()
         .map(|store| {
-            let one = store_args(args, store);
+            let one = store_config(config, store);
             let opened = match table.store(&store.name) {
                 None => Err(format!(
                     "store {:?} is not on {} (its stores: {known}); stores are chosen when the \
@@ -201,8 +201,8 @@ fn attach(
                 Some(entry) => open_cache_backing(&one).and_then(|backing| {
                     let backing = backing_to_attach(&one, backing);
                     let window = window_of(&medium, entry.window.clone());
-                    crate::cache::claim_for_medium(&backing, &window, &one.describe())?;
-                    Engine::open(window, backing, MonotonicClock::default(), &config)
+                    crate::open::claim_for_medium(&backing, &window, &one.describe())?;
+                    Engine::open(window, backing, MonotonicClock::default(), &settings)
                         .map(|(engine, report)| (engine, Opened::Attached(report)))
                         .map_err(|e| attach_error(&one, e))
                 }),
@@ -211,4 +211,22 @@ fn attach(
         })
         .collect();
     Ok(opened)
+}
+
+/// The store table at the start of the medium at `path`, if it starts with one's magic (an
+/// error if that table is not valid).
+pub fn store_table_of(path: &Path) -> Result<Option<StoreTable>, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let describe = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut file = std::fs::File::open(path).map_err(describe)?;
+    let len_bytes = file.seek(SeekFrom::End(0)).map_err(describe)?;
+    file.seek(SeekFrom::Start(0)).map_err(describe)?;
+    let mut table = vec![0u8; STORE_TABLE_BYTES];
+    if len_bytes < STORE_TABLE_BYTES as u64 || file.read_exact(&mut table).is_err() {
+        return Ok(None);
+    }
+    if table[..8] != STORE_TABLE_MAGIC {
+        return Ok(None);
+    }
+    StoreTable::decode(&table, len_bytes).map(Some).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -17,10 +17,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use pmcache_engine::{AdmissionConfig, CacheMode, Error};
-use pmcache_frontend::CacheEngine;
+use pmcache_frontend::{CacheEngine, ReadLatencies};
 
 use crate::attachment::Attachment;
-use crate::cache::{admission_name, parse_admission};
+use crate::open::{admission_name, parse_admission};
 
 /// The control socket path of a cache.
 pub fn default_control_path(cache: &Path) -> PathBuf {
@@ -63,7 +63,7 @@ pub fn bind(path: &Path) -> Result<UnixListener, String> {
 }
 
 /// The engine's statistics as a JSON object.
-pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
+pub fn stats_json(engine: &CacheEngine, latencies: &ReadLatencies) -> serde_json::Value {
     let stats = engine.stats();
     let mut object = serde_json::Map::new();
     for (name, value) in stats.counters() {
@@ -78,7 +78,7 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
     );
     object.insert("admission".into(), admission_name(engine.admission()).into());
     object.insert("data_crc".into(), engine.layout().data_crc().into());
-    object.insert("medium".into(), crate::cache::kind_of(engine.medium()).name().into());
+    object.insert("medium".into(), crate::open::kind_of(engine.medium()).name().into());
     object.insert("size_bytes".into(), engine.size_bytes().into());
     object.insert("backing_engine".into(), engine.backing().engine_name().into());
     object.insert("backing_state".into(), stats.backing.state.name().into());
@@ -102,7 +102,7 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
         })
         .collect();
     object.insert("members".into(), members.into());
-    for (name, value) in pmcache_frontend::READ_LATENCIES.stats() {
+    for (name, value) in latencies.stats() {
         object.insert(name, value.into());
     }
     let c = &stats.cleaner;
@@ -151,15 +151,22 @@ pub fn stats_json(engine: &CacheEngine) -> serde_json::Value {
 /// What the control socket serves: the engine, its frontend, the state record it keeps in
 /// step with the mode, and the flag a `detach` sets.
 pub(crate) struct Served<F> {
-    pub(crate) engine: &'static CacheEngine,
+    pub(crate) engine: Arc<CacheEngine>,
+    pub(crate) latencies: Arc<ReadLatencies>,
     pub(crate) frontend: F,
     pub(crate) attachment: Arc<Attachment>,
     pub(crate) detach: Arc<AtomicBool>,
+    /// Set when the server has stopped: the next connection (the server's own, to wake this
+    /// thread) ends the serving.
+    pub(crate) closing: Arc<AtomicBool>,
 }
 
-/// Serves control connections until the process ends.
+/// Serves control connections until the server closes it (`Served::closing`).
 pub(crate) fn serve(listener: UnixListener, served: Served<impl Frontend>) {
     for stream in listener.incoming() {
+        if served.closing.load(Ordering::SeqCst) {
+            return;
+        }
         let Ok(stream) = stream else { continue };
         if let Err(e) = handle(stream, &served) {
             eprintln!("pmcache: control connection: {e}");
@@ -168,8 +175,8 @@ pub(crate) fn serve(listener: UnixListener, served: Served<impl Frontend>) {
 }
 
 fn handle(stream: UnixStream, served: &Served<impl Frontend>) -> std::io::Result<()> {
-    let Served { engine, frontend, attachment, detach } = served;
-    let engine = *engine;
+    let Served { engine, latencies, frontend, attachment, detach, .. } = served;
+    let engine = &**engine;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = stream;
@@ -179,7 +186,7 @@ fn handle(stream: UnixStream, served: &Served<impl Frontend>) -> std::io::Result
         // A connection closed without a command: a liveness probe (`detach` waiting).
         "" => {}
         "stats" => {
-            let mut stats = stats_json(engine);
+            let mut stats = stats_json(engine, latencies);
             if let Some(object) = stats.as_object_mut() {
                 for (name, value) in frontend.stats() {
                     object.insert(name.into(), value.into());
@@ -284,7 +291,7 @@ static MODE_CHANGED_UNIX_SECS: AtomicU64 = AtomicU64::new(0);
 /// meanwhile. If either write-back fails, the old mode stays (nothing is lost: the dirty
 /// blocks stay in the cache) and the error says so.
 fn switch_mode(
-    engine: &'static CacheEngine,
+    engine: &CacheEngine,
     attachment: &Attachment,
     to: CacheMode,
     mut progress: impl FnMut(u64, u64),
@@ -328,10 +335,7 @@ fn switch_mode(
 /// is in a mode that makes no dirty block and holds none (every slot's state read: after a
 /// switch out of write-back, or a flush). An error is the record's: the cache is as it was,
 /// and the record still says the backing store may be stale, which is safe.
-fn record_if_written_back(
-    engine: &'static CacheEngine,
-    attachment: &Attachment,
-) -> Result<bool, String> {
+fn record_if_written_back(engine: &CacheEngine, attachment: &Attachment) -> Result<bool, String> {
     attachment
         .backing_complete(|| {
             !engine.mode().writes_back()
@@ -349,7 +353,7 @@ fn record_if_written_back(
 /// Writes every dirty block back, calling `progress` with the dirty count every 100 ms: through
 /// the running cleaner (its thread and queue, at full speed: `Engine::request_drain`), or, when
 /// none takes requests (`order=none`, or stopped), through a lane of this thread's own.
-fn flush(engine: &'static CacheEngine, mut progress: impl FnMut(u64)) -> Result<(), String> {
+fn flush(engine: &CacheEngine, mut progress: impl FnMut(u64)) -> Result<(), String> {
     const TICK: Duration = Duration::from_millis(100);
     if let Some(ticket) = engine.request_drain() {
         loop {

@@ -1,6 +1,8 @@
-//! Background write-back: the cleaner's settings, its write-back policies, its rate controller
-//! and its thread priority, and what it reports. The cleaner itself runs on the engine's
-//! internals (`cache/cleaner/`).
+//! The cleaner's policy: its settings, the order it writes dirty blocks back in, its rate
+//! controller and its thread priority, and what it reports. The mechanism that runs them on
+//! the engine's internals — the thread's loop, its batches, its pacing of writers — is
+//! `cache/cleaner/`; the write-back a writer or a flush does inline is
+//! `cache/inline_writeback.rs`.
 
 pub mod config;
 pub mod policy;

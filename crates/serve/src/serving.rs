@@ -1,5 +1,4 @@
-//! What both frontends of `pmcache serve` (NBD in `crate::nbd`, ublk in `crate::ublk`) do
-//! around serving: open the cache (format or attach, after binding its control socket and
+//! What every frontend (NBD in `crate::nbd`, ublk in `crate::ublk`) does around serving: open the cache (format or attach, after binding its control socket and
 //! checking the state file of a volatile medium), start the cleaner, serve the control socket
 //! and stop the frontend on SIGINT or SIGTERM, and at the end write back what must be, mark
 //! the cache clean and remove the control socket.
@@ -13,48 +12,151 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pmcache_engine::{CacheMode, Error};
-use pmcache_frontend::CacheEngine;
-use pmcache_frontend::units::human;
+use pmcache_frontend::{CacheEngine, ReadLatencies};
 use pmcache_media::{FileSystem, MediumKind};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use crate::args::{DEFAULT_BACKING, DEFAULT_CACHE, ServeArgs, StoreSpec};
 use crate::attachment::Attachment;
-use crate::cache::{CacheArgs, CacheSpec, Opened, open_or_format};
+use crate::config::{ServeConfig, StoreSpec};
 use crate::control::{self, Frontend, default_control_path};
+use crate::open::{CacheConfig, Opened, open_or_format};
 use crate::state;
 
-const DEFAULT_BACKING_BYTES: u64 = 8 << 30;
+/// What a server tells its operator as it starts: the `pmcache` command prints it, a server
+/// inside another program may ignore it ([`Silent`]).
+pub trait Announce: Send + Sync {
+    /// A cache (or one store of a shared cache) is served: `ready` says where and how.
+    fn serving(&self, ready: &Ready<'_>) {
+        let _ = ready;
+    }
 
-fn ensure_default_backing(path: &Path) -> Result<(), String> {
-    if path.exists() {
-        return Ok(());
+    /// An NBD server listens on `addr`, every export of it served.
+    fn listening(&self, addr: &pmcache_nbd::ListenAddr) {
+        let _ = addr;
     }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+
+    /// A line about the cache's life — formatted or attached, the medium's kind, written
+    /// back, marked clean — on stderr unless overridden. Warnings and errors do not come
+    /// here: they are always said, or returned.
+    fn note(&self, line: &str) {
+        eprintln!("pmcache: {line}");
     }
-    std::fs::File::create(path)
-        .and_then(|f| f.set_len(DEFAULT_BACKING_BYTES))
-        .map_err(|e| format!("{}: {e}", path.display()))
+
+    /// Whether the final write-back draws a progress bar (on stderr, when it is a terminal,
+    /// unless overridden) instead of noting its progress a quarter at a time.
+    fn progress_bar(&self) -> bool {
+        std::io::stderr().is_terminal()
+    }
+}
+
+/// Announces nothing and notes nothing: a server inside a program that says what it wants
+/// itself (warnings are still said on stderr).
+pub struct Silent;
+
+impl Announce for Silent {
+    fn note(&self, _line: &str) {}
+
+    fn progress_bar(&self) -> bool {
+        false
+    }
+}
+
+/// A cache being served, as [`Announce::serving`] is told of it.
+pub struct Ready<'a> {
+    /// The cache medium (the first member's path).
+    pub cache: &'a Path,
+    /// The backing store.
+    pub backing: &'a Path,
+    /// The store's name, on a cache shared by several backing stores.
+    pub store: Option<&'a str>,
+    /// The control socket.
+    pub control: &'a Path,
+    /// The cache.
+    pub summary: CacheSummary,
+    /// Where the frontend serves it.
+    pub frontend: FrontendReady<'a>,
+}
+
+/// Where a frontend serves a cache.
+pub enum FrontendReady<'a> {
+    /// As an NBD export.
+    Nbd {
+        /// The server's address.
+        addr: &'a pmcache_nbd::ListenAddr,
+        /// The export's name.
+        export: &'a str,
+    },
+    /// As `/dev/ublkbN`.
+    #[cfg(feature = "ublk")]
+    Ublk {
+        /// The device.
+        started: &'a pmcache_ublk::Started,
+        /// Its queues and their depth.
+        queues: u16,
+        /// Tags per queue.
+        depth: u16,
+        /// The queues' polling budget (`None`: they sleep).
+        poll_idle: Option<Duration>,
+        /// Whether user recovery was asked for (the kernel may not offer it).
+        user_recovery_asked: bool,
+    },
+}
+
+/// A served cache in figures, for the startup line.
+#[derive(Clone, Debug)]
+pub struct CacheSummary {
+    /// The medium's size.
+    pub medium_bytes: u64,
+    /// The medium's kind (`pmcache_media::MediumKind::name`).
+    pub medium_kind: &'static str,
+    /// Cache slots.
+    pub slots: u64,
+    /// The block size.
+    pub block_bytes: u32,
+    /// The cache mode.
+    pub mode: CacheMode,
+    /// The size served (the backing store's).
+    pub size_bytes: u64,
+}
+
+impl CacheSummary {
+    /// The summary of `engine`.
+    pub fn of(engine: &CacheEngine) -> Self {
+        Self {
+            medium_bytes: engine.superblock().geometry.medium_bytes,
+            medium_kind: crate::open::kind_of(engine.medium()).name(),
+            slots: engine.superblock().geometry.slot_count,
+            block_bytes: engine.block_size(),
+            mode: engine.mode(),
+            size_bytes: engine.size_bytes(),
+        }
+    }
 }
 
 /// The cache a frontend serves, with what goes with it for as long as it is served: the
 /// control socket, the state file of a volatile medium, the cleaner's thread. Both frontends
 /// (NBD in `crate::nbd`, ublk in `crate::ublk`) open it, serve, and finish it.
-pub(crate) struct Serving {
-    /// The engine, for the whole process.
-    pub(crate) engine: &'static CacheEngine,
+pub struct Serving {
+    /// The engine.
+    pub engine: Arc<CacheEngine>,
     /// The cache medium's path.
-    pub(crate) cache: PathBuf,
+    pub cache: PathBuf,
     /// The backing store's path.
-    pub(crate) backing: PathBuf,
+    pub backing: PathBuf,
     /// The store's name, on a cache shared by several backing stores.
-    pub(crate) store: Option<String>,
+    pub store: Option<String>,
     /// The control socket's path.
-    pub(crate) control_path: PathBuf,
+    pub control_path: PathBuf,
     control_listener: Option<UnixListener>,
     control_file: RemoveOnDrop,
+    /// The control socket's thread, ended by `finish`.
+    control_thread: Option<std::thread::JoinHandle<()>>,
+    control_closing: Arc<AtomicBool>,
+    announce: Arc<dyn Announce>,
+    stop: crate::config::StopHandle,
+    /// The read latencies of the frontend's connections or queues, for `pmcache stats`.
+    pub latencies: Arc<ReadLatencies>,
     state_path: PathBuf,
     /// The state record as the mode changes (`crate::attachment`).
     attachment: Arc<Attachment>,
@@ -64,66 +166,66 @@ pub(crate) struct Serving {
     write_back_all: Arc<AtomicBool>,
     cleaner_thread: std::thread::JoinHandle<Option<pmcache_engine::Result<u64>>>,
     detach: Arc<AtomicBool>,
+    stop_on_signals: bool,
 }
 
 impl Serving {
-    /// Opens (formats or attaches) the cache of `args` with room for `max_lanes` lanes, after
-    /// binding its control socket and calling `before_open`, and starts its cleaner.
-    pub(crate) fn open(
-        args: &ServeArgs,
+    /// Opens (formats or attaches) the cache of `config` with room for `max_lanes` lanes,
+    /// after binding its control socket and calling `before_open`, and starts its cleaner.
+    pub fn open(
+        config: &ServeConfig,
         max_lanes: usize,
         before_open: impl FnOnce() -> Result<(), String>,
+        announce: &Arc<dyn Announce>,
     ) -> Result<Self, String> {
-        let embedded = args.backing.is_none();
-        let backing = args.backing.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_BACKING));
-        if embedded {
-            ensure_default_backing(&backing)?;
-        }
-        let cache_args = cache_args(args, backing.clone())?;
-        let cache = cache_args.cache[0].path.clone();
-        let cleaner_config = cleaner_config(args)?;
+        let backing = config.cache.backing.clone();
+        let cache_config = checked_media(&config.cache, backing.clone())?;
+        let cache = cache_config.cache[0].path.clone();
         // The control socket first: a second server on a live cache is refused before it
         // opens (and so touches) the medium. It is removed only when the cache is marked
         // clean, which is what an online `pmcache detach` waits for.
-        let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&cache));
+        let control_path = config.control.clone().unwrap_or_else(|| default_control_path(&cache));
         let control = Control::bind(control_path)?;
         before_open()?;
         // A backing store whose newest blocks may be in a volatile cache that is gone is
         // refused before the medium is opened (or created).
-        let state = BackingState::check(args, &backing, &cache)?;
-        let (engine, opened) = open_or_format(&cache_args, max_lanes)?;
-        report_opened(&cache_args.describe(), &opened);
+        let state = BackingState::check(config, &backing, &cache)?;
+        let (engine, opened) = open_or_format(&cache_config, max_lanes)?;
+        report_opened(&**announce, &cache_config.describe(), &opened);
         let place = Place { cache, backing, store: None };
-        Self::start(args, place, engine, control, state, cleaner_config)
+        Self::start(config, place, engine, control, state, announce)
     }
 
-    /// [`Serving::open`] for a cache shared by the backing stores of `args.stores`: one
+    /// [`Serving::open`] for a cache shared by the backing stores of `config.stores`: one
     /// `Serving` per store served, each with its own control socket (the cache path +
     /// `.NAME.ctl`), state record and cleaner. A store refused (its state record, its backing
     /// store, its cache) is named in the messages returned beside them, and the others are
     /// served; an error is about the cache as a whole.
-    pub(crate) fn open_stores(
-        args: &ServeArgs,
+    pub fn open_stores(
+        config: &ServeConfig,
         max_lanes: usize,
         before_open: impl FnOnce() -> Result<(), String>,
+        announce: &Arc<dyn Announce>,
     ) -> Result<(Vec<Self>, Vec<String>), String> {
-        let cache_args = cache_args(args, args.stores[0].backing.clone())?;
-        let cache = cache_args.cache[0].path.clone();
-        let cleaner_config = cleaner_config(args)?;
-        let mut controls = Vec::with_capacity(args.stores.len());
-        for store in &args.stores {
+        let Some(first) = config.stores.first() else {
+            return Err("a shared cache is served for one store at least".into());
+        };
+        let cache_config = checked_media(&config.cache, first.backing.clone())?;
+        let cache = cache_config.cache[0].path.clone();
+        let mut controls = Vec::with_capacity(config.stores.len());
+        for store in &config.stores {
             controls.push(Control::bind(store_control_path(&cache, &store.name))?);
         }
         before_open()?;
         let mut refused = Vec::new();
         let mut checked = Vec::new();
-        for (store, control) in args.stores.iter().zip(controls) {
-            match BackingState::check(args, &store.backing, &cache) {
+        for (store, control) in config.stores.iter().zip(controls) {
+            match BackingState::check(config, &store.backing, &cache) {
                 Ok(state) => checked.push((store.clone(), control, state)),
                 Err(e) => refused.push(format!("store {:?}: {e}", store.name)),
             }
         }
-        let new = crate::cache::before_open(&cache)? != crate::cache::Before::Holding;
+        let new = crate::open::before_open(&cache)? != crate::open::Before::Holding;
         if checked.is_empty() || (new && !refused.is_empty()) {
             if new {
                 refused.push(format!(
@@ -135,7 +237,7 @@ impl Serving {
             return Err(refused.join("\n"));
         }
         let stores: Vec<StoreSpec> = checked.iter().map(|(store, _, _)| store.clone()).collect();
-        let opened = crate::stores::open_or_format(&cache_args, &stores, max_lanes)?;
+        let opened = crate::stores::open_or_format(&cache_config, &stores, max_lanes)?;
         let mut servings = Vec::with_capacity(opened.len());
         for (one, (_, control, state)) in opened.into_iter().zip(checked) {
             let (engine, how) = match one.opened {
@@ -145,16 +247,9 @@ impl Serving {
                     continue;
                 }
             };
-            report_opened(&format!("{} store {:?}", cache.display(), one.name), &how);
+            report_opened(&**announce, &format!("{} store {:?}", cache.display(), one.name), &how);
             let place = Place { cache: cache.clone(), backing: one.backing, store: Some(one.name) };
-            servings.push(Self::start(
-                args,
-                place,
-                engine,
-                control,
-                state,
-                cleaner_config.clone(),
-            )?);
+            servings.push(Self::start(config, place, engine, control, state, announce)?);
         }
         if servings.is_empty() {
             return Err(refused.join("\n"));
@@ -164,33 +259,34 @@ impl Serving {
 
     /// Records the attachment of a volatile medium and starts the cleaner of `engine`.
     fn start(
-        args: &ServeArgs,
+        config: &ServeConfig,
         place: Place,
         engine: CacheEngine,
         control: Control,
         state: BackingState,
-        cleaner_config: pmcache_engine::CleanerConfig,
+        announce: &Arc<dyn Announce>,
     ) -> Result<Self, String> {
         let Place { cache, backing, store } = place;
         let BackingState { located, overrode } = state;
         // A volatile medium: the attachment is recorded (the backing store possibly stale)
         // before any client can write.
-        let kind = crate::cache::kind_of(engine.medium());
+        let kind = crate::open::kind_of(engine.medium());
         let file_system = FileSystem::of_path(&cache)
             .map(|fs| fs.name)
             .unwrap_or_else(|e| format!("a file system that could not be read ({e})"));
         let volatile = (kind == MediumKind::Volatile).then(|| file_system.clone());
         if kind == MediumKind::Msync {
-            eprintln!(
-                "pmcache: the cache medium is in msync mode ({file_system}): every persist waits \
-                 for msync(MS_SYNC) of its pages, so each write waits for the device"
-            );
+            announce.note(&format!(
+                "the cache medium is in msync mode ({file_system}): every persist waits for \
+                 msync(MS_SYNC) of its pages, so each write waits for the device"
+            ));
         }
         let uuid = engine.superblock().uuid;
         let attachment = match &volatile {
             Some(fs) => {
-                let may_dirty = matches!(args.mode, CacheMode::WriteBack | CacheMode::WriteOnly)
-                    || engine.dirty_slots() > 0;
+                let may_dirty =
+                    matches!(config.cache.mode, CacheMode::WriteBack | CacheMode::WriteOnly)
+                        || engine.dirty_slots() > 0;
                 let record = state::Record {
                     backing: state::absolute(&backing),
                     backing_id: located.backing_id.clone(),
@@ -201,11 +297,11 @@ impl Serving {
                     updated_unix_secs: state::now_unix_secs(),
                 };
                 located.store(&record)?;
-                eprintln!(
-                    "pmcache: the cache medium is volatile ({fs}: lost at a reboot): a stop \
-                     writes every dirty block back first; the attachment is recorded in {}",
+                announce.note(&format!(
+                    "the cache medium is volatile ({fs}: lost at a reboot): a stop writes every \
+                     dirty block back first; the attachment is recorded in {}",
                     located.path.display()
-                );
+                ));
                 Attachment::recorded(&located.path, record)
             }
             // A record that was overridden would refuse the next start again: it no longer
@@ -219,18 +315,26 @@ impl Serving {
         // Where the record is now, if there is one.
         let state_path =
             if volatile.is_some() { located.path.clone() } else { located.read_path().to_owned() };
-        // The engine lives as long as the process; lanes borrow it from the serving threads.
-        let engine: &'static CacheEngine = Box::leak(Box::new(engine));
-        let mut cleaner = engine.cleaner(cleaner_config).map_err(|e| format!("cleaner: {e}"))?;
+        let engine = Arc::new(engine);
         // Set before the cleaner is stopped when every dirty block is to be written back (a
         // volatile medium, or a detach): the cleaner's thread then does it after its run,
         // through the cleaner's queue, which belongs to that thread.
         let write_back_all = Arc::new(AtomicBool::new(false));
+        let (started_tx, started) = std::sync::mpsc::sync_channel(1);
         let cleaner_thread = {
-            let write_back_all = write_back_all.clone();
+            let (engine, write_back_all) = (engine.clone(), write_back_all.clone());
+            let config = config.cleaner.clone();
             std::thread::Builder::new()
                 .name("pmcache-cleaner".into())
                 .spawn(move || {
+                    let mut cleaner = match engine.cleaner(config) {
+                        Ok(cleaner) => cleaner,
+                        Err(e) => {
+                            let _ = started_tx.send(Err(format!("cleaner: {e}")));
+                            return None;
+                        }
+                    };
+                    let _ = started_tx.send(Ok(()));
                     cleaner.run(|note| {
                         if let Some(note) = note {
                             eprintln!("pmcache: {note}; the cleaner runs at a fixed priority");
@@ -240,6 +344,10 @@ impl Serving {
                 })
                 .map_err(|e| format!("starting the cleaner: {e}"))?
         };
+        if let Err(e) = started.recv().unwrap_or_else(|_| Err("the cleaner thread ended".into())) {
+            let _ = cleaner_thread.join();
+            return Err(e);
+        }
         Ok(Self {
             engine,
             cache,
@@ -248,6 +356,11 @@ impl Serving {
             control_path: control.path,
             control_listener: Some(control.listener),
             control_file: control.file,
+            control_thread: None,
+            control_closing: Arc::new(AtomicBool::new(false)),
+            latencies: Arc::new(ReadLatencies::default()),
+            announce: announce.clone(),
+            stop: config.stop.clone(),
             state_path,
             attachment: Arc::new(attachment),
             uuid,
@@ -255,24 +368,36 @@ impl Serving {
             write_back_all,
             cleaner_thread,
             detach: Arc::new(AtomicBool::new(false)),
+            stop_on_signals: config.stop_on_signals,
         })
     }
 
-    /// Serves the control socket and stops `frontend` on SIGINT or SIGTERM (a second signal
-    /// ends the process at once).
+    /// Serves the control socket, and, when the config asks, stops `frontend` on SIGINT or
+    /// SIGTERM (a second signal ends the process at once).
     pub(crate) fn start_control(&mut self, frontend: impl Frontend) -> Result<(), String> {
-        let engine = self.engine;
+        let engine = self.engine.clone();
         if let Some(listener) = self.control_listener.take() {
             let served = control::Served {
                 engine,
+                latencies: self.latencies.clone(),
                 frontend: frontend.clone(),
                 attachment: self.attachment.clone(),
                 detach: self.detach.clone(),
+                closing: self.control_closing.clone(),
             };
-            std::thread::Builder::new()
-                .name("pmcache-control".into())
-                .spawn(move || control::serve(listener, served))
-                .map_err(|e| e.to_string())?;
+            self.control_thread = Some(
+                std::thread::Builder::new()
+                    .name("pmcache-control".into())
+                    .spawn(move || control::serve(listener, served))
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        {
+            let frontend = frontend.clone();
+            self.stop.register(move || frontend.stop());
+        }
+        if !self.stop_on_signals {
+            return Ok(());
         }
         let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
         let volatile = self.volatile.is_some();
@@ -328,7 +453,7 @@ impl Serving {
     /// After the frontend has stopped (`served` is how): stops the cleaner, writes every
     /// dirty block back if detaching or on a volatile medium, marks the cache clean, removes
     /// the control socket.
-    pub(crate) fn finish(self, served: Result<(), String>) -> Result<(), String> {
+    pub fn finish(self, served: Result<(), String>) -> Result<(), String> {
         let Self { engine, cache, backing, control_path, state_path, uuid, volatile, .. } = self;
         // No mode change from here on (one in progress is done): the record is this stop's.
         self.attachment.stop();
@@ -345,7 +470,7 @@ impl Serving {
         // belongs to that thread), when asked for above; this thread shows the progress.
         if writing_back {
             let started = Instant::now();
-            let mut progress = Progress::new(total, &backing);
+            let mut progress = Progress::new(total, &backing, self.announce.clone());
             while !self.cleaner_thread.is_finished() {
                 progress.update(total.saturating_sub(engine.dirty_slots()));
                 std::thread::sleep(Duration::from_millis(100));
@@ -420,6 +545,12 @@ impl Serving {
         if let Err(e) = engine.backing().release() {
             eprintln!("pmcache: releasing the backing store: {e}");
         }
+        // The control thread ends (woken by a connection of its own), then its socket goes.
+        self.control_closing.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.control_thread {
+            let _ = std::os::unix::net::UnixStream::connect(&control_path);
+            let _ = thread.join();
+        }
         let _ = std::fs::remove_file(&control_path);
         let what = match (detaching, written_back.is_some()) {
             (true, _) => {
@@ -428,11 +559,11 @@ impl Serving {
             (false, true) => " (every block written back: the medium is volatile)".to_string(),
             (false, false) => String::new(),
         };
-        eprintln!("pmcache: {label}: cache marked clean{what}");
+        self.announce.note(&format!("{label}: cache marked clean{what}"));
         match recorded {
-            Ok(true) => {
-                eprintln!("pmcache: {}: the backing store holds every block", state_path.display())
-            }
+            Ok(true) => self
+                .announce
+                .note(&format!("{}: the backing store holds every block", state_path.display())),
             Ok(false) => {}
             Err(e) => {
                 return Err(format!(
@@ -487,7 +618,7 @@ impl Control {
 }
 
 /// The control socket of store `name` of the cache on `cache`: the cache path + `.NAME.ctl`.
-pub(crate) fn store_control_path(cache: &Path, name: &str) -> PathBuf {
+pub fn store_control_path(cache: &Path, name: &str) -> PathBuf {
     let mut path = cache.as_os_str().to_owned();
     path.push(format!(".{name}.ctl"));
     PathBuf::from(path)
@@ -501,27 +632,25 @@ struct BackingState {
 }
 
 impl BackingState {
-    fn check(args: &ServeArgs, backing: &Path, cache: &Path) -> Result<Self, String> {
-        let located = match &args.state_file {
+    fn check(config: &ServeConfig, backing: &Path, cache: &Path) -> Result<Self, String> {
+        let located = match &config.state.file {
             Some(path) => state::Located::given(path, backing),
-            None => state::locate(backing, args.state_dir.as_deref()),
+            None => state::locate(backing, config.state.dir.as_deref()),
         };
         if let Some(warning) = &located.warning {
             eprintln!("pmcache: warning: {warning}");
         }
-        let overrode = check_state(located.read_path(), cache, args.accept_stale_backing)?;
+        let overrode = check_state(located.read_path(), cache, config.state.accept_stale_backing)?;
         Ok(Self { located, overrode })
     }
 }
 
-/// The cache options of `args`, over `backing`, with the media's directories checked.
-fn cache_args(args: &ServeArgs, backing: PathBuf) -> Result<CacheArgs, String> {
-    let caches = if args.cache.is_empty() {
-        vec![CacheSpec { path: PathBuf::from(DEFAULT_CACHE), node: None }]
-    } else {
-        args.cache.clone()
-    };
-    for spec in &caches {
+/// The cache of `config` over `backing`, with the media's directories checked.
+fn checked_media(config: &CacheConfig, backing: PathBuf) -> Result<CacheConfig, String> {
+    if config.cache.is_empty() {
+        return Err("no cache medium given".into());
+    }
+    for spec in &config.cache {
         if let Some(dir) = spec.path.parent().filter(|d| !d.as_os_str().is_empty())
             && !dir.is_dir()
         {
@@ -533,38 +662,15 @@ fn cache_args(args: &ServeArgs, backing: PathBuf) -> Result<CacheArgs, String> {
         }
     }
     // The first medium given names the cache (its control socket, its state record).
-    Ok(CacheArgs {
-        cache: caches,
-        placement: args.placement,
-        medium_sync: args.medium_sync,
-        backing,
-        cache_size: args.cache_size,
-        block_size: args.block_size,
-        data_crc: args.data_crc,
-        mode: args.mode,
-        engine: args.engine.clone(),
-        eviction: args.eviction,
-        admission: args.admission,
-        backing_moved: args.backing_moved,
-        backing_latency: args.backing_latency,
-    })
-}
-
-/// The cleaner's settings of `args`.
-fn cleaner_config(args: &ServeArgs) -> Result<pmcache_engine::CleanerConfig, String> {
-    let mut config = pmcache_engine::CleanerConfig::default();
-    config
-        .set_all(args.cleaner.iter().map(String::as_str))
-        .map_err(|e| format!("--cleaner: {e}"))?;
-    Ok(config)
+    Ok(CacheConfig { backing, ..config.clone() })
 }
 
 /// The startup report of the cache opened: formatted, or attached with what recovery found.
-fn report_opened(cache: &str, opened: &Opened) {
+fn report_opened(announce: &dyn Announce, cache: &str, opened: &Opened) {
     match opened {
-        Opened::Formatted => eprintln!("pmcache: formatted {cache} as a new cache"),
-        Opened::Attached(report) => eprintln!(
-            "pmcache: attached {} ({} shutdown): {} clean and {} dirty blocks, {} made dirty by the synced rule, {} torn and {} corrupt entries dropped, in {:.1} ms",
+        Opened::Formatted => announce.note(&format!("formatted {cache} as a new cache")),
+        Opened::Attached(report) => announce.note(&format!(
+            "attached {} ({} shutdown): {} clean and {} dirty blocks, {} made dirty by the synced rule, {} torn and {} corrupt entries dropped, in {:.1} ms",
             cache,
             if report.was_clean_shutdown { "clean" } else { "unclean" },
             report.clean,
@@ -573,7 +679,7 @@ fn report_opened(cache: &str, opened: &Opened) {
             report.torn,
             report.corrupt,
             report.duration_ns as f64 / 1e6
-        ),
+        )),
     }
     if let Opened::Attached(report) = opened
         && report.lost_entries > 0
@@ -636,11 +742,12 @@ struct Progress {
     total: u64,
     bar: Option<ProgressBar>,
     quarters_said: u64,
+    announce: Arc<dyn Announce>,
 }
 
 impl Progress {
-    fn new(total: u64, backing: &Path) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
+    fn new(total: u64, backing: &Path, announce: Arc<dyn Announce>) -> Self {
+        let bar = announce.progress_bar().then(|| {
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
             bar.set_style(
                 ProgressStyle::with_template(
@@ -651,9 +758,9 @@ impl Progress {
             bar
         });
         if bar.is_none() {
-            eprintln!("pmcache: writing back {total} dirty blocks to {}", backing.display());
+            announce.note(&format!("writing back {total} dirty blocks to {}", backing.display()));
         }
-        Self { total, bar, quarters_said: 0 }
+        Self { total, bar, quarters_said: 0, announce }
     }
 
     fn update(&mut self, cleaned: u64) {
@@ -663,7 +770,8 @@ impl Progress {
                 let quarters = (cleaned.min(self.total) * 4 / self.total).min(3);
                 if quarters > self.quarters_said {
                     self.quarters_said = quarters;
-                    eprintln!("pmcache: written back {cleaned} of {} dirty blocks", self.total);
+                    let line = format!("written back {cleaned} of {} dirty blocks", self.total);
+                    self.announce.note(&line);
                 }
             }
             None => {}
@@ -675,11 +783,11 @@ impl Progress {
             bar.set_position(cleaned.min(self.total));
             bar.abandon();
         }
-        eprintln!(
-            "pmcache: write-back ended after {:.1} s: {cleaned} of {} blocks written back",
+        self.announce.note(&format!(
+            "write-back ended after {:.1} s: {cleaned} of {} blocks written back",
             took.as_secs_f64(),
             self.total
-        );
+        ));
     }
 }
 
@@ -699,19 +807,4 @@ impl Drop for RemoveOnDrop {
             let _ = std::fs::remove_file(path);
         }
     }
-}
-
-/// The startup line: the cache (size, medium kind, slots, mode) in front of its backing store.
-pub(crate) fn print_serving(cache: &Path, backing: &Path, engine: &CacheEngine) {
-    println!(
-        "pmcache: serving {} ({} cache, medium: {}, {} slots of {} B, {}) in front of {} ({})",
-        cache.display(),
-        human(engine.superblock().geometry.medium_bytes),
-        crate::cache::kind_of(engine.medium()),
-        engine.superblock().geometry.slot_count,
-        engine.block_size(),
-        engine.mode(),
-        backing.display(),
-        human(engine.size_bytes())
-    );
 }
