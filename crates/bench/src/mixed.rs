@@ -34,9 +34,9 @@ use pmcache_backing::wrappers::LatencyDist;
 use pmcache_frontend::units::parse_nonzero_size;
 use serde::Serialize;
 
+use crate::harness::experiment::{Defaults, Experiment, Run};
 use crate::harness::fio::check_fio;
 use crate::harness::machine::Machine;
-use crate::harness::output::write_json;
 use crate::harness::output::{opt, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
 use crate::harness::servers::{PmcacheServe, Server};
@@ -72,12 +72,11 @@ pub struct MixedArgs {
     /// Connections (fio jobs), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     pub conns: Vec<usize>,
-    /// Seconds per measurement.
-    #[arg(long, default_value_t = 10.0)]
-    pub seconds: f64,
-    /// Runs per configuration (medians are reported).
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
+    /// `--seconds` and `--runs`, resolved.
+    #[arg(skip)]
+    seconds: f64,
+    #[arg(skip)]
+    runs: usize,
     /// The span of the random offsets, the backing file's size.
     #[arg(long, value_parser = parse_nonzero_size, default_value = "1G")]
     pub span: u64,
@@ -90,12 +89,6 @@ pub struct MixedArgs {
     /// Directory for the backing file and the cache medium.
     #[arg(long, default_value = "/dev/shm")]
     pub shm_dir: PathBuf,
-    /// Smoke mode: 3 s, 1 run, QD 16, one connection, 90 % hits.
-    #[arg(long)]
-    pub quick: bool,
-    /// Print JSON instead of the table.
-    #[arg(long)]
-    pub json: bool,
     /// The fio binary.
     #[arg(long, default_value = "fio")]
     pub fio: String,
@@ -131,12 +124,34 @@ struct Row {
     bound_iops: Option<f64>,
 }
 
-/// Runs `pmcache bench mixed` and prints its table (or JSON).
-pub fn run_cli(args: &MixedArgs) -> Result<(), String> {
+/// What `bench mixed` found.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    machine: Machine,
+    latency: String,
+    unloaded_hit_us: f64,
+    rows: Vec<Row>,
+}
+
+impl Experiment for MixedArgs {
+    const NAME: &'static str = "mixed";
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(3), seconds: Some(10.0), quick_runs: 1, quick_seconds: 3.0 };
+    type Report = Report;
+
+    fn run(&self, run: &Run) -> Result<Report, String> {
+        measure_all(self, run)
+    }
+
+    fn table(&self, report: &Report, run: &Run) -> String {
+        table(self, run, report)
+    }
+}
+
+fn measure_all(args: &MixedArgs, run: &Run) -> Result<Report, String> {
     let mut args = args.clone();
-    if args.quick {
-        args.seconds = 3.0;
-        args.runs = 1;
+    (args.seconds, args.runs) = (run.seconds, run.runs);
+    if run.quick {
         args.qd = vec![16];
         args.conns = vec![1];
         args.hits = vec![90];
@@ -180,12 +195,12 @@ pub fn run_cli(args: &MixedArgs) -> Result<(), String> {
             let mut all_hit_iops = None;
             for (hit_pct, write_pct) in configs {
                 let mut runs = Vec::new();
-                for run in 0..args.runs {
+                for turn in 0..args.runs {
                     check_interrupted()?;
                     let what = hit_pct.map_or("store alone".into(), |h| format!("{h}% hits"));
                     progress(&format!(
                         "{conns} conn, QD {qd}, {what}, {write_pct}% writes, run {}",
-                        run + 1
+                        turn + 1
                     ));
                     let config = Config { conns, qd, hit_pct, write_pct };
                     runs.push(measure(&args, dir.path(), &backing, config)?);
@@ -206,14 +221,7 @@ pub fn run_cli(args: &MixedArgs) -> Result<(), String> {
         }
     }
     progress("");
-    if args.json {
-        let doc = serde_json::json!({ "machine": machine, "latency": args.latency,
-            "unloaded_hit_us": t0, "rows": rows });
-        write_json(&doc, true, None)?;
-    } else {
-        print!("{}", table(&args, &machine, t0, &rows));
-    }
-    Ok(())
+    Ok(Report { machine, latency: args.latency.clone(), unloaded_hit_us: t0, rows })
 }
 
 fn median_of(runs: &[Measured]) -> Measured {
@@ -435,7 +443,8 @@ fn percentiles_us(mut ns: Vec<u64>) -> [f64; 3] {
     [0.5, 0.9, 0.99].map(|q| ns[((ns.len() - 1) as f64 * q).round() as usize] as f64 / 1e3)
 }
 
-fn table(args: &MixedArgs, machine: &Machine, t0: f64, rows: &[Row]) -> String {
+fn table(args: &MixedArgs, run: &Run, report: &Report) -> String {
+    let (machine, t0, rows) = (&report.machine, report.unloaded_hit_us, &report.rows);
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -449,8 +458,8 @@ fn table(args: &MixedArgs, machine: &Machine, t0: f64, rows: &[Row]) -> String {
         args.span >> 20,
         args.hot >> 20,
         args.cache_size >> 20,
-        args.seconds,
-        args.runs,
+        run.seconds,
+        run.runs,
         machine.cpus,
         machine.kernel
     );

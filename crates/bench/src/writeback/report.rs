@@ -9,13 +9,14 @@ use super::{DrainRun, Plan, Report, Sample, Shape, ShapeRow};
 use crate::harness::fio::engines_text;
 use crate::harness::plot::{Layout, canvas, legend, line, panel, plot_error, thousands};
 
-pub(super) fn print_sample_line(
+/// A run's line of configuration `config`.
+pub(super) fn sample_line(
     run: usize,
     shape: Shape,
     config: &str,
     s: &Sample,
     raw: Option<f64>,
-) {
+) -> String {
     let ratio = match (config, raw) {
         ("raw", _) | (_, None) => String::from("    -"),
         (_, Some(raw)) => format!("{:5.2}", s.iops / raw),
@@ -51,7 +52,7 @@ pub(super) fn print_sample_line(
             c.boosted_s
         );
     }
-    println!("{line}");
+    line
 }
 
 fn us(ns: f64) -> String {

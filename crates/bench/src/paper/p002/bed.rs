@@ -16,7 +16,7 @@ pub(super) struct Bed<'a> {
 impl Bed<'_> {
     fn fio_spec(&self, target: FioTarget, writers: usize, seconds: f64) -> FioSpec<'_> {
         FioSpec {
-            fio: &self.args.fio,
+            fio: &self.args.scratch.fio,
             target,
             rw: "randwrite",
             bs: self.plan.bs,

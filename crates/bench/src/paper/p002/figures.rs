@@ -4,28 +4,21 @@
 //! way: bandwidth by CPUs (Fig 2), stalls with boost off and on (Fig 3), boost off and on by
 //! CPUs (Fig 4), and Table 1 beside a CPU-bound π job.
 
-use clap::Parser;
-
-use super::figure::{Figure, Point, Series, number};
-use super::p000::percent;
-use super::{Ctx, Scale};
+use super::{self as paper002, Paper002Args, Row};
+use crate::harness::experiment::{Experiment, Run, parse};
 use crate::harness::fio::engines_text;
-use crate::paper002::{self, Paper002Args, Row};
-
-#[derive(Parser)]
-struct Wrapped {
-    #[command(flatten)]
-    args: Paper002Args,
-}
+use crate::paper::figure::{Figure, Point, Series, number};
+use crate::paper::p000::percent;
+use crate::paper::{Ctx, Scale};
 
 const BED: &str = "pmcache serve (NBD, spawned from this executable) confined with taskset to \
                    CPU 0 or CPUs 0-1; fio's 4 MiB random writes, QD 1 per writer, into a cache \
                    smaller than the span; backing file on the root disk";
 
-/// The arguments of `bench paper002` for a scale.
-fn arguments(ctx: &Ctx) -> Result<Paper002Args, String> {
+/// The arguments of `bench paper002` for a scale (`--json`: it prints nothing).
+fn arguments(ctx: &Ctx) -> Result<(Paper002Args, Run), String> {
     let cpus = if ctx.cpus >= 2 { "1,2" } else { "1" };
-    let seconds = ctx.args.seconds.map(|s| s.max(1.0)).unwrap_or(match ctx.args.scale {
+    let seconds = ctx.seconds_given.map(|s| s.max(1.0)).unwrap_or(match ctx.args.scale {
         Scale::Smallest => 2.0,
         Scale::Small => 10.0,
         Scale::Full => 30.0,
@@ -55,11 +48,12 @@ fn arguments(ctx: &Ctx) -> Result<Paper002Args, String> {
         &ctx.args.dir.display().to_string(),
         "--shm-dir",
         &ctx.args.pm_dir.display().to_string(),
+        "--json",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    Wrapped::try_parse_from(argv).map(|w| w.args).map_err(|e| e.to_string())
+    parse(&argv.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 fn find<'a>(rows: &'a [Row], cpus: usize, writers: usize, adaptive: &str) -> Option<&'a Row> {
@@ -132,9 +126,9 @@ fn median(p: Option<Point>) -> f64 {
 
 /// Figs 2, 3, 4 and Table 1.
 pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
-    let args = arguments(ctx)?;
+    let (args, run) = arguments(ctx)?;
     eprintln!("002: bench paper002 {:?} CPUs, writers 1 and 4, boost off and on", args.cpus);
-    let report = paper002::run(&args)?;
+    let report = args.run(&run)?;
     let rows = &report.rows;
     let cpus = args.cpus.clone();
     let ticks: Vec<String> =
@@ -368,8 +362,8 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::CounterTick;
     use super::*;
-    use crate::paper002::CounterTick;
 
     fn ticks(counters: &[(u64, u64)]) -> Vec<CounterTick> {
         counters
