@@ -40,7 +40,7 @@ use crate::harness::machine::Machine;
 use crate::harness::output::{opt, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
 use crate::harness::servers::{PmcacheServe, Server};
-use crate::harness::stats::median;
+use crate::harness::stats::{median, quantiles};
 
 /// Bytes of one request.
 const BLOCK_BYTES: u64 = 4096;
@@ -436,11 +436,7 @@ fn read_lat_logs(
 
 /// p50, p90, p99 in µs.
 fn percentiles_us(mut ns: Vec<u64>) -> [f64; 3] {
-    if ns.is_empty() {
-        return [f64::NAN; 3];
-    }
-    ns.sort_unstable();
-    [0.5, 0.9, 0.99].map(|q| ns[((ns.len() - 1) as f64 * q).round() as usize] as f64 / 1e3)
+    quantiles(&mut ns, [0.5, 0.9, 0.99]).map(|v| v / 1e3)
 }
 
 fn table(args: &MixedArgs, run: &Run, report: &Report) -> String {

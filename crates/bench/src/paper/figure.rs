@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::harness::stats::{median_in_place, min_max};
+
 /// One figure (or one panel) of a paper, re-run here.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Figure {
@@ -73,12 +75,9 @@ impl Point {
     /// The median, min and max of `values` (at least one).
     pub fn of(values: &[f64], oversubscribed: bool) -> Point {
         assert!(!values.is_empty(), "a point needs at least one run");
-        let mut sorted = values.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        let n = sorted.len();
-        let median =
-            if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
-        Point { median, min: sorted[0], max: sorted[n - 1], oversubscribed }
+        let mut values = values.to_vec();
+        let (min, max) = min_max(&values);
+        Point { median: median_in_place(&mut values), min, max, oversubscribed }
     }
 }
 

@@ -13,8 +13,9 @@ use std::process::Command;
 
 use serde::Deserialize;
 
+use super::common::percent;
 use super::figure::{Absolute, Figure, Point, Series, number};
-use super::p000::{percent, published};
+use super::p000::published;
 use super::{Ctx, library};
 
 /// The normaliser's series name in the script's output.

@@ -9,12 +9,13 @@
 //! in minutes, `full` as close to the paper as the machine allows; each figure records what
 //! its scale shrank.
 
-pub(crate) mod figure;
+mod common;
+mod figure;
 mod guest;
 mod guest_time;
 mod inproc;
 mod library;
-pub(crate) mod p000;
+mod p000;
 mod p001;
 mod p001_numa;
 pub mod p002;

@@ -6,14 +6,13 @@ use pmcache_backing::wrappers::{LatencyDist, LatencyStore};
 use pmcache_backing::{BackingStore, PsyncFile};
 use pmcache_engine::CacheMode;
 
+use super::common::{GIB, KIB, MIB, check_all_hits, percent, size, sweep};
 use super::figure::{Absolute, Figure, number};
 use super::inproc::{Bed, SeriesRun, Sweep, Worker, measure};
 use super::workload::{Access, Request};
 use super::{Ctx, Scale};
+use crate::harness::stats::min_max;
 
-const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
 const MB: f64 = 1e6;
 const GB: f64 = 1e9;
 
@@ -37,16 +36,6 @@ fn common_notes(span: u64) -> Vec<String> {
          NVDIMM; this bed has pmcache alone beside the raw medium."
             .into(),
     ]
-}
-
-/// `4 KiB`, `256 MiB`, `10 GiB`.
-pub fn size(bytes: u64) -> String {
-    match bytes {
-        b if b >= GIB && b % GIB == 0 => format!("{} GiB", b / GIB),
-        b if b >= MIB && b % MIB == 0 => format!("{} MiB", b / MIB),
-        b if b >= KIB && b % KIB == 0 => format!("{} KiB", b / KIB),
-        b => format!("{b} B"),
-    }
 }
 
 /// Paper 000's published result for figure `id` (both beds), in one sentence.
@@ -93,30 +82,6 @@ fn backing_worker<B: BackingStore>(store: &B) -> Worker<'_> {
             store.read_at(buf, request.offset).expect("backing read");
         }
     })
-}
-
-/// Runs `series` at each `(tick, access, threads)` position.
-pub(super) fn sweep(
-    ctx: &Ctx,
-    label: &str,
-    series: &[SeriesRun<'_>],
-    positions: &[(String, Access, usize)],
-) -> Sweep {
-    let bar = ctx.progress(label, (positions.len() * series.len() * ctx.runs) as u64);
-    let mut sweep = Sweep::new(series);
-    for (_, access, threads) in positions {
-        let rates = measure(series, *access, *threads, ctx.seconds, ctx.runs, &|| bar.inc(1));
-        sweep.push(rates, *threads > ctx.cpus);
-    }
-    bar.finish_and_clear();
-    sweep
-}
-
-pub(super) fn check_all_hits<B: BackingStore>(bed: &Bed<B>, figure: &str) -> Result<(), String> {
-    match bed.read_misses() {
-        0 => Ok(()),
-        n => Err(format!("{figure}: {n} read misses in a run meant to be all hits")),
-    }
 }
 
 fn thread_ticks(threads: &[usize]) -> Vec<String> {
@@ -494,15 +459,6 @@ fn shrunk_span(scale: Scale, span: u64, paper: &str) -> Vec<String> {
         Scale::Full => vec![],
         _ => vec![format!("working set {} (the paper's: {paper})", size(span))],
     }
-}
-
-/// `63 %`.
-pub fn percent(ratio: f64) -> String {
-    format!("{:.0} %", ratio * 100.0)
-}
-
-fn min_max(values: &[f64]) -> (f64, f64) {
-    values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)))
 }
 
 /// `61 %` or `58–63 %`.

@@ -5,9 +5,9 @@
 
 use std::sync::Mutex;
 
+use super::common::{check_all_hits, size, sweep};
 use super::figure::{Figure, number};
 use super::inproc::{Bed, SeriesRun, Worker, lane_request};
-use super::p000::{check_all_hits, size, sweep};
 use super::workload::{Access, DWOM_STRIDE_BYTES, Request};
 use super::{Ctx, Scale};
 

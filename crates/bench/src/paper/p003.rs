@@ -15,8 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::Ctx;
+use super::common::percent;
 use super::figure::{Absolute, Figure, Point, Series};
-use super::p000::percent;
 use crate::fs::{self, Personality, Threads};
 use crate::harness::servers::{PmcacheServe, Server};
 

@@ -7,8 +7,8 @@
 use super::{self as paper002, Paper002Args, Row};
 use crate::harness::experiment::{Experiment, Run, parse};
 use crate::harness::fio::engines_text;
+use crate::paper::common::percent;
 use crate::paper::figure::{Figure, Point, Series, number};
-use crate::paper::p000::percent;
 use crate::paper::{Ctx, Scale};
 
 const BED: &str = "pmcache serve (NBD, spawned from this executable) confined with taskset to \
