@@ -119,7 +119,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
 mod tests {
     use clap::{CommandFactory, Parser};
 
-    use super::BenchArgs;
+    use super::*;
+    use crate::harness::experiment::Experiment;
 
     #[derive(Parser)]
     struct Bench {
@@ -130,6 +131,29 @@ mod tests {
     #[test]
     fn the_command_line_is_well_formed() {
         Bench::command().debug_assert();
+    }
+
+    /// Each subcommand is named as its experiment names itself.
+    #[test]
+    fn every_subcommand_is_its_experiments_name() {
+        let names = [
+            engine_core::CoreArgs::NAME,
+            lookup::LookupArgs::NAME,
+            engines::EnginesArgs::NAME,
+            writeback::WritebackArgs::NAME,
+            nbd::NbdArgs::NAME,
+            mixed::MixedArgs::NAME,
+            tls::TlsArgs::NAME,
+            paper::p002::Paper002Args::NAME,
+            paper::PaperArgs::NAME,
+            fs::FsArgs::NAME,
+            media_kinds::MediaKindsArgs::NAME,
+            memory::MemoryArgs::NAME,
+            ublk_mapping::UblkMappingArgs::NAME,
+        ];
+        let command = Bench::command();
+        let subcommands: Vec<&str> = command.get_subcommands().map(|s| s.get_name()).collect();
+        assert_eq!(subcommands, names);
     }
 
     /// `pmcache bench X` lives in module `X` (`-` as `_`); hidden subcommands are aliases.

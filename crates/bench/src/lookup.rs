@@ -173,61 +173,60 @@ fn rows(table_kib: &[u64], slots: u64, rates: &[Vec<f64>]) -> Vec<LookupResult> 
         .collect()
 }
 
-/// Measures every table size; rows in the order of `--table-kib`.
-fn measure(args: &LookupArgs, run: &Run) -> Result<Vec<LookupResult>, String> {
-    let cache_bytes = args.cache_bytes(run);
-    let (seconds, runs) = (run.seconds, run.runs);
-    if args.table_kib.is_empty() || args.table_kib.contains(&0) {
-        return Err("every --table-kib must be at least 1".into());
-    }
-    let slots = Geometry::for_medium(cache_bytes, BLOCK_BYTES as u32)
-        .map_err(|e| e.to_string())?
-        .slot_count;
-    let dir =
-        tempfile::tempdir_in(&args.dir).map_err(|e| format!("{}: {e}", args.dir.display()))?;
-    let medium =
-        PmemFile::open(&dir.path().join("medium"), Some(cache_bytes)).map_err(|e| e.to_string())?;
-    // Every page written once, so no read takes a first-touch fault; the blocks read are
-    // 90 % of the medium, as `bench core`'s working set.
-    let fill = vec![0xa5u8; 1 << 20];
-    for at in (0..cache_bytes).step_by(fill.len()) {
-        medium.write(at, &fill[..fill.len().min((cache_bytes - at) as usize)]);
-    }
-    let blocks = cache_bytes / BLOCK_BYTES * 9 / 10;
-    let mut rng = SmallRng::seed_from_u64(0x7ab1e);
-    let tables = args
-        .table_kib
-        .iter()
-        .map(|&kib| {
-            let table = DramTable::<AtomicU64>::zeroed((kib << 10) as usize / 8)
-                .map_err(|e| e.to_string())?;
-            table.iter().for_each(|word| word.store(rng.gen_range(0..blocks), Ordering::Relaxed));
-            Ok(table)
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    let reader =
-        |table| Reader { medium: &medium, table, blocks, buf: Box::new(PageBuf([0; 4096])) };
-    let mut readers: Vec<Reader<'_>> = std::iter::once(reader(None))
-        .chain(tables.iter().map(|table| reader(Some(table))))
-        .collect();
-    let mut kinds: Vec<_> = readers.iter_mut().map(|r| |rng: &mut SmallRng| r.read(rng)).collect();
-    let rates: Vec<Vec<f64>> = (0..runs)
-        .map(|turn| {
-            let (reads, busy) = run_interleaved(&mut kinds, seconds, turn, args.serialize);
-            busy.iter().map(|spent| reads as f64 / spent.as_secs_f64()).collect()
-        })
-        .collect();
-    Ok(rows(&args.table_kib, slots, &rates))
-}
-
 impl Experiment for LookupArgs {
     const NAME: &'static str = "lookup";
     const DEFAULTS: Defaults =
         Defaults { runs: Some(25), seconds: Some(0.2), quick_runs: 3, quick_seconds: 0.05 };
     type Report = Vec<LookupResult>;
 
+    /// Measures every table size; rows in the order of `--table-kib`.
     fn run(&self, run: &Run) -> Result<Vec<LookupResult>, String> {
-        measure(self, run)
+        let cache_bytes = self.cache_bytes(run);
+        let (seconds, runs) = (run.seconds, run.runs);
+        if self.table_kib.is_empty() || self.table_kib.contains(&0) {
+            return Err("every --table-kib must be at least 1".into());
+        }
+        let slots = Geometry::for_medium(cache_bytes, BLOCK_BYTES as u32)
+            .map_err(|e| e.to_string())?
+            .slot_count;
+        let dir =
+            tempfile::tempdir_in(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let medium = PmemFile::open(&dir.path().join("medium"), Some(cache_bytes))
+            .map_err(|e| e.to_string())?;
+        // Every page written once, so no read takes a first-touch fault; the blocks read are
+        // 90 % of the medium, as `bench core`'s working set.
+        let fill = vec![0xa5u8; 1 << 20];
+        for at in (0..cache_bytes).step_by(fill.len()) {
+            medium.write(at, &fill[..fill.len().min((cache_bytes - at) as usize)]);
+        }
+        let blocks = cache_bytes / BLOCK_BYTES * 9 / 10;
+        let mut rng = SmallRng::seed_from_u64(0x7ab1e);
+        let tables = self
+            .table_kib
+            .iter()
+            .map(|&kib| {
+                let table = DramTable::<AtomicU64>::zeroed((kib << 10) as usize / 8)
+                    .map_err(|e| e.to_string())?;
+                table
+                    .iter()
+                    .for_each(|word| word.store(rng.gen_range(0..blocks), Ordering::Relaxed));
+                Ok(table)
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let reader =
+            |table| Reader { medium: &medium, table, blocks, buf: Box::new(PageBuf([0; 4096])) };
+        let mut readers: Vec<Reader<'_>> = std::iter::once(reader(None))
+            .chain(tables.iter().map(|table| reader(Some(table))))
+            .collect();
+        let mut kinds: Vec<_> =
+            readers.iter_mut().map(|r| |rng: &mut SmallRng| r.read(rng)).collect();
+        let rates: Vec<Vec<f64>> = (0..runs)
+            .map(|turn| {
+                let (reads, busy) = run_interleaved(&mut kinds, seconds, turn, self.serialize);
+                busy.iter().map(|spent| reads as f64 / spent.as_secs_f64()).collect()
+            })
+            .collect();
+        Ok(rows(&self.table_kib, slots, &rates))
     }
 
     /// One JSON object per table size.

@@ -179,66 +179,6 @@ fn write_whole(path: &Path, len_bytes: u64) -> Result<(), String> {
     file.sync_all().map_err(err)
 }
 
-/// Runs the experiment.
-fn measure(args: &MediaKindsArgs, run: &Run) -> Result<MediaKindsResult, String> {
-    let cache_bytes = if run.quick { 16 << 20 } else { args.cache_mib << 20 };
-    let time = Duration::from_secs_f64(run.seconds);
-    let mut volatile =
-        Bed::new(&args.shm_dir, cache_bytes, MediumSync::Auto, MediumKind::Volatile)?;
-    let mut msync = Bed::new(&args.disk_dir, cache_bytes, MediumSync::Msync, MediumKind::Msync)?;
-    // Warm-up, untimed: the DRAM tables touched, the first overwrites made.
-    volatile.run(time / 4)?;
-    msync.run(time / 4)?;
-    let synced_before = msync.msync_counts();
-    let (mut volatile_rates, mut msync_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    let mut msync_writes = 0u64;
-    for turn in 0..run.runs {
-        let (v, m) = if turn % 2 == 0 {
-            let v = volatile.run(time)?;
-            (v, msync.run(time)?)
-        } else {
-            let m = msync.run(time)?;
-            (volatile.run(time)?, m)
-        };
-        msync_writes += m.0;
-        let (v, m) = (v.0 as f64 / v.1, m.0 as f64 / m.1);
-        volatile_rates.push(v);
-        msync_rates.push(m);
-        ratios.push(m / v);
-    }
-    let synced = msync.msync_counts();
-    let per_write = |n: u64| n as f64 / msync_writes.max(1) as f64;
-    let result =
-        |bed: &Bed, kind: MediumKind, rates: &mut [f64], counts: (f64, f64)| MediumResult {
-            kind: kind.name().to_string(),
-            dir: bed.dir.display().to_string(),
-            file_system: bed.file_system.clone(),
-            writes_per_s: median_in_place(rates),
-            msync_calls_per_write: counts.0,
-            synced_bytes_per_write: counts.1,
-        };
-    // The volatile medium never msyncs: its counts are zero, whatever the writes.
-    let volatile_counts = volatile.msync_counts();
-    let volatile_per_write = (volatile_counts.calls as f64, volatile_counts.synced_bytes as f64);
-    Ok(MediaKindsResult {
-        volatile: result(&volatile, MediumKind::Volatile, &mut volatile_rates, volatile_per_write),
-        msync: result(
-            &msync,
-            MediumKind::Msync,
-            &mut msync_rates,
-            (
-                per_write(synced.calls - synced_before.calls),
-                per_write(synced.synced_bytes - synced_before.synced_bytes),
-            ),
-        ),
-        msync_to_volatile: median_in_place(&mut ratios),
-        runs: run.runs,
-        seconds: time.as_secs_f64(),
-        cache_bytes,
-        cpu: cpu_text(),
-    })
-}
-
 fn cpu_text() -> String {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     format!("{cores} cores ({})", machine::cpu_model())
@@ -250,8 +190,72 @@ impl Experiment for MediaKindsArgs {
         Defaults { runs: Some(5), seconds: Some(2.0), quick_runs: 3, quick_seconds: 0.2 };
     type Report = MediaKindsResult;
 
+    /// Runs the experiment.
     fn run(&self, run: &Run) -> Result<MediaKindsResult, String> {
-        measure(self, run)
+        let cache_bytes = if run.quick { 16 << 20 } else { self.cache_mib << 20 };
+        let time = Duration::from_secs_f64(run.seconds);
+        let mut volatile =
+            Bed::new(&self.shm_dir, cache_bytes, MediumSync::Auto, MediumKind::Volatile)?;
+        let mut msync =
+            Bed::new(&self.disk_dir, cache_bytes, MediumSync::Msync, MediumKind::Msync)?;
+        // Warm-up, untimed: the DRAM tables touched, the first overwrites made.
+        volatile.run(time / 4)?;
+        msync.run(time / 4)?;
+        let synced_before = msync.msync_counts();
+        let (mut volatile_rates, mut msync_rates, mut ratios) =
+            (Vec::new(), Vec::new(), Vec::new());
+        let mut msync_writes = 0u64;
+        for turn in 0..run.runs {
+            let (v, m) = if turn % 2 == 0 {
+                let v = volatile.run(time)?;
+                (v, msync.run(time)?)
+            } else {
+                let m = msync.run(time)?;
+                (volatile.run(time)?, m)
+            };
+            msync_writes += m.0;
+            let (v, m) = (v.0 as f64 / v.1, m.0 as f64 / m.1);
+            volatile_rates.push(v);
+            msync_rates.push(m);
+            ratios.push(m / v);
+        }
+        let synced = msync.msync_counts();
+        let per_write = |n: u64| n as f64 / msync_writes.max(1) as f64;
+        let result =
+            |bed: &Bed, kind: MediumKind, rates: &mut [f64], counts: (f64, f64)| MediumResult {
+                kind: kind.name().to_string(),
+                dir: bed.dir.display().to_string(),
+                file_system: bed.file_system.clone(),
+                writes_per_s: median_in_place(rates),
+                msync_calls_per_write: counts.0,
+                synced_bytes_per_write: counts.1,
+            };
+        // The volatile medium never msyncs: its counts are zero, whatever the writes.
+        let volatile_counts = volatile.msync_counts();
+        let volatile_per_write =
+            (volatile_counts.calls as f64, volatile_counts.synced_bytes as f64);
+        Ok(MediaKindsResult {
+            volatile: result(
+                &volatile,
+                MediumKind::Volatile,
+                &mut volatile_rates,
+                volatile_per_write,
+            ),
+            msync: result(
+                &msync,
+                MediumKind::Msync,
+                &mut msync_rates,
+                (
+                    per_write(synced.calls - synced_before.calls),
+                    per_write(synced.synced_bytes - synced_before.synced_bytes),
+                ),
+            ),
+            msync_to_volatile: median_in_place(&mut ratios),
+            runs: run.runs,
+            seconds: time.as_secs_f64(),
+            cache_bytes,
+            cpu: cpu_text(),
+        })
     }
 
     fn table(&self, r: &MediaKindsResult, _run: &Run) -> String {

@@ -213,52 +213,48 @@ impl Experiment for MemoryArgs {
     type Report = Report;
 
     fn run(&self, run: &Run) -> Result<Report, String> {
-        measure(self, run)
+        let (span, cache, seconds, runs) = if run.quick {
+            (256 << 20, 32 << 20, run.seconds, run.runs)
+        } else {
+            (self.span, self.cache_size, run.seconds, run.runs)
+        };
+        let (fio_version, scratch) = self.scratch.prepare(Self::NAME, false)?;
+        let machine = Machine::probe(fio_version, None);
+        scratch.sparse(span)?;
+        let mut samples: Vec<Vec<Rss>> = vec![Vec::new(); STATES.len()];
+        for run in 0..runs {
+            progress(&format!("run {}/{runs}", run + 1));
+            let found = measure_run(self, &scratch, span, cache, seconds)?;
+            for (state, rss) in samples.iter_mut().zip(found) {
+                state.push(rss);
+            }
+        }
+        progress("");
+        let _ = std::fs::remove_file(&scratch.backing);
+        let rows: Vec<Row> = STATES
+            .iter()
+            .zip(&samples)
+            .map(|(state, s)| Row {
+                state,
+                anon_kib_median: median(s.iter().map(|r| r.anon_kib as f64)),
+                shmem_kib_median: median(s.iter().map(|r| r.shmem_kib as f64)),
+                anon_kib_runs: s.iter().map(|r| r.anon_kib).collect(),
+            })
+            .collect();
+        Ok(Report {
+            machine,
+            connections: CONNECTIONS,
+            cache_bytes: cache,
+            span_bytes: span,
+            seconds,
+            runs,
+            rows,
+        })
     }
 
     fn table(&self, report: &Report, _run: &Run) -> String {
         table(self, report)
     }
-}
-
-fn measure(args: &MemoryArgs, run: &Run) -> Result<Report, String> {
-    let (span, cache, seconds, runs) = if run.quick {
-        (256 << 20, 32 << 20, run.seconds, run.runs)
-    } else {
-        (args.span, args.cache_size, run.seconds, run.runs)
-    };
-    let (fio_version, scratch) = args.scratch.prepare("memory", false)?;
-    let machine = Machine::probe(fio_version, None);
-    scratch.sparse(span)?;
-    let mut samples: Vec<Vec<Rss>> = vec![Vec::new(); STATES.len()];
-    for run in 0..runs {
-        progress(&format!("run {}/{runs}", run + 1));
-        let found = measure_run(args, &scratch, span, cache, seconds)?;
-        for (state, rss) in samples.iter_mut().zip(found) {
-            state.push(rss);
-        }
-    }
-    progress("");
-    let _ = std::fs::remove_file(&scratch.backing);
-    let rows: Vec<Row> = STATES
-        .iter()
-        .zip(&samples)
-        .map(|(state, s)| Row {
-            state,
-            anon_kib_median: median(s.iter().map(|r| r.anon_kib as f64)),
-            shmem_kib_median: median(s.iter().map(|r| r.shmem_kib as f64)),
-            anon_kib_runs: s.iter().map(|r| r.anon_kib).collect(),
-        })
-        .collect();
-    Ok(Report {
-        machine,
-        connections: CONNECTIONS,
-        cache_bytes: cache,
-        span_bytes: span,
-        seconds,
-        runs,
-        rows,
-    })
 }
 
 fn table(args: &MemoryArgs, report: &Report) -> String {

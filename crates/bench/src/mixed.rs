@@ -140,88 +140,84 @@ impl Experiment for MixedArgs {
     type Report = Report;
 
     fn run(&self, run: &Run) -> Result<Report, String> {
-        measure_all(self, run)
+        let mut args = self.clone();
+        (args.seconds, args.runs) = (run.seconds, run.runs);
+        if run.quick {
+            args.qd = vec![16];
+            args.conns = vec![1];
+            args.hits = vec![90];
+        }
+        args.latency_us = LatencyDist::parse(&args.latency)
+            .map_err(|e| format!("--latency: {e}"))?
+            .mean()
+            .as_secs_f64()
+            * 1e6;
+        if args.hot >= args.span || args.hot >= args.cache_size {
+            return Err("--hot must be smaller than --span and --cache-size".into());
+        }
+        let fio_version = check_fio(&args.fio)?;
+        catch_interrupts();
+        let dir = tempfile::Builder::new()
+            .prefix("pmcache-bench-mixed.")
+            .tempdir_in(&args.shm_dir)
+            .map_err(|e| format!("{}: {e}", args.shm_dir.display()))?;
+        let backing = dir.path().join("backing");
+        let file = std::fs::File::create(&backing).map_err(|e| e.to_string())?;
+        file.set_len(args.span).map_err(|e| e.to_string())?;
+        drop(file);
+        let machine = Machine::probe(fio_version, None);
+        let mut rows = Vec::new();
+        // The unloaded hit latency: all hits, QD 1, one connection (median over the runs).
+        let t0 = median((0..args.runs).map(|_| {
+            let config = Config { conns: 1, qd: 1, hit_pct: Some(100), write_pct: 0 };
+            measure(&args, dir.path(), &backing, config).map_or(f64::NAN, |m| m.hot_us[0])
+        }))
+        .ok_or("no unloaded hit latency measured")?;
+        for &conns in &args.conns {
+            for &qd in &args.qd {
+                let w = args.writes;
+                // (hits, writes): the store alone, the all-hit reads (the baseline), all-hit
+                // reads with the writes, then the mixes.
+                let mut configs: Vec<(Option<u32>, u32)> = vec![(None, w), (Some(100), 0)];
+                if w > 0 {
+                    configs.push((Some(100), w));
+                }
+                configs.extend(args.hits.iter().filter(|&&h| h < 100).map(|&h| (Some(h), w)));
+                let mut all_hit_iops = None;
+                for (hit_pct, write_pct) in configs {
+                    let mut runs = Vec::new();
+                    for turn in 0..args.runs {
+                        check_interrupted()?;
+                        let what = hit_pct.map_or("store alone".into(), |h| format!("{h}% hits"));
+                        progress(&format!(
+                            "{conns} conn, QD {qd}, {what}, {write_pct}% writes, run {}",
+                            turn + 1
+                        ));
+                        let config = Config { conns, qd, hit_pct, write_pct };
+                        runs.push(measure(&args, dir.path(), &backing, config)?);
+                    }
+                    let median = median_of(&runs);
+                    if hit_pct == Some(100) && write_pct == 0 {
+                        all_hit_iops = Some(median.iops);
+                    }
+                    // Writes count at the store's latency (write-through), reads by their zone.
+                    let bound_iops = hit_pct.zip(all_hit_iops).map(|(h, all_hit)| {
+                        let (h, w) = (f64::from(h) / 100.0, f64::from(write_pct) / 100.0);
+                        let slow = w + (1.0 - w) * (1.0 - h);
+                        let slot_us = slow * args.latency_us + (1.0 - slow) * t0;
+                        all_hit.min((conns * qd) as f64 / (slot_us * 1e-6))
+                    });
+                    rows.push(Row { conns, qd, hit_pct, write_pct, median, bound_iops });
+                }
+            }
+        }
+        progress("");
+        Ok(Report { machine, latency: args.latency.clone(), unloaded_hit_us: t0, rows })
     }
 
     fn table(&self, report: &Report, run: &Run) -> String {
         table(self, run, report)
     }
-}
-
-fn measure_all(args: &MixedArgs, run: &Run) -> Result<Report, String> {
-    let mut args = args.clone();
-    (args.seconds, args.runs) = (run.seconds, run.runs);
-    if run.quick {
-        args.qd = vec![16];
-        args.conns = vec![1];
-        args.hits = vec![90];
-    }
-    args.latency_us = LatencyDist::parse(&args.latency)
-        .map_err(|e| format!("--latency: {e}"))?
-        .mean()
-        .as_secs_f64()
-        * 1e6;
-    if args.hot >= args.span || args.hot >= args.cache_size {
-        return Err("--hot must be smaller than --span and --cache-size".into());
-    }
-    let fio_version = check_fio(&args.fio)?;
-    catch_interrupts();
-    let dir = tempfile::Builder::new()
-        .prefix("pmcache-bench-mixed.")
-        .tempdir_in(&args.shm_dir)
-        .map_err(|e| format!("{}: {e}", args.shm_dir.display()))?;
-    let backing = dir.path().join("backing");
-    let file = std::fs::File::create(&backing).map_err(|e| e.to_string())?;
-    file.set_len(args.span).map_err(|e| e.to_string())?;
-    drop(file);
-    let machine = Machine::probe(fio_version, None);
-    let mut rows = Vec::new();
-    // The unloaded hit latency: all hits, QD 1, one connection (median over the runs).
-    let t0 = median((0..args.runs).map(|_| {
-        let config = Config { conns: 1, qd: 1, hit_pct: Some(100), write_pct: 0 };
-        measure(&args, dir.path(), &backing, config).map_or(f64::NAN, |m| m.hot_us[0])
-    }))
-    .ok_or("no unloaded hit latency measured")?;
-    for &conns in &args.conns {
-        for &qd in &args.qd {
-            let w = args.writes;
-            // (hits, writes): the store alone, the all-hit reads (the baseline), all-hit
-            // reads with the writes, then the mixes.
-            let mut configs: Vec<(Option<u32>, u32)> = vec![(None, w), (Some(100), 0)];
-            if w > 0 {
-                configs.push((Some(100), w));
-            }
-            configs.extend(args.hits.iter().filter(|&&h| h < 100).map(|&h| (Some(h), w)));
-            let mut all_hit_iops = None;
-            for (hit_pct, write_pct) in configs {
-                let mut runs = Vec::new();
-                for turn in 0..args.runs {
-                    check_interrupted()?;
-                    let what = hit_pct.map_or("store alone".into(), |h| format!("{h}% hits"));
-                    progress(&format!(
-                        "{conns} conn, QD {qd}, {what}, {write_pct}% writes, run {}",
-                        turn + 1
-                    ));
-                    let config = Config { conns, qd, hit_pct, write_pct };
-                    runs.push(measure(&args, dir.path(), &backing, config)?);
-                }
-                let median = median_of(&runs);
-                if hit_pct == Some(100) && write_pct == 0 {
-                    all_hit_iops = Some(median.iops);
-                }
-                // Writes count at the store's latency (write-through), reads by their zone.
-                let bound_iops = hit_pct.zip(all_hit_iops).map(|(h, all_hit)| {
-                    let (h, w) = (f64::from(h) / 100.0, f64::from(write_pct) / 100.0);
-                    let slow = w + (1.0 - w) * (1.0 - h);
-                    let slot_us = slow * args.latency_us + (1.0 - slow) * t0;
-                    all_hit.min((conns * qd) as f64 / (slot_us * 1e-6))
-                });
-                rows.push(Row { conns, qd, hit_pct, write_pct, median, bound_iops });
-            }
-        }
-    }
-    progress("");
-    Ok(Report { machine, latency: args.latency.clone(), unloaded_hit_us: t0, rows })
 }
 
 fn median_of(runs: &[Measured]) -> Measured {

@@ -236,8 +236,59 @@ impl Experiment for NbdArgs {
         Defaults { runs: Some(3), seconds: Some(60.0), quick_runs: 1, quick_seconds: 4.0 };
     type Report = Report;
 
+    /// Runs every configuration, printing the table's rows as they come unless `run.json`.
     fn run(&self, run: &Run) -> Result<Report, String> {
-        measure_all(self, run)
+        let plan = make_plan(self, run)?;
+        catch_interrupts();
+        let (fio_version, scratch) = self.scratch.prepare(Self::NAME, self.keep_files)?;
+        let nbdkit_version = tool_version(&self.nbdkit, "--version", "nbdkit")?;
+        let machine = Machine::probe(fio_version, Some(nbdkit_version));
+        scratch.prefill(plan.span_bytes)?;
+        if !run.json {
+            print!("{}", header(&machine, &plan));
+        }
+        let total = plan.rw.len() * plan.runs * plan.configs.len();
+        let mut done = 0;
+        let mut rows = Vec::new();
+        for rw in &plan.rw {
+            // samples[config] over runs, each with its run index.
+            let mut samples: Vec<Vec<RunSample>> = vec![Vec::new(); plan.configs.len()];
+            let mut errors: Vec<Vec<String>> = vec![Vec::new(); plan.configs.len()];
+            for turn in 0..plan.runs {
+                // The order rotates between runs, so that drift in the machine's load does not
+                // always hit the same configuration.
+                let n = plan.configs.len();
+                for i in 0..n {
+                    let c = (i + turn) % n;
+                    let config = &plan.configs[c];
+                    done += 1;
+                    progress(&format!(
+                        "[{done}/{total}] {rw} run {}/{} {}",
+                        turn + 1,
+                        plan.runs,
+                        config.label
+                    ));
+                    check_interrupted()?;
+                    match measure(self, &plan, &scratch, config, rw, turn) {
+                        Ok(mut sample) => {
+                            sample.run = turn;
+                            samples[c].push(sample);
+                        }
+                        Err(e) => errors[c].push(format!("run {}: {e}", turn + 1)),
+                    }
+                }
+            }
+            progress("");
+            let rw_rows = aggregate(&plan, rw, samples, errors);
+            if !run.json {
+                for row in &rw_rows {
+                    print!("{}", table_row(row));
+                }
+                println!();
+            }
+            rows.extend(rw_rows);
+        }
+        Ok(Report { machine, plan, rows })
     }
 
     fn table(&self, report: &Report, _run: &Run) -> String {
@@ -247,61 +298,6 @@ impl Experiment for NbdArgs {
     fn finish(&self, report: &Report, _run: &Run) -> Result<(), String> {
         check_measured(report.rows.iter().map(|r| r.iops))
     }
-}
-
-/// Runs every configuration, printing the table's rows as they come unless `run.json`.
-fn measure_all(args: &NbdArgs, run: &Run) -> Result<Report, String> {
-    let plan = make_plan(args, run)?;
-    catch_interrupts();
-    let (fio_version, scratch) = args.scratch.prepare("nbd", args.keep_files)?;
-    let nbdkit_version = tool_version(&args.nbdkit, "--version", "nbdkit")?;
-    let machine = Machine::probe(fio_version, Some(nbdkit_version));
-    scratch.prefill(plan.span_bytes)?;
-    if !run.json {
-        print!("{}", header(&machine, &plan));
-    }
-    let total = plan.rw.len() * plan.runs * plan.configs.len();
-    let mut done = 0;
-    let mut rows = Vec::new();
-    for rw in &plan.rw {
-        // samples[config] over runs, each with its run index.
-        let mut samples: Vec<Vec<RunSample>> = vec![Vec::new(); plan.configs.len()];
-        let mut errors: Vec<Vec<String>> = vec![Vec::new(); plan.configs.len()];
-        for turn in 0..plan.runs {
-            // The order rotates between runs, so that drift in the machine's load does not
-            // always hit the same configuration.
-            let n = plan.configs.len();
-            for i in 0..n {
-                let c = (i + turn) % n;
-                let config = &plan.configs[c];
-                done += 1;
-                progress(&format!(
-                    "[{done}/{total}] {rw} run {}/{} {}",
-                    turn + 1,
-                    plan.runs,
-                    config.label
-                ));
-                check_interrupted()?;
-                match measure(args, &plan, &scratch, config, rw, turn) {
-                    Ok(mut sample) => {
-                        sample.run = turn;
-                        samples[c].push(sample);
-                    }
-                    Err(e) => errors[c].push(format!("run {}: {e}", turn + 1)),
-                }
-            }
-        }
-        progress("");
-        let rw_rows = aggregate(&plan, rw, samples, errors);
-        if !run.json {
-            for row in &rw_rows {
-                print!("{}", table_row(row));
-            }
-            println!();
-        }
-        rows.extend(rw_rows);
-    }
-    Ok(Report { machine, plan, rows })
 }
 
 fn measure(

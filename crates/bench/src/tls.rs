@@ -79,95 +79,91 @@ impl Experiment for TlsArgs {
     type Report = Report;
 
     fn run(&self, run: &Run) -> Result<Report, String> {
-        measure(self, run)
+        let (seconds, runs) = (run.seconds, run.runs);
+        let span = if run.quick { 64 << 20 } else { self.span };
+        if span < BLOCK_BYTES {
+            return Err("--span must be at least 4 KiB".into());
+        }
+        // "OpenSSL 3.0.19 27 Jan 2026 (Library: ...)": the name and the version.
+        let openssl = tool_version("openssl", "version", "openssl")?
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        catch_interrupts();
+        let (fio_version, scratch) = self.scratch.prepare(Self::NAME, false)?;
+        scratch.sparse(span)?;
+        let (server_pki, home) = credentials(scratch.dir())?;
+        let extra: Vec<String> = ["--mode", "writethrough", "--tls=on", "--tls-certificates"]
+            .into_iter()
+            .map(String::from)
+            .chain([server_pki.display().to_string()])
+            .collect();
+        let (socket, control) = (scratch.path("pmcache.sock"), scratch.path("pmcache.ctl"));
+        let server = Server::start_pmcache(&PmcacheServe {
+            medium: &scratch.medium,
+            // The whole span and the engine's headroom.
+            cache_bytes: span + span / 4 + (16 << 20),
+            backing: &scratch.backing,
+            socket: &socket,
+            control: &control,
+            log: &scratch.path("pmcache-serve.log"),
+            cleaner: &[],
+            cpus: None,
+            max_connections: 16,
+            extra_args: &extra,
+        })?;
+        let plain_uri = server.uri();
+        let tls_uri = plain_uri.replacen("nbd+unix://", "nbds+unix://", 1);
+        progress(&format!("writing the span ({}) into the cache ...", human(span)));
+        warm(&self.scratch.fio, &plain_uri, span)?;
+
+        let spec = |target| FioSpec {
+            fio: &self.scratch.fio,
+            target,
+            rw: "randread",
+            bs: BLOCK_BYTES,
+            qd: self.qd,
+            jobs: 1,
+            span,
+            seconds,
+            out_dir: scratch.dir(),
+            timeline: false,
+        };
+        let (mut plain, mut tls) = (Vec::new(), Vec::new());
+        for turn in 0..runs {
+            for over_tls in [turn % 2 == 1, turn % 2 == 0] {
+                progress(&format!(
+                    "run {}/{runs}: {}",
+                    turn + 1,
+                    if over_tls { "TLS" } else { "plain" }
+                ));
+                if over_tls {
+                    let target = FioTarget::NbdTls { uri: tls_uri.clone(), home: home.clone() };
+                    tls.push(FioRun::run(&spec(target))?);
+                } else {
+                    plain.push(FioRun::run(&spec(FioTarget::Nbd(plain_uri.clone())))?);
+                }
+            }
+        }
+        progress("");
+        server.stop()?;
+        Ok(Report {
+            machine: Machine::probe(fio_version, None),
+            openssl,
+            seconds,
+            runs,
+            span_bytes: span,
+            qd: self.qd,
+            tls_ratio_median: median(plain.iter().zip(&tls).map(|(p, t)| t.iops / p.iops)),
+            plain: row("plain", &plain),
+            tls: row("tls-x509", &tls),
+        })
     }
 
     fn table(&self, report: &Report, _run: &Run) -> String {
         table(report)
     }
-}
-
-fn measure(args: &TlsArgs, run: &Run) -> Result<Report, String> {
-    let (seconds, runs) = (run.seconds, run.runs);
-    let span = if run.quick { 64 << 20 } else { args.span };
-    if span < BLOCK_BYTES {
-        return Err("--span must be at least 4 KiB".into());
-    }
-    // "OpenSSL 3.0.19 27 Jan 2026 (Library: ...)": the name and the version.
-    let openssl = tool_version("openssl", "version", "openssl")?
-        .split_whitespace()
-        .take(2)
-        .collect::<Vec<_>>()
-        .join(" ");
-    catch_interrupts();
-    let (fio_version, scratch) = args.scratch.prepare("tls", false)?;
-    scratch.sparse(span)?;
-    let (server_pki, home) = credentials(scratch.dir())?;
-    let extra: Vec<String> = ["--mode", "writethrough", "--tls=on", "--tls-certificates"]
-        .into_iter()
-        .map(String::from)
-        .chain([server_pki.display().to_string()])
-        .collect();
-    let (socket, control) = (scratch.path("pmcache.sock"), scratch.path("pmcache.ctl"));
-    let server = Server::start_pmcache(&PmcacheServe {
-        medium: &scratch.medium,
-        // The whole span and the engine's headroom.
-        cache_bytes: span + span / 4 + (16 << 20),
-        backing: &scratch.backing,
-        socket: &socket,
-        control: &control,
-        log: &scratch.path("pmcache-serve.log"),
-        cleaner: &[],
-        cpus: None,
-        max_connections: 16,
-        extra_args: &extra,
-    })?;
-    let plain_uri = server.uri();
-    let tls_uri = plain_uri.replacen("nbd+unix://", "nbds+unix://", 1);
-    progress(&format!("writing the span ({}) into the cache ...", human(span)));
-    warm(&args.scratch.fio, &plain_uri, span)?;
-
-    let spec = |target| FioSpec {
-        fio: &args.scratch.fio,
-        target,
-        rw: "randread",
-        bs: BLOCK_BYTES,
-        qd: args.qd,
-        jobs: 1,
-        span,
-        seconds,
-        out_dir: scratch.dir(),
-        timeline: false,
-    };
-    let (mut plain, mut tls) = (Vec::new(), Vec::new());
-    for turn in 0..runs {
-        for over_tls in [turn % 2 == 1, turn % 2 == 0] {
-            progress(&format!(
-                "run {}/{runs}: {}",
-                turn + 1,
-                if over_tls { "TLS" } else { "plain" }
-            ));
-            if over_tls {
-                let target = FioTarget::NbdTls { uri: tls_uri.clone(), home: home.clone() };
-                tls.push(FioRun::run(&spec(target))?);
-            } else {
-                plain.push(FioRun::run(&spec(FioTarget::Nbd(plain_uri.clone())))?);
-            }
-        }
-    }
-    progress("");
-    server.stop()?;
-    Ok(Report {
-        machine: Machine::probe(fio_version, None),
-        openssl,
-        seconds,
-        runs,
-        span_bytes: span,
-        qd: args.qd,
-        tls_ratio_median: median(plain.iter().zip(&tls).map(|(p, t)| t.iops / p.iops)),
-        plain: row("plain", &plain),
-        tls: row("tls-x509", &tls),
-    })
 }
 
 fn row(client: &'static str, results: &[FioResult]) -> Row {

@@ -179,105 +179,101 @@ fn buffers(bytes: usize, fill: u8) -> Vec<IoBuf> {
         .collect()
 }
 
-/// Runs the experiment.
-fn measure(args: &UblkMappingArgs, run: &Run) -> Result<UblkMappingResult, String> {
-    let cache_bytes = if run.quick { 16 << 20 } else { args.cache_mib << 20 };
-    let tmp =
-        tempfile::tempdir_in(&args.dir).map_err(|e| format!("{}: {e}", args.dir.display()))?;
-    let options = MediumOptions { create_len_bytes: Some(cache_bytes), sync: MediumSync::Auto };
-    let medium =
-        PmemFile::open_with(&tmp.path().join("medium"), &options).map_err(|e| e.to_string())?;
-    let slots = pmcache_engine::format::Geometry::for_medium(cache_bytes, BLOCK_BYTES as u32)
-        .map_err(|e| e.to_string())?
-        .slot_count;
-    // Half the cache: every read hits, no write evicts.
-    let span_blocks = (slots / 2).max(1);
-    let backing_path = tmp.path().join("backing");
-    std::fs::File::create(&backing_path)
-        .and_then(|f| f.set_len(span_blocks * BLOCK_BYTES))
-        .map_err(|e| format!("{}: {e}", backing_path.display()))?;
-    let backing: Backing = Arc::new(PsyncFile::open(&backing_path).map_err(|e| e.to_string())?);
-    let config = Config {
-        block_size: BLOCK_BYTES as u32,
-        max_lanes: 2,
-        admission: AdmissionConfig::Always,
-        ..Config::default()
-    };
-    let engine = Engine::format(
-        MediumSet::single(Window::whole(Arc::new(medium))),
-        backing,
-        MonotonicClock::default(),
-        &config,
-    )
-    .map_err(|e| e.to_string())?;
-    let mut rng = SmallRng::seed_from_u64(0x7562_6c6b);
-    let geometry = Geometry {
-        size_bytes: engine.size_bytes(),
-        logical_block_bytes: BLOCK_BYTES as u32,
-        max_io_bytes: MAX_IO_BYTES,
-    };
-    let mut bed = Bed {
-        target: CacheConn::new(engine.lane().map_err(|e| e.to_string())?),
-        dispatcher: Dispatcher::new(geometry, BATCH as u16),
-        bufs: buffers(MAX_IO_BYTES as usize, 0xa5),
-        blocks: (0..if run.quick { 20_000 } else { args.requests.max(BATCH) })
-            .map(|_| rng.gen_range(0..span_blocks))
-            .collect(),
-    };
-    // Every block of the span written once (reads then hit), untimed; a warm-up of each path.
-    let all: Vec<u64> = (0..span_blocks).collect();
-    let measured = std::mem::replace(&mut bed.blocks, all);
-    bed.measure(Kind::Write, BATCH, false)?;
-    bed.blocks = measured;
-    let shapes = [(Kind::Read, 1), (Kind::Write, 1), (Kind::Read, BATCH), (Kind::Write, BATCH)];
-    for &(kind, per) in &shapes {
-        bed.measure(kind, per, true)?;
-        bed.measure(kind, per, false)?;
-    }
-    let n = bed.blocks.len() as f64;
-    let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), Vec::new()); shapes.len()];
-    for turn in 0..run.runs {
-        for (i, &(kind, per)) in shapes.iter().enumerate() {
-            let (mapped, engine_alone) = if turn % 2 == 0 {
-                let m = bed.measure(kind, per, true)?;
-                (m, bed.measure(kind, per, false)?)
-            } else {
-                let e = bed.measure(kind, per, false)?;
-                (bed.measure(kind, per, true)?, e)
-            };
-            let (m, e) = (mapped * 1e9 / n, engine_alone * 1e9 / n);
-            let s = &mut samples[i];
-            s.0.push(m);
-            s.1.push(e);
-            s.2.push(m - e);
-            s.3.push(m / e);
-        }
-    }
-    let rows = shapes
-        .iter()
-        .zip(&mut samples)
-        .map(|(&(kind, per), s)| Row {
-            what: format!(
-                "{}, {per} per dispatch",
-                if kind == Kind::Read { "4 KiB read hit" } else { "4 KiB write" }
-            ),
-            mapped_ns: median_in_place(&mut s.0),
-            engine_ns: median_in_place(&mut s.1),
-            overhead_ns: median_in_place(&mut s.2),
-            ratio: median_in_place(&mut s.3),
-        })
-        .collect();
-    Ok(UblkMappingResult { rows, requests: bed.blocks.len(), runs: run.runs, cache_bytes })
-}
-
 impl Experiment for UblkMappingArgs {
     const NAME: &'static str = "ublk-mapping";
     const DEFAULTS: Defaults =
         Defaults { runs: Some(5), seconds: None, quick_runs: 3, quick_seconds: 0.0 };
     type Report = UblkMappingResult;
 
+    /// Runs the experiment.
     fn run(&self, run: &Run) -> Result<UblkMappingResult, String> {
-        measure(self, run)
+        let cache_bytes = if run.quick { 16 << 20 } else { self.cache_mib << 20 };
+        let tmp =
+            tempfile::tempdir_in(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let options = MediumOptions { create_len_bytes: Some(cache_bytes), sync: MediumSync::Auto };
+        let medium =
+            PmemFile::open_with(&tmp.path().join("medium"), &options).map_err(|e| e.to_string())?;
+        let slots = pmcache_engine::format::Geometry::for_medium(cache_bytes, BLOCK_BYTES as u32)
+            .map_err(|e| e.to_string())?
+            .slot_count;
+        // Half the cache: every read hits, no write evicts.
+        let span_blocks = (slots / 2).max(1);
+        let backing_path = tmp.path().join("backing");
+        std::fs::File::create(&backing_path)
+            .and_then(|f| f.set_len(span_blocks * BLOCK_BYTES))
+            .map_err(|e| format!("{}: {e}", backing_path.display()))?;
+        let backing: Backing = Arc::new(PsyncFile::open(&backing_path).map_err(|e| e.to_string())?);
+        let config = Config {
+            block_size: BLOCK_BYTES as u32,
+            max_lanes: 2,
+            admission: AdmissionConfig::Always,
+            ..Config::default()
+        };
+        let engine = Engine::format(
+            MediumSet::single(Window::whole(Arc::new(medium))),
+            backing,
+            MonotonicClock::default(),
+            &config,
+        )
+        .map_err(|e| e.to_string())?;
+        let mut rng = SmallRng::seed_from_u64(0x7562_6c6b);
+        let geometry = Geometry {
+            size_bytes: engine.size_bytes(),
+            logical_block_bytes: BLOCK_BYTES as u32,
+            max_io_bytes: MAX_IO_BYTES,
+        };
+        let mut bed = Bed {
+            target: CacheConn::new(engine.lane().map_err(|e| e.to_string())?),
+            dispatcher: Dispatcher::new(geometry, BATCH as u16),
+            bufs: buffers(MAX_IO_BYTES as usize, 0xa5),
+            blocks: (0..if run.quick { 20_000 } else { self.requests.max(BATCH) })
+                .map(|_| rng.gen_range(0..span_blocks))
+                .collect(),
+        };
+        // Every block of the span written once (reads then hit), untimed; a warm-up of each path.
+        let all: Vec<u64> = (0..span_blocks).collect();
+        let measured = std::mem::replace(&mut bed.blocks, all);
+        bed.measure(Kind::Write, BATCH, false)?;
+        bed.blocks = measured;
+        let shapes = [(Kind::Read, 1), (Kind::Write, 1), (Kind::Read, BATCH), (Kind::Write, BATCH)];
+        for &(kind, per) in &shapes {
+            bed.measure(kind, per, true)?;
+            bed.measure(kind, per, false)?;
+        }
+        let n = bed.blocks.len() as f64;
+        let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), Vec::new()); shapes.len()];
+        for turn in 0..run.runs {
+            for (i, &(kind, per)) in shapes.iter().enumerate() {
+                let (mapped, engine_alone) = if turn % 2 == 0 {
+                    let m = bed.measure(kind, per, true)?;
+                    (m, bed.measure(kind, per, false)?)
+                } else {
+                    let e = bed.measure(kind, per, false)?;
+                    (bed.measure(kind, per, true)?, e)
+                };
+                let (m, e) = (mapped * 1e9 / n, engine_alone * 1e9 / n);
+                let s = &mut samples[i];
+                s.0.push(m);
+                s.1.push(e);
+                s.2.push(m - e);
+                s.3.push(m / e);
+            }
+        }
+        let rows = shapes
+            .iter()
+            .zip(&mut samples)
+            .map(|(&(kind, per), s)| Row {
+                what: format!(
+                    "{}, {per} per dispatch",
+                    if kind == Kind::Read { "4 KiB read hit" } else { "4 KiB write" }
+                ),
+                mapped_ns: median_in_place(&mut s.0),
+                engine_ns: median_in_place(&mut s.1),
+                overhead_ns: median_in_place(&mut s.2),
+                ratio: median_in_place(&mut s.3),
+            })
+            .collect();
+        Ok(UblkMappingResult { rows, requests: bed.blocks.len(), runs: run.runs, cache_bytes })
     }
 
     fn table(&self, r: &UblkMappingResult, _run: &Run) -> String {

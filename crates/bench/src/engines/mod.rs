@@ -217,8 +217,61 @@ impl Experiment for EnginesArgs {
         Defaults { runs: Some(3), seconds: Some(2.0), quick_runs: 1, quick_seconds: 0.25 };
     type Report = Report;
 
+    /// Measures every point; prints the table's lines as they come unless `run.json`.
     fn run(&self, run: &Run) -> Result<Report, String> {
-        measure(self, run)
+        let table = !run.json;
+        let plan = make_plan(self, run)?;
+        let engines: Vec<EngineKind> =
+            plan.engines.iter().map(|e| e.parse()).collect::<Result<_, _>>()?;
+        let idle_hold = hold_cpus_awake(self.allow_cpu_idle);
+        let mut machine = machine(self);
+        machine.cpu_idle = idle_hold.description.clone();
+        if !self.no_fio && machine.fio_version.is_none() {
+            return Err(format!(
+                "fio ({}) not found; install it (apt-get install -y fio) or pass --no-fio",
+                self.fio
+            ));
+        }
+        let files = prepare_files(self, &plan)?;
+        if table {
+            print!("{}", table_header(&machine, &plan));
+        }
+        let mut rows = Vec::new();
+        let total = count_points(&plan, &engines, &files);
+        let mut done = 0;
+        for file in &files {
+            for rw in &plan.rw {
+                for &engine in &engines {
+                    for &qd in &plan.qd {
+                        if engine.is_synchronous() && qd != 1 {
+                            continue;
+                        }
+                        for &jobs in &plan.jobs {
+                            done += 1;
+                            eprint!(
+                                "\r[{done}/{total}] {} {rw} {engine} jobs={jobs} qd={qd}          ",
+                                file.label
+                            );
+                            let _ = std::io::stderr().flush();
+                            let row = measure_point(self, &plan, file, rw, engine, jobs, qd);
+                            if table {
+                                eprint!("\r");
+                                print!("{}", table_row(&row));
+                                let _ = std::io::stdout().flush();
+                            }
+                            rows.push(row);
+                        }
+                    }
+                }
+            }
+        }
+        eprintln!();
+        if !self.keep_files {
+            for file in &files {
+                let _ = std::fs::remove_file(&file.path);
+            }
+        }
+        Ok(Report { machine, plan, rows })
     }
 
     fn table(&self, report: &Report, _run: &Run) -> String {
@@ -230,63 +283,6 @@ impl Experiment for EnginesArgs {
         eprintln!("plot written to {}", self.plot.display());
         Ok(())
     }
-}
-
-/// Measures every point; prints the table's lines as they come unless `run.json`.
-fn measure(args: &EnginesArgs, run: &Run) -> Result<Report, String> {
-    let table = !run.json;
-    let plan = make_plan(args, run)?;
-    let engines: Vec<EngineKind> =
-        plan.engines.iter().map(|e| e.parse()).collect::<Result<_, _>>()?;
-    let idle_hold = hold_cpus_awake(args.allow_cpu_idle);
-    let mut machine = machine(args);
-    machine.cpu_idle = idle_hold.description.clone();
-    if !args.no_fio && machine.fio_version.is_none() {
-        return Err(format!(
-            "fio ({}) not found; install it (apt-get install -y fio) or pass --no-fio",
-            args.fio
-        ));
-    }
-    let files = prepare_files(args, &plan)?;
-    if table {
-        print!("{}", table_header(&machine, &plan));
-    }
-    let mut rows = Vec::new();
-    let total = count_points(&plan, &engines, &files);
-    let mut done = 0;
-    for file in &files {
-        for rw in &plan.rw {
-            for &engine in &engines {
-                for &qd in &plan.qd {
-                    if engine.is_synchronous() && qd != 1 {
-                        continue;
-                    }
-                    for &jobs in &plan.jobs {
-                        done += 1;
-                        eprint!(
-                            "\r[{done}/{total}] {} {rw} {engine} jobs={jobs} qd={qd}          ",
-                            file.label
-                        );
-                        let _ = std::io::stderr().flush();
-                        let row = measure_point(args, &plan, file, rw, engine, jobs, qd);
-                        if table {
-                            eprint!("\r");
-                            print!("{}", table_row(&row));
-                            let _ = std::io::stdout().flush();
-                        }
-                        rows.push(row);
-                    }
-                }
-            }
-        }
-    }
-    eprintln!();
-    if !args.keep_files {
-        for file in &files {
-            let _ = std::fs::remove_file(&file.path);
-        }
-    }
-    Ok(Report { machine, plan, rows })
 }
 
 fn make_plan(args: &EnginesArgs, run: &Run) -> Result<Plan, String> {

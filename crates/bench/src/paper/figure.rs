@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::harness::stats::{median_in_place, min_max};
 
 /// One figure (or one panel) of a paper, re-run here.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Figure {
     /// `000-fig4a`: the paper, the figure and the panel; also the files' stem.
     pub id: String,
@@ -82,7 +82,7 @@ impl Point {
 }
 
 /// The scale a figure ran at and what it changed from the paper.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ScaleNote {
     /// `smallest`, `small` or `full`.
     pub name: String,
@@ -95,7 +95,7 @@ pub struct ScaleNote {
 }
 
 /// Where a figure's numbers came from.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Provenance {
     /// The command line that produced the figure.
     pub command: String,

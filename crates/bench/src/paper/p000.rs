@@ -223,10 +223,7 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         x_label: "request size".into(),
         x_ticks: sizes.iter().map(|s| size(*s)).collect(),
         y_label: "GB/s".into(),
-        y_log: false,
-        bars: false,
         series: result.absolute(GB),
-        absolute: None,
         published: published("000-fig3").into(),
         ours: format!(
             "pmcache reaches {} of the raw medium at 4 KiB and {} at {}, from the smallest to \
@@ -238,6 +235,7 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         scale: ctx.scale_note(shrunk),
         notes,
         provenance: ctx.provenance.clone(),
+        ..Figure::default()
     }])
 }
 
@@ -283,8 +281,6 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         x_label: "threads".into(),
         x_ticks: thread_ticks(&threads),
         y_label: "bandwidth / raw NVM at the same threads".into(),
-        y_log: false,
-        bars: false,
         series: a.normalised(0),
         absolute: Some(Absolute { y_label: "GB/s".into(), series: a.absolute(GB) }),
         published: published("000-fig4a").into(),
@@ -300,6 +296,7 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         scale: ctx.scale_note(shrunk.clone()),
         notes: notes.clone(),
         provenance: ctx.provenance.clone(),
+        ..Figure::default()
     };
     let fig_b = Figure {
         id: "000-fig4b".into(),
@@ -308,10 +305,7 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         x_label: "threads".into(),
         x_ticks: thread_ticks(&threads),
         y_label: "GB/s".into(),
-        y_log: false,
-        bars: false,
         series: b.absolute(GB),
-        absolute: None,
         published: published("000-fig4b").into(),
         ours: format!(
             "The raw medium (this VM's memory copy) gives {} GB/s at 1 thread and {} at {}; \
@@ -325,6 +319,7 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         scale: ctx.scale_note(shrunk),
         notes,
         provenance: ctx.provenance.clone(),
+        ..Figure::default()
     };
     Ok(vec![fig_a, fig_b])
 }
@@ -388,8 +383,6 @@ pub fn fig5(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         x_label: "read share (1 thread)".into(),
         x_ticks: positions.iter().map(|(t, _, _)| t.clone()).collect(),
         y_label: "bandwidth / raw NVM at the same mix".into(),
-        y_log: false,
-        bars: false,
         series: result.normalised(0),
         absolute: Some(Absolute { y_label: "GB/s".into(), series: result.absolute(GB) }),
         published: published("000-fig5").into(),
@@ -405,6 +398,7 @@ pub fn fig5(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         scale: ctx.scale_note(shrunk),
         notes: mode_notes(span),
         provenance: ctx.provenance.clone(),
+        ..Figure::default()
     }])
 }
 
@@ -433,8 +427,6 @@ pub fn fig6(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         x_label: "threads".into(),
         x_ticks: thread_ticks(&threads),
         y_label: "bandwidth / raw NVM at the same threads".into(),
-        y_log: false,
-        bars: false,
         series: result.normalised(0),
         absolute: Some(Absolute { y_label: "MB/s".into(), series: result.absolute(MB) }),
         published: published("000-fig6").into(),
@@ -450,6 +442,7 @@ pub fn fig6(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         scale: ctx.scale_note(shrunk),
         notes: mode_notes(span),
         provenance: ctx.provenance.clone(),
+        ..Figure::default()
     }])
 }
 

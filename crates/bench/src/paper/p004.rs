@@ -142,10 +142,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
             x_label: "jobs".into(),
             x_ticks: jobs.iter().map(usize::to_string).collect(),
             y_label: "KIOPS".into(),
-            y_log: false,
-            bars: false,
             series,
-            absolute: None,
             published:
                 "libaio stays at 550 KIOPS whatever the jobs; io_uring (polled) reaches the \
                         device's maximum from 2 jobs, SPDK from 1; pvsync2 with HIPRI needs about \
@@ -165,6 +162,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
             ),
             notes,
             provenance: ctx.provenance.clone(),
+            ..Figure::default()
         });
     }
     Ok(figures)

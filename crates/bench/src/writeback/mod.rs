@@ -263,8 +263,115 @@ impl Experiment for WritebackArgs {
         Defaults { runs: Some(1), seconds: Some(60.0), quick_runs: 1, quick_seconds: 3.0 };
     type Report = Report;
 
+    /// Runs every configuration, printing each run's line as it comes unless `run.json`.
     fn run(&self, run: &Run) -> Result<Report, String> {
-        measure(self, run)
+        let plan = make_plan(self, run)?;
+        let say = |line: &str| {
+            if !run.json {
+                println!("{line}");
+            }
+        };
+        let fio_version = Command::new(&self.fio).arg("--version").output().ok();
+        let wants_fio = plan.configs.iter().any(|c| c == "raw" || c == "drain" || c == "misses");
+        if wants_fio && fio_version.as_ref().is_none_or(|o| !o.status.success()) {
+            return Err(format!(
+                "fio ({}) not found; install it (apt-get install -y fio) or leave out raw and drain",
+                self.fio
+            ));
+        }
+        std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let backing = self.dir.join(format!("pmcache-bench-writeback-{}.img", std::process::id()));
+        let _remove = RemoveOnDrop(backing.clone());
+        eprintln!(
+            "writing the backing file {} ({} MiB)…",
+            backing.display(),
+            plan.span_bytes >> 20
+        );
+        write_random(&backing, plan.span_bytes)
+            .map_err(|e| format!("{}: {e}", backing.display()))?;
+        let setup = setup_text(&self.dir, &self.medium_dir, &plan);
+        say(&setup);
+
+        let mut rows: Vec<ShapeRow> = Vec::new();
+        let mut drains: Vec<DrainRun> = Vec::new();
+        for turn in 0..plan.runs {
+            for &shape in &plan.shapes {
+                // The configurations take turns going first, so that a drift in the disk's speed
+                // (a host flushing its cache, a neighbour's load) does not always hit the same one.
+                let mut order = ["raw", "cleaner", "inline"];
+                order.rotate_left(turn % 3);
+                let mut samples: Vec<(&str, Sample)> = Vec::new();
+                for config in order {
+                    if !plan.configs.iter().any(|c| c == config) {
+                        continue;
+                    }
+                    eprintln!("run {}/{}: shape {shape}, {config}…", turn + 1, plan.runs);
+                    let sample = match config {
+                        "raw" => best_raw(turn, |engine| {
+                            run_fio_random(self, &plan, &backing, shape, engine)
+                        })?,
+                        _ => run_engine(self, &plan, &backing, shape, config == "cleaner", turn)?,
+                    };
+                    samples.push((config, sample));
+                }
+                let raw_iops = samples.iter().find(|(c, _)| *c == "raw").map(|(_, s)| s.iops);
+                samples
+                    .sort_by_key(|(c, _)| ["raw", "cleaner", "inline"].iter().position(|x| x == c));
+                for (config, sample) in samples {
+                    say(&sample_line(turn, shape, config, &sample, raw_iops));
+                    let ratio = raw_iops.filter(|_| config != "raw").map(|raw| sample.iops / raw);
+                    push_row(&mut rows, shape, config, sample, ratio);
+                }
+            }
+            if plan.configs.iter().any(|c| c == "misses") {
+                let shape = self.miss_shape;
+                eprintln!("run {}/{}: read misses {shape}…", turn + 1, plan.runs);
+                let raw_reads = || {
+                    best_raw(turn, |engine| {
+                        run_fio_random_reads(self, &plan, &backing, shape, engine)
+                    })
+                };
+                let (ours, fio) = if turn % 2 == 0 {
+                    let ours = run_misses(self, &plan, &backing, shape, turn)?;
+                    (ours, raw_reads()?)
+                } else {
+                    let fio = raw_reads()?;
+                    (run_misses(self, &plan, &backing, shape, turn)?, fio)
+                };
+                say(&sample_line(turn, shape, "raw-read", &fio, None));
+                say(&sample_line(turn, shape, "misses", &ours, Some(fio.iops)));
+                let ratio = ours.iops / fio.iops;
+                push_row(&mut rows, shape, "raw-read", fio, None);
+                push_row(&mut rows, shape, "misses", ours, Some(ratio));
+            }
+            if plan.configs.iter().any(|c| c == "drain") {
+                eprintln!("run {}/{}: drain…", turn + 1, plan.runs);
+                let drain = run_drain(self, &plan, &backing, turn)?;
+                say(&format!(
+                    "  run {} drain: {} blocks, cleaner {:.0} blocks/s in {} writes, fio same blocks \
+                 {} ({}), ratio {}",
+                    turn + 1,
+                    drain.blocks,
+                    drain.cleaner_blocks_per_s,
+                    drain.writes_issued,
+                    drain.fio_blocks_per_s.map_or("-".into(), |v| format!("{v:.0} blocks/s")),
+                    engines_text(&drain.fio_engines),
+                    drain.ratio.map_or("-".into(), |r| format!("{r:.2}"))
+                ));
+                drains.push(drain);
+            }
+        }
+        Ok(Report {
+            setup,
+            seconds: plan.seconds,
+            cache_mib: plan.cache_bytes >> 20,
+            span_mib: plan.span_bytes >> 20,
+            engine: plan.engine.name().to_string(),
+            cleaner: self.cleaner.clone(),
+            rows,
+            drain: drains,
+            plan,
+        })
     }
 
     fn table(&self, report: &Report, _run: &Run) -> String {
@@ -276,109 +383,6 @@ impl Experiment for WritebackArgs {
         eprintln!("plot written to {}", self.plot.display());
         Ok(())
     }
-}
-
-/// Runs every configuration, printing each run's line as it comes unless `run.json`.
-fn measure(args: &WritebackArgs, run: &Run) -> Result<Report, String> {
-    let plan = make_plan(args, run)?;
-    let say = |line: &str| {
-        if !run.json {
-            println!("{line}");
-        }
-    };
-    let fio_version = Command::new(&args.fio).arg("--version").output().ok();
-    let wants_fio = plan.configs.iter().any(|c| c == "raw" || c == "drain" || c == "misses");
-    if wants_fio && fio_version.as_ref().is_none_or(|o| !o.status.success()) {
-        return Err(format!(
-            "fio ({}) not found; install it (apt-get install -y fio) or leave out raw and drain",
-            args.fio
-        ));
-    }
-    std::fs::create_dir_all(&args.dir).map_err(|e| format!("{}: {e}", args.dir.display()))?;
-    let backing = args.dir.join(format!("pmcache-bench-writeback-{}.img", std::process::id()));
-    let _remove = RemoveOnDrop(backing.clone());
-    eprintln!("writing the backing file {} ({} MiB)…", backing.display(), plan.span_bytes >> 20);
-    write_random(&backing, plan.span_bytes).map_err(|e| format!("{}: {e}", backing.display()))?;
-    let setup = setup_text(&args.dir, &args.medium_dir, &plan);
-    say(&setup);
-
-    let mut rows: Vec<ShapeRow> = Vec::new();
-    let mut drains: Vec<DrainRun> = Vec::new();
-    for turn in 0..plan.runs {
-        for &shape in &plan.shapes {
-            // The configurations take turns going first, so that a drift in the disk's speed
-            // (a host flushing its cache, a neighbour's load) does not always hit the same one.
-            let mut order = ["raw", "cleaner", "inline"];
-            order.rotate_left(turn % 3);
-            let mut samples: Vec<(&str, Sample)> = Vec::new();
-            for config in order {
-                if !plan.configs.iter().any(|c| c == config) {
-                    continue;
-                }
-                eprintln!("run {}/{}: shape {shape}, {config}…", turn + 1, plan.runs);
-                let sample = match config {
-                    "raw" => best_raw(turn, |engine| {
-                        run_fio_random(args, &plan, &backing, shape, engine)
-                    })?,
-                    _ => run_engine(args, &plan, &backing, shape, config == "cleaner", turn)?,
-                };
-                samples.push((config, sample));
-            }
-            let raw_iops = samples.iter().find(|(c, _)| *c == "raw").map(|(_, s)| s.iops);
-            samples.sort_by_key(|(c, _)| ["raw", "cleaner", "inline"].iter().position(|x| x == c));
-            for (config, sample) in samples {
-                say(&sample_line(turn, shape, config, &sample, raw_iops));
-                let ratio = raw_iops.filter(|_| config != "raw").map(|raw| sample.iops / raw);
-                push_row(&mut rows, shape, config, sample, ratio);
-            }
-        }
-        if plan.configs.iter().any(|c| c == "misses") {
-            let shape = args.miss_shape;
-            eprintln!("run {}/{}: read misses {shape}…", turn + 1, plan.runs);
-            let raw_reads = || {
-                best_raw(turn, |engine| run_fio_random_reads(args, &plan, &backing, shape, engine))
-            };
-            let (ours, fio) = if turn % 2 == 0 {
-                let ours = run_misses(args, &plan, &backing, shape, turn)?;
-                (ours, raw_reads()?)
-            } else {
-                let fio = raw_reads()?;
-                (run_misses(args, &plan, &backing, shape, turn)?, fio)
-            };
-            say(&sample_line(turn, shape, "raw-read", &fio, None));
-            say(&sample_line(turn, shape, "misses", &ours, Some(fio.iops)));
-            let ratio = ours.iops / fio.iops;
-            push_row(&mut rows, shape, "raw-read", fio, None);
-            push_row(&mut rows, shape, "misses", ours, Some(ratio));
-        }
-        if plan.configs.iter().any(|c| c == "drain") {
-            eprintln!("run {}/{}: drain…", turn + 1, plan.runs);
-            let drain = run_drain(args, &plan, &backing, turn)?;
-            say(&format!(
-                "  run {} drain: {} blocks, cleaner {:.0} blocks/s in {} writes, fio same blocks \
-                 {} ({}), ratio {}",
-                turn + 1,
-                drain.blocks,
-                drain.cleaner_blocks_per_s,
-                drain.writes_issued,
-                drain.fio_blocks_per_s.map_or("-".into(), |v| format!("{v:.0} blocks/s")),
-                engines_text(&drain.fio_engines),
-                drain.ratio.map_or("-".into(), |r| format!("{r:.2}"))
-            ));
-            drains.push(drain);
-        }
-    }
-    Ok(Report {
-        setup,
-        seconds: plan.seconds,
-        cache_mib: plan.cache_bytes >> 20,
-        span_mib: plan.span_bytes >> 20,
-        engine: plan.engine.name().to_string(),
-        cleaner: args.cleaner.clone(),
-        rows,
-        drain: drains,
-        plan,
-    })
 }
 
 /// The best of fio's engines in run `run` (the first engine turning with the run), with every

@@ -180,15 +180,13 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         x_label: x_label.into(),
         x_ticks: ticks,
         y_label: y_label.into(),
-        y_log: false,
-        bars: false,
         series,
-        absolute: None,
         published: published.into(),
         ours,
         scale: ctx.scale_note_timed(shrunk.clone(), report.plan.seconds),
         notes: notes.clone(),
         provenance: ctx.provenance.clone(),
+        ..Figure::default()
     };
     let by_cpus =
         |writers: usize, adaptive: &str, value: &dyn Fn(&paper002::Sample) -> Option<f64>| {

@@ -336,7 +336,118 @@ impl Experiment for Paper002Args {
     /// Measures the main table and Table 1, printing the tables as they come unless
     /// `run.json`.
     fn run(&self, run: &Run) -> Result<Report, String> {
-        measure(self, run)
+        let tables = !run.json;
+        let plan = make_plan(self, run)?;
+        catch_interrupts();
+        let (fio_version, scratch) = self.scratch.prepare(Self::NAME, self.keep_files)?;
+        tool_version(&self.taskset, "--version", "util-linux")?;
+        let machine = Machine::probe(fio_version, None);
+        scratch.prefill(plan.span_bytes)?;
+        let bed = Bed { args: self, plan: &plan, scratch: &scratch };
+
+        let mut configs = Vec::new();
+        for &cpus in &plan.cpus {
+            for &writers in &plan.writers {
+                for adaptive in &plan.adaptive {
+                    configs.push(Config { cpus: Some(cpus), writers, adaptive: adaptive.clone() });
+                }
+            }
+        }
+        if plan.raw {
+            for &writers in &plan.writers {
+                configs.push(Config { cpus: None, writers, adaptive: "raw".into() });
+            }
+        }
+        if tables {
+            print!("{}", header(&machine, &plan));
+        }
+        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
+        let mut errors: Vec<Vec<String>> = vec![Vec::new(); configs.len()];
+        let total = plan.runs * configs.len();
+        let mut done = 0;
+        for turn in 0..plan.runs {
+            // The order rotates between runs, so that drift in the machine's load does not
+            // always hit the same configuration.
+            for i in 0..configs.len() {
+                let c = (i + turn) % configs.len();
+                done += 1;
+                progress(&format!(
+                    "[{done}/{total}] run {}/{} {}",
+                    turn + 1,
+                    plan.runs,
+                    configs[c].label()
+                ));
+                check_interrupted()?;
+                match bed.measure(&configs[c], turn) {
+                    Ok(mut s) => {
+                        s.run = turn;
+                        samples[c].push(s);
+                    }
+                    Err(e) => errors[c].push(format!("run {}: {e}", turn + 1)),
+                }
+            }
+        }
+        progress("");
+        let rows = main_rows(&configs, samples, errors);
+        if tables {
+            for row in &rows {
+                print!("{}", main_row(row));
+            }
+        }
+
+        let mut pi_alone = Vec::new();
+        let mut pi_terms = 0;
+        let mut table1 = Vec::new();
+        if !plan.table1_writers.is_empty() {
+            progress("calibrating the π job on CPU 0");
+            pi_terms = calibrate_pi(plan.pi_seconds)?;
+            let t1: Vec<(usize, String)> = plan
+                .table1_writers
+                .iter()
+                .flat_map(|&w| plan.adaptive.iter().map(move |a| (w, a.clone())))
+                .collect();
+            let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); t1.len()];
+            let mut errors: Vec<Vec<String>> = vec![Vec::new(); t1.len()];
+            let total = plan.runs * (t1.len() + 1);
+            let mut done = 0;
+            for turn in 0..plan.runs {
+                done += 1;
+                progress(&format!(
+                    "[{done}/{total}] Table 1 run {}/{}: the π job alone",
+                    turn + 1,
+                    plan.runs
+                ));
+                pi_alone.push(join_pi(spawn_pi(pi_terms))?.as_secs_f64());
+                for i in 0..t1.len() {
+                    let c = (i + turn) % t1.len();
+                    let (writers, adaptive) = &t1[c];
+                    done += 1;
+                    progress(&format!(
+                        "[{done}/{total}] Table 1 run {}/{}: {writers} writers, {adaptive}, with the π job",
+                        turn + 1,
+                        plan.runs
+                    ));
+                    check_interrupted()?;
+                    match bed.measure_with_pi(*writers, adaptive, pi_terms) {
+                        Ok(mut s) => {
+                            s.run = turn;
+                            samples[c].push(s);
+                        }
+                        Err(e) => errors[c].push(format!("run {}: {e}", turn + 1)),
+                    }
+                }
+            }
+            progress("");
+            table1 = table1_rows(&t1, samples, errors, &rows, &pi_alone);
+            if tables {
+                print!("{}", table1_header(pi_terms, &pi_alone));
+                for row in &table1 {
+                    print!("{}", table1_row(row));
+                }
+            }
+        }
+
+        Ok(Report { machine, plan, rows, pi_alone_seconds: pi_alone, pi_terms, table1 })
     }
 
     fn table(&self, report: &Report, _run: &Run) -> String {
@@ -351,119 +462,4 @@ impl Experiment for Paper002Args {
         eprintln!("plot written to {}", self.plot.display());
         check_measured(report.rows.iter().chain(&report.table1).map(|r| r.mb_per_s))
     }
-}
-
-fn measure(args: &Paper002Args, run: &Run) -> Result<Report, String> {
-    let tables = !run.json;
-    let plan = make_plan(args, run)?;
-    catch_interrupts();
-    let (fio_version, scratch) = args.scratch.prepare("paper002", args.keep_files)?;
-    tool_version(&args.taskset, "--version", "util-linux")?;
-    let machine = Machine::probe(fio_version, None);
-    scratch.prefill(plan.span_bytes)?;
-    let bed = Bed { args, plan: &plan, scratch: &scratch };
-
-    let mut configs = Vec::new();
-    for &cpus in &plan.cpus {
-        for &writers in &plan.writers {
-            for adaptive in &plan.adaptive {
-                configs.push(Config { cpus: Some(cpus), writers, adaptive: adaptive.clone() });
-            }
-        }
-    }
-    if plan.raw {
-        for &writers in &plan.writers {
-            configs.push(Config { cpus: None, writers, adaptive: "raw".into() });
-        }
-    }
-    if tables {
-        print!("{}", header(&machine, &plan));
-    }
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
-    let mut errors: Vec<Vec<String>> = vec![Vec::new(); configs.len()];
-    let total = plan.runs * configs.len();
-    let mut done = 0;
-    for turn in 0..plan.runs {
-        // The order rotates between runs, so that drift in the machine's load does not
-        // always hit the same configuration.
-        for i in 0..configs.len() {
-            let c = (i + turn) % configs.len();
-            done += 1;
-            progress(&format!(
-                "[{done}/{total}] run {}/{} {}",
-                turn + 1,
-                plan.runs,
-                configs[c].label()
-            ));
-            check_interrupted()?;
-            match bed.measure(&configs[c], turn) {
-                Ok(mut s) => {
-                    s.run = turn;
-                    samples[c].push(s);
-                }
-                Err(e) => errors[c].push(format!("run {}: {e}", turn + 1)),
-            }
-        }
-    }
-    progress("");
-    let rows = main_rows(&configs, samples, errors);
-    if tables {
-        for row in &rows {
-            print!("{}", main_row(row));
-        }
-    }
-
-    let mut pi_alone = Vec::new();
-    let mut pi_terms = 0;
-    let mut table1 = Vec::new();
-    if !plan.table1_writers.is_empty() {
-        progress("calibrating the π job on CPU 0");
-        pi_terms = calibrate_pi(plan.pi_seconds)?;
-        let t1: Vec<(usize, String)> = plan
-            .table1_writers
-            .iter()
-            .flat_map(|&w| plan.adaptive.iter().map(move |a| (w, a.clone())))
-            .collect();
-        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); t1.len()];
-        let mut errors: Vec<Vec<String>> = vec![Vec::new(); t1.len()];
-        let total = plan.runs * (t1.len() + 1);
-        let mut done = 0;
-        for turn in 0..plan.runs {
-            done += 1;
-            progress(&format!(
-                "[{done}/{total}] Table 1 run {}/{}: the π job alone",
-                turn + 1,
-                plan.runs
-            ));
-            pi_alone.push(join_pi(spawn_pi(pi_terms))?.as_secs_f64());
-            for i in 0..t1.len() {
-                let c = (i + turn) % t1.len();
-                let (writers, adaptive) = &t1[c];
-                done += 1;
-                progress(&format!(
-                    "[{done}/{total}] Table 1 run {}/{}: {writers} writers, {adaptive}, with the π job",
-                    turn + 1,
-                    plan.runs
-                ));
-                check_interrupted()?;
-                match bed.measure_with_pi(*writers, adaptive, pi_terms) {
-                    Ok(mut s) => {
-                        s.run = turn;
-                        samples[c].push(s);
-                    }
-                    Err(e) => errors[c].push(format!("run {}: {e}", turn + 1)),
-                }
-            }
-        }
-        progress("");
-        table1 = table1_rows(&t1, samples, errors, &rows, &pi_alone);
-        if tables {
-            print!("{}", table1_header(pi_terms, &pi_alone));
-            for row in &table1 {
-                print!("{}", table1_row(row));
-            }
-        }
-    }
-
-    Ok(Report { machine, plan, rows, pi_alone_seconds: pi_alone, pi_terms, table1 })
 }
