@@ -45,7 +45,7 @@ mod fio;
 mod report;
 
 use engine::{run_drain, run_engine, run_misses};
-use fio::{run_fio_random, run_fio_random_reads};
+use fio::run_fio_random;
 use report::{plot, sample_line, summary};
 
 use crate::harness::experiment::{Defaults, Experiment, Run};
@@ -154,6 +154,33 @@ struct Sample {
     cleaner: Option<CleanerFigures>,
     /// A raw baseline only: every fio engine's IOPS; the sample is the fastest's.
     raw_engines: Vec<EngineRate>,
+}
+
+impl Sample {
+    /// A run of `iops` with its slowest second over them, its latency percentiles (p50, p99,
+    /// p99.9 and the max, ns) and its per-second timeline; no figure of the cache.
+    fn new(
+        iops: f64,
+        min_window_ratio: f64,
+        latency_ns: [f64; 4],
+        iops_timeline: Vec<f64>,
+    ) -> Self {
+        let [latency_ns_p50, latency_ns_p99, latency_ns_p999, latency_ns_max] = latency_ns;
+        Sample {
+            iops,
+            min_window_ratio,
+            latency_ns_p50,
+            latency_ns_p99,
+            latency_ns_p999,
+            latency_ns_max,
+            full_after_s: None,
+            iops_timeline,
+            dirty_timeline: Vec::new(),
+            dirty_fraction_end: None,
+            cleaner: None,
+            raw_engines: Vec::new(),
+        }
+    }
 }
 
 /// The engine's figures at the end of a run.
@@ -308,7 +335,7 @@ impl Experiment for WritebackArgs {
                     eprintln!("run {}/{}: shape {shape}, {config}…", turn + 1, plan.runs);
                     let sample = match config {
                         "raw" => best_raw(turn, |engine| {
-                            run_fio_random(self, &plan, &backing, shape, engine)
+                            run_fio_random(self, &plan, &backing, shape, engine, true)
                         })?,
                         _ => run_engine(self, &plan, &backing, shape, config == "cleaner", turn)?,
                     };
@@ -328,7 +355,7 @@ impl Experiment for WritebackArgs {
                 eprintln!("run {}/{}: read misses {shape}…", turn + 1, plan.runs);
                 let raw_reads = || {
                     best_raw(turn, |engine| {
-                        run_fio_random_reads(self, &plan, &backing, shape, engine)
+                        run_fio_random(self, &plan, &backing, shape, engine, false)
                     })
                 };
                 let (ours, fio) = if turn % 2 == 0 {
