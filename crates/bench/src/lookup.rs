@@ -4,7 +4,7 @@
 //! A read hit of any cache whose block-to-slot map lives in DRAM (the index) loads
 //! from that map before it knows where its data is, so the load's miss cannot overlap the
 //! copy. This measures that cost alone, with nothing of the engine in it: one thread copies
-//! 4 KiB out of a random block of a mapped medium (as `bench core`'s baseline does, over 90 %
+//! 4 KiB out of a random block of a mapped medium (as `bench engine-core`'s baseline does, over 90 %
 //! of the medium), and, for each table size, does the same after one load from a random
 //! place of a table of that size whose value picks the block. The kinds take turns every
 //! `INTERLEAVE_BLOCK_OPS` reads inside each run, in an order shuffled every round, so that
@@ -33,7 +33,7 @@ use crate::harness::stats::median_in_place;
 
 const BLOCK_BYTES: u64 = 4096;
 
-/// A 4 KiB buffer aligned like a page, as `bench core`'s (the copy's speed depends on the
+/// A 4 KiB buffer aligned like a page, as `bench engine-core`'s (the copy's speed depends on the
 /// destination's alignment).
 #[repr(C, align(4096))]
 struct PageBuf([u8; BLOCK_BYTES as usize]);
@@ -44,14 +44,14 @@ pub struct LookupArgs {
     /// Directory for the emulated PM medium (DRAM-backed: /dev/shm).
     #[arg(long, default_value = "/dev/shm")]
     pub dir: PathBuf,
-    /// Medium size in MiB (`bench core`'s cache size by default, so the bytes per slot
+    /// Medium size in MiB (`bench engine-core`'s cache size by default, so the bytes per slot
     /// printed are those of its cache).
     #[arg(long, default_value_t = 1024)]
     pub cache_mib: u64,
     /// Table sizes in KiB, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [64, 128, 256, 512, 1024, 2048, 4096])]
     pub table_kib: Vec<u64>,
-    /// An execution barrier after every read, as `bench core --serialize`: the next read
+    /// An execution barrier after every read, as `bench engine-core --serialize`: the next read
     /// starts only once the last one's copy has completed.
     #[arg(long)]
     pub serialize: bool,
@@ -194,7 +194,7 @@ impl Experiment for LookupArgs {
         let medium = PmemFile::open(&dir.path().join("medium"), Some(cache_bytes))
             .map_err(|e| e.to_string())?;
         // Every page written once, so no read takes a first-touch fault; the blocks read are
-        // 90 % of the medium, as `bench core`'s working set.
+        // 90 % of the medium, as `bench engine-core`'s working set.
         let fill = vec![0xa5u8; 1 << 20];
         for at in (0..cache_bytes).step_by(fill.len()) {
             medium.write(at, &fill[..fill.len().min((cache_bytes - at) as usize)]);

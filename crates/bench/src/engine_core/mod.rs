@@ -69,7 +69,7 @@ const QUEUE_DEPTH: usize = 16;
 /// One operation in this many is timed for the latency percentiles.
 const LATENCY_SAMPLE_EVERY: u64 = 64;
 
-/// Options of `pmcache bench core`.
+/// Options of `pmcache bench engine-core`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CoreArgs {
     /// Directory for the emulated PM medium and the backing file (DRAM-backed: /dev/shm).
@@ -84,7 +84,7 @@ pub struct CoreArgs {
     /// Run the baseline, the floor and the engine each for the run's whole length in turn
     /// instead of alternating them every `INTERLEAVE_BLOCK_OPS` operations per thread (about a
     /// millisecond). Alternating, the three see the same moment of the machine's load, and
-    /// the per-run ratios spread several times less (docs/PERFORMANCE.md, `bench core`). The
+    /// the per-run ratios spread several times less (docs/PERFORMANCE.md, `bench engine-core`). The
     /// 16-thread row always runs in turn.
     #[arg(long)]
     pub separate: bool,
@@ -94,7 +94,7 @@ pub struct CoreArgs {
     /// is one request, or 16 for the floor and the engine in the `-qd16` rows (one round trip
     /// for a queue of 16), where the baseline still does one. Without it, the CPU may start a
     /// request's first loads while the previous copy is still finishing; a short loop of raw
-    /// copies gains from that the most (docs/PERFORMANCE.md, `bench core`).
+    /// copies gains from that the most (docs/PERFORMANCE.md, `bench engine-core`).
     #[arg(long)]
     pub serialize: bool,
     /// Run only the configurations whose name contains this (e.g. `read-hit`); skips recovery
