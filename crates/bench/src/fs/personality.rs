@@ -298,6 +298,9 @@ impl Workload {
     }
 }
 
+/// An append of 1 … `APPEND_IOSIZE_MAX` bytes to the open file.
+const APPEND: Op = Op::AppendFileRand { iosize_max: APPEND_IOSIZE_MAX, shared_log: None };
+
 const fn op(name: &'static str, op: Op) -> Flowop {
     Flowop { name, op }
 }
@@ -334,10 +337,7 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
                     op("wrtfile1", Op::WriteWholeFile { iosize: WHOLE_FILE_IOSIZE }),
                     op("closefile1", Op::CloseFile),
                     op("openfile1", Op::OpenFile { fileset: 0 }),
-                    op(
-                        "appendfilerand1",
-                        Op::AppendFileRand { iosize_max: APPEND_IOSIZE_MAX, shared_log: None },
-                    ),
+                    op("appendfilerand1", APPEND),
                     op("closefile2", Op::CloseFile),
                     op("openfile2", Op::OpenFile { fileset: 0 }),
                     op("readfile1", Op::ReadWholeFile { iosize: WHOLE_FILE_IOSIZE }),
@@ -348,47 +348,17 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
             }],
         },
         Personality::Webserver => {
-            const OPENS: [&str; 10] = [
-                "openfile1",
-                "openfile2",
-                "openfile3",
-                "openfile4",
-                "openfile5",
-                "openfile6",
-                "openfile7",
-                "openfile8",
-                "openfile9",
-                "openfile10",
-            ];
-            const READS: [&str; 10] = [
-                "readfile1",
-                "readfile2",
-                "readfile3",
-                "readfile4",
-                "readfile5",
-                "readfile6",
-                "readfile7",
-                "readfile8",
-                "readfile9",
-                "readfile10",
-            ];
-            const CLOSES: [&str; 10] = [
-                "closefile1",
-                "closefile2",
-                "closefile3",
-                "closefile4",
-                "closefile5",
-                "closefile6",
-                "closefile7",
-                "closefile8",
-                "closefile9",
-                "closefile10",
-            ];
+            /// `(open, read, close)` flowop names of each of webserver's ten files.
+            macro_rules! triples {
+                ($($i:literal)*) => {
+                    [$((concat!("openfile", $i), concat!("readfile", $i), concat!("closefile", $i))),*]
+                };
+            }
             let mut flowops = vec![];
-            for i in 0..10 {
-                flowops.push(op(OPENS[i], Op::OpenFile { fileset: 0 }));
-                flowops.push(op(READS[i], Op::ReadWholeFile { iosize: WHOLE_FILE_IOSIZE }));
-                flowops.push(op(CLOSES[i], Op::CloseFile));
+            for (open, read, close) in triples!(1 2 3 4 5 6 7 8 9 10) {
+                flowops.push(op(open, Op::OpenFile { fileset: 0 }));
+                flowops.push(op(read, Op::ReadWholeFile { iosize: WHOLE_FILE_IOSIZE }));
+                flowops.push(op(close, Op::CloseFile));
             }
             flowops.push(op(
                 "appendlog",
@@ -436,18 +406,12 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
                 flowops: vec![
                     op("deletefile1", Op::DeleteFile { fileset: 0 }),
                     op("createfile2", Op::CreateFile { fileset: 0 }),
-                    op(
-                        "appendfilerand2",
-                        Op::AppendFileRand { iosize_max: APPEND_IOSIZE_MAX, shared_log: None },
-                    ),
+                    op("appendfilerand2", APPEND),
                     op("fsyncfile2", Op::Fsync),
                     op("closefile2", Op::CloseFile),
                     op("openfile3", Op::OpenFile { fileset: 0 }),
                     op("readfile3", Op::ReadWholeFile { iosize: WHOLE_FILE_IOSIZE }),
-                    op(
-                        "appendfilerand3",
-                        Op::AppendFileRand { iosize_max: APPEND_IOSIZE_MAX, shared_log: None },
-                    ),
+                    op("appendfilerand3", APPEND),
                     op("fsyncfile3", Op::Fsync),
                     op("closefile3", Op::CloseFile),
                     op("openfile4", Op::OpenFile { fileset: 0 }),
