@@ -27,7 +27,7 @@ use crate::harness::machine::Machine;
 use crate::harness::output::progress;
 use crate::harness::process::check_interrupted;
 use crate::harness::scratch::{Scratch, ScratchArgs};
-use crate::harness::servers::{PmcacheServe, Server};
+use crate::harness::servers::Server;
 use crate::harness::stats::median;
 
 /// Connections of every measurement.
@@ -147,22 +147,8 @@ fn measure_run(
     cache: u64,
     seconds: f64,
 ) -> Result<Vec<Rss>, String> {
-    let socket = scratch.path("nbd.sock");
-    let control = scratch.path("pmcache.ctl");
-    let log = scratch.path("serve.log");
-    let serve = PmcacheServe {
-        medium: &scratch.medium,
-        cache_bytes: cache,
-        backing: &scratch.backing,
-        socket: &socket,
-        control: &control,
-        log: &log,
-        cleaner: &[],
-        cpus: None,
-        max_connections: CONNECTIONS,
-        extra_args: &[],
-    };
-    let server = Server::start_pmcache(&serve)?;
+    let server = scratch.serve(cache, CONNECTIONS, &[], None, &[])?;
+    let socket = scratch.path("pmcache.sock");
     let pid = server.pid();
     std::thread::sleep(Duration::from_millis(500));
     let mut found = vec![rss_of(pid)?];

@@ -40,7 +40,7 @@ use crate::harness::machine::{Machine, tool_version};
 use crate::harness::output::{opt, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
 use crate::harness::scratch::{Scratch, ScratchArgs, settle};
-use crate::harness::servers::{PmcacheServe, Server, ServerFigures};
+use crate::harness::servers::{Server, ServerFigures};
 use crate::harness::stats::{median, median_index};
 
 /// Bytes of one request of `bench nbd`.
@@ -323,21 +323,7 @@ fn measure(
     };
     let (result, server) = match config.kind {
         Kind::Pmcache => {
-            let socket = scratch.path("pmcache.sock");
-            let control = scratch.path("pmcache.ctl");
-            let log = scratch.path("pmcache-serve.log");
-            let server = Server::start_pmcache(&PmcacheServe {
-                medium: &scratch.medium,
-                cache_bytes: plan.cache_bytes,
-                backing: &scratch.backing,
-                socket: &socket,
-                control: &control,
-                log: &log,
-                cleaner: &config.cleaner,
-                cpus: None,
-                max_connections: 16,
-                extra_args: &[],
-            })?;
+            let server = scratch.serve(plan.cache_bytes, 16, &config.cleaner, None, &[])?;
             let result = FioRun::run(&fio(FioTarget::Nbd(server.uri())))?;
             let stats = server.stats()?;
             server.stop()?;

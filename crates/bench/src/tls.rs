@@ -27,7 +27,6 @@ use crate::harness::machine::{Machine, tool_version};
 use crate::harness::output::{opt, progress};
 use crate::harness::process::catch_interrupts;
 use crate::harness::scratch::ScratchArgs;
-use crate::harness::servers::{PmcacheServe, Server};
 use crate::harness::stats::median;
 
 /// Bytes of one read.
@@ -99,20 +98,8 @@ impl Experiment for TlsArgs {
             .map(String::from)
             .chain([server_pki.display().to_string()])
             .collect();
-        let (socket, control) = (scratch.path("pmcache.sock"), scratch.path("pmcache.ctl"));
-        let server = Server::start_pmcache(&PmcacheServe {
-            medium: &scratch.medium,
-            // The whole span and the engine's headroom.
-            cache_bytes: span + span / 4 + (16 << 20),
-            backing: &scratch.backing,
-            socket: &socket,
-            control: &control,
-            log: &scratch.path("pmcache-serve.log"),
-            cleaner: &[],
-            cpus: None,
-            max_connections: 16,
-            extra_args: &extra,
-        })?;
+        // The whole span and the engine's headroom.
+        let server = scratch.serve(span + span / 4 + (16 << 20), 16, &[], None, &extra)?;
         let plain_uri = server.uri();
         let tls_uri = plain_uri.replacen("nbd+unix://", "nbds+unix://", 1);
         progress(&format!("writing the span ({}) into the cache ...", human(span)));

@@ -10,6 +10,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::process::was_interrupted;
+use super::servers::{PmcacheServe, Server};
 
 /// The file system type of the mount holding `dir` (from /proc/mounts).
 fn fs_type(dir: &Path) -> Option<String> {
@@ -105,6 +106,32 @@ impl Scratch {
     /// The scratch directory.
     pub(crate) fn dir(&self) -> &Path {
         self.dir.as_ref().expect("scratch directory").path()
+    }
+
+    /// `pmcache serve` of a `cache_bytes` cache on this scratch's medium in front of its
+    /// backing file, its sockets and log in the scratch directory (`pmcache.sock`, `pmcache.ctl`,
+    /// `pmcache-serve.log`).
+    pub(crate) fn serve(
+        &self,
+        cache_bytes: u64,
+        max_connections: usize,
+        cleaner: &[String],
+        cpus: Option<(&str, &str)>,
+        extra_args: &[String],
+    ) -> Result<Server, String> {
+        let (socket, control) = (self.path("pmcache.sock"), self.path("pmcache.ctl"));
+        Server::start_pmcache(&PmcacheServe {
+            medium: &self.medium,
+            cache_bytes,
+            backing: &self.backing,
+            socket: &socket,
+            control: &control,
+            log: &self.path("pmcache-serve.log"),
+            cleaner,
+            cpus,
+            max_connections,
+            extra_args,
+        })
     }
 
     /// Creates the backing file, `bytes` long and sparse.

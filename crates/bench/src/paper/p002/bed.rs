@@ -4,7 +4,7 @@ use super::cpu::{RunSampler, Sampled, join_pi, spawn_pi};
 use super::{Config, Paper002Args, Plan, Sample};
 use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, RAW_ENGINES, best_of_engines};
 use crate::harness::scratch::{Scratch, settle};
-use crate::harness::servers::{PmcacheServe, Server, ServerFigures};
+use crate::harness::servers::{Server, ServerFigures};
 
 /// Everything a measurement needs.
 pub(super) struct Bed<'a> {
@@ -33,23 +33,8 @@ impl Bed<'_> {
         let cpu_list = if cpus == 1 { "0".to_string() } else { format!("0-{}", cpus - 1) };
         let mut cleaner = vec![format!("adaptive={adaptive}")];
         cleaner.extend(self.plan.cleaner.iter().cloned());
-        let (socket, control, log) = (
-            self.scratch.path("pmcache.sock"),
-            self.scratch.path("pmcache.ctl"),
-            self.scratch.path("pmcache-serve.log"),
-        );
-        Server::start_pmcache(&PmcacheServe {
-            medium: &self.scratch.medium,
-            cache_bytes: self.plan.cache_bytes,
-            backing: &self.scratch.backing,
-            socket: &socket,
-            control: &control,
-            log: &log,
-            cleaner: &cleaner,
-            cpus: Some((&cpu_list, &self.args.taskset)),
-            max_connections: writers.max(16),
-            extra_args: &[],
-        })
+        let cpus = Some((cpu_list.as_str(), self.args.taskset.as_str()));
+        self.scratch.serve(self.plan.cache_bytes, writers.max(16), &cleaner, cpus, &[])
     }
 
     /// One main-table measurement in run `run` (from 0). The raw file's is the best of
