@@ -35,8 +35,8 @@ pub struct RunArgs {
 
 /// An experiment's counts when `--runs` and `--seconds` are not given, and their bounds under
 /// `--quick`. `None`: the experiment takes no such option (it is hidden and refused; [`Run`]
-/// holds 1 run, 0 seconds). A default of 0 leaves the count to the experiment's other options
-/// (`bench paper`: its `--scale`): [`Run`] then holds 0 unless the option is given.
+/// holds 1 run, 0 seconds). A default of 0 leaves the count to the experiment's `--scale`
+/// (`bench paper`, `bench fs`): [`Run`] then holds 0 unless the option is given.
 #[derive(Debug, Clone, Copy)]
 pub struct Defaults {
     /// Runs.
@@ -191,24 +191,73 @@ impl<E: Experiment> Args for Cli<E> {
 
 /// `command` with `defaults` in the help of `--runs`, `--seconds` and `--quick`.
 fn with_defaults(command: Command, defaults: Defaults) -> Command {
-    let quick = format!(
-        "A smoke run: small sizes, at most {} run(s){}",
-        defaults.quick_runs,
-        if defaults.seconds.is_some() {
-            format!(" of at most {} s", defaults.quick_seconds)
-        } else {
-            String::new()
-        }
-    );
+    let by_scale = defaults.seconds.is_some_and(|s| s <= 0.0);
+    let quick = match defaults.seconds {
+        _ if by_scale => "A smoke run: as --scale smallest".to_string(),
+        Some(_) => format!(
+            "A smoke run: small sizes, at most {} run(s) of at most {} s",
+            defaults.quick_runs, defaults.quick_seconds
+        ),
+        None => format!("A smoke run: small sizes, at most {} run(s)", defaults.quick_runs),
+    };
     let command = command.mut_arg("quick", |a| a.help(quick));
     let command = match defaults.runs {
-        Some(0) => command,
+        Some(0) => command.mut_arg("runs", |a| a.help("Runs (medians are reported); by --scale")),
         Some(runs) => command.mut_arg("runs", |a| a.default_value(runs.to_string())),
         None => command.mut_arg("runs", |a| a.hide(true)),
     };
     match defaults.seconds {
-        Some(seconds) if seconds <= 0.0 => command,
+        _ if by_scale => {
+            command.mut_arg("seconds", |a| a.help("Seconds per measurement; by --scale"))
+        }
         Some(seconds) => command.mut_arg("seconds", |a| a.default_value(seconds.to_string())),
         None => command.mut_arg("seconds", |a| a.hide(true)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMED: Defaults =
+        Defaults { runs: Some(5), seconds: Some(2.0), quick_runs: 3, quick_seconds: 0.2 };
+
+    fn resolved(args: RunArgs, defaults: Defaults) -> Result<Run, String> {
+        args.resolve(defaults)
+    }
+
+    #[test]
+    fn options_not_given_take_the_experiments_defaults_and_quick_bounds_them() {
+        let run = resolved(RunArgs::default(), TIMED).expect("defaults");
+        assert_eq!((run.runs, run.seconds, run.quick), (5, 2.0, false));
+        let quick = RunArgs { quick: true, ..RunArgs::default() };
+        let run = resolved(quick.clone(), TIMED).expect("quick");
+        assert_eq!((run.runs, run.seconds), (3, 0.2));
+        let fewer = RunArgs { runs: Some(1), seconds: Some(0.05), ..quick };
+        assert_eq!(resolved(fewer, TIMED).map(|r| (r.runs, r.seconds)), Ok((1, 0.05)));
+    }
+
+    #[test]
+    fn zero_runs_a_bad_time_and_options_an_experiment_does_not_take_are_refused() {
+        let zero = RunArgs { runs: Some(0), ..RunArgs::default() };
+        assert!(resolved(zero, TIMED).unwrap_err().contains("--runs"));
+        let negative = RunArgs { seconds: Some(-1.0), ..RunArgs::default() };
+        assert!(resolved(negative, TIMED).unwrap_err().contains("--seconds"));
+        let untimed = Defaults { seconds: None, runs: None, ..TIMED };
+        let timed = RunArgs { seconds: Some(1.0), ..RunArgs::default() };
+        assert!(resolved(timed, untimed).unwrap_err().contains("no --seconds"));
+        let counted = RunArgs { runs: Some(2), ..RunArgs::default() };
+        assert!(resolved(counted, untimed).unwrap_err().contains("no --runs"));
+        let run = resolved(RunArgs::default(), untimed).expect("no counts");
+        assert_eq!((run.runs, run.seconds), (1, 0.0));
+    }
+
+    #[test]
+    fn counts_left_to_the_scale_stay_zero_unless_given() {
+        let by_scale = Defaults { runs: Some(0), seconds: Some(0.0), ..TIMED };
+        let run = resolved(RunArgs { quick: true, ..RunArgs::default() }, by_scale).expect("scale");
+        assert_eq!((run.runs, run.seconds), (0, 0.0));
+        let given = RunArgs { runs: Some(4), seconds: Some(1.5), ..RunArgs::default() };
+        assert_eq!(resolved(given, by_scale).map(|r| (r.runs, r.seconds)), Ok((4, 1.5)));
     }
 }
