@@ -298,6 +298,19 @@ impl Workload {
     }
 }
 
+/// What a personality's fileset is unless it says otherwise: `bigfileset`, directories 20
+/// wide, sizes gamma-distributed about the mean (filebench's shape 1.5), every file created
+/// before the run, read and written.
+const FILESET: FilesetSpec = FilesetSpec {
+    name: "bigfileset",
+    entries: 1,
+    dir_width: 20,
+    mean_size: 0,
+    size_gamma: Some(1.5),
+    prealloc_percent: 100,
+    readonly: false,
+};
+
 /// An append of 1 … `APPEND_IOSIZE_MAX` bytes to the open file.
 const APPEND: Op = Op::AppendFileRand { iosize_max: APPEND_IOSIZE_MAX, shared_log: None };
 
@@ -316,18 +329,14 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
         Threads::Paper => paper,
         Threads::Count(n) => n.max(1),
     };
-    let gamma = Some(1.5);
     match personality {
         Personality::Fileserver => Workload {
             personality,
             filesets: vec![FilesetSpec {
-                name: "bigfileset",
                 entries: scaled(100_000, sizing, 16),
-                dir_width: 20,
                 mean_size: 128 * KIB,
-                size_gamma: gamma,
                 prealloc_percent: 80,
-                readonly: false,
+                ..FILESET
             }],
             groups: vec![ThreadGroup {
                 name: "filereader",
@@ -368,23 +377,12 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
                 personality,
                 filesets: vec![
                     FilesetSpec {
-                        name: "bigfileset",
                         entries: scaled(500_000, sizing, 16),
-                        dir_width: 20,
                         mean_size: 32 * KIB,
-                        size_gamma: gamma,
-                        prealloc_percent: 100,
                         readonly: true,
+                        ..FILESET
                     },
-                    FilesetSpec {
-                        name: "logfiles",
-                        entries: 1,
-                        dir_width: 20,
-                        mean_size: 32 * KIB,
-                        size_gamma: gamma,
-                        prealloc_percent: 100,
-                        readonly: false,
-                    },
+                    FilesetSpec { name: "logfiles", entries: 1, mean_size: 32 * KIB, ..FILESET },
                 ],
                 groups: vec![ThreadGroup { name: "filereader", instances: count(50), flowops }],
             }
@@ -392,13 +390,11 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
         Personality::Varmail => Workload {
             personality,
             filesets: vec![FilesetSpec {
-                name: "bigfileset",
                 entries: scaled(800_000, sizing, 16),
                 dir_width: 1_000_000,
                 mean_size: 16 * KIB,
-                size_gamma: gamma,
                 prealloc_percent: 80,
-                readonly: false,
+                ..FILESET
             }],
             groups: vec![ThreadGroup {
                 name: "filereader",
@@ -433,8 +429,7 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
                         dir_width: 1024,
                         mean_size: data_size,
                         size_gamma: None,
-                        prealloc_percent: 100,
-                        readonly: false,
+                        ..FILESET
                     },
                     FilesetSpec {
                         name: "logfile",
@@ -442,8 +437,7 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
                         dir_width: 1024,
                         mean_size: log_size,
                         size_gamma: None,
-                        prealloc_percent: 100,
-                        readonly: false,
+                        ..FILESET
                     },
                 ],
                 groups: vec![
