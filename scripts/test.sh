@@ -77,9 +77,9 @@ section "bench smoke runs"
 # release build of its own would cost CI minutes.
 cargo build --profile test-opt -p pmcache-cli "${all_features[@]}"
 pmcache=target/test-opt/pmcache
-"$pmcache" bench core --quick
-"$pmcache" bench core --quick --separate --only -4k-qd16
-"$pmcache" bench core --quick --serialize --only 'read-hit-4k$'
+"$pmcache" bench engine-core --quick
+"$pmcache" bench engine-core --quick --separate --only -4k-qd16
+"$pmcache" bench engine-core --quick --serialize --only 'read-hit-4k$'
 "$pmcache" bench lookup --quick
 "$pmcache" bench lookup --quick --serialize --json
 "$pmcache" bench engines --quick --plot target/bench-engines-smoke.svg

@@ -10,6 +10,7 @@
 //! write pays for allocating its blocks: the figures are those of a cache in use, not of a new
 //! one.
 
+use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -21,8 +22,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::harness::experiment::{Defaults, Experiment, Run};
 use crate::harness::machine;
-use crate::harness::output::print_json_line;
 use crate::harness::stats::median_in_place;
 
 const BLOCK_BYTES: u64 = 4096;
@@ -40,32 +41,6 @@ pub struct MediaKindsArgs {
     /// Size of each cache medium in MiB.
     #[arg(long, default_value_t = 64)]
     pub cache_mib: u64,
-    /// Seconds each medium writes per run.
-    #[arg(long, default_value_t = 2.0)]
-    pub seconds: f64,
-    /// Runs (medians are reported).
-    #[arg(long, default_value_t = 5)]
-    pub runs: usize,
-    /// One JSON object instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// A smoke run: 16 MiB media, 3 runs of 0.2 s.
-    #[arg(long)]
-    pub quick: bool,
-}
-
-impl MediaKindsArgs {
-    fn cache_bytes(&self) -> u64 {
-        if self.quick { 16 << 20 } else { self.cache_mib << 20 }
-    }
-
-    fn run_time(&self) -> Duration {
-        Duration::from_secs_f64(if self.quick { 0.2 } else { self.seconds })
-    }
-
-    fn run_count(&self) -> usize {
-        if self.quick { 3 } else { self.runs.max(1) }
-    }
 }
 
 /// One medium's figures.
@@ -204,113 +179,128 @@ fn write_whole(path: &Path, len_bytes: u64) -> Result<(), String> {
     file.sync_all().map_err(err)
 }
 
-/// Runs the experiment.
-pub fn run(args: &MediaKindsArgs) -> Result<MediaKindsResult, String> {
-    let cache_bytes = args.cache_bytes();
-    let time = args.run_time();
-    let mut volatile =
-        Bed::new(&args.shm_dir, cache_bytes, MediumSync::Auto, MediumKind::Volatile)?;
-    let mut msync = Bed::new(&args.disk_dir, cache_bytes, MediumSync::Msync, MediumKind::Msync)?;
-    // Warm-up, untimed: the DRAM tables touched, the first overwrites made.
-    volatile.run(time / 4)?;
-    msync.run(time / 4)?;
-    let synced_before = msync.msync_counts();
-    let (mut volatile_rates, mut msync_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    let mut msync_writes = 0u64;
-    for run in 0..args.run_count() {
-        let (v, m) = if run % 2 == 0 {
-            let v = volatile.run(time)?;
-            (v, msync.run(time)?)
-        } else {
-            let m = msync.run(time)?;
-            (volatile.run(time)?, m)
-        };
-        msync_writes += m.0;
-        let (v, m) = (v.0 as f64 / v.1, m.0 as f64 / m.1);
-        volatile_rates.push(v);
-        msync_rates.push(m);
-        ratios.push(m / v);
-    }
-    let synced = msync.msync_counts();
-    let per_write = |n: u64| n as f64 / msync_writes.max(1) as f64;
-    let result =
-        |bed: &Bed, kind: MediumKind, rates: &mut [f64], counts: (f64, f64)| MediumResult {
-            kind: kind.name().to_string(),
-            dir: bed.dir.display().to_string(),
-            file_system: bed.file_system.clone(),
-            writes_per_s: median_in_place(rates),
-            msync_calls_per_write: counts.0,
-            synced_bytes_per_write: counts.1,
-        };
-    // The volatile medium never msyncs: its counts are zero, whatever the writes.
-    let volatile_counts = volatile.msync_counts();
-    let volatile_per_write = (volatile_counts.calls as f64, volatile_counts.synced_bytes as f64);
-    Ok(MediaKindsResult {
-        volatile: result(&volatile, MediumKind::Volatile, &mut volatile_rates, volatile_per_write),
-        msync: result(
-            &msync,
-            MediumKind::Msync,
-            &mut msync_rates,
-            (
-                per_write(synced.calls - synced_before.calls),
-                per_write(synced.synced_bytes - synced_before.synced_bytes),
-            ),
-        ),
-        msync_to_volatile: median_in_place(&mut ratios),
-        runs: args.run_count(),
-        seconds: time.as_secs_f64(),
-        cache_bytes,
-        cpu: cpu_text(),
-    })
-}
-
 fn cpu_text() -> String {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     format!("{cores} cores ({})", machine::cpu_model())
 }
 
-/// `pmcache bench media-kinds`.
-pub fn run_cli(args: &MediaKindsArgs) -> Result<(), String> {
-    let r = run(args)?;
-    if args.json {
-        print_json_line(&r)?;
-        return Ok(());
+impl Experiment for MediaKindsArgs {
+    const NAME: &'static str = "media-kinds";
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(5), seconds: Some(2.0), quick_runs: 3, quick_seconds: 0.2 };
+    type Report = MediaKindsResult;
+
+    /// Runs the experiment.
+    fn run(&self, run: &Run) -> Result<MediaKindsResult, String> {
+        let cache_bytes = if run.quick { 16 << 20 } else { self.cache_mib << 20 };
+        let time = Duration::from_secs_f64(run.seconds);
+        let mut volatile =
+            Bed::new(&self.shm_dir, cache_bytes, MediumSync::Auto, MediumKind::Volatile)?;
+        let mut msync =
+            Bed::new(&self.disk_dir, cache_bytes, MediumSync::Msync, MediumKind::Msync)?;
+        // Warm-up, untimed: the DRAM tables touched, the first overwrites made.
+        volatile.run(time / 4)?;
+        msync.run(time / 4)?;
+        let synced_before = msync.msync_counts();
+        let (mut volatile_rates, mut msync_rates, mut ratios) =
+            (Vec::new(), Vec::new(), Vec::new());
+        let mut msync_writes = 0u64;
+        for turn in 0..run.runs {
+            let (v, m) = if turn % 2 == 0 {
+                let v = volatile.run(time)?;
+                (v, msync.run(time)?)
+            } else {
+                let m = msync.run(time)?;
+                (volatile.run(time)?, m)
+            };
+            msync_writes += m.0;
+            let (v, m) = (v.0 as f64 / v.1, m.0 as f64 / m.1);
+            volatile_rates.push(v);
+            msync_rates.push(m);
+            ratios.push(m / v);
+        }
+        let synced = msync.msync_counts();
+        let per_write = |n: u64| n as f64 / msync_writes.max(1) as f64;
+        let result =
+            |bed: &Bed, kind: MediumKind, rates: &mut [f64], counts: (f64, f64)| MediumResult {
+                kind: kind.name().to_string(),
+                dir: bed.dir.display().to_string(),
+                file_system: bed.file_system.clone(),
+                writes_per_s: median_in_place(rates),
+                msync_calls_per_write: counts.0,
+                synced_bytes_per_write: counts.1,
+            };
+        // The volatile medium never msyncs: its counts are zero, whatever the writes.
+        let volatile_counts = volatile.msync_counts();
+        let volatile_per_write =
+            (volatile_counts.calls as f64, volatile_counts.synced_bytes as f64);
+        Ok(MediaKindsResult {
+            volatile: result(
+                &volatile,
+                MediumKind::Volatile,
+                &mut volatile_rates,
+                volatile_per_write,
+            ),
+            msync: result(
+                &msync,
+                MediumKind::Msync,
+                &mut msync_rates,
+                (
+                    per_write(synced.calls - synced_before.calls),
+                    per_write(synced.synced_bytes - synced_before.synced_bytes),
+                ),
+            ),
+            msync_to_volatile: median_in_place(&mut ratios),
+            runs: run.runs,
+            seconds: time.as_secs_f64(),
+            cache_bytes,
+            cpu: cpu_text(),
+        })
     }
-    println!(
-        "pmcache bench media-kinds: 4 KiB write-back writes, one lane, random blocks over half \
+
+    fn table(&self, r: &MediaKindsResult, _run: &Run) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "pmcache bench media-kinds: 4 KiB write-back writes, one lane, random blocks over half \
          of a {} MiB cache; {} runs of {:.1} s per medium, taking turns (medians)",
-        r.cache_bytes >> 20,
-        r.runs,
-        r.seconds
-    );
-    println!("  machine: {}", r.cpu);
-    println!(
-        "  {:<9} {:<26} {:>12} {:>16} {:>16}",
-        "medium", "where", "writes/s", "msync/write", "synced KiB/write"
-    );
-    for m in [&r.volatile, &r.msync] {
-        println!(
-            "  {:<9} {:<26} {:>12.0} {:>16.2} {:>16.2}",
-            m.kind,
-            format!("{} ({})", m.dir, m.file_system),
-            m.writes_per_s,
-            m.msync_calls_per_write,
-            m.synced_bytes_per_write / 1024.0
+            r.cache_bytes >> 20,
+            r.runs,
+            r.seconds
         );
-    }
-    let slower = if r.msync_to_volatile > 0.0 { 1.0 / r.msync_to_volatile } else { f64::INFINITY };
-    println!(
-        "  msync / volatile: {:.6} of the writes per second ({slower:.0}x slower), median of \
+        let _ = writeln!(out, "  machine: {}", r.cpu);
+        let _ = writeln!(
+            out,
+            "  {:<9} {:<26} {:>12} {:>16} {:>16}",
+            "medium", "where", "writes/s", "msync/write", "synced KiB/write"
+        );
+        for m in [&r.volatile, &r.msync] {
+            let _ = writeln!(
+                out,
+                "  {:<9} {:<26} {:>12.0} {:>16.2} {:>16.2}",
+                m.kind,
+                format!("{} ({})", m.dir, m.file_system),
+                m.writes_per_s,
+                m.msync_calls_per_write,
+                m.synced_bytes_per_write / 1024.0
+            );
+        }
+        let slower =
+            if r.msync_to_volatile > 0.0 { 1.0 / r.msync_to_volatile } else { f64::INFINITY };
+        let _ = writeln!(
+            out,
+            "  msync / volatile: {:.6} of the writes per second ({slower:.0}x slower), median of \
          the per-run ratios",
-        r.msync_to_volatile
-    );
-    Ok(())
+            r.msync_to_volatile
+        );
+        out
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::testing::parse_args;
+    use crate::harness::experiment::parse;
 
     /// A quick run gives both figures; every msync-mode write synced its data page and its
     /// entry's page (two msyncs, two pages at least), the volatile medium none.
@@ -318,9 +308,9 @@ mod tests {
     fn a_quick_run_measures_both_media() {
         let exe = std::env::current_exe().expect("the test binary's path");
         let disk = exe.parent().expect("its directory").to_str().expect("utf-8");
-        let args = parse_args::<MediaKindsArgs>(&["media-kinds", "--quick", "--disk-dir", disk])
+        let (args, run) = parse::<MediaKindsArgs>(&["media-kinds", "--quick", "--disk-dir", disk])
             .expect("parses");
-        let r = run(&args).expect("runs");
+        let r = args.run(&run).expect("runs");
         assert_eq!((r.volatile.kind.as_str(), r.msync.kind.as_str()), ("volatile", "msync"));
         assert!(r.volatile.writes_per_s > 0.0 && r.msync.writes_per_s > 0.0, "{r:?}");
         assert!(r.msync.msync_calls_per_write >= 2.0, "{r:?}");
@@ -332,10 +322,10 @@ mod tests {
     /// A disk directory that is tmpfs is refused by name, not measured as msync.
     #[test]
     fn a_disk_directory_on_tmpfs_is_refused() {
-        let args =
-            parse_args::<MediaKindsArgs>(&["media-kinds", "--quick", "--disk-dir", "/dev/shm"])
+        let (args, run) =
+            parse::<MediaKindsArgs>(&["media-kinds", "--quick", "--disk-dir", "/dev/shm"])
                 .expect("parses");
-        let err = run(&args).unwrap_err();
+        let err = args.run(&run).unwrap_err();
         assert!(err.contains("/dev/shm: the medium there is volatile, not msync"), "{err}");
     }
 }

@@ -1,8 +1,7 @@
 //! `pmcache bench mixed`: cache hits and misses on the same connections, in front of a slow
 //! backing store — what a hit costs while misses are in flight beside it.
 //!
-//! Each measurement starts a pmcache server (what `pmcache serve` runs, in this process) on a
-//! fresh cache medium in `/dev/shm` in front of a
+//! Each measurement starts `pmcache serve` on a fresh cache medium in `/dev/shm` in front of a
 //! backing file in `/dev/shm` with `--backing-latency` (every backing read and write takes at
 //! least that long; requests overlap without limit, like a network disk with a deep queue).
 //! The hot zone (the first `--hot` bytes) is read once at a high queue depth, so it is cached;
@@ -35,13 +34,13 @@ use pmcache_backing::wrappers::LatencyDist;
 use pmcache_frontend::units::parse_nonzero_size;
 use serde::Serialize;
 
+use crate::harness::experiment::{Defaults, Experiment, Run};
 use crate::harness::fio::check_fio;
 use crate::harness::machine::Machine;
-use crate::harness::output::write_json;
 use crate::harness::output::{opt, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
 use crate::harness::servers::{PmcacheServe, ServeOptions, Server};
-use crate::harness::stats::median;
+use crate::harness::stats::{median, quantiles};
 
 /// Bytes of one request.
 const BLOCK_BYTES: u64 = 4096;
@@ -73,12 +72,11 @@ pub struct MixedArgs {
     /// Connections (fio jobs), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     pub conns: Vec<usize>,
-    /// Seconds per measurement.
-    #[arg(long, default_value_t = 10.0)]
-    pub seconds: f64,
-    /// Runs per configuration (medians are reported).
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
+    /// `--seconds` and `--runs`, resolved.
+    #[arg(skip)]
+    seconds: f64,
+    #[arg(skip)]
+    runs: usize,
     /// The span of the random offsets, the backing file's size.
     #[arg(long, value_parser = parse_nonzero_size, default_value = "1G")]
     pub span: u64,
@@ -91,12 +89,6 @@ pub struct MixedArgs {
     /// Directory for the backing file and the cache medium.
     #[arg(long, default_value = "/dev/shm")]
     pub shm_dir: PathBuf,
-    /// Smoke mode: 3 s, 1 run, QD 16, one connection, 90 % hits.
-    #[arg(long)]
-    pub quick: bool,
-    /// Print JSON instead of the table.
-    #[arg(long)]
-    pub json: bool,
     /// The fio binary.
     #[arg(long, default_value = "fio")]
     pub fio: String,
@@ -132,89 +124,100 @@ struct Row {
     bound_iops: Option<f64>,
 }
 
-/// Runs `pmcache bench mixed` and prints its table (or JSON).
-pub fn run_cli(args: &MixedArgs) -> Result<(), String> {
-    let mut args = args.clone();
-    if args.quick {
-        args.seconds = 3.0;
-        args.runs = 1;
-        args.qd = vec![16];
-        args.conns = vec![1];
-        args.hits = vec![90];
-    }
-    args.latency_us = LatencyDist::parse(&args.latency)
-        .map_err(|e| format!("--latency: {e}"))?
-        .mean()
-        .as_secs_f64()
-        * 1e6;
-    if args.hot >= args.span || args.hot >= args.cache_size {
-        return Err("--hot must be smaller than --span and --cache-size".into());
-    }
-    let fio_version = check_fio(&args.fio)?;
-    catch_interrupts();
-    let dir = tempfile::Builder::new()
-        .prefix("pmcache-bench-mixed.")
-        .tempdir_in(&args.shm_dir)
-        .map_err(|e| format!("{}: {e}", args.shm_dir.display()))?;
-    let backing = dir.path().join("backing");
-    let file = std::fs::File::create(&backing).map_err(|e| e.to_string())?;
-    file.set_len(args.span).map_err(|e| e.to_string())?;
-    drop(file);
-    let machine = Machine::probe(fio_version, None);
-    let mut rows = Vec::new();
-    // The unloaded hit latency: all hits, QD 1, one connection (median over the runs).
-    let t0 = median((0..args.runs).map(|_| {
-        let config = Config { conns: 1, qd: 1, hit_pct: Some(100), write_pct: 0 };
-        measure(&args, dir.path(), &backing, config).map_or(f64::NAN, |m| m.hot_us[0])
-    }))
-    .ok_or("no unloaded hit latency measured")?;
-    for &conns in &args.conns {
-        for &qd in &args.qd {
-            let w = args.writes;
-            // (hits, writes): the store alone, the all-hit reads (the baseline), all-hit
-            // reads with the writes, then the mixes.
-            let mut configs: Vec<(Option<u32>, u32)> = vec![(None, w), (Some(100), 0)];
-            if w > 0 {
-                configs.push((Some(100), w));
-            }
-            configs.extend(args.hits.iter().filter(|&&h| h < 100).map(|&h| (Some(h), w)));
-            let mut all_hit_iops = None;
-            for (hit_pct, write_pct) in configs {
-                let mut runs = Vec::new();
-                for run in 0..args.runs {
-                    check_interrupted()?;
-                    let what = hit_pct.map_or("store alone".into(), |h| format!("{h}% hits"));
-                    progress(&format!(
-                        "{conns} conn, QD {qd}, {what}, {write_pct}% writes, run {}",
-                        run + 1
-                    ));
-                    let config = Config { conns, qd, hit_pct, write_pct };
-                    runs.push(measure(&args, dir.path(), &backing, config)?);
+/// What `bench mixed` found.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    machine: Machine,
+    latency: String,
+    unloaded_hit_us: f64,
+    rows: Vec<Row>,
+}
+
+impl Experiment for MixedArgs {
+    const NAME: &'static str = "mixed";
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(3), seconds: Some(10.0), quick_runs: 1, quick_seconds: 3.0 };
+    type Report = Report;
+
+    fn run(&self, run: &Run) -> Result<Report, String> {
+        let mut args = self.clone();
+        (args.seconds, args.runs) = (run.seconds, run.runs);
+        if run.quick {
+            args.qd = vec![16];
+            args.conns = vec![1];
+            args.hits = vec![90];
+        }
+        args.latency_us = LatencyDist::parse(&args.latency)
+            .map_err(|e| format!("--latency: {e}"))?
+            .mean()
+            .as_secs_f64()
+            * 1e6;
+        if args.hot >= args.span || args.hot >= args.cache_size {
+            return Err("--hot must be smaller than --span and --cache-size".into());
+        }
+        let fio_version = check_fio(&args.fio)?;
+        catch_interrupts();
+        let dir = tempfile::Builder::new()
+            .prefix("pmcache-bench-mixed.")
+            .tempdir_in(&args.shm_dir)
+            .map_err(|e| format!("{}: {e}", args.shm_dir.display()))?;
+        let backing = dir.path().join("backing");
+        let file = std::fs::File::create(&backing).map_err(|e| e.to_string())?;
+        file.set_len(args.span).map_err(|e| e.to_string())?;
+        drop(file);
+        let machine = Machine::probe(fio_version, None);
+        let mut rows = Vec::new();
+        // The unloaded hit latency: all hits, QD 1, one connection (median over the runs).
+        let t0 = median((0..args.runs).map(|_| {
+            let config = Config { conns: 1, qd: 1, hit_pct: Some(100), write_pct: 0 };
+            measure(&args, dir.path(), &backing, config).map_or(f64::NAN, |m| m.hot_us[0])
+        }))
+        .ok_or("no unloaded hit latency measured")?;
+        for &conns in &args.conns {
+            for &qd in &args.qd {
+                let w = args.writes;
+                // (hits, writes): the store alone, the all-hit reads (the baseline), all-hit
+                // reads with the writes, then the mixes.
+                let mut configs: Vec<(Option<u32>, u32)> = vec![(None, w), (Some(100), 0)];
+                if w > 0 {
+                    configs.push((Some(100), w));
                 }
-                let median = median_of(&runs);
-                if hit_pct == Some(100) && write_pct == 0 {
-                    all_hit_iops = Some(median.iops);
+                configs.extend(args.hits.iter().filter(|&&h| h < 100).map(|&h| (Some(h), w)));
+                let mut all_hit_iops = None;
+                for (hit_pct, write_pct) in configs {
+                    let mut runs = Vec::new();
+                    for turn in 0..args.runs {
+                        check_interrupted()?;
+                        let what = hit_pct.map_or("store alone".into(), |h| format!("{h}% hits"));
+                        progress(&format!(
+                            "{conns} conn, QD {qd}, {what}, {write_pct}% writes, run {}",
+                            turn + 1
+                        ));
+                        let config = Config { conns, qd, hit_pct, write_pct };
+                        runs.push(measure(&args, dir.path(), &backing, config)?);
+                    }
+                    let median = median_of(&runs);
+                    if hit_pct == Some(100) && write_pct == 0 {
+                        all_hit_iops = Some(median.iops);
+                    }
+                    // Writes count at the store's latency (write-through), reads by their zone.
+                    let bound_iops = hit_pct.zip(all_hit_iops).map(|(h, all_hit)| {
+                        let (h, w) = (f64::from(h) / 100.0, f64::from(write_pct) / 100.0);
+                        let slow = w + (1.0 - w) * (1.0 - h);
+                        let slot_us = slow * args.latency_us + (1.0 - slow) * t0;
+                        all_hit.min((conns * qd) as f64 / (slot_us * 1e-6))
+                    });
+                    rows.push(Row { conns, qd, hit_pct, write_pct, median, bound_iops });
                 }
-                // Writes count at the store's latency (write-through), reads by their zone.
-                let bound_iops = hit_pct.zip(all_hit_iops).map(|(h, all_hit)| {
-                    let (h, w) = (f64::from(h) / 100.0, f64::from(write_pct) / 100.0);
-                    let slow = w + (1.0 - w) * (1.0 - h);
-                    let slot_us = slow * args.latency_us + (1.0 - slow) * t0;
-                    all_hit.min((conns * qd) as f64 / (slot_us * 1e-6))
-                });
-                rows.push(Row { conns, qd, hit_pct, write_pct, median, bound_iops });
             }
         }
+        progress("");
+        Ok(Report { machine, latency: args.latency.clone(), unloaded_hit_us: t0, rows })
     }
-    progress("");
-    if args.json {
-        let doc = serde_json::json!({ "machine": machine, "latency": args.latency,
-            "unloaded_hit_us": t0, "rows": rows });
-        write_json(&doc, true, None)?;
-    } else {
-        print!("{}", table(&args, &machine, t0, &rows));
+
+    fn table(&self, report: &Report, run: &Run) -> String {
+        table(self, run, report)
     }
-    Ok(())
 }
 
 fn median_of(runs: &[Measured]) -> Measured {
@@ -434,14 +437,11 @@ fn read_lat_logs(
 
 /// p50, p90, p99 in µs.
 fn percentiles_us(mut ns: Vec<u64>) -> [f64; 3] {
-    if ns.is_empty() {
-        return [f64::NAN; 3];
-    }
-    ns.sort_unstable();
-    [0.5, 0.9, 0.99].map(|q| ns[((ns.len() - 1) as f64 * q).round() as usize] as f64 / 1e3)
+    quantiles(&mut ns, [0.5, 0.9, 0.99]).map(|v| v / 1e3)
 }
 
-fn table(args: &MixedArgs, machine: &Machine, t0: f64, rows: &[Row]) -> String {
+fn table(args: &MixedArgs, run: &Run, report: &Report) -> String {
+    let (machine, t0, rows) = (&report.machine, report.unloaded_hit_us, &report.rows);
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -455,8 +455,8 @@ fn table(args: &MixedArgs, machine: &Machine, t0: f64, rows: &[Row]) -> String {
         args.span >> 20,
         args.hot >> 20,
         args.cache_size >> 20,
-        args.seconds,
-        args.runs,
+        run.seconds,
+        run.runs,
         machine.cpus,
         machine.kernel
     );

@@ -12,6 +12,7 @@
 //! What it leaves out is the kernel's part: the io_uring commands that hand a request over
 //! and commit it, and the copies between the bio and the tag's buffer.
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,7 +27,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::harness::output::print_json_line;
+use crate::harness::experiment::{Defaults, Experiment, Run};
 use crate::harness::stats::median_in_place;
 
 const BLOCK_BYTES: u64 = 4096;
@@ -48,29 +49,6 @@ pub struct UblkMappingArgs {
     /// Requests per measurement.
     #[arg(long, default_value_t = 200_000)]
     pub requests: usize,
-    /// Runs (medians are reported).
-    #[arg(long, default_value_t = 5)]
-    pub runs: usize,
-    /// One JSON object instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// A smoke run: a 16 MiB cache, 3 runs of 20 000 requests.
-    #[arg(long)]
-    pub quick: bool,
-}
-
-impl UblkMappingArgs {
-    fn cache_bytes(&self) -> u64 {
-        if self.quick { 16 << 20 } else { self.cache_mib << 20 }
-    }
-
-    fn request_count(&self) -> usize {
-        if self.quick { 20_000 } else { self.requests.max(BATCH) }
-    }
-
-    fn run_count(&self) -> usize {
-        if self.quick { 3 } else { self.runs.max(1) }
-    }
 }
 
 /// One row: a kind of request, through the mapping and alone.
@@ -201,122 +179,129 @@ fn buffers(bytes: usize, fill: u8) -> Vec<IoBuf> {
         .collect()
 }
 
-/// Runs the experiment.
-pub fn run(args: &UblkMappingArgs) -> Result<UblkMappingResult, String> {
-    let cache_bytes = args.cache_bytes();
-    let tmp =
-        tempfile::tempdir_in(&args.dir).map_err(|e| format!("{}: {e}", args.dir.display()))?;
-    let options = MediumOptions { create_len_bytes: Some(cache_bytes), sync: MediumSync::Auto };
-    let medium =
-        PmemFile::open_with(&tmp.path().join("medium"), &options).map_err(|e| e.to_string())?;
-    let slots = pmcache_engine::format::Geometry::for_medium(cache_bytes, BLOCK_BYTES as u32)
-        .map_err(|e| e.to_string())?
-        .slot_count;
-    // Half the cache: every read hits, no write evicts.
-    let span_blocks = (slots / 2).max(1);
-    let backing_path = tmp.path().join("backing");
-    std::fs::File::create(&backing_path)
-        .and_then(|f| f.set_len(span_blocks * BLOCK_BYTES))
-        .map_err(|e| format!("{}: {e}", backing_path.display()))?;
-    let backing: Backing = Arc::new(PsyncFile::open(&backing_path).map_err(|e| e.to_string())?);
-    let config = Config {
-        block_size: BLOCK_BYTES as u32,
-        max_lanes: 2,
-        admission: AdmissionConfig::Always,
-        ..Config::default()
-    };
-    let engine = Engine::format(
-        MediumSet::single(Window::whole(Arc::new(medium))),
-        backing,
-        MonotonicClock::default(),
-        &config,
-    )
-    .map_err(|e| e.to_string())?;
-    let mut rng = SmallRng::seed_from_u64(0x7562_6c6b);
-    let geometry = Geometry {
-        size_bytes: engine.size_bytes(),
-        logical_block_bytes: BLOCK_BYTES as u32,
-        max_io_bytes: MAX_IO_BYTES,
-    };
-    let mut bed = Bed {
-        target: CacheConn::new(engine.lane().map_err(|e| e.to_string())?, Default::default()),
-        dispatcher: Dispatcher::new(geometry, BATCH as u16),
-        bufs: buffers(MAX_IO_BYTES as usize, 0xa5),
-        blocks: (0..args.request_count()).map(|_| rng.gen_range(0..span_blocks)).collect(),
-    };
-    // Every block of the span written once (reads then hit), untimed; a warm-up of each path.
-    let all: Vec<u64> = (0..span_blocks).collect();
-    let measured = std::mem::replace(&mut bed.blocks, all);
-    bed.measure(Kind::Write, BATCH, false)?;
-    bed.blocks = measured;
-    let shapes = [(Kind::Read, 1), (Kind::Write, 1), (Kind::Read, BATCH), (Kind::Write, BATCH)];
-    for &(kind, per) in &shapes {
-        bed.measure(kind, per, true)?;
-        bed.measure(kind, per, false)?;
-    }
-    let n = bed.blocks.len() as f64;
-    let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), Vec::new()); shapes.len()];
-    for run in 0..args.run_count() {
-        for (i, &(kind, per)) in shapes.iter().enumerate() {
-            let (mapped, engine_alone) = if run % 2 == 0 {
-                let m = bed.measure(kind, per, true)?;
-                (m, bed.measure(kind, per, false)?)
-            } else {
-                let e = bed.measure(kind, per, false)?;
-                (bed.measure(kind, per, true)?, e)
-            };
-            let (m, e) = (mapped * 1e9 / n, engine_alone * 1e9 / n);
-            let s = &mut samples[i];
-            s.0.push(m);
-            s.1.push(e);
-            s.2.push(m - e);
-            s.3.push(m / e);
-        }
-    }
-    let rows = shapes
-        .iter()
-        .zip(&mut samples)
-        .map(|(&(kind, per), s)| Row {
-            what: format!(
-                "{}, {per} per dispatch",
-                if kind == Kind::Read { "4 KiB read hit" } else { "4 KiB write" }
-            ),
-            mapped_ns: median_in_place(&mut s.0),
-            engine_ns: median_in_place(&mut s.1),
-            overhead_ns: median_in_place(&mut s.2),
-            ratio: median_in_place(&mut s.3),
-        })
-        .collect();
-    Ok(UblkMappingResult { rows, requests: bed.blocks.len(), runs: args.run_count(), cache_bytes })
-}
+impl Experiment for UblkMappingArgs {
+    const NAME: &'static str = "ublk-mapping";
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(5), seconds: None, quick_runs: 3, quick_seconds: 0.0 };
+    type Report = UblkMappingResult;
 
-/// `pmcache bench ublk-mapping`.
-pub fn run_cli(args: &UblkMappingArgs) -> Result<(), String> {
-    let r = run(args)?;
-    if args.json {
-        print_json_line(&r)?;
-        return Ok(());
+    /// Runs the experiment.
+    fn run(&self, run: &Run) -> Result<UblkMappingResult, String> {
+        let cache_bytes = if run.quick { 16 << 20 } else { self.cache_mib << 20 };
+        let tmp =
+            tempfile::tempdir_in(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let options = MediumOptions { create_len_bytes: Some(cache_bytes), sync: MediumSync::Auto };
+        let medium =
+            PmemFile::open_with(&tmp.path().join("medium"), &options).map_err(|e| e.to_string())?;
+        let slots = pmcache_engine::format::Geometry::for_medium(cache_bytes, BLOCK_BYTES as u32)
+            .map_err(|e| e.to_string())?
+            .slot_count;
+        // Half the cache: every read hits, no write evicts.
+        let span_blocks = (slots / 2).max(1);
+        let backing_path = tmp.path().join("backing");
+        std::fs::File::create(&backing_path)
+            .and_then(|f| f.set_len(span_blocks * BLOCK_BYTES))
+            .map_err(|e| format!("{}: {e}", backing_path.display()))?;
+        let backing: Backing = Arc::new(PsyncFile::open(&backing_path).map_err(|e| e.to_string())?);
+        let config = Config {
+            block_size: BLOCK_BYTES as u32,
+            max_lanes: 2,
+            admission: AdmissionConfig::Always,
+            ..Config::default()
+        };
+        let engine = Engine::format(
+            MediumSet::single(Window::whole(Arc::new(medium))),
+            backing,
+            MonotonicClock::default(),
+            &config,
+        )
+        .map_err(|e| e.to_string())?;
+        let mut rng = SmallRng::seed_from_u64(0x7562_6c6b);
+        let geometry = Geometry {
+            size_bytes: engine.size_bytes(),
+            logical_block_bytes: BLOCK_BYTES as u32,
+            max_io_bytes: MAX_IO_BYTES,
+        };
+        let mut bed = Bed {
+            target: CacheConn::new(engine.lane().map_err(|e| e.to_string())?, Default::default()),
+            dispatcher: Dispatcher::new(geometry, BATCH as u16),
+            bufs: buffers(MAX_IO_BYTES as usize, 0xa5),
+            blocks: (0..if run.quick { 20_000 } else { self.requests.max(BATCH) })
+                .map(|_| rng.gen_range(0..span_blocks))
+                .collect(),
+        };
+        // Every block of the span written once (reads then hit), untimed; a warm-up of each path.
+        let all: Vec<u64> = (0..span_blocks).collect();
+        let measured = std::mem::replace(&mut bed.blocks, all);
+        bed.measure(Kind::Write, BATCH, false)?;
+        bed.blocks = measured;
+        let shapes = [(Kind::Read, 1), (Kind::Write, 1), (Kind::Read, BATCH), (Kind::Write, BATCH)];
+        for &(kind, per) in &shapes {
+            bed.measure(kind, per, true)?;
+            bed.measure(kind, per, false)?;
+        }
+        let n = bed.blocks.len() as f64;
+        let mut samples = vec![(Vec::new(), Vec::new(), Vec::new(), Vec::new()); shapes.len()];
+        for turn in 0..run.runs {
+            for (i, &(kind, per)) in shapes.iter().enumerate() {
+                let (mapped, engine_alone) = if turn % 2 == 0 {
+                    let m = bed.measure(kind, per, true)?;
+                    (m, bed.measure(kind, per, false)?)
+                } else {
+                    let e = bed.measure(kind, per, false)?;
+                    (bed.measure(kind, per, true)?, e)
+                };
+                let (m, e) = (mapped * 1e9 / n, engine_alone * 1e9 / n);
+                let s = &mut samples[i];
+                s.0.push(m);
+                s.1.push(e);
+                s.2.push(m - e);
+                s.3.push(m / e);
+            }
+        }
+        let rows = shapes
+            .iter()
+            .zip(&mut samples)
+            .map(|(&(kind, per), s)| Row {
+                what: format!(
+                    "{}, {per} per dispatch",
+                    if kind == Kind::Read { "4 KiB read hit" } else { "4 KiB write" }
+                ),
+                mapped_ns: median_in_place(&mut s.0),
+                engine_ns: median_in_place(&mut s.1),
+                overhead_ns: median_in_place(&mut s.2),
+                ratio: median_in_place(&mut s.3),
+            })
+            .collect();
+        Ok(UblkMappingResult { rows, requests: bed.blocks.len(), runs: run.runs, cache_bytes })
     }
-    println!(
-        "pmcache bench ublk-mapping: ublk descriptor decode + dispatch into the engine beside \
+
+    fn table(&self, r: &UblkMappingResult, _run: &Run) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "pmcache bench ublk-mapping: ublk descriptor decode + dispatch into the engine beside \
          the engine call alone, one lane, random blocks over half of a {} MiB cache; {} runs \
          of {} requests (medians; no kernel: the io_uring hand-over and the bio copies are not \
          in it)",
-        r.cache_bytes >> 20,
-        r.runs,
-        r.requests
-    );
-    println!(
-        "  {:<32} {:>12} {:>12} {:>13} {:>8}",
-        "request", "mapped ns", "engine ns", "overhead ns", "ratio"
-    );
-    for row in &r.rows {
-        println!(
-            "  {:<32} {:>12.1} {:>12.1} {:>13.1} {:>8.3}",
-            row.what, row.mapped_ns, row.engine_ns, row.overhead_ns, row.ratio
+            r.cache_bytes >> 20,
+            r.runs,
+            r.requests
         );
+        let _ = writeln!(
+            out,
+            "  {:<32} {:>12} {:>12} {:>13} {:>8}",
+            "request", "mapped ns", "engine ns", "overhead ns", "ratio"
+        );
+        for row in &r.rows {
+            let _ = writeln!(
+                out,
+                "  {:<32} {:>12.1} {:>12.1} {:>13.1} {:>8.3}",
+                row.what, row.mapped_ns, row.engine_ns, row.overhead_ns, row.ratio
+            );
+        }
+        out
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -326,21 +311,15 @@ mod tests {
     /// A quick run gives four rows, each with positive times.
     #[test]
     fn a_quick_run_measures_every_row() {
-        let args = UblkMappingArgs {
-            dir: std::env::temp_dir(),
-            cache_mib: 16,
-            requests: 1000,
-            runs: 1,
-            json: false,
-            quick: true,
-        };
+        let args = UblkMappingArgs { dir: std::env::temp_dir(), cache_mib: 16, requests: 1000 };
         // /dev/shm when there is one (the medium kind does not matter here).
         let args = if std::path::Path::new("/dev/shm").is_dir() {
             UblkMappingArgs { dir: "/dev/shm".into(), ..args }
         } else {
             args
         };
-        let r = run(&args).expect("quick run");
+        let run = Run { quick: true, runs: 1, seconds: 0.0, json: false };
+        let r = args.run(&run).expect("quick run");
         assert_eq!(r.rows.len(), 4);
         for row in &r.rows {
             assert!(row.mapped_ns > 0.0 && row.engine_ns > 0.0, "{row:?}");

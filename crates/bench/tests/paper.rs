@@ -1,15 +1,17 @@
 //! `bench paper` at `--scale smallest`: every experiment runs, its figures hold what the
 //! paper's axes need, and the report is regenerated from their JSON.
 
+use pmcache_bench::harness::experiment::Run;
 use pmcache_bench::paper::{self, Figure, PaperArgs, Scale};
+
+/// Two runs of 0.02 s per point.
+const RUN: Run = Run { quick: false, runs: 2, seconds: 0.02, json: true };
 
 fn args(id: &str, out: &std::path::Path) -> PaperArgs {
     PaperArgs {
         id: id.into(),
         scale: Scale::Smallest,
         out: out.to_path_buf(),
-        runs: Some(2),
-        seconds: Some(0.02),
         pm_dir: "/dev/shm".into(),
         dir: std::env::temp_dir(),
         guest_json: None,
@@ -71,7 +73,7 @@ fn every_experiment_makes_its_figures_and_the_report_is_made_from_their_json() {
     // boot a QEMU guest (scripts/test.sh runs them); `002-fig2` spawns `pmcache serve` from the executable
     // running it, so the cli's end-to-end tests run it on the built binary.
     for id in ["000-fig2", "000-fig3", "000-fig4", "000-fig5", "000-fig6", "001-fig3", "004-fig1"] {
-        let made = paper::run(&args(id, out.path()), &mut |_, written| {
+        let made = paper::run(&args(id, out.path()), &RUN, &mut |_, written| {
             files.extend(written.iter().cloned())
         });
         figures.extend(made.unwrap_or_else(|e| panic!("bench paper {id}: {e}")));
@@ -131,7 +133,8 @@ fn every_experiment_makes_its_figures_and_the_report_is_made_from_their_json() {
 #[test]
 fn an_unknown_experiment_is_refused_with_the_list() {
     let out = tempfile::tempdir().expect("tempdir");
-    let error = paper::run(&args("000-fig9", out.path()), &mut |_, _| {}).expect_err("unknown");
+    let error =
+        paper::run(&args("000-fig9", out.path()), &RUN, &mut |_, _| {}).expect_err("unknown");
     assert!(error.contains("000-fig4") && error.contains("all"), "{error}");
 }
 
@@ -152,14 +155,14 @@ fn the_numa_panels_refuse_to_measure_on_a_machine_of_one_node() {
     }
     let out = tempfile::tempdir().expect("tempdir");
     let guest_bed = PaperArgs { bed: "guest-numa".into(), ..args("001-fig3-numa", out.path()) };
-    let error = paper::run(&guest_bed, &mut |_, _| {}).expect_err("one node");
+    let error = paper::run(&guest_bed, &RUN, &mut |_, _| {}).expect_err("one node");
     assert!(error.contains("needs two NUMA nodes") && error.contains("has 1"), "{error}");
 }
 
 #[test]
 fn a_panel_id_runs_its_figure() {
     let out = tempfile::tempdir().expect("tempdir");
-    let figures = paper::run(&args("000-fig4b", out.path()), &mut |_, _| {}).expect("fig4");
+    let figures = paper::run(&args("000-fig4b", out.path()), &RUN, &mut |_, _| {}).expect("fig4");
     let ids: Vec<&str> = figures.iter().map(|f| f.id.as_str()).collect();
     assert_eq!(ids, ["000-fig4a", "000-fig4b"], "a panel runs its whole experiment");
 }

@@ -1,4 +1,4 @@
-//! The test bed of `bench core`: a cache medium and backing file, the floors' tables, and each
+//! The test bed of `bench engine-core`: a cache medium and backing file, the floors' tables, and each
 //! kind's worker (raw, floor, engine).
 
 use std::path::Path;

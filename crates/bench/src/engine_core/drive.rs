@@ -1,4 +1,4 @@
-//! How `bench core` runs its workers: paced, on several threads, separately or taking turns.
+//! How `bench engine-core` runs its workers: paced, on several threads, separately or taking turns.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

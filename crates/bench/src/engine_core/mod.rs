@@ -1,4 +1,4 @@
-//! `pmcache bench core`: the engine against the raw medium it runs on.
+//! `pmcache bench engine-core` (or `core`): the engine against the raw medium it runs on.
 //!
 //! Every engine figure is measured in the same run as its baseline — the same 4 KiB access
 //! pattern done directly on the same mapped medium (a copy out for reads, a copy plus persist
@@ -8,6 +8,9 @@
 //! medians (of throughputs and of per-run ratios); the JSON also has the per-run ratios'
 //! quartiles.
 //! Recovery time and DRAM per slot are measured on a cache of `recovery_slots` slots.
+//! Many short runs (`--runs 25 --seconds 0.2`) rather than a few long ones: on a shared
+//! machine the load of other tenants drifts over seconds, and the medians of 25 runs of 0.2 s
+//! varied far less between invocations than those of 5 runs of 1 s (docs/PERFORMANCE.md).
 //!
 //! Beside each engine figure a *floor* is measured in the same run: the least work any design
 //! obeying the engine's contract must add to the raw access on this machine.
@@ -29,12 +32,13 @@
 //! second cache, formatted with them, alternated with the first in the same run; their ratio
 //! is the engine with checksums over the engine without.
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::harness::output::print_json_line;
+use crate::harness::experiment::{Defaults, Experiment, Run, json_lines};
 use crate::harness::stats::{median_in_place, quartiles};
 
 mod bed;
@@ -65,7 +69,7 @@ const QUEUE_DEPTH: usize = 16;
 /// One operation in this many is timed for the latency percentiles.
 const LATENCY_SAMPLE_EVERY: u64 = 64;
 
-/// Options of `pmcache bench core`.
+/// Options of `pmcache bench engine-core`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CoreArgs {
     /// Directory for the emulated PM medium and the backing file (DRAM-backed: /dev/shm).
@@ -74,28 +78,13 @@ pub struct CoreArgs {
     /// Cache medium size in MiB.
     #[arg(long, default_value_t = 1024)]
     pub cache_mib: u64,
-    /// Seconds per run of each of the baseline, the floor and the engine.
-    #[arg(long, default_value_t = 0.2)]
-    pub seconds: f64,
-    /// Runs per configuration (medians are reported). Many short runs rather than a few long
-    /// ones: on a shared machine the load of other tenants drifts over seconds, and the
-    /// medians of 25 runs of 0.2 s varied far less between invocations than those of 5 runs
-    /// of 1 s (docs/PERFORMANCE.md, `bench core`).
-    #[arg(long, default_value_t = 25)]
-    pub runs: usize,
     /// Slots of the cache whose recovery is timed.
     #[arg(long, default_value_t = 1 << 20)]
     pub recovery_slots: u64,
-    /// One JSON object per configuration (JSON lines) instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// Small and short: a smoke test of the harness (CI).
-    #[arg(long)]
-    pub quick: bool,
     /// Run the baseline, the floor and the engine each for the run's whole length in turn
     /// instead of alternating them every `INTERLEAVE_BLOCK_OPS` operations per thread (about a
     /// millisecond). Alternating, the three see the same moment of the machine's load, and
-    /// the per-run ratios spread several times less (docs/PERFORMANCE.md, `bench core`). The
+    /// the per-run ratios spread several times less (docs/PERFORMANCE.md, `bench engine-core`). The
     /// 16-thread row always runs in turn.
     #[arg(long)]
     pub separate: bool,
@@ -105,7 +94,7 @@ pub struct CoreArgs {
     /// is one request, or 16 for the floor and the engine in the `-qd16` rows (one round trip
     /// for a queue of 16), where the baseline still does one. Without it, the CPU may start a
     /// request's first loads while the previous copy is still finishing; a short loop of raw
-    /// copies gains from that the most (docs/PERFORMANCE.md, `bench core`).
+    /// copies gains from that the most (docs/PERFORMANCE.md, `bench engine-core`).
     #[arg(long)]
     pub serialize: bool,
     /// Run only the configurations whose name contains this (e.g. `read-hit`); skips recovery
@@ -190,11 +179,12 @@ struct Case {
 }
 
 /// Runs every configuration and returns the rows.
-pub fn run(args: &CoreArgs) -> Result<Vec<CoreResult>, String> {
-    let (cache_bytes, seconds, runs, recovery_slots) = if args.quick {
-        (64 << 20, args.seconds.min(0.2), args.runs.min(3), args.recovery_slots.min(1 << 14))
+fn measure(args: &CoreArgs, run: &Run) -> Result<Vec<CoreResult>, String> {
+    let (seconds, runs) = (run.seconds, run.runs);
+    let (cache_bytes, recovery_slots) = if run.quick {
+        (64 << 20, args.recovery_slots.min(1 << 14))
     } else {
-        (args.cache_mib << 20, args.seconds, args.runs, args.recovery_slots)
+        (args.cache_mib << 20, args.recovery_slots)
     };
     let bed = bed(&args.dir, cache_bytes, 32, false)?;
     let floor = floor_for(&bed)?;
@@ -411,21 +401,37 @@ fn crc_row(
     })
 }
 
-/// `pmcache bench core`: prints the table (or JSON lines).
-pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
-    let rows = run(args)?;
-    if rows.is_empty() {
-        return Err(format!("no configuration matches --only {:?}", args.only));
-    }
-    if args.json {
-        for row in &rows {
-            print_json_line(row)?;
+impl Experiment for CoreArgs {
+    const NAME: &'static str = "engine-core";
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(25), seconds: Some(0.2), quick_runs: 3, quick_seconds: 0.2 };
+    type Report = Vec<CoreResult>;
+
+    fn run(&self, run: &Run) -> Result<Vec<CoreResult>, String> {
+        let rows = measure(self, run)?;
+        if rows.is_empty() {
+            return Err(format!("no configuration matches --only {:?}", self.only));
         }
-        return Ok(());
+        Ok(rows)
     }
-    println!("pmcache bench core — {}", rows[0].setup);
+
+    /// One JSON object per configuration (JSON lines).
+    fn json(&self, rows: &Vec<CoreResult>) -> Result<String, String> {
+        json_lines(rows)
+    }
+
+    fn table(&self, rows: &Vec<CoreResult>, _run: &Run) -> String {
+        table(rows)
+    }
+}
+
+/// The table of `rows`.
+fn table(rows: &[CoreResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "pmcache bench core — {}", rows[0].setup);
     let timed = rows.iter().find_map(|row| row.seconds);
-    println!(
+    let _ = writeln!(
+        out,
         "medians of {} runs{}; ratio = engine / baseline in the same run (the 16-thread row: \
          engine at 16 threads / at 2); floor = the least any design with the engine's contract \
          adds, at the baseline's random places (see `pmcache bench core --help`), as floor / \
@@ -434,7 +440,8 @@ pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
         rows[0].runs,
         timed.map(|s| format!(" of {s:.1} s")).unwrap_or_default()
     );
-    println!(
+    let _ = writeln!(
+        out,
         "{:<20} {:>7} {:>14} {:>14} {:>8} {:>6} {:>7} {:>12} {:>9} {:>9}  baseline",
         "config",
         "threads",
@@ -448,13 +455,14 @@ pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
         "p99 ns"
     );
     let last_is_recovery = rows.last().is_some_and(|r| r.name.starts_with("recovery"));
-    let table = if last_is_recovery { &rows[..rows.len() - 1] } else { &rows[..] };
+    let table = if last_is_recovery { &rows[..rows.len() - 1] } else { rows };
     let (crc_rows, table): (Vec<&CoreResult>, Vec<&CoreResult>) =
         table.iter().partition(|row| row.ratio_to_engine_without_crc.is_some());
     for row in table {
         let ratio = |r: Option<f64>| r.map(|r| format!("{r:.3}x")).unwrap_or_default();
         let number = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
-        println!(
+        let _ = writeln!(
+            out,
             "{:<20} {:>7} {:>14.0} {:>14} {:>8} {:>6} {:>7} {:>12} {:>9} {:>9}  {}",
             row.name,
             row.threads,
@@ -470,10 +478,12 @@ pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
         );
     }
     if !crc_rows.is_empty() {
-        println!(
+        let _ = writeln!(
+            out,
             "\ndata checksums (--data-crc): ratio = engine with / engine without, in the same run\n"
         );
-        println!(
+        let _ = writeln!(
+            out,
             "{:<24} {:>7} {:>14} {:>14} {:>8} {:>12} {:>9} {:>9}",
             "config",
             "threads",
@@ -486,7 +496,8 @@ pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
         );
         for row in crc_rows {
             let ratio = |r: Option<f64>| r.map(|r| format!("{r:.3}x")).unwrap_or_default();
-            println!(
+            let _ = writeln!(
+                out,
                 "{:<24} {:>7} {:>14.0} {:>14.0} {:>8} {:>12} {:>9} {:>9}",
                 row.name,
                 row.threads,
@@ -501,15 +512,15 @@ pub fn run_cli(args: &CoreArgs) -> Result<(), String> {
     }
     if last_is_recovery {
         let recovery = &rows[rows.len() - 1];
-        println!("\n{}: {}", recovery.name, recovery.baseline);
+        let _ = writeln!(out, "\n{}: {}", recovery.name, recovery.baseline);
     }
-    Ok(())
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::testing::parse_args;
+    use crate::harness::experiment::parse;
 
     #[test]
     fn a_filter_ending_in_a_dollar_matches_the_end_of_the_name_only() {
@@ -522,16 +533,16 @@ mod tests {
 
     #[test]
     fn serialize_is_off_unless_asked() {
-        let parsed = parse_args::<CoreArgs>(&["bench", "--serialize"]).expect("parses");
+        let parsed = parse::<CoreArgs>(&["bench", "--serialize"]).expect("parses").0;
         assert!(parsed.serialize);
-        assert!(!parse_args::<CoreArgs>(&["bench"]).expect("parses").serialize);
+        assert!(!parse::<CoreArgs>(&["bench"]).expect("parses").0.serialize);
     }
 
     #[test]
     fn a_filter_may_start_with_a_hyphen() {
-        let parsed = parse_args::<CoreArgs>(&["bench", "--only", "-4k-qd16", "--runs", "3"])
+        let (parsed, run) = parse::<CoreArgs>(&["bench", "--only", "-4k-qd16", "--runs", "3"])
             .expect("a filter starting with a hyphen is a value, not an option");
         assert_eq!(parsed.only.as_deref(), Some("-4k-qd16"));
-        assert_eq!(parsed.runs, 3);
+        assert_eq!(run.runs, 3);
     }
 }

@@ -1,4 +1,4 @@
-//! `bench core`'s recovery row: the time `Engine::open` takes to scan a crashed cache.
+//! `bench engine-core`'s recovery row: the time `Engine::open` takes to scan a crashed cache.
 
 use std::path::Path;
 use std::time::Instant;

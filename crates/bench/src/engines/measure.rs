@@ -11,26 +11,16 @@ use rand::{Rng, SeedableRng};
 
 use super::{BLOCK_BYTES, EnginesArgs, Plan, Row, Sample, TestFile};
 use crate::harness::fio::{captured_report, fio_engine};
+use crate::harness::stats::median;
 
-pub(super) fn median(mut samples: Vec<Sample>) -> Option<Sample> {
-    if samples.is_empty() {
-        return None;
-    }
-    let mid = samples.len() / 2;
-    let pick = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[mid]
-    };
-    let mut iops: Vec<f64> = samples.iter().map(|s| s.iops).collect();
-    let mut mean: Vec<f64> = samples.iter().map(|s| s.latency_ns_mean).collect();
-    let mut p99: Vec<f64> = samples.iter().map(|s| s.latency_ns_p99).collect();
-    let out = Sample {
-        iops: pick(&mut iops),
-        latency_ns_mean: pick(&mut mean),
-        latency_ns_p99: pick(&mut p99),
-    };
-    samples.clear();
-    Some(out)
+/// Each figure's median over `samples`.
+pub(super) fn median_sample(samples: &[Sample]) -> Option<Sample> {
+    let of = |figure: fn(&Sample) -> f64| median(samples.iter().map(figure));
+    Some(Sample {
+        iops: of(|s| s.iops)?,
+        latency_ns_mean: of(|s| s.latency_ns_mean)?,
+        latency_ns_p99: of(|s| s.latency_ns_p99)?,
+    })
 }
 
 pub(super) fn measure_point(
@@ -91,13 +81,10 @@ pub(super) fn measure_point(
         ours.extend(ours_now);
         theirs.extend(fio_now);
     }
-    row.ours = median(ours);
-    row.fio = median(theirs);
-    if !ratios.is_empty() {
-        row.run_ratios = ratios.clone();
-        ratios.sort_by(f64::total_cmp);
-        row.ratio = Some(ratios[ratios.len() / 2]);
-    }
+    row.ours = median_sample(&ours);
+    row.fio = median_sample(&theirs);
+    row.ratio = median(ratios.iter().copied());
+    row.run_ratios = ratios;
     row
 }
 

@@ -22,8 +22,8 @@ use std::process::Command;
 use pmcache_backing::EngineKind;
 use serde::Serialize;
 
+use crate::harness::experiment::{Defaults, Experiment, Run};
 use crate::harness::machine;
-use crate::harness::output::JsonArgs;
 use crate::harness::scratch::write_random;
 
 mod measure;
@@ -65,18 +65,6 @@ pub struct EnginesArgs {
     /// Size of each test file in MiB.
     #[arg(long, default_value_t = 1024)]
     pub file_mib: u64,
-    /// Seconds per run.
-    #[arg(long, default_value_t = 2.0)]
-    pub runtime_secs: f64,
-    /// Runs per point (the median is reported).
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
-    /// Smoke mode for CI: 64 MiB files, jobs 1, QD 1 and 8, randread, 0.25 s, 1 run.
-    #[arg(long)]
-    pub quick: bool,
-    /// The JSON report.
-    #[command(flatten)]
-    pub output: JsonArgs,
     /// Where to write the SVG plot (IOPS vs jobs, one line per engine).
     #[arg(long, default_value = "pmcache-bench-engines.svg")]
     pub plot: PathBuf,
@@ -223,81 +211,81 @@ struct TestFile {
     direct: bool,
 }
 
-/// Runs the experiment and returns what it measured (the report `--json` prints); shows
-/// progress on stderr and prints nothing on stdout.
-pub fn run(args: &EnginesArgs) -> Result<Report, String> {
-    measure(args, false)
-}
+impl Experiment for EnginesArgs {
+    const NAME: &'static str = "engines";
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(3), seconds: Some(2.0), quick_runs: 1, quick_seconds: 0.25 };
+    type Report = Report;
 
-/// Runs the experiment and prints the table (or JSON); writes the plot.
-pub fn run_cli(args: &EnginesArgs) -> Result<(), String> {
-    let report = measure(args, !args.output.json)?;
-    args.output.write(&report)?;
-    if !args.output.json {
-        print!("{}", table_summary(&report.rows));
-    }
-    plot(&report, &args.plot)?;
-    eprintln!("plot written to {}", args.plot.display());
-    Ok(())
-}
-
-/// Measures every point; prints the table's lines as they come if `table`.
-fn measure(args: &EnginesArgs, table: bool) -> Result<Report, String> {
-    let plan = make_plan(args)?;
-    let engines: Vec<EngineKind> =
-        plan.engines.iter().map(|e| e.parse()).collect::<Result<_, _>>()?;
-    let idle_hold = hold_cpus_awake(args.allow_cpu_idle);
-    let mut machine = machine(args);
-    machine.cpu_idle = idle_hold.description.clone();
-    if !args.no_fio && machine.fio_version.is_none() {
-        return Err(format!(
-            "fio ({}) not found; install it (apt-get install -y fio) or pass --no-fio",
-            args.fio
-        ));
-    }
-    let files = prepare_files(args, &plan)?;
-    if table {
-        print!("{}", table_header(&machine, &plan));
-    }
-    let mut rows = Vec::new();
-    let total = count_points(&plan, &engines, &files);
-    let mut done = 0;
-    for file in &files {
-        for rw in &plan.rw {
-            for &engine in &engines {
-                for &qd in &plan.qd {
-                    if engine.is_synchronous() && qd != 1 {
-                        continue;
-                    }
-                    for &jobs in &plan.jobs {
-                        done += 1;
-                        eprint!(
-                            "\r[{done}/{total}] {} {rw} {engine} jobs={jobs} qd={qd}          ",
-                            file.label
-                        );
-                        let _ = std::io::stderr().flush();
-                        let row = measure_point(args, &plan, file, rw, engine, jobs, qd);
-                        if table {
-                            eprint!("\r");
-                            print!("{}", table_row(&row));
-                            let _ = std::io::stdout().flush();
+    /// Measures every point; prints the table's lines as they come unless `run.json`.
+    fn run(&self, run: &Run) -> Result<Report, String> {
+        let table = !run.json;
+        let plan = make_plan(self, run)?;
+        let engines: Vec<EngineKind> =
+            plan.engines.iter().map(|e| e.parse()).collect::<Result<_, _>>()?;
+        let idle_hold = hold_cpus_awake(self.allow_cpu_idle);
+        let mut machine = machine(self);
+        machine.cpu_idle = idle_hold.description.clone();
+        if !self.no_fio && machine.fio_version.is_none() {
+            return Err(format!(
+                "fio ({}) not found; install it (apt-get install -y fio) or pass --no-fio",
+                self.fio
+            ));
+        }
+        let files = prepare_files(self, &plan)?;
+        if table {
+            print!("{}", table_header(&machine, &plan));
+        }
+        let mut rows = Vec::new();
+        let total = count_points(&plan, &engines, &files);
+        let mut done = 0;
+        for file in &files {
+            for rw in &plan.rw {
+                for &engine in &engines {
+                    for &qd in &plan.qd {
+                        if engine.is_synchronous() && qd != 1 {
+                            continue;
                         }
-                        rows.push(row);
+                        for &jobs in &plan.jobs {
+                            done += 1;
+                            eprint!(
+                                "\r[{done}/{total}] {} {rw} {engine} jobs={jobs} qd={qd}          ",
+                                file.label
+                            );
+                            let _ = std::io::stderr().flush();
+                            let row = measure_point(self, &plan, file, rw, engine, jobs, qd);
+                            if table {
+                                eprint!("\r");
+                                print!("{}", table_row(&row));
+                                let _ = std::io::stdout().flush();
+                            }
+                            rows.push(row);
+                        }
                     }
                 }
             }
         }
-    }
-    eprintln!();
-    if !args.keep_files {
-        for file in &files {
-            let _ = std::fs::remove_file(&file.path);
+        eprintln!();
+        if !self.keep_files {
+            for file in &files {
+                let _ = std::fs::remove_file(&file.path);
+            }
         }
+        Ok(Report { machine, plan, rows })
     }
-    Ok(Report { machine, plan, rows })
+
+    fn table(&self, report: &Report, _run: &Run) -> String {
+        table_summary(&report.rows)
+    }
+
+    fn finish(&self, report: &Report, _run: &Run) -> Result<(), String> {
+        plot(report, &self.plot)?;
+        eprintln!("plot written to {}", self.plot.display());
+        Ok(())
+    }
 }
 
-fn make_plan(args: &EnginesArgs) -> Result<Plan, String> {
+fn make_plan(args: &EnginesArgs, run: &Run) -> Result<Plan, String> {
     let all: Vec<String> = EngineKind::ALL.iter().map(|k| k.name().to_string()).collect();
     let engines = if args.engines.is_empty() { all } else { args.engines.clone() };
     for e in &engines {
@@ -313,10 +301,10 @@ fn make_plan(args: &EnginesArgs) -> Result<Plan, String> {
             return Err(format!("unknown file {f:?}; expected disk or shm"));
         }
     }
-    if args.jobs.iter().chain(&args.qd).any(|&n| n == 0) || args.runs == 0 {
-        return Err("jobs, qd and runs must be positive".into());
+    if args.jobs.iter().chain(&args.qd).any(|&n| n == 0) {
+        return Err("jobs and qd must be positive".into());
     }
-    if args.quick {
+    if run.quick {
         return Ok(Plan {
             engines,
             jobs: vec![1],
@@ -324,8 +312,8 @@ fn make_plan(args: &EnginesArgs) -> Result<Plan, String> {
             rw: vec!["randread".into()],
             files: args.files.clone(),
             file_bytes: 64 << 20,
-            runtime_secs: 0.25,
-            runs: 1,
+            runtime_secs: run.seconds,
+            runs: run.runs,
         });
     }
     Ok(Plan {
@@ -335,8 +323,8 @@ fn make_plan(args: &EnginesArgs) -> Result<Plan, String> {
         rw: args.rw.clone(),
         files: args.files.clone(),
         file_bytes: args.file_mib << 20,
-        runtime_secs: args.runtime_secs,
-        runs: args.runs,
+        runtime_secs: run.seconds,
+        runs: run.runs,
     })
 }
 

@@ -26,6 +26,7 @@ use clap::Args;
 pub use personality::{Personality, Sizing, Threads, Workload, workload};
 pub use run::{FlowopResult, FsResult};
 
+use crate::harness::experiment::{Defaults, Experiment, Run};
 use crate::paper::Scale;
 
 /// Options of `pmcache bench fs`.
@@ -43,16 +44,10 @@ pub struct FsArgs {
     /// paper's.
     #[arg(long, value_enum, default_value_t = Scale::Small)]
     pub scale: Scale,
-    /// Seconds each run measures; default by scale: 2, 10, 60 (filebench's `run 60`).
-    #[arg(long)]
-    pub seconds: Option<f64>,
     /// Thread counts, comma-separated: `paper` (50; OLTP 200 shadows, 10 DB writers and the
     /// log writer) and numbers (OLTP: shadows, beside the same writers).
     #[arg(long, value_delimiter = ',', default_value = "paper,2")]
     pub threads: Vec<String>,
-    /// Also write the results as a JSON array here.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
     /// Seed of the file sizes, the choices of files and offsets.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -156,28 +151,37 @@ pub fn run_one(
     run::run(&w, dir, seconds, seed)
 }
 
-/// `pmcache bench fs …`.
-pub fn run_cli(args: &FsArgs) -> Result<(), String> {
-    let chosen = personalities(&args.personality)?;
-    let counts = thread_counts(&args.threads)?;
-    let secs = args.seconds.unwrap_or(seconds(args.scale));
-    if !(secs > 0.0 && secs.is_finite()) {
-        return Err(format!("--seconds {secs}: must be positive"));
-    }
-    let mut results = vec![];
-    for &p in &chosen {
-        for &t in &counts {
-            let result = run_one(p, args.scale, t, &args.dir, secs, args.seed)?;
-            println!("{}", text(&result));
-            results.push(result);
+impl Experiment for FsArgs {
+    const NAME: &'static str = "fs";
+    /// One run of each personality and thread count; seconds by `--scale`: 2, 10, 60
+    /// (filebench's `run 60`); `--quick` is `--scale smallest`.
+    const DEFAULTS: Defaults =
+        Defaults { runs: None, seconds: Some(0.0), quick_runs: 1, quick_seconds: 2.0 };
+    type Report = Vec<FsResult>;
+
+    /// Runs each personality at each thread count, printing each result as filebench does
+    /// unless `run.json`.
+    fn run(&self, run: &Run) -> Result<Vec<FsResult>, String> {
+        let chosen = personalities(&self.personality)?;
+        let counts = thread_counts(&self.threads)?;
+        let scale = if run.quick { Scale::Smallest } else { self.scale };
+        let secs = if run.seconds > 0.0 { run.seconds } else { seconds(scale) };
+        let mut results = vec![];
+        for &p in &chosen {
+            for &t in &counts {
+                let result = run_one(p, scale, t, &self.dir, secs, self.seed)?;
+                if !run.json {
+                    println!("{}", text(&result));
+                }
+                results.push(result);
+            }
         }
+        Ok(results)
     }
-    if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?;
-        std::fs::write(path, json + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
-        println!("wrote {}", path.display());
+
+    fn table(&self, _results: &Vec<FsResult>, _run: &Run) -> String {
+        String::new()
     }
-    Ok(())
 }
 
 /// A result as filebench prints one: the summary line, then each flowop.

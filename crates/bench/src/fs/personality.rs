@@ -298,6 +298,22 @@ impl Workload {
     }
 }
 
+/// What a personality's fileset is unless it says otherwise: `bigfileset`, directories 20
+/// wide, sizes gamma-distributed about the mean (filebench's shape 1.5), every file created
+/// before the run, read and written.
+const FILESET: FilesetSpec = FilesetSpec {
+    name: "bigfileset",
+    entries: 1,
+    dir_width: 20,
+    mean_size: 0,
+    size_gamma: Some(1.5),
+    prealloc_percent: 100,
+    readonly: false,
+};
+
+/// An append of 1 … `APPEND_IOSIZE_MAX` bytes to the open file.
+const APPEND: Op = Op::AppendFileRand { iosize_max: APPEND_IOSIZE_MAX, shared_log: None };
+
 const fn op(name: &'static str, op: Op) -> Flowop {
     Flowop { name, op }
 }
@@ -313,18 +329,14 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
         Threads::Paper => paper,
         Threads::Count(n) => n.max(1),
     };
-    let gamma = Some(1.5);
     match personality {
         Personality::Fileserver => Workload {
             personality,
             filesets: vec![FilesetSpec {
-                name: "bigfileset",
                 entries: scaled(100_000, sizing, 16),
-                dir_width: 20,
                 mean_size: 128 * KIB,
-                size_gamma: gamma,
                 prealloc_percent: 80,
-                readonly: false,
+                ..FILESET
             }],
             groups: vec![ThreadGroup {
                 name: "filereader",
@@ -334,10 +346,7 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
                     op("wrtfile1", Op::WriteWholeFile { iosize: WHOLE_FILE_IOSIZE }),
                     op("closefile1", Op::CloseFile),
                     op("openfile1", Op::OpenFile { fileset: 0 }),
-                    op(
-                        "appendfilerand1",
-                        Op::AppendFileRand { iosize_max: APPEND_IOSIZE_MAX, shared_log: None },
-                    ),
+                    op("appendfilerand1", APPEND),
                     op("closefile2", Op::CloseFile),
                     op("openfile2", Op::OpenFile { fileset: 0 }),
                     op("readfile1", Op::ReadWholeFile { iosize: WHOLE_FILE_IOSIZE }),
@@ -348,47 +357,17 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
             }],
         },
         Personality::Webserver => {
-            const OPENS: [&str; 10] = [
-                "openfile1",
-                "openfile2",
-                "openfile3",
-                "openfile4",
-                "openfile5",
-                "openfile6",
-                "openfile7",
-                "openfile8",
-                "openfile9",
-                "openfile10",
-            ];
-            const READS: [&str; 10] = [
-                "readfile1",
-                "readfile2",
-                "readfile3",
-                "readfile4",
-                "readfile5",
-                "readfile6",
-                "readfile7",
-                "readfile8",
-                "readfile9",
-                "readfile10",
-            ];
-            const CLOSES: [&str; 10] = [
-                "closefile1",
-                "closefile2",
-                "closefile3",
-                "closefile4",
-                "closefile5",
-                "closefile6",
-                "closefile7",
-                "closefile8",
-                "closefile9",
-                "closefile10",
-            ];
+            /// `(open, read, close)` flowop names of each of webserver's ten files.
+            macro_rules! triples {
+                ($($i:literal)*) => {
+                    [$((concat!("openfile", $i), concat!("readfile", $i), concat!("closefile", $i))),*]
+                };
+            }
             let mut flowops = vec![];
-            for i in 0..10 {
-                flowops.push(op(OPENS[i], Op::OpenFile { fileset: 0 }));
-                flowops.push(op(READS[i], Op::ReadWholeFile { iosize: WHOLE_FILE_IOSIZE }));
-                flowops.push(op(CLOSES[i], Op::CloseFile));
+            for (open, read, close) in triples!(1 2 3 4 5 6 7 8 9 10) {
+                flowops.push(op(open, Op::OpenFile { fileset: 0 }));
+                flowops.push(op(read, Op::ReadWholeFile { iosize: WHOLE_FILE_IOSIZE }));
+                flowops.push(op(close, Op::CloseFile));
             }
             flowops.push(op(
                 "appendlog",
@@ -398,23 +377,12 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
                 personality,
                 filesets: vec![
                     FilesetSpec {
-                        name: "bigfileset",
                         entries: scaled(500_000, sizing, 16),
-                        dir_width: 20,
                         mean_size: 32 * KIB,
-                        size_gamma: gamma,
-                        prealloc_percent: 100,
                         readonly: true,
+                        ..FILESET
                     },
-                    FilesetSpec {
-                        name: "logfiles",
-                        entries: 1,
-                        dir_width: 20,
-                        mean_size: 32 * KIB,
-                        size_gamma: gamma,
-                        prealloc_percent: 100,
-                        readonly: false,
-                    },
+                    FilesetSpec { name: "logfiles", entries: 1, mean_size: 32 * KIB, ..FILESET },
                 ],
                 groups: vec![ThreadGroup { name: "filereader", instances: count(50), flowops }],
             }
@@ -422,13 +390,11 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
         Personality::Varmail => Workload {
             personality,
             filesets: vec![FilesetSpec {
-                name: "bigfileset",
                 entries: scaled(800_000, sizing, 16),
                 dir_width: 1_000_000,
                 mean_size: 16 * KIB,
-                size_gamma: gamma,
                 prealloc_percent: 80,
-                readonly: false,
+                ..FILESET
             }],
             groups: vec![ThreadGroup {
                 name: "filereader",
@@ -436,18 +402,12 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
                 flowops: vec![
                     op("deletefile1", Op::DeleteFile { fileset: 0 }),
                     op("createfile2", Op::CreateFile { fileset: 0 }),
-                    op(
-                        "appendfilerand2",
-                        Op::AppendFileRand { iosize_max: APPEND_IOSIZE_MAX, shared_log: None },
-                    ),
+                    op("appendfilerand2", APPEND),
                     op("fsyncfile2", Op::Fsync),
                     op("closefile2", Op::CloseFile),
                     op("openfile3", Op::OpenFile { fileset: 0 }),
                     op("readfile3", Op::ReadWholeFile { iosize: WHOLE_FILE_IOSIZE }),
-                    op(
-                        "appendfilerand3",
-                        Op::AppendFileRand { iosize_max: APPEND_IOSIZE_MAX, shared_log: None },
-                    ),
+                    op("appendfilerand3", APPEND),
                     op("fsyncfile3", Op::Fsync),
                     op("closefile3", Op::CloseFile),
                     op("openfile4", Op::OpenFile { fileset: 0 }),
@@ -469,8 +429,7 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
                         dir_width: 1024,
                         mean_size: data_size,
                         size_gamma: None,
-                        prealloc_percent: 100,
-                        readonly: false,
+                        ..FILESET
                     },
                     FilesetSpec {
                         name: "logfile",
@@ -478,8 +437,7 @@ pub fn workload(personality: Personality, sizing: Sizing, threads: Threads) -> W
                         dir_width: 1024,
                         mean_size: log_size,
                         size_gamma: None,
-                        prealloc_percent: 100,
-                        readonly: false,
+                        ..FILESET
                     },
                 ],
                 groups: vec![

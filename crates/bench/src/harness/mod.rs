@@ -2,6 +2,7 @@
 //! files, child processes and signals, statistics over runs, plots, the JSON report and the
 //! description of the machine.
 
+pub mod experiment;
 pub mod fio;
 pub mod machine;
 pub mod output;
@@ -10,5 +11,3 @@ pub(crate) mod process;
 pub(crate) mod scratch;
 pub mod servers;
 pub(crate) mod stats;
-#[cfg(test)]
-pub(crate) mod testing;

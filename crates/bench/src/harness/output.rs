@@ -1,7 +1,7 @@
 //! What the experiments show while they run, and how their figures are printed.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 
@@ -38,28 +38,4 @@ pub(crate) fn write_json(
         println!("{json}");
     }
     Ok(())
-}
-
-/// Prints `value` as one line of JSON.
-pub(crate) fn print_json_line(value: &impl Serialize) -> Result<(), String> {
-    println!("{}", serde_json::to_string(value).map_err(|e| e.to_string())?);
-    Ok(())
-}
-
-/// `--json` and `--json-out`: the report as JSON on stdout instead of the table, and in a file.
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct JsonArgs {
-    /// Print JSON instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Also write the JSON report to this file.
-    #[arg(long)]
-    pub json_out: Option<PathBuf>,
-}
-
-impl JsonArgs {
-    /// Writes `report` as the flags ask.
-    pub(crate) fn write(&self, report: &impl Serialize) -> Result<(), String> {
-        write_json(report, self.json, self.json_out.as_deref())
-    }
 }

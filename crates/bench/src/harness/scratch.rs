@@ -10,6 +10,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::process::was_interrupted;
+use super::servers::{PmcacheServe, ServeOptions, Server};
 
 /// The file system type of the mount holding `dir` (from /proc/mounts).
 fn fs_type(dir: &Path) -> Option<String> {
@@ -28,6 +29,29 @@ fn fs_type(dir: &Path) -> Option<String> {
         }
     }
     best.map(|(_, kind)| kind)
+}
+
+/// `--dir`, `--shm-dir` and `--fio` of an experiment that serves a cache to fio.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ScratchArgs {
+    /// Directory for the backing file: on a disk, not a tmpfs.
+    #[arg(long, default_value = "/var/tmp")]
+    pub dir: PathBuf,
+    /// Directory for the cache medium (emulated PM).
+    #[arg(long, default_value = "/dev/shm")]
+    pub shm_dir: PathBuf,
+    /// The fio binary.
+    #[arg(long, default_value = "fio")]
+    pub fio: String,
+}
+
+impl ScratchArgs {
+    /// fio's version, and the scratch of experiment `label` in these directories (kept if
+    /// `keep`).
+    pub(crate) fn prepare(&self, label: &str, keep: bool) -> Result<(String, Scratch), String> {
+        let fio_version = super::fio::check_fio(&self.fio)?;
+        Ok((fio_version, Scratch::new(&self.dir, &self.shm_dir, label, keep)?))
+    }
 }
 
 /// Where an experiment keeps its files: the backing file in a directory on a disk, and a
@@ -82,6 +106,39 @@ impl Scratch {
     /// The scratch directory.
     pub(crate) fn dir(&self) -> &Path {
         self.dir.as_ref().expect("scratch directory").path()
+    }
+
+    /// `pmcache serve` of a `cache_bytes` cache on this scratch's medium in front of its
+    /// backing file, its sockets and log in the scratch directory (`pmcache.sock`, `pmcache.ctl`,
+    /// `pmcache-serve.log`).
+    pub(crate) fn serve(
+        &self,
+        cache_bytes: u64,
+        max_connections: usize,
+        cleaner: &[String],
+        cpus: Option<&str>,
+        options: ServeOptions<'_>,
+    ) -> Result<Server, String> {
+        let (socket, control) = (self.path("pmcache.sock"), self.path("pmcache.ctl"));
+        Server::start_pmcache(&PmcacheServe {
+            medium: &self.medium,
+            cache_bytes,
+            backing: &self.backing,
+            socket: &socket,
+            control: &control,
+            log: &self.path("pmcache-serve.log"),
+            cleaner,
+            cpus,
+            max_connections,
+            options,
+        })
+    }
+
+    /// Creates the backing file, `bytes` long and sparse.
+    pub(crate) fn sparse(&self, bytes: u64) -> Result<(), String> {
+        std::fs::File::create(&self.backing)
+            .and_then(|f| f.set_len(bytes))
+            .map_err(|e| format!("cannot create {}: {e}", self.backing.display()))
     }
 
     /// Writes the backing file in full with random data and syncs it, reporting on stderr.

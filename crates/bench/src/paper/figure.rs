@@ -3,8 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::harness::stats::{median_in_place, min_max};
+
 /// One figure (or one panel) of a paper, re-run here.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Figure {
     /// `000-fig4a`: the paper, the figure and the panel; also the files' stem.
     pub id: String,
@@ -73,17 +75,14 @@ impl Point {
     /// The median, min and max of `values` (at least one).
     pub fn of(values: &[f64], oversubscribed: bool) -> Point {
         assert!(!values.is_empty(), "a point needs at least one run");
-        let mut sorted = values.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        let n = sorted.len();
-        let median =
-            if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
-        Point { median, min: sorted[0], max: sorted[n - 1], oversubscribed }
+        let mut values = values.to_vec();
+        let (min, max) = min_max(&values);
+        Point { median: median_in_place(&mut values), min, max, oversubscribed }
     }
 }
 
 /// The scale a figure ran at and what it changed from the paper.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ScaleNote {
     /// `smallest`, `small` or `full`.
     pub name: String,
@@ -96,7 +95,7 @@ pub struct ScaleNote {
 }
 
 /// Where a figure's numbers came from.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Provenance {
     /// The command line that produced the figure.
     pub command: String,

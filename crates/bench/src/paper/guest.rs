@@ -13,8 +13,9 @@ use std::process::Command;
 
 use serde::Deserialize;
 
+use super::common::percent;
 use super::figure::{Absolute, Figure, Point, Series, number};
-use super::p000::{percent, published};
+use super::p000::published;
 use super::{Ctx, library};
 
 /// The normaliser's series name in the script's output.
@@ -118,7 +119,7 @@ fn run_script(ctx: &Ctx, out: &Path) -> Result<(), String> {
     let mut command = Command::new("bash");
     command.arg(&script).args(["--scale", ctx.args.scale.name()]);
     command.args(["--runs", &ctx.runs.to_string()]);
-    if let Some(seconds) = ctx.args.seconds {
+    if let Some(seconds) = ctx.seconds_given {
         command.args(["--seconds", &seconds.max(1.0).round().to_string()]);
     }
     command.arg("--out").arg(out);
@@ -705,7 +706,7 @@ mod tests {
     fn figures_carry_the_papers_sentence_the_hit_ratios_and_the_guest() {
         let dir = tempfile::tempdir().expect("tempdir");
         let args = super::super::PaperArgs::smallest("000-guest", dir.path());
-        let ctx = super::super::Ctx::new(&args);
+        let ctx = super::super::Ctx::new(&args, &crate::harness::experiment::Run::default());
         let run = guest_run(vec![
             point("000-fig4a", "1", NVM_SERIES, 0, 100.0),
             point("000-fig4a", "1", "bcache", 0, 62.0),

@@ -273,7 +273,7 @@ mod tests {
     #[test]
     fn one_figure_per_workload_with_a_column_per_cost() {
         let args = super::super::PaperArgs::smallest("000-guest", &std::env::temp_dir());
-        let ctx = super::super::Ctx::new(&args);
+        let ctx = super::super::Ctx::new(&args, &crate::harness::experiment::Run::default());
         let mut other = sample("bcache", None);
         other.workload = "4M seq read".into();
         let samples = vec![sample("bcache", None), sample("bcache", None), other];

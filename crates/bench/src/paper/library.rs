@@ -129,7 +129,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         }
         bar.finish_and_clear();
     }
-    super::p000::check_all_hits(&bed, "000-library")?;
+    super::common::check_all_hits(&bed, "000-library")?;
     let mut file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     file.write_all(lines.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))?;
     print!("{summary}");

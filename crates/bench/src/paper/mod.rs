@@ -9,6 +9,7 @@
 //! in minutes, `full` as close to the paper as the machine allows; each figure records what
 //! its scale shrank.
 
+mod common;
 mod figure;
 mod guest;
 mod guest_time;
@@ -17,7 +18,7 @@ mod library;
 mod p000;
 mod p001;
 mod p001_numa;
-mod p002;
+pub mod p002;
 mod p003;
 mod p004;
 mod plot;
@@ -28,6 +29,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::harness::experiment::{Defaults, Experiment, Run};
 
 pub use figure::{Absolute, Figure, Point, Provenance, ScaleNote, Series};
 pub use report::{read_figures, write as write_report};
@@ -46,12 +49,6 @@ pub struct PaperArgs {
     /// Where the JSON and the pictures go (and where `report` reads and writes).
     #[arg(long, default_value = "papers")]
     pub out: PathBuf,
-    /// Runs per point (medians and ranges are of these); default by scale: 1, 3, 5.
-    #[arg(long)]
-    pub runs: Option<usize>,
-    /// Seconds each series runs per point and run; default by scale: 0.03, 0.5, 3.
-    #[arg(long)]
-    pub seconds: Option<f64>,
     /// Directory for the cache medium (emulated PM).
     #[arg(long, default_value = "/dev/shm")]
     pub pm_dir: PathBuf,
@@ -81,8 +78,6 @@ impl PaperArgs {
             id: id.into(),
             scale: Scale::Smallest,
             out: out.into(),
-            runs: None,
-            seconds: None,
             pm_dir: "/dev/shm".into(),
             dir: "/var/tmp".into(),
             guest_json: None,
@@ -154,6 +149,8 @@ pub struct Ctx {
     pub runs: usize,
     /// Seconds per turn.
     pub seconds: f64,
+    /// `--seconds`, if given.
+    pub seconds_given: Option<f64>,
     /// CPUs of this machine (threads beyond are oversubscribed).
     pub cpus: usize,
     /// The command, commit, machine, date.
@@ -161,13 +158,20 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn new(args: &PaperArgs) -> Self {
+    /// The context of `args` and `run` (`--quick`: `--scale smallest`).
+    fn new(args: &PaperArgs, run: &Run) -> Self {
+        let mut args = args.clone();
+        if run.quick {
+            args.scale = Scale::Smallest;
+        }
+        let seconds_given = (run.seconds > 0.0).then_some(run.seconds);
         Ctx {
-            runs: args.runs.unwrap_or(args.scale.runs()).max(1),
-            seconds: args.seconds.unwrap_or(args.scale.seconds()),
+            runs: if run.runs > 0 { run.runs } else { args.scale.runs() },
+            seconds: seconds_given.unwrap_or(args.scale.seconds()),
+            seconds_given,
             cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             provenance: provenance(&args.out),
-            args: args.clone(),
+            args,
         }
     }
 
@@ -196,7 +200,7 @@ impl Ctx {
 }
 
 /// An experiment: the figures it makes, and how.
-struct Experiment {
+struct PaperExperiment {
     id: &'static str,
     what: &'static str,
     run: fn(&Ctx) -> Result<Vec<Figure>, String>,
@@ -204,91 +208,91 @@ struct Experiment {
     guest: bool,
 }
 
-const EXPERIMENTS: &[Experiment] = &[
-    Experiment {
+const EXPERIMENTS: &[PaperExperiment] = &[
+    PaperExperiment {
         id: "000-fig2",
         what: "devices alone vs the cache stacks (log MB/s)",
         run: p000::fig2,
         guest: false,
     },
-    Experiment {
+    PaperExperiment {
         id: "000-fig3",
         what: "lookup cost by request size and working set",
         run: p000::fig3,
         guest: false,
     },
-    Experiment {
+    PaperExperiment {
         id: "000-fig4",
         what: "threads: 4 KiB random reads (a), 4 MiB sequential reads (b)",
         run: p000::fig4,
         guest: false,
     },
-    Experiment {
+    PaperExperiment {
         id: "000-fig5",
         what: "4 MiB sequential, read share 100 → 10 %",
         run: p000::fig5,
         guest: false,
     },
-    Experiment {
+    PaperExperiment {
         id: "000-fig6",
         what: "4 KiB random 50:50 by threads",
         run: p000::fig6,
         guest: false,
     },
-    Experiment {
+    PaperExperiment {
         id: "000-library",
         what: "Figs 4a, 4b, 5 and 6's points with pmcache embedded as a library beside the raw \
                medium by loads and stores (in the guest: on a DAX file system), for 000-guest",
         run: library::run,
         guest: false,
     },
-    Experiment {
+    PaperExperiment {
         id: "000-guest",
         what: "Figs 2-6 on the papers' own systems: bcache, dm-cache, dm-writecache and \
                pmcache (ublk) on emulated NVDIMMs in one QEMU guest",
         run: guest::run,
         guest: true,
     },
-    Experiment {
+    PaperExperiment {
         id: "001-fig3",
         what: "FxMark analogues: private, shared, mixed 75/25 and 25/75 (a–d)",
         run: p001::fig3,
         guest: false,
     },
-    Experiment {
+    PaperExperiment {
         id: "001-fig3-numa",
         what: "Fig 3 a and d as local and remote accesses on a cache of a member per node (a \
                QEMU guest of two NUMA nodes)",
         run: p001_numa::run,
         guest: true,
     },
-    Experiment {
+    PaperExperiment {
         id: "002-fig2",
         what: "the cleaner's priority: Figs 2, 3, 4 and Table 1 in one run (bench paper002)",
-        run: p002::run,
+        run: p002::figures,
         guest: false,
     },
-    Experiment {
+    PaperExperiment {
         id: "003-fig2",
         what: "filebench's four personalities on ext4 on brd, over pmcache (ublk) and -o dax \
                on an emulated NVDIMM, in a QEMU guest",
         run: p003::run,
         guest: true,
     },
-    Experiment {
+    PaperExperiment {
         id: "003-fig2-host",
         what: "003-fig2's roles on this host: tmpfs, ext4 over pmcache (NBD, nbdfuse, loop), \
                ext4 on a loop device in /dev/shm (as root)",
         run: p003::run_host,
         guest: false,
     },
-    Experiment {
+    PaperExperiment {
         id: "004-fig1",
         what: "backing engines against fio's, 4 KiB random reads by jobs, QD 1 and 32",
         run: p004::run,
         guest: false,
     },
-    Experiment {
+    PaperExperiment {
         id: "004-guest",
         what: "004-fig1 in a QEMU guest on NVMe with poll queues (HIPRI and IOPOLL poll)",
         run: p004::run_guest,
@@ -296,26 +300,42 @@ const EXPERIMENTS: &[Experiment] = &[
     },
 ];
 
-/// `pmcache bench paper …`.
-pub fn run_cli(args: &PaperArgs) -> Result<(), String> {
-    match args.id.as_str() {
-        "list" => {
-            for e in EXPERIMENTS {
-                println!("{:<10} {}", e.id, e.what);
+impl Experiment for PaperArgs {
+    const NAME: &'static str = "paper";
+    /// Runs and seconds by `--scale` (1, 3, 5 runs per point; 0.03, 0.5, 3 s per series,
+    /// point and run); `--quick` is `--scale smallest`.
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(0), seconds: Some(0.0), quick_runs: 1, quick_seconds: 0.03 };
+    type Report = Vec<Figure>;
+
+    /// `list` and `report` print what they did; an experiment prints each figure's table as
+    /// it is made (unless `run.json`) and returns the figures.
+    fn run(&self, run: &Run) -> Result<Vec<Figure>, String> {
+        match self.id.as_str() {
+            "list" => {
+                for e in EXPERIMENTS {
+                    println!("{:<10} {}", e.id, e.what);
+                }
+                Ok(Vec::new())
             }
-            Ok(())
+            "report" => {
+                let written = report::write(&self.out)?;
+                println!("wrote {}", written.display());
+                Ok(Vec::new())
+            }
+            _ => self::run(self, run, &mut |figure, files| {
+                if !run.json {
+                    println!("{}", figure.table());
+                    let names: Vec<String> =
+                        files.iter().map(|f| f.display().to_string()).collect();
+                    println!("wrote {}\n", names.join(", "));
+                }
+            }),
         }
-        "report" => {
-            let written = report::write(&args.out)?;
-            println!("wrote {}", written.display());
-            Ok(())
-        }
-        _ => run(args, &mut |figure, files| {
-            println!("{}", figure.table());
-            let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-            println!("wrote {}\n", names.join(", "));
-        })
-        .map(drop),
+    }
+
+    fn table(&self, _figures: &Vec<Figure>, _run: &Run) -> String {
+        String::new()
     }
 }
 
@@ -323,9 +343,10 @@ pub fn run_cli(args: &PaperArgs) -> Result<(), String> {
 /// `args.out` and handing it to `done` with those files' paths; returns the figures.
 pub fn run(
     args: &PaperArgs,
+    run: &Run,
     done: &mut dyn FnMut(&Figure, &[PathBuf]),
 ) -> Result<Vec<Figure>, String> {
-    let chosen: Vec<&Experiment> = if args.id == "all" {
+    let chosen: Vec<&PaperExperiment> = if args.id == "all" {
         EXPERIMENTS.iter().collect()
     } else if args.id == "host" {
         EXPERIMENTS.iter().filter(|e| !e.guest).collect()
@@ -346,7 +367,7 @@ pub fn run(
         vec![experiment]
     };
     std::fs::create_dir_all(&args.out).map_err(|e| format!("{}: {e}", args.out.display()))?;
-    let ctx = Ctx::new(args);
+    let ctx = Ctx::new(args, run);
     let mut figures = vec![];
     for experiment in chosen {
         eprintln!("{}: {} (scale {})", experiment.id, experiment.what, args.scale.name());

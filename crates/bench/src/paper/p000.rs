@@ -6,14 +6,13 @@ use pmcache_backing::wrappers::{LatencyDist, LatencyStore};
 use pmcache_backing::{BackingStore, PsyncFile};
 use pmcache_engine::CacheMode;
 
+use super::common::{GIB, KIB, MIB, check_all_hits, percent, size, sweep};
 use super::figure::{Absolute, Figure, number};
 use super::inproc::{Bed, SeriesRun, Sweep, Worker, measure};
 use super::workload::{Access, Request};
 use super::{Ctx, Scale};
+use crate::harness::stats::min_max;
 
-const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
 const MB: f64 = 1e6;
 const GB: f64 = 1e9;
 
@@ -37,16 +36,6 @@ fn common_notes(span: u64) -> Vec<String> {
          NVDIMM; this bed has pmcache alone beside the raw medium."
             .into(),
     ]
-}
-
-/// `4 KiB`, `256 MiB`, `10 GiB`.
-pub fn size(bytes: u64) -> String {
-    match bytes {
-        b if b >= GIB && b % GIB == 0 => format!("{} GiB", b / GIB),
-        b if b >= MIB && b % MIB == 0 => format!("{} MiB", b / MIB),
-        b if b >= KIB && b % KIB == 0 => format!("{} KiB", b / KIB),
-        b => format!("{b} B"),
-    }
 }
 
 /// Paper 000's published result for figure `id` (both beds), in one sentence.
@@ -93,30 +82,6 @@ fn backing_worker<B: BackingStore>(store: &B) -> Worker<'_> {
             store.read_at(buf, request.offset).expect("backing read");
         }
     })
-}
-
-/// Runs `series` at each `(tick, access, threads)` position.
-pub(super) fn sweep(
-    ctx: &Ctx,
-    label: &str,
-    series: &[SeriesRun<'_>],
-    positions: &[(String, Access, usize)],
-) -> Sweep {
-    let bar = ctx.progress(label, (positions.len() * series.len() * ctx.runs) as u64);
-    let mut sweep = Sweep::new(series);
-    for (_, access, threads) in positions {
-        let rates = measure(series, *access, *threads, ctx.seconds, ctx.runs, &|| bar.inc(1));
-        sweep.push(rates, *threads > ctx.cpus);
-    }
-    bar.finish_and_clear();
-    sweep
-}
-
-pub(super) fn check_all_hits<B: BackingStore>(bed: &Bed<B>, figure: &str) -> Result<(), String> {
-    match bed.read_misses() {
-        0 => Ok(()),
-        n => Err(format!("{figure}: {n} read misses in a run meant to be all hits")),
-    }
 }
 
 fn thread_ticks(threads: &[usize]) -> Vec<String> {
@@ -258,10 +223,7 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         x_label: "request size".into(),
         x_ticks: sizes.iter().map(|s| size(*s)).collect(),
         y_label: "GB/s".into(),
-        y_log: false,
-        bars: false,
         series: result.absolute(GB),
-        absolute: None,
         published: published("000-fig3").into(),
         ours: format!(
             "pmcache reaches {} of the raw medium at 4 KiB and {} at {}, from the smallest to \
@@ -273,6 +235,7 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         scale: ctx.scale_note(shrunk),
         notes,
         provenance: ctx.provenance.clone(),
+        ..Figure::default()
     }])
 }
 
@@ -318,8 +281,6 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         x_label: "threads".into(),
         x_ticks: thread_ticks(&threads),
         y_label: "bandwidth / raw NVM at the same threads".into(),
-        y_log: false,
-        bars: false,
         series: a.normalised(0),
         absolute: Some(Absolute { y_label: "GB/s".into(), series: a.absolute(GB) }),
         published: published("000-fig4a").into(),
@@ -335,6 +296,7 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         scale: ctx.scale_note(shrunk.clone()),
         notes: notes.clone(),
         provenance: ctx.provenance.clone(),
+        ..Figure::default()
     };
     let fig_b = Figure {
         id: "000-fig4b".into(),
@@ -343,10 +305,7 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         x_label: "threads".into(),
         x_ticks: thread_ticks(&threads),
         y_label: "GB/s".into(),
-        y_log: false,
-        bars: false,
         series: b.absolute(GB),
-        absolute: None,
         published: published("000-fig4b").into(),
         ours: format!(
             "The raw medium (this VM's memory copy) gives {} GB/s at 1 thread and {} at {}; \
@@ -360,6 +319,7 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         scale: ctx.scale_note(shrunk),
         notes,
         provenance: ctx.provenance.clone(),
+        ..Figure::default()
     };
     Ok(vec![fig_a, fig_b])
 }
@@ -423,8 +383,6 @@ pub fn fig5(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         x_label: "read share (1 thread)".into(),
         x_ticks: positions.iter().map(|(t, _, _)| t.clone()).collect(),
         y_label: "bandwidth / raw NVM at the same mix".into(),
-        y_log: false,
-        bars: false,
         series: result.normalised(0),
         absolute: Some(Absolute { y_label: "GB/s".into(), series: result.absolute(GB) }),
         published: published("000-fig5").into(),
@@ -440,6 +398,7 @@ pub fn fig5(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         scale: ctx.scale_note(shrunk),
         notes: mode_notes(span),
         provenance: ctx.provenance.clone(),
+        ..Figure::default()
     }])
 }
 
@@ -468,8 +427,6 @@ pub fn fig6(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         x_label: "threads".into(),
         x_ticks: thread_ticks(&threads),
         y_label: "bandwidth / raw NVM at the same threads".into(),
-        y_log: false,
-        bars: false,
         series: result.normalised(0),
         absolute: Some(Absolute { y_label: "MB/s".into(), series: result.absolute(MB) }),
         published: published("000-fig6").into(),
@@ -485,6 +442,7 @@ pub fn fig6(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         scale: ctx.scale_note(shrunk),
         notes: mode_notes(span),
         provenance: ctx.provenance.clone(),
+        ..Figure::default()
     }])
 }
 
@@ -494,15 +452,6 @@ fn shrunk_span(scale: Scale, span: u64, paper: &str) -> Vec<String> {
         Scale::Full => vec![],
         _ => vec![format!("working set {} (the paper's: {paper})", size(span))],
     }
-}
-
-/// `63 %`.
-pub fn percent(ratio: f64) -> String {
-    format!("{:.0} %", ratio * 100.0)
-}
-
-fn min_max(values: &[f64]) -> (f64, f64) {
-    values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)))
 }
 
 /// `61 %` or `58–63 %`.

@@ -5,9 +5,9 @@
 
 use std::sync::Mutex;
 
+use super::common::{check_all_hits, size, sweep};
 use super::figure::{Figure, number};
 use super::inproc::{Bed, SeriesRun, Worker, lane_request};
-use super::p000::{check_all_hits, size, sweep};
 use super::workload::{Access, DWOM_STRIDE_BYTES, Request};
 use super::{Ctx, Scale};
 
@@ -123,15 +123,13 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
             x_label: "threads".into(),
             x_ticks: threads.iter().map(usize::to_string).collect(),
             y_label: "GB/s".into(),
-            y_log: false,
-            bars: false,
             series: sweep.absolute(GB),
-            absolute: None,
             published: published.into(),
             ours,
             scale: ctx.scale_note(shrunk),
             notes,
             provenance: ctx.provenance.clone(),
+            ..Figure::default()
         });
     }
     check_all_hits(&bed, "001-fig3")?;

@@ -302,10 +302,7 @@ fn measure(ctx: &Ctx) -> Result<Vec<Figure>, String> {
             x_label: "threads".into(),
             x_ticks: threads.iter().map(usize::to_string).collect(),
             y_label: "% of accesses on the thread's own node".into(),
-            y_log: false,
-            bars: false,
             series,
-            absolute: None,
             published: published.into(),
             ours,
             scale: ctx.scale_note_timed(
@@ -336,6 +333,7 @@ fn measure(ctx: &Ctx) -> Result<Vec<Figure>, String> {
                 format!("Points past {cpus} threads time-share the guest's CPUs."),
             ],
             provenance: ctx.provenance.clone(),
+            ..Figure::default()
         });
     }
     Ok(figures)

@@ -15,8 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::Ctx;
+use super::common::percent;
 use super::figure::{Absolute, Figure, Point, Series};
-use super::p000::percent;
 use crate::fs::{self, Personality, Threads};
 use crate::harness::servers::{PmcacheServe, ServeOptions, Server};
 
@@ -78,7 +78,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         return measure(ctx, &beds, "003-fig2", &bed, notes);
     }
     let seconds: Vec<String> =
-        ctx.args.seconds.map(|s| vec!["--seconds".into(), s.to_string()]).unwrap_or_default();
+        ctx.seconds_given.map(|s| vec!["--seconds".into(), s.to_string()]).unwrap_or_default();
     let script = "scripts/guest/paper003.sh";
     let figures = super::guest::figures_from_guest(ctx, script, &seconds, |f| {
         f.id.starts_with("003-fig2") && !f.id.starts_with("003-fig2-host")
@@ -105,7 +105,7 @@ pub fn run_host(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     // Webserver's one log file grows all run long (every thread appends to it, and filebench
     // never trims it): room for that beyond the fileset, in sparse files and a tmpfs that
     // take memory only as they are written.
-    let seconds = ctx.args.seconds.unwrap_or(fs::seconds(ctx.args.scale));
+    let seconds = ctx.seconds_given.unwrap_or(fs::seconds(ctx.args.scale));
     let device_bytes = bytes + (seconds.ceil() as u64) * (160 << 20);
     let mut host = HostBeds::new(ctx, bytes, device_bytes)?;
     let beds = host.mount()?;
@@ -158,7 +158,7 @@ fn measure(
     mut notes: Vec<String>,
 ) -> Result<Vec<Figure>, String> {
     let scale = ctx.args.scale;
-    let seconds = ctx.args.seconds.unwrap_or(fs::seconds(scale));
+    let seconds = ctx.seconds_given.unwrap_or(fs::seconds(scale));
     let thread_counts = [Threads::Paper, Threads::Count(2)];
     let personalities = Personality::ALL;
     // rates[t][p][b]: (run, ops/s)

@@ -6,24 +6,18 @@
 //! is refused. `scripts/guest/paper004.sh` runs the same inside a QEMU guest on an emulated
 //! NVMe drive with poll queues (`--bed guest-nvme`), where both really poll.
 
-use clap::Parser;
-
 use super::figure::{Figure, Point, Series, number};
 use super::{Ctx, Scale};
 use crate::engines::{self, EnginesArgs, Row};
-
-#[derive(Parser)]
-struct Wrapped {
-    #[command(flatten)]
-    args: EnginesArgs,
-}
+use crate::harness::experiment::{Experiment, Run, parse};
 
 /// The engines of the paper's series (libaio, pvsync2 with HIPRI, io_uring polled) and their
 /// interrupt-driven counterparts.
 const ENGINES: &str = "libaio,pvsync2,pvsync2-hipri,io_uring,io_uring-iopoll";
 
-fn arguments(ctx: &Ctx, jobs: &[usize]) -> Result<EnginesArgs, String> {
-    let seconds = ctx.args.seconds.unwrap_or(ctx.args.scale.pick(5.0, 2.0, 0.5)).max(0.5);
+/// The arguments of `bench engines` for a scale (`--json`: it prints nothing).
+fn arguments(ctx: &Ctx, jobs: &[usize]) -> Result<(EnginesArgs, Run), String> {
+    let seconds = ctx.seconds_given.unwrap_or(ctx.args.scale.pick(5.0, 2.0, 0.5)).max(0.5);
     let file_mib = ctx.args.scale.pick(4096, 1024, 64);
     let jobs: Vec<String> = jobs.iter().map(usize::to_string).collect();
     let argv: Vec<String> = [
@@ -42,15 +36,16 @@ fn arguments(ctx: &Ctx, jobs: &[usize]) -> Result<EnginesArgs, String> {
         &ctx.args.dir.display().to_string(),
         "--file-mib",
         &file_mib.to_string(),
-        "--runtime-secs",
+        "--seconds",
         &seconds.to_string(),
         "--runs",
         &ctx.runs.to_string(),
+        "--json",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    Wrapped::try_parse_from(argv).map(|w| w.args).map_err(|e| e.to_string())
+    parse(&argv.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// Fig 1 at QD 1 (a) and QD 32 (b).
@@ -60,8 +55,8 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         Scale::Small => vec![1, 2, 4, 8],
         Scale::Full => vec![1, 2, 4, 8, 16],
     };
-    let args = arguments(ctx, &jobs)?;
-    let report = engines::run(&args)?;
+    let (args, run) = arguments(ctx, &jobs)?;
+    let report = args.run(&run)?;
     let guest = ctx.args.bed == "guest-nvme";
     let (suffix, bed) = if guest {
         (
@@ -147,10 +142,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
             x_label: "jobs".into(),
             x_ticks: jobs.iter().map(usize::to_string).collect(),
             y_label: "KIOPS".into(),
-            y_log: false,
-            bars: false,
             series,
-            absolute: None,
             published:
                 "libaio stays at 550 KIOPS whatever the jobs; io_uring (polled) reaches the \
                         device's maximum from 2 jobs, SPDK from 1; pvsync2 with HIPRI needs about \
@@ -170,6 +162,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
             ),
             notes,
             provenance: ctx.provenance.clone(),
+            ..Figure::default()
         });
     }
     Ok(figures)

@@ -175,13 +175,10 @@ mod tests {
             x_label: "threads".into(),
             x_ticks: vec!["1".into(), "2".into(), "4".into()],
             y_label: "GB/s".into(),
-            y_log: false,
-            bars: false,
             series: vec![Series {
                 name: "raw | medium".into(),
                 points: vec![point(1.0), point(2.0), point(4.0)],
             }],
-            absolute: None,
             published: "the paper said so".into(),
             ours: "we measured this".into(),
             scale: ScaleNote {
@@ -197,6 +194,7 @@ mod tests {
                 machine: "2 CPUs".into(),
                 date: "today".into(),
             },
+            ..Figure::default()
         }
     }
 

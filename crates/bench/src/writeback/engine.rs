@@ -190,20 +190,20 @@ pub(super) fn run_engine(
         ),
         None => (end_written as f64 / end_t.as_secs_f64(), 0),
     };
+    let min_window_ratio = min_window(&monitor.iops, first_steady_second, iops);
     Ok(Sample {
-        iops,
-        min_window_ratio: min_window(&monitor.iops, first_steady_second, iops),
-        latency_ns_p50: hist.value_at_quantile(0.5) as f64,
-        latency_ns_p99: hist.value_at_quantile(0.99) as f64,
-        latency_ns_p999: hist.value_at_quantile(0.999) as f64,
-        latency_ns_max: hist.max() as f64,
         full_after_s: monitor.full_at.map(|(t, _)| t.as_secs_f64()),
-        iops_timeline: monitor.iops,
         dirty_fraction_end: monitor.dirty.last().copied(),
         dirty_timeline: monitor.dirty,
         cleaner: Some(figures(&stats, with_cleaner)),
-        raw_engines: Vec::new(),
+        ..Sample::new(iops, min_window_ratio, latencies(&hist), monitor.iops)
     })
+}
+
+/// p50, p99, p99.9 and the max of `hist`, ns.
+fn latencies(hist: &Histogram<u64>) -> [f64; 4] {
+    let q = |q: f64| hist.value_at_quantile(q) as f64;
+    [q(0.5), q(0.99), q(0.999), hist.max() as f64]
 }
 
 pub(super) fn figures(stats: &Stats, with_cleaner: bool) -> CleanerFigures {
@@ -323,20 +323,7 @@ pub(super) fn run_misses(
         100.0 * misses as f64 / (misses + stats.read_hits).max(1) as f64,
         stats.read_misses_admitted
     );
-    Ok(Sample {
-        iops,
-        min_window_ratio: min_window(&timeline, 1, iops),
-        latency_ns_p50: hist.value_at_quantile(0.5) as f64,
-        latency_ns_p99: hist.value_at_quantile(0.99) as f64,
-        latency_ns_p999: hist.value_at_quantile(0.999) as f64,
-        latency_ns_max: hist.max() as f64,
-        full_after_s: None,
-        iops_timeline: timeline,
-        dirty_timeline: Vec::new(),
-        dirty_fraction_end: None,
-        cleaner: None,
-        raw_engines: Vec::new(),
-    })
+    Ok(Sample::new(iops, min_window(&timeline, 1, iops), latencies(&hist), timeline))
 }
 
 /// The cleaner alone: a cache filled with dirty blocks at distinct random places, drained;

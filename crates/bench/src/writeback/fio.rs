@@ -22,85 +22,42 @@ fn fio_base(args: &WritebackArgs, file: &Path, engine: &str) -> Command {
     cmd
 }
 
-/// fio's random writes on the backing file with `engine`, one job per writer.
+/// fio's random writes (`write`: with a per-second timeline) or reads on the backing file
+/// with `engine`, one job per writer (reader) at the shape's depth.
 pub(super) fn run_fio_random(
     args: &WritebackArgs,
     plan: &Plan,
     backing: &Path,
     shape: Shape,
     engine: &str,
+    write: bool,
 ) -> Result<Sample, String> {
     let logs = tempfile::tempdir().map_err(|e| e.to_string())?;
     let prefix = logs.path().join("raw");
     let runtime_ms = (plan.seconds * 1000.0).round().max(1.0) as u64;
-    let output = fio_base(args, backing, engine)
+    let mut command = fio_base(args, backing, engine);
+    command
         .arg(format!("--size={}", plan.span_bytes))
-        .args(["--rw=randwrite", "--norandommap", "--randrepeat=0", "--time_based"])
+        .arg(if write { "--rw=randwrite" } else { "--rw=randread" })
+        .args(["--norandommap", "--randrepeat=0", "--time_based"])
         .arg(format!("--runtime={runtime_ms}ms"))
         .arg(format!("--numjobs={}", shape.writers))
-        .arg(format!("--iodepth={}", shape.depth))
-        .arg(format!("--write_iops_log={}", prefix.display()))
-        .args(["--log_avg_msec=1000", "--per_job_logs=1"])
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", args.fio))?;
+        .arg(format!("--iodepth={}", shape.depth));
+    if write {
+        command.arg(format!("--write_iops_log={}", prefix.display()));
+        command.args(["--log_avg_msec=1000", "--per_job_logs=1"]);
+    }
+    let output = command.output().map_err(|e| format!("cannot run {}: {e}", args.fio))?;
     let doc = captured_report(&output, "fio")?;
-    let side = &doc["jobs"][0]["write"];
+    let side = &doc["jobs"][0][if write { "write" } else { "read" }];
     let iops = side["iops"].as_f64().ok_or("fio JSON has no iops")?;
     let lat = |key: &str| side["lat_ns"]["percentile"][key].as_f64().unwrap_or(f64::NAN);
-    let timeline = read_timeline(logs.path(), "raw");
-    Ok(Sample {
-        iops,
-        // fio's first second includes its start-up: left out, as the engine's fill is.
-        min_window_ratio: min_window(&timeline, 1, iops),
-        latency_ns_p50: lat("50.000000"),
-        latency_ns_p99: lat("99.000000"),
-        latency_ns_p999: lat("99.900000"),
-        latency_ns_max: side["lat_ns"]["max"].as_f64().unwrap_or(f64::NAN),
-        full_after_s: None,
-        iops_timeline: timeline,
-        dirty_timeline: Vec::new(),
-        dirty_fraction_end: None,
-        cleaner: None,
-        raw_engines: Vec::new(),
-    })
-}
-
-/// fio's random reads of the backing file with `engine`, one job per reader, at the shape's
-/// depth.
-pub(super) fn run_fio_random_reads(
-    args: &WritebackArgs,
-    plan: &Plan,
-    backing: &Path,
-    shape: Shape,
-    engine: &str,
-) -> Result<Sample, String> {
-    let runtime_ms = (plan.seconds * 1000.0).round().max(1.0) as u64;
-    let output = fio_base(args, backing, engine)
-        .arg(format!("--size={}", plan.span_bytes))
-        .args(["--rw=randread", "--norandommap", "--randrepeat=0", "--time_based"])
-        .arg(format!("--runtime={runtime_ms}ms"))
-        .arg(format!("--numjobs={}", shape.writers))
-        .arg(format!("--iodepth={}", shape.depth))
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", args.fio))?;
-    let doc = captured_report(&output, "fio")?;
-    let side = &doc["jobs"][0]["read"];
-    let iops = side["iops"].as_f64().ok_or("fio JSON has no iops")?;
-    let lat = |key: &str| side["lat_ns"]["percentile"][key].as_f64().unwrap_or(f64::NAN);
-    Ok(Sample {
-        iops,
-        min_window_ratio: f64::NAN,
-        latency_ns_p50: lat("50.000000"),
-        latency_ns_p99: lat("99.000000"),
-        latency_ns_p999: lat("99.900000"),
-        latency_ns_max: side["lat_ns"]["max"].as_f64().unwrap_or(f64::NAN),
-        full_after_s: None,
-        iops_timeline: Vec::new(),
-        dirty_timeline: Vec::new(),
-        dirty_fraction_end: None,
-        cleaner: None,
-        raw_engines: Vec::new(),
-    })
+    let timeline = if write { read_timeline(logs.path(), "raw") } else { Vec::new() };
+    // fio's first second includes its start-up: left out, as the engine's fill is.
+    let min_window_ratio = if write { min_window(&timeline, 1, iops) } else { f64::NAN };
+    let max = side["lat_ns"]["max"].as_f64().unwrap_or(f64::NAN);
+    let latency_ns = [lat("50.000000"), lat("99.000000"), lat("99.900000"), max];
+    Ok(Sample::new(iops, min_window_ratio, latency_ns, timeline))
 }
 
 /// fio writing `blocks` (ascending) to the backing file from an I/O log with `engine`, at the

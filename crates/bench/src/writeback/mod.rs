@@ -45,11 +45,11 @@ mod fio;
 mod report;
 
 use engine::{run_drain, run_engine, run_misses};
-use fio::{run_fio_random, run_fio_random_reads};
-use report::{plot, print_sample_line, summary};
+use fio::run_fio_random;
+use report::{plot, sample_line, summary};
 
+use crate::harness::experiment::{Defaults, Experiment, Run};
 use crate::harness::fio::{EngineRate, RAW_ENGINES, best_of_engines, engines_text};
-use crate::harness::output::write_json;
 use crate::harness::scratch::write_random;
 
 const BLOCK_BYTES: u64 = 4096;
@@ -112,12 +112,6 @@ pub struct WritebackArgs {
     /// Span of the random writes (and size of the backing file) in MiB.
     #[arg(long, default_value_t = 2048)]
     pub span_mib: u64,
-    /// Seconds each configuration runs.
-    #[arg(long, default_value_t = 60.0)]
-    pub seconds: f64,
-    /// Runs (the table shows medians; the JSON has every run).
-    #[arg(long, default_value_t = 1)]
-    pub runs: usize,
     /// A setting of the cleaner, `KEY=VALUE` (repeatable), as `pmcache serve --cleaner`.
     #[arg(long = "cleaner", value_name = "KEY=VALUE")]
     pub cleaner: Vec<String>,
@@ -134,12 +128,6 @@ pub struct WritebackArgs {
     /// The fio binary.
     #[arg(long, default_value = "fio")]
     pub fio: String,
-    /// Smoke mode for CI: 16 MiB cache, 128 MiB span, shape 2x1, 3 s, one run.
-    #[arg(long)]
-    pub quick: bool,
-    /// Also write the JSON report (with per-second timelines) to this file.
-    #[arg(long)]
-    pub json_out: Option<PathBuf>,
     /// Where to write the SVG plot (IOPS and dirty fraction over time, per shape).
     #[arg(long, default_value = "pmcache-bench-writeback.svg")]
     pub plot: PathBuf,
@@ -166,6 +154,33 @@ struct Sample {
     cleaner: Option<CleanerFigures>,
     /// A raw baseline only: every fio engine's IOPS; the sample is the fastest's.
     raw_engines: Vec<EngineRate>,
+}
+
+impl Sample {
+    /// A run of `iops` with its slowest second over them, its latency percentiles (p50, p99,
+    /// p99.9 and the max, ns) and its per-second timeline; no figure of the cache.
+    fn new(
+        iops: f64,
+        min_window_ratio: f64,
+        latency_ns: [f64; 4],
+        iops_timeline: Vec<f64>,
+    ) -> Self {
+        let [latency_ns_p50, latency_ns_p99, latency_ns_p999, latency_ns_max] = latency_ns;
+        Sample {
+            iops,
+            min_window_ratio,
+            latency_ns_p50,
+            latency_ns_p99,
+            latency_ns_p999,
+            latency_ns_max,
+            full_after_s: None,
+            iops_timeline,
+            dirty_timeline: Vec::new(),
+            dirty_fraction_end: None,
+            cleaner: None,
+            raw_engines: Vec::new(),
+        }
+    }
 }
 
 /// The engine's figures at the end of a run.
@@ -205,8 +220,11 @@ struct DrainRun {
     ratio: Option<f64>,
 }
 
+/// What `bench writeback` found.
 #[derive(Debug, Serialize)]
-struct Report {
+pub struct Report {
+    #[serde(skip)]
+    plan: Plan,
     setup: String,
     seconds: f64,
     cache_mib: u64,
@@ -217,6 +235,7 @@ struct Report {
     drain: Vec<DrainRun>,
 }
 
+#[derive(Debug)]
 struct Plan {
     cache_bytes: u64,
     span_bytes: u64,
@@ -228,7 +247,7 @@ struct Plan {
     cleaner: CleanerConfig,
 }
 
-fn make_plan(args: &WritebackArgs) -> Result<Plan, String> {
+fn make_plan(args: &WritebackArgs, run: &Run) -> Result<Plan, String> {
     let engine: EngineKind = args.engine.parse()?;
     let mut cleaner = CleanerConfig::default();
     cleaner
@@ -241,10 +260,11 @@ fn make_plan(args: &WritebackArgs) -> Result<Plan, String> {
             ));
         }
     }
-    let (cache_mib, span_mib, seconds, runs, shapes) = if args.quick {
-        (16, 128, 3.0, 1, vec![Shape { writers: 2, depth: 1 }])
+    let (seconds, runs) = (run.seconds, run.runs);
+    let (cache_mib, span_mib, shapes) = if run.quick {
+        (16, 128, vec![Shape { writers: 2, depth: 1 }])
     } else {
-        (args.cache_mib, args.span_mib, args.seconds, args.runs.max(1), args.shapes.clone())
+        (args.cache_mib, args.span_mib, args.shapes.clone())
     };
     if span_mib < 2 * cache_mib {
         return Err(format!(
@@ -264,106 +284,132 @@ fn make_plan(args: &WritebackArgs) -> Result<Plan, String> {
     })
 }
 
-/// Runs the experiment and prints the table (and writes the JSON and plot).
-pub fn run_cli(args: &WritebackArgs) -> Result<(), String> {
-    let plan = make_plan(args)?;
-    let fio_version = Command::new(&args.fio).arg("--version").output().ok();
-    let wants_fio = plan.configs.iter().any(|c| c == "raw" || c == "drain" || c == "misses");
-    if wants_fio && fio_version.as_ref().is_none_or(|o| !o.status.success()) {
-        return Err(format!(
-            "fio ({}) not found; install it (apt-get install -y fio) or leave out raw and drain",
-            args.fio
-        ));
-    }
-    std::fs::create_dir_all(&args.dir).map_err(|e| format!("{}: {e}", args.dir.display()))?;
-    let backing = args.dir.join(format!("pmcache-bench-writeback-{}.img", std::process::id()));
-    let _remove = RemoveOnDrop(backing.clone());
-    eprintln!("writing the backing file {} ({} MiB)…", backing.display(), plan.span_bytes >> 20);
-    write_random(&backing, plan.span_bytes).map_err(|e| format!("{}: {e}", backing.display()))?;
-    let setup = setup_text(&args.dir, &args.medium_dir, &plan);
-    println!("{setup}");
+impl Experiment for WritebackArgs {
+    const NAME: &'static str = "writeback";
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(1), seconds: Some(60.0), quick_runs: 1, quick_seconds: 3.0 };
+    type Report = Report;
 
-    let mut rows: Vec<ShapeRow> = Vec::new();
-    let mut drains: Vec<DrainRun> = Vec::new();
-    for run in 0..plan.runs {
-        for &shape in &plan.shapes {
-            // The configurations take turns going first, so that a drift in the disk's speed
-            // (a host flushing its cache, a neighbour's load) does not always hit the same one.
-            let mut order = ["raw", "cleaner", "inline"];
-            order.rotate_left(run % 3);
-            let mut samples: Vec<(&str, Sample)> = Vec::new();
-            for config in order {
-                if !plan.configs.iter().any(|c| c == config) {
-                    continue;
+    /// Runs every configuration, printing each run's line as it comes unless `run.json`.
+    fn run(&self, run: &Run) -> Result<Report, String> {
+        let plan = make_plan(self, run)?;
+        let say = |line: &str| {
+            if !run.json {
+                println!("{line}");
+            }
+        };
+        let fio_version = Command::new(&self.fio).arg("--version").output().ok();
+        let wants_fio = plan.configs.iter().any(|c| c == "raw" || c == "drain" || c == "misses");
+        if wants_fio && fio_version.as_ref().is_none_or(|o| !o.status.success()) {
+            return Err(format!(
+                "fio ({}) not found; install it (apt-get install -y fio) or leave out raw and drain",
+                self.fio
+            ));
+        }
+        std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let backing = self.dir.join(format!("pmcache-bench-writeback-{}.img", std::process::id()));
+        let _remove = RemoveOnDrop(backing.clone());
+        eprintln!(
+            "writing the backing file {} ({} MiB)…",
+            backing.display(),
+            plan.span_bytes >> 20
+        );
+        write_random(&backing, plan.span_bytes)
+            .map_err(|e| format!("{}: {e}", backing.display()))?;
+        let setup = setup_text(&self.dir, &self.medium_dir, &plan);
+        say(&setup);
+
+        let mut rows: Vec<ShapeRow> = Vec::new();
+        let mut drains: Vec<DrainRun> = Vec::new();
+        for turn in 0..plan.runs {
+            for &shape in &plan.shapes {
+                // The configurations take turns going first, so that a drift in the disk's speed
+                // (a host flushing its cache, a neighbour's load) does not always hit the same one.
+                let mut order = ["raw", "cleaner", "inline"];
+                order.rotate_left(turn % 3);
+                let mut samples: Vec<(&str, Sample)> = Vec::new();
+                for config in order {
+                    if !plan.configs.iter().any(|c| c == config) {
+                        continue;
+                    }
+                    eprintln!("run {}/{}: shape {shape}, {config}…", turn + 1, plan.runs);
+                    let sample = match config {
+                        "raw" => best_raw(turn, |engine| {
+                            run_fio_random(self, &plan, &backing, shape, engine, true)
+                        })?,
+                        _ => run_engine(self, &plan, &backing, shape, config == "cleaner", turn)?,
+                    };
+                    samples.push((config, sample));
                 }
-                eprintln!("run {}/{}: shape {shape}, {config}…", run + 1, plan.runs);
-                let sample = match config {
-                    "raw" => best_raw(run, |engine| {
-                        run_fio_random(args, &plan, &backing, shape, engine)
-                    })?,
-                    _ => run_engine(args, &plan, &backing, shape, config == "cleaner", run)?,
+                let raw_iops = samples.iter().find(|(c, _)| *c == "raw").map(|(_, s)| s.iops);
+                samples
+                    .sort_by_key(|(c, _)| ["raw", "cleaner", "inline"].iter().position(|x| x == c));
+                for (config, sample) in samples {
+                    say(&sample_line(turn, shape, config, &sample, raw_iops));
+                    let ratio = raw_iops.filter(|_| config != "raw").map(|raw| sample.iops / raw);
+                    push_row(&mut rows, shape, config, sample, ratio);
+                }
+            }
+            if plan.configs.iter().any(|c| c == "misses") {
+                let shape = self.miss_shape;
+                eprintln!("run {}/{}: read misses {shape}…", turn + 1, plan.runs);
+                let raw_reads = || {
+                    best_raw(turn, |engine| {
+                        run_fio_random(self, &plan, &backing, shape, engine, false)
+                    })
                 };
-                samples.push((config, sample));
+                let (ours, fio) = if turn % 2 == 0 {
+                    let ours = run_misses(self, &plan, &backing, shape, turn)?;
+                    (ours, raw_reads()?)
+                } else {
+                    let fio = raw_reads()?;
+                    (run_misses(self, &plan, &backing, shape, turn)?, fio)
+                };
+                say(&sample_line(turn, shape, "raw-read", &fio, None));
+                say(&sample_line(turn, shape, "misses", &ours, Some(fio.iops)));
+                let ratio = ours.iops / fio.iops;
+                push_row(&mut rows, shape, "raw-read", fio, None);
+                push_row(&mut rows, shape, "misses", ours, Some(ratio));
             }
-            let raw_iops = samples.iter().find(|(c, _)| *c == "raw").map(|(_, s)| s.iops);
-            samples.sort_by_key(|(c, _)| ["raw", "cleaner", "inline"].iter().position(|x| x == c));
-            for (config, sample) in samples {
-                print_sample_line(run, shape, config, &sample, raw_iops);
-                let ratio = raw_iops.filter(|_| config != "raw").map(|raw| sample.iops / raw);
-                push_row(&mut rows, shape, config, sample, ratio);
-            }
-        }
-        if plan.configs.iter().any(|c| c == "misses") {
-            let shape = args.miss_shape;
-            eprintln!("run {}/{}: read misses {shape}…", run + 1, plan.runs);
-            let raw_reads = || {
-                best_raw(run, |engine| run_fio_random_reads(args, &plan, &backing, shape, engine))
-            };
-            let (ours, fio) = if run % 2 == 0 {
-                let ours = run_misses(args, &plan, &backing, shape, run)?;
-                (ours, raw_reads()?)
-            } else {
-                let fio = raw_reads()?;
-                (run_misses(args, &plan, &backing, shape, run)?, fio)
-            };
-            print_sample_line(run, shape, "raw-read", &fio, None);
-            print_sample_line(run, shape, "misses", &ours, Some(fio.iops));
-            let ratio = ours.iops / fio.iops;
-            push_row(&mut rows, shape, "raw-read", fio, None);
-            push_row(&mut rows, shape, "misses", ours, Some(ratio));
-        }
-        if plan.configs.iter().any(|c| c == "drain") {
-            eprintln!("run {}/{}: drain…", run + 1, plan.runs);
-            let drain = run_drain(args, &plan, &backing, run)?;
-            println!(
-                "  run {} drain: {} blocks, cleaner {:.0} blocks/s in {} writes, fio same blocks \
+            if plan.configs.iter().any(|c| c == "drain") {
+                eprintln!("run {}/{}: drain…", turn + 1, plan.runs);
+                let drain = run_drain(self, &plan, &backing, turn)?;
+                say(&format!(
+                    "  run {} drain: {} blocks, cleaner {:.0} blocks/s in {} writes, fio same blocks \
                  {} ({}), ratio {}",
-                run + 1,
-                drain.blocks,
-                drain.cleaner_blocks_per_s,
-                drain.writes_issued,
-                drain.fio_blocks_per_s.map_or("-".into(), |v| format!("{v:.0} blocks/s")),
-                engines_text(&drain.fio_engines),
-                drain.ratio.map_or("-".into(), |r| format!("{r:.2}"))
-            );
-            drains.push(drain);
+                    turn + 1,
+                    drain.blocks,
+                    drain.cleaner_blocks_per_s,
+                    drain.writes_issued,
+                    drain.fio_blocks_per_s.map_or("-".into(), |v| format!("{v:.0} blocks/s")),
+                    engines_text(&drain.fio_engines),
+                    drain.ratio.map_or("-".into(), |r| format!("{r:.2}"))
+                ));
+                drains.push(drain);
+            }
         }
+        Ok(Report {
+            setup,
+            seconds: plan.seconds,
+            cache_mib: plan.cache_bytes >> 20,
+            span_mib: plan.span_bytes >> 20,
+            engine: plan.engine.name().to_string(),
+            cleaner: self.cleaner.clone(),
+            rows,
+            drain: drains,
+            plan,
+        })
     }
-    print!("{}", summary(&plan, &rows, &drains));
-    let report = Report {
-        setup,
-        seconds: plan.seconds,
-        cache_mib: plan.cache_bytes >> 20,
-        span_mib: plan.span_bytes >> 20,
-        engine: plan.engine.name().to_string(),
-        cleaner: args.cleaner.clone(),
-        rows,
-        drain: drains,
-    };
-    write_json(&report, false, args.json_out.as_deref())?;
-    plot(&report, &args.plot)?;
-    eprintln!("plot written to {}", args.plot.display());
-    Ok(())
+
+    fn table(&self, report: &Report, _run: &Run) -> String {
+        summary(&report.plan, &report.rows, &report.drain)
+    }
+
+    fn finish(&self, report: &Report, _run: &Run) -> Result<(), String> {
+        plot(report, &self.plot)?;
+        eprintln!("plot written to {}", self.plot.display());
+        Ok(())
+    }
 }
 
 /// The best of fio's engines in run `run` (the first engine turning with the run), with every

@@ -8,14 +8,16 @@ use plotters::prelude::*;
 use super::{DrainRun, Plan, Report, Sample, Shape, ShapeRow};
 use crate::harness::fio::engines_text;
 use crate::harness::plot::{Layout, canvas, legend, line, panel, plot_error, thousands};
+use crate::harness::stats::median_of_finite as median;
 
-pub(super) fn print_sample_line(
+/// A run's line of configuration `config`.
+pub(super) fn sample_line(
     run: usize,
     shape: Shape,
     config: &str,
     s: &Sample,
     raw: Option<f64>,
-) {
+) -> String {
     let ratio = match (config, raw) {
         ("raw", _) | (_, None) => String::from("    -"),
         (_, Some(raw)) => format!("{:5.2}", s.iops / raw),
@@ -51,7 +53,7 @@ pub(super) fn print_sample_line(
             c.boosted_s
         );
     }
-    println!("{line}");
+    line
 }
 
 fn us(ns: f64) -> String {
@@ -62,12 +64,6 @@ fn us(ns: f64) -> String {
     } else {
         format!("{:.0}µs", ns / 1e3)
     }
-}
-
-/// The median of the finite values (NaN when there is none).
-fn median(values: &[f64]) -> f64 {
-    crate::harness::stats::median(values.iter().copied().filter(|x| x.is_finite()))
-        .unwrap_or(f64::NAN)
 }
 
 pub(super) fn summary(plan: &Plan, rows: &[ShapeRow], drains: &[DrainRun]) -> String {

@@ -96,7 +96,7 @@ fn bench_fs_runs_each_personality_and_writes_its_flowops() {
             .args(["bench", "fs", "--personality", "all", "--scale", "smallest"])
             .args(["--seconds", "1", "--threads", "paper,2", "--dir"])
             .arg(dir.path())
-            .arg("--json")
+            .arg("--json-out")
             .arg(&json),
         Duration::from_secs(300),
     );

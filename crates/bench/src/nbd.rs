@@ -1,11 +1,11 @@
 //! `pmcache bench nbd`: pmcache served over NBD, driven by fio's nbd engine, beside `nbdkit
 //! file` serving the same backing file and fio on the raw backing file, in the same run.
 //!
-//! Each measurement starts the real server — what `pmcache serve` runs, served in this process
-//! through `pmcache_serve` — on a fresh cache medium in `/dev/shm` (emulated PM) in front of a
-//! backing file on the root disk, listening on a unix socket. Once its control socket answers,
-//! fio runs with `--ioengine=nbd`; the server's statistics are fetched over the control
-//! socket, then the server is stopped (as SIGTERM stops `pmcache serve`) and waited for (on a medium in /dev/shm, a volatile one,
+//! Each measurement spawns the real server: this executable's `pmcache serve` on a fresh
+//! cache medium in `/dev/shm` (emulated PM) in front of a backing file on the root disk,
+//! listening on a unix socket. Once its control socket answers, fio runs with
+//! `--ioengine=nbd`; the server's statistics are fetched over the control socket, then the
+//! server is stopped with SIGTERM and waited for (on a medium in /dev/shm, a volatile one,
 //! pmcache writes every dirty block back before it exits, so the disk is quiet when the next
 //! measurement starts). The baselines: `nbdkit file` on the same backing file (by default
 //! `cache=none fadvise=random`, so its reads reach the disk as pmcache's misses do and the
@@ -27,20 +27,20 @@
 //! by the cleaner), writer stalls, inline fallbacks, evictions, read hits.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
 use pmcache_frontend::units::{human, parse_nonzero_size};
 use serde::Serialize;
 
+use crate::harness::experiment::{Defaults, Experiment, Run, check_measured};
 use crate::harness::fio::{
     EngineRate, FioResult, FioRun, FioSpec, FioTarget, RAW_ENGINES, Steady, best_of_engines,
-    check_fio, engines_text, steady,
+    engines_text, steady,
 };
 use crate::harness::machine::{Machine, tool_version};
-use crate::harness::output::{JsonArgs, opt, progress};
+use crate::harness::output::{opt, progress};
 use crate::harness::process::{catch_interrupts, check_interrupted};
-use crate::harness::scratch::{Scratch, settle};
-use crate::harness::servers::{PmcacheServe, ServeOptions, Server, ServerFigures};
+use crate::harness::scratch::{Scratch, ScratchArgs, settle};
+use crate::harness::servers::{ServeOptions, Server, ServerFigures};
 use crate::harness::stats::{median, median_index};
 
 /// Bytes of one request of `bench nbd`.
@@ -52,9 +52,6 @@ pub struct NbdArgs {
     /// Workloads, comma-separated: randwrite, randread.
     #[arg(long, value_delimiter = ',', default_value = "randwrite,randread")]
     pub rw: Vec<String>,
-    /// Seconds per measurement.
-    #[arg(long, default_value_t = 60.0)]
-    pub seconds: f64,
     /// Span of the random offsets, the size of the backing file (e.g. 2G).
     #[arg(long, value_parser = parse_nonzero_size, default_value = "2G")]
     pub span: u64,
@@ -68,36 +65,21 @@ pub struct NbdArgs {
     /// CAS's measured shape.
     #[arg(long, default_value_t = 1)]
     pub jobs: usize,
-    /// Runs per configuration (medians are reported).
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
     /// A further pmcache row with these cleaner settings, comma-separated KEY=VALUE as
     /// `pmcache serve --cleaner` takes them (repeatable; e.g. `order=none`: no cleaner, writers
     /// write back inline).
     #[arg(long = "cleaner", value_name = "KEY=VALUE[,KEY=VALUE]")]
     pub cleaner: Vec<String>,
-    /// Directory for the backing file: on a disk, not a tmpfs.
-    #[arg(long, default_value = "/var/tmp")]
-    pub dir: PathBuf,
-    /// Directory for the cache medium (emulated PM).
-    #[arg(long, default_value = "/dev/shm")]
-    pub shm_dir: PathBuf,
     /// nbdkit file plugin's page-cache mode: none (reads reach the disk, writes are pushed
     /// out as they come) or default (the page cache absorbs both).
     #[arg(long, default_value = "none")]
     pub nbdkit_cache: String,
-    /// Smoke mode: 4 s, span 256 MiB, cache 32 MiB, 1 run.
-    #[arg(long)]
-    pub quick: bool,
-    /// The JSON report.
-    #[command(flatten)]
-    pub output: JsonArgs,
     /// Keep the backing file and the scratch directory (fio outputs, server logs).
     #[arg(long)]
     pub keep_files: bool,
-    /// The fio binary.
-    #[arg(long, default_value = "fio")]
-    pub fio: String,
+    /// Where the files go, and fio.
+    #[command(flatten)]
+    pub scratch: ScratchArgs,
     /// The nbdkit binary.
     #[arg(long, default_value = "nbdkit")]
     pub nbdkit: String,
@@ -184,21 +166,22 @@ struct Row {
     errors: Vec<String>,
 }
 
+/// What `bench nbd` found.
 #[derive(Debug, Serialize)]
-struct Report {
+pub struct Report {
     machine: Machine,
     plan: Plan,
     rows: Vec<Row>,
 }
 
-fn make_plan(args: &NbdArgs) -> Result<Plan, String> {
+fn make_plan(args: &NbdArgs, run: &Run) -> Result<Plan, String> {
     for rw in &args.rw {
         if rw != "randread" && rw != "randwrite" {
             return Err(format!("unknown workload {rw:?}; expected randwrite or randread"));
         }
     }
-    if args.qd == 0 || args.jobs == 0 || args.runs == 0 || args.seconds <= 0.0 {
-        return Err("--qd, --jobs, --runs and --seconds must be positive".into());
+    if args.qd == 0 || args.jobs == 0 {
+        return Err("--qd and --jobs must be positive".into());
     }
     if args.nbdkit_cache != "none" && args.nbdkit_cache != "default" {
         return Err(format!("--nbdkit-cache {:?}: expected none or default", args.nbdkit_cache));
@@ -228,11 +211,9 @@ fn make_plan(args: &NbdArgs) -> Result<Plan, String> {
         cleaner: Vec::new(),
     });
     configs.push(Config { label: "raw file".into(), kind: Kind::Raw, cleaner: Vec::new() });
-    let (seconds, span_bytes, cache_bytes, runs) = if args.quick {
-        (4.0, 256 << 20, 32 << 20, 1)
-    } else {
-        (args.seconds, args.span, args.cache_size, args.runs)
-    };
+    let (seconds, runs) = (run.seconds, run.runs);
+    let (span_bytes, cache_bytes) =
+        if run.quick { (256 << 20, 32 << 20) } else { (args.span, args.cache_size) };
     if !span_bytes.is_multiple_of(BLOCK_BYTES) {
         return Err("--span must be a multiple of 4 KiB".into());
     }
@@ -249,69 +230,74 @@ fn make_plan(args: &NbdArgs) -> Result<Plan, String> {
     })
 }
 
-/// Runs the experiment and prints the table (or JSON).
-pub fn run_cli(args: &NbdArgs) -> Result<(), String> {
-    let plan = make_plan(args)?;
-    catch_interrupts();
-    let fio_version = check_fio(&args.fio)?;
-    let nbdkit_version = tool_version(&args.nbdkit, "--version", "nbdkit")?;
-    let machine = Machine::probe(fio_version, Some(nbdkit_version));
-    let scratch = Scratch::new(&args.dir, &args.shm_dir, "nbd", args.keep_files)?;
-    scratch.prefill(plan.span_bytes)?;
-    if !args.output.json {
-        print!("{}", header(&machine, &plan));
-    }
-    let total = plan.rw.len() * plan.runs * plan.configs.len();
-    let mut done = 0;
-    let mut rows = Vec::new();
-    for rw in &plan.rw {
-        // samples[config] over runs, each with its run index.
-        let mut samples: Vec<Vec<RunSample>> = vec![Vec::new(); plan.configs.len()];
-        let mut errors: Vec<Vec<String>> = vec![Vec::new(); plan.configs.len()];
-        for run in 0..plan.runs {
-            // The order rotates between runs, so that drift in the machine's load does not
-            // always hit the same configuration.
-            let n = plan.configs.len();
-            for i in 0..n {
-                let c = (i + run) % n;
-                let config = &plan.configs[c];
-                done += 1;
-                progress(&format!(
-                    "[{done}/{total}] {rw} run {}/{} {}",
-                    run + 1,
-                    plan.runs,
-                    config.label
-                ));
-                check_interrupted()?;
-                match measure(args, &plan, &scratch, config, rw, run) {
-                    Ok(mut sample) => {
-                        sample.run = run;
-                        samples[c].push(sample);
+impl Experiment for NbdArgs {
+    const NAME: &'static str = "nbd";
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(3), seconds: Some(60.0), quick_runs: 1, quick_seconds: 4.0 };
+    type Report = Report;
+
+    /// Runs every configuration, printing the table's rows as they come unless `run.json`.
+    fn run(&self, run: &Run) -> Result<Report, String> {
+        let plan = make_plan(self, run)?;
+        catch_interrupts();
+        let (fio_version, scratch) = self.scratch.prepare(Self::NAME, self.keep_files)?;
+        let nbdkit_version = tool_version(&self.nbdkit, "--version", "nbdkit")?;
+        let machine = Machine::probe(fio_version, Some(nbdkit_version));
+        scratch.prefill(plan.span_bytes)?;
+        if !run.json {
+            print!("{}", header(&machine, &plan));
+        }
+        let total = plan.rw.len() * plan.runs * plan.configs.len();
+        let mut done = 0;
+        let mut rows = Vec::new();
+        for rw in &plan.rw {
+            // samples[config] over runs, each with its run index.
+            let mut samples: Vec<Vec<RunSample>> = vec![Vec::new(); plan.configs.len()];
+            let mut errors: Vec<Vec<String>> = vec![Vec::new(); plan.configs.len()];
+            for turn in 0..plan.runs {
+                // The order rotates between runs, so that drift in the machine's load does not
+                // always hit the same configuration.
+                let n = plan.configs.len();
+                for i in 0..n {
+                    let c = (i + turn) % n;
+                    let config = &plan.configs[c];
+                    done += 1;
+                    progress(&format!(
+                        "[{done}/{total}] {rw} run {}/{} {}",
+                        turn + 1,
+                        plan.runs,
+                        config.label
+                    ));
+                    check_interrupted()?;
+                    match measure(self, &plan, &scratch, config, rw, turn) {
+                        Ok(mut sample) => {
+                            sample.run = turn;
+                            samples[c].push(sample);
+                        }
+                        Err(e) => errors[c].push(format!("run {}: {e}", turn + 1)),
                     }
-                    Err(e) => errors[c].push(format!("run {}: {e}", run + 1)),
                 }
             }
-        }
-        progress("");
-        let rw_rows = aggregate(&plan, rw, samples, errors);
-        if !args.output.json {
-            for row in &rw_rows {
-                print!("{}", table_row(row));
+            progress("");
+            let rw_rows = aggregate(&plan, rw, samples, errors);
+            if !run.json {
+                for row in &rw_rows {
+                    print!("{}", table_row(row));
+                }
+                println!();
             }
-            println!();
+            rows.extend(rw_rows);
         }
-        rows.extend(rw_rows);
+        Ok(Report { machine, plan, rows })
     }
-    let report = Report { machine, plan, rows };
-    args.output.write(&report)?;
-    if !args.output.json {
-        print!("{}", summary(&report));
+
+    fn table(&self, report: &Report, _run: &Run) -> String {
+        summary(report)
     }
-    let failed = report.rows.iter().filter(|r| r.iops.is_none()).count();
-    if failed > 0 {
-        return Err(format!("{failed} configurations measured nothing (see their errors)"));
+
+    fn finish(&self, report: &Report, _run: &Run) -> Result<(), String> {
+        check_measured(report.rows.iter().map(|r| r.iops))
     }
-    Ok(())
 }
 
 fn measure(
@@ -324,7 +310,7 @@ fn measure(
 ) -> Result<RunSample, String> {
     settle(&scratch.backing)?;
     let fio = |target| FioSpec {
-        fio: &args.fio,
+        fio: &args.scratch.fio,
         target,
         rw,
         bs: BLOCK_BYTES,
@@ -337,21 +323,13 @@ fn measure(
     };
     let (result, server) = match config.kind {
         Kind::Pmcache => {
-            let socket = scratch.path("pmcache.sock");
-            let control = scratch.path("pmcache.ctl");
-            let log = scratch.path("pmcache-serve.log");
-            let server = Server::start_pmcache(&PmcacheServe {
-                medium: &scratch.medium,
-                cache_bytes: plan.cache_bytes,
-                backing: &scratch.backing,
-                socket: &socket,
-                control: &control,
-                log: &log,
-                cleaner: &config.cleaner,
-                cpus: None,
-                max_connections: 16,
-                options: ServeOptions::default(),
-            })?;
+            let server = scratch.serve(
+                plan.cache_bytes,
+                16,
+                &config.cleaner,
+                None,
+                ServeOptions::default(),
+            )?;
             let result = FioRun::run(&fio(FioTarget::Nbd(server.uri())))?;
             let stats = server.stats()?;
             server.stop()?;
@@ -607,11 +585,11 @@ fn summary(report: &Report) -> String {
 mod tests {
 
     use super::*;
-    use crate::harness::testing::parse_args;
+    use crate::harness::experiment::parse;
 
     #[test]
     fn sizes_take_binary_suffixes_and_refuse_zero() {
-        let parse = |flags: &[&str]| parse_args::<NbdArgs>(&[&["nbd"], flags].concat());
+        let parse = |flags: &[&str]| parse::<NbdArgs>(&[&["nbd"], flags].concat()).map(|p| p.0);
         let args = parse(&["--span", "2GiB", "--cache-size", "256M"]).expect("sizes");
         assert_eq!((args.span, args.cache_size), (2 << 30, 256 << 20));
         assert!(parse(&["--span", "0"]).is_err());

@@ -1,4 +1,5 @@
-//! `pmcache bench paper002`: paper 002's experiment (adaptive priority boosting of a host-level
+//! Paper 002's experiment (`pmcache bench paper 002-fig2` draws it on the paper's axes; the
+//! hidden `pmcache bench paper002` prints its own tables and plot) (adaptive priority boosting of a host-level
 //! FTL's writer daemon) with pmcache in pblk's place.
 //!
 //! The write-back buffer is the cache and the writer daemon is pmcache's cleaner. fio writes
@@ -34,15 +35,17 @@ use std::path::PathBuf;
 use pmcache_frontend::units::{human, parse_nonzero_size};
 use serde::Serialize;
 
-use crate::harness::fio::{EngineRate, FioResult, check_fio};
+use crate::harness::experiment::{Defaults, Experiment, Run, check_measured};
+use crate::harness::fio::{EngineRate, FioResult};
 use crate::harness::machine::{self, Machine};
-use crate::harness::output::{JsonArgs, progress};
+use crate::harness::output::progress;
 use crate::harness::process::{catch_interrupts, check_interrupted};
-use crate::harness::scratch::Scratch;
+use crate::harness::scratch::ScratchArgs;
 use crate::harness::servers::ServerFigures;
 
 mod bed;
 mod cpu;
+mod figures;
 mod report;
 mod rows;
 
@@ -51,6 +54,8 @@ pub use cpu::{ContextSwitches, CounterTick};
 use cpu::{calibrate_pi, join_pi, spawn_pi};
 use report::{header, main_row, plot, table1_header, table1_row};
 use rows::{main_rows, table1_rows};
+
+pub(super) use figures::run as figures;
 
 /// Arguments of `pmcache bench paper002`.
 #[derive(clap::Args, Debug, Clone)]
@@ -65,12 +70,6 @@ pub struct Paper002Args {
     /// boost-pid.
     #[arg(long, value_delimiter = ',', default_value = "off,boost")]
     pub adaptive: Vec<String>,
-    /// Seconds per measurement of the main table.
-    #[arg(long, default_value_t = 30.0)]
-    pub seconds: f64,
-    /// Runs per configuration (medians are reported).
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
     /// Span of the random offsets, the size of the backing file (e.g. 2G).
     #[arg(long, value_parser = parse_nonzero_size, default_value = "2G")]
     pub span: u64,
@@ -99,27 +98,15 @@ pub struct Paper002Args {
     /// Skip the raw backing file's rows.
     #[arg(long)]
     pub no_raw: bool,
-    /// Directory for the backing file: on a disk, not a tmpfs.
-    #[arg(long, default_value = "/var/tmp")]
-    pub dir: PathBuf,
-    /// Directory for the cache medium (emulated PM).
-    #[arg(long, default_value = "/dev/shm")]
-    pub shm_dir: PathBuf,
     /// Where to write the SVG plot.
     #[arg(long, default_value = "pmcache-bench-paper002.svg")]
     pub plot: PathBuf,
-    /// Smoke mode: 1 CPU, 2 writers, 2 s, span 256 MiB, cache 32 MiB, 1 run, a 2 s π job.
-    #[arg(long)]
-    pub quick: bool,
-    /// The JSON report.
-    #[command(flatten)]
-    pub output: JsonArgs,
     /// Keep the backing file and the scratch directory (fio outputs, server logs).
     #[arg(long)]
     pub keep_files: bool,
-    /// The fio binary.
-    #[arg(long, default_value = "fio")]
-    pub fio: String,
+    /// Where the files go, and fio.
+    #[command(flatten)]
+    pub scratch: ScratchArgs,
 }
 
 /// The resolved plan of one invocation.
@@ -153,14 +140,14 @@ pub struct Plan {
     pub pi_seconds: f64,
 }
 
-fn make_plan(args: &Paper002Args) -> Result<Plan, String> {
+fn make_plan(args: &Paper002Args, run: &Run) -> Result<Plan, String> {
     let available = machine::cpus();
     let mut plan = Plan {
         cpus: args.cpus.clone(),
         writers: args.writers.clone(),
         adaptive: args.adaptive.clone(),
-        seconds: args.seconds,
-        runs: args.runs,
+        seconds: run.seconds,
+        runs: run.runs,
         span_bytes: args.span,
         cache_bytes: args.cache_size,
         bs: args.bs,
@@ -168,13 +155,11 @@ fn make_plan(args: &Paper002Args) -> Result<Plan, String> {
         cleaner: args.cleaner.clone(),
         raw: !args.no_raw,
         table1_writers: if args.no_table1 { Vec::new() } else { args.table1_writers.clone() },
-        pi_seconds: args.pi_seconds.unwrap_or(args.seconds),
+        pi_seconds: args.pi_seconds.unwrap_or(run.seconds),
     };
-    if args.quick {
+    if run.quick {
         plan.cpus = vec![1];
         plan.writers = vec![2];
-        plan.seconds = 2.0;
-        plan.runs = 1;
         plan.span_bytes = 256 << 20;
         plan.cache_bytes = 32 << 20;
         if !args.no_table1 {
@@ -183,14 +168,12 @@ fn make_plan(args: &Paper002Args) -> Result<Plan, String> {
         plan.pi_seconds = 2.0;
     }
     if plan.cpus.iter().chain(&plan.writers).chain(&plan.table1_writers).any(|&n| n == 0)
-        || plan.runs == 0
         || plan.qd == 0
-        || plan.seconds <= 0.0
         || plan.pi_seconds <= 0.0
     {
-        return Err("--cpus, --writers, --table1-writers, --runs, --qd, --seconds and \
-                    --pi-seconds must be positive"
-            .into());
+        return Err(
+            "--cpus, --writers, --table1-writers, --qd and --pi-seconds must be positive".into()
+        );
     }
     if let Some(&n) = plan.cpus.iter().find(|&&n| n > available) {
         return Err(format!("--cpus {n}: this machine has {available} CPUs"));
@@ -341,141 +324,138 @@ pub struct Report {
     pub table1: Vec<Row>,
 }
 
-/// Runs the experiment and returns what it measured (the report `--json` prints); shows
-/// progress on stderr and prints nothing on stdout.
-pub fn run(args: &Paper002Args) -> Result<Report, String> {
-    measure(args, false)
-}
+impl Experiment for Paper002Args {
+    const NAME: &'static str = "paper002";
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(3), seconds: Some(30.0), quick_runs: 1, quick_seconds: 2.0 };
+    type Report = Report;
 
-/// Runs the experiment, prints the tables (or JSON) and writes the plot.
-pub fn run_cli(args: &Paper002Args) -> Result<(), String> {
-    let report = measure(args, !args.output.json)?;
-    args.output.write(&report)?;
-    let note =
-        report.rows.iter().find_map(|r| r.server.as_ref().and_then(|s| s.priority_note.clone()));
-    if let Some(note) = note.filter(|_| !args.output.json) {
-        println!("# note: the server could not change the cleaner's priority: {note}");
-    }
-    plot(&report, &args.plot)?;
-    eprintln!("plot written to {}", args.plot.display());
-    let failed = report.rows.iter().chain(&report.table1).filter(|r| r.mb_per_s.is_none()).count();
-    if failed > 0 {
-        return Err(format!("{failed} configurations measured nothing (see their errors)"));
-    }
-    Ok(())
-}
+    /// Measures the main table and Table 1, printing the tables as they come unless
+    /// `run.json`.
+    fn run(&self, run: &Run) -> Result<Report, String> {
+        let tables = !run.json;
+        let plan = make_plan(self, run)?;
+        catch_interrupts();
+        let (fio_version, scratch) = self.scratch.prepare(Self::NAME, self.keep_files)?;
+        let machine = Machine::probe(fio_version, None);
+        scratch.prefill(plan.span_bytes)?;
+        let bed = Bed { args: self, plan: &plan, scratch: &scratch };
 
-/// Measures the main table and Table 1; prints the tables as they come if `tables`.
-fn measure(args: &Paper002Args, tables: bool) -> Result<Report, String> {
-    let plan = make_plan(args)?;
-    catch_interrupts();
-    let fio_version = check_fio(&args.fio)?;
-    let machine = Machine::probe(fio_version, None);
-    let scratch = Scratch::new(&args.dir, &args.shm_dir, "paper002", args.keep_files)?;
-    scratch.prefill(plan.span_bytes)?;
-    let bed = Bed { args, plan: &plan, scratch: &scratch };
-
-    let mut configs = Vec::new();
-    for &cpus in &plan.cpus {
-        for &writers in &plan.writers {
-            for adaptive in &plan.adaptive {
-                configs.push(Config { cpus: Some(cpus), writers, adaptive: adaptive.clone() });
-            }
-        }
-    }
-    if plan.raw {
-        for &writers in &plan.writers {
-            configs.push(Config { cpus: None, writers, adaptive: "raw".into() });
-        }
-    }
-    if tables {
-        print!("{}", header(&machine, &plan));
-    }
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
-    let mut errors: Vec<Vec<String>> = vec![Vec::new(); configs.len()];
-    let total = plan.runs * configs.len();
-    let mut done = 0;
-    for run in 0..plan.runs {
-        // The order rotates between runs, so that drift in the machine's load does not
-        // always hit the same configuration.
-        for i in 0..configs.len() {
-            let c = (i + run) % configs.len();
-            done += 1;
-            progress(&format!(
-                "[{done}/{total}] run {}/{} {}",
-                run + 1,
-                plan.runs,
-                configs[c].label()
-            ));
-            check_interrupted()?;
-            match bed.measure(&configs[c], run) {
-                Ok(mut s) => {
-                    s.run = run;
-                    samples[c].push(s);
+        let mut configs = Vec::new();
+        for &cpus in &plan.cpus {
+            for &writers in &plan.writers {
+                for adaptive in &plan.adaptive {
+                    configs.push(Config { cpus: Some(cpus), writers, adaptive: adaptive.clone() });
                 }
-                Err(e) => errors[c].push(format!("run {}: {e}", run + 1)),
             }
         }
-    }
-    progress("");
-    let rows = main_rows(&configs, samples, errors);
-    if tables {
-        for row in &rows {
-            print!("{}", main_row(row));
+        if plan.raw {
+            for &writers in &plan.writers {
+                configs.push(Config { cpus: None, writers, adaptive: "raw".into() });
+            }
         }
-    }
-
-    let mut pi_alone = Vec::new();
-    let mut pi_terms = 0;
-    let mut table1 = Vec::new();
-    if !plan.table1_writers.is_empty() {
-        progress("calibrating the π job on CPU 0");
-        pi_terms = calibrate_pi(plan.pi_seconds)?;
-        let t1: Vec<(usize, String)> = plan
-            .table1_writers
-            .iter()
-            .flat_map(|&w| plan.adaptive.iter().map(move |a| (w, a.clone())))
-            .collect();
-        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); t1.len()];
-        let mut errors: Vec<Vec<String>> = vec![Vec::new(); t1.len()];
-        let total = plan.runs * (t1.len() + 1);
+        if tables {
+            print!("{}", header(&machine, &plan));
+        }
+        let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
+        let mut errors: Vec<Vec<String>> = vec![Vec::new(); configs.len()];
+        let total = plan.runs * configs.len();
         let mut done = 0;
-        for run in 0..plan.runs {
-            done += 1;
-            progress(&format!(
-                "[{done}/{total}] Table 1 run {}/{}: the π job alone",
-                run + 1,
-                plan.runs
-            ));
-            pi_alone.push(join_pi(spawn_pi(pi_terms))?.as_secs_f64());
-            for i in 0..t1.len() {
-                let c = (i + run) % t1.len();
-                let (writers, adaptive) = &t1[c];
+        for turn in 0..plan.runs {
+            // The order rotates between runs, so that drift in the machine's load does not
+            // always hit the same configuration.
+            for i in 0..configs.len() {
+                let c = (i + turn) % configs.len();
                 done += 1;
                 progress(&format!(
-                    "[{done}/{total}] Table 1 run {}/{}: {writers} writers, {adaptive}, with the π job",
-                    run + 1,
-                    plan.runs
+                    "[{done}/{total}] run {}/{} {}",
+                    turn + 1,
+                    plan.runs,
+                    configs[c].label()
                 ));
                 check_interrupted()?;
-                match bed.measure_with_pi(*writers, adaptive, pi_terms) {
+                match bed.measure(&configs[c], turn) {
                     Ok(mut s) => {
-                        s.run = run;
+                        s.run = turn;
                         samples[c].push(s);
                     }
-                    Err(e) => errors[c].push(format!("run {}: {e}", run + 1)),
+                    Err(e) => errors[c].push(format!("run {}: {e}", turn + 1)),
                 }
             }
         }
         progress("");
-        table1 = table1_rows(&t1, samples, errors, &rows, &pi_alone);
+        let rows = main_rows(&configs, samples, errors);
         if tables {
-            print!("{}", table1_header(pi_terms, &pi_alone));
-            for row in &table1 {
-                print!("{}", table1_row(row));
+            for row in &rows {
+                print!("{}", main_row(row));
             }
         }
+
+        let mut pi_alone = Vec::new();
+        let mut pi_terms = 0;
+        let mut table1 = Vec::new();
+        if !plan.table1_writers.is_empty() {
+            progress("calibrating the π job on CPU 0");
+            pi_terms = calibrate_pi(plan.pi_seconds)?;
+            let t1: Vec<(usize, String)> = plan
+                .table1_writers
+                .iter()
+                .flat_map(|&w| plan.adaptive.iter().map(move |a| (w, a.clone())))
+                .collect();
+            let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); t1.len()];
+            let mut errors: Vec<Vec<String>> = vec![Vec::new(); t1.len()];
+            let total = plan.runs * (t1.len() + 1);
+            let mut done = 0;
+            for turn in 0..plan.runs {
+                done += 1;
+                progress(&format!(
+                    "[{done}/{total}] Table 1 run {}/{}: the π job alone",
+                    turn + 1,
+                    plan.runs
+                ));
+                pi_alone.push(join_pi(spawn_pi(pi_terms))?.as_secs_f64());
+                for i in 0..t1.len() {
+                    let c = (i + turn) % t1.len();
+                    let (writers, adaptive) = &t1[c];
+                    done += 1;
+                    progress(&format!(
+                        "[{done}/{total}] Table 1 run {}/{}: {writers} writers, {adaptive}, with the π job",
+                        turn + 1,
+                        plan.runs
+                    ));
+                    check_interrupted()?;
+                    match bed.measure_with_pi(*writers, adaptive, pi_terms) {
+                        Ok(mut s) => {
+                            s.run = turn;
+                            samples[c].push(s);
+                        }
+                        Err(e) => errors[c].push(format!("run {}: {e}", turn + 1)),
+                    }
+                }
+            }
+            progress("");
+            table1 = table1_rows(&t1, samples, errors, &rows, &pi_alone);
+            if tables {
+                print!("{}", table1_header(pi_terms, &pi_alone));
+                for row in &table1 {
+                    print!("{}", table1_row(row));
+                }
+            }
+        }
+
+        Ok(Report { machine, plan, rows, pi_alone_seconds: pi_alone, pi_terms, table1 })
     }
 
-    Ok(Report { machine, plan, rows, pi_alone_seconds: pi_alone, pi_terms, table1 })
+    fn table(&self, report: &Report, _run: &Run) -> String {
+        let note = report.rows.iter().find_map(|r| r.server.as_ref()?.priority_note.clone());
+        note.map_or_else(String::new, |note| {
+            format!("# note: the server could not change the cleaner's priority: {note}\n")
+        })
+    }
+
+    fn finish(&self, report: &Report, _run: &Run) -> Result<(), String> {
+        plot(report, &self.plot)?;
+        eprintln!("plot written to {}", self.plot.display());
+        check_measured(report.rows.iter().chain(&report.table1).map(|r| r.mb_per_s))
+    }
 }

@@ -4,7 +4,7 @@
 //! A read hit of any cache whose block-to-slot map lives in DRAM (the issue's index) loads
 //! from that map before it knows where its data is, so the load's miss cannot overlap the
 //! copy. This measures that cost alone, with nothing of the engine in it: one thread copies
-//! 4 KiB out of a random block of a mapped medium (as `bench core`'s baseline does, over 90 %
+//! 4 KiB out of a random block of a mapped medium (as `bench engine-core`'s baseline does, over 90 %
 //! of the medium), and, for each table size, does the same after one load from a random
 //! place of a table of that size whose value picks the block. The kinds take turns every
 //! `INTERLEAVE_BLOCK_OPS` reads inside each run, in an order shuffled every round, so that
@@ -15,6 +15,7 @@
 //! For a uniformly random block, the ratio bounds from above the per-request read-hit ratio
 //! of a cache whose index is that size: its read does this load and copy, and more.
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,12 +28,12 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::engine_core::INTERLEAVE_BLOCK_OPS;
-use crate::harness::output::print_json_line;
+use crate::harness::experiment::{Defaults, Experiment, Run, json_lines};
 use crate::harness::stats::median_in_place;
 
 const BLOCK_BYTES: u64 = 4096;
 
-/// A 4 KiB buffer aligned like a page, as `bench core`'s (the copy's speed depends on the
+/// A 4 KiB buffer aligned like a page, as `bench engine-core`'s (the copy's speed depends on the
 /// destination's alignment).
 #[repr(C, align(4096))]
 struct PageBuf([u8; BLOCK_BYTES as usize]);
@@ -43,35 +44,23 @@ pub struct LookupArgs {
     /// Directory for the emulated PM medium (DRAM-backed: /dev/shm).
     #[arg(long, default_value = "/dev/shm")]
     pub dir: PathBuf,
-    /// Medium size in MiB (`bench core`'s cache size by default, so the bytes per slot
+    /// Medium size in MiB (`bench engine-core`'s cache size by default, so the bytes per slot
     /// printed are those of its cache).
     #[arg(long, default_value_t = 1024)]
     pub cache_mib: u64,
     /// Table sizes in KiB, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [64, 128, 256, 512, 1024, 2048, 4096])]
     pub table_kib: Vec<u64>,
-    /// Seconds each kind (the copy alone, and each table size) runs per run.
-    #[arg(long, default_value_t = 0.2)]
-    pub seconds: f64,
-    /// Runs (medians are reported).
-    #[arg(long, default_value_t = 25)]
-    pub runs: usize,
-    /// An execution barrier after every read, as `bench core --serialize`: the next read
+    /// An execution barrier after every read, as `bench engine-core --serialize`: the next read
     /// starts only once the last one's copy has completed.
     #[arg(long)]
     pub serialize: bool,
-    /// One JSON object per table size instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// A smoke run: a 64 MiB medium, 3 runs of at most 0.05 s.
-    #[arg(long)]
-    pub quick: bool,
 }
 
 impl LookupArgs {
     /// The medium's size: `--cache-mib`, or 64 MiB with `--quick`.
-    fn cache_bytes(&self) -> u64 {
-        if self.quick { 64 << 20 } else { self.cache_mib << 20 }
+    fn cache_bytes(&self, run: &Run) -> u64 {
+        if run.quick { 64 << 20 } else { self.cache_mib << 20 }
     }
 }
 
@@ -184,99 +173,110 @@ fn rows(table_kib: &[u64], slots: u64, rates: &[Vec<f64>]) -> Vec<LookupResult> 
         .collect()
 }
 
-/// Measures every table size; rows in the order of `--table-kib`.
-pub fn run(args: &LookupArgs) -> Result<Vec<LookupResult>, String> {
-    let cache_bytes = args.cache_bytes();
-    let (seconds, runs) = if args.quick {
-        (args.seconds.min(0.05), args.runs.min(3))
-    } else {
-        (args.seconds, args.runs)
-    };
-    if runs == 0 || args.table_kib.is_empty() || args.table_kib.contains(&0) {
-        return Err("--runs and every --table-kib must be at least 1".into());
-    }
-    let slots = Geometry::for_medium(cache_bytes, BLOCK_BYTES as u32)
-        .map_err(|e| e.to_string())?
-        .slot_count;
-    let dir =
-        tempfile::tempdir_in(&args.dir).map_err(|e| format!("{}: {e}", args.dir.display()))?;
-    let medium =
-        PmemFile::open(&dir.path().join("medium"), Some(cache_bytes)).map_err(|e| e.to_string())?;
-    // Every page written once, so no read takes a first-touch fault; the blocks read are
-    // 90 % of the medium, as `bench core`'s working set.
-    let fill = vec![0xa5u8; 1 << 20];
-    for at in (0..cache_bytes).step_by(fill.len()) {
-        medium.write(at, &fill[..fill.len().min((cache_bytes - at) as usize)]);
-    }
-    let blocks = cache_bytes / BLOCK_BYTES * 9 / 10;
-    let mut rng = SmallRng::seed_from_u64(0x7ab1e);
-    let tables = args
-        .table_kib
-        .iter()
-        .map(|&kib| {
-            let table = DramTable::<AtomicU64>::zeroed((kib << 10) as usize / 8)
-                .map_err(|e| e.to_string())?;
-            table.iter().for_each(|word| word.store(rng.gen_range(0..blocks), Ordering::Relaxed));
-            Ok(table)
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    let reader =
-        |table| Reader { medium: &medium, table, blocks, buf: Box::new(PageBuf([0; 4096])) };
-    let mut readers: Vec<Reader<'_>> = std::iter::once(reader(None))
-        .chain(tables.iter().map(|table| reader(Some(table))))
-        .collect();
-    let mut kinds: Vec<_> = readers.iter_mut().map(|r| |rng: &mut SmallRng| r.read(rng)).collect();
-    let rates: Vec<Vec<f64>> = (0..runs)
-        .map(|run| {
-            let (reads, busy) = run_interleaved(&mut kinds, seconds, run, args.serialize);
-            busy.iter().map(|spent| reads as f64 / spent.as_secs_f64()).collect()
-        })
-        .collect();
-    Ok(rows(&args.table_kib, slots, &rates))
-}
+impl Experiment for LookupArgs {
+    const NAME: &'static str = "lookup";
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(25), seconds: Some(0.2), quick_runs: 3, quick_seconds: 0.05 };
+    type Report = Vec<LookupResult>;
 
-/// `pmcache bench lookup`: prints the table (or JSON lines).
-pub fn run_cli(args: &LookupArgs) -> Result<(), String> {
-    let rows = run(args)?;
-    if args.json {
-        for row in &rows {
-            print_json_line(row)?;
+    /// Measures every table size; rows in the order of `--table-kib`.
+    fn run(&self, run: &Run) -> Result<Vec<LookupResult>, String> {
+        let cache_bytes = self.cache_bytes(run);
+        let (seconds, runs) = (run.seconds, run.runs);
+        if self.table_kib.is_empty() || self.table_kib.contains(&0) {
+            return Err("every --table-kib must be at least 1".into());
         }
-        return Ok(());
+        let slots = Geometry::for_medium(cache_bytes, BLOCK_BYTES as u32)
+            .map_err(|e| e.to_string())?
+            .slot_count;
+        let dir =
+            tempfile::tempdir_in(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let medium = PmemFile::open(&dir.path().join("medium"), Some(cache_bytes))
+            .map_err(|e| e.to_string())?;
+        // Every page written once, so no read takes a first-touch fault; the blocks read are
+        // 90 % of the medium, as `bench engine-core`'s working set.
+        let fill = vec![0xa5u8; 1 << 20];
+        for at in (0..cache_bytes).step_by(fill.len()) {
+            medium.write(at, &fill[..fill.len().min((cache_bytes - at) as usize)]);
+        }
+        let blocks = cache_bytes / BLOCK_BYTES * 9 / 10;
+        let mut rng = SmallRng::seed_from_u64(0x7ab1e);
+        let tables = self
+            .table_kib
+            .iter()
+            .map(|&kib| {
+                let table = DramTable::<AtomicU64>::zeroed((kib << 10) as usize / 8)
+                    .map_err(|e| e.to_string())?;
+                table
+                    .iter()
+                    .for_each(|word| word.store(rng.gen_range(0..blocks), Ordering::Relaxed));
+                Ok(table)
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let reader =
+            |table| Reader { medium: &medium, table, blocks, buf: Box::new(PageBuf([0; 4096])) };
+        let mut readers: Vec<Reader<'_>> = std::iter::once(reader(None))
+            .chain(tables.iter().map(|table| reader(Some(table))))
+            .collect();
+        let mut kinds: Vec<_> =
+            readers.iter_mut().map(|r| |rng: &mut SmallRng| r.read(rng)).collect();
+        let rates: Vec<Vec<f64>> = (0..runs)
+            .map(|turn| {
+                let (reads, busy) = run_interleaved(&mut kinds, seconds, turn, self.serialize);
+                busy.iter().map(|spent| reads as f64 / spent.as_secs_f64()).collect()
+            })
+            .collect();
+        Ok(rows(&self.table_kib, slots, &rates))
     }
-    println!(
-        "pmcache bench lookup — one thread; 4 KiB copies from random blocks of a {} MiB medium \
+
+    /// One JSON object per table size.
+    fn json(&self, rows: &Vec<LookupResult>) -> Result<String, String> {
+        json_lines(rows)
+    }
+
+    fn table(&self, rows: &Vec<LookupResult>, run: &Run) -> String {
+        let (args, mut out) = (self, String::new());
+        let _ = writeln!(
+            out,
+            "pmcache bench lookup — one thread; 4 KiB copies from random blocks of a {} MiB medium \
          in {}, each after one dependent load from a DRAM table of the size given{}; medians \
          of {} runs; ratio = (with the load) / (the copy alone, {:.0} ns) in the same run\n",
-        args.cache_bytes() >> 20,
-        args.dir.display(),
-        if args.serialize { ", an execution barrier after every read" } else { "" },
-        rows[0].runs,
-        rows[0].copy_alone_ns
-    );
-    println!("{:>10} {:>14} {:>12} {:>8}", "table KiB", "bytes/slot", "ns/read", "ratio");
-    for row in &rows {
-        println!(
-            "{:>10} {:>14.2} {:>12.0} {:>7.3}x",
-            row.table_bytes >> 10,
-            row.table_bytes_per_slot,
-            row.read_ns,
-            row.ratio_to_copy
+            args.cache_bytes(run) >> 20,
+            args.dir.display(),
+            if args.serialize { ", an execution barrier after every read" } else { "" },
+            rows[0].runs,
+            rows[0].copy_alone_ns
         );
+        let _ = writeln!(
+            out,
+            "{:>10} {:>14} {:>12} {:>8}",
+            "table KiB", "bytes/slot", "ns/read", "ratio"
+        );
+        for row in rows {
+            let _ = writeln!(
+                out,
+                "{:>10} {:>14.2} {:>12.0} {:>7.3}x",
+                row.table_bytes >> 10,
+                row.table_bytes_per_slot,
+                row.read_ns,
+                row.ratio_to_copy
+            );
+        }
+        out
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::testing::parse_args;
+    use crate::harness::experiment::parse;
 
-    fn args(extra: &[&str]) -> LookupArgs {
+    fn measured(extra: &[&str]) -> Result<Vec<LookupResult>, String> {
         // The medium's directory: a tmpfs (a file on a disk file system is refused).
         let mut argv = vec!["lookup", "--dir", "/dev/shm"];
         argv.extend_from_slice(extra);
-        parse_args(&argv).expect("parses")
+        let (args, run) = parse::<LookupArgs>(&argv).expect("parses");
+        args.run(&run)
     }
 
     #[test]
@@ -297,10 +297,11 @@ mod tests {
 
     #[test]
     fn a_quick_run_measures_every_table_size() {
-        let args = args(&["--quick", "--serialize", "--table-kib", "4,64", "--seconds", "0.005"]);
-        let rows = run(&args).expect("runs");
+        let rows =
+            measured(&["--quick", "--serialize", "--table-kib", "4,64", "--seconds", "0.005"])
+                .expect("runs");
         assert_eq!(rows.iter().map(|row| row.table_bytes).collect::<Vec<_>>(), [4 << 10, 64 << 10]);
-        for row in &rows {
+        for row in rows {
             assert_eq!(row.runs, 3);
             assert!(row.read_ns.is_finite() && row.ratio_to_copy.is_finite(), "{row:?}");
         }
@@ -341,7 +342,7 @@ mod tests {
 
     #[test]
     fn a_zero_sized_table_is_refused() {
-        let err = run(&args(&["--quick", "--table-kib", "0"])).expect_err("refused");
+        let err = measured(&["--quick", "--table-kib", "0"]).expect_err("refused");
         assert!(err.contains("--table-kib"), "{err}");
     }
 

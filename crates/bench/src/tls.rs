@@ -21,13 +21,13 @@ use std::process::Command;
 use pmcache_frontend::units::{human, parse_nonzero_size};
 use serde::Serialize;
 
-use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, check_fio};
+use crate::harness::experiment::{Defaults, Experiment, Run};
+use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget};
 use crate::harness::machine::{Machine, tool_version};
-use crate::harness::output::write_json;
 use crate::harness::output::{opt, progress};
 use crate::harness::process::catch_interrupts;
-use crate::harness::scratch::Scratch;
-use crate::harness::servers::{PmcacheServe, ServeOptions, Server};
+use crate::harness::scratch::ScratchArgs;
+use crate::harness::servers::ServeOptions;
 use crate::harness::stats::median;
 
 /// Bytes of one read.
@@ -36,33 +36,15 @@ const BLOCK_BYTES: u64 = 4096;
 /// Arguments of `pmcache bench tls`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TlsArgs {
-    /// Seconds per measurement.
-    #[arg(long, default_value_t = 10.0)]
-    pub seconds: f64,
-    /// Runs of each kind of client (medians are reported).
-    #[arg(long, default_value_t = 5)]
-    pub runs: usize,
     /// Span of the random offsets (the cache holds all of it).
     #[arg(long, value_parser = parse_nonzero_size, default_value = "256M")]
     pub span: u64,
     /// Requests in flight (fio iodepth, one connection).
     #[arg(long, default_value_t = 16)]
     pub qd: usize,
-    /// Directory for the backing file: on a disk, not a tmpfs.
-    #[arg(long, default_value = "/var/tmp")]
-    pub dir: PathBuf,
-    /// Directory for the cache medium (emulated PM).
-    #[arg(long, default_value = "/dev/shm")]
-    pub shm_dir: PathBuf,
-    /// Smoke mode: 2 runs of 2 s each, span 64 MiB.
-    #[arg(long)]
-    pub quick: bool,
-    /// Print JSON instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// The fio binary.
-    #[arg(long, default_value = "fio")]
-    pub fio: String,
+    /// Where the files go, and fio.
+    #[command(flatten)]
+    pub scratch: ScratchArgs,
 }
 
 /// One kind of client's figures.
@@ -75,8 +57,9 @@ struct Row {
     runs: Vec<f64>,
 }
 
+/// What `bench tls` found.
 #[derive(Debug, Clone, Serialize)]
-struct Report {
+pub struct Report {
     machine: Machine,
     openssl: String,
     seconds: f64,
@@ -89,97 +72,86 @@ struct Report {
     tls_ratio_median: Option<f64>,
 }
 
-/// Runs the experiment and prints the table (or JSON).
-pub fn run_cli(args: &TlsArgs) -> Result<(), String> {
-    let (seconds, runs, span) =
-        if args.quick { (2.0, 2, 64 << 20) } else { (args.seconds, args.runs.max(1), args.span) };
-    if span < BLOCK_BYTES {
-        return Err("--span must be at least 4 KiB".into());
-    }
-    let fio_version = check_fio(&args.fio)?;
-    // "OpenSSL 3.0.19 27 Jan 2026 (Library: ...)": the name and the version.
-    let openssl = tool_version("openssl", "version", "openssl")?
-        .split_whitespace()
-        .take(2)
-        .collect::<Vec<_>>()
-        .join(" ");
-    catch_interrupts();
-    let scratch = Scratch::new(&args.dir, &args.shm_dir, "tls", false)?;
-    std::fs::File::create(&scratch.backing)
-        .and_then(|f| f.set_len(span))
-        .map_err(|e| format!("{}: {e}", scratch.backing.display()))?;
-    let (server_pki, home) = credentials(scratch.dir())?;
-    let options = ServeOptions {
-        mode: Some(pmcache_engine::CacheMode::WriteThrough),
-        tls_certificates: Some(&server_pki),
-        ..ServeOptions::default()
-    };
-    let (socket, control) = (scratch.path("pmcache.sock"), scratch.path("pmcache.ctl"));
-    let server = Server::start_pmcache(&PmcacheServe {
-        medium: &scratch.medium,
-        // The whole span and the engine's headroom.
-        cache_bytes: span + span / 4 + (16 << 20),
-        backing: &scratch.backing,
-        socket: &socket,
-        control: &control,
-        log: &scratch.path("pmcache-serve.log"),
-        cleaner: &[],
-        cpus: None,
-        max_connections: 16,
-        options,
-    })?;
-    let plain_uri = server.uri();
-    let tls_uri = plain_uri.replacen("nbd+unix://", "nbds+unix://", 1);
-    progress(&format!("writing the span ({}) into the cache ...", human(span)));
-    warm(&args.fio, &plain_uri, span)?;
+impl Experiment for TlsArgs {
+    const NAME: &'static str = "tls";
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(5), seconds: Some(10.0), quick_runs: 2, quick_seconds: 2.0 };
+    type Report = Report;
 
-    let spec = |target| FioSpec {
-        fio: &args.fio,
-        target,
-        rw: "randread",
-        bs: BLOCK_BYTES,
-        qd: args.qd,
-        jobs: 1,
-        span,
-        seconds,
-        out_dir: scratch.dir(),
-        timeline: false,
-    };
-    let (mut plain, mut tls) = (Vec::new(), Vec::new());
-    for run in 0..runs {
-        for over_tls in [run % 2 == 1, run % 2 == 0] {
-            progress(&format!(
-                "run {}/{runs}: {}",
-                run + 1,
-                if over_tls { "TLS" } else { "plain" }
-            ));
-            if over_tls {
-                let target = FioTarget::NbdTls { uri: tls_uri.clone(), home: home.clone() };
-                tls.push(FioRun::run(&spec(target))?);
-            } else {
-                plain.push(FioRun::run(&spec(FioTarget::Nbd(plain_uri.clone())))?);
+    fn run(&self, run: &Run) -> Result<Report, String> {
+        let (seconds, runs) = (run.seconds, run.runs);
+        let span = if run.quick { 64 << 20 } else { self.span };
+        if span < BLOCK_BYTES {
+            return Err("--span must be at least 4 KiB".into());
+        }
+        // "OpenSSL 3.0.19 27 Jan 2026 (Library: ...)": the name and the version.
+        let openssl = tool_version("openssl", "version", "openssl")?
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        catch_interrupts();
+        let (fio_version, scratch) = self.scratch.prepare(Self::NAME, false)?;
+        scratch.sparse(span)?;
+        let (server_pki, home) = credentials(scratch.dir())?;
+        let options = ServeOptions {
+            mode: Some(pmcache_engine::CacheMode::WriteThrough),
+            tls_certificates: Some(&server_pki),
+            ..ServeOptions::default()
+        };
+        // The whole span and the engine's headroom.
+        let server = scratch.serve(span + span / 4 + (16 << 20), 16, &[], None, options)?;
+        let plain_uri = server.uri();
+        let tls_uri = plain_uri.replacen("nbd+unix://", "nbds+unix://", 1);
+        progress(&format!("writing the span ({}) into the cache ...", human(span)));
+        warm(&self.scratch.fio, &plain_uri, span)?;
+
+        let spec = |target| FioSpec {
+            fio: &self.scratch.fio,
+            target,
+            rw: "randread",
+            bs: BLOCK_BYTES,
+            qd: self.qd,
+            jobs: 1,
+            span,
+            seconds,
+            out_dir: scratch.dir(),
+            timeline: false,
+        };
+        let (mut plain, mut tls) = (Vec::new(), Vec::new());
+        for turn in 0..runs {
+            for over_tls in [turn % 2 == 1, turn % 2 == 0] {
+                progress(&format!(
+                    "run {}/{runs}: {}",
+                    turn + 1,
+                    if over_tls { "TLS" } else { "plain" }
+                ));
+                if over_tls {
+                    let target = FioTarget::NbdTls { uri: tls_uri.clone(), home: home.clone() };
+                    tls.push(FioRun::run(&spec(target))?);
+                } else {
+                    plain.push(FioRun::run(&spec(FioTarget::Nbd(plain_uri.clone())))?);
+                }
             }
         }
+        progress("");
+        server.stop()?;
+        Ok(Report {
+            machine: Machine::probe(fio_version, None),
+            openssl,
+            seconds,
+            runs,
+            span_bytes: span,
+            qd: self.qd,
+            tls_ratio_median: median(plain.iter().zip(&tls).map(|(p, t)| t.iops / p.iops)),
+            plain: row("plain", &plain),
+            tls: row("tls-x509", &tls),
+        })
     }
-    progress("");
-    server.stop()?;
-    let report = Report {
-        machine: Machine::probe(fio_version, None),
-        openssl,
-        seconds,
-        runs,
-        span_bytes: span,
-        qd: args.qd,
-        tls_ratio_median: median(plain.iter().zip(&tls).map(|(p, t)| t.iops / p.iops)),
-        plain: row("plain", &plain),
-        tls: row("tls-x509", &tls),
-    };
-    if args.json {
-        write_json(&report, true, None)?;
-    } else {
-        print!("{}", table(&report));
+
+    fn table(&self, report: &Report, _run: &Run) -> String {
+        table(report)
     }
-    Ok(())
 }
 
 fn row(client: &'static str, results: &[FioResult]) -> Row {

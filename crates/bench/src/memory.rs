@@ -12,21 +12,22 @@
 //!
 //! Busy figures are the peak of samples taken every 100 ms. Medians over the runs.
 
+use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use pmcache_frontend::units::parse_nonzero_size;
 use serde::Serialize;
 
-use crate::harness::fio::{FioRun, FioSpec, FioTarget, check_fio};
+use crate::harness::experiment::{Defaults, Experiment, Run};
+use crate::harness::fio::{FioRun, FioSpec, FioTarget};
 use crate::harness::machine::Machine;
 use crate::harness::output::progress;
-use crate::harness::output::write_json;
 use crate::harness::process::check_interrupted;
-use crate::harness::scratch::Scratch;
-use crate::harness::servers::{PmcacheServe, ServeOptions, Server};
+use crate::harness::scratch::{Scratch, ScratchArgs};
+use crate::harness::servers::{ServeOptions, Server};
 use crate::harness::stats::median;
 
 /// Connections of every measurement.
@@ -35,33 +36,15 @@ const CONNECTIONS: usize = 16;
 /// Arguments of `pmcache bench memory`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct MemoryArgs {
-    /// Seconds each busy measurement runs.
-    #[arg(long, default_value_t = 10.0)]
-    pub seconds: f64,
     /// Size of the backing file and span of the random offsets (e.g. 2G).
     #[arg(long, value_parser = parse_nonzero_size, default_value = "2G")]
     pub span: u64,
     /// Size of the cache medium (e.g. 256M).
     #[arg(long, value_parser = parse_nonzero_size, default_value = "256M")]
     pub cache_size: u64,
-    /// Runs (medians are reported).
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
-    /// Directory for the backing file: on a disk, not a tmpfs.
-    #[arg(long, default_value = "/var/tmp")]
-    pub dir: PathBuf,
-    /// Directory for the cache medium (emulated PM).
-    #[arg(long, default_value = "/dev/shm")]
-    pub shm_dir: PathBuf,
-    /// Smoke mode: 2 s, span 256 MiB, cache 32 MiB, 1 run.
-    #[arg(long)]
-    pub quick: bool,
-    /// Print JSON instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// The fio binary.
-    #[arg(long, default_value = "fio")]
-    pub fio: String,
+    /// Where the files go, and fio.
+    #[command(flatten)]
+    pub scratch: ScratchArgs,
 }
 
 /// Resident memory of the server, KiB.
@@ -104,13 +87,15 @@ struct Row {
     anon_kib_runs: Vec<u64>,
 }
 
+/// What `bench memory` found.
 #[derive(Debug, Serialize)]
-struct Report {
+pub struct Report {
     machine: Machine,
     connections: usize,
     cache_bytes: u64,
     span_bytes: u64,
     seconds: f64,
+    runs: usize,
     rows: Vec<Row>,
 }
 
@@ -171,23 +156,9 @@ fn measure_run(
     cache: u64,
     seconds: f64,
 ) -> Result<Vec<Rss>, String> {
-    let socket = scratch.path("nbd.sock");
-    let control = scratch.path("pmcache.ctl");
-    let log = scratch.path("serve.log");
-    let serve = PmcacheServe {
-        medium: &scratch.medium,
-        cache_bytes: cache,
-        backing: &scratch.backing,
-        socket: &socket,
-        control: &control,
-        log: &log,
-        cleaner: &[],
-        cpus: None,
-        max_connections: CONNECTIONS,
-        options: ServeOptions::default(),
-    };
     let base = rss_of(std::process::id())?;
-    let server = Server::start_pmcache(&serve)?;
+    let server = scratch.serve(cache, CONNECTIONS, &[], None, ServeOptions::default())?;
+    let socket = scratch.path("pmcache.sock");
     let pid = server.pid();
     std::thread::sleep(Duration::from_millis(500));
     let mut found = vec![rss_over(pid, &base)?];
@@ -200,7 +171,7 @@ fn measure_run(
         check_interrupted()?;
         wait_for_no_connection(&server)?;
         let spec = FioSpec {
-            fio: &args.fio,
+            fio: &args.scratch.fio,
             target: FioTarget::Nbd(server.uri()),
             rw: "randrw",
             bs,
@@ -231,59 +202,71 @@ fn measure_run(
     Ok(found)
 }
 
-/// Runs `pmcache bench memory`.
-pub fn run_cli(args: &MemoryArgs) -> Result<(), String> {
-    let (span, cache, seconds, runs) = if args.quick {
-        (256 << 20, 32 << 20, 2.0, 1)
-    } else {
-        (args.span, args.cache_size, args.seconds, args.runs.max(1))
-    };
-    let fio_version = check_fio(&args.fio)?;
-    let machine = Machine::probe(fio_version, None);
-    let scratch = Scratch::new(&args.dir, &args.shm_dir, "memory", false)?;
-    std::fs::File::create(&scratch.backing)
-        .and_then(|f| f.set_len(span))
-        .map_err(|e| format!("cannot create {}: {e}", scratch.backing.display()))?;
-    let mut samples: Vec<Vec<Rss>> = vec![Vec::new(); STATES.len()];
-    for run in 0..runs {
-        progress(&format!("run {}/{runs}", run + 1));
-        let found = measure_run(args, &scratch, span, cache, seconds)?;
-        for (state, rss) in samples.iter_mut().zip(found) {
-            state.push(rss);
+impl Experiment for MemoryArgs {
+    const NAME: &'static str = "memory";
+    const DEFAULTS: Defaults =
+        Defaults { runs: Some(3), seconds: Some(10.0), quick_runs: 1, quick_seconds: 2.0 };
+    type Report = Report;
+
+    fn run(&self, run: &Run) -> Result<Report, String> {
+        let (span, cache, seconds, runs) = if run.quick {
+            (256 << 20, 32 << 20, run.seconds, run.runs)
+        } else {
+            (self.span, self.cache_size, run.seconds, run.runs)
+        };
+        let (fio_version, scratch) = self.scratch.prepare(Self::NAME, false)?;
+        let machine = Machine::probe(fio_version, None);
+        scratch.sparse(span)?;
+        let mut samples: Vec<Vec<Rss>> = vec![Vec::new(); STATES.len()];
+        for run in 0..runs {
+            progress(&format!("run {}/{runs}", run + 1));
+            let found = measure_run(self, &scratch, span, cache, seconds)?;
+            for (state, rss) in samples.iter_mut().zip(found) {
+                state.push(rss);
+            }
         }
-    }
-    progress("");
-    let _ = std::fs::remove_file(&scratch.backing);
-    let rows: Vec<Row> = STATES
-        .iter()
-        .zip(&samples)
-        .map(|(state, s)| Row {
-            state,
-            anon_kib_median: median(s.iter().map(|r| r.anon_kib as f64)),
-            shmem_kib_median: median(s.iter().map(|r| r.shmem_kib as f64)),
-            anon_kib_runs: s.iter().map(|r| r.anon_kib).collect(),
+        progress("");
+        let _ = std::fs::remove_file(&scratch.backing);
+        let rows: Vec<Row> = STATES
+            .iter()
+            .zip(&samples)
+            .map(|(state, s)| Row {
+                state,
+                anon_kib_median: median(s.iter().map(|r| r.anon_kib as f64)),
+                shmem_kib_median: median(s.iter().map(|r| r.shmem_kib as f64)),
+                anon_kib_runs: s.iter().map(|r| r.anon_kib).collect(),
+            })
+            .collect();
+        Ok(Report {
+            machine,
+            connections: CONNECTIONS,
+            cache_bytes: cache,
+            span_bytes: span,
+            seconds,
+            runs,
+            rows,
         })
-        .collect();
-    let report = Report {
-        machine,
-        connections: CONNECTIONS,
-        cache_bytes: cache,
-        span_bytes: span,
-        seconds,
-        rows,
-    };
-    if args.json {
-        write_json(&report, true, None)?;
-        return Ok(());
     }
-    println!(
+
+    fn table(&self, report: &Report, _run: &Run) -> String {
+        table(self, report)
+    }
+}
+
+fn table(args: &MemoryArgs, report: &Report) -> String {
+    let mut out = String::new();
+    let (cache, span, seconds, runs) =
+        (report.cache_bytes, report.span_bytes, report.seconds, report.runs);
+    let _ = writeln!(
+        out,
         "pmcache server's resident memory: {CONNECTIONS} connections, cache {} MiB in {}, \
          backing {} MiB, busy runs {seconds} s; median of {runs} run(s)",
         cache >> 20,
-        args.shm_dir.display(),
+        args.scratch.shm_dir.display(),
         span >> 20
     );
-    println!(
+    let _ = writeln!(
+        out,
         "{:<22} {:>14} {:>18}   per run (RssAnon MiB)",
         "state", "RssAnon MiB", "RssShmem MiB"
     );
@@ -291,7 +274,8 @@ pub fn run_cli(args: &MemoryArgs) -> Result<(), String> {
     for row in &report.rows {
         let runs: Vec<String> =
             row.anon_kib_runs.iter().map(|k| format!("{:.1}", *k as f64 / 1024.0)).collect();
-        println!(
+        let _ = writeln!(
+            out,
             "{:<22} {:>14} {:>18}   {}",
             row.state,
             mib(row.anon_kib_median),
@@ -299,5 +283,5 @@ pub fn run_cli(args: &MemoryArgs) -> Result<(), String> {
             runs.join(", ")
         );
     }
-    Ok(())
+    out
 }

@@ -4,28 +4,21 @@
 //! way: bandwidth by CPUs (Fig 2), stalls with boost off and on (Fig 3), boost off and on by
 //! CPUs (Fig 4), and Table 1 beside a CPU-bound π job.
 
-use clap::Parser;
-
-use super::figure::{Figure, Point, Series, number};
-use super::p000::percent;
-use super::{Ctx, Scale};
+use super::{CounterTick, Paper002Args, Row, Sample};
+use crate::harness::experiment::{Experiment, Run, parse};
 use crate::harness::fio::engines_text;
-use crate::paper002::{self, Paper002Args, Row};
-
-#[derive(Parser)]
-struct Wrapped {
-    #[command(flatten)]
-    args: Paper002Args,
-}
+use crate::paper::common::percent;
+use crate::paper::figure::{Figure, Point, Series, number};
+use crate::paper::{Ctx, Scale};
 
 const BED: &str = "pmcache served over NBD in the bench's process, its threads confined to \
                    CPU 0 or CPUs 0-1; fio's 4 MiB random writes, QD 1 per writer, into a cache \
                    smaller than the span; backing file on the root disk";
 
-/// The arguments of `bench paper002` for a scale.
-fn arguments(ctx: &Ctx) -> Result<Paper002Args, String> {
+/// The arguments of `bench paper002` for a scale (`--json`: it prints nothing).
+fn arguments(ctx: &Ctx) -> Result<(Paper002Args, Run), String> {
     let cpus = if ctx.cpus >= 2 { "1,2" } else { "1" };
-    let seconds = ctx.args.seconds.map(|s| s.max(1.0)).unwrap_or(match ctx.args.scale {
+    let seconds = ctx.seconds_given.map(|s| s.max(1.0)).unwrap_or(match ctx.args.scale {
         Scale::Smallest => 2.0,
         Scale::Small => 10.0,
         Scale::Full => 30.0,
@@ -55,11 +48,12 @@ fn arguments(ctx: &Ctx) -> Result<Paper002Args, String> {
         &ctx.args.dir.display().to_string(),
         "--shm-dir",
         &ctx.args.pm_dir.display().to_string(),
+        "--json",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    Wrapped::try_parse_from(argv).map(|w| w.args).map_err(|e| e.to_string())
+    parse(&argv.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 fn find<'a>(rows: &'a [Row], cpus: usize, writers: usize, adaptive: &str) -> Option<&'a Row> {
@@ -67,24 +61,24 @@ fn find<'a>(rows: &'a [Row], cpus: usize, writers: usize, adaptive: &str) -> Opt
 }
 
 /// A row's per-run values of `value`, as a point.
-fn point(row: Option<&Row>, value: impl Fn(&paper002::Sample) -> Option<f64>) -> Option<Point> {
+fn point(row: Option<&Row>, value: impl Fn(&Sample) -> Option<f64>) -> Option<Point> {
     let values: Vec<f64> = row?.samples.iter().filter_map(value).collect();
     (!values.is_empty()).then(|| Point::of(&values, false))
 }
 
 /// A figure read off one run's sample.
-type Metric = dyn Fn(&paper002::Sample) -> Option<f64>;
+type Metric = dyn Fn(&Sample) -> Option<f64>;
 
-fn mb_per_s(sample: &paper002::Sample) -> Option<f64> {
+fn mb_per_s(sample: &Sample) -> Option<f64> {
     Some(sample.mb_per_s).filter(|v| v.is_finite())
 }
 
-fn stalls_per_1000_writes(sample: &paper002::Sample) -> Option<f64> {
+fn stalls_per_1000_writes(sample: &Sample) -> Option<f64> {
     let server = sample.server.as_ref()?;
     (server.writes > 0).then(|| server.stalls as f64 * 1000.0 / server.writes as f64)
 }
 
-fn context_switches(sample: &paper002::Sample) -> Option<f64> {
+fn context_switches(sample: &Sample) -> Option<f64> {
     sample.context_switches.as_ref().map(|c| (c.voluntary + c.involuntary) as f64)
 }
 
@@ -94,7 +88,7 @@ const COUNTER_INTERVAL_S: f64 = 0.5;
 
 /// A run's stalls per 1,000 blocks written in each interval between two readings of the
 /// server's counters (`None` for an interval without writes).
-fn stalls_per_1000_by_interval(counters: &[paper002::CounterTick]) -> Vec<Option<f64>> {
+fn stalls_per_1000_by_interval(counters: &[CounterTick]) -> Vec<Option<f64>> {
     counters
         .windows(2)
         .map(|w| {
@@ -123,18 +117,19 @@ fn stalls_over_time(row: Option<&Row>) -> Vec<Option<Point>> {
 
 /// A row's total stalls (median over runs).
 fn total_stalls(row: Option<&Row>) -> f64 {
-    median(point(row, |s| s.server.as_ref().map(|f| f.stalls as f64)))
+    point_median(point(row, |s| s.server.as_ref().map(|f| f.stalls as f64)))
 }
 
-fn median(p: Option<Point>) -> f64 {
+/// A point's median, NaN for no point.
+fn point_median(p: Option<Point>) -> f64 {
     p.map_or(f64::NAN, |p| p.median)
 }
 
 /// Figs 2, 3, 4 and Table 1.
 pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
-    let args = arguments(ctx)?;
+    let (args, run) = arguments(ctx)?;
     eprintln!("002: bench paper002 {:?} CPUs, writers 1 and 4, boost off and on", args.cpus);
-    let report = paper002::run(&args)?;
+    let report = args.run(&run)?;
     let rows = &report.rows;
     let cpus = args.cpus.clone();
     let ticks: Vec<String> =
@@ -186,20 +181,17 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         x_label: x_label.into(),
         x_ticks: ticks,
         y_label: y_label.into(),
-        y_log: false,
-        bars: false,
         series,
-        absolute: None,
         published: published.into(),
         ours,
         scale: ctx.scale_note_timed(shrunk.clone(), report.plan.seconds),
         notes: notes.clone(),
         provenance: ctx.provenance.clone(),
+        ..Figure::default()
     };
-    let by_cpus =
-        |writers: usize, adaptive: &str, value: &dyn Fn(&paper002::Sample) -> Option<f64>| {
-            cpus.iter().map(|&c| point(find(rows, c, writers, adaptive), value)).collect::<Vec<_>>()
-        };
+    let by_cpus = |writers: usize, adaptive: &str, value: &dyn Fn(&Sample) -> Option<f64>| {
+        cpus.iter().map(|&c| point(find(rows, c, writers, adaptive), value)).collect::<Vec<_>>()
+    };
     let last = cpus.len() - 1;
     // Fig 2: vanilla, 1 and 4 writers.
     let one = by_cpus(1, "off", &mb_per_s);
@@ -218,11 +210,11 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
          writer, from 5 with 4.",
         format!(
             "1 writer: {} MB/s on 1 CPU, {} on {}; 4 writers: {} and {}.",
-            number(median(one[0])),
-            number(median(one[last])),
+            number(point_median(one[0])),
+            number(point_median(one[last])),
             ticks[last],
-            number(median(four[0])),
-            number(median(four[last]))
+            number(point_median(four[0])),
+            number(point_median(four[last]))
         ),
     );
     // Fig 3: stalls per write over time, 1 writer on 1 CPU, boost off and on; beside it the
@@ -235,7 +227,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         points
     };
     let (stalls_off_1, stalls_on_1) = (total_stalls(row_off), total_stalls(row_on));
-    let bw_ratio = median(point(row_on, mb_per_s)) / median(point(row_off, mb_per_s));
+    let bw_ratio = point_median(point(row_on, mb_per_s)) / point_median(point(row_off, mb_per_s));
     let totals = if stalls_on_1 > 0.0 {
         format!(
             "{} stalls in all with boost off and {} with it on ({}× as many without boost)",
@@ -287,11 +279,11 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         format!(
             "{}: {} stalls per 1,000 writes with boost off, {} with it on; {}: {} and {}.",
             ticks[0],
-            number(median(stalls_off[0])),
-            number(median(stalls_on[0])),
+            number(point_median(stalls_off[0])),
+            number(point_median(stalls_on[0])),
             ticks[last],
-            number(median(stalls_off[last])),
-            number(median(stalls_on[last]))
+            number(point_median(stalls_off[last])),
+            number(point_median(stalls_on[last]))
         ),
     );
     // Fig 4: 4 writers, boost off and on.
@@ -311,9 +303,9 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
          the vanilla one loses 27.7–84.1 %.",
         format!(
             "On 1 CPU boost off reaches {} of its bandwidth on {}, boost on {}.",
-            percent(median(off4[0]) / median(off4[last])),
+            percent(point_median(off4[0]) / point_median(off4[last])),
             ticks[last],
-            percent(median(on4[0]) / median(on4[last]))
+            percent(point_median(on4[0]) / point_median(on4[last]))
         ),
     );
     // Table 1: 4 writers on 1 CPU beside the π job.
@@ -333,7 +325,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     } else {
         Point::of(&report.pi_alone_seconds, false).median
     };
-    let value = |s: &Series, i: usize| median(s.points[i]);
+    let value = |s: &Series, i: usize| point_median(s.points[i]);
     let mut table1 = figure(
         "002-table1",
         "beside a CPU-bound π job on the server's CPU: 4 writers, 1 CPU",
@@ -368,8 +360,8 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::CounterTick;
     use super::*;
-    use crate::paper002::CounterTick;
 
     fn ticks(counters: &[(u64, u64)]) -> Vec<CounterTick> {
         counters

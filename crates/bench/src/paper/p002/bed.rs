@@ -4,7 +4,7 @@ use super::cpu::{RunSampler, Sampled, join_pi, spawn_pi};
 use super::{Config, Paper002Args, Plan, Sample};
 use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, RAW_ENGINES, best_of_engines};
 use crate::harness::scratch::{Scratch, settle};
-use crate::harness::servers::{PmcacheServe, ServeOptions, Server, ServerFigures};
+use crate::harness::servers::{ServeOptions, Server, ServerFigures};
 
 /// Everything a measurement needs.
 pub(super) struct Bed<'a> {
@@ -16,7 +16,7 @@ pub(super) struct Bed<'a> {
 impl Bed<'_> {
     fn fio_spec(&self, target: FioTarget, writers: usize, seconds: f64) -> FioSpec<'_> {
         FioSpec {
-            fio: &self.args.fio,
+            fio: &self.args.scratch.fio,
             target,
             rw: "randwrite",
             bs: self.plan.bs,
@@ -33,23 +33,9 @@ impl Bed<'_> {
         let cpu_list = if cpus == 1 { "0".to_string() } else { format!("0-{}", cpus - 1) };
         let mut cleaner = vec![format!("adaptive={adaptive}")];
         cleaner.extend(self.plan.cleaner.iter().cloned());
-        let (socket, control, log) = (
-            self.scratch.path("pmcache.sock"),
-            self.scratch.path("pmcache.ctl"),
-            self.scratch.path("pmcache-serve.log"),
-        );
-        Server::start_pmcache(&PmcacheServe {
-            medium: &self.scratch.medium,
-            cache_bytes: self.plan.cache_bytes,
-            backing: &self.scratch.backing,
-            socket: &socket,
-            control: &control,
-            log: &log,
-            cleaner: &cleaner,
-            cpus: Some(&cpu_list),
-            max_connections: writers.max(16),
-            options: ServeOptions::default(),
-        })
+        let cpus = Some(cpu_list.as_str());
+        let options = ServeOptions::default();
+        self.scratch.serve(self.plan.cache_bytes, writers.max(16), &cleaner, cpus, options)
     }
 
     /// One main-table measurement in run `run` (from 0). The raw file's is the best of
