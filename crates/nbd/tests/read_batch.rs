@@ -17,6 +17,7 @@ use pmcache_nbd::{
     BlockSizes, ConnEnd, Export, ListenAddr, MemExport, ReplayTransport, Server, ServerConfig,
     serve_connection,
 };
+use pmcache_testkit::nbd::{go_data, option_bytes, request_bytes};
 use pmcache_testkit::pseudo_random;
 
 const KIB: usize = 1 << 10;
@@ -127,24 +128,13 @@ impl BlockConn for CountingConn {
 
 // ----- a client: requests as bytes, replies parsed in order -----
 
-fn option(out: &mut Vec<u8>, opt: u32, data: &[u8]) {
-    out.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    out.extend_from_slice(&opt.to_be_bytes());
-    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    out.extend_from_slice(data);
-}
-
 /// Client flags, optionally structured replies, then `NBD_OPT_GO` for "pm" with block sizes.
 fn handshake(structured: bool) -> Vec<u8> {
     let mut b = 3u32.to_be_bytes().to_vec();
     if structured {
-        option(&mut b, OPT_STRUCTURED_REPLY, &[]);
+        b.extend_from_slice(&option_bytes(OPT_STRUCTURED_REPLY, &[]));
     }
-    let mut go = 2u32.to_be_bytes().to_vec();
-    go.extend_from_slice(b"pm");
-    go.extend_from_slice(&1u16.to_be_bytes());
-    go.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-    option(&mut b, OPT_GO, &go);
+    b.extend_from_slice(&option_bytes(OPT_GO, &go_data("pm", &[INFO_BLOCK_SIZE])));
     b
 }
 
@@ -190,12 +180,7 @@ struct Sent {
 
 /// Appends a request (and a write's payload) to `out`.
 fn request(out: &mut Vec<u8>, command: u16, cookie: u64, offset: u64, len: usize, data: &[u8]) {
-    out.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-    out.extend_from_slice(&0u16.to_be_bytes());
-    out.extend_from_slice(&command.to_be_bytes());
-    out.extend_from_slice(&cookie.to_be_bytes());
-    out.extend_from_slice(&offset.to_be_bytes());
-    out.extend_from_slice(&(len as u32).to_be_bytes());
+    out.extend_from_slice(&request_bytes(command, 0, cookie, offset, len as u32));
     out.extend_from_slice(data);
 }
 

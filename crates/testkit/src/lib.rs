@@ -7,6 +7,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod ceph;
+pub mod nbd;
 pub mod tls;
 
 /// The Debian package that provides each external program the tests run (`scripts/deps.sh`

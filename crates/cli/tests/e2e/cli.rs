@@ -41,7 +41,7 @@ fn serve_refused_with(
 fn serve_refuses_a_cache_of_another_backing_store_without_touching_it() {
     let setup = Setup::new("other", 64 * MIB, 4 * MIB);
     let server = setup.serve(Via::Tcp, &[]);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     c.write_at(0, &[7; 8192], 0); // dirty blocks in the cache
     server.kill9();
     let before = read_file(&setup.cache);
@@ -61,7 +61,7 @@ fn serve_refuses_a_cache_of_another_backing_store_without_touching_it() {
     assert!(read_file_at(&other, 0, 8192) == vec![0u8; 8192]);
     // The right backing store still attaches and has the data.
     let server = setup.serve(Via::Tcp, &[]);
-    assert_eq!(NbdClient::connect(server.addr()).read_at(0, 8192), vec![7u8; 8192]);
+    assert_eq!(NbdClient::ready(server.addr()).read_at(0, 8192), vec![7u8; 8192]);
     server.kill9();
 
     // Another file moved onto the backing store's path (same path, same size): refused by
@@ -82,7 +82,7 @@ fn serve_refuses_a_cache_of_another_backing_store_without_touching_it() {
     assert!(read_file_at(&setup.backing, 0, 8192) == vec![0u8; 8192]);
     std::fs::rename(&original, &setup.backing).expect("the original back");
     let server = setup.serve(Via::Tcp, &[]);
-    assert_eq!(NbdClient::connect(server.addr()).read_at(0, 8192), vec![7u8; 8192]);
+    assert_eq!(NbdClient::ready(server.addr()).read_at(0, 8192), vec![7u8; 8192]);
     server.terminate();
 
     // The same data in another file at the path (a copy: another inode) is refused too, with
@@ -97,7 +97,7 @@ fn serve_refuses_a_cache_of_another_backing_store_without_touching_it() {
     assert!(err.contains("another file at the backing store's path"), "{err}");
     assert!(err.contains("attach with --backing-moved"), "{err}");
     let server = setup.serve(Via::Tcp, &["--backing-moved"]);
-    assert_eq!(NbdClient::connect(server.addr()).read_at(0, 8192), vec![7u8; 8192]);
+    assert_eq!(NbdClient::ready(server.addr()).read_at(0, 8192), vec![7u8; 8192]);
     server.terminate();
     let (cache, backing) = (setup.cache_arg(), setup.backing_arg());
     let detach = ["detach", "--cache", &cache, "--backing", &backing];
@@ -127,7 +127,7 @@ fn serve_refuses_foreign_data_and_a_cache_already_served() {
     // A second server on a cache that is being served is refused, and the first is unharmed.
     std::fs::remove_file(&setup.cache).expect("rm");
     let server = setup.serve(Via::Tcp, &[]);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     let data = pseudo_random(64 * 1024, 5);
     c.write_at(0, &data, 0);
     let out = serve_refused(&setup, &setup.backing);
@@ -143,7 +143,7 @@ fn serve_refuses_foreign_data_and_a_cache_already_served() {
 fn check_flags_a_corrupted_metadata_entry() {
     let setup = Setup::new("check", 64 * MIB, 4 * MIB);
     let server = setup.serve(Via::Tcp, &[]);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     c.write_at(0, &pseudo_random(256 * 1024, 1), CMD_FLAG_FUA);
     drop(c);
     // The medium is in /dev/shm (volatile): the stop wrote the 64 blocks back, and they stay
@@ -183,7 +183,7 @@ fn stats_flush_sigterm_and_detach() {
     let mut serve_args = vec!["--mode", "writeback"];
     serve_args.extend(quiet.iter().flat_map(|setting| ["--cleaner", *setting]));
     let server = setup.serve(Via::Tcp, &serve_args);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     let data = pseudo_random(2 * MIB as usize, 8);
     c.write_at(MIB, &data, 0);
     assert_eq!(c.read_at(MIB, 4096), data[..4096]);
@@ -250,7 +250,7 @@ fn stats_flush_sigterm_and_detach() {
 
     // A dirty block left by a kill -9.
     let server = setup.serve(Via::Tcp, &[]);
-    NbdClient::connect(server.addr()).write_at(8 * MIB, &[5; 4096], 0);
+    NbdClient::ready(server.addr()).write_at(8 * MIB, &[5; 4096], 0);
     server.kill9();
 
     // Offline detach with no server: needs --backing, then writes back the dirty block.
@@ -319,7 +319,7 @@ fn stats_flush_sigterm_and_detach() {
 fn the_medium_is_locked_and_detach_never_formats() {
     let setup = Setup::new("lock", 64 * MIB, 4 * MIB);
     let server = setup.serve(Via::Tcp, &[]);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     let data = pseudo_random(64 * 1024, 3);
     c.write_at(0, &data, 0);
     let other_control = setup.disk.path().join("other.sock").display().to_string();
@@ -370,7 +370,7 @@ fn the_medium_is_locked_and_detach_never_formats() {
 fn a_control_path_that_is_not_a_socket_is_left_alone() {
     let setup = Setup::new("ctlfile", 64 * MIB, 4 * MIB);
     let server = setup.serve(Via::Tcp, &[]);
-    NbdClient::connect(server.addr()).write_at(0, &[5; 8192], 0);
+    NbdClient::ready(server.addr()).write_at(0, &[5; 8192], 0);
     server.terminate();
     let medium = read_file(&setup.cache);
     let out = serve_once(&[
@@ -391,7 +391,7 @@ fn a_control_path_that_is_not_a_socket_is_left_alone() {
     );
     assert!(read_file(&setup.cache) == medium, "the medium changed");
     let server = setup.serve(Via::Tcp, &[]);
-    assert_eq!(NbdClient::connect(server.addr()).read_at(0, 8192), vec![5u8; 8192]);
+    assert_eq!(NbdClient::ready(server.addr()).read_at(0, 8192), vec![5u8; 8192]);
     server.terminate();
 }
 
@@ -432,7 +432,7 @@ fn a_new_medium_that_cannot_serve_is_not_left_behind() {
 fn a_detach_whose_write_back_fails_says_so_and_keeps_the_dirty_blocks() {
     let setup = Setup::new("detachfail", 64 * MIB, 4 * MIB);
     let server = setup.serve_with_writes_failing_past(16 * MIB, &[]);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     c.write_at(0, &[1; 4096], 0);
     c.write_at(32 * MIB, &[2; 4096], 0);
     drop(c);
@@ -452,7 +452,7 @@ fn a_detach_whose_write_back_fails_says_so_and_keeps_the_dirty_blocks() {
 
     let server = setup.serve(Via::Tcp, &[]);
     assert!(server.logs().contains("(unclean shutdown)"), "{}", server.logs());
-    assert_eq!(NbdClient::connect(server.addr()).read_at(32 * MIB, 4096), vec![2u8; 4096]);
+    assert_eq!(NbdClient::ready(server.addr()).read_at(32 * MIB, 4096), vec![2u8; 4096]);
     let out = setup.pmcache(&[
         "detach",
         "--cache",
@@ -470,9 +470,9 @@ fn a_detach_whose_write_back_fails_says_so_and_keeps_the_dirty_blocks() {
 /// none of the replies: the server's connection blocks sending, and holds a shutdown up until
 /// its 5 s grace runs out.
 fn a_client_that_stopped_reading(addr: std::net::SocketAddr) -> NbdClient {
-    let mut stuck = NbdClient::connect(addr);
+    let mut stuck = NbdClient::ready(addr);
     for cookie in 0..4 {
-        stuck.request(CMD_READ, 0, cookie, cookie * 32 * MIB, 32 * MIB as u32, &[]).expect("send");
+        stuck.request(CMD_READ, 0, cookie, cookie * 32 * MIB, 32 * MIB as u32, &[]);
     }
     std::thread::sleep(Duration::from_millis(300));
     stuck
@@ -486,7 +486,7 @@ fn a_second_signal_stops_a_slow_shutdown_at_once_and_nothing_acknowledged_is_los
     let setup = Setup::new("sig2", 256 * MIB, 64 * MIB);
     // No cleaner: the block must still be dirty (never written back) at the second signal.
     let server = setup.serve(Via::Tcp, &["--cleaner", "order=none"]);
-    let mut good = NbdClient::connect(server.addr());
+    let mut good = NbdClient::ready(server.addr());
     good.write_at(0, &[7; 4096], 0);
     let stuck = a_client_that_stopped_reading(server.addr());
     server.signal("INT");
@@ -510,7 +510,7 @@ fn a_second_signal_stops_a_slow_shutdown_at_once_and_nothing_acknowledged_is_los
     let server = setup.serve(Via::Tcp, &[]);
     let logs = server.logs();
     assert!(logs.contains("unclean shutdown") && logs.contains("1 dirty"), "{logs}");
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     assert!(c.read_at(0, 4096) == vec![7u8; 4096]);
     drop(c);
     let logs = server.terminate();
@@ -525,7 +525,7 @@ fn a_second_signal_stops_a_slow_shutdown_at_once_and_nothing_acknowledged_is_los
 fn a_detach_whose_server_dies_reports_an_unclean_stop() {
     let setup = Setup::new("detachdie", 256 * MIB, 64 * MIB);
     let server = setup.serve(Via::Tcp, &[]);
-    let mut good = NbdClient::connect(server.addr());
+    let mut good = NbdClient::ready(server.addr());
     good.write_at(0, &[9; 4096], 0);
     let stuck = a_client_that_stopped_reading(server.addr());
     let detach = std::process::Command::new(PMCACHE)
@@ -544,7 +544,7 @@ fn a_detach_whose_server_dies_reports_an_unclean_stop() {
     drop(stuck);
     let server = setup.serve(Via::Tcp, &[]);
     assert!(server.logs().contains("unclean shutdown"), "{}", server.logs());
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     assert!(c.read_at(0, 4096) == vec![9u8; 4096]);
     drop(c);
     server.terminate();
@@ -557,10 +557,10 @@ fn a_detach_whose_server_dies_reports_an_unclean_stop() {
 fn a_failing_backing_store_is_reported_in_the_log_and_the_stats() {
     let setup = Setup::new("backerr", 64 * MIB, 4 * MIB);
     let server = setup.serve_with_writes_failing_past(16 * MIB, &["--mode", "writethrough"]);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     assert_eq!(setup.stats()["backing_errors"], 0);
-    c.request(pmcache_nbd::codec::CMD_WRITE, 0, 1, 32 * MIB, 4096, &[3; 4096]).expect("send");
-    assert_eq!(c.simple_reply().expect("reply"), (pmcache_nbd::codec::NBD_ENOSPC, 1));
+    c.request(pmcache_nbd::codec::CMD_WRITE, 0, 1, 32 * MIB, 4096, &[3; 4096]);
+    assert_eq!(c.simple_reply(), (pmcache_nbd::codec::NBD_ENOSPC, 1));
     c.write_at(0, &[4; 4096], 0);
     assert_eq!(c.read_at(0, 4096), vec![4u8; 4096]);
     let stats = setup.stats();
@@ -626,7 +626,7 @@ fn a_geometry_other_than_the_caches_is_refused_not_ignored() {
     let setup = Setup::new("geometry", 64 * MIB, 4 * MIB);
     let server = setup.serve(Via::Tcp, &[]);
     let data = pseudo_random(64 * 1024, 26);
-    NbdClient::connect(server.addr()).write_at(0, &data, 0); // dirty blocks in the cache
+    NbdClient::ready(server.addr()).write_at(0, &data, 0); // dirty blocks in the cache
     server.kill9();
     let before = read_file(&setup.cache);
     let refusals = [
@@ -661,7 +661,7 @@ fn a_geometry_other_than_the_caches_is_refused_not_ignored() {
 
     // The cache's own figures attach, and the dirty data is there.
     let server = setup.serve(Via::Tcp, &["--block-size", "4096"]);
-    assert!(NbdClient::connect(server.addr()).read_at(0, 64 * 1024) == data);
+    assert!(NbdClient::ready(server.addr()).read_at(0, 64 * 1024) == data);
     server.terminate();
 }
 

@@ -1,16 +1,13 @@
 //! Shared helpers: unique temp dirs (the cache medium in /dev/shm, the sparse backing file in
 //! the system temp dir), the real `pmcache` binary as a child process that is killed when the
-//! test ends (pass or fail), external clients run with a timeout, and a small synchronous
-//! NBD client over TCP.
+//! test ends (pass or fail), external clients run with a timeout, and the raw NBD client of
+//! `pmcache_testkit::nbd`.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use pmcache_nbd::codec::*;
 
 pub use pmcache_testkit::{
     image_with_zero_region, pseudo_random, qemu_img_convert, read_file, require_tool, run, run_ok,
@@ -374,142 +371,8 @@ pub fn read_file_at(p: &Path, offset: u64, len: usize) -> Vec<u8> {
     buf
 }
 
-/// A minimal synchronous NBD client over TCP (fixed newstyle, `NBD_OPT_GO`, simple replies).
-pub struct NbdClient {
-    pub s: TcpStream,
-    /// The export size from the handshake.
-    pub size_bytes: u64,
-    /// Transmission flags from the handshake.
-    pub flags: u16,
-}
-
-impl NbdClient {
-    /// Connects and reads the greeting only.
-    pub fn greet(addr: SocketAddr) -> NbdClient {
-        let s = TcpStream::connect(addr).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-        s.set_write_timeout(Some(Duration::from_secs(10))).expect("timeout");
-        s.set_nodelay(true).expect("nodelay");
-        let mut c = NbdClient { s, size_bytes: 0, flags: 0 };
-        let g = c.read_n(18).expect("greeting");
-        assert_eq!(&g[..16], b"NBDMAGICIHAVEOPT");
-        c
-    }
-
-    /// Connects and negotiates the export with `NBD_OPT_GO` (block sizes requested).
-    pub fn connect(addr: SocketAddr) -> NbdClient {
-        let mut c = NbdClient::greet(addr);
-        c.send(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes()).expect("flags");
-        c.option(OPT_GO, &go_data(EXPORT, &[INFO_BLOCK_SIZE])).expect("GO");
-        loop {
-            let (reply_type, data) = c.opt_reply().expect("option reply");
-            match reply_type {
-                REP_INFO if u16::from_be_bytes([data[0], data[1]]) == INFO_EXPORT => {
-                    c.size_bytes = u64::from_be_bytes(data[2..10].try_into().expect("8"));
-                    c.flags = u16::from_be_bytes([data[10], data[11]]);
-                }
-                REP_INFO => {}
-                REP_ACK => return c,
-                t => panic!("GO failed with reply type {t:#x}"),
-            }
-        }
-    }
-
-    pub fn send(&mut self, b: &[u8]) -> std::io::Result<()> {
-        self.s.write_all(b)
-    }
-
-    pub fn read_n(&mut self, n: usize) -> std::io::Result<Vec<u8>> {
-        let mut b = vec![0u8; n];
-        self.s.read_exact(&mut b)?;
-        Ok(b)
-    }
-
-    pub fn option(&mut self, option: u32, data: &[u8]) -> std::io::Result<()> {
-        let mut b = IHAVEOPT.to_be_bytes().to_vec();
-        b.extend_from_slice(&option.to_be_bytes());
-        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        b.extend_from_slice(data);
-        self.send(&b)
-    }
-
-    /// (reply type, data) of the next option reply.
-    pub fn opt_reply(&mut self) -> std::io::Result<(u32, Vec<u8>)> {
-        let h = self.read_n(20)?;
-        assert_eq!(h[..8], OPTION_REPLY_MAGIC.to_be_bytes());
-        let len = u32::from_be_bytes(h[16..20].try_into().expect("4")) as usize;
-        let reply_type = u32::from_be_bytes(h[12..16].try_into().expect("4"));
-        Ok((reply_type, self.read_n(len)?))
-    }
-
-    /// Sends one request (header plus `payload`).
-    pub fn request(
-        &mut self,
-        command: u16,
-        flags: u16,
-        cookie: u64,
-        offset: u64,
-        len: u32,
-        payload: &[u8],
-    ) -> std::io::Result<()> {
-        let mut b = Vec::with_capacity(28 + payload.len());
-        b.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        b.extend_from_slice(&flags.to_be_bytes());
-        b.extend_from_slice(&command.to_be_bytes());
-        b.extend_from_slice(&cookie.to_be_bytes());
-        b.extend_from_slice(&offset.to_be_bytes());
-        b.extend_from_slice(&len.to_be_bytes());
-        b.extend_from_slice(payload);
-        self.send(&b)
-    }
-
-    /// Reads a simple reply header: (error, cookie).
-    pub fn simple_reply(&mut self) -> std::io::Result<(u32, u64)> {
-        let h = self.read_n(16)?;
-        assert_eq!(h[..4], SIMPLE_REPLY_MAGIC.to_be_bytes(), "not a simple reply: {h:?}");
-        Ok((
-            u32::from_be_bytes(h[4..8].try_into().expect("4")),
-            u64::from_be_bytes(h[8..16].try_into().expect("8")),
-        ))
-    }
-
-    /// Reads `len` bytes at `offset`, asserting success.
-    pub fn read_at(&mut self, offset: u64, len: u32) -> Vec<u8> {
-        self.request(CMD_READ, 0, 1, offset, len, &[]).expect("send read");
-        assert_eq!(self.simple_reply().expect("read reply"), (0, 1), "read {offset}+{len}");
-        self.read_n(len as usize).expect("read data")
-    }
-
-    /// Writes `data` at `offset`, asserting success.
-    pub fn write_at(&mut self, offset: u64, data: &[u8], flags: u16) {
-        self.request(CMD_WRITE, flags, 2, offset, data.len() as u32, data).expect("send write");
-        assert_eq!(self.simple_reply().expect("write reply"), (0, 2), "write {offset}");
-    }
-
-    /// True if the server closed the connection (EOF or reset) within the read timeout.
-    pub fn is_closed(&mut self) -> bool {
-        let mut b = [0u8; 1024];
-        loop {
-            match self.s.read(&mut b) {
-                Ok(0) => return true,
-                Ok(_) => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-                Err(_) => return false,
-            }
-        }
-    }
-}
-
-/// `NBD_OPT_GO` / `NBD_OPT_INFO` option data.
-pub fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
-    let mut d = (name.len() as u32).to_be_bytes().to_vec();
-    d.extend_from_slice(name.as_bytes());
-    d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
-    for i in infos {
-        d.extend_from_slice(&i.to_be_bytes());
-    }
-    d
-}
+/// The raw NBD client of the tests (`pmcache_testkit::nbd`).
+pub use pmcache_testkit::nbd::RawNbd as NbdClient;
 
 /// The fio JSON document in `out` (fio may print warnings before it).
 pub fn fio_json(out: &str) -> serde_json::Value {

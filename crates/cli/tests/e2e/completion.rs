@@ -18,16 +18,16 @@ fn a_hit_after_a_miss_on_one_connection_is_answered_first() {
     drop(backing);
     let latency = Duration::from_millis(400);
     let server = setup.serve(Via::Tcp, &["--backing-latency", "400ms"]);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     c.write_at(4096, &[0x22; 4096], 0);
     let sent = Instant::now();
-    c.request(CMD_READ, 0, 10, 0, 4096, &[]).expect("the miss");
-    c.request(CMD_READ, 0, 11, 4096, 4096, &[]).expect("the hit");
-    assert_eq!(c.simple_reply().expect("reply"), (0, 11), "the hit is answered first");
-    assert_eq!(c.read_n(4096).expect("data"), [0x22; 4096]);
+    c.request(CMD_READ, 0, 10, 0, 4096, &[]);
+    c.request(CMD_READ, 0, 11, 4096, 4096, &[]);
+    assert_eq!(c.simple_reply(), (0, 11), "the hit is answered first");
+    assert_eq!(c.read_n(4096), [0x22; 4096]);
     let hit_after = sent.elapsed();
-    assert_eq!(c.simple_reply().expect("reply"), (0, 10), "then the miss");
-    assert_eq!(c.read_n(4096).expect("data"), [0x11; 4096]);
+    assert_eq!(c.simple_reply(), (0, 10), "then the miss");
+    assert_eq!(c.read_n(4096), [0x11; 4096]);
     let miss_after = sent.elapsed();
     assert!(miss_after >= latency, "the miss took {miss_after:?}, less than the store's latency");
     assert!(hit_after < miss_after, "hit {hit_after:?}, miss {miss_after:?}");
@@ -68,18 +68,18 @@ fn a_hit_after_a_write_through_on_one_connection_is_answered_first() {
     let setup = Setup::new("write-through-completion", 8 * MIB, 4 * MIB);
     let latency = Duration::from_millis(300);
     let server = setup.serve(Via::Tcp, &["--mode", "writethrough", "--backing-latency", "300ms"]);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     c.write_at(4096, &[0x33; 4096], 0);
     let sent = Instant::now();
-    c.request(CMD_WRITE, 0, 20, 0, 4096, &[0x44; 4096]).expect("the write");
-    c.request(CMD_READ, 0, 21, 4096, 4096, &[]).expect("the hit");
-    c.request(CMD_FLUSH, 0, 22, 0, 0, &[]).expect("the flush");
-    assert_eq!(c.simple_reply().expect("reply"), (0, 21), "the hit is answered first");
-    assert_eq!(c.read_n(4096).expect("data"), [0x33; 4096]);
+    c.request(CMD_WRITE, 0, 20, 0, 4096, &[0x44; 4096]);
+    c.request(CMD_READ, 0, 21, 4096, 4096, &[]);
+    c.request(CMD_FLUSH, 0, 22, 0, 0, &[]);
+    assert_eq!(c.simple_reply(), (0, 21), "the hit is answered first");
+    assert_eq!(c.read_n(4096), [0x33; 4096]);
     let hit_after = sent.elapsed();
-    assert_eq!(c.simple_reply().expect("reply"), (0, 20), "then the write");
+    assert_eq!(c.simple_reply(), (0, 20), "then the write");
     let write_after = sent.elapsed();
-    assert_eq!(c.simple_reply().expect("reply"), (0, 22), "then the flush");
+    assert_eq!(c.simple_reply(), (0, 22), "then the flush");
     assert!(write_after >= latency, "the write took {write_after:?}, less than the store's");
     assert!(hit_after < latency, "the hit took {hit_after:?}, waiting for the write");
     assert_eq!(c.read_at(0, 4096), [0x44; 4096], "the write reads back");
@@ -101,19 +101,19 @@ fn a_read_beside_a_write_through_in_flight_never_caches_the_old_data() {
     for mode in ["writethrough", "writearound"] {
         let setup = Setup::new(&format!("overlap-{mode}"), 8 * MIB, 4 * MIB);
         let server = setup.serve(Via::Tcp, &["--mode", mode, "--backing-latency", "20ms"]);
-        let mut a = NbdClient::connect(server.addr());
-        let mut b = NbdClient::connect(server.addr());
+        let mut a = NbdClient::ready(server.addr());
+        let mut b = NbdClient::ready(server.addr());
         let mut stale = Vec::new();
         for round in 0..20u64 {
             let offset = round * 3 * 4096;
             let new = [round as u8 + 1; 4096];
-            a.request(CMD_WRITE, 0, 100 + round, offset, 4096, &new).expect("the write");
+            a.request(CMD_WRITE, 0, 100 + round, offset, 4096, &new);
             let both = b.read_at(offset, 8192);
             assert!(
                 both[..4096] == [0; 4096] || both[..4096] == new,
                 "{mode}: a read beside the write got neither the old nor the new data"
             );
-            assert_eq!(a.simple_reply().expect("reply"), (0, 100 + round), "{mode}: the write");
+            assert_eq!(a.simple_reply(), (0, 100 + round), "{mode}: the write");
             if b.read_at(offset, 4096) != new || a.read_at(offset, 4096) != new {
                 stale.push(round);
             }

@@ -98,7 +98,7 @@ fn write_until_killed(
     span_bytes: u64,
     mut log: HashMap<u64, Sector>,
 ) -> (HashMap<u64, Sector>, u64) {
-    let mut c = NbdClient::connect(addr);
+    let mut c = NbdClient::ready(addr);
     let mut rng = Rng(0x5eed_0000 ^ (round << 8) ^ conn ^ 0xdead_beef_cafe);
     let regions = span_bytes / REGION;
     let mut in_flight = std::collections::VecDeque::new();
@@ -110,7 +110,7 @@ fn write_until_killed(
             seq += 1;
             let cookie = seq;
             if rng.below(64) == 0 {
-                if c.request(CMD_FLUSH, 0, cookie, 0, 0, &[]).is_err() {
+                if c.try_request(CMD_FLUSH, 0, cookie, 0, 0, &[]).is_err() {
                     break 'stream;
                 }
                 in_flight.push_back((cookie, 0, 0, 0));
@@ -133,12 +133,12 @@ fn write_until_killed(
             }
             let flags = if rng.below(8) == 0 { CMD_FLAG_FUA } else { 0 };
             let len = (sectors * SECTOR) as u32;
-            if c.request(CMD_WRITE, flags, cookie, first * SECTOR, len, &payload).is_err() {
+            if c.try_request(CMD_WRITE, flags, cookie, first * SECTOR, len, &payload).is_err() {
                 break 'stream;
             }
             in_flight.push_back((cookie, first, sectors, stamp));
         }
-        let Ok((error, cookie)) = c.simple_reply() else { break };
+        let Ok((error, cookie)) = c.try_simple_reply() else { break };
         let (want, first, sectors, stamp) = in_flight.pop_front().expect("a request in flight");
         assert_eq!(cookie, want, "pmcache replies in order on a connection");
         if error != 0 || sectors == 0 {
@@ -158,7 +158,7 @@ fn write_until_killed(
 /// holds as acknowledged (reads after recovery must be stable, and the next round builds on
 /// it).
 fn verify(addr: std::net::SocketAddr, log: &mut HashMap<u64, Sector>, what: &str) {
-    let mut c = NbdClient::connect(addr);
+    let mut c = NbdClient::ready(addr);
     let mut regions: Vec<u64> = log.keys().map(|s| s * SECTOR / REGION).collect();
     regions.sort_unstable();
     regions.dedup();

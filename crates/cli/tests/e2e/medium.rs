@@ -68,14 +68,14 @@ fn a_cache_file_on_a_disk_is_refused_unless_msync_mode_is_asked_for() {
     let prometheus = String::from_utf8_lossy(&prometheus.stdout).into_owned();
     assert!(prometheus.contains("pmcache_medium_info{medium=\"msync\"} 1"), "{prometheus}");
 
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     let data = pseudo_random(MIB as usize, 31);
     for (i, chunk) in data.chunks(64 * KIB as usize).enumerate() {
         c.write_at(3 * MIB + i as u64 * 64 * KIB, chunk, 0);
     }
     // Every write was acknowledged: msync has written each page it touched back to the file.
     assert_eq!(dirty_kib_mapped(server.pid(), &cache), 0, "acknowledged writes left dirty pages");
-    let mut reader = NbdClient::connect(server.addr());
+    let mut reader = NbdClient::ready(server.addr());
     assert!(reader.read_at(3 * MIB, MIB as u32) == data, "read back differs");
     let check = check_json(&setup, &cache);
     assert_eq!(

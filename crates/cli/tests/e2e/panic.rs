@@ -175,7 +175,7 @@ fn write_until_dead(mut c: NbdClient, conn: u64, depth: usize) -> Written {
             let stamp = (conn << 32) | sent;
             log.entry(block).or_default().pending.push(stamp);
             let data = block_bytes(block, stamp);
-            if c.request(CMD_WRITE, 0, sent, block * BLOCK, BLOCK as u32, &data).is_err() {
+            if c.try_request(CMD_WRITE, 0, sent, block * BLOCK, BLOCK as u32, &data).is_err() {
                 return Written { log, acked, cut: true };
             }
             in_flight.push_back((sent, block, stamp));
@@ -183,7 +183,7 @@ fn write_until_dead(mut c: NbdClient, conn: u64, depth: usize) -> Written {
         let Some(&(cookie, block, stamp)) = in_flight.front() else {
             return Written { log, acked, cut: false };
         };
-        let Ok((error, replied)) = c.simple_reply() else {
+        let Ok((error, replied)) = c.try_simple_reply() else {
             return Written { log, acked, cut: true };
         };
         in_flight.pop_front();
@@ -203,7 +203,7 @@ fn a_panic_mid_write_aborts_the_server_and_loses_no_acknowledged_write() {
     let mut server = ArmedServer::start(&setup, &format!("panic-mid-write:{PANIC_AT}"));
     // Every client is connected before any writes: a connection still negotiating when the
     // failpoint aborts the server would fail in the handshake, not in its writes.
-    let clients: Vec<_> = (0..CONNS).map(|_| NbdClient::connect(server.addr)).collect();
+    let clients: Vec<_> = (0..CONNS).map(|_| NbdClient::ready(server.addr)).collect();
     let writers: Vec<_> = clients
         .into_iter()
         .zip(0..CONNS)
@@ -251,7 +251,7 @@ fn a_panic_mid_write_aborts_the_server_and_loses_no_acknowledged_write() {
     let server = setup.serve(Via::Tcp, &["--mode", "writeback"]);
     let logs = server.logs();
     assert!(logs.contains("(unclean shutdown)"), "not a recovery:\n{logs}");
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     let mut lost = Vec::new();
     for (&block, logged) in &log {
         let data = c.read_at(block * BLOCK, BLOCK as u32);

@@ -18,7 +18,7 @@ fn malformed_requests_get_errors_and_the_server_keeps_serving() {
     let setup = Setup::new("raw", size, 4 * MIB);
     let server = setup.serve(Via::Tcp, &[]);
     let addr = server.addr();
-    let mut c = NbdClient::connect(addr);
+    let mut c = NbdClient::ready(addr);
     assert_eq!(c.size_bytes, size);
     let want_flags = FLAG_HAS_FLAGS
         | FLAG_SEND_FLUSH
@@ -49,10 +49,10 @@ fn malformed_requests_get_errors_and_the_server_keeps_serving() {
         (CMD_WRITE_ZEROES, 0, 512, 1000, &[], NBD_EINVAL), // misaligned zeroes
     ];
     for (i, (cmd, flags, offset, len, payload, _)) in sent.iter().enumerate() {
-        c.request(*cmd, *flags, i as u64 + 1, *offset, *len as u32, payload).expect("send");
+        c.request(*cmd, *flags, i as u64 + 1, *offset, *len as u32, payload);
     }
     for (i, (.., want)) in sent.iter().enumerate() {
-        assert_eq!(c.simple_reply().expect("reply"), (*want, i as u64 + 1), "request {}", i + 1);
+        assert_eq!(c.simple_reply(), (*want, i as u64 + 1), "request {}", i + 1);
     }
     // Nothing was written by the refused writes, and the connection works at full size.
     assert_eq!(c.read_at(0, 4096), vec![0u8; 4096]);
@@ -60,30 +60,30 @@ fn malformed_requests_get_errors_and_the_server_keeps_serving() {
     let big = pseudo_random(max as usize, 3);
     c.write_at(size - max, &big, CMD_FLAG_FUA);
     assert!(c.read_at(size - max, max as u32) == big);
-    c.request(CMD_DISC, 0, 99, 0, 0, &[]).expect("disc");
+    c.request(CMD_DISC, 0, 99, 0, 0, &[]);
     assert!(c.is_closed());
 
     // Garbage handshakes and a bad request magic close only their own connection.
-    let mut good = NbdClient::connect(addr);
+    let mut good = NbdClient::ready(addr);
     let mut bad = Vec::new();
     let mut g = NbdClient::greet(addr); // garbage instead of flags and options
-    g.send(&[0x17; 64]).expect("send");
+    g.send(&[0x17; 64]);
     bad.push(g);
     let mut g = NbdClient::greet(addr); // bad option magic
-    g.send(&3u32.to_be_bytes()).expect("send");
-    g.send(b"NOTMAGIC\0\0\0\x07\0\0\0\0").expect("send");
+    g.send(&3u32.to_be_bytes());
+    g.send(b"NOTMAGIC\0\0\0\x07\0\0\0\0");
     bad.push(g);
     let mut g = NbdClient::greet(addr); // oversized option
-    g.send(&3u32.to_be_bytes()).expect("send");
-    g.send(&IHAVEOPT.to_be_bytes()).expect("send");
-    g.send(&[0, 0, 0, 7, 0x40, 0, 0, 0]).expect("send");
+    g.send(&3u32.to_be_bytes());
+    g.send(&IHAVEOPT.to_be_bytes());
+    g.send(&[0, 0, 0, 7, 0x40, 0, 0, 0]);
     bad.push(g);
     let mut g = NbdClient::greet(addr); // unknown export
-    g.send(&3u32.to_be_bytes()).expect("send");
-    g.option(OPT_EXPORT_NAME, b"nope").expect("send");
+    g.send(&3u32.to_be_bytes());
+    g.option(OPT_EXPORT_NAME, b"nope");
     bad.push(g);
-    let mut g = NbdClient::connect(addr); // bad request magic in transmission
-    g.send(&[0xde; 28]).expect("send");
+    let mut g = NbdClient::ready(addr); // bad request magic in transmission
+    g.send(&[0xde; 28]);
     bad.push(g);
     for (i, g) in bad.iter_mut().enumerate() {
         assert!(g.is_closed(), "bad connection {i} not closed");
@@ -91,7 +91,7 @@ fn malformed_requests_get_errors_and_the_server_keeps_serving() {
     let data = pseudo_random(8192, 11);
     good.write_at(4096 + 512, &data, 0);
     assert!(good.read_at(4096 + 512, 8192) == data);
-    let mut fresh = NbdClient::connect(addr);
+    let mut fresh = NbdClient::ready(addr);
     assert!(fresh.read_at(4096 + 512, 8192) == data);
 
     // A real client afterwards.

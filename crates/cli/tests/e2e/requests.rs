@@ -37,7 +37,7 @@ fn block_status_sees_the_cache_and_the_backing_store() {
     assert_eq!(map(&server.uri), [(0, 64 * MIB, hole_zero)], "an empty sparse backing file");
 
     let data = pseudo_random(64 * KIB as usize, 9);
-    let mut client = NbdClient::connect(server.addr());
+    let mut client = NbdClient::ready(server.addr());
     client.write_at(MIB, &data, 0);
     let expected =
         [(0, MIB, hole_zero), (MIB, 64 * KIB, 0), (MIB + 64 * KIB, 63 * MIB - 64 * KIB, hole_zero)];
@@ -61,8 +61,8 @@ fn block_status_sees_the_cache_and_the_backing_store() {
     let allocated_bytes = std::fs::metadata(&copy).expect("stat").blocks() * 512;
     assert!(allocated_bytes <= 2 * MIB, "not sparse: {allocated_bytes} bytes allocated");
 
-    client.request(CMD_TRIM, 0, 3, MIB, 64 * KIB as u32, &[]).expect("trim");
-    assert_eq!(client.simple_reply().expect("trim reply"), (0, 3));
+    client.request(CMD_TRIM, 0, 3, MIB, 64 * KIB as u32, &[]);
+    assert_eq!(client.simple_reply(), (0, 3));
     assert_eq!(map(&server.uri), [(0, 64 * MIB, hole_zero)], "trimmed: a hole again");
     server.terminate();
 }
@@ -75,8 +75,8 @@ fn block_status_sees_the_cache_and_the_backing_store() {
 fn oversized_write_zeroes_and_trims_do_bounded_work() {
     let setup = Setup::new("oversized", 5 * GIB, 16 * MIB);
     let server = setup.serve(Via::Tcp, &[]);
-    let mut client = NbdClient::connect(server.addr());
-    client.s.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
+    let mut client = NbdClient::ready(server.addr());
+    client.stream.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
     let block = pseudo_random(4096, 5);
     let start = 512 * MIB;
     let len = u32::MAX - 511;
@@ -92,8 +92,8 @@ fn oversized_write_zeroes_and_trims_do_bounded_work() {
     let before = setup.stats();
 
     let started = Instant::now();
-    client.request(CMD_WRITE_ZEROES, 0, 7, start, len, &[]).expect("send");
-    assert_eq!(client.simple_reply().expect("write zeroes reply"), (0, 7));
+    client.request(CMD_WRITE_ZEROES, 0, 7, start, len, &[]);
+    assert_eq!(client.simple_reply(), (0, 7));
     let zeroing = started.elapsed();
     let after = setup.stats();
     let counter = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
@@ -109,8 +109,8 @@ fn oversized_write_zeroes_and_trims_do_bounded_work() {
     assert_eq!(client.read_at(end, 4096), block, "after the range");
 
     let started = Instant::now();
-    client.request(CMD_TRIM, 0, 8, start, len, &[]).expect("send");
-    assert_eq!(client.simple_reply().expect("trim reply"), (0, 8));
+    client.request(CMD_TRIM, 0, 8, start, len, &[]);
+    assert_eq!(client.simple_reply(), (0, 8));
     let trimming = started.elapsed();
     assert!(trimming < Duration::from_secs(60), "TRIM of 4 GiB took {trimming:?}");
     assert_eq!(client.read_at(end, 4096), block, "after the trimmed range");
@@ -119,7 +119,7 @@ fn oversized_write_zeroes_and_trims_do_bounded_work() {
     // Acknowledged zeroes are durable: after kill -9 and recovery they are still zeroes.
     server.kill9();
     let server = setup.serve(Via::Tcp, &[]);
-    let mut client = NbdClient::connect(server.addr());
+    let mut client = NbdClient::ready(server.addr());
     assert_eq!(client.read_at(start + 2 * GIB, 4096), vec![0u8; 4096]);
     assert_eq!(client.read_at(end, 4096), block);
     server.terminate();

@@ -66,7 +66,7 @@ fn sigterm_on_a_volatile_medium_writes_every_dirty_block_back() {
     assert_eq!(recorded["cache_volatile"], "true", "{recorded:?}");
     assert_eq!(recorded["backing_stale"], "true", "{recorded:?}");
     assert_eq!(Path::new(&recorded["cache"]), std::fs::canonicalize(&setup.cache).unwrap());
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     let written = write_chunks(&mut c, 48, 100);
     let stats = setup.stats();
     assert_eq!(stats["dirty_slots"], 48 * 256, "{stats}");
@@ -88,7 +88,7 @@ fn sigterm_on_a_volatile_medium_writes_every_dirty_block_back() {
     std::fs::remove_file(&setup.cache).expect("rm medium");
     let server = setup.serve(Via::Tcp, &[]);
     assert!(server.logs().contains("formatted"), "{}", server.logs());
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     assert!(c.read_at(0, MIB as u32) == written[0].1);
     drop(c);
     server.terminate();
@@ -102,7 +102,7 @@ fn sigterm_on_a_volatile_medium_writes_every_dirty_block_back() {
 fn a_lost_volatile_cache_is_refused_until_accepted() {
     let setup = Setup::new("vollost", 64 * MIB, 4 * MIB);
     let server = setup.serve(Via::Tcp, &["--cleaner", "order=none"]);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     c.write_at(0, &[7; 65536], 0);
     assert_eq!(setup.stats()["dirty_slots"], 16);
     server.kill9();
@@ -148,7 +148,7 @@ fn a_lost_volatile_cache_is_refused_until_accepted() {
         logs.contains("warning: --accept-stale-backing") && logs.contains("formatted"),
         "{logs}"
     );
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     assert_eq!(c.read_at(0, 4096), vec![0u8; 4096], "the lost blocks read as the backing's");
     c.write_at(0, &[9; 4096], 0);
     drop(c);
@@ -158,7 +158,7 @@ fn a_lost_volatile_cache_is_refused_until_accepted() {
     // From then on the new cache is the recorded one: it attaches without the flag.
     let server = setup.serve(Via::Tcp, &[]);
     assert!(server.logs().contains("(clean shutdown)"), "{}", server.logs());
-    assert_eq!(NbdClient::connect(server.addr()).read_at(0, 4096), vec![9u8; 4096]);
+    assert_eq!(NbdClient::ready(server.addr()).read_at(0, 4096), vec![9u8; 4096]);
     server.terminate();
 }
 
@@ -168,11 +168,11 @@ fn a_lost_volatile_cache_is_refused_until_accepted() {
 fn a_volatile_cache_that_survived_attaches_and_detach_records_it_written_back() {
     let setup = Setup::new("volkept", 64 * MIB, 4 * MIB);
     let server = setup.serve(Via::Tcp, &["--cleaner", "order=none"]);
-    NbdClient::connect(server.addr()).write_at(MIB, &[4; 8192], 0);
+    NbdClient::ready(server.addr()).write_at(MIB, &[4; 8192], 0);
     server.kill9();
     let server = setup.serve(Via::Tcp, &["--cleaner", "order=none"]);
     assert!(server.logs().contains("(unclean shutdown): 0 clean and 2 dirty"), "{}", server.logs());
-    assert_eq!(NbdClient::connect(server.addr()).read_at(MIB, 8192), vec![4u8; 8192]);
+    assert_eq!(NbdClient::ready(server.addr()).read_at(MIB, 8192), vec![4u8; 8192]);
     server.kill9();
     assert_eq!(state(&setup)["backing_stale"], "true");
     let out = setup.pmcache(&[
@@ -212,7 +212,7 @@ fn a_control_flush_goes_through_the_running_cleaner() {
         "idle_ms=3600000",
     ];
     let server = setup.serve(Via::Tcp, &resting);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     let written = write_chunks(&mut c, 8, 300);
     let stats = setup.stats();
     assert_eq!(
@@ -265,7 +265,7 @@ fn a_medium_that_survives_a_reboot_keeps_its_dirty_blocks_at_a_stop() {
     let server = setup.serve_with_cache(&cache, Via::Tcp, &extra);
     assert!(!server.logs().contains("volatile"), "{}", server.logs());
     assert!(server.logs().contains("medium: msync"), "{}", server.logs());
-    NbdClient::connect(server.addr()).write_at(0, &[6; 8192], 0);
+    NbdClient::ready(server.addr()).write_at(0, &[6; 8192], 0);
     let logs = server.terminate();
     assert!(logs.contains("cache marked clean") && !logs.contains("writing back"), "{logs}");
     assert!(!state_path(&setup).exists(), "a state file for a medium that is not volatile");
@@ -283,7 +283,7 @@ fn a_medium_that_survives_a_reboot_keeps_its_dirty_blocks_at_a_stop() {
 fn a_stop_whose_write_back_fails_keeps_the_dirty_blocks_and_says_so() {
     let setup = Setup::new("volfail", 64 * MIB, 4 * MIB);
     let server = setup.serve_with_writes_failing_past(16 * MIB, &["--cleaner", "order=none"]);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     c.write_at(0, &[1; 4096], 0);
     c.write_at(32 * MIB, &[2; 4096], 0);
     drop(c);
@@ -314,7 +314,7 @@ fn a_stop_whose_write_back_fails_keeps_the_dirty_blocks_and_says_so() {
 fn an_idle_server_writes_its_dirty_blocks_back_by_itself() {
     let setup = Setup::new("volidle", 256 * MIB, 64 * MIB);
     let server = setup.serve(Via::Tcp, &["--cleaner", "idle_ms=500"]);
-    let mut c = NbdClient::connect(server.addr());
+    let mut c = NbdClient::ready(server.addr());
     let written = write_chunks(&mut c, 8, 500);
     let dirty_after_burst = setup.stats()["dirty_slots"].as_u64().unwrap();
     assert!(dirty_after_burst > 0, "the burst left nothing dirty");
@@ -340,7 +340,7 @@ fn an_idle_server_writes_its_dirty_blocks_back_by_itself() {
 fn a_lost_volatile_cache_is_found_through_a_symlink_and_after_a_rename() {
     let setup = Setup::new("vollost-names", 64 * MIB, 4 * MIB);
     let server = setup.serve(Via::Tcp, &["--cleaner", "order=none"]);
-    NbdClient::connect(server.addr()).write_at(0, &[7; 65536], 0);
+    NbdClient::ready(server.addr()).write_at(0, &[7; 65536], 0);
     server.kill9();
     std::fs::remove_file(&setup.cache).expect("rm medium");
     let link = setup.disk.path().join("link.img");
@@ -368,7 +368,7 @@ fn a_lost_volatile_cache_is_found_when_its_device_has_another_name() {
     let state_dir = setup.shm.path().join("state");
     let dir = state_dir.display().to_string();
     let server = setup.serve_on(&first, &["--cleaner", "order=none", "--state-dir", &dir]);
-    NbdClient::connect(server.addr()).write_at(0, &[7; 65536], 0);
+    NbdClient::ready(server.addr()).write_at(0, &[7; 65536], 0);
     server.kill9();
     std::fs::remove_file(&setup.cache).expect("rm medium");
     let records: Vec<String> = std::fs::read_dir(&state_dir)

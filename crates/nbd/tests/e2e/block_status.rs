@@ -2,14 +2,13 @@
 //! (nbdinfo --map, qemu-img map, nbdcopy's sparse copy) and by a raw client, against a
 //! `MemExport` whose all-zero pieces are holes.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::os::unix::fs::MetadataExt;
 use std::process::Command;
 use std::time::Duration;
 
 use pmcache_nbd::BlockSizes;
 use pmcache_nbd::codec::*;
+use pmcache_testkit::nbd::{Chunk, RawNbd};
 use serde_json::Value;
 
 use crate::common::{NAME, TestServer, Via, pseudo_random, read_file, require_tool, run_ok};
@@ -87,27 +86,8 @@ fn qemu_img_map_and_nbdcopy_skip_the_holes() {
 #[test]
 fn raw_meta_context_negotiation_and_block_status() {
     let (server, _) = sparse_server(Via::Tcp);
-    let mut s = TcpStream::connect(server.tcp_addr()).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    let mut greeting = [0u8; 18];
-    s.read_exact(&mut greeting).expect("greeting");
-    s.write_all(&3u32.to_be_bytes()).expect("flags");
-
-    let send_opt = |s: &mut TcpStream, opt: u32, data: &[u8]| {
-        let mut b = IHAVEOPT.to_be_bytes().to_vec();
-        b.extend_from_slice(&opt.to_be_bytes());
-        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        b.extend_from_slice(data);
-        s.write_all(&b).expect("option");
-    };
-    let read_reply = |s: &mut TcpStream| -> (u32, Vec<u8>) {
-        let mut h = [0u8; 20];
-        s.read_exact(&mut h).expect("reply header");
-        let len = u32::from_be_bytes(h[16..20].try_into().expect("4")) as usize;
-        let mut data = vec![0u8; len];
-        s.read_exact(&mut data).expect("reply data");
-        (u32::from_be_bytes(h[12..16].try_into().expect("4")), data)
-    };
+    let mut c = RawNbd::greet(server.tcp_addr());
+    c.send(&3u32.to_be_bytes());
     let meta_data = |queries: &[&str]| {
         let mut d = (NAME.len() as u32).to_be_bytes().to_vec();
         d.extend_from_slice(NAME.as_bytes());
@@ -119,53 +99,33 @@ fn raw_meta_context_negotiation_and_block_status() {
         d
     };
 
+    let option = |c: &mut RawNbd, opt: u32, data: &[u8]| {
+        c.option(opt, data);
+        let reply = c.opt_reply();
+        (reply.reply_type, reply.data)
+    };
     // Before structured replies: invalid.
-    send_opt(&mut s, OPT_LIST_META_CONTEXT, &meta_data(&[]));
-    assert_eq!(read_reply(&mut s).0, REP_ERR_INVALID);
-    send_opt(&mut s, OPT_STRUCTURED_REPLY, &[]);
-    assert_eq!(read_reply(&mut s).0, REP_ACK);
+    assert_eq!(option(&mut c, OPT_LIST_META_CONTEXT, &meta_data(&[])).0, REP_ERR_INVALID);
+    assert_eq!(option(&mut c, OPT_STRUCTURED_REPLY, &[]).0, REP_ACK);
     // Listing everything, or the namespace, names base:allocation.
     for queries in [&[][..], &["base:"][..]] {
-        send_opt(&mut s, OPT_LIST_META_CONTEXT, &meta_data(queries));
-        let (ty, data) = read_reply(&mut s);
+        let (ty, data) = option(&mut c, OPT_LIST_META_CONTEXT, &meta_data(queries));
         assert_eq!(ty, REP_META_CONTEXT);
         assert_eq!(&data[4..], META_BASE_ALLOCATION.as_bytes());
-        assert_eq!(read_reply(&mut s).0, REP_ACK);
+        assert_eq!(c.opt_reply().reply_type, REP_ACK);
     }
     // Something else selects nothing.
-    send_opt(&mut s, OPT_SET_META_CONTEXT, &meta_data(&["qemu:dirty-bitmap:x"]));
-    assert_eq!(read_reply(&mut s).0, REP_ACK);
-    send_opt(&mut s, OPT_SET_META_CONTEXT, &meta_data(&["x-foo:bar", META_BASE_ALLOCATION]));
-    let (ty, data) = read_reply(&mut s);
+    assert_eq!(
+        option(&mut c, OPT_SET_META_CONTEXT, &meta_data(&["qemu:dirty-bitmap:x"])).0,
+        REP_ACK
+    );
+    let (ty, data) =
+        option(&mut c, OPT_SET_META_CONTEXT, &meta_data(&["x-foo:bar", META_BASE_ALLOCATION]));
     assert_eq!(ty, REP_META_CONTEXT);
     assert_eq!(u32::from_be_bytes(data[..4].try_into().expect("4")), META_BASE_ALLOCATION_ID);
-    assert_eq!(read_reply(&mut s).0, REP_ACK);
-    let mut go = (NAME.len() as u32).to_be_bytes().to_vec();
-    go.extend_from_slice(NAME.as_bytes());
-    go.extend_from_slice(&0u16.to_be_bytes());
-    send_opt(&mut s, OPT_GO, &go);
-    while read_reply(&mut s).0 != REP_ACK {}
+    assert_eq!(c.opt_reply().reply_type, REP_ACK);
+    c.go(NAME, &[]);
 
-    let request = |s: &mut TcpStream, flags: u16, cookie: u64, offset: u64, len: u32| {
-        let mut b = REQUEST_MAGIC.to_be_bytes().to_vec();
-        b.extend_from_slice(&flags.to_be_bytes());
-        b.extend_from_slice(&CMD_BLOCK_STATUS.to_be_bytes());
-        b.extend_from_slice(&cookie.to_be_bytes());
-        b.extend_from_slice(&offset.to_be_bytes());
-        b.extend_from_slice(&len.to_be_bytes());
-        s.write_all(&b).expect("request");
-    };
-    let chunk = |s: &mut TcpStream| -> (u16, u16, u64, Vec<u8>) {
-        let mut h = [0u8; 20];
-        if let Err(e) = s.read_exact(&mut h) {
-            panic!("chunk header: {e} {h:?}")
-        }
-        let len = u32::from_be_bytes(h[16..20].try_into().expect("4")) as usize;
-        let mut data = vec![0u8; len];
-        s.read_exact(&mut data).expect("chunk data");
-        let u16_at = |at: usize| u16::from_be_bytes([h[at], h[at + 1]]);
-        (u16_at(4), u16_at(6), u64::from_be_bytes(h[8..16].try_into().expect("8")), data)
-    };
     let descriptors = |data: &[u8]| -> Vec<(u32, u32)> {
         assert_eq!(u32::from_be_bytes(data[..4].try_into().expect("4")), META_BASE_ALLOCATION_ID);
         data[4..]
@@ -177,18 +137,18 @@ fn raw_meta_context_negotiation_and_block_status() {
             .collect()
     };
     let hole_zero = STATE_HOLE | STATE_ZERO;
-    request(&mut s, 0, 7, 0, 2 * MIB as u32);
-    let (flags, ty, cookie, data) = chunk(&mut s);
+    c.request(CMD_BLOCK_STATUS, 0, 7, 0, 2 * MIB as u32, &[]);
+    let Chunk { flags, kind: ty, cookie, payload: data } = c.chunk();
     assert_eq!((flags, ty, cookie), (REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, 7));
     let whole = [(MIB as u32, hole_zero), (64 << 10, 0), (MIB as u32 - (64 << 10), hole_zero)];
     assert_eq!(descriptors(&data), whole);
-    request(&mut s, CMD_FLAG_REQ_ONE, 8, 0, 2 * MIB as u32);
-    let (_, ty, cookie, data) = chunk(&mut s);
+    c.request(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 8, 0, 2 * MIB as u32, &[]);
+    let Chunk { kind: ty, cookie, payload: data, .. } = c.chunk();
     assert_eq!((ty, cookie), (REPLY_TYPE_BLOCK_STATUS, 8));
     assert_eq!(descriptors(&data), [(MIB as u32, hole_zero)]);
     // Past the end: an error chunk.
-    request(&mut s, 0, 9, 15 * MIB, 2 * MIB as u32);
-    let (_, ty, cookie, data) = chunk(&mut s);
+    c.request(CMD_BLOCK_STATUS, 0, 9, 15 * MIB, 2 * MIB as u32, &[]);
+    let Chunk { kind: ty, cookie, payload: data, .. } = c.chunk();
     assert_eq!((ty, cookie), (REPLY_TYPE_ERROR, 9));
     assert_eq!(u32::from_be_bytes(data[..4].try_into().expect("4")), NBD_EINVAL);
     server.stop();

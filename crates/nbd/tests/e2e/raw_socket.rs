@@ -3,166 +3,17 @@
 //! serving well-behaved clients.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use pmcache_nbd::codec::*;
 use pmcache_nbd::{BlockSizes, ListenAddr, MemExport, Server, ServerConfig, ServerError};
 
+use pmcache_testkit::nbd::{Chunk, RawNbd, go_data};
+
 use crate::common::{NAME, TestServer, Via};
 
 const MIB: u64 = 1 << 20;
-
-struct Client {
-    s: TcpStream,
-}
-
-struct OptReply {
-    option: u32,
-    reply_type: u32,
-    data: Vec<u8>,
-}
-
-impl Client {
-    /// Connects and reads the greeting.
-    fn connect(addr: SocketAddr) -> Client {
-        let s = TcpStream::connect(addr).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-        s.set_nodelay(true).expect("nodelay");
-        let mut c = Client { s };
-        let g = c.read_n(18);
-        assert_eq!(&g[..16], b"NBDMAGICIHAVEOPT");
-        c
-    }
-
-    /// Connects and negotiates with `NBD_OPT_GO` (block sizes requested).
-    fn ready(addr: SocketAddr, structured: bool) -> Client {
-        let mut c = Client::connect(addr);
-        c.send(&3u32.to_be_bytes());
-        if structured {
-            c.option(OPT_STRUCTURED_REPLY, &[]);
-            assert_eq!(c.opt_reply().reply_type, REP_ACK);
-        }
-        c.go(&[INFO_BLOCK_SIZE]);
-        c
-    }
-
-    /// Sends `NBD_OPT_GO` asking for `infos` and reads its `INFO` replies up to the `ACK`.
-    fn go(&mut self, infos: &[u16]) {
-        self.option(OPT_GO, &go_data(NAME, infos));
-        loop {
-            match self.opt_reply().reply_type {
-                REP_INFO => {}
-                REP_ACK => return,
-                t => panic!("GO failed with reply type {t:#x}"),
-            }
-        }
-    }
-
-    fn send(&mut self, b: &[u8]) {
-        self.s.write_all(b).expect("send");
-    }
-
-    fn read_n(&mut self, n: usize) -> Vec<u8> {
-        let mut b = vec![0u8; n];
-        self.s.read_exact(&mut b).expect("read");
-        b
-    }
-
-    fn option(&mut self, option: u32, data: &[u8]) {
-        let mut b = IHAVEOPT.to_be_bytes().to_vec();
-        b.extend_from_slice(&option.to_be_bytes());
-        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        b.extend_from_slice(data);
-        self.send(&b);
-    }
-
-    fn opt_reply(&mut self) -> OptReply {
-        let h = self.read_n(20);
-        assert_eq!(h[..8], OPTION_REPLY_MAGIC.to_be_bytes());
-        let len = u32::from_be_bytes(h[16..20].try_into().expect("4")) as usize;
-        OptReply {
-            option: u32::from_be_bytes(h[8..12].try_into().expect("4")),
-            reply_type: u32::from_be_bytes(h[12..16].try_into().expect("4")),
-            data: self.read_n(len),
-        }
-    }
-
-    fn request(
-        &mut self,
-        command: u16,
-        flags: u16,
-        cookie: u64,
-        offset: u64,
-        len: u32,
-        payload: &[u8],
-    ) {
-        let mut b = REQUEST_MAGIC.to_be_bytes().to_vec();
-        b.extend_from_slice(&flags.to_be_bytes());
-        b.extend_from_slice(&command.to_be_bytes());
-        b.extend_from_slice(&cookie.to_be_bytes());
-        b.extend_from_slice(&offset.to_be_bytes());
-        b.extend_from_slice(&len.to_be_bytes());
-        b.extend_from_slice(payload);
-        self.send(&b);
-    }
-
-    /// Reads a simple reply: (error, cookie).
-    fn simple_reply(&mut self) -> (u32, u64) {
-        let h = self.read_n(16);
-        assert_eq!(h[..4], SIMPLE_REPLY_MAGIC.to_be_bytes(), "not a simple reply: {h:?}");
-        (
-            u32::from_be_bytes(h[4..8].try_into().expect("4")),
-            u64::from_be_bytes(h[8..16].try_into().expect("8")),
-        )
-    }
-
-    /// Reads a structured chunk: (flags, type, cookie, payload).
-    fn chunk(&mut self) -> (u16, u16, u64, Vec<u8>) {
-        let h = self.read_n(20);
-        assert_eq!(h[..4], STRUCTURED_REPLY_MAGIC.to_be_bytes(), "not a structured chunk: {h:?}");
-        let len = u32::from_be_bytes(h[16..20].try_into().expect("4")) as usize;
-        (
-            u16::from_be_bytes([h[4], h[5]]),
-            u16::from_be_bytes([h[6], h[7]]),
-            u64::from_be_bytes(h[8..16].try_into().expect("8")),
-            self.read_n(len),
-        )
-    }
-
-    /// True if the server closed the connection (EOF or reset) within the read timeout.
-    fn is_closed(&mut self) -> bool {
-        let mut b = [0u8; 1024];
-        loop {
-            match self.s.read(&mut b) {
-                Ok(0) => return true,
-                Ok(_) => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-                Err(_) => return false,
-            }
-        }
-    }
-
-    /// A write then a read-back on this connection must work.
-    fn assert_works(&mut self, offset: u64, cookie: u64) {
-        let data: Vec<u8> = (0..4096u32).map(|i| (i as u64 ^ cookie) as u8).collect();
-        self.request(CMD_WRITE, 0, cookie, offset, 4096, &data);
-        assert_eq!(self.simple_reply(), (0, cookie));
-        self.request(CMD_READ, 0, cookie + 1, offset, 4096, &[]);
-        assert_eq!(self.simple_reply(), (0, cookie + 1));
-        assert_eq!(self.read_n(4096), data);
-    }
-}
-
-fn go_data(name: &str, infos: &[u16]) -> Vec<u8> {
-    let mut d = (name.len() as u32).to_be_bytes().to_vec();
-    d.extend_from_slice(name.as_bytes());
-    d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
-    for i in infos {
-        d.extend_from_slice(&i.to_be_bytes());
-    }
-    d
-}
 
 fn aligned_server() -> TestServer {
     let bs = BlockSizes { min_bytes: 512, preferred_bytes: 4096, max_bytes: 1 << 20 };
@@ -173,7 +24,7 @@ fn aligned_server() -> TestServer {
 fn malformed_requests_get_spec_errors_and_connection_keeps_working() {
     let server = aligned_server();
     server.export.set_fault(Some((512 * 1024, 516 * 1024, libc::EIO)));
-    let mut c = Client::ready(server.tcp_addr(), false);
+    let mut c = RawNbd::ready(server.tcp_addr());
     let big = vec![0xcc; 128 * 1024];
     // All pipelined in one burst; replies come back in order.
     c.request(CMD_READ, 0, 1, MIB, 512, &[]); // past the end
@@ -250,22 +101,26 @@ fn malformed_requests_get_spec_errors_and_connection_keeps_working() {
 fn structured_replies_for_reads() {
     let server = aligned_server();
     server.export.write_at(4096, &[0xab; 4096]).expect("preload");
-    let mut c = Client::ready(server.tcp_addr(), true);
+    let mut c = RawNbd::ready_structured(server.tcp_addr());
     c.request(CMD_READ, CMD_FLAG_DF, 1, 4096, 4096, &[]);
-    let (flags, ty, cookie, payload) = c.chunk();
+    let Chunk { flags, kind: ty, cookie, payload } = c.chunk();
     assert_eq!((flags, ty, cookie), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 1));
     assert_eq!(payload[..8], 4096u64.to_be_bytes());
     assert!(payload[8..].iter().all(|&b| b == 0xab) && payload.len() == 8 + 4096);
 
     c.request(CMD_READ, 0, 2, MIB, 512, &[]);
-    let (flags, ty, cookie, payload) = c.chunk();
+    let Chunk { flags, kind: ty, cookie, payload } = c.chunk();
     assert_eq!((flags, ty, cookie), (REPLY_FLAG_DONE, REPLY_TYPE_ERROR, 2));
     assert_eq!(payload[..4], NBD_EINVAL.to_be_bytes());
     let msg_len = u16::from_be_bytes([payload[4], payload[5]]) as usize;
     assert_eq!(payload.len(), 6 + msg_len);
 
     c.request(CMD_READ, 0, 3, 0, 0, &[]);
-    assert_eq!(c.chunk(), (REPLY_FLAG_DONE, REPLY_TYPE_NONE, 3, vec![]));
+    let done = c.chunk();
+    assert_eq!(
+        (done.flags, done.kind, done.cookie, done.payload),
+        (REPLY_FLAG_DONE, REPLY_TYPE_NONE, 3, vec![])
+    );
     // Non-read commands keep simple replies.
     c.request(CMD_WRITE, 0, 4, MIB, 512, &[0; 512]);
     assert_eq!(c.simple_reply(), (NBD_ENOSPC, 4));
@@ -280,9 +135,9 @@ fn structured_replies_for_reads() {
 fn a_bare_go_is_served_within_the_interoperable_sizes() {
     let bs = BlockSizes { min_bytes: 512, preferred_bytes: 4096, max_bytes: 1 << 20 };
     let server = TestServer::start_with(MIB, bs, Via::Tcp, |_| {});
-    let mut c = Client::connect(server.tcp_addr());
+    let mut c = RawNbd::greet(server.tcp_addr());
     c.send(&3u32.to_be_bytes());
-    c.go(&[]);
+    c.go(NAME, &[]);
     c.request(CMD_WRITE, 0, 1, 100, 512, &[3; 512]);
     assert_eq!(c.simple_reply(), (libc::EINVAL as u32, 1));
     c.request(CMD_WRITE, 0, 2, 512, 512, &[3; 512]);
@@ -298,11 +153,11 @@ fn a_bare_go_is_served_within_the_interoperable_sizes() {
     ];
     for bs in too_small {
         let server = TestServer::start_with(MIB, bs, Via::Tcp, |_| {});
-        let mut c = Client::connect(server.tcp_addr());
+        let mut c = RawNbd::greet(server.tcp_addr());
         c.send(&3u32.to_be_bytes());
         c.option(OPT_GO, &go_data(NAME, &[]));
         assert_eq!(c.opt_reply().reply_type, REP_ERR_BLOCK_SIZE_REQD, "{bs:?}");
-        c.go(&[INFO_BLOCK_SIZE]);
+        c.go(NAME, &[INFO_BLOCK_SIZE]);
         server.stop();
     }
 }
@@ -310,7 +165,7 @@ fn a_bare_go_is_served_within_the_interoperable_sizes() {
 #[test]
 fn option_errors_keep_the_handshake_going() {
     let server = aligned_server();
-    let mut c = Client::connect(server.tcp_addr());
+    let mut c = RawNbd::greet(server.tcp_addr());
     c.send(&1u32.to_be_bytes()); // fixed newstyle, zeroes wanted
     let cases: [(u32, Vec<u8>, u32); 8] = [
         (OPT_LIST, vec![1], REP_ERR_INVALID),
@@ -355,7 +210,7 @@ fn option_errors_keep_the_handshake_going() {
     assert!(reply[10..].iter().all(|&b| b == 0));
     c.assert_works(0, 1);
 
-    let mut a = Client::connect(server.tcp_addr());
+    let mut a = RawNbd::greet(server.tcp_addr());
     a.send(&3u32.to_be_bytes());
     a.option(OPT_ABORT, &[]);
     assert_eq!(a.opt_reply().reply_type, REP_ACK);
@@ -367,44 +222,44 @@ fn option_errors_keep_the_handshake_going() {
 fn garbage_handshakes_close_only_their_connection() {
     let server = aligned_server();
     let addr = server.tcp_addr();
-    let mut good = Client::ready(addr, false);
+    let mut good = RawNbd::ready(addr);
 
     let mut bad = Vec::new();
-    let mut c = Client::connect(addr); // garbage instead of flags and options
+    let mut c = RawNbd::greet(addr); // garbage instead of flags and options
     c.send(&[0x17; 64]);
     bad.push(c);
-    let mut c = Client::connect(addr); // bad option magic
+    let mut c = RawNbd::greet(addr); // bad option magic
     c.send(&3u32.to_be_bytes());
     c.send(b"NOTMAGIC\0\0\0\x07\0\0\0\0");
     bad.push(c);
-    let mut c = Client::connect(addr); // oversized option
+    let mut c = RawNbd::greet(addr); // oversized option
     c.send(&3u32.to_be_bytes());
     c.send(&IHAVEOPT.to_be_bytes());
     c.send(&[0, 0, 0, 7, 0x40, 0, 0, 0]);
     bad.push(c);
-    let mut c = Client::connect(addr); // one byte more than the server reads past
+    let mut c = RawNbd::greet(addr); // one byte more than the server reads past
     c.send(&3u32.to_be_bytes());
     c.send(&IHAVEOPT.to_be_bytes());
     c.send(&[0, 0, 0, 7]);
     c.send(&((1u32 << 20) + 1).to_be_bytes());
     bad.push(c);
-    let mut c = Client::connect(addr); // an export name too long for any export (no error reply)
+    let mut c = RawNbd::greet(addr); // an export name too long for any export (no error reply)
     c.send(&3u32.to_be_bytes());
     c.option(OPT_EXPORT_NAME, &[b'x'; 20_000]);
     bad.push(c);
-    let mut c = Client::connect(addr); // unknown export via NBD_OPT_EXPORT_NAME
+    let mut c = RawNbd::greet(addr); // unknown export via NBD_OPT_EXPORT_NAME
     c.send(&3u32.to_be_bytes());
     c.option(OPT_EXPORT_NAME, b"nope");
     bad.push(c);
-    let mut c = Client::ready(addr, false); // bad request magic in transmission
+    let mut c = RawNbd::ready(addr); // bad request magic in transmission
     c.send(&[0xde; 28]);
     bad.push(c);
     for (i, c) in bad.iter_mut().enumerate() {
         assert!(c.is_closed(), "connection {i} not closed");
     }
     good.assert_works(0, 10);
-    Client::ready(addr, true);
-    let mut fresh = Client::ready(addr, false);
+    RawNbd::ready_structured(addr);
+    let mut fresh = RawNbd::ready(addr);
     fresh.assert_works(4096, 20);
     server.stop();
 }
@@ -416,18 +271,18 @@ fn connection_limit_and_handshake_timeout() {
         c.handshake_timeout = Duration::from_millis(300);
     });
     let addr = server.tcp_addr();
-    let mut a = Client::ready(addr, false);
-    let idle = Client::connect(addr); // never finishes its handshake
-    let mut third = Client::connect_raw(addr);
+    let mut a = RawNbd::ready(addr);
+    let idle = RawNbd::greet(addr); // never finishes its handshake
+    let mut third = RawNbd::connect(addr);
     assert!(third.is_closed(), "third connection should be refused");
     a.assert_works(0, 1);
     // The idle one times out, freeing its slot.
     drop(idle);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let mut c = Client::connect_raw(addr);
+        let mut c = RawNbd::connect(addr);
         let mut g = [0u8; 18];
-        if c.s.read_exact(&mut g).is_ok() {
+        if c.stream.read_exact(&mut g).is_ok() {
             break;
         }
         assert!(Instant::now() < deadline, "slot never freed");
@@ -445,18 +300,18 @@ fn a_trickling_handshake_is_cut_at_its_deadline() {
         c.handshake_timeout = Duration::from_secs(1);
     });
     let started = Instant::now();
-    let mut c = Client::connect(server.tcp_addr());
-    c.s.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
+    let mut c = RawNbd::greet(server.tcp_addr());
+    c.stream.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
     // Client flags, then an option header, one byte at a time: never complete in 1 s.
     let bytes: Vec<u8> = [3u32.to_be_bytes().to_vec(), IHAVEOPT.to_be_bytes().to_vec()].concat();
     let mut closed_after = None;
     for &byte in bytes.iter().cycle().take(40) {
-        if c.s.write_all(&[byte]).is_err() {
+        if c.stream.write_all(&[byte]).is_err() {
             closed_after = Some(started.elapsed());
             break;
         }
         let mut b = [0u8; 64];
-        match c.s.read(&mut b) {
+        match c.stream.read(&mut b) {
             Ok(0) => {
                 closed_after = Some(started.elapsed());
                 break;
@@ -475,22 +330,13 @@ fn a_trickling_handshake_is_cut_at_its_deadline() {
     server.stop();
 }
 
-impl Client {
-    /// Connects without reading the greeting.
-    fn connect_raw(addr: SocketAddr) -> Client {
-        let s = TcpStream::connect(addr).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-        Client { s }
-    }
-}
-
 /// Replies already made go out before the server waits for the rest of a write's payload: a
 /// FLUSH and the header and first half of a WRITE arrive in one segment, and the client sends
 /// the second half only once it has the FLUSH's reply (a refused write's payload likewise).
 #[test]
 fn replies_are_sent_before_waiting_for_a_payload() {
     let server = aligned_server();
-    let mut c = Client::ready(server.tcp_addr(), false);
+    let mut c = RawNbd::ready(server.tcp_addr());
     let mut burst = Vec::new();
     let header = |command: u16, cookie: u64, offset: u64, len: u32| {
         let mut b = REQUEST_MAGIC.to_be_bytes().to_vec();
@@ -522,7 +368,7 @@ fn replies_are_sent_before_waiting_for_a_payload() {
 fn a_go_that_cannot_be_served_is_refused_with_a_reason() {
     let server = aligned_server();
     server.export.refuse_conns(true);
-    let mut c = Client::connect(server.tcp_addr());
+    let mut c = RawNbd::greet(server.tcp_addr());
     c.send(&3u32.to_be_bytes());
     c.option(OPT_GO, &go_data(NAME, &[INFO_BLOCK_SIZE]));
     let r = c.opt_reply();
@@ -530,7 +376,7 @@ fn a_go_that_cannot_be_served_is_refused_with_a_reason() {
     let reason = String::from_utf8_lossy(&r.data).into_owned();
     assert!(reason.contains("cannot serve this connection now"), "{reason}");
     server.export.refuse_conns(false);
-    c.go(&[INFO_BLOCK_SIZE]);
+    c.go(NAME, &[INFO_BLOCK_SIZE]);
     c.assert_works(0, 1);
     server.stop();
 }
@@ -539,8 +385,8 @@ fn a_go_that_cannot_be_served_is_refused_with_a_reason() {
 fn shutdown_finishes_requests_and_flushes() {
     let server = aligned_server();
     let export = server.export.clone();
-    let mut c = Client::ready(server.tcp_addr(), false);
-    let mut idle = Client::ready(server.tcp_addr(), false);
+    let mut c = RawNbd::ready(server.tcp_addr());
+    let mut idle = RawNbd::ready(server.tcp_addr());
     c.request(CMD_WRITE, 0, 1, 0, 4096, &[9; 4096]);
     assert_eq!(c.simple_reply(), (0, 1));
     let flushes_before = export.stats().flushes;
@@ -565,10 +411,10 @@ fn shutdown_cuts_a_client_that_stopped_reading() {
         c.max_request_bytes = 32 * MIB as u32;
     });
     let export = server.export.clone();
-    let mut good = Client::ready(server.tcp_addr(), false);
+    let mut good = RawNbd::ready(server.tcp_addr());
     good.request(CMD_WRITE, 0, 1, 0, 4096, &[5; 4096]);
     assert_eq!(good.simple_reply(), (0, 1));
-    let mut stuck = Client::ready(server.tcp_addr(), false);
+    let mut stuck = RawNbd::ready(server.tcp_addr());
     // 128 MiB of replies: far more than the socket buffers hold.
     for cookie in 0..4 {
         stuck.request(CMD_READ, 0, cookie, cookie * 16 * MIB, 32 * MIB as u32, &[]);
@@ -621,7 +467,7 @@ fn pipelined_writes_are_batched_and_each_answered() {
     let export = server.export.clone();
     // Block 10 fails in the export: the write there sits inside a batch of the second run.
     export.set_fault(Some((10 * 4096, 11 * 4096, libc::EIO)));
-    let mut c = Client::ready(server.tcp_addr(), false);
+    let mut c = RawNbd::ready(server.tcp_addr());
     let request = |command: u16, cookie: u64, offset: u64, payload: &[u8]| {
         let mut b = REQUEST_MAGIC.to_be_bytes().to_vec();
         b.extend_from_slice(&0u16.to_be_bytes());
@@ -678,7 +524,7 @@ fn large_payloads_arrive_whole() {
     let server =
         TestServer::start_with(8 * MIB, bs, Via::Tcp, |c| c.max_request_bytes = 4 * MIB as u32);
     let export = server.export.clone();
-    let mut c = Client::ready(server.tcp_addr(), false);
+    let mut c = RawNbd::ready(server.tcp_addr());
     let pattern = |seed: u64, len: usize| -> Vec<u8> {
         (0..len as u64).map(|i| (i.wrapping_mul(2_654_435_761) ^ seed) as u8).collect()
     };
@@ -722,7 +568,7 @@ fn an_idle_client_outlives_the_handshake_timeout() {
     let server = TestServer::start_with(MIB, BlockSizes::default(), Via::Tcp, |c| {
         c.handshake_timeout = Duration::from_millis(300);
     });
-    let mut c = Client::ready(server.tcp_addr(), false);
+    let mut c = RawNbd::ready(server.tcp_addr());
     c.assert_works(0, 1);
     std::thread::sleep(Duration::from_millis(900));
     c.assert_works(4096, 10);
@@ -741,7 +587,7 @@ fn clients_that_stop_reading_are_dropped_at_the_write_timeout() {
         c.max_connections = 2;
         c.write_timeout = Duration::from_secs(1);
     });
-    let mut stuck: Vec<Client> = (0..2).map(|_| Client::ready(server.tcp_addr(), false)).collect();
+    let mut stuck: Vec<RawNbd> = (0..2).map(|_| RawNbd::ready(server.tcp_addr())).collect();
     for c in &mut stuck {
         // 128 MiB of replies: far more than the socket buffers hold.
         for cookie in 0..4 {
@@ -759,7 +605,7 @@ fn clients_that_stop_reading_are_dropped_at_the_write_timeout() {
         assert!(started.elapsed() < Duration::from_secs(10), "still open: {:?}", server.stats());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut fresh = Client::ready(server.tcp_addr(), false);
+    let mut fresh = RawNbd::ready(server.tcp_addr());
     fresh.assert_works(0, 1);
     let stats = server.stats();
     assert_eq!(stats.connections_dropped_write_timeout, 2, "{stats:?}");
@@ -777,14 +623,14 @@ fn a_client_reading_a_trickle_is_dropped_at_the_write_timeout() {
         c.max_request_bytes = 32 * MIB as u32;
         c.write_timeout = Duration::from_secs(1);
     });
-    let mut slow = Client::ready(server.tcp_addr(), false);
+    let mut slow = RawNbd::ready(server.tcp_addr());
     slow.request(CMD_READ, 0, 1, 0, 32 * MIB as u32, &[]);
     let started = Instant::now();
     let mut b = [0u8; 4096];
     while server.stats().connections_dropped_write_timeout == 0 {
         assert!(started.elapsed() < Duration::from_secs(10), "never dropped");
         // 40 KiB/s: 32 MiB would take over 13 minutes.
-        let _ = slow.s.read(&mut b);
+        let _ = slow.stream.read(&mut b);
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(started.elapsed() >= Duration::from_millis(900));
@@ -798,8 +644,8 @@ fn an_idle_client_is_dropped_at_the_idle_timeout() {
     let server = TestServer::start_with(MIB, BlockSizes::default(), Via::Tcp, |c| {
         c.idle_timeout = Some(Duration::from_millis(400));
     });
-    let mut idle = Client::ready(server.tcp_addr(), false);
-    let mut busy = Client::ready(server.tcp_addr(), false);
+    let mut idle = RawNbd::ready(server.tcp_addr());
+    let mut busy = RawNbd::ready(server.tcp_addr());
     for round in 0..6 {
         busy.assert_works(4096, 10 + 2 * round);
         std::thread::sleep(Duration::from_millis(200));
@@ -822,7 +668,7 @@ fn a_read_in_flight_is_answered_after_the_requests_behind_it() {
     export.write_at(0, &[1; 4096]).expect("preload");
     export.write_at(5 * 4096, &[5; 4096]).expect("preload");
     export.hold_reads(Some((0, 4096)));
-    let mut c = Client::ready(server.tcp_addr(), false);
+    let mut c = RawNbd::ready(server.tcp_addr());
     c.request(CMD_READ, 0, 1, 0, 4096, &[]);
     c.request(CMD_READ, 0, 2, 5 * 4096, 4096, &[]);
     assert_eq!(c.simple_reply(), (0, 2), "the read behind the held one comes first");
@@ -843,7 +689,7 @@ fn a_disconnect_waits_for_the_reads_in_flight() {
     let export = server.export.clone();
     export.write_at(0, &[9; 4096]).expect("preload");
     export.hold_reads(Some((0, 4096)));
-    let mut c = Client::ready(server.tcp_addr(), true);
+    let mut c = RawNbd::ready_structured(server.tcp_addr());
     c.request(CMD_READ, 0, 1, 0, 4096, &[]);
     c.request(CMD_DISC, 0, 2, 0, 0, &[]);
     let release = {
@@ -853,7 +699,7 @@ fn a_disconnect_waits_for_the_reads_in_flight() {
             export.hold_reads(None);
         })
     };
-    let (flags, kind, cookie, payload) = c.chunk();
+    let Chunk { flags, kind, cookie, payload } = c.chunk();
     assert_eq!(
         (flags & REPLY_FLAG_DONE, kind, cookie),
         (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 1)
@@ -874,7 +720,7 @@ fn pipelined_reads_are_answered_as_they_complete() {
     for i in 0..4u64 {
         export.write_at(i * 4096, &[i as u8 + 1; 4096]).expect("preload");
     }
-    let mut c = Client::ready(server.tcp_addr(), false);
+    let mut c = RawNbd::ready(server.tcp_addr());
     let mut burst = Vec::new();
     for i in 0..4u64 {
         let mut b = REQUEST_MAGIC.to_be_bytes().to_vec();
@@ -917,7 +763,7 @@ fn a_client_refused_a_closed_export_is_not_counted_as_its_connection() {
     let running = server.spawn().expect("spawn");
     let handle = running.shutdown_handle();
     handle.close_export(0);
-    let mut c = Client::connect(addr);
+    let mut c = RawNbd::greet(addr);
     c.send(&3u32.to_be_bytes());
     c.option(OPT_GO, &go_data("one", &[INFO_BLOCK_SIZE]));
     let r = c.opt_reply();

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use openssl::ssl::{SslConnector, SslMethod, SslStream, SslVerifyMode, SslVersion};
 use pmcache_nbd::codec::*;
 use pmcache_nbd::{BlockSizes, TlsConfig, TlsMode};
+use pmcache_testkit::nbd::{RawNbd, option_bytes};
 use pmcache_testkit::tls::psk_file;
 use tempfile::TempDir;
 
@@ -18,51 +19,40 @@ use crate::common::{NAME, TestServer, Via, pseudo_random};
 const SIZE_BYTES: u64 = 1 << 20;
 const KEY: &[u8] = b"pmcache raw test key";
 
-struct Raw<S> {
-    s: S,
+/// Connects, reads the greeting and sends the client flags.
+fn connect(addr: SocketAddr) -> RawNbd {
+    let mut c = RawNbd::greet(addr);
+    c.send(&3u32.to_be_bytes());
+    c
 }
 
-impl Raw<TcpStream> {
-    /// Connects, reads the greeting and sends the client flags.
-    fn connect(addr: SocketAddr) -> Self {
-        let s = TcpStream::connect(addr).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-        let mut c = Raw { s };
-        let mut greeting = [0u8; 18];
-        c.s.read_exact(&mut greeting).expect("greeting");
-        assert_eq!(&greeting[..16], b"NBDMAGICIHAVEOPT");
-        c.send(&3u32.to_be_bytes());
-        c
-    }
-
-    /// True once the server closed the connection (end of stream or reset) having sent
-    /// nothing or a TLS alert record (type 21) at most.
-    fn closed(&mut self) -> bool {
-        let mut got = Vec::new();
-        let mut b = [0u8; 64];
-        loop {
-            match self.s.read(&mut b) {
-                Ok(0) => break,
-                Ok(n) if got.len() < 1024 => got.extend_from_slice(&b[..n]),
-                Ok(_) => return false,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
-                Err(_) => break,
-            }
-        }
-        got.first().is_none_or(|&t| t == 21)
-    }
-
+/// STARTTLS with a PSK handshake, on a client still in clear.
+trait StartTls: Sized {
     /// Sends STARTTLS, expects the ACK and runs a PSK handshake as `user` with `key`.
-    fn start_tls(self, user: &str, key: &[u8], version: SslVersion) -> Raw<SslStream<TcpStream>> {
+    fn start_tls(
+        self,
+        user: &str,
+        key: &[u8],
+        version: SslVersion,
+    ) -> RawNbd<SslStream<TcpStream>> {
         self.try_start_tls(user, key, version).expect("TLS handshake")
     }
 
+    fn try_start_tls(
+        self,
+        user: &str,
+        key: &[u8],
+        version: SslVersion,
+    ) -> Result<RawNbd<SslStream<TcpStream>>, String>;
+}
+
+impl StartTls for RawNbd {
     fn try_start_tls(
         mut self,
         user: &str,
         key: &[u8],
         version: SslVersion,
-    ) -> Result<Raw<SslStream<TcpStream>>, String> {
+    ) -> Result<RawNbd<SslStream<TcpStream>>, String> {
         self.option(OPT_STARTTLS, &[]);
         assert_eq!(self.reply(), (OPT_STARTTLS, REP_ACK));
         let mut b = SslConnector::builder(SslMethod::tls_client()).expect("connector");
@@ -80,77 +70,59 @@ impl Raw<TcpStream> {
         let mut config = b.build().configure().expect("configure");
         config.set_verify_hostname(false);
         config.set_use_server_name_indication(false);
-        let s = config.connect("localhost", self.s).map_err(|e| e.to_string())?;
-        Ok(Raw { s })
+        self.wrapped(|s| config.connect("localhost", s).map_err(|e| e.to_string()))
     }
 }
 
-impl<S: Read + Write> Raw<S> {
-    fn send(&mut self, b: &[u8]) {
-        self.s.write_all(b).expect("send");
-        self.s.flush().expect("flush");
-    }
-
-    fn option(&mut self, option: u32, data: &[u8]) {
-        self.send(&option_bytes(option, data));
-    }
-
+/// What these tests read of a connection, in clear or over TLS.
+trait Replies {
     /// One option reply: (option, reply type); its data is read past.
-    fn reply(&mut self) -> (u32, u32) {
-        let mut h = [0u8; 20];
-        self.s.read_exact(&mut h).expect("option reply");
-        assert_eq!(u64::from_be_bytes(h[..8].try_into().expect("8")), OPTION_REPLY_MAGIC);
-        let mut data = vec![0u8; u32::from_be_bytes(h[16..20].try_into().expect("4")) as usize];
-        self.s.read_exact(&mut data).expect("reply data");
-        let field = |at: usize| u32::from_be_bytes(h[at..at + 4].try_into().expect("4"));
-        (field(8), field(12))
-    }
+    fn reply(&mut self) -> (u32, u32);
 
     /// GO with block sizes, then one READ of 4 KiB at `offset_bytes`: the data.
+    fn go_and_read(&mut self, offset_bytes: u64) -> Vec<u8>;
+
+    /// True once the server closed the connection (end of stream or reset) having sent
+    /// nothing or a TLS alert record (type 21) at most.
+    fn closed(&mut self) -> bool;
+}
+
+impl<S: Read + Write> Replies for RawNbd<S> {
+    fn reply(&mut self) -> (u32, u32) {
+        let reply = self.opt_reply();
+        (reply.option, reply.reply_type)
+    }
+
     fn go_and_read(&mut self, offset_bytes: u64) -> Vec<u8> {
-        self.option(OPT_GO, &go_data());
+        self.go(NAME, &[INFO_BLOCK_SIZE]);
+        self.read_at(offset_bytes, 4096)
+    }
+
+    fn closed(&mut self) -> bool {
+        let mut got = Vec::new();
+        let mut b = [0u8; 64];
         loop {
-            match self.reply() {
-                (OPT_GO, REP_INFO) => {}
-                (OPT_GO, REP_ACK) => break,
-                other => panic!("GO failed: {other:x?}"),
+            match self.stream.read(&mut b) {
+                Ok(0) => break,
+                Ok(n) if got.len() < 1024 => got.extend_from_slice(&b[..n]),
+                Ok(_) => return false,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                Err(_) => break,
             }
         }
-        let mut req = REQUEST_MAGIC.to_be_bytes().to_vec();
-        req.extend_from_slice(&0u16.to_be_bytes());
-        req.extend_from_slice(&CMD_READ.to_be_bytes());
-        req.extend_from_slice(&7u64.to_be_bytes());
-        req.extend_from_slice(&offset_bytes.to_be_bytes());
-        req.extend_from_slice(&4096u32.to_be_bytes());
-        self.send(&req);
-        let mut reply = vec![0u8; 16 + 4096];
-        self.s.read_exact(&mut reply).expect("read reply");
-        assert_eq!(reply[..4], SIMPLE_REPLY_MAGIC.to_be_bytes());
-        assert_eq!(reply[4..8], [0; 4], "read error");
-        reply.split_off(16)
+        got.first().is_none_or(|&t| t == 21)
     }
 }
 
-fn option_bytes(option: u32, data: &[u8]) -> Vec<u8> {
-    let mut b = IHAVEOPT.to_be_bytes().to_vec();
-    b.extend_from_slice(&option.to_be_bytes());
-    b.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    b.extend_from_slice(data);
-    b
-}
-
+/// `NBD_OPT_GO` data for the export, block sizes asked for.
 fn go_data() -> Vec<u8> {
-    let mut d = (NAME.len() as u32).to_be_bytes().to_vec();
-    d.extend_from_slice(NAME.as_bytes());
-    d.extend_from_slice(&1u16.to_be_bytes());
-    d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-    d
+    pmcache_testkit::nbd::go_data(NAME, &[INFO_BLOCK_SIZE])
 }
 
 /// STARTTLS, then a plain option where the ClientHello belongs: the server closes the
 /// connection within `within`.
 pub fn garbage_for_a_client_hello_closes(addr: SocketAddr, within: Duration) {
-    let mut garbage = Raw::connect(addr);
+    let mut garbage = connect(addr);
     garbage.option(OPT_STARTTLS, &[]);
     assert_eq!(garbage.reply(), (OPT_STARTTLS, REP_ACK));
     garbage.send(&option_bytes(OPT_GO, &go_data()));
@@ -181,7 +153,7 @@ fn require_answers_tls_reqd_until_starttls_then_serves_over_tls() {
     let (server, data, _keys) = psk_server(TlsMode::Require, Duration::from_secs(5));
     let addr = server.tcp_addr();
     for version in [SslVersion::TLS1_3, SslVersion::TLS1_2] {
-        let mut c = Raw::connect(addr);
+        let mut c = connect(addr);
         c.option(OPT_GO, &go_data());
         assert_eq!(c.reply(), (OPT_GO, REP_ERR_TLS_REQD));
         for opt in [OPT_INFO, OPT_LIST, OPT_STRUCTURED_REPLY, 99] {
@@ -200,11 +172,11 @@ fn require_answers_tls_reqd_until_starttls_then_serves_over_tls() {
         assert!(tls.go_and_read(8192) == data[8192..12288], "{version:?}");
     }
     // EXPORT_NAME cannot be refused with a reply: the connection closes.
-    let mut c = Raw::connect(addr);
+    let mut c = connect(addr);
     c.option(OPT_EXPORT_NAME, NAME.as_bytes());
     assert!(c.closed(), "EXPORT_NAME without TLS must close");
     // ABORT is still acknowledged.
-    let mut c = Raw::connect(addr);
+    let mut c = connect(addr);
     c.option(OPT_ABORT, &[]);
     assert_eq!(c.reply(), (OPT_ABORT, REP_ACK));
     server.stop();
@@ -213,15 +185,15 @@ fn require_answers_tls_reqd_until_starttls_then_serves_over_tls() {
 #[test]
 fn tls_off_refuses_starttls_by_policy_and_on_serves_plain_clients() {
     let off = TestServer::start(SIZE_BYTES, BlockSizes::default(), Via::Tcp);
-    let mut c = Raw::connect(off.tcp_addr());
+    let mut c = connect(off.tcp_addr());
     c.option(OPT_STARTTLS, &[]);
     assert_eq!(c.reply(), (OPT_STARTTLS, REP_ERR_POLICY));
     assert_eq!(c.go_and_read(0), vec![0u8; 4096]);
     off.stop();
 
     let (on, data, _keys) = psk_server(TlsMode::On, Duration::from_secs(5));
-    assert!(Raw::connect(on.tcp_addr()).go_and_read(4096) == data[4096..8192]);
-    let mut tls = Raw::connect(on.tcp_addr()).start_tls("alice", KEY, SslVersion::TLS1_3);
+    assert!(connect(on.tcp_addr()).go_and_read(4096) == data[4096..8192]);
+    let mut tls = connect(on.tcp_addr()).start_tls("alice", KEY, SslVersion::TLS1_3);
     assert!(tls.go_and_read(0) == data[..4096]);
     on.stop();
 }
@@ -235,11 +207,11 @@ fn clients_that_break_starttls_are_dropped_and_the_server_keeps_serving() {
     let (server, data, _keys) = psk_server(TlsMode::Require, timeout);
     let addr = server.tcp_addr();
     let served = || {
-        let mut tls = Raw::connect(addr).start_tls("alice", KEY, SslVersion::TLS1_3);
+        let mut tls = connect(addr).start_tls("alice", KEY, SslVersion::TLS1_3);
         assert!(tls.go_and_read(0) == data[..4096]);
     };
 
-    let mut pipelined = Raw::connect(addr);
+    let mut pipelined = connect(addr);
     let mut burst = option_bytes(OPT_STARTTLS, &[]);
     burst.extend_from_slice(&option_bytes(OPT_GO, &go_data()));
     pipelined.send(&burst);
@@ -255,12 +227,12 @@ fn clients_that_break_starttls_are_dropped_and_the_server_keeps_serving() {
     served();
 
     for (user, key) in [("alice", &b"wrong key"[..]), ("bob", KEY)] {
-        let refused = Raw::connect(addr).try_start_tls(user, key, SslVersion::TLS1_3).is_err();
+        let refused = connect(addr).try_start_tls(user, key, SslVersion::TLS1_3).is_err();
         assert!(refused, "{user} with a wrong key must fail the handshake");
         served();
     }
 
-    let mut silent = Raw::connect(addr);
+    let mut silent = connect(addr);
     silent.option(OPT_STARTTLS, &[]);
     assert_eq!(silent.reply(), (OPT_STARTTLS, REP_ACK));
     let start = Instant::now();
