@@ -121,6 +121,82 @@ pub fn qemu_io(uri: &str, cmds: &[String], timeout: Duration) -> String {
     text
 }
 
+/// A qemu-io script of writes with pattern checks, and the data it leaves behind.
+pub struct QemuIoScript {
+    /// qemu-io's `-c` commands, in order.
+    pub commands: Vec<String>,
+    /// What the first `span_bytes` hold once they ran (a discarded range rewritten).
+    pub model: Vec<u8>,
+}
+
+/// Patterns written at `writes` pseudo-random offsets of the first `span_bytes` (at least
+/// 16 MiB), each read back with pattern verification: lengths from 1 byte to 8 MiB, offsets
+/// 4 KiB-aligned, 512-aligned and unaligned in turn, one write in seven with FUA; then 16
+/// pipelined 64 KiB writes, write-zeroes aligned and not, a discard rewritten, and a flush.
+pub fn qemu_io_patterns(span_bytes: u64, writes: u64) -> QemuIoScript {
+    assert!(span_bytes >= 16 << 20, "the script writes up to 11 MiB in");
+    let lens: [u64; 12] =
+        [1, 511, 512, 1536, 4096, 4097, 7680, 65536, 100_000, 1 << 20, (3 << 20) + 7, 8 << 20];
+    let mut model = vec![0u8; span_bytes as usize];
+    let mut commands = Vec::new();
+    let mut x: u64 = 0x1234_5678;
+    for i in 0..writes {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let len = lens[(i % lens.len() as u64) as usize];
+        let offset = (x >> 20) % (span_bytes - len);
+        let offset = match i % 3 {
+            0 => offset & !4095,
+            1 => offset & !511,
+            _ => offset,
+        };
+        let pattern = (i % 255 + 1) as u8;
+        let fua = if i % 7 == 0 { "-f " } else { "" };
+        commands.push(format!("write {fua}-P {pattern} {offset} {len}"));
+        commands.push(format!("read -P {pattern} {offset} {len}"));
+        model[offset as usize..(offset + len) as usize].fill(pattern);
+    }
+    // Pipelined writes, zeroes (aligned and not), a discard (contents unspecified until
+    // rewritten), and a flush.
+    let pipelined = span_bytes * 5 / 8 + 512;
+    for j in 0..16u64 {
+        let offset = pipelined + j * 65536;
+        commands.push(format!("aio_write -P 77 {offset} 65536"));
+        model[offset as usize..(offset + 65536) as usize].fill(77);
+    }
+    commands.push("aio_flush".into());
+    commands.push("write -z 1000000 300000".into());
+    model[1_000_000..1_300_000].fill(0);
+    commands.push("read -P 0 1000000 300000".into());
+    commands.push("write -z 8388608 2097152".into());
+    model[8 << 20..10 << 20].fill(0);
+    commands.push("read -P 0 8388608 2097152".into());
+    commands.push("discard 0 1048576".into());
+    commands.push("write -P 9 0 1048576".into());
+    model[..1 << 20].fill(9);
+    commands.push("flush".into());
+    QemuIoScript { commands, model }
+}
+
+/// An image of `size_bytes` (pseudo-random but for a zero region, `seed`) written in `dir`,
+/// converted into the NBD export at `uri` with `qemu-img convert -n`, out again into a new
+/// file, and compared (`qemu-img compare` against the export too); returns the image.
+pub fn qemu_img_roundtrip(dir: &Path, uri: &str, size_bytes: usize, timeout: Duration) -> Vec<u8> {
+    require_tool("qemu-img", "qemu-utils");
+    let src = dir.join("src.img");
+    let data = image_with_zero_region(size_bytes, 42);
+    std::fs::write(&src, &data).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+    let src_s = src.to_str().expect("a UTF-8 path");
+    qemu_img_convert(src_s, uri, true, timeout);
+    let out = dir.join("out.img");
+    qemu_img_convert(uri, out.to_str().expect("a UTF-8 path"), false, timeout);
+    assert!(read_file(&out) == data, "qemu-img convert out of {uri} differs from the source");
+    run_ok(
+        Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", src_s, uri]),
+        timeout,
+    );
+    data
+}
+
 /// `qemu-img convert -f raw -O raw FROM TO` (`into_existing`: `-n`, TO is not created), each
 /// an NBD URI or a file; fails the test when qemu-img does.
 pub fn qemu_img_convert(from: &str, to: &str, into_existing: bool, timeout: Duration) {

@@ -19,6 +19,7 @@ const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
 const GREETING: &[u8; 16] = b"NBDMAGICIHAVEOPT";
 const FLAG_C_FIXED_NEWSTYLE: u32 = 1;
 const FLAG_C_NO_ZEROES: u32 = 2;
+const OPT_EXPORT_NAME: u32 = 1;
 const OPT_GO: u32 = 7;
 const OPT_STRUCTURED_REPLY: u32 = 8;
 const REP_ACK: u32 = 1;
@@ -246,6 +247,47 @@ impl<S: Read + Write> RawNbd<S> {
             }
         }
     }
+}
+
+/// Connections that each break the protocol in their own way, as a server must survive them:
+/// garbage for the client flags, a bad option magic, an oversized option, an option one byte
+/// longer than a server reads past (1 MiB + 1), an export name too long for any export, an
+/// unknown export asked for with `NBD_OPT_EXPORT_NAME` (which has no error reply), and a bad
+/// request magic once ready. The server must close each, and only it.
+pub fn misbehaving_clients(addr: SocketAddr) -> Vec<(&'static str, RawNbd)> {
+    let flags = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes();
+    let greeted = |what: &'static str, send: &dyn Fn(&mut RawNbd)| {
+        let mut c = RawNbd::greet(addr);
+        send(&mut c);
+        (what, c)
+    };
+    let header = |len: u32| {
+        let mut b = flags.to_vec();
+        b.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        b.extend_from_slice(&OPT_GO.to_be_bytes());
+        b.extend_from_slice(&len.to_be_bytes());
+        b
+    };
+    let mut ready = RawNbd::ready(addr);
+    ready.send(&[0xde; 28]);
+    vec![
+        greeted("garbage for the client flags", &|c| c.send(&[0x17; 64])),
+        greeted("a bad option magic", &|c| {
+            c.send(&flags);
+            c.send(b"NOTMAGIC\0\0\0\x07\0\0\0\0");
+        }),
+        greeted("an oversized option", &|c| c.send(&header(0x4000_0000))),
+        greeted("an option one byte past what is read past", &|c| c.send(&header((1 << 20) + 1))),
+        greeted("an export name too long for any export", &|c| {
+            c.send(&flags);
+            c.option(OPT_EXPORT_NAME, &[b'x'; 20_000]);
+        }),
+        greeted("an unknown export by NBD_OPT_EXPORT_NAME", &|c| {
+            c.send(&flags);
+            c.option(OPT_EXPORT_NAME, b"nope");
+        }),
+        ("a bad request magic", ready),
+    ]
 }
 
 /// An option on the wire: `IHAVEOPT`, the option, its data's length, its data.

@@ -9,9 +9,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use pmcache_testkit::{
-    image_with_zero_region, pseudo_random, qemu_img_convert, read_file, require_tool, run, run_ok,
-};
+pub use pmcache_testkit::{pseudo_random, read_file, require_tool, run, run_ok};
 
 /// Export name `pmcache serve` uses by default.
 pub const EXPORT: &str = "pmcache";

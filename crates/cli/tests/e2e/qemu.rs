@@ -4,8 +4,9 @@
 //! and a byte-for-byte comparison of the backing file with a model of the writes. And
 //! `qemu-img convert` of a file into the export and back out.
 
-use std::process::Command;
 use std::time::Duration;
+
+use pmcache_testkit::{QemuIoScript, qemu_img_roundtrip, qemu_io_patterns};
 
 use crate::common::*;
 
@@ -27,45 +28,7 @@ fn patterns(mode: &str, via: Via) {
             format!("nbd+unix:///{EXPORT}?socket={}", setup.shm.path().join("nbd.sock").display())
         }
     };
-    // Sub-block, 512-aligned but not 4 KiB-aligned, unaligned, and multi-MiB lengths.
-    let lens: [u64; 12] =
-        [1, 511, 512, 1536, 4096, 4097, 7680, 65536, 100_000, 1 << 20, (3 << 20) + 7, 8 << 20];
-    let mut model = vec![0u8; span_bytes as usize];
-    let mut cmds = Vec::new();
-    let mut x: u64 = 0x1234_5678;
-    for i in 0..144u64 {
-        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-        let len = lens[(i % lens.len() as u64) as usize];
-        let offset = (x >> 20) % (span_bytes - len);
-        let offset = match i % 3 {
-            0 => offset & !4095,
-            1 => offset & !511,
-            _ => offset,
-        };
-        let pattern = (i % 255 + 1) as u8;
-        let fua = if i % 7 == 0 { "-f " } else { "" };
-        cmds.push(format!("write {fua}-P {pattern} {offset} {len}"));
-        cmds.push(format!("read -P {pattern} {offset} {len}"));
-        model[offset as usize..(offset + len) as usize].fill(pattern);
-    }
-    // Pipelined writes, zeroes (aligned and not), a discard (contents unspecified until
-    // rewritten), and a flush.
-    for j in 0..16u64 {
-        let offset = (40 * MIB) + j * 65536 + 512;
-        cmds.push(format!("aio_write -P 77 {offset} 65536"));
-        model[offset as usize..(offset + 65536) as usize].fill(77);
-    }
-    cmds.push("aio_flush".into());
-    cmds.push("write -z 1000000 300000".into());
-    model[1_000_000..1_300_000].fill(0);
-    cmds.push("read -P 0 1000000 300000".into());
-    cmds.push("write -z 8388608 2097152".into());
-    model[8 << 20..10 << 20].fill(0);
-    cmds.push("read -P 0 8388608 2097152".into());
-    cmds.push("discard 0 1048576".into());
-    cmds.push("write -P 9 0 1048576".into());
-    model[..1 << 20].fill(9);
-    cmds.push("flush".into());
+    let QemuIoScript { commands: mut cmds, model } = qemu_io_patterns(span_bytes, 144);
     // Re-read everything after the cache churned (old blocks come back from the backing store).
     for (i, chunk) in model.chunks(4 << 20).enumerate() {
         if chunk.iter().all(|&b| b == chunk[0]) {
@@ -122,18 +85,7 @@ fn qemu_img_convert_roundtrip() {
     let setup = Setup::new("qemu-img", size_bytes, 8 * MIB);
     std::fs::write(&setup.backing, vec![0xee; size_bytes as usize]).expect("dirty the backing");
     let server = setup.serve(Via::Tcp, &[]);
-    let src = setup.disk.path().join("src.img");
-    let data = image_with_zero_region(size_bytes as usize, 42);
-    std::fs::write(&src, &data).expect("write src");
-    let src_s = src.to_str().expect("utf8 path");
-    qemu_img_convert(src_s, &server.uri, true, TIMEOUT);
-    let out = setup.disk.path().join("out.img");
-    qemu_img_convert(&server.uri, out.to_str().expect("utf8 path"), false, TIMEOUT);
-    assert!(read_file(&out) == data, "qemu-img convert out differs from the source");
-    run_ok(
-        Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", src_s, &server.uri]),
-        TIMEOUT,
-    );
+    let data = qemu_img_roundtrip(setup.disk.path(), &server.uri, size_bytes as usize, TIMEOUT);
     server.terminate();
     // After a clean shutdown the cache still holds dirty blocks; an offline detach writes them
     // back and the backing file equals the source.

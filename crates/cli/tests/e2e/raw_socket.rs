@@ -65,28 +65,8 @@ fn malformed_requests_get_errors_and_the_server_keeps_serving() {
 
     // Garbage handshakes and a bad request magic close only their own connection.
     let mut good = NbdClient::ready(addr);
-    let mut bad = Vec::new();
-    let mut g = NbdClient::greet(addr); // garbage instead of flags and options
-    g.send(&[0x17; 64]);
-    bad.push(g);
-    let mut g = NbdClient::greet(addr); // bad option magic
-    g.send(&3u32.to_be_bytes());
-    g.send(b"NOTMAGIC\0\0\0\x07\0\0\0\0");
-    bad.push(g);
-    let mut g = NbdClient::greet(addr); // oversized option
-    g.send(&3u32.to_be_bytes());
-    g.send(&IHAVEOPT.to_be_bytes());
-    g.send(&[0, 0, 0, 7, 0x40, 0, 0, 0]);
-    bad.push(g);
-    let mut g = NbdClient::greet(addr); // unknown export
-    g.send(&3u32.to_be_bytes());
-    g.option(OPT_EXPORT_NAME, b"nope");
-    bad.push(g);
-    let mut g = NbdClient::ready(addr); // bad request magic in transmission
-    g.send(&[0xde; 28]);
-    bad.push(g);
-    for (i, g) in bad.iter_mut().enumerate() {
-        assert!(g.is_closed(), "bad connection {i} not closed");
+    for (what, mut c) in pmcache_testkit::nbd::misbehaving_clients(addr) {
+        assert!(c.is_closed(), "{what}: connection not closed");
     }
     let data = pseudo_random(8192, 11);
     good.write_at(4096 + 512, &data, 0);

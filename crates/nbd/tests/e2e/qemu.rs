@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use pmcache_nbd::BlockSizes;
 
-use crate::common::{TestServer, Via, read_file, require_tool, run_ok};
-use pmcache_testkit::{image_with_zero_region, qemu_img_convert};
+use crate::common::{TestServer, Via, require_tool};
+use pmcache_testkit::{QemuIoScript, qemu_img_roundtrip, qemu_io_patterns};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -15,42 +15,13 @@ fn qemu_io(uri: &str, cmds: &[String]) -> String {
     pmcache_testkit::qemu_io(uri, cmds, TIMEOUT)
 }
 
-/// Writes a pattern at many offsets and sizes, reading each back with pattern verification,
-/// then checks the whole export against a model of the writes.
+/// Writes a pattern at many offsets and sizes, reading each back with pattern verification
+/// (`pmcache_testkit::qemu_io_patterns`), then checks the whole export against a model of the
+/// writes.
 fn patterns(via: Via, block_sizes: BlockSizes) {
     let size_bytes: u64 = 64 << 20;
     let server = TestServer::start(size_bytes, block_sizes, via);
-    let lens: [u64; 10] =
-        [1, 511, 512, 4096, 4097, 65536, 100_000, 1 << 20, (3 << 20) + 7, 8 << 20];
-    let mut model = vec![0u8; size_bytes as usize];
-    let mut cmds = Vec::new();
-    let mut x: u64 = 0x1234_5678;
-    for i in 0..120u64 {
-        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-        let len = lens[(i % lens.len() as u64) as usize];
-        let offset = (x >> 20) % (size_bytes - len);
-        let offset = if i % 3 == 0 { offset & !4095 } else { offset };
-        let pattern = (i % 255 + 1) as u8;
-        let fua = if i % 7 == 0 { "-f " } else { "" };
-        cmds.push(format!("write {fua}-P {pattern} {offset} {len}"));
-        cmds.push(format!("read -P {pattern} {offset} {len}"));
-        model[offset as usize..(offset + len) as usize].fill(pattern);
-    }
-    // Pipelined writes, then zeroes, a discard (contents unspecified afterwards: rewritten),
-    // and a flush.
-    for j in 0..16u64 {
-        let offset = (40 << 20) + j * 65536;
-        cmds.push(format!("aio_write -P 77 {offset} 65536"));
-        model[offset as usize..(offset + 65536) as usize].fill(77);
-    }
-    cmds.push("aio_flush".into());
-    cmds.push("write -z 1000000 300000".into());
-    model[1_000_000..1_300_000].fill(0);
-    cmds.push("read -P 0 1000000 300000".into());
-    cmds.push("discard 0 1048576".into());
-    cmds.push("write -P 9 0 1048576".into());
-    model[..1 << 20].fill(9);
-    cmds.push("flush".into());
+    let QemuIoScript { commands: cmds, model } = qemu_io_patterns(size_bytes, 120);
     qemu_io(&server.uri, &cmds);
 
     let mut actual = vec![0u8; size_bytes as usize];
@@ -82,25 +53,13 @@ fn qemu_img_convert_roundtrip() {
     require_tool("qemu-img", "qemu-utils");
     let size_bytes: u64 = 24 << 20;
     let server = TestServer::start(size_bytes, BlockSizes::default(), Via::Tcp);
-    let src = server.path("src.img");
-    let data = image_with_zero_region(size_bytes as usize, 42);
-    std::fs::write(&src, &data).expect("write src");
     // Dirty the export first so zero detection must actually write zeroes.
     server.export.write_at(0, &vec![0xee; size_bytes as usize]).expect("dirty");
-
-    let src_s = src.to_str().expect("utf8 path");
-    qemu_img_convert(src_s, &server.uri, true, TIMEOUT);
+    let dir = server.path("");
+    let data = qemu_img_roundtrip(&dir, &server.uri, size_bytes as usize, TIMEOUT);
     let mut actual = vec![0u8; size_bytes as usize];
     server.export.read_at(0, &mut actual).expect("read export");
     assert!(actual == data, "export differs from source after qemu-img convert in");
-
-    let out = server.path("out.img");
-    qemu_img_convert(&server.uri, out.to_str().expect("utf8 path"), false, TIMEOUT);
-    assert!(read_file(&out) == data, "qemu-img convert out differs from source");
-    run_ok(
-        Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw", src_s, &server.uri]),
-        TIMEOUT,
-    );
     server.stop();
 }
 

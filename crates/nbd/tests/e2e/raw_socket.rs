@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use pmcache_nbd::codec::*;
 use pmcache_nbd::{BlockSizes, ListenAddr, MemExport, Server, ServerConfig, ServerError};
 
-use pmcache_testkit::nbd::{Chunk, RawNbd, go_data};
+use pmcache_testkit::nbd::{Chunk, RawNbd, go_data, misbehaving_clients};
 
 use crate::common::{NAME, TestServer, Via};
 
@@ -224,38 +224,8 @@ fn garbage_handshakes_close_only_their_connection() {
     let addr = server.tcp_addr();
     let mut good = RawNbd::ready(addr);
 
-    let mut bad = Vec::new();
-    let mut c = RawNbd::greet(addr); // garbage instead of flags and options
-    c.send(&[0x17; 64]);
-    bad.push(c);
-    let mut c = RawNbd::greet(addr); // bad option magic
-    c.send(&3u32.to_be_bytes());
-    c.send(b"NOTMAGIC\0\0\0\x07\0\0\0\0");
-    bad.push(c);
-    let mut c = RawNbd::greet(addr); // oversized option
-    c.send(&3u32.to_be_bytes());
-    c.send(&IHAVEOPT.to_be_bytes());
-    c.send(&[0, 0, 0, 7, 0x40, 0, 0, 0]);
-    bad.push(c);
-    let mut c = RawNbd::greet(addr); // one byte more than the server reads past
-    c.send(&3u32.to_be_bytes());
-    c.send(&IHAVEOPT.to_be_bytes());
-    c.send(&[0, 0, 0, 7]);
-    c.send(&((1u32 << 20) + 1).to_be_bytes());
-    bad.push(c);
-    let mut c = RawNbd::greet(addr); // an export name too long for any export (no error reply)
-    c.send(&3u32.to_be_bytes());
-    c.option(OPT_EXPORT_NAME, &[b'x'; 20_000]);
-    bad.push(c);
-    let mut c = RawNbd::greet(addr); // unknown export via NBD_OPT_EXPORT_NAME
-    c.send(&3u32.to_be_bytes());
-    c.option(OPT_EXPORT_NAME, b"nope");
-    bad.push(c);
-    let mut c = RawNbd::ready(addr); // bad request magic in transmission
-    c.send(&[0xde; 28]);
-    bad.push(c);
-    for (i, c) in bad.iter_mut().enumerate() {
-        assert!(c.is_closed(), "connection {i} not closed");
+    for (what, mut c) in misbehaving_clients(addr) {
+        assert!(c.is_closed(), "{what}: connection not closed");
     }
     good.assert_works(0, 10);
     RawNbd::ready_structured(addr);
