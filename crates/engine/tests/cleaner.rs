@@ -58,17 +58,13 @@ fn power_cuts_with_the_cleaner_running_lose_nothing() {
         let order = if rng.gen_bool(0.5) { WriteBackOrder::Lba } else { WriteBackOrder::Oldest };
         let run = CrashRun {
             mode,
-            eviction: EvictionKind::Clock,
-            admission: AdmissionConfig::Always,
             cut_at_point: Some(rng.gen_range(1..400)),
             cut_during_recovery_at: rng.gen_bool(0.2).then(|| rng.gen_range(1..5)),
             seed: rng.r#gen(),
-            index_buckets: None,
             concurrent_pairs: rng.gen_bool(0.7),
             overlapping_pairs: rng.gen_bool(0.5),
             cleaner: Some(eager(order)),
-            members: 1,
-            data_crc: false,
+            ..CrashRun::default()
         };
         let outcome = run_crash_case(&ops, &run)
             .unwrap_or_else(|failure| panic!("run {runs} ({run:?}): {failure}\nops: {ops:?}"));

@@ -100,14 +100,12 @@ fn run_strategy() -> impl Strategy<Value = CrashRun> {
                     cut_at_point,
                     cut_during_recovery_at,
                     seed,
-                    index_buckets: None,
                     concurrent_pairs: pairs,
-                    overlapping_pairs: false,
-                    cleaner: None,
                     // A quarter of the runs on a cache of two members (one per simulated
                     // node), the lanes' writes spread over both.
                     members: if seed % 4 == 0 { 2 } else { 1 },
                     data_crc: seed % 3 == 1,
+                    ..CrashRun::default()
                 }
             },
         )
@@ -211,17 +209,10 @@ fn backing_faults_make_operations_fail_between_power_cuts() {
             }
             let run = CrashRun {
                 mode,
-                eviction: EvictionKind::Clock,
-                admission: AdmissionConfig::Always,
                 cut_at_point: rng.gen_bool(0.5).then(|| rng.gen_range(1..200)),
-                cut_during_recovery_at: None,
                 seed: rng.r#gen(),
-                index_buckets: None,
                 concurrent_pairs: rng.gen_bool(0.5),
-                overlapping_pairs: false,
-                cleaner: None,
-                members: 1,
-                data_crc: false,
+                ..CrashRun::default()
             };
             let outcome = run_crash_case(&ops, &run)
                 .unwrap_or_else(|failure| panic!("{mode} ({run:?}): {failure}\nops: {ops:?}"));
@@ -292,16 +283,12 @@ fn ten_thousand_random_power_cuts() {
         let run = CrashRun {
             mode,
             eviction: if rng.gen_bool(0.5) { EvictionKind::Clock } else { EvictionKind::Fifo },
-            admission: AdmissionConfig::Always,
             cut_at_point: Some(rng.gen_range(1..300)),
             cut_during_recovery_at: rng.gen_bool(0.33).then(|| rng.gen_range(1..5)),
             seed: rng.r#gen(),
-            index_buckets: None,
             concurrent_pairs: rng.gen_bool(0.5),
             overlapping_pairs: rng.gen_bool(0.5),
-            cleaner: None,
-            members: 1,
-            data_crc: false,
+            ..CrashRun::default()
         };
         let outcome = run_crash_case(&ops, &run).unwrap_or_else(|failure| {
             panic!("run {runs} ({run:?}) failed: {failure}\nops: {ops:?}")
@@ -337,16 +324,13 @@ fn power_cuts_over_a_cache_of_several_members() {
         let run = CrashRun {
             mode,
             eviction: if rng.gen_bool(0.5) { EvictionKind::Clock } else { EvictionKind::Fifo },
-            admission: AdmissionConfig::Always,
             cut_at_point: Some(rng.gen_range(1..300)),
             cut_during_recovery_at: rng.gen_bool(0.33).then(|| rng.gen_range(1..5)),
             seed: rng.r#gen(),
-            index_buckets: None,
             concurrent_pairs: rng.gen_bool(0.5),
             overlapping_pairs: rng.gen_bool(0.5),
-            cleaner: None,
             members: rng.gen_range(2..=3),
-            data_crc: false,
+            ..CrashRun::default()
         };
         let outcome = run_crash_case(&ops, &run).unwrap_or_else(|failure| {
             panic!("run {runs} ({run:?}) failed: {failure}\nops: {ops:?}")
@@ -399,20 +383,7 @@ fn crash_point_enumeration() {
     });
     ops.push(Op::ReadBatch { reads: (0..6).map(|b| (b * block, block)).collect() });
     for mode in CacheMode::ALL {
-        let base = CrashRun {
-            mode,
-            eviction: EvictionKind::Clock,
-            admission: AdmissionConfig::Always,
-            cut_at_point: None,
-            cut_during_recovery_at: None,
-            seed: 7,
-            index_buckets: None,
-            concurrent_pairs: false,
-            overlapping_pairs: false,
-            cleaner: None,
-            members: 1,
-            data_crc: false,
-        };
+        let base = CrashRun { mode, seed: 7, ..CrashRun::default() };
         let total = run_crash_case(&ops, &base)
             .expect("run without power cut")
             .persist_points_first_segment;
@@ -458,20 +429,7 @@ fn crash_point_enumeration_with_a_failing_backing_store() {
     ops.push(Op::WriteBatch { writes: (20..26).map(|b| (b * block, block)).collect(), fua: false });
     ops.push(Op::Drain);
     for mode in CacheMode::ALL {
-        let base = CrashRun {
-            mode,
-            eviction: EvictionKind::Clock,
-            admission: AdmissionConfig::Always,
-            cut_at_point: None,
-            cut_during_recovery_at: None,
-            seed: 11,
-            index_buckets: None,
-            concurrent_pairs: false,
-            overlapping_pairs: false,
-            cleaner: None,
-            members: 1,
-            data_crc: false,
-        };
+        let base = CrashRun { mode, seed: 11, ..CrashRun::default() };
         let clean = run_crash_case(&ops, &base).expect("run without power cut");
         assert!(clean.failed_ops >= 3, "{mode}: only {} operations failed", clean.failed_ops);
         // Every point, the drain after the attach that follows the faults included.

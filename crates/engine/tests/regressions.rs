@@ -35,12 +35,7 @@ fn write_through_over_a_dirty_block_keeps_it_durable() {
         cut_at_point: Some(280),
         cut_during_recovery_at: Some(37),
         seed: 10954214153783984060,
-        index_buckets: None,
-        concurrent_pairs: false,
-        overlapping_pairs: false,
-        cleaner: None,
-        members: 1,
-        data_crc: false,
+        ..CrashRun::default()
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
@@ -95,18 +90,12 @@ fn a_superseded_entry_never_outlives_the_eviction_of_its_successor() {
         Op::PowerCut,
     ];
     let run = CrashRun {
-        mode: CacheMode::WriteBack,
         eviction: EvictionKind::Fifo,
         admission: AdmissionConfig::NHit { hits: 2 },
         cut_at_point: Some(291),
         cut_during_recovery_at: Some(32),
         seed: 6105861013921432921,
-        index_buckets: None,
-        concurrent_pairs: false,
-        overlapping_pairs: false,
-        cleaner: None,
-        members: 1,
-        data_crc: false,
+        ..CrashRun::default()
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
@@ -150,18 +139,12 @@ fn blocks_competing_for_index_room_survive_power_cuts() {
         Op::WriteBatch { writes: vec![(6656, 512), (12288, 512)], fua: true },
     ];
     let run = CrashRun {
-        mode: CacheMode::WriteBack,
-        eviction: EvictionKind::Clock,
         admission: AdmissionConfig::NHit { hits: 2 },
         cut_at_point: Some(347),
         cut_during_recovery_at: Some(37),
         seed: 7357249518273205890,
         index_buckets: Some(2),
-        concurrent_pairs: false,
-        overlapping_pairs: false,
-        cleaner: None,
-        members: 1,
-        data_crc: false,
+        ..CrashRun::default()
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");
@@ -190,18 +173,12 @@ fn a_torn_entry_over_a_free_slots_old_word_1_is_not_corruption() {
         Op::PowerCut,
     ];
     let run = CrashRun {
-        mode: CacheMode::WriteBack,
-        eviction: EvictionKind::Clock,
         admission: AdmissionConfig::SequentialCutoff { cutoff_bytes: 1024 },
         cut_at_point: Some(57),
         cut_during_recovery_at: Some(4),
         seed: 8758126944962122312,
-        index_buckets: None,
         concurrent_pairs: true,
-        overlapping_pairs: false,
-        cleaner: None,
-        members: 1,
-        data_crc: false,
+        ..CrashRun::default()
     };
     if let Err(failure) = run_crash_case(&ops, &run) {
         panic!("{failure}");

@@ -980,6 +980,27 @@ pub struct CrashRun {
     pub data_crc: bool,
 }
 
+impl Default for CrashRun {
+    /// Write-back, CLOCK, every miss admitted, one member, no cut but the script's, seed 0, and
+    /// nothing else: a case names only what it is about.
+    fn default() -> Self {
+        Self {
+            mode: CacheMode::WriteBack,
+            eviction: EvictionKind::Clock,
+            admission: AdmissionConfig::Always,
+            cut_at_point: None,
+            cut_during_recovery_at: None,
+            seed: 0,
+            index_buckets: None,
+            concurrent_pairs: false,
+            overlapping_pairs: false,
+            cleaner: None,
+            members: 1,
+            data_crc: false,
+        }
+    }
+}
+
 /// Stops the engine's cleaner when dropped: a segment that ends early (an error) must not leave
 /// its scope waiting for a cleaner thread that never stops.
 struct StopCleaner<'e, M: Medium, B: BackingStore, C: Clock>(&'e Engine<M, B, C>);
