@@ -10,10 +10,6 @@ use pmcache_nbd::codec::{CMD_FLAG_FUA, CMD_READ};
 
 use crate::common::*;
 
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 /// `pmcache serve ARGS`, run to completion (a refused start).
 fn serve_once(args: &[&str]) -> std::process::Output {
     run(Command::new(PMCACHE).arg("serve").args(args), Duration::from_secs(30))
@@ -72,12 +68,7 @@ fn serve_refuses_a_cache_of_another_backing_store_without_touching_it() {
     std::fs::rename(&setup.backing, &original).expect("keep the original");
     std::fs::rename(&other, &setup.backing).expect("another file onto the path");
     let out = serve_refused(&setup, &setup.backing);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("this cache belongs to another file at the backing store's path"),
-        "{}",
-        stderr(&out)
-    );
+    assert_refused(&out, "this cache belongs to another file at the backing store's path");
     assert!(read_file(&setup.cache) == before, "a refused serve changed the medium");
     assert!(read_file_at(&setup.backing, 0, 8192) == vec![0u8; 8192]);
     std::fs::rename(&original, &setup.backing).expect("the original back");
@@ -114,12 +105,7 @@ fn serve_refuses_foreign_data_and_a_cache_already_served() {
     let foreign = pseudo_random(4 * MIB as usize, 99);
     std::fs::write(&setup.cache, &foreign).expect("foreign medium");
     let out = serve_refused(&setup, &setup.backing);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("holds data that is not a pmcache cache; refusing to overwrite it"),
-        "{}",
-        stderr(&out)
-    );
+    assert_refused(&out, "holds data that is not a pmcache cache; refusing to overwrite it");
     assert!(read_file(&setup.cache) == foreign, "a refused serve changed foreign data");
     let out = setup.pmcache(&["check", "--cache", &setup.cache_arg()]);
     assert!(!out.status.success(), "check accepted foreign data");
@@ -131,8 +117,7 @@ fn serve_refuses_foreign_data_and_a_cache_already_served() {
     let data = pseudo_random(64 * 1024, 5);
     c.write_at(0, &data, 0);
     let out = serve_refused(&setup, &setup.backing);
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("another pmcache server runs on this cache"), "{}", stderr(&out));
+    assert_refused(&out, "another pmcache server runs on this cache");
     assert!(c.read_at(0, 64 * 1024) == data);
     let stats = setup.stats();
     assert_eq!(stats["bytes_written"], 64 * 1024, "{stats}");
@@ -383,12 +368,7 @@ fn a_control_path_that_is_not_a_socket_is_left_alone() {
         "--listen",
         "127.0.0.1:0",
     ]);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("exists and is not a socket; refusing to replace it"),
-        "{}",
-        stderr(&out)
-    );
+    assert_refused(&out, "exists and is not a socket; refusing to replace it");
     assert!(read_file(&setup.cache) == medium, "the medium changed");
     let server = setup.serve(Via::Tcp, &[]);
     assert_eq!(NbdClient::ready(server.addr()).read_at(0, 8192), vec![5u8; 8192]);
@@ -407,12 +387,7 @@ fn a_new_medium_that_cannot_serve_is_not_left_behind() {
         .and_then(|f| f.set_len(64 * MIB + 512))
         .expect("odd-sized backing");
     let out = serve_refused(&setup, &setup.backing);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("not a non-zero multiple of the 4096-byte cache block"),
-        "{}",
-        stderr(&out)
-    );
+    assert_refused(&out, "not a non-zero multiple of the 4096-byte cache block");
     assert!(!setup.cache.exists(), "the refused medium was left behind");
     std::fs::OpenOptions::new()
         .write(true)
@@ -593,8 +568,7 @@ fn argument_mistakes_are_refused_before_the_medium_is_touched() {
         "--listen",
         "0.0.0.0:0",
     ]);
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("without --allow-remote"), "{}", stderr(&out));
+    assert_refused(&out, "without --allow-remote");
     assert!(!setup.cache.exists(), "the medium was created");
     assert!(!setup.control.exists(), "the control socket was left");
 

@@ -369,6 +369,18 @@ pub fn read_file_at(p: &Path, offset: u64, len: usize) -> Vec<u8> {
     buf
 }
 
+/// What a command printed on stderr.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A command that failed, and said `says` on stderr.
+pub fn assert_refused(out: &Output, says: &str) {
+    let text = stderr(out);
+    assert!(!out.status.success(), "accepted: {text}");
+    assert!(text.contains(says), "not refused with {says:?}: {text}");
+}
+
 /// The raw NBD client of the tests (`pmcache_testkit::nbd`).
 pub use pmcache_testkit::nbd::RawNbd as NbdClient;
 

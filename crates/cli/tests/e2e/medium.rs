@@ -11,10 +11,6 @@ use std::time::Duration;
 
 use crate::common::*;
 
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 /// A new directory on the disk the tests are built on; these tests need one.
 fn disk_tempdir(tag: &str) -> TempDir {
     let dir = disk_dir()

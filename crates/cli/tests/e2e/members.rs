@@ -11,10 +11,6 @@ use crate::common::*;
 
 const TIMEOUT: Duration = Duration::from_secs(90);
 
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 #[test]
 fn a_cache_of_two_members_serves_recovers_in_any_order_and_refuses_a_missing_member() {
     // Two members of 4 MiB (1,000-odd slots each) in front of 64 MiB: the 6 MiB written fill

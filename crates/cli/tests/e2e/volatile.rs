@@ -10,10 +10,6 @@ use std::time::Duration;
 
 use crate::common::*;
 
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 /// The state file `serve` keeps by default: the backing file's path + ".pmcache-state".
 fn state_path(setup: &Setup) -> PathBuf {
     let mut name = setup.backing.as_os_str().to_owned();
@@ -135,8 +131,7 @@ fn a_lost_volatile_cache_is_refused_until_accepted() {
 
     std::fs::write(&setup.cache, b"").expect("empty medium");
     let out = setup.serve_refused(&setup.cache, &[]);
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("the medium file is empty"), "{}", stderr(&out));
+    assert_refused(&out, "the medium file is empty");
     assert_eq!(std::fs::metadata(&setup.cache).expect("medium").len(), 0, "medium changed");
     assert!(read_file(&setup.backing) == backing, "a refused serve changed the backing file");
     assert!(std::fs::read(state_path(&setup)).expect("state") == state_before);
