@@ -161,17 +161,21 @@ pub(crate) struct Served<F> {
     pub(crate) closing: Arc<AtomicBool>,
 }
 
-/// Serves control connections until the server closes it (`Served::closing`).
-pub(crate) fn serve(listener: UnixListener, served: Served<impl Frontend>) {
+/// Serves control connections until the server closes it (`Served::closing`), and returns
+/// the listener, still bound: until the server removes the socket, a client's connection is
+/// taken (and left unanswered), so an online `detach` polling it never mistakes the moments
+/// between this thread's end and the socket's removal for a server that died.
+pub(crate) fn serve(listener: UnixListener, served: Served<impl Frontend>) -> UnixListener {
     for stream in listener.incoming() {
         if served.closing.load(Ordering::SeqCst) {
-            return;
+            break;
         }
         let Ok(stream) = stream else { continue };
         if let Err(e) = handle(stream, &served) {
             eprintln!("pmcache: control connection: {e}");
         }
     }
+    listener
 }
 
 fn handle(stream: UnixStream, served: &Served<impl Frontend>) -> std::io::Result<()> {
@@ -393,4 +397,55 @@ pub fn request(path: &Path, command: &str, mut on_line: impl FnMut(&str)) -> Res
         on_line(&line);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone)]
+    struct NoFrontend;
+
+    impl Frontend for NoFrontend {
+        fn stop(&self) {}
+
+        fn stats(&self) -> Vec<(&'static str, u64)> {
+            Vec::new()
+        }
+    }
+
+    /// Once closed, the control thread hands its listener back still bound: until the server
+    /// removes the socket, a connection to it is taken, so an online `detach` probing it does
+    /// not take the moments before the removal for a server that died.
+    #[test]
+    fn a_closed_control_socket_takes_connections_until_its_listener_is_dropped() {
+        let shm = tempfile::tempdir_in("/dev/shm").expect("shm dir");
+        let disk = tempfile::tempdir().expect("disk dir");
+        let backing = disk.path().join("backing.img");
+        std::fs::File::create(&backing).and_then(|f| f.set_len(16 << 20)).expect("backing");
+        let mut config = crate::CacheConfig::new(shm.path().join("cache.pm"), backing);
+        config.cache_size = Some(8 << 20);
+        let (engine, _) = crate::open::open_or_format(&config, 4).expect("a cache");
+        let path = shm.path().join("cache.ctl");
+        let listener = bind(&path).expect("bind");
+        let closing = Arc::new(AtomicBool::new(false));
+        let served = Served {
+            engine: Arc::new(engine),
+            latencies: Arc::default(),
+            frontend: NoFrontend,
+            attachment: Arc::new(Attachment::unrecorded()),
+            detach: Arc::default(),
+            closing: closing.clone(),
+        };
+        let thread = std::thread::spawn(move || serve(listener, served));
+        let mut reply = String::new();
+        request(&path, "stats", |line| reply = line.to_owned()).expect("stats");
+        assert!(reply.contains("\"slot_count\""), "{reply}");
+        closing.store(true, Ordering::SeqCst);
+        let _ = UnixStream::connect(&path);
+        let listener = thread.join().expect("the control thread");
+        assert!(UnixStream::connect(&path).is_ok(), "the socket stopped taking connections");
+        drop(listener);
+        assert!(UnixStream::connect(&path).is_err(), "a dropped listener took a connection");
+    }
 }

@@ -151,7 +151,7 @@ pub struct Serving {
     control_listener: Option<UnixListener>,
     control_file: RemoveOnDrop,
     /// The control socket's thread, ended by `finish`.
-    control_thread: Option<std::thread::JoinHandle<()>>,
+    control_thread: Option<std::thread::JoinHandle<UnixListener>>,
     control_closing: Arc<AtomicBool>,
     announce: Arc<dyn Announce>,
     stop: crate::config::StopHandle,
@@ -545,13 +545,16 @@ impl Serving {
         if let Err(e) = engine.backing().release() {
             eprintln!("pmcache: releasing the backing store: {e}");
         }
-        // The control thread ends (woken by a connection of its own), then its socket goes.
+        // The control thread ends (woken by a connection of its own) and hands its listener
+        // back; the socket is removed while the listener still takes connections (an online
+        // `detach` probing it sees a live server until the file is gone), then closed.
         self.control_closing.store(true, Ordering::SeqCst);
-        if let Some(thread) = self.control_thread {
+        let listener = self.control_thread.and_then(|thread| {
             let _ = std::os::unix::net::UnixStream::connect(&control_path);
-            let _ = thread.join();
-        }
+            thread.join().ok()
+        });
         let _ = std::fs::remove_file(&control_path);
+        drop(listener);
         let what = match (detaching, written_back.is_some()) {
             (true, _) => {
                 format!(" and detached (every block written back, {dropped} clean copies dropped)")
