@@ -96,28 +96,6 @@ pub struct PolicyArgs {
     pub backing_latency: Option<LatencyDist>,
 }
 
-impl PolicyArgs {
-    /// `pmcache serve`'s defaults, for the commands that attach a cache without serving it.
-    pub fn attach_only(
-        engine: Option<String>,
-        medium_sync: MediumSync,
-        backing_moved: bool,
-    ) -> (MediumArgs, Self) {
-        let medium =
-            MediumArgs { medium_sync, cache_size: None, block_size: None, data_crc: false };
-        let policy = Self {
-            mode: CacheMode::WriteBack,
-            engine,
-            eviction: EvictionKind::Clock,
-            admission: AdmissionConfig::default(),
-            placement: PlacementPolicy::Local,
-            backing_moved,
-            backing_latency: None,
-        };
-        (medium, policy)
-    }
-}
-
 /// The cache on `cache` in front of `backing`, shaped by `medium` and run by `policy`.
 pub fn cache_config(
     cache: Vec<CacheSpec>,

@@ -12,7 +12,9 @@ use pmcache_serve::control::{self, default_control_path};
 use pmcache_serve::open::open_existing;
 use pmcache_serve::serving::store_control_path;
 
-use crate::args::{MEDIUM_SYNC_HELP, MediumArgs, PolicyArgs, cache_config};
+use pmcache_serve::CacheConfig;
+
+use crate::args::{MEDIUM_SYNC_HELP, MediumArgs};
 
 /// `pmcache format`: what a cache records of itself at format — its media and their size,
 /// its block size, data checksums, the backing store it caches. How it is then served (mode,
@@ -181,8 +183,13 @@ pub struct DetachArgs {
 }
 
 pub fn format(args: FormatArgs) -> Result<(), String> {
-    let (_, policy) = PolicyArgs::attach_only(None, args.medium.medium_sync, false);
-    let config = cache_config(args.cache, args.backing, &args.medium, &policy);
+    let config = CacheConfig {
+        medium_sync: args.medium.medium_sync,
+        cache_size: args.medium.cache_size,
+        block_size: args.medium.block_size,
+        data_crc: args.medium.data_crc,
+        ..CacheConfig::of_media(args.cache, args.backing)
+    };
     let engine = pmcache_serve::open::format(&config, args.force)?;
     let layout = engine.layout();
     let members = match layout.members().len() {
@@ -526,9 +533,12 @@ pub fn detach(args: DetachArgs) -> Result<(), String> {
     for spec in &args.cache {
         std::fs::metadata(&spec.path).map_err(|e| format!("{}: {e}", spec.path.display()))?;
     }
-    let (medium, policy) =
-        PolicyArgs::attach_only(args.engine.clone(), args.medium_sync, args.backing_moved);
-    let cache_args = cache_config(args.cache.clone(), backing, &medium, &policy);
+    let cache_args = CacheConfig {
+        medium_sync: args.medium_sync,
+        engine: args.engine.clone(),
+        backing_moved: args.backing_moved,
+        ..CacheConfig::of_media(args.cache.clone(), backing)
+    };
     // Attach only, never format: a medium whose superblock page reads blank may still hold
     // dirty entries in its metadata table, which formatting would zero.
     let engine = open_existing(&cache_args, 2)?;

@@ -59,19 +59,24 @@ pub struct CacheConfig {
 impl CacheConfig {
     /// The defaults of `pmcache serve` for the cache on `cache` in front of `backing`.
     pub fn new(cache: impl Into<PathBuf>, backing: impl Into<PathBuf>) -> Self {
+        Self::of_media(vec![CacheSpec { path: cache.into(), node: None }], backing)
+    }
+
+    /// [`CacheConfig::new`] for a cache of the members `cache`.
+    pub fn of_media(cache: Vec<CacheSpec>, backing: impl Into<PathBuf>) -> Self {
         Self {
-            cache: vec![CacheSpec { path: cache.into(), node: None }],
-            medium_sync: MediumSync::Auto,
+            cache,
+            medium_sync: MediumSync::default(),
             backing: backing.into(),
             cache_size: None,
             block_size: None,
             data_crc: false,
-            mode: CacheMode::WriteBack,
+            mode: CacheMode::default(),
             engine: None,
-            eviction: EvictionKind::Clock,
-            placement: PlacementPolicy::Local,
+            eviction: EvictionKind::default(),
+            placement: PlacementPolicy::default(),
             backing_moved: false,
-            admission: AdmissionConfig::SequentialCutoff { cutoff_bytes: 4 << 20 },
+            admission: AdmissionConfig::default(),
             backing_latency: None,
         }
     }

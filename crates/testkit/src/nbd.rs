@@ -102,7 +102,8 @@ impl RawNbd {
         c
     }
 
-    /// This client on what `wrap` makes of its connection (a TLS session after STARTTLS).
+    /// The client with its connection replaced by `wrap`'s stream over it (a TLS session
+    /// after STARTTLS), its export's size and flags kept.
     pub fn wrapped<T, E>(
         self,
         wrap: impl FnOnce(TcpStream) -> Result<T, E>,
