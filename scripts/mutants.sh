@@ -44,14 +44,14 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
 mutations=(
   "no-wait-anywhere|crates/engine/src/cache/ordering.rs|while self.stripes[stripe].cleaning.load(Ordering::Acquire) != 0 {|while false \&\& self.stripes[stripe].cleaning.load(Ordering::Acquire) != 0 {"
   "no-wait-write-through|crates/engine/src/cache/write.rs|engine.backing_turn(lba, \&guard)|engine.backing_turn_unordered(lba, \&guard)"
-  "no-wait-inline-write-back|crates/engine/src/cache/writeback.rs|engine.backing_turn(entry.lba, \&guard)|engine.backing_turn_unordered(entry.lba, \&guard)"
+  "no-wait-inline-write-back|crates/engine/src/cache/inline_writeback.rs|engine.backing_turn(entry.lba, \&guard)|engine.backing_turn_unordered(entry.lba, \&guard)"
   "no-wait-trim|crates/engine/src/cache/write.rs|engine.hold_range(lba, end, RANGE_HOLD_BLOCKS_MAX)|engine.hold_range_unordered(lba, end, RANGE_HOLD_BLOCKS_MAX)"
   "no-wait-zero-through|crates/engine/src/cache/zeroes.rs|engine.hold_range(lba, end, ZERO_RUN_BLOCKS_MAX)|engine.hold_range_unordered(lba, end, ZERO_RUN_BLOCKS_MAX)"
   "no-wait-range-holds|crates/engine/src/cache/ordering.rs|            self.wait_cleaner_writes(stripe);\n        }\n        hold|        }\n        hold"
   "no-stripe-hold-zero-through|crates/engine/src/cache/zeroes.rs|engine.hold_range(lba, end, ZERO_RUN_BLOCKS_MAX)|engine.hold_range_unlocked(lba, end, ZERO_RUN_BLOCKS_MAX)"
   "no-stripe-hold-trim|crates/engine/src/cache/write.rs|engine.hold_range(lba, end, RANGE_HOLD_BLOCKS_MAX)|engine.hold_range_unlocked(lba, end, RANGE_HOLD_BLOCKS_MAX)"
   "no-generation-check-cleaner|crates/engine/src/cache/cleaner/batch.rs|if now.same_incarnation(seen) \&\& now.state() == SlotState::Dirty {\n                    self.lane|if now.state() == SlotState::Dirty {\n                    self.lane"
-  "no-generation-check-inline|crates/engine/src/cache/writeback.rs|if now.same_incarnation(seen) \&\& now.state() == SlotState::Dirty {\n                self.rewrite_entry_state|if now.state() == SlotState::Dirty {\n                self.rewrite_entry_state"
+  "no-generation-check-inline|crates/engine/src/cache/inline_writeback.rs|if now.same_incarnation(seen) \&\& now.state() == SlotState::Dirty {\n                self.rewrite_entry_state|if now.state() == SlotState::Dirty {\n                self.rewrite_entry_state"
 )
 
 want=("$@")

@@ -48,7 +48,9 @@ section "cargo test (release optimisation: profile test-opt, release without LTO
 cargo test --workspace --profile test-opt "${all_features[@]}"
 
 section "the default build (no ublk feature): its own tests of what --ublk says"
-cargo test --profile test-opt -p pmcache-cli --test e2e ublk
+# The whole workspace, as above but without the feature: only the crates the feature changes
+# (serve, bench, cli) are compiled again.
+cargo test --workspace --profile test-opt --test e2e ublk
 
 section "shuttle: reader / writer / evictor interleavings, admission counters"
 cargo test --profile test-opt -p pmcache-engine --features shuttle --lib --test shuttle
@@ -72,29 +74,32 @@ section "a cache of two members on a QEMU guest of two NUMA nodes: placement on 
 scripts/guest/numa-e2e.sh
 
 section "bench smoke runs"
-# The test build's binary (release optimisation without the whole-program link, every
+# The test suite's binary (release optimisation without the whole-program link, every
 # feature): the smoke runs check the benches' harnesses, not their figures, and a fat-LTO
 # release build of its own would cost CI minutes.
-cargo build --profile test-opt -p pmcache-cli "${all_features[@]}"
-pmcache=target/test-opt/pmcache
-"$pmcache" bench engine-core --quick
-"$pmcache" bench engine-core --quick --separate --only -4k-qd16
-"$pmcache" bench engine-core --quick --serialize --only 'read-hit-4k$'
-"$pmcache" bench lookup --quick
-"$pmcache" bench lookup --quick --serialize --json
-"$pmcache" bench engines --quick --plot target/bench-engines-smoke.svg
-"$pmcache" bench writeback --quick --plot target/bench-writeback-smoke.svg
-"$pmcache" bench nbd --quick
-"$pmcache" bench tls --quick
-"$pmcache" bench paper002 --quick --plot target/bench-paper002-smoke.svg
-"$pmcache" bench media-kinds --quick
-"$pmcache" bench memory --quick
-"$pmcache" bench ublk-mapping --quick
-"$pmcache" bench mixed --quick
-# The experiments measured here; those that boot a QEMU guest are campaigns
-# (scripts/guest/paper00N.sh), their figures in docs/papers.
-"$pmcache" bench paper host --scale smallest --out target/papers-smoke
-"$pmcache" bench paper report --out target/papers-smoke
+pmcache=$(bash scripts/test-binary.sh)
+bench() {
+  local t=$SECONDS
+  "$pmcache" bench "$@"
+  echo "-- bench $* took $((SECONDS - t)) s"
+}
+bench engine-core --quick
+bench engine-core --quick --separate --only -4k-qd16
+bench engine-core --quick --serialize --only 'read-hit-4k$'
+bench lookup --quick
+bench lookup --quick --serialize --json
+bench engines --quick --plot target/bench-engines-smoke.svg
+bench writeback --quick --plot target/bench-writeback-smoke.svg
+bench nbd --quick
+bench tls --quick
+bench media-kinds --quick
+bench memory --quick
+bench ublk-mapping --quick
+bench mixed --quick
+# The papers' experiments measured here (002's among them); those that boot a QEMU guest are
+# campaigns (scripts/guest/paper00N.sh), their figures in docs/papers.
+bench paper host --scale smallest --out target/papers-smoke
+bench paper report --out target/papers-smoke
 
 section "fuzz smoke (cargo-fuzz needs a nightly toolchain; the decoder proptests above always run)"
 if cargo +nightly fuzz --version >/dev/null 2>&1; then

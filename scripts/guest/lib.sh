@@ -25,11 +25,16 @@ need_tools() {
 }
 
 # build_pmcache PROFILE: builds the pmcache binary with the ublk frontend (cargo feature
-# `ublk`); sets exe to its absolute path.
+# `ublk`); sets exe to its absolute path. In profile test-opt it is the binary the test suite
+# builds and runs (scripts/test-binary.sh), so CI builds it once.
 build_pmcache() {
   echo "== building pmcache (profile $1, feature ublk)"
-  cargo build --profile "$1" -p pmcache-cli --features ublk
-  exe="${CARGO_TARGET_DIR:-target}/$1/pmcache"
+  if [[ "$1" == test-opt ]]; then
+    exe=$(bash scripts/test-binary.sh)
+  else
+    cargo build --profile "$1" -p pmcache-cli --features ublk
+    exe="${CARGO_TARGET_DIR:-target}/$1/pmcache"
+  fi
   exe=$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")
 }
 

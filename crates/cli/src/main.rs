@@ -94,7 +94,20 @@ fn manage_ublk(_args: args::UblkArgs) -> Result<(), String> {
     Err(serve::UBLK_NOT_BUILT.to_string())
 }
 
+/// Makes a panic end the process, whatever the build profile: a panic is a broken invariant,
+/// and the next start recovers the cache from the medium (docs/DURABILITY.md, "A panic aborts
+/// the process"). The release profile aborts on its own; the test profile unwinds, so that its
+/// libraries are built once for the test harnesses and this binary.
+fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::abort();
+    }));
+}
+
 fn main() -> ExitCode {
+    abort_on_panic();
     let command = Cli::command();
     let serve = command.find_subcommand("serve").expect("a serve command");
     let argv = match config_file::expand(std::env::args_os().collect(), serve) {
@@ -128,5 +141,33 @@ fn main() -> ExitCode {
             eprintln!("pmcache: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    /// After `abort_on_panic`, a panic on any thread kills the process with SIGABRT once its
+    /// message is printed: checked in a child process.
+    #[test]
+    fn a_panic_aborts_the_process() {
+        const CHILD: &str = "PMCACHE_TEST_PANIC_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            super::abort_on_panic();
+            let panicked = std::thread::spawn(|| panic!("an invariant broke")).join();
+            // Unreached: the hook aborts before the thread unwinds.
+            eprintln!("the panic unwound: {}", panicked.is_err());
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "tests::a_panic_aborts_the_process", "--nocapture"])
+            .env(CHILD, "1")
+            .output()
+            .expect("run the child");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(6), "{}\n{stderr}", out.status);
+        assert!(stderr.contains("an invariant broke"), "{stderr}");
+        assert!(!stderr.contains("the panic unwound"), "{stderr}");
     }
 }

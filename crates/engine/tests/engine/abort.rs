@@ -64,7 +64,7 @@ fn assert_aborted_in(out: &Output, failpoint: &str, entry: &str) {
 
 #[test]
 fn a_panic_mid_write_aborts_through_a_catch_unwind() {
-    const NAME: &str = "a_panic_mid_write_aborts_through_a_catch_unwind";
+    const NAME: &str = "abort::a_panic_mid_write_aborts_through_a_catch_unwind";
     if std::env::var_os(CHILD).is_none() {
         let out = child(NAME, "panic-mid-write:3");
         assert_aborted_in(&out, "panic-mid-write:3", "Lane::write");
@@ -84,7 +84,7 @@ fn a_panic_mid_write_aborts_through_a_catch_unwind() {
 
 #[test]
 fn a_panic_mid_group_commit_aborts() {
-    const NAME: &str = "a_panic_mid_group_commit_aborts";
+    const NAME: &str = "abort::a_panic_mid_group_commit_aborts";
     if std::env::var_os(CHILD).is_none() {
         let out = child(NAME, "panic-mid-write:13");
         assert_aborted_in(&out, "panic-mid-write:13", "Lane::write_batch");
