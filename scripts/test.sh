@@ -83,19 +83,21 @@ bench() {
   "$pmcache" bench "$@"
   echo "-- bench $* took $((SECONDS - t)) s"
 }
-bench engine-core --quick
-bench engine-core --quick --separate --only -4k-qd16
-bench engine-core --quick --serialize --only 'read-hit-4k$'
+# One run of each, a second long where the experiment takes --seconds: a smoke run checks
+# that the harness measures and reports, and its figures are not kept.
+bench engine-core --quick --runs 1
+bench engine-core --quick --runs 1 --separate --only -4k-qd16
+bench engine-core --quick --runs 1 --serialize --only 'read-hit-4k$'
 bench lookup --quick
 bench lookup --quick --serialize --json
 bench engines --quick --plot target/bench-engines-smoke.svg
-bench writeback --quick --plot target/bench-writeback-smoke.svg
-bench nbd --quick
+bench writeback --quick --seconds 1 --plot target/bench-writeback-smoke.svg
+bench nbd --quick --seconds 1
 bench tls --quick
 bench media-kinds --quick
 bench memory --quick
 bench ublk-mapping --quick
-bench mixed --quick
+bench mixed --quick --seconds 1
 # The papers' experiments measured here (002's among them); those that boot a QEMU guest are
 # campaigns (scripts/guest/paper00N.sh), their figures in docs/papers.
 bench paper host --scale smallest --out target/papers-smoke

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use pmcache_backing::PsyncFile;
-use pmcache_engine::{AdmissionConfig, Config, Engine, MonotonicClock};
+
 use pmcache_media::{FileSystem, MediumKind, MediumOptions, MediumSync, MsyncCounts, PmemFile};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -26,7 +26,8 @@ use crate::harness::experiment::{Defaults, Experiment, Run};
 use crate::harness::machine;
 use crate::harness::stats::median_in_place;
 
-const BLOCK_BYTES: u64 = 4096;
+use crate::harness;
+use crate::harness::bed::BLOCK_BYTES;
 
 /// Options of `pmcache bench media-kinds`.
 #[derive(Debug, Clone, clap::Args)]
@@ -81,13 +82,12 @@ pub struct MediaKindsResult {
 
 /// A cache on one medium, with the writer's state.
 struct Bed {
-    pub(super) engine: Engine<PmemFile, PsyncFile, MonotonicClock>,
+    pub(super) bed: harness::bed::Bed<PmemFile, PsyncFile>,
     pub(super) dir: PathBuf,
     file_system: String,
     pub(super) blocks: u64,
     rng: SmallRng,
     data: Vec<u8>,
-    _tmp: tempfile::TempDir,
 }
 
 impl Bed {
@@ -99,8 +99,8 @@ impl Bed {
         sync: MediumSync,
         expected: MediumKind,
     ) -> Result<Bed, String> {
-        let tmp = tempfile::tempdir_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let path = tmp.path().join("medium");
+        let dirs = harness::bed::BedDirs::new(dir, dir)?;
+        let path = dirs.medium_path();
         write_whole(&path, cache_bytes)?;
         let options = MediumOptions { create_len_bytes: None, sync };
         let medium = PmemFile::open_with(&path, &options).map_err(|e| e.to_string())?;
@@ -113,40 +113,26 @@ impl Bed {
             ));
         }
         let file_system = FileSystem::of_path(&path).map_err(|e| e.to_string())?.name;
-        let slots = pmcache_engine::format::Geometry::for_medium(cache_bytes, BLOCK_BYTES as u32)
-            .map_err(|e| e.to_string())?
-            .slot_count;
         // Half the cache: every write lands in it, none evicts.
-        let blocks = (slots / 2).max(1);
+        let blocks = (harness::bed::slot_count(cache_bytes, false)? / 2).max(1);
         // The backing file beside the medium: write-back writes into a cache with room never
         // reach it.
-        let backing_path = tmp.path().join("backing");
-        std::fs::File::create(&backing_path)
-            .and_then(|f| f.set_len(blocks * BLOCK_BYTES))
-            .map_err(|e| format!("{}: {e}", backing_path.display()))?;
-        let backing = PsyncFile::open(&backing_path).map_err(|e| e.to_string())?;
-        let config = Config {
-            block_size: BLOCK_BYTES as u32,
-            max_lanes: 2,
-            admission: AdmissionConfig::Always,
-            ..Config::default()
-        };
-        let engine = Engine::format(medium, backing, MonotonicClock::default(), &config)
+        let backing = PsyncFile::open(&dirs.backing_file(blocks * BLOCK_BYTES)?)
             .map_err(|e| e.to_string())?;
+        let bed = harness::bed::Bed::format(dirs, medium, backing, &harness::bed::config(2))?;
         Ok(Bed {
-            engine,
+            bed,
             dir: dir.to_path_buf(),
             file_system,
             blocks,
             rng: SmallRng::seed_from_u64(0x6d73_796e),
             data: vec![0x5a; BLOCK_BYTES as usize],
-            _tmp: tmp,
         })
     }
 
     /// Writes random blocks for `time`: the writes made and the seconds they took.
     fn run(&mut self, time: Duration) -> Result<(u64, f64), String> {
-        let mut lane = self.engine.lane().map_err(|e| e.to_string())?;
+        let mut lane = self.bed.engine.lane().map_err(|e| e.to_string())?;
         let started = Instant::now();
         let mut writes = 0u64;
         while started.elapsed() < time {
@@ -161,7 +147,7 @@ impl Bed {
     }
 
     fn msync_counts(&self) -> MsyncCounts {
-        self.engine.medium().msync_counts()
+        self.bed.engine.medium().msync_counts()
     }
 }
 

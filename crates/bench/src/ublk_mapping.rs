@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pmcache_backing::{IoBuf, PsyncFile};
-use pmcache_engine::{AdmissionConfig, Config, Engine, MonotonicClock, ReadRequest, WriteRequest};
+use pmcache_engine::{ReadRequest, WriteRequest};
 use pmcache_frontend::{Backing, CacheConn};
 use pmcache_media::{MediumOptions, MediumSet, MediumSync, PmemFile, Window};
 use pmcache_ublk::mapping::{UBLK_IO_OP_READ, UBLK_IO_OP_WRITE};
@@ -30,7 +30,8 @@ use serde::Serialize;
 use crate::harness::experiment::{Defaults, Experiment, Run};
 use crate::harness::stats::median_in_place;
 
-const BLOCK_BYTES: u64 = 4096;
+use crate::harness;
+use crate::harness::bed::BLOCK_BYTES;
 const SECTORS_PER_BLOCK: u32 = (BLOCK_BYTES / 512) as u32;
 /// Requests per dispatch in the batched rows, and tags (buffers).
 const BATCH: usize = 16;
@@ -188,34 +189,19 @@ impl Experiment for UblkMappingArgs {
     /// Runs the experiment.
     fn run(&self, run: &Run) -> Result<UblkMappingResult, String> {
         let cache_bytes = if run.quick { 16 << 20 } else { self.cache_mib << 20 };
-        let tmp =
-            tempfile::tempdir_in(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let dirs = harness::bed::BedDirs::new(&self.dir, &self.dir)?;
         let options = MediumOptions { create_len_bytes: Some(cache_bytes), sync: MediumSync::Auto };
         let medium =
-            PmemFile::open_with(&tmp.path().join("medium"), &options).map_err(|e| e.to_string())?;
-        let slots = pmcache_engine::format::Geometry::for_medium(cache_bytes, BLOCK_BYTES as u32)
-            .map_err(|e| e.to_string())?
-            .slot_count;
+            PmemFile::open_with(&dirs.medium_path(), &options).map_err(|e| e.to_string())?;
         // Half the cache: every read hits, no write evicts.
-        let span_blocks = (slots / 2).max(1);
-        let backing_path = tmp.path().join("backing");
-        std::fs::File::create(&backing_path)
-            .and_then(|f| f.set_len(span_blocks * BLOCK_BYTES))
-            .map_err(|e| format!("{}: {e}", backing_path.display()))?;
-        let backing: Backing = Arc::new(PsyncFile::open(&backing_path).map_err(|e| e.to_string())?);
-        let config = Config {
-            block_size: BLOCK_BYTES as u32,
-            max_lanes: 2,
-            admission: AdmissionConfig::Always,
-            ..Config::default()
-        };
-        let engine = Engine::format(
-            MediumSet::single(Window::whole(Arc::new(medium))),
-            backing,
-            MonotonicClock::default(),
-            &config,
-        )
-        .map_err(|e| e.to_string())?;
+        let span_blocks = (harness::bed::slot_count(cache_bytes, false)? / 2).max(1);
+        let backing: Backing = Arc::new(
+            PsyncFile::open(&dirs.backing_file(span_blocks * BLOCK_BYTES)?)
+                .map_err(|e| e.to_string())?,
+        );
+        let medium = MediumSet::single(Window::whole(Arc::new(medium)));
+        let bed = harness::bed::Bed::format(dirs, medium, backing, &harness::bed::config(2))?;
+        let engine = &bed.engine;
         let mut rng = SmallRng::seed_from_u64(0x7562_6c6b);
         let geometry = Geometry {
             size_bytes: engine.size_bytes(),

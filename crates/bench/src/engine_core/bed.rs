@@ -7,16 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hdrhistogram::Histogram;
 use pmcache_backing::PsyncFile;
-use pmcache_engine::{
-    AdmissionConfig, Config, Engine, MonotonicClock, READ_DATA_PREFETCH_AHEAD, ReadRequest,
-    WriteRequest,
-};
+use pmcache_engine::{Config, READ_DATA_PREFETCH_AHEAD, ReadRequest, WriteRequest};
 use pmcache_media::{DramTable, Medium, MediumSet, PmemFile, Window};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::drive::drive;
 use super::{BLOCK, Case, PageBuf, page_buf};
+use crate::harness;
 
 #[derive(Clone, Copy, PartialEq)]
 pub(super) enum Mix {
@@ -25,13 +23,19 @@ pub(super) enum Mix {
     Half,
 }
 
+/// The engine on the medium as `pmcache serve` has it (`CacheMedium`'s window of it), its
+/// working set written.
 pub(super) struct Bed {
-    pub(super) dir: tempfile::TempDir,
-    /// The engine on the medium as `pmcache serve` has it (`CacheMedium`'s window of it).
-    pub(super) engine: Engine<MediumSet<Window<Arc<PmemFile>>>, PsyncFile, MonotonicClock>,
+    pub(super) bed: harness::bed::Bed<MediumSet<Window<Arc<PmemFile>>>, PsyncFile>,
     pub(super) medium: Arc<PmemFile>,
     pub(super) blocks: u64,
-    data_offset: u64,
+}
+
+impl std::ops::Deref for Bed {
+    type Target = harness::bed::Bed<MediumSet<Window<Arc<PmemFile>>>, PsyncFile>;
+    fn deref(&self) -> &Self::Target {
+        &self.bed
+    }
 }
 
 /// What the floors touch besides the medium: a DRAM table as large as the engine's DRAM
@@ -53,9 +57,11 @@ pub(super) fn floor_for(bed: &Bed) -> Result<Floor, String> {
     let table = DramTable::<AtomicU64>::zeroed((dram_bytes / 8).max(1) as usize)
         .map_err(|e| e.to_string())?;
     table.iter().for_each(|word| word.store(rng.gen_range(0..bed.blocks), Ordering::Relaxed));
-    let mut entries =
-        PmemFile::open(&bed.dir.path().join("floor-entries"), Some((slots * 16).max(4096)))
-            .map_err(|e| e.to_string())?;
+    let mut entries = PmemFile::open(
+        &bed.dirs.medium_path().with_file_name("floor-entries"),
+        Some((slots * 16).max(4096)),
+    )
+    .map_err(|e| e.to_string())?;
     // The entries stored as the engine's are (non-temporally or not), whatever this medium's
     // own timing at open chose.
     entries.use_nontemporal(bed.medium.primitives().nt_block_copy);
@@ -90,39 +96,25 @@ pub(super) fn bed(
     lanes: usize,
     data_crc: bool,
 ) -> Result<Bed, String> {
-    let tmp = tempfile::tempdir_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let dirs = harness::bed::BedDirs::new(dir, dir)?;
     let medium = Arc::new(
-        PmemFile::open(&tmp.path().join("medium"), Some(cache_bytes)).map_err(|e| e.to_string())?,
+        PmemFile::open(&dirs.medium_path(), Some(cache_bytes)).map_err(|e| e.to_string())?,
     );
-    let config = Config {
-        block_size: BLOCK as u32,
-        max_lanes: lanes,
-        admission: AdmissionConfig::Always,
-        data_crc,
-        ..Config::default()
-    };
-    let slots = pmcache_engine::format::Geometry::plan(cache_bytes, BLOCK as u32, data_crc)
-        .map_err(|e| e.to_string())?
-        .slot_count;
     // The working set fills 90 % of the cache: every access hits, none evicts.
-    let blocks = slots * 9 / 10;
-    let backing_path = tmp.path().join("backing");
-    std::fs::File::create(&backing_path)
-        .and_then(|f| f.set_len(blocks * BLOCK))
-        .map_err(|e| e.to_string())?;
-    let backing = PsyncFile::open(&backing_path).map_err(|e| e.to_string())?;
+    let blocks = harness::bed::slot_count(cache_bytes, data_crc)? * 9 / 10;
+    let backing =
+        PsyncFile::open(&dirs.backing_file(blocks * BLOCK)?).map_err(|e| e.to_string())?;
+    let config = Config { data_crc, ..harness::bed::config(lanes) };
     let set = MediumSet::single(Window::whole(medium.clone()));
-    let engine = Engine::format(set, backing, MonotonicClock::default(), &config)
-        .map_err(|e| e.to_string())?;
-    let data_offset = engine.superblock().geometry.data_offset;
+    let bed = harness::bed::Bed::format(dirs, set, backing, &config)?;
     {
-        let mut lane = engine.lane().map_err(|e| e.to_string())?;
+        let mut lane = bed.engine.lane().map_err(|e| e.to_string())?;
         let data = vec![0xa5u8; BLOCK as usize];
         for b in 0..blocks {
             lane.write(b * BLOCK, &data, false).map_err(|e| e.to_string())?;
         }
     }
-    Ok(Bed { dir: tmp, engine, medium, blocks, data_offset })
+    Ok(Bed { bed, medium, blocks })
 }
 
 /// One thread's raw accesses: a 4 KiB copy from (or copy + persist to) a random block.

@@ -9,6 +9,7 @@ use pmcache_media::PmemFile;
 
 use super::bed::{Bed, bed};
 use super::{BLOCK, CoreResult};
+use crate::harness;
 use crate::harness::stats::median_in_place;
 
 /// Bytes streamed through between recoveries to push the previous run's metadata out of the
@@ -39,9 +40,8 @@ pub(super) fn recovery_row(
         }
     }
     let dram = bed.engine.stats().dram_bytes_per_slot;
-    let Bed { dir: tmp, engine, medium, .. } = bed;
-    let backing_path = tmp.path().join("backing");
-    let medium_path = tmp.path().join("medium");
+    let Bed { bed: harness::bed::Bed { engine, dirs, .. }, medium, .. } = bed;
+    let (backing_path, medium_path) = (dirs.backing_path(), dirs.medium_path());
     drop(engine);
     drop(medium);
     let config = Config { max_lanes: 2, ..Config::default() };

@@ -2,6 +2,7 @@
 //! files, child processes and signals, statistics over runs, plots, the JSON report and the
 //! description of the machine.
 
+pub mod bed;
 pub mod experiment;
 pub mod fio;
 pub mod machine;

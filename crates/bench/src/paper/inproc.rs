@@ -18,27 +18,30 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use pmcache_backing::{BackingStore, IoBuf, PsyncFile};
-use pmcache_engine::{AdmissionConfig, Config, Engine, Lane, MonotonicClock};
+use pmcache_engine::{Lane, MonotonicClock};
 use pmcache_media::{Medium, PmemFile};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 use super::figure::{Point, Series};
 use super::workload::{Access, Request};
+use crate::harness;
 
-/// The engine's block size here.
-pub const BLOCK_BYTES: u64 = 4096;
+pub use crate::harness::bed::BLOCK_BYTES;
 
-/// A cache over an emulated-PM file, the span `[0, span)` cached.
+/// A cache over an emulated-PM file, the span `[0, span)` cached: the harness's bed
+/// ([`harness::bed::Bed`], which it dereferences to) and its medium file, for the raw series.
 pub struct Bed<B: BackingStore> {
-    _dir: tempfile::TempDir,
-    _disk_dir: tempfile::TempDir,
-    /// The engine.
-    pub engine: Engine<Arc<PmemFile>, B, MonotonicClock>,
+    bed: harness::bed::Bed<Arc<PmemFile>, B>,
     /// Its medium, for the raw series.
     pub medium: Arc<PmemFile>,
-    /// Where the slots start on the medium.
-    pub data_offset: u64,
+}
+
+impl<B: BackingStore> std::ops::Deref for Bed<B> {
+    type Target = harness::bed::Bed<Arc<PmemFile>, B>;
+    fn deref(&self) -> &Self::Target {
+        &self.bed
+    }
 }
 
 /// The medium size whose slots hold `span` with a tenth of them free (out-of-place writes
@@ -48,12 +51,11 @@ pub fn medium_bytes_for(span: u64) -> Result<u64, String> {
     let needed = blocks + blocks / 9 + 16;
     let mut bytes = needed * (BLOCK_BYTES + 16) + (1 << 20);
     loop {
-        let geometry = pmcache_engine::format::Geometry::for_medium(bytes, BLOCK_BYTES as u32)
-            .map_err(|e| e.to_string())?;
-        if geometry.slot_count >= needed {
+        let slots = harness::bed::slot_count(bytes, false)?;
+        if slots >= needed {
             return Ok(bytes);
         }
-        bytes += (needed - geometry.slot_count) * (BLOCK_BYTES + 16) + (1 << 20);
+        bytes += (needed - slots) * (BLOCK_BYTES + 16) + (1 << 20);
     }
 }
 
@@ -76,49 +78,16 @@ impl<B: BackingStore> Bed<B> {
         open: impl FnOnce(&Path) -> Result<B, String>,
     ) -> Result<Self, String> {
         let span = span.div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
-        let dir = tempfile::Builder::new()
-            .prefix("pmcache-paper-")
-            .tempdir_in(pm_dir)
-            .map_err(|e| format!("{}: {e}", pm_dir.display()))?;
-        let disk = tempfile::Builder::new()
-            .prefix("pmcache-paper-")
-            .tempdir_in(disk_dir)
-            .map_err(|e| format!("{}: {e}", disk_dir.display()))?;
-        let medium_bytes = medium_bytes_for(span)?;
+        let dirs = harness::bed::BedDirs::new(pm_dir, disk_dir)?;
         let medium = Arc::new(
-            PmemFile::open(&dir.path().join("medium"), Some(medium_bytes))
+            PmemFile::open(&dirs.medium_path(), Some(medium_bytes_for(span)?))
                 .map_err(|e| e.to_string())?,
         );
-        let backing_path = disk.path().join("backing");
-        std::fs::File::create(&backing_path)
-            .and_then(|f| f.set_len(span))
-            .map_err(|e| format!("{}: {e}", backing_path.display()))?;
-        let backing = open(&backing_path)?;
-        let config = Config {
-            block_size: BLOCK_BYTES as u32,
-            admission: AdmissionConfig::Always,
-            ..Config::default()
-        };
-        let engine = Engine::format(medium.clone(), backing, MonotonicClock::default(), &config)
-            .map_err(|e| e.to_string())?;
-        let data_offset = engine.superblock().geometry.data_offset;
-        {
-            let mut lane = engine.lane().map_err(|e| e.to_string())?;
-            let chunk = IoBuf::from_slice(&vec![0x5a; 1 << 20]);
-            let mut offset = 0;
-            while offset < span {
-                let len = (span - offset).min(chunk.len() as u64) as usize;
-                lane.write(offset, &chunk[..len], false).map_err(|e| e.to_string())?;
-                offset += len as u64;
-            }
-        }
-        Ok(Bed { _dir: dir, _disk_dir: disk, engine, medium, data_offset })
-    }
-
-    /// Read misses since the bed was filled: a figure that claims all hits checks this is 0.
-    pub fn read_misses(&self) -> u64 {
-        let stats = self.engine.stats();
-        stats.read_misses_admitted + stats.read_misses_bypassed
+        let backing = open(&dirs.backing_file(span)?)?;
+        let bed =
+            harness::bed::Bed::format(dirs, medium.clone(), backing, &harness::bed::config(64))?;
+        bed.fill(span, 0x5a)?;
+        Ok(Bed { bed, medium })
     }
 
     /// A worker doing requests directly on the medium (reads copy out; writes copy and

@@ -15,19 +15,21 @@ use std::path::{Path, PathBuf};
 
 use pmcache_backing::PsyncFile;
 use pmcache_engine::{
-    AdmissionConfig, Config, Engine, MemberStats, MonotonicClock, PlacementConfig, PlacementPolicy,
+    Config, Engine, MemberStats, MonotonicClock, PlacementConfig, PlacementPolicy,
 };
 use pmcache_media::numa::{Topology, pin_to_cpu};
 use pmcache_media::{MediumSet, PmemFile};
 
 use super::Ctx;
 use super::figure::{Figure, Point, Series, number};
+use crate::harness::bed::{self, Bed, BedDirs};
 
 /// The bed name inside the guest.
 pub const GUEST_BED: &str = "guest-numa";
 const BLOCK: u64 = 4096;
 
 type NumaEngine = Engine<MediumSet<PmemFile>, PsyncFile, MonotonicClock>;
+type NumaBed = Bed<MediumSet<PmemFile>, PsyncFile>;
 type NumaLane<'e> = pmcache_engine::Lane<'e, MediumSet<PmemFile>, PsyncFile, MonotonicClock>;
 
 /// One panel: id suffix, title, the share of writer threads, the paper's sentence.
@@ -117,15 +119,15 @@ fn nodes(pm_dir: &Path) -> Result<Vec<(u32, Vec<usize>, PathBuf)>, String> {
     Ok(nodes)
 }
 
-/// A fresh cache of one member per node over a new backing file.
+/// A fresh cache of one member per node (each member's file in its node's directory) over a
+/// new backing file.
 fn engine(
     ctx: &Ctx,
     nodes: &[(u32, Vec<usize>, PathBuf)],
     member_bytes: u64,
     policy: PlacementPolicy,
-) -> Result<(NumaEngine, tempfile::TempDir), String> {
-    let disk = tempfile::tempdir_in(&ctx.args.dir)
-        .map_err(|e| format!("{}: {e}", ctx.args.dir.display()))?;
+) -> Result<NumaBed, String> {
+    let dirs = BedDirs::new(&ctx.args.dir, &ctx.args.dir)?;
     let mut members = Vec::new();
     for (node, _, dir) in nodes {
         let path = dir.join("pmcache-001-numa.pm");
@@ -134,22 +136,11 @@ fn engine(
         medium.reserve().map_err(|e| e.to_string())?;
         members.push((medium, Some(*node)));
     }
-    let backing_path = disk.path().join("backing");
-    let backing_bytes = member_bytes * nodes.len() as u64;
-    std::fs::File::create(&backing_path)
-        .and_then(|f| f.set_len(backing_bytes))
-        .map_err(|e| format!("{}: {e}", backing_path.display()))?;
+    let backing_path = dirs.backing_file(member_bytes * nodes.len() as u64)?;
     let backing = PsyncFile::open(&backing_path).map_err(|e| e.to_string())?;
-    let config = Config {
-        block_size: BLOCK as u32,
-        admission: AdmissionConfig::Always,
-        placement: PlacementConfig { policy, ..Default::default() },
-        ..Config::default()
-    };
-    let engine =
-        Engine::format(MediumSet::new(members), backing, MonotonicClock::default(), &config)
-            .map_err(|e| e.to_string())?;
-    Ok((engine, disk))
+    let config =
+        Config { placement: PlacementConfig { policy, ..Default::default() }, ..bed::config(64) };
+    Bed::format(dirs, MediumSet::new(members), backing, &config)
 }
 
 /// The CPU of thread `i`: the nodes in turn, each node's CPUs in turn.
@@ -234,7 +225,8 @@ fn measure(ctx: &Ctx) -> Result<Vec<Figure>, String> {
             for (x, &t) in threads.iter().enumerate() {
                 let writers = ((t as f64 * writer_share).ceil() as usize).clamp(1, t);
                 for _ in 0..ctx.runs {
-                    let (engine, _disk) = engine(ctx, &nodes, member_bytes, policy)?;
+                    let Bed { engine, dirs: _dirs, .. } =
+                        engine(ctx, &nodes, member_bytes, policy)?;
                     let counts = point(&engine, &nodes, t, writers, region, passes)?;
                     if policy == PlacementPolicy::Local {
                         totals.reads_local += counts.reads_local;

@@ -9,36 +9,33 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use pmcache_backing::{BackingStore, EngineOptions, open_backing};
-use pmcache_engine::{Config, Engine, MonotonicClock, ReadRequest, Stats, WriteRequest};
+use pmcache_engine::{Config, ReadRequest, Stats, WriteRequest};
 use pmcache_media::PmemFile;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::fio::run_fio_replay;
 use super::{BLOCK_BYTES, CleanerFigures, DrainRun, Plan, Sample, Shape, TICK, WritebackArgs};
+use crate::harness::bed::{Bed, BedDirs};
 use crate::harness::fio::{RAW_ENGINES, best_of_engines};
 
-/// The engine with a fresh cache on the medium directory, over the backing file.
-type BenchEngine = Engine<Arc<PmemFile>, Arc<dyn BackingStore>, MonotonicClock>;
+/// A fresh cache on the medium directory over the backing file, `lanes` lanes.
+type BenchBed = Bed<Arc<PmemFile>, Arc<dyn BackingStore>>;
 
 fn open_engine(
     args: &WritebackArgs,
     plan: &Plan,
     backing: &Path,
     lanes: usize,
-) -> Result<(tempfile::TempDir, BenchEngine), String> {
-    let tmp = tempfile::tempdir_in(&args.medium_dir)
-        .map_err(|e| format!("{}: {e}", args.medium_dir.display()))?;
+) -> Result<BenchBed, String> {
+    let dirs = BedDirs::new(&args.medium_dir, &args.medium_dir)?;
     let medium = Arc::new(
-        PmemFile::open(&tmp.path().join("medium"), Some(plan.cache_bytes))
-            .map_err(|e| e.to_string())?,
+        PmemFile::open(&dirs.medium_path(), Some(plan.cache_bytes)).map_err(|e| e.to_string())?,
     );
     let opts = EngineOptions { sync_contexts: lanes + 1, ..EngineOptions::new(plan.engine, true) };
     let store = open_backing(backing, &opts).map_err(|e| e.to_string())?;
     let config = Config { max_lanes: lanes, ..Config::default() };
-    let engine = Engine::format(medium, store, MonotonicClock::default(), &config)
-        .map_err(|e| e.to_string())?;
-    Ok((tmp, engine))
+    Bed::format(dirs, medium, store, &config)
 }
 
 fn histogram() -> Histogram<u64> {
@@ -60,7 +57,7 @@ pub(super) fn run_engine(
     with_cleaner: bool,
     run: usize,
 ) -> Result<Sample, String> {
-    let (_medium_dir, engine) = open_engine(args, plan, backing, shape.writers + 2)?;
+    let Bed { engine, dirs: _dirs, .. } = open_engine(args, plan, backing, shape.writers + 2)?;
     let slots = engine.superblock().geometry.slot_count;
     let span_blocks = plan.span_bytes / BLOCK_BYTES;
     let stop = AtomicBool::new(false);
@@ -242,7 +239,7 @@ pub(super) fn run_misses(
     shape: Shape,
     run: usize,
 ) -> Result<Sample, String> {
-    let (_medium_dir, engine) = open_engine(args, plan, backing, shape.writers + 1)?;
+    let Bed { engine, dirs: _dirs, .. } = open_engine(args, plan, backing, shape.writers + 1)?;
     let span_blocks = plan.span_bytes / BLOCK_BYTES;
     let stop = AtomicBool::new(false);
     let counts: Vec<AtomicU64> = (0..shape.writers).map(|_| AtomicU64::new(0)).collect();
@@ -334,7 +331,7 @@ pub(super) fn run_drain(
     backing: &Path,
     run: usize,
 ) -> Result<DrainRun, String> {
-    let (_medium_dir, engine) = open_engine(args, plan, backing, 2)?;
+    let Bed { engine, dirs: _dirs, .. } = open_engine(args, plan, backing, 2)?;
     let slots = engine.superblock().geometry.slot_count;
     let span_blocks = plan.span_bytes / BLOCK_BYTES;
     // 90 % of the slots: the fill never needs a slot back.
