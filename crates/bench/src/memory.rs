@@ -181,6 +181,7 @@ fn measure_run(
             seconds,
             out_dir: scratch.dir(),
             timeline: false,
+            cpus: None,
         };
         let mut fio = FioRun::spawn(&spec)?;
         let mut peak = Rss::default();

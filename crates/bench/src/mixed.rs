@@ -263,6 +263,7 @@ fn measure(
             LatencyDist::parse(&args.latency).map_err(|e| format!("--latency: {e}"))?,
         ),
         tls_certificates: None,
+        cleaner_cpu: None,
     };
     let server = Server::start_pmcache(&PmcacheServe {
         medium: &medium,

@@ -320,6 +320,7 @@ fn measure(
         seconds: plan.seconds,
         out_dir: scratch.dir(),
         timeline: true,
+        cpus: None,
     };
     let (result, server) = match config.kind {
         Kind::Pmcache => {

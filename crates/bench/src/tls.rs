@@ -117,6 +117,7 @@ impl Experiment for TlsArgs {
             seconds,
             out_dir: scratch.dir(),
             timeline: false,
+            cpus: None,
         };
         let (mut plain, mut tls) = (Vec::new(), Vec::new());
         for turn in 0..runs {

@@ -192,7 +192,8 @@ pub struct ServeArgs {
     /// A setting of the background cleaner, `KEY=VALUE` (repeatable; change it later with
     /// `pmcache set`): order=lba|oldest|none, adaptive=off|boost|boost-pid, target_pct,
     /// high_pct, low_pct, idle_target_pct, idle_ms, queue_depth, batch_blocks, merge_blocks,
-    /// kp, ki, kd, rate_min, rate_max, nice_base, nice_boost, stall_timeout_ms.
+    /// kp, ki, kd, rate_min, rate_max, nice_base, nice_boost, nice_writers, stall_timeout_ms,
+    /// throttle_pct.
     /// `order=none` runs no cleaner (writers then write back inline).
     #[arg(long = "cleaner", value_name = "KEY=VALUE")]
     pub cleaner: Vec<String>,

@@ -194,6 +194,9 @@ pub(crate) struct FioSpec<'a> {
     pub(crate) out_dir: &'a Path,
     /// Keep a per-second IOPS log.
     pub(crate) timeline: bool,
+    /// The CPUs fio's jobs may run on (`--cpus_allowed`, e.g. `0` or `0-1`, shared by the
+    /// jobs); `None`: any.
+    pub(crate) cpus: Option<&'a str>,
 }
 
 /// What fio measured (all jobs together).
@@ -256,6 +259,9 @@ impl FioRun {
             .args(["--lat_percentiles=1", "--percentile_list=50:99:99.9"])
             .arg("--output-format=json")
             .arg(format!("--output={}", output.display()));
+        if let Some(cpus) = spec.cpus {
+            command.arg(format!("--cpus_allowed={cpus}")).arg("--cpus_allowed_policy=shared");
+        }
         match &spec.target {
             FioTarget::Nbd(uri) => {
                 command.arg("--ioengine=nbd").arg(format!("--uri={uri}"));

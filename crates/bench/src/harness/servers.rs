@@ -65,6 +65,8 @@ pub(crate) struct ServeOptions<'a> {
     pub(crate) backing_latency: Option<LatencyDist>,
     /// `--tls=on --tls-certificates DIR`.
     pub(crate) tls_certificates: Option<&'a Path>,
+    /// A CPU of the cleaner's own, outside the server's other threads' (`cpus`).
+    pub(crate) cleaner_cpu: Option<usize>,
 }
 
 /// A pmcache server's notes, into its log file.
@@ -95,6 +97,25 @@ fn cpu_set(list: &str) -> Result<rustix::thread::CpuSet, String> {
         (first..=last).for_each(|cpu| set.set(cpu));
     }
     Ok(set)
+}
+
+/// Moves this process's thread named `name` to CPU `cpu` alone.
+fn pin_thread(name: &str, cpu: usize) -> Result<(), String> {
+    let tasks =
+        std::fs::read_dir("/proc/self/task").map_err(|e| format!("/proc/self/task: {e}"))?;
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let tid = task.file_name().to_str().and_then(|t| t.parse::<i32>().ok());
+        let pid = tid.and_then(rustix::process::Pid::from_raw).ok_or("a task id")?;
+        let mut set = rustix::thread::CpuSet::new();
+        set.set(cpu);
+        return rustix::thread::sched_setaffinity(Some(pid), &set)
+            .map_err(|e| format!("moving {name} to CPU {cpu}: {e}"));
+    }
+    Err(format!("no thread named {name} in this process"))
 }
 
 /// Where a server runs: a child process (nbdkit), or pmcache on a thread of this process.
@@ -178,6 +199,9 @@ impl Server {
         let control = serve.control.to_path_buf();
         let socket = serve.socket.to_path_buf();
         server.wait_ready(|| socket.exists() && control_stats(&control).is_ok())?;
+        if let Some(cpu) = serve.options.cleaner_cpu {
+            pin_thread("pmcache-cleaner", cpu)?;
+        }
         Ok(server)
     }
 
@@ -406,6 +430,8 @@ pub struct ServerFigures {
     pub stall_ns_max: u64,
     /// Stalls that gave up waiting.
     pub stall_timeouts: u64,
+    /// Writes paced to the cleaner's rate that waited for their turn.
+    pub throttled_writes: u64,
     /// Writes that wrote a dirty block back inline.
     pub inline_write_backs: u64,
     /// Times the cleaner was boosted.
@@ -444,6 +470,7 @@ impl ServerFigures {
             stall_ns_p99: n("stall_ns_p99"),
             stall_ns_max: n("stall_ns_max"),
             stall_timeouts: n("stall_timeouts"),
+            throttled_writes: n("throttled_writes"),
             inline_write_backs: n("inline_write_back_fallbacks"),
             boosts: n("cleaner_boosts"),
             boosted_ns: n("cleaner_boosted_ns"),
@@ -452,6 +479,13 @@ impl ServerFigures {
             cleaner_adaptive: s("cleaner_adaptive"),
             priority_note: stats["cleaner_priority_note"].as_str().map(str::to_string),
         }
+    }
+
+    /// Writes that could not take a slot at once, what paper 002 calls failed insertions:
+    /// the stalls (no free or clean slot: the writer waited for the cleaner) and the paced
+    /// writes that waited for their turn.
+    pub fn failed_insertions(&self) -> u64 {
+        self.stalls + self.throttled_writes
     }
 
     /// The counters' growth from `before` to `self` (the gauges as in `self`).
@@ -465,6 +499,7 @@ impl ServerFigures {
             blocks_cleaned: self.blocks_cleaned.saturating_sub(before.blocks_cleaned),
             stalls: self.stalls.saturating_sub(before.stalls),
             stall_timeouts: self.stall_timeouts.saturating_sub(before.stall_timeouts),
+            throttled_writes: self.throttled_writes.saturating_sub(before.throttled_writes),
             inline_write_backs: self.inline_write_backs.saturating_sub(before.inline_write_backs),
             boosts: self.boosts.saturating_sub(before.boosts),
             boosted_ns: self.boosted_ns.saturating_sub(before.boosted_ns),

@@ -1,7 +1,7 @@
 //! One measurement of `bench paper002`: the server, fio and the samplers.
 
 use super::cpu::{RunSampler, Sampled, join_pi, spawn_pi};
-use super::{Config, Paper002Args, Plan, Sample};
+use super::{CLEANER_APART, CLEANER_NICE, Config, Paper002Args, Plan, Sample};
 use crate::harness::fio::{FioResult, FioRun, FioSpec, FioTarget, RAW_ENGINES, best_of_engines};
 use crate::harness::scratch::{Scratch, settle};
 use crate::harness::servers::{ServeOptions, Server, ServerFigures};
@@ -14,7 +14,13 @@ pub(super) struct Bed<'a> {
 }
 
 impl Bed<'_> {
-    fn fio_spec(&self, target: FioTarget, writers: usize, seconds: f64) -> FioSpec<'_> {
+    fn fio_spec<'s>(
+        &'s self,
+        target: FioTarget,
+        writers: usize,
+        seconds: f64,
+        cpus: Option<&'s str>,
+    ) -> FioSpec<'s> {
         FioSpec {
             fio: &self.args.scratch.fio,
             target,
@@ -26,16 +32,37 @@ impl Bed<'_> {
             seconds,
             out_dir: self.scratch.dir(),
             timeline: false,
+            cpus,
         }
     }
 
-    fn start_server(&self, cpus: usize, writers: usize, adaptive: &str) -> Result<Server, String> {
-        let cpu_list = if cpus == 1 { "0".to_string() } else { format!("0-{}", cpus - 1) };
-        let mut cleaner = vec![format!("adaptive={adaptive}")];
+    /// Starts the server with its threads confined to `cpu_list` (fio's writers run there
+    /// too); with `adaptive` [`CLEANER_APART`], boost off and the cleaner alone on CPU 1.
+    fn start_server(
+        &self,
+        cpu_list: &str,
+        writers: usize,
+        adaptive: &str,
+    ) -> Result<Server, String> {
+        let apart = adaptive == CLEANER_APART;
+        let mut cleaner = match adaptive {
+            CLEANER_APART => vec!["adaptive=off".to_string()],
+            // The boost taken from everything on the cleaner's CPUs: the cleaner's own nice
+            // value lowered, the writers' unchanged.
+            CLEANER_NICE => {
+                ["adaptive=boost", "nice_boost=-10", "nice_writers=0"].map(String::from).to_vec()
+            }
+            _ => vec![format!("adaptive={adaptive}")],
+        };
         cleaner.extend(self.plan.cleaner.iter().cloned());
-        let cpus = Some(cpu_list.as_str());
-        let options = ServeOptions::default();
-        self.scratch.serve(self.plan.cache_bytes, writers.max(16), &cleaner, cpus, options)
+        let options = ServeOptions { cleaner_cpu: apart.then_some(1), ..ServeOptions::default() };
+        self.scratch.serve(
+            self.plan.cache_bytes,
+            writers.max(16),
+            &cleaner,
+            Some(cpu_list),
+            options,
+        )
     }
 
     /// One main-table measurement in run `run` (from 0). The raw file's is the best of
@@ -49,7 +76,7 @@ impl Bed<'_> {
                 |engine| {
                     settle(&self.scratch.backing)?;
                     let target = FioTarget::File { path: path.clone(), engine };
-                    FioRun::run(&self.fio_spec(target, config.writers, self.plan.seconds))
+                    FioRun::run(&self.fio_spec(target, config.writers, self.plan.seconds, None))
                 },
                 |r| r.iops,
             )?;
@@ -58,10 +85,12 @@ impl Bed<'_> {
             return Ok(raw);
         };
         settle(&self.scratch.backing)?;
-        let server = self.start_server(cpus, config.writers, &config.adaptive)?;
+        let cpu_list = cpu_list(cpus);
+        let server = self.start_server(&cpu_list, config.writers, &config.adaptive)?;
         let before = ServerFigures::from_stats(&server.stats()?);
         let sampler = RunSampler::start(server.pid(), server.control());
-        let spec = self.fio_spec(FioTarget::Nbd(server.uri()), config.writers, self.plan.seconds);
+        let target = FioTarget::Nbd(server.uri());
+        let spec = self.fio_spec(target, config.writers, self.plan.seconds, Some(&cpu_list));
         let fio = FioRun::run(&spec);
         let sampled = sampler.finish();
         let fio = fio?;
@@ -79,12 +108,13 @@ impl Bed<'_> {
         terms: u64,
     ) -> Result<Sample, String> {
         settle(&self.scratch.backing)?;
-        let server = self.start_server(1, writers, adaptive)?;
+        let server = self.start_server("0", writers, adaptive)?;
         let before = ServerFigures::from_stats(&server.stats()?);
         let sampler = RunSampler::start(server.pid(), server.control());
         // A limit far beyond the π job's expected time; fio is interrupted when it ends.
         let limit = self.plan.pi_seconds * 8.0 + 30.0;
-        let mut fio = FioRun::spawn(&self.fio_spec(FioTarget::Nbd(server.uri()), writers, limit))?;
+        let target = FioTarget::Nbd(server.uri());
+        let mut fio = FioRun::spawn(&self.fio_spec(target, writers, limit, Some("0")))?;
         let pi = spawn_pi(terms);
         let pi_time = join_pi(pi);
         let fio_ended_first = !fio.running();
@@ -102,6 +132,11 @@ impl Bed<'_> {
             fio_ended_first,
         ))
     }
+}
+
+/// CPUs 0 to `cpus` - 1, as a CPU list.
+fn cpu_list(cpus: usize) -> String {
+    if cpus == 1 { "0".to_string() } else { format!("0-{}", cpus - 1) }
 }
 
 pub(super) fn sample(

@@ -80,8 +80,10 @@ pub struct CounterTick {
     pub t_s: f64,
     /// Blocks written since the server started.
     pub writes: u64,
-    /// Writes that waited for the cleaner since the server started.
-    pub stalls: u64,
+    /// Failed insertions since the server started: writes that found no free or clean slot
+    /// and waited for the cleaner (stalls), and writes paced to the cleaner's rate that
+    /// waited for their turn.
+    pub failed_insertions: u64,
 }
 
 /// What a [`RunSampler`] saw.
@@ -130,7 +132,8 @@ impl RunSampler {
                             counters.push(CounterTick {
                                 t_s: start.elapsed().as_secs_f64(),
                                 writes: stats["writes"].as_u64().unwrap_or(0),
-                                stalls: stats["stalls"].as_u64().unwrap_or(0),
+                                failed_insertions: stats["stalls"].as_u64().unwrap_or(0)
+                                    + stats["throttled_writes"].as_u64().unwrap_or(0),
                             });
                             let boosts = stats["cleaner_boosts"].as_u64().unwrap_or(0);
                             boost = match (stats["cleaner_boosted"].as_bool(), boost) {

@@ -1,19 +1,20 @@
 //! Paper 002 (adaptive priority boosting of pblk's writer daemon): `bench paper002`'s
 //! experiment — pmcache's cleaner in the writer daemon's place, 4 MiB random writes over NBD
 //! into a cache smaller than the span, the server confined to 1 or 2 CPUs — drawn the paper's
-//! way: bandwidth by CPUs (Fig 2), stalls with boost off and on (Fig 3), boost off and on by
+//! way: bandwidth by CPUs (Fig 2), failed insertions with boost off and on (Fig 3), boost off and on by
 //! CPUs (Fig 4), and Table 1 beside a CPU-bound π job.
 
-use super::{CounterTick, Paper002Args, Row, Sample};
+use super::{CLEANER_APART, CounterTick, Paper002Args, Row, Sample};
 use crate::harness::experiment::{Experiment, Run, parse};
 use crate::harness::fio::engines_text;
 use crate::paper::common::percent;
-use crate::paper::figure::{Figure, Point, Series, number};
+use crate::paper::figure::{Absolute, Figure, Point, Series, number};
 use crate::paper::{Ctx, Scale};
 
-const BED: &str = "pmcache served over NBD in the bench's process, its threads confined to \
-                   CPU 0 or CPUs 0-1; fio's 4 MiB random writes, QD 1 per writer, into a cache \
-                   smaller than the span; backing file on the root disk";
+const BED: &str = "pmcache served over NBD in the bench's process; its threads (the cleaner's \
+                   too) and fio's writers confined to the same CPUs, CPU 0 or CPUs 0-1; 4 MiB \
+                   random writes, QD 1 per writer, into a cache smaller than the span; backing \
+                   file on the root disk";
 
 /// The arguments of `bench paper002` for a scale (`--json`: it prints nothing).
 fn arguments(ctx: &Ctx) -> Result<(Paper002Args, Run), String> {
@@ -73,9 +74,9 @@ fn mb_per_s(sample: &Sample) -> Option<f64> {
     Some(sample.mb_per_s).filter(|v| v.is_finite())
 }
 
-fn stalls_per_1000_writes(sample: &Sample) -> Option<f64> {
+fn failed_per_1000_writes(sample: &Sample) -> Option<f64> {
     let server = sample.server.as_ref()?;
-    (server.writes > 0).then(|| server.stalls as f64 * 1000.0 / server.writes as f64)
+    (server.writes > 0).then(|| server.failed_insertions() as f64 * 1000.0 / server.writes as f64)
 }
 
 fn context_switches(sample: &Sample) -> Option<f64> {
@@ -86,24 +87,24 @@ fn context_switches(sample: &Sample) -> Option<f64> {
 /// sampler reads them every 500 ms).
 const COUNTER_INTERVAL_S: f64 = 0.5;
 
-/// A run's stalls per 1,000 blocks written in each interval between two readings of the
+/// A run's failed insertions per 1,000 blocks written in each interval between two readings of the
 /// server's counters (`None` for an interval without writes).
-fn stalls_per_1000_by_interval(counters: &[CounterTick]) -> Vec<Option<f64>> {
+fn failed_per_1000_by_interval(counters: &[CounterTick]) -> Vec<Option<f64>> {
     counters
         .windows(2)
         .map(|w| {
             let writes = w[1].writes.saturating_sub(w[0].writes);
-            let stalls = w[1].stalls.saturating_sub(w[0].stalls);
-            (writes > 0).then(|| stalls as f64 * 1000.0 / writes as f64)
+            let failed = w[1].failed_insertions.saturating_sub(w[0].failed_insertions);
+            (writes > 0).then(|| failed as f64 * 1000.0 / writes as f64)
         })
         .collect()
 }
 
-/// A row's stalls per 1,000 writes over time: one point per interval, the median over the
+/// A row's failed insertions per 1,000 writes over time: one point per interval, the median over the
 /// runs that reached it.
-fn stalls_over_time(row: Option<&Row>) -> Vec<Option<Point>> {
+fn failed_over_time(row: Option<&Row>) -> Vec<Option<Point>> {
     let runs: Vec<Vec<Option<f64>>> = row.map_or(Vec::new(), |r| {
-        r.samples.iter().map(|s| stalls_per_1000_by_interval(&s.counters)).collect()
+        r.samples.iter().map(|s| failed_per_1000_by_interval(&s.counters)).collect()
     });
     let intervals = runs.iter().map(Vec::len).max().unwrap_or(0);
     (0..intervals)
@@ -115,9 +116,9 @@ fn stalls_over_time(row: Option<&Row>) -> Vec<Option<Point>> {
         .collect()
 }
 
-/// A row's total stalls (median over runs).
-fn total_stalls(row: Option<&Row>) -> f64 {
-    point_median(point(row, |s| s.server.as_ref().map(|f| f.stalls as f64)))
+/// A row's total failed insertions (median over runs).
+fn total_failed(row: Option<&Row>) -> f64 {
+    point_median(point(row, |s| s.server.as_ref().map(|f| f.failed_insertions() as f64)))
 }
 
 /// A point's median, NaN for no point.
@@ -136,8 +137,10 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         cpus.iter().map(|c| format!("{c} CPU{}", if *c > 1 { "s" } else { "" })).collect();
     let mut notes = vec![
         "pblk's ring buffer is pmcache's cache, its writer daemon pmcache's cleaner; a failed \
-         insertion is a writer's stall (a write that found no free or clean slot and waited \
-         for the cleaner), counted by the server."
+         insertion is a write that could not take a slot at once: a stall (no free or clean \
+         slot: the writer waited for the cleaner) or a paced write that waited for its turn \
+         (above the throttle threshold writers are paced to the cleaner's rate), both counted \
+         by the server. fio, the server's threads and its cleaner run on the same CPUs."
             .to_string(),
         "This machine has 2 CPUs: the sweep is 1 and 2 (the paper's 1 … 8 vCPUs), and 4 writers \
          are never free of contention here (they would need 5 CPUs)."
@@ -199,7 +202,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     let fig2 = figure(
         "002-fig2",
         "bandwidth by CPUs, boost off (the vanilla writer)",
-        "CPUs of the server",
+        "CPUs of the server and fio",
         ticks.clone(),
         "MB/s",
         vec![
@@ -217,33 +220,36 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
             number(point_median(four[last]))
         ),
     );
-    // Fig 3: stalls per write over time, 1 writer on 1 CPU, boost off and on; beside it the
+    // Fig 3: failed insertions per write over time, 1 writer on 1 CPU, boost off and on; beside it the
     // totals by CPUs.
     let (row_off, row_on) = (find(rows, cpus[0], 1, "off"), find(rows, cpus[0], 1, "boost"));
-    let (over_time_off, over_time_on) = (stalls_over_time(row_off), stalls_over_time(row_on));
+    let (over_time_off, over_time_on) = (failed_over_time(row_off), failed_over_time(row_on));
     let intervals = over_time_off.len().max(over_time_on.len());
     let pad = |mut points: Vec<Option<Point>>| {
         points.resize(intervals, None);
         points
     };
-    let (stalls_off_1, stalls_on_1) = (total_stalls(row_off), total_stalls(row_on));
+    let (failed_off_1, failed_on_1) = (total_failed(row_off), total_failed(row_on));
     let bw_ratio = point_median(point(row_on, mb_per_s)) / point_median(point(row_off, mb_per_s));
-    let totals = if stalls_on_1 > 0.0 {
+    let totals = if failed_on_1 > 0.0 {
         format!(
-            "{} stalls in all with boost off and {} with it on ({}× as many without boost)",
-            number(stalls_off_1),
-            number(stalls_on_1),
-            number(stalls_off_1 / stalls_on_1)
+            "{} failed insertions in all with boost off and {} with it on ({}× as many without boost)",
+            number(failed_off_1),
+            number(failed_on_1),
+            number(failed_off_1 / failed_on_1)
         )
     } else {
-        format!("{} stalls in all with boost off and none with it on", number(stalls_off_1))
+        format!(
+            "{} failed insertions in all with boost off and none with it on",
+            number(failed_off_1)
+        )
     };
     let mut fig3 = figure(
         "002-fig3",
-        "writer stalls per 1,000 writes over time, 1 writer on 1 CPU, boost off and on",
+        "failed insertions (stalls and paced waits) per 1,000 writes over time, 1 writer on 1 CPU, boost off and on",
         "seconds into the run (end of each 0.5 s interval)",
         (1..=intervals).map(|i| format!("{:.1}", i as f64 * COUNTER_INTERVAL_S)).collect(),
-        "stalls per 1,000 blocks written",
+        "failed insertions per 1,000 blocks written",
         vec![
             Series { name: "boost off".into(), points: pad(over_time_off) },
             Series { name: "boost on".into(), points: pad(over_time_on) },
@@ -257,56 +263,80 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     );
     fig3.notes.push(
         "The paper's x axis is successive successful insertions and its y the failures before \
-         each; a stalled write here waits once for the cleaner instead of retrying, so the \
-         series is the share of writes that waited, per 0.5 s interval (the server's counters \
+         each; a write here waits once (for the cleaner, or for its paced turn) instead of \
+         retrying, so the series is the share of writes that waited, per 0.5 s interval (the server's counters \
          read through its control socket), median over runs. The cache starts empty: writes \
-         stall only once it has filled."
+         wait only once it has filled."
             .into(),
     );
-    let stalls_off = by_cpus(1, "off", &stalls_per_1000_writes);
-    let stalls_on = by_cpus(1, "boost", &stalls_per_1000_writes);
+    let failed_off = by_cpus(1, "off", &failed_per_1000_writes);
+    let failed_on = by_cpus(1, "boost", &failed_per_1000_writes);
     let fig3_totals = figure(
         "002-fig3-totals",
-        "writer stalls per 1,000 writes over whole runs, 1 writer, boost off and on, by CPUs",
-        "CPUs of the server",
+        "failed insertions (stalls and paced waits) per 1,000 writes over whole runs, 1 writer, boost off and on, by CPUs",
+        "CPUs of the server and fio",
         ticks.clone(),
-        "stalls per 1,000 blocks written",
+        "failed insertions per 1,000 blocks written",
         vec![
-            Series { name: "boost off".into(), points: stalls_off.clone() },
-            Series { name: "boost on".into(), points: stalls_on.clone() },
+            Series { name: "boost off".into(), points: failed_off.clone() },
+            Series { name: "boost on".into(), points: failed_on.clone() },
         ],
         "Vanilla pblk fails more than 70× as many insertions as the boosted one (1 vCPU).",
         format!(
-            "{}: {} stalls per 1,000 writes with boost off, {} with it on; {}: {} and {}.",
+            "{}: {} failed insertions per 1,000 writes with boost off, {} with it on; {}: {} and {}.",
             ticks[0],
-            number(point_median(stalls_off[0])),
-            number(point_median(stalls_on[0])),
+            number(point_median(failed_off[0])),
+            number(point_median(failed_on[0])),
             ticks[last],
-            number(point_median(stalls_off[last])),
-            number(point_median(stalls_on[last]))
+            number(point_median(failed_off[last])),
+            number(point_median(failed_on[last]))
         ),
     );
-    // Fig 4: 4 writers, boost off and on.
+    // Fig 4: 4 writers, boost off and on, against the contention-free reference.
     let off4 = by_cpus(4, "off", &mb_per_s);
     let on4 = by_cpus(4, "boost", &mb_per_s);
-    let fig4 = figure(
-        "002-fig4",
-        "bandwidth by CPUs, 4 writers, boost off and on",
-        "CPUs of the server",
-        ticks.clone(),
-        "MB/s",
-        vec![
-            Series { name: "boost off".into(), points: off4.clone() },
-            Series { name: "boost on".into(), points: on4.clone() },
-        ],
-        "The boosted pblk loses 1.5–7.6 % against the contention-free point whatever the CPUs; \
-         the vanilla one loses 27.7–84.1 %.",
+    let reference =
+        point(rows.iter().find(|r| r.writers == 4 && r.adaptive == CLEANER_APART), mb_per_s);
+    let mut series = vec![
+        Series { name: "boost off".into(), points: off4.clone() },
+        Series { name: "boost on".into(), points: on4.clone() },
+    ];
+    let loss = |p: Option<Point>| percent(1.0 - point_median(p) / point_median(reference));
+    let ours = if reference.is_some() {
+        series.push(Series {
+            name: "reference: the cleaner alone on CPU 1".into(),
+            points: vec![reference; cpus.len()],
+        });
         format!(
-            "On 1 CPU boost off reaches {} of its bandwidth on {}, boost on {}.",
+            "Against the contention-free reference ({} MB/s: writers and connections on CPU 0, \
+             the cleaner alone on CPU 1), boost off loses {} on 1 CPU and boost on {}; on {}: \
+             {} and {}.",
+            number(point_median(reference)),
+            loss(off4[0]),
+            loss(on4[0]),
+            ticks[last],
+            loss(off4[last]),
+            loss(on4[last])
+        )
+    } else {
+        format!(
+            "On 1 CPU boost off reaches {} of its bandwidth on {}, boost on {} (no \
+             contention-free reference: it needs 2 CPUs).",
             percent(point_median(off4[0]) / point_median(off4[last])),
             ticks[last],
             percent(point_median(on4[0]) / point_median(on4[last]))
-        ),
+        )
+    };
+    let fig4 = figure(
+        "002-fig4",
+        "bandwidth by CPUs, 4 writers, boost off and on",
+        "CPUs of the server and fio",
+        ticks.clone(),
+        "MB/s",
+        series,
+        "The boosted pblk loses 1.5–7.6 % against the contention-free point whatever the CPUs; \
+         the vanilla one loses 27.7–84.1 %.",
+        ours,
     );
     // Table 1: 4 writers on 1 CPU beside the π job.
     let t1 = |adaptive: &str| report.table1.iter().find(|r| r.adaptive == adaptive);
@@ -326,13 +356,39 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         Point::of(&report.pi_alone_seconds, false).median
     };
     let value = |s: &Series, i: usize| point_median(s.points[i]);
+    // One quantity on the axis: each metric with boost on over boost off, run by run.
+    let ratios = Series {
+        name: "pmcache: boost on ÷ boost off (same run)".into(),
+        points: metrics
+            .iter()
+            .map(|(_, metric)| {
+                let (on, off) = (t1("boost")?, t1("off")?);
+                let values: Vec<f64> = on
+                    .samples
+                    .iter()
+                    .filter_map(|s| {
+                        let o = off.samples.iter().find(|o| o.run == s.run)?;
+                        Some(metric(s)? / metric(o)?).filter(|r| r.is_finite())
+                    })
+                    .collect();
+                (!values.is_empty()).then(|| Point::of(&values, false))
+            })
+            .collect(),
+    };
+    let paper = Series {
+        name: "paper: priority-adjusted pblk ÷ pblk".into(),
+        points: [204.53 / 20.11, 110.0 / 4905.0, 167.0 / 246.0]
+            .iter()
+            .map(|&r| Some(Point::of(&[r], false)))
+            .collect(),
+    };
     let mut table1 = figure(
         "002-table1",
         "beside a CPU-bound π job on the server's CPU: 4 writers, 1 CPU",
         "metric",
         metrics.iter().map(|(name, _)| name.to_string()).collect(),
-        "value (log)",
-        vec![t_off.clone(), t_on.clone()],
+        "boost on ÷ boost off (log)",
+        vec![ratios, paper],
         "pblk 20.11 MB/s, 4,905 context switches, π job 246 s; priority-adjusted pblk 204.53 \
          MB/s, 110 switches, 167 s.",
         format!(
@@ -347,6 +403,8 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
             number(pi_alone)
         ),
     );
+    table1.absolute =
+        Some(Absolute { y_label: "value".into(), series: vec![t_off.clone(), t_on.clone()] });
     table1.bars = true;
     table1.y_log = true;
     table1.notes.push(
@@ -367,15 +425,19 @@ mod tests {
         counters
             .iter()
             .enumerate()
-            .map(|(i, &(writes, stalls))| CounterTick { t_s: i as f64 * 0.5, writes, stalls })
+            .map(|(i, &(writes, failed_insertions))| CounterTick {
+                t_s: i as f64 * 0.5,
+                writes,
+                failed_insertions,
+            })
             .collect()
     }
 
     #[test]
-    fn stalls_are_counted_per_interval_between_readings() {
+    fn failed_insertions_are_counted_per_interval_between_readings() {
         let run = ticks(&[(0, 0), (1000, 0), (3000, 10), (3000, 10), (4000, 40)]);
         assert_eq!(
-            stalls_per_1000_by_interval(&run),
+            failed_per_1000_by_interval(&run),
             [Some(0.0), Some(5.0), None, Some(30.0)],
             "the counters are totals since the server started"
         );

@@ -6,18 +6,20 @@
 //! 4 MiB random requests over NBD (one connection per writer, `numjobs`) into a cache smaller
 //! than the span, so the cleaner must keep writing back for writers to find slots. The real
 //! server (pmcache served in this process through `pmcache_serve`, as `pmcache serve` runs it)
-//! has its threads confined to CPU 0, or CPUs 0–1; the cleaner runs with adaptive boosting off (`--cleaner adaptive=off`: fixed
-//! priority) or on (`adaptive=boost`: its thread's nice value is lowered while writers stall
-//! or dirty data is above the high watermark). Each row gives the median over `--runs` runs of
-//! the bandwidth (MB/s), the stalls per block written (writes that found no free or clean slot
-//! and waited for the cleaner — the paper's failed insertions — over the blocks written, from
-//! the server's statistics), the server threads' voluntary + involuntary context switches over
+//! and fio (the writers) are confined to the same CPUs, CPU 0 or CPUs 0–1, as the paper's
+//! writers and writer daemon share the guest's vCPUs; the cleaner runs with adaptive boosting
+//! off (`--cleaner adaptive=off`: fixed priority) or on (`adaptive=boost`: its thread's nice
+//! value is lowered while writers stall or dirty data is above the high watermark). Each row
+//! gives the median over `--runs` runs of the bandwidth (MB/s), the failed insertions per block
+//! written (writes that could not take a slot at once: stalls, which found no free or clean
+//! slot and waited for the cleaner, and paced writes that waited for their turn; from the
+//! server's statistics), the server threads' voluntary + involuntary context switches over
 //! the fio run (summed over `/proc/<pid>/task/*/status`, sampled every 100 ms so threads that
 //! end with their connection are counted), the cleaner's boosts and the time it spent
 //! boosted (the boosts that ended, from the server's statistics, and the one under way at the
-//! end, seen by polling the control socket every 500 ms). fio and the bench itself are not
-//! confined: on a 2-CPU machine with the server on CPU 0 they mostly run on CPU 1. Beside them: boost's bandwidth over off's in the same run, each configuration's
-//! over the same one with the most CPUs, and the raw backing file's bandwidth (the best of fio's psync, libaio and io_uring,
+//! end, seen by polling the control socket every 500 ms). Beside them: boost's bandwidth over
+//! off's in the same run, each configuration's over the same one with the most CPUs, and the
+//! raw backing file's bandwidth (the best of fio's psync, libaio and io_uring,
 //! each measured in the run, `O_DIRECT`, the same jobs), the ceiling once the cache is full.
 //!
 //! Table 1 runs the same with a CPU-bound job on the server's CPU: a thread pinned to CPU 0
@@ -67,8 +69,9 @@ pub struct Paper002Args {
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     pub writers: Vec<usize>,
     /// Cleaner modes to compare (`--cleaner adaptive=...`), comma-separated: off, boost,
-    /// boost-pid.
-    #[arg(long, value_delimiter = ',', default_value = "off,boost")]
+    /// boost-pid, or boost-cleaner-nice (the boost by the cleaner's nice value alone:
+    /// `adaptive=boost nice_boost=-10 nice_writers=0`).
+    #[arg(long, value_delimiter = ',', default_value = "off,boost,boost-cleaner-nice")]
     pub adaptive: Vec<String>,
     /// Span of the random offsets, the size of the backing file (e.g. 2G).
     #[arg(long, value_parser = parse_nonzero_size, default_value = "2G")]
@@ -134,6 +137,10 @@ pub struct Plan {
     pub cleaner: Vec<String>,
     /// Whether the raw backing file has rows of its own.
     pub raw: bool,
+    /// Whether the contention-free reference has rows of its own: the writers and the
+    /// server's connections on CPU 0, the cleaner alone on CPU 1 (boost off), the paper's
+    /// reference point for Fig 4 (needs 2 CPUs).
+    pub reference: bool,
     /// Writer counts of Table 1.
     pub table1_writers: Vec<usize>,
     /// The π job's length alone, seconds.
@@ -154,6 +161,7 @@ fn make_plan(args: &Paper002Args, run: &Run) -> Result<Plan, String> {
         qd: args.qd,
         cleaner: args.cleaner.clone(),
         raw: !args.no_raw,
+        reference: available >= 2,
         table1_writers: if args.no_table1 { Vec::new() } else { args.table1_writers.clone() },
         pi_seconds: args.pi_seconds.unwrap_or(run.seconds),
     };
@@ -182,8 +190,10 @@ fn make_plan(args: &Paper002Args, run: &Run) -> Result<Plan, String> {
         return Err(format!("{n} writers: at most 64"));
     }
     for mode in &plan.adaptive {
-        if !["off", "boost", "boost-pid"].contains(&mode.as_str()) {
-            return Err(format!("--adaptive {mode:?}: expected off, boost or boost-pid"));
+        if !["off", "boost", "boost-pid", CLEANER_NICE].contains(&mode.as_str()) {
+            return Err(format!(
+                "--adaptive {mode:?}: expected off, boost, boost-pid or boost-cleaner-nice"
+            ));
         }
     }
     if plan.adaptive.is_empty() {
@@ -221,8 +231,19 @@ struct Config {
     adaptive: String,
 }
 
+/// The adaptive label of the rows whose cleaner is boosted by its own nice value alone: -10
+/// while boosted, the writers' unchanged (`--cleaner adaptive=boost nice_boost=-10
+/// nice_writers=0`). `boost` is the default boost, by the writers yielding (nice 10).
+pub const CLEANER_NICE: &str = "boost-cleaner-nice";
+
+/// The adaptive label of the contention-free reference's rows ([`Plan::reference`]).
+pub const CLEANER_APART: &str = "cleaner-apart";
+
 impl Config {
     fn label(&self) -> String {
+        if self.adaptive == CLEANER_APART {
+            return format!("CPU 0, {} writers, the cleaner alone on CPU 1", self.writers);
+        }
         match self.cpus {
             Some(c) => format!("{c} CPU, {} writers, {}", self.writers, self.adaptive),
             None => format!("raw file, {} writers", self.writers),
@@ -276,11 +297,11 @@ pub struct Row {
     /// This row's bandwidth over the raw file's with the same writers (medians).
     pub ratio_to_raw: Option<f64>,
     /// Stalls per block written.
-    pub stalls_per_write: Option<f64>,
+    pub failed_per_write: Option<f64>,
     /// Writer stalls.
-    pub stalls: Option<f64>,
+    pub failed_insertions: Option<f64>,
     /// Stalls per fio request.
-    pub stalls_per_request: Option<f64>,
+    pub failed_per_request: Option<f64>,
     /// The server's context switches.
     pub context_switches: Option<f64>,
     /// Times the cleaner was boosted.
@@ -352,6 +373,12 @@ impl Experiment for Paper002Args {
         if plan.raw {
             for &writers in &plan.writers {
                 configs.push(Config { cpus: None, writers, adaptive: "raw".into() });
+            }
+        }
+        if plan.reference {
+            for &writers in &plan.writers {
+                let adaptive = CLEANER_APART.into();
+                configs.push(Config { cpus: Some(1), writers, adaptive });
             }
         }
         if tables {

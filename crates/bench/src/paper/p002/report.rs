@@ -30,7 +30,7 @@ pub(super) fn header(m: &Machine, plan: &Plan) -> String {
         "# {} random writes over NBD (one connection per writer, QD{} each), span {}, cache {} \
          in /dev/shm{extra}; the server's threads confined to CPUs 0..n-1; {} s per run, \
          median of {} runs; ×off: over adaptive=off in the same run; ×{}cpu: over the same \
-         with the most CPUs; stalls/write: writer stalls per block written; ctx sw: the server \
+         with the most CPUs; failed/write: failed insertions (stalls and paced waits) per block written; ctx sw: the server \
          threads' context switches during the run",
         human(plan.bs),
         plan.qd,
@@ -50,8 +50,8 @@ pub(super) fn header(m: &Machine, plan: &Plan) -> String {
         "×off",
         format!("×{}cpu", plan.cpus.iter().max().copied().unwrap_or(1)),
         "×raw",
-        "stalls/write",
-        "stalls",
+        "failed/write",
+        "failed",
         "ctx sw",
         "boosts",
         "boosted s",
@@ -72,8 +72,8 @@ pub(super) fn main_row(r: &Row) -> String {
         opt(r.ratio_to_off, 2),
         opt(r.ratio_to_most_cpus, 2),
         opt(r.ratio_to_raw, 2),
-        r.stalls_per_write.map_or("-".into(), |x| format!("{x:.2e}")),
-        opt(r.stalls, 0),
+        r.failed_per_write.map_or("-".into(), |x| format!("{x:.2e}")),
+        opt(r.failed_insertions, 0),
         opt(r.context_switches, 0),
         opt(r.boosts, 0),
         opt(r.boosted_s, 2),
@@ -114,7 +114,7 @@ pub(super) fn table1_header(terms: u64, pi_alone: &[f64]) -> String {
         "ctx sw",
         "π s",
         "π ×alone",
-        "stalls/write",
+        "failed/write",
         "boosts",
         "boosted s"
     );
@@ -133,7 +133,7 @@ pub(super) fn table1_row(r: &Row) -> String {
         opt(r.context_switches, 0),
         opt(r.pi_seconds, 2),
         opt(r.pi_ratio_to_alone, 2),
-        r.stalls_per_write.map_or("-".into(), |x| format!("{x:.2e}")),
+        r.failed_per_write.map_or("-".into(), |x| format!("{x:.2e}")),
         opt(r.boosts, 0),
         opt(r.boosted_s, 2)
     );
@@ -146,7 +146,7 @@ pub(super) fn table1_row(r: &Row) -> String {
 /// A figure of a row, for a plot.
 type Figure = fn(&Row) -> Option<f64>;
 
-/// Six panels: bandwidth, context switches and stalls per write against writers (a line per
+/// Six panels: bandwidth, context switches and failed insertions per write against writers (a line per
 /// CPU count and mode, the raw file dashed), and Table 1's bandwidth, π time and context
 /// switches as bars beside their references.
 pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
@@ -166,7 +166,7 @@ pub(super) fn plot(report: &Report, path: &Path) -> Result<(), String> {
     let panels: [(&str, &str, Figure); 3] = [
         ("bandwidth, 4 MiB random writes over NBD", "MB/s", |r| r.mb_per_s),
         ("server context switches during the run", "context switches", |r| r.context_switches),
-        ("writer stalls per block written", "stalls / write", |r| r.stalls_per_write),
+        ("failed insertions per block written", "failed / write", |r| r.failed_per_write),
     ];
     for (i, (title, y_desc, value)) in panels.iter().enumerate() {
         let y_max = report.rows.iter().filter_map(value).fold(0.0f64, f64::max).max(1e-9) * 1.15;

@@ -25,13 +25,11 @@ fn base_row(
         ratio_to_off: None,
         ratio_to_most_cpus: None,
         ratio_to_raw: None,
-        stalls_per_write: server(|s| s.stalls as f64 / s.writes.max(1) as f64),
-        stalls: server(|s| s.stalls as f64),
-        stalls_per_request: median(
-            mine.iter().filter_map(|s| {
-                s.server.as_ref().map(|f| f.stalls as f64 / s.fio.ios.max(1) as f64)
-            }),
-        ),
+        failed_per_write: server(|s| s.failed_insertions() as f64 / s.writes.max(1) as f64),
+        failed_insertions: server(|s| s.failed_insertions() as f64),
+        failed_per_request: median(mine.iter().filter_map(|s| {
+            s.server.as_ref().map(|f| f.failed_insertions() as f64 / s.fio.ios.max(1) as f64)
+        })),
         context_switches: median(
             mine.iter().filter_map(|s| s.context_switches.as_ref().map(|c| c.total() as f64)),
         ),

@@ -39,9 +39,11 @@ use crate::sync::{Condvar, wait_timeout};
 mod batch;
 mod drains;
 mod pace;
+mod writer_nice;
 
 use drains::DrainRequests;
 use pace::Pace;
+use writer_nice::WriterNice;
 
 /// Most candidates one scan of the slot table collects (16 bytes each).
 const CANDIDATES_MAX: usize = 1 << 16;
@@ -88,6 +90,8 @@ pub(crate) struct CleanerShared {
     inline_fallbacks: AtomicU64,
     /// Writers' pacing (`CleanerConfig::throttle_pct`).
     pace: Pace,
+    /// The writers' nice value while the cleaner is boosted (`CleanerConfig::nice_writers`).
+    writer_nice: WriterNice,
     /// Drains asked of the running cleaner (`Engine::request_drain`).
     drains: DrainRequests,
 }
@@ -113,6 +117,7 @@ impl CleanerShared {
             stall_timeouts: AtomicU64::new(0),
             inline_fallbacks: AtomicU64::new(0),
             pace: Pace::new(),
+            writer_nice: WriterNice::new(),
             drains: DrainRequests::new(),
         }
     }
@@ -154,6 +159,13 @@ impl CleanerShared {
         self.stall_ns_total.fetch_add(ns, Ordering::Relaxed);
         self.stall_ns_max.fetch_max(ns, Ordering::Relaxed);
         self.stall_histogram[stall_bucket(ns)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Gives the calling thread, which is about to enter the engine, the nice value the
+    /// cleaner asks of writers (`CleanerConfig::nice_writers`) if that changed.
+    #[inline]
+    pub(crate) fn follow_writer_nice(&self) {
+        self.writer_nice.follow();
     }
 
     pub(crate) fn stats(&self) -> CleanerStats {
@@ -430,7 +442,25 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         let mut priority = ThreadPriority::current_thread();
         let config = lock(&shared.config).clone();
         let note = if config.adaptive.boosts() {
-            priority.probe(config.nice_base, config.nice_boost).err()
+            // Writers yielding (`nice_writers`) asks of their threads the way back from a
+            // higher nice value: tried on a thread of its own, which a refusal leaves behind.
+            priority
+                .probe(config.nice_base, config.nice_boost)
+                .and_then(|()| {
+                    if config.nice_writers <= config.nice_base {
+                        return Ok(());
+                    }
+                    std::thread::scope(|scope| {
+                        scope
+                            .spawn(|| {
+                                ThreadPriority::current_thread()
+                                    .probe(config.nice_base, config.nice_writers)
+                            })
+                            .join()
+                            .unwrap_or_else(|_| Err("the priority probe panicked".into()))
+                    })
+                })
+                .err()
         } else {
             priority.set(config.nice_base).err()
         };
@@ -504,6 +534,8 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                 _ => {}
             }
             lock(&shared.status).boosted = boosted_since.is_some();
+            let yielding = boosted_since.is_some() && config.nice_writers > config.nice_base;
+            shared.writer_nice.set(yielding.then_some(config.nice_writers));
             let dt_s = now.duration_since(last_step).as_secs_f64();
             last_step = now;
             let budget = if full_speed {
@@ -571,6 +603,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
         }
         self.settle();
         shared.running.store(false, Ordering::SeqCst);
+        shared.writer_nice.set(None);
         if let Some(since) = boosted_since {
             let _ = priority.set(self.config.nice_base);
             lock(&shared.status).boosted_ns += since.elapsed().as_nanos() as u64;
