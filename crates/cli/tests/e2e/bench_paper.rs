@@ -77,7 +77,7 @@ fn paper_002_measures_every_configuration_and_draws_stalls_over_time() {
         assert!(measured.iter().all(|v| (0.0..=1000.0).contains(v)), "{series}");
     }
     let ours = fig3["ours"].as_str().expect("ours");
-    assert!(ours.contains("stalls in all with boost off"), "{ours}");
+    assert!(ours.contains("failed insertions in all with boost off"), "{ours}");
     for picture in ["002-fig3.svg", "002-fig3.png"] {
         let bytes = std::fs::metadata(out.path().join(picture)).map(|m| m.len()).unwrap_or(0);
         assert!(bytes > 0, "{picture}");

@@ -119,7 +119,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         started: &mut Vec<ReadStart>,
     ) {
         let _unwind = AbortOnUnwind::new("Lane::read_batch_start");
-        self.engine.cleaner.follow_writer_nice();
+        self.engine.cleaner.follow_writer_nice(false);
         started.clear();
         for chunk in reads.chunks_mut(READ_CHUNK) {
             self.read_chunk(chunk, started);
@@ -189,7 +189,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// write-back mode, or with `fua`) when this returns, as with `write`.
     pub fn write_batch(&mut self, writes: &[WriteRequest<'_>], outcomes: &mut Vec<Result<()>>) {
         let _unwind = AbortOnUnwind::new("Lane::write_batch");
-        self.engine.cleaner.follow_writer_nice();
+        self.engine.cleaner.follow_writer_nice(true);
         // One mode for the whole batch: a switch waits for it (`cache/mode.rs`).
         let mode = self.pin_mode();
         self.write_batch_in_mode(mode, writes, outcomes);

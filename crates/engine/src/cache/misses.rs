@@ -129,7 +129,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// `buf`; a single-block miss is queued and answered by [`Lane::complete`].
     pub fn read_start(&mut self, offset: u64, buf: &mut [u8]) -> ReadStart {
         let _unwind = AbortOnUnwind::new("Lane::read_start");
-        self.engine.cleaner.follow_writer_nice();
+        self.engine.cleaner.follow_writer_nice(false);
         let block = self.block_bytes();
         if !self.single_block_in_range(offset, buf.len() as u64) {
             return ReadStart::Done(self.read(offset, buf));

@@ -22,7 +22,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Reads `buf.len()` bytes at byte `offset`.
     pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let _unwind = AbortOnUnwind::new("Lane::read");
-        self.engine.cleaner.follow_writer_nice();
+        self.engine.cleaner.follow_writer_nice(false);
         let engine = self.engine;
         engine.check_range("read", offset, buf.len() as u64)?;
         // Sequential streams are tracked from the first miss on: hits need no admission

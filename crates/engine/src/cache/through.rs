@@ -54,7 +54,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// backing store has it; any other write is done at once, as [`Lane::write`] does it.
     pub fn write_start(&mut self, offset: u64, data: &[u8], fua: bool) -> WriteStart {
         let _unwind = AbortOnUnwind::new("Lane::write_start");
-        self.engine.cleaner.follow_writer_nice();
+        self.engine.cleaner.follow_writer_nice(true);
         self.pin_mode();
         let started = self.start_write(offset, data, fua);
         self.unpin_mode();
@@ -72,7 +72,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         started: &mut Vec<WriteStart>,
     ) {
         let _unwind = AbortOnUnwind::new("Lane::write_batch_start");
-        self.engine.cleaner.follow_writer_nice();
+        self.engine.cleaner.follow_writer_nice(true);
         started.clear();
         // One mode for the whole batch: a switch waits for its start (`cache/mode.rs`).
         let mode = self.pin_mode();

@@ -44,7 +44,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// (in write-back and write-only modes it always is).
     pub fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         let _unwind = AbortOnUnwind::new("Lane::write");
-        self.engine.cleaner.follow_writer_nice();
+        self.engine.cleaner.follow_writer_nice(true);
         self.engine.check_range("write", offset, data.len() as u64)?;
         let mode = self.pin_mode();
         let written = self.write_in_mode(mode, offset, data, fua);
@@ -129,7 +129,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Writes zeroes over `len` bytes at `offset` (durable on return with `fua`, as `write`).
     pub fn write_zeroes(&mut self, offset: u64, len: u64, fua: bool) -> Result<()> {
         let _unwind = AbortOnUnwind::new("Lane::write_zeroes");
-        self.engine.cleaner.follow_writer_nice();
+        self.engine.cleaner.follow_writer_nice(true);
         self.engine.check_range("write_zeroes", offset, len)?;
         let mode = self.pin_mode();
         let written = self.write_zeroes_in_mode(mode, offset, len, fua);

@@ -161,11 +161,12 @@ impl CleanerShared {
         self.stall_histogram[stall_bucket(ns)].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Gives the calling thread, which is about to enter the engine, the nice value the
-    /// cleaner asks of writers (`CleanerConfig::nice_writers`) if that changed.
+    /// Gives the calling thread, which is about to enter the engine to write (`writing`) or
+    /// to read, the nice value the cleaner asks of writers (`CleanerConfig::nice_writers`) if
+    /// that changed (a read only takes a thread back to its own value).
     #[inline]
-    pub(crate) fn follow_writer_nice(&self) {
-        self.writer_nice.follow();
+    pub(crate) fn follow_writer_nice(&self, writing: bool) {
+        self.writer_nice.follow(writing);
     }
 
     pub(crate) fn stats(&self) -> CleanerStats {

@@ -55,22 +55,29 @@ impl WriterNice {
     }
 
     /// Applies the value asked for to the calling thread if it changed since this thread last
-    /// looked.
+    /// looked. A request that writes (`writing`) takes it either way; one that only reads
+    /// takes a thread back to its own value, never away from it: readers do not compete with
+    /// the cleaner for slots.
     #[inline]
-    pub(super) fn follow(&self) {
+    pub(super) fn follow(&self, writing: bool) {
         let epoch = self.epoch.load(Ordering::Acquire);
         if epoch == 0 || APPLIED.with(|a| a.get()).is_some_and(|(seen, _)| seen == epoch) {
             return;
         }
-        self.apply(epoch);
+        self.apply(epoch, writing);
     }
 
     #[cold]
-    fn apply(&self, epoch: u64) {
+    fn apply(&self, epoch: u64, writing: bool) {
         use rustix::process::{getpriority_process, setpriority_process};
+        if !writing && self.asked().is_some() {
+            return;
+        }
         let tid = rustix::thread::gettid();
         let original = match APPLIED.with(|a| a.get()) {
             Some((_, original)) => original,
+            // Never changed: a reader has nothing to go back to.
+            None if !writing => return,
             None => getpriority_process(Some(tid)).unwrap_or(0),
         };
         let nice = self.asked().map_or(original, |n| n.max(original));
@@ -90,8 +97,9 @@ mod tests {
         rustix::process::getpriority_process(Some(rustix::thread::gettid())).expect("getpriority")
     }
 
-    /// A writer's thread takes the nice value asked for at its next request and goes back to
-    /// its own when the cleaner no longer asks; a thread that does not enter keeps its own.
+    /// A writer's thread takes the nice value asked for at its next write, not at a read, and
+    /// goes back to its own at its next request (a read too) once the cleaner no longer
+    /// asks; a thread that does not enter keeps its own.
     #[test]
     fn a_writer_follows_the_nice_value_asked_for_and_goes_back_to_its_own() {
         let writers = WriterNice::new();
@@ -99,15 +107,17 @@ mod tests {
             scope
                 .spawn(|| {
                     let own = nice_of_this_thread();
-                    writers.follow();
+                    writers.follow(true);
                     assert_eq!(nice_of_this_thread(), own, "nothing asked yet");
                     writers.set(Some(own + 5));
                     assert_eq!(writers.asked(), Some(own + 5));
                     assert_eq!(nice_of_this_thread(), own, "applied at the next request only");
-                    writers.follow();
+                    writers.follow(false);
+                    assert_eq!(nice_of_this_thread(), own, "a read does not demote");
+                    writers.follow(true);
                     assert_eq!(nice_of_this_thread(), own + 5);
                     writers.set(None);
-                    writers.follow();
+                    writers.follow(false);
                     // Going back down needs CAP_SYS_NICE or RLIMIT_NICE (root here).
                     if rustix::process::geteuid().is_root() {
                         assert_eq!(nice_of_this_thread(), own);
