@@ -21,8 +21,9 @@ static EPOCHS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(
 const AS_THEY_WERE: u32 = u32::MAX;
 
 thread_local! {
-    /// The epoch this thread last applied, and its nice value before the first change.
-    static APPLIED: Cell<Option<(u64, i32)>> = const { Cell::new(None) };
+    /// The epoch this thread last followed (0: none), and its own nice value once it was
+    /// changed (`None`: never changed).
+    static APPLIED: Cell<(u64, Option<i32>)> = const { Cell::new((0, None)) };
 }
 
 /// The writers' nice value the cleaner asks for.
@@ -61,7 +62,7 @@ impl WriterNice {
     #[inline]
     pub(super) fn follow(&self, writing: bool) {
         let epoch = self.epoch.load(Ordering::Acquire);
-        if epoch == 0 || APPLIED.with(|a| a.get()).is_some_and(|(seen, _)| seen == epoch) {
+        if epoch == 0 || APPLIED.with(|a| a.get().0) == epoch {
             return;
         }
         self.apply(epoch, writing);
@@ -70,22 +71,24 @@ impl WriterNice {
     #[cold]
     fn apply(&self, epoch: u64, writing: bool) {
         use rustix::process::{getpriority_process, setpriority_process};
-        if !writing && self.asked().is_some() {
-            return;
-        }
-        let tid = rustix::thread::gettid();
-        let original = match APPLIED.with(|a| a.get()) {
-            Some((_, original)) => original,
-            // Never changed: a reader has nothing to go back to.
-            None if !writing => return,
-            None => getpriority_process(Some(tid)).unwrap_or(0),
+        let (_, own) = APPLIED.with(Cell::get);
+        let asked = self.asked();
+        let own = match (asked, own) {
+            // A read never demotes: the thread looks again at its next request.
+            (Some(_), _) if !writing => return,
+            // Never changed and nothing asked: nothing to undo.
+            (None, None) => None,
+            (asked, own) => {
+                let tid = rustix::thread::gettid();
+                let own = own.unwrap_or_else(|| getpriority_process(Some(tid)).unwrap_or(0));
+                // A thread that may not go back to a lower nice value stays where it is:
+                // raising it is always allowed, lowering it needs CAP_SYS_NICE or RLIMIT_NICE,
+                // which the cleaner checked before asking (`Cleaner::run`).
+                let _ = setpriority_process(Some(tid), asked.map_or(own, |n| n.max(own)));
+                Some(own)
+            }
         };
-        let nice = self.asked().map_or(original, |n| n.max(original));
-        // A thread that may not go back to a lower nice value stays where it is: raising it
-        // is always allowed, lowering it needs CAP_SYS_NICE or RLIMIT_NICE, which the cleaner
-        // checked before asking (`Cleaner::run`).
-        let _ = setpriority_process(Some(tid), nice);
-        APPLIED.with(|a| a.set(Some((epoch, original))));
+        APPLIED.with(|a| a.set((epoch, own)));
     }
 }
 
