@@ -161,7 +161,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         }
         let block = self.block_bytes();
         let (lba, in_block) = (block_of(offset, block), offset_in_block(offset, block) as usize);
-        let tail = engine.admission.note_request(offset, out.len() as u64, engine.clock.now_ns());
+        let tail = engine.admission.note_request(offset, out.len() as u64, engine.clock.now_ns())
+            && engine.scan_bypasses();
         let may_admit = !tail;
         let admissible = may_admit && engine.mode().admits_reads();
         let admit = admissible && engine.admission.admit_block(lba);

@@ -18,6 +18,20 @@ pub(super) enum HitCopy {
 /// sequential read of blocks written in order: `pmcache bench paper 000-fig4b`).
 const RUN_BLOCKS_MAX: usize = 64;
 
+/// The share of the cache's slots that must be free for a sequential stream's tail to be
+/// admitted anyway: 1/8.
+const SCAN_ROOM_SHARE_INV: u64 = 8;
+
+impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
+    /// Whether a missed block of a sequential stream past the cutoff bypasses the cache: only
+    /// while fewer than an eighth of the slots are free. The cutoff keeps a scan from evicting
+    /// the working set; a scan into free slots evicts nothing, so a cache that has room caches
+    /// data read sequentially (a first copy, a restore) as it caches the rest.
+    pub(super) fn scan_bypasses(&self) -> bool {
+        self.pools.len() * SCAN_ROOM_SHARE_INV < u64::from(self.slots.len())
+    }
+}
+
 impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Reads `buf.len()` bytes at byte `offset`.
     pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -48,9 +62,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             }
             let out = &mut buf[done..done + len];
             if !self.read_hit(lba, in_block, out) {
-                let tail = *sequential_tail.get_or_insert_with(|| {
+                let past_cutoff = *sequential_tail.get_or_insert_with(|| {
                     engine.admission.note_request(offset, request_len, engine.clock.now_ns())
                 });
+                let tail = past_cutoff && engine.scan_bypasses();
                 self.read_locked(lba, in_block, out, !tail)?;
             }
             done += len;

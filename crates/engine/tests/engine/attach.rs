@@ -468,27 +468,42 @@ fn check_reports_what_recovery_will_find_without_changing_the_medium() {
     assert_eq!((recovered.clean, recovered.dirty, recovered.corrupt), (4, 2, 1));
 }
 
+/// Misses by kind, and the sequential cutoff applied only when the cache is short of room: a
+/// stream read into free slots evicts nothing and is cached whole; once the cache is full, a
+/// stream's part past the cutoff bypasses it.
 #[test]
 fn misses_are_counted_by_kind() {
     let (medium, backing) = parts();
     let mut cfg = config(CacheMode::WriteBack);
     cfg.admission = AdmissionConfig::SequentialCutoff { cutoff_bytes: 4 * BLOCK as u64 };
     let engine = Engine::format(medium, backing, clock(), &cfg).unwrap();
+    let slots = engine.superblock().geometry.slot_count;
+    assert!(slots <= 32 && slots > 16, "the test's stream fits, its writes overfill: {slots}");
     let mut lane = engine.lane().unwrap();
     let mut buf = vec![0u8; BLOCK];
-    // A sequential stream of 16 blocks: the first 4 are admitted, the rest bypass.
+    // A sequential stream of 16 blocks into an empty cache: every block admitted.
     for b in 0..16u64 {
         lane.read(b * BLOCK as u64, &mut buf).unwrap();
     }
     let stats = engine.stats();
-    assert_eq!((stats.read_misses_admitted, stats.read_misses_sequential), (4, 12), "{stats:?}");
+    assert_eq!((stats.read_misses_admitted, stats.read_misses_sequential), (16, 0), "{stats:?}");
+    lane.read(5 * BLOCK as u64, &mut buf).unwrap();
+    assert_eq!(engine.stats().read_hits, 1, "the stream's blocks are cached");
+    // Writes of more blocks than the cache holds leave no slot free.
+    for b in 40..64u64 {
+        lane.write(b * BLOCK as u64, &block_of(b as u8), false).unwrap();
+    }
+    // A second stream, of blocks never read: the first 4 admitted, the 12 past the cutoff not.
+    for b in 20..36u64 {
+        lane.read(b * BLOCK as u64, &mut buf).unwrap();
+    }
+    let stats = engine.stats();
+    assert_eq!((stats.read_misses_admitted, stats.read_misses_sequential), (20, 12), "{stats:?}");
     // Pass-through does not admit.
     engine.set_mode(CacheMode::PassThrough);
-    lane.read(40 * BLOCK as u64, &mut buf).unwrap();
-    assert_eq!(engine.stats().read_misses_bypassed, 1);
-    // The admitted blocks now hit.
-    lane.read(0, &mut buf).unwrap();
-    assert_eq!(engine.stats().read_hits, 1);
+    lane.read(38 * BLOCK as u64, &mut buf).unwrap();
+    let stats = engine.stats();
+    assert_eq!(stats.read_misses_bypassed, 1, "{stats:?}");
 }
 
 /// The aim for the engine's DRAM (index, slot words, free-slot bitmap, stripes,
