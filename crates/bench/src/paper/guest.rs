@@ -41,10 +41,13 @@ pub struct GuestRun {
     /// Where a request's time goes (`000-time`): one window of one run each.
     #[serde(default)]
     pub time: Vec<super::guest_time::TimeSample>,
+    /// Where a cache's policy decides (`000-policy`).
+    #[serde(default)]
+    pub policy: Vec<super::guest_policy::PolicyPoint>,
 }
 
 /// What the guest was.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 pub struct GuestBed {
     /// The guest kernel's release.
     pub kernel: String,
@@ -63,6 +66,24 @@ pub struct GuestBed {
     /// The emulator's version line.
     #[serde(default)]
     pub qemu: String,
+    /// The SSDs' throttle: requests per second.
+    #[serde(default)]
+    pub ssd_iops: u64,
+    /// The SSDs' throttle: bytes per second.
+    #[serde(default)]
+    pub ssd_bytes_per_s: u64,
+    /// `000-policy`'s working set (warm-up, scan) and hot set (in front of the HDDs).
+    #[serde(default)]
+    pub policy_working_set_mib: u64,
+    /// `000-policy`'s HDDs.
+    #[serde(default)]
+    pub policy_hdd_mib: u64,
+    /// `000-policy`'s warm-up passes.
+    #[serde(default)]
+    pub policy_passes: u64,
+    /// `000-policy`'s seconds of writes per layer.
+    #[serde(default)]
+    pub policy_dirty_s: u64,
 }
 
 /// One fio run.
@@ -85,6 +106,10 @@ pub struct GuestPoint {
     pub cache_hits: Option<u64>,
     /// Cache misses during the run, where the layer counts them.
     pub cache_misses: Option<u64>,
+    /// A point that only read and found too few of its reads cached, after top-ups and
+    /// re-runs: it measured misses, not the layer, and is not drawn.
+    #[serde(default)]
+    pub refused: bool,
 }
 
 /// Runs the guest bed (or reads `--guest-json`), keeps its JSON under `<out>/raw/`, and makes
@@ -162,7 +187,8 @@ struct Table {
 }
 
 fn table(run: &GuestRun, figure: &str) -> Option<Table> {
-    let points: Vec<&GuestPoint> = run.points.iter().filter(|p| p.figure == figure).collect();
+    let points: Vec<&GuestPoint> =
+        run.points.iter().filter(|p| p.figure == figure && !p.refused).collect();
     if points.is_empty() {
         return None;
     }
@@ -353,7 +379,7 @@ fn added_time_note(run: &GuestRun, figure: &str, x: &str) -> Option<String> {
 /// Hit ratios over a figure's measured runs, per series that counts them.
 fn hit_notes(run: &GuestRun, figure: &str) -> Vec<String> {
     let mut counted: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for p in run.points.iter().filter(|p| p.figure == figure) {
+    for p in run.points.iter().filter(|p| p.figure == figure && !p.refused) {
         if let (Some(hits), Some(misses)) = (p.cache_hits, p.cache_misses) {
             let entry = counted.entry(&p.series).or_default();
             entry.0 += hits;
@@ -365,7 +391,7 @@ fn hit_notes(run: &GuestRun, figure: &str) -> Vec<String> {
         .filter(|(_, (h, m))| h + m > 0)
         .map(|(series, (hits, misses))| {
             format!(
-                "{series}: {} hits over the measured runs ({hits} hits, {misses} misses).",
+                "{series}: {} hits over the drawn runs ({hits} hits, {misses} misses).",
                 percent(hits as f64 / (hits + misses) as f64)
             )
         })
@@ -577,6 +603,7 @@ fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
         });
     }
     figures.extend(super::guest_time::figures(ctx, &run.time, &bed, run.bed.seconds));
+    figures.extend(super::guest_policy::figures(ctx, run, &bed, &run.notes));
     if figures.is_empty() {
         return Err("the guest bed's output has no figure's points".into());
     }
@@ -597,6 +624,7 @@ mod tests {
             iops: Some(rate),
             cache_hits: series.starts_with("bcache").then_some(90),
             cache_misses: series.starts_with("bcache").then_some(10),
+            refused: false,
         }
     }
 
@@ -610,11 +638,12 @@ mod tests {
                 seconds: 1.0,
                 nvdimm_mib: 128,
                 working_set_mib: 32,
-                qemu: String::new(),
+                ..GuestBed::default()
             },
             notes: vec!["bcache in writethrough".into()],
             points,
             time: vec![],
+            policy: vec![],
         }
     }
 

@@ -12,6 +12,7 @@
 mod common;
 mod figure;
 mod guest;
+mod guest_policy;
 mod guest_time;
 mod inproc;
 mod library;
