@@ -603,7 +603,7 @@ fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
         });
     }
     figures.extend(super::guest_time::figures(ctx, &run.time, &bed, run.bed.seconds));
-    figures.extend(super::guest_policy::figures(ctx, run, &bed, &run.notes));
+    figures.extend(super::guest_policy::figures(ctx, run, &bed));
     if figures.is_empty() {
         return Err("the guest bed's output has no figure's points".into());
     }
