@@ -95,14 +95,17 @@ fn thread_ticks(threads: &[usize]) -> Vec<String> {
     threads.iter().map(usize::to_string).collect()
 }
 
-/// Writes `[0, span)` of `store` once, 1 MiB at a time from an aligned buffer, each byte
-/// `fill`, and flushes it: the store's own reads of the span then read data from its disk,
-/// not the holes of a sparse file.
+/// The largest write of [`write_span`].
+const WRITE_CHUNK_BYTES: u64 = MIB;
+
+/// Writes `[0, span)` of `store` once, [`WRITE_CHUNK_BYTES`] at a time from an aligned
+/// buffer, each byte `fill`, and flushes it: the store's own reads of the span then read data
+/// from its disk, not the holes of a sparse file.
 fn write_span<B: BackingStore>(store: &B, span: u64, fill: u8) -> Result<(), String> {
-    let chunk = IoBuf::from_slice(&vec![fill; MIB as usize]);
+    let chunk = IoBuf::from_slice(&vec![fill; WRITE_CHUNK_BYTES as usize]);
     let mut offset = 0;
     while offset < span {
-        let len = (span - offset).min(MIB) as usize;
+        let len = (span - offset).min(WRITE_CHUNK_BYTES) as usize;
         store
             .write_at(&chunk[..len], offset)
             .map_err(|e| format!("backing file, write at {offset}: {e}"))?;
@@ -155,7 +158,7 @@ const FILL: u8 = 0x5a;
 
 /// `2–14 ms` for a uniform latency.
 fn latency_text(dist: LatencyDist) -> String {
-    let ms = |d: std::time::Duration| number(d.as_secs_f64() * 1e3);
+    let ms = |d: std::time::Duration| d.as_micros() as f64 / 1e3;
     match dist {
         LatencyDist::Fixed(d) => format!("{} ms", ms(d)),
         LatencyDist::Uniform { min, max } => format!("{}–{} ms", ms(min), ms(max)),
@@ -214,9 +217,10 @@ pub fn fig2(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         latency_text(hdd_latency)
     ));
     notes.push(format!(
-        "Both disk files are written in full ({} with O_DIRECT, 1 MiB at a time) before the \
-         run and checked to hold no holes, so the SSD and HDD series read data from the disk.",
-        size(span)
+        "Both disk files are written in full ({} with O_DIRECT, {} at a time) before the run \
+         and checked to hold no holes, so the SSD and HDD series read data from the disk.",
+        size(span),
+        size(WRITE_CHUNK_BYTES)
     ));
     notes.push(
         "The SSD→HDD stacks need an SSD-class cache medium, which pmcache does not take; that \
@@ -594,6 +598,8 @@ mod tests {
         assert_eq!(listed([1, 2, 4].iter().map(usize::to_string)), "1, 2 and 4");
         assert_eq!(listed(["4 KiB".to_string()].into_iter()), "4 KiB");
         assert_eq!(listed(std::iter::empty()), "");
-        assert_eq!(latency_text(LatencyDist::hdd()), "2.00–14.0 ms");
+        assert_eq!(latency_text(LatencyDist::hdd()), "2–14 ms");
+        let fixed = LatencyDist::Fixed(std::time::Duration::from_micros(500));
+        assert_eq!(latency_text(fixed), "0.5 ms");
     }
 }
