@@ -2,8 +2,10 @@
 //! engine against the raw medium it runs on, fio's workloads as the paper ran them —
 //! synchronous, one request in flight per thread, every read a hit after a warm-up.
 
+use std::path::Path;
+
 use pmcache_backing::wrappers::{LatencyDist, LatencyStore};
-use pmcache_backing::{BackingStore, PsyncFile};
+use pmcache_backing::{BackingStore, IoBuf, PsyncFile};
 use pmcache_engine::CacheMode;
 
 use super::common::{GIB, KIB, MIB, check_all_hits, percent, size, sweep};
@@ -17,6 +19,11 @@ const MB: f64 = 1e6;
 const GB: f64 = 1e9;
 
 const BED: &str = "in process (host): pmcache's engine and the raw medium, one /dev/shm file";
+
+/// What the in-process ratios are of: a bare copy on the medium, where the paper's are of the
+/// NVDIMM as a block device.
+const OF_RAW: &str = "of the raw medium in process (a bare copy + persist on the same file; no \
+                      block layer, unlike the paper's ratios)";
 
 /// The notes every paper-000 figure of this bed carries.
 fn common_notes(span: u64) -> Vec<String> {
@@ -88,16 +95,95 @@ fn thread_ticks(threads: &[usize]) -> Vec<String> {
     threads.iter().map(usize::to_string).collect()
 }
 
+/// The largest write of [`write_span`].
+const WRITE_CHUNK_BYTES: u64 = MIB;
+
+/// Writes `[0, span)` of `store` once, [`WRITE_CHUNK_BYTES`] at a time from an aligned
+/// buffer, each byte `fill`, and flushes it: the store's own reads of the span then read data
+/// from its disk, not the holes of a sparse file.
+fn write_span<B: BackingStore>(store: &B, span: u64, fill: u8) -> Result<(), String> {
+    let chunk = IoBuf::from_slice(&vec![fill; WRITE_CHUNK_BYTES as usize]);
+    let mut offset = 0;
+    while offset < span {
+        let len = (span - offset).min(WRITE_CHUNK_BYTES) as usize;
+        store
+            .write_at(&chunk[..len], offset)
+            .map_err(|e| format!("backing file, write at {offset}: {e}"))?;
+        offset += len as u64;
+    }
+    store.flush().map_err(|e| format!("backing file, flush: {e}"))
+}
+
+/// The bytes of `[0, span)` of the file at `path` that are holes (read as zeros, stored
+/// nowhere), found with `SEEK_DATA` and `SEEK_HOLE`.
+fn hole_bytes(path: &Path, span: u64) -> Result<u64, String> {
+    use rustix::fs::{SeekFrom, seek};
+    let error = |e: rustix::io::Errno| format!("{}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (mut holes, mut at) = (0, 0);
+    while at < span {
+        let data = match seek(&file, SeekFrom::Data(at)) {
+            Ok(data) => data,
+            // No data at or past `at`: the rest is a hole.
+            Err(rustix::io::Errno::NXIO) => span,
+            Err(e) => return Err(error(e)),
+        };
+        holes += data.min(span) - at;
+        if data >= span {
+            break;
+        }
+        at = seek(&file, SeekFrom::Hole(data)).map_err(error)?;
+    }
+    Ok(holes)
+}
+
+/// Writes the span of `bed`'s backing file through `store` (the bed's backing store, or the
+/// file under its delay) and checks the file holds data over all of it.
+fn write_backing<B: BackingStore, S: BackingStore>(
+    bed: &Bed<B>,
+    store: &S,
+    span: u64,
+) -> Result<(), String> {
+    write_span(store, span, FILL)?;
+    let path = bed.dirs.backing_path();
+    match hole_bytes(&path, span)? {
+        0 => Ok(()),
+        holes => Err(format!("{}: {holes} bytes of holes after writing the span", path.display())),
+    }
+}
+
+/// What the disk files hold: the byte the bed writes through the cache, so that the cache and
+/// its backing file agree.
+const FILL: u8 = 0x5a;
+
+/// `2–14 ms` for a uniform latency.
+fn latency_text(dist: LatencyDist) -> String {
+    let ms = |d: std::time::Duration| d.as_micros() as f64 / 1e3;
+    match dist {
+        LatencyDist::Fixed(d) => format!("{} ms", ms(d)),
+        LatencyDist::Uniform { min, max } => format!("{}–{} ms", ms(min), ms(max)),
+        LatencyDist::Exponential { min, mean_extra } => {
+            format!("{} ms + {} ms on average", ms(min), ms(mean_extra))
+        }
+    }
+}
+
 /// Fig 2: the devices alone and the cache stacks, four workloads, log bandwidth.
 pub fn fig2(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     let scale = ctx.args.scale;
     let span = scale.pick(GIB, 256 * MIB, 16 * MIB);
     let (pm, disk) = (&ctx.args.pm_dir, &ctx.args.dir);
     let ssd = Bed::new(pm, disk, span)?;
+    let hdd_latency = LatencyDist::hdd();
     let hdd = Bed::with_backing(pm, disk, span, |path| {
         let file = PsyncFile::open_with(path, true, false).map_err(|e| e.to_string())?;
-        Ok(LatencyStore::new(file, LatencyDist::hdd(), 0x0d1))
+        Ok(LatencyStore::new(file, hdd_latency, 0x0d1))
     })?;
+    // The devices' series read what was written: data on the disk, as the paper's devices
+    // hold, not holes the file system answers without reading.
+    write_backing(&ssd, ssd.engine.backing(), span)?;
+    write_backing(&hdd, hdd.engine.backing().inner(), span)?;
+    let hdd_name = format!("HDD (disk file, {} per request)", latency_text(hdd_latency));
     let workloads = [
         ("4K rand read", Access::Random { request: 4 * KIB, span, write_share: 0.0 }),
         ("4M seq read", Access::Sequential { request: 4 * MIB, span, write_share: 0.0 }),
@@ -107,7 +193,7 @@ pub fn fig2(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     let series = [
         SeriesRun::new("NVM (raw medium)", |_| ssd.raw_worker()),
         SeriesRun::new("SSD (disk file, O_DIRECT)", |_| backing_worker(ssd.engine.backing())),
-        SeriesRun::new("HDD (disk file + 2-14 ms)", |_| backing_worker(hdd.engine.backing())),
+        SeriesRun::new(hdd_name.as_str(), |_| backing_worker(hdd.engine.backing())),
         SeriesRun::new("pmcache NVM→SSD", |_| ssd.lane_worker().expect("a lane")),
         SeriesRun::new("pmcache NVM→HDD", |_| hdd.lane_worker().expect("a lane")),
     ];
@@ -120,16 +206,22 @@ pub fn fig2(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     let over_ssd: Vec<f64> = (0..workloads.len()).map(|x| result.ratio(x, 3, 1)).collect();
     let (ssd_lo, ssd_hi) = min_max(&over_ssd);
     let mut notes = common_notes(span);
-    notes.push(
+    notes.push(format!(
         "The paper names no block size or mix (\"random and sequential patterns mixed\"); \
-         four workloads are run here: 4 KiB random and 4 MiB sequential, reads and 50:50."
-            .into(),
-    );
-    notes.push(
+         the workloads here are {}.",
+        listed(workloads.iter().map(|(tick, _)| tick.to_string()))
+    ));
+    notes.push(format!(
         "pmcache runs in write-back mode with no cleaner during the run: its writes stay in \
-         the cache. The HDD is the disk file behind a 2-14 ms per-request delay."
-            .into(),
-    );
+         the cache. The HDD is the disk file with each request taking at least {}.",
+        latency_text(hdd_latency)
+    ));
+    notes.push(format!(
+        "Both disk files are written in full ({} with O_DIRECT, {} at a time) before the run \
+         and checked to hold no holes, so the SSD and HDD series read data from the disk.",
+        size(span),
+        size(WRITE_CHUNK_BYTES)
+    ));
     notes.push(
         "The SSD→HDD stacks need an SSD-class cache medium, which pmcache does not take; that \
          pair is the guest bed's."
@@ -148,8 +240,8 @@ pub fn fig2(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         absolute: None,
         published: published("000-fig2").into(),
         ours: format!(
-            "pmcache with the NVM as cache reaches {} of the NVM alone across the four \
-             workloads, {}–{}× the SSD alone.",
+            "pmcache with the NVM as cache reaches {} {OF_RAW} across the four workloads, and \
+             {}–{}× the disk file alone (O_DIRECT).",
             range_text(&of_nvm),
             number(ssd_lo),
             number(ssd_hi)
@@ -201,9 +293,10 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     let mut notes = common_notes(span);
     notes.push(format!(
         "One cache of {} holds every working set; a line reads uniformly random blocks of \
-         the first N bytes of it. The request ladder is ×4 from 4 KiB (the paper names 4 KB, \
-         256 KB and 4 MB only).",
-        size(span)
+         the first N bytes of it. Request sizes {} (the paper names 4 KB, 256 KB and 4 MB \
+         only).",
+        size(span),
+        listed(sizes.iter().map(|s| size(*s)))
     ));
     let mut shrunk = vec![];
     if scale != Scale::Full {
@@ -214,7 +307,7 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         ));
     }
     if scale == Scale::Smallest {
-        shrunk.push("request sizes 4 KiB, 64 KiB and 1 MiB only".into());
+        shrunk.push(format!("request sizes {} only", listed(sizes.iter().map(|s| size(*s)))));
     }
     Ok(vec![Figure {
         id: "000-fig3".into(),
@@ -226,9 +319,10 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         series: result.absolute(GB),
         published: published("000-fig3").into(),
         ours: format!(
-            "pmcache reaches {} of the raw medium at 4 KiB and {} at {}, from the smallest to \
-             the largest working set.",
+            "pmcache reaches {} at {} and {} at {} {OF_RAW}, from the smallest to the largest \
+             working set.",
             range_text(&at_4k),
+            size(sizes[0]),
             range_text(&at_max),
             size(sizes[last])
         ),
@@ -270,7 +364,7 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     let shrunk = {
         let mut s = shrunk_span(scale, span, "not stated by the paper");
         if scale == Scale::Smallest {
-            s.push("threads 1, 2 and 4 only".into());
+            s.push(format!("threads {} only", listed(threads.iter().map(usize::to_string))));
         }
         s
     };
@@ -285,7 +379,7 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         absolute: Some(Absolute { y_label: "GB/s".into(), series: a.absolute(GB) }),
         published: published("000-fig4a").into(),
         ours: format!(
-            "pmcache reaches {} of the raw NVM at 1 thread and {} at {} (real CPUs); {} at {} \
+            "pmcache reaches {} at 1 thread and {} at {} (real CPUs) {OF_RAW}; {} at {} \
              threads, oversubscribed.",
             percent(a.ratio(0, 1, 0)),
             percent(a.ratio(real_last, 1, 0)),
@@ -308,8 +402,8 @@ pub fn fig4(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         series: b.absolute(GB),
         published: published("000-fig4b").into(),
         ours: format!(
-            "The raw medium (this VM's memory copy) gives {} GB/s at 1 thread and {} at {}; \
-             pmcache {} and {} of it.",
+            "The raw medium in process (a bare memory copy, no block layer) gives {} GB/s at \
+             1 thread and {} at {}; pmcache {} and {} of it.",
             number(b.median(0, 0, GB)),
             number(b.median(real_last, 0, GB)),
             threads[real_last],
@@ -368,12 +462,17 @@ pub fn fig5(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     let result = sweep(ctx, "000-fig5", &series, &positions);
     bed.engine.set_mode(CacheMode::WriteBack);
     check_all_hits(&bed, "000-fig5")?;
-    let at = |read: u32, s: usize| {
-        reads.iter().position(|&r| r == read).map(|x| percent(result.ratio(x, s, 0)))
+    // Series `s`'s ratio at each of `shares` that was run: `61 % at 90 %, 20 % at 10 %`.
+    let at_shares = |s: usize, shares: &[u32]| {
+        let at = |read: u32| reads.iter().position(|&r| r == read);
+        let texts = shares.iter().filter_map(|&read| {
+            at(read).map(|x| format!("{} at {read} %", percent(result.ratio(x, s, 0))))
+        });
+        texts.collect::<Vec<_>>().join(", ")
     };
     let mut shrunk = shrunk_span(scale, span, "not stated by the paper");
     if scale == Scale::Smallest {
-        shrunk.push("read shares 100, 90, 50 and 10 % only".into());
+        shrunk.push(format!("read shares {} % only", listed(reads.iter().map(u32::to_string))));
     }
     Ok(vec![Figure {
         id: "000-fig5".into(),
@@ -387,13 +486,10 @@ pub fn fig5(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         absolute: Some(Absolute { y_label: "GB/s".into(), series: result.absolute(GB) }),
         published: published("000-fig5").into(),
         ours: format!(
-            "pmcache write-back: {} of the NVM at 100 % reads, {} at 90 %, {} at 10 %; \
-             write-through (every write to the disk): {} at 90 %, {} at 10 %.",
-            at(100, 1).unwrap_or_default(),
-            at(90, 1).unwrap_or_default(),
-            at(10, 1).unwrap_or_default(),
-            at(90, 2).unwrap_or_default(),
-            at(10, 2).unwrap_or_default()
+            "pmcache write-back, by read share: {} {OF_RAW}; write-through (every write to \
+             the disk): {}.",
+            at_shares(1, &[100, 90, 10]),
+            at_shares(2, &[90, 10])
         ),
         scale: ctx.scale_note(shrunk),
         notes: mode_notes(span),
@@ -418,7 +514,7 @@ pub fn fig6(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     let real_last = threads.iter().rposition(|&t| t <= ctx.cpus).expect("one thread is real");
     let mut shrunk = shrunk_span(scale, span, "not stated by the paper");
     if scale == Scale::Smallest {
-        shrunk.push("threads 1, 2 and 4 only".into());
+        shrunk.push(format!("threads {} only", listed(threads.iter().map(usize::to_string))));
     }
     Ok(vec![Figure {
         id: "000-fig6".into(),
@@ -431,7 +527,7 @@ pub fn fig6(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         absolute: Some(Absolute { y_label: "MB/s".into(), series: result.absolute(MB) }),
         published: published("000-fig6").into(),
         ours: format!(
-            "pmcache write-back reaches {} of the NVM at 1 thread and {} at {}; write-through, \
+            "pmcache write-back reaches {} at 1 thread and {} at {} {OF_RAW}; write-through, \
              bound by the disk, {} and {}.",
             percent(result.ratio(0, 1, 0)),
             percent(result.ratio(real_last, 1, 0)),
@@ -454,6 +550,16 @@ fn shrunk_span(scale: Scale, span: u64, paper: &str) -> Vec<String> {
     }
 }
 
+/// `1, 2 and 4`.
+fn listed(items: impl Iterator<Item = String>) -> String {
+    let mut items: Vec<String> = items.collect();
+    match items.pop() {
+        None => String::new(),
+        Some(last) if items.is_empty() => last,
+        Some(last) => format!("{} and {last}", items.join(", ")),
+    }
+}
+
 /// `61 %` or `58–63 %`.
 fn range_text(ratios: &[f64]) -> String {
     let (lo, hi) = min_max(ratios);
@@ -461,5 +567,39 @@ fn range_text(ratios: &[f64]) -> String {
         percent(lo)
     } else {
         format!("{:.0}–{:.0} %", lo * 100.0, hi * 100.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    #[test]
+    fn the_backing_file_is_written_over_its_span_and_holds_no_holes() {
+        let span = 4 * MIB;
+        let bed = Bed::new(Path::new("/dev/shm"), &std::env::temp_dir(), span).expect("bed");
+        let path = bed.dirs.backing_path();
+        assert_eq!(hole_bytes(&path, span), Ok(span), "filling the cache leaves the file sparse");
+        write_span(bed.engine.backing(), span / 2, FILL).expect("half the span");
+        assert_eq!(hole_bytes(&path, span), Ok(span / 2), "the second half is still a hole");
+        write_backing(&bed, bed.engine.backing(), span).expect("the span");
+        assert_eq!(hole_bytes(&path, span), Ok(0));
+        let blocks = std::fs::metadata(&path).expect("metadata").blocks();
+        assert!(blocks * 512 >= span, "{blocks} blocks of 512 bytes stored for {span} bytes");
+        let mut last = IoBuf::new(4096);
+        bed.engine.backing().read_at(&mut last, span - 4096).expect("read");
+        assert!(last.iter().all(|&b| b == FILL), "the file reads back what was written");
+    }
+
+    #[test]
+    fn lists_and_latencies_read_as_the_figures_write_them() {
+        assert_eq!(listed([1, 2, 4].iter().map(usize::to_string)), "1, 2 and 4");
+        assert_eq!(listed(["4 KiB".to_string()].into_iter()), "4 KiB");
+        assert_eq!(listed(std::iter::empty()), "");
+        assert_eq!(latency_text(LatencyDist::hdd()), "2–14 ms");
+        let fixed = LatencyDist::Fixed(std::time::Duration::from_micros(500));
+        assert_eq!(latency_text(fixed), "0.5 ms");
     }
 }

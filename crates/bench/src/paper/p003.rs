@@ -14,10 +14,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::Ctx;
-use super::common::percent;
-use super::figure::{Absolute, Figure, Point, Series};
-use crate::fs::{self, Personality, Threads};
+use super::common::{percent, size};
+use super::figure::{Absolute, Figure, Point, Series, number};
+use super::{Ctx, Scale};
+use crate::fs::personality::{Op, ThreadGroup};
+use crate::fs::{self, FsResult, Personality, Threads, Workload};
 use crate::harness::servers::{PmcacheServe, ServeOptions, Server};
 
 /// `--bed` inside the guest of `scripts/guest/paper003.sh`.
@@ -30,10 +31,197 @@ const GUEST_MOUNTS: [(&str, &str); 3] = [
     ("ext4 on brd (RAM disk: stock ext4)", "/mnt/fs-brd"),
 ];
 
+/// How a block request goes from ext4 to pmcache in the guest.
+const GUEST_PATH: &str = "the block layer and ublk to pmcache's server in user space";
+
+/// How a block request goes from ext4 to pmcache on this host.
+const HOST_PATH: &str = "a loop device, FUSE, nbdfuse and an NBD socket to pmcache's server";
+
 /// The paper's sentence.
 const PUBLISHED: &str = "Ext4 with PMAL within 5 % of PMFS (abstract); \"considerably better \
                          than the legacy file system and almost matches PMFS\" (§4.2); no \
                          number per workload, none for stock Ext4.";
+
+/// The paper's bar for ext4 with PMAL: within 5 % of PMFS (its abstract).
+const PMAL_SHARE_OF_PMFS: f64 = 0.95;
+
+/// What pmcache is in this figure, and what PMAL is in the paper; `path` is how a block
+/// request goes from ext4 to pmcache.
+fn block_device_note(path: &str) -> String {
+    format!(
+        "pmcache is a block device under an unchanged ext4: ext4's journal commits, fsyncs \
+         and O_DSYNC writes reach it as block requests (writes, FLUSH, FUA) through {path}, \
+         and each waits for them to come back. PMAL, the paper's layer, changes ext4 itself: \
+         it persists each write as it is made (clflush + sfence) and keeps the journal in the \
+         persistent page cache, so its fsync has nothing left to send to a device. The \
+         figure asks the paper's question of a block device, which PMAL is not."
+    )
+}
+
+/// A flowop in which a thread waits until its writes are durable.
+struct DurabilityWait {
+    /// The thread group's index in the workload.
+    group: usize,
+    /// What the group's loop waits for, as a note says it.
+    what: String,
+    /// The fsyncs in each loop (0: a wait for O_DSYNC writes).
+    fsyncs: usize,
+    /// The flowops whose latencies it is (varmail's two fsyncs are one kind of wait).
+    flowops: Vec<&'static str>,
+}
+
+/// The workload's waits for durability: its fsyncs, and its waits for O_DSYNC writes.
+fn durability_waits(workload: &Workload) -> Vec<DurabilityWait> {
+    let mut waits = vec![];
+    for (index, group) in workload.groups.iter().enumerate() {
+        let named = |wanted: fn(Op) -> bool| -> Vec<&'static str> {
+            group.flowops.iter().filter(|f| wanted(f.op)).map(|f| f.name).collect()
+        };
+        let counted = group.flowops.iter().filter(|f| f.op.counted()).count();
+        let fsyncs = named(|op| op == Op::Fsync);
+        if !fsyncs.is_empty() {
+            waits.push(DurabilityWait {
+                group: index,
+                what: format!("{} fsyncs in each loop of {counted} ops", fsyncs.len()),
+                fsyncs: fsyncs.len(),
+                flowops: fsyncs,
+            });
+        }
+        let dsync_writes: Vec<(u64, u64)> = group
+            .flowops
+            .iter()
+            .filter_map(|f| match f.op {
+                Op::AioWriteRandom { iters, iosize, dsync: true, .. } => Some((iters, iosize)),
+                _ => None,
+            })
+            .collect();
+        let aio_waits = named(|op| op == Op::AioWait);
+        if !dsync_writes.is_empty() && !aio_waits.is_empty() {
+            let writes: Vec<String> = dsync_writes
+                .iter()
+                .map(|&(iters, iosize)| {
+                    let plural = if iters == 1 { "" } else { "s" };
+                    format!("{iters} O_DSYNC write{plural} of {}", size(iosize))
+                })
+                .collect();
+            waits.push(DurabilityWait {
+                group: index,
+                what: format!("a wait for its {} in each loop", writes.join(" and ")),
+                fsyncs: 0,
+                flowops: aio_waits,
+            });
+        }
+    }
+    waits
+}
+
+/// The mean latency in ms of `wait`'s flowops in `result`, over all their completions.
+fn wait_ms(result: &FsResult, workload: &Workload, wait: &DurabilityWait) -> Option<f64> {
+    let group = workload.groups[wait.group].name;
+    let (ms, ops) = result
+        .flowops
+        .iter()
+        .filter(|f| f.group == group && wait.flowops.contains(&f.name.as_str()))
+        .fold((0.0, 0u64), |(ms, ops), f| (ms + f.latency_ms_mean * f.ops as f64, ops + f.ops));
+    (ops > 0).then(|| ms / ops as f64)
+}
+
+/// A personality's rates and durability waits on the native bed and over pmcache.
+struct Limit<'a> {
+    personality: Personality,
+    workload: &'a Workload,
+    /// The native bed's name.
+    native: &'a str,
+    /// How a block request goes from ext4 to pmcache.
+    path: &'a str,
+    /// Median ops/s: (over pmcache, native).
+    ops_per_s: (f64, f64),
+    /// Each of `durability_waits(workload)`'s median latency in ms: (over pmcache, native).
+    waits_ms: Vec<(Option<f64>, Option<f64>)>,
+}
+
+/// What bounds the personality over pmcache, if its threads wait for durability, and the
+/// goal: the paper's bar for PMAL.
+fn limit_note(limit: &Limit) -> Option<String> {
+    let waits = durability_waits(limit.workload);
+    if waits.is_empty() {
+        return None;
+    }
+    let (pmcache, native) = limit.ops_per_s;
+    // The native bed's name without its role: `tmpfs`, `ext4 -o dax`.
+    let on = limit.native.split(" (").next().unwrap_or(limit.native);
+    let ms = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{} ms", number(v)));
+    let mut described: Vec<String> = waits
+        .iter()
+        .zip(&limit.waits_ms)
+        .map(|(wait, &(over_ms, on_ms))| {
+            let group = &limit.workload.groups[wait.group];
+            let mut text = format!("{}: {}", threads_of(group), wait.what);
+            // An fsync is timed in the thread that calls it. A wait for O_DSYNC writes also
+            // holds the writer thread's queue and, behind the loop's semaphores, the other
+            // groups' pace: its time says little about the round trip, so it is left out.
+            if wait.fsyncs > 0 {
+                text +=
+                    &format!(", taking {} over pmcache against {} on {on}", ms(over_ms), ms(on_ms));
+            }
+            text
+        })
+        .collect();
+    // Groups that post to a semaphore the waiting groups block on wait for them in turn.
+    let held: Vec<String> = limit
+        .workload
+        .groups
+        .iter()
+        .filter(|group| {
+            group.flowops.iter().any(|f| match f.op {
+                Op::SemPost { semaphore } => {
+                    waits.iter().any(|w| limit.workload.groups[w.group].blocks_on(semaphore))
+                }
+                _ => false,
+            })
+        })
+        .map(threads_of)
+        .collect();
+    if !held.is_empty() {
+        described.push(format!("{} held back by them through semaphores", held.join(" and ")));
+    }
+    let goal = native * PMAL_SHARE_OF_PMFS;
+    let mut text = format!(
+        "What bounds {}: {} ops/s over pmcache against {} on {on} ({}). Its threads wait for \
+         durability — {}. Each wait is for block requests that cross {} and come back. The \
+         goal is the paper's bar for PMAL, within {} of PMFS: {} ops/s here",
+        limit.personality.name(),
+        number(pmcache),
+        number(native),
+        percent(pmcache / native),
+        described.join("; "),
+        limit.path,
+        percent(1.0 - PMAL_SHARE_OF_PMFS),
+        number(goal)
+    );
+    // One loop for every thread: the run's time per op, charged to the fsyncs alone.
+    if let ([group], [wait]) = (&limit.workload.groups[..], &waits[..])
+        && wait.fsyncs > 0
+    {
+        let counted = group.flowops.iter().filter(|f| f.op.counted()).count() as f64;
+        let ops_per_wait = counted / wait.fsyncs as f64;
+        let per_wait_ms = |rate: f64| ops_per_wait * 1e3 / rate;
+        text += &format!(
+            "; charged to the fsyncs alone, the gap is {} ms of the run per fsync, and the goal \
+             leaves {} ms",
+            number(per_wait_ms(pmcache) - per_wait_ms(native)),
+            number(per_wait_ms(goal) - per_wait_ms(native))
+        );
+    }
+    text += ".";
+    Some(text)
+}
+
+/// `dbwr (10 threads)`.
+fn threads_of(group: &ThreadGroup) -> String {
+    let plural = if group.instances == 1 { "" } else { "s" };
+    format!("{} ({} thread{plural})", group.name, group.instances)
+}
 
 /// A bed: its series name and the directory the personalities run in.
 struct Bed {
@@ -75,7 +263,7 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
              FUA (fsync, O_DSYNC, journal commits) cost no device cache flush."
                 .to_string(),
         ];
-        return measure(ctx, &beds, "003-fig2", &bed, notes);
+        return measure(ctx, &beds, "003-fig2", &bed, GUEST_PATH, notes);
     }
     let seconds: Vec<String> =
         ctx.seconds_given.map(|s| vec!["--seconds".into(), s.to_string()]).unwrap_or_default();
@@ -131,14 +319,14 @@ pub fn run_host(ctx: &Ctx) -> Result<Vec<Figure>, String> {
          a block device in DRAM with the block layer in front, as the paper's RAM-disk driver."
             .to_string(),
     ];
-    let figures = measure(ctx, &beds, "003-fig2-host", &bed, notes);
+    let figures = measure(ctx, &beds, "003-fig2-host", &bed, HOST_PATH, notes);
     host.unmount();
     figures
 }
 
 /// The size of each bed's device at a scale: room for the largest personality's fileset and
 /// what its run adds, with ext4's own overhead.
-fn bed_bytes(scale: super::Scale) -> u64 {
+fn bed_bytes(scale: Scale) -> u64 {
     let need = Personality::ALL
         .iter()
         .map(|&p| fs::workload(p, fs::sizing(scale), Threads::Paper).preallocated_bytes())
@@ -155,6 +343,7 @@ fn measure(
     beds: &[Bed],
     id: &str,
     bed_text: &str,
+    path: &str,
     mut notes: Vec<String>,
 ) -> Result<Vec<Figure>, String> {
     let scale = ctx.args.scale;
@@ -163,6 +352,8 @@ fn measure(
     let personalities = Personality::ALL;
     // rates[t][p][b]: (run, ops/s)
     let mut rates = vec![vec![vec![vec![]; beds.len()]; personalities.len()]; 2];
+    // waits[t][p][b][w]: the durability wait w's mean latency in ms, one per run
+    let mut waits = vec![vec![vec![vec![]; beds.len()]; personalities.len()]; 2];
     let turns = (ctx.runs * personalities.len() * thread_counts.len() * beds.len()) as u64;
     let bar = ctx.progress(id, turns);
     for run in 0..ctx.runs {
@@ -188,6 +379,14 @@ fn measure(
                         result.ops_per_s
                     );
                     rates[t][p][b].push((run, result.ops_per_s));
+                    let workload = fs::workload(personality, fs::sizing(scale), threads);
+                    let runs_ms: &mut Vec<Vec<f64>> = &mut waits[t][p][b];
+                    for (w, wait) in durability_waits(&workload).iter().enumerate() {
+                        if runs_ms.len() <= w {
+                            runs_ms.push(vec![]);
+                        }
+                        runs_ms[w].extend(wait_ms(&result, &workload, wait));
+                    }
                     bar.inc(1);
                 }
             }
@@ -203,21 +402,35 @@ fn measure(
             format!("{} {} × {} KiB", p.name(), set.entries, set.mean_size >> 10)
         })
         .collect();
+    // The paper's filesets, in GiB: the smallest and the largest.
+    let paper_gib: Vec<f64> = personalities
+        .iter()
+        .map(|&p| {
+            let w = fs::workload(p, fs::Sizing::PAPER, Threads::Paper);
+            w.filesets.iter().map(|f| (f.entries * f.mean_size) as f64).sum::<f64>()
+                / (1u64 << 30) as f64
+        })
+        .collect();
+    let (paper_lo, paper_hi) = crate::harness::stats::min_max(&paper_gib);
     let shrunk = vec![
         format!(
             "file counts and OLTP's file size: the paper's Table 2 over {} ({}), because its \
-             12–15 GB filesets do not fit in this machine's memory beside a RAM disk, a medium \
-             and a DAX device of the same size each (even at 1/8, --scale full); mean sizes, \
-             threads and every other parameter as the paper's and filebench's",
+             {paper_lo:.0}–{paper_hi:.0} GiB filesets do not fit in this machine's memory \
+             beside a RAM disk, a medium and a DAX device of the same size each (even at 1/{}, \
+             --scale full); mean sizes, threads and every other parameter as the paper's and \
+             filebench's",
             sizing.divisor,
-            sizes.join(", ")
+            sizes.join(", "),
+            fs::sizing(Scale::Full).divisor
         ),
         format!(
-            "{} s per run (the paper does not say; filebench's `run 60` at --scale full), to \
+            "{} s per run (the paper does not say; filebench's `run {}` at --scale full), to \
              keep a run of every personality on every bed within minutes",
-            seconds
+            seconds,
+            fs::seconds(Scale::Full)
         ),
     ];
+    notes.insert(0, block_device_note(path));
     notes.push(
         "The personalities are `pmcache bench fs`: filebench's fileserver, webserver, varmail \
          and oltp written anew from their definitions (filebench is in no registry here and \
@@ -231,12 +444,18 @@ fn measure(
             Threads::Paper => true,
             Threads::Count(n) => n > ctx.cpus,
         };
+        // OLTP's groups, the shadows first: `200 + 10 + 1`.
+        let oltp = fs::workload(Personality::Oltp, sizing, threads);
+        let oltp_threads: Vec<String> =
+            oltp.groups.iter().rev().map(|g| g.instances.to_string()).collect();
+        let oltp_threads = oltp_threads.join(" + ");
         let (fig_id, what) = match threads {
             Threads::Paper => {
-                (id.to_string(), "the paper's threads: 50; OLTP 200 + 10 + 1".to_string())
+                let most = fs::workload(Personality::Fileserver, sizing, threads).threads_total();
+                (id.to_string(), format!("the paper's threads: {most}; OLTP {oltp_threads}"))
             }
             Threads::Count(n) => {
-                (format!("{id}-{n}threads"), format!("{n} threads (OLTP: {n} shadows + 10 + 1)"))
+                (format!("{id}-{n}threads"), format!("{n} threads (OLTP: {oltp_threads})"))
             }
         };
         let absolute: Vec<Series> = beds
@@ -283,9 +502,33 @@ fn measure(
                 format!("{} {of_native} of it ({of_ram} the RAM disk's)", personality.name())
             })
             .collect();
-        let ours =
-            format!("{} against {}, by ops/s: {}.", beds[1].name, beds[0].name, parts.join("; "));
-        let fig_notes = notes.clone();
+        let ours = format!(
+            "pmcache is a block device under an unchanged ext4 (PMAL changes ext4 itself). {} \
+             against {}, by ops/s: {}.",
+            beds[1].name,
+            beds[0].name,
+            parts.join("; ")
+        );
+        let mut fig_notes = notes.clone();
+        let median_of =
+            |values: &[f64]| (!values.is_empty()).then(|| Point::of(values, false).median);
+        for (p, &personality) in personalities.iter().enumerate() {
+            let rate =
+                |b: usize| median_of(&rates[t][p][b].iter().map(|&(_, r)| r).collect::<Vec<f64>>());
+            let (Some(over), Some(native)) = (rate(1), rate(0)) else { continue };
+            let workload = fs::workload(personality, sizing, threads);
+            let wait_count = durability_waits(&workload).len();
+            let at = |b: usize, w: usize| waits[t][p][b].get(w).and_then(|v| median_of(v));
+            let limit = Limit {
+                personality,
+                workload: &workload,
+                native: &beds[0].name,
+                path,
+                ops_per_s: (over, native),
+                waits_ms: (0..wait_count).map(|w| (at(1, w), at(0, w))).collect(),
+            };
+            fig_notes.extend(limit_note(&limit));
+        }
         figures.push(Figure {
             id: fig_id,
             title: format!("filebench personalities on ext4 in the paper's three roles, {what}"),
@@ -335,6 +578,9 @@ fn sh(program: &str, args: &[&str]) -> Result<String, String> {
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
+
+/// How long nbdfuse may take to show the device.
+const NBDFUSE_WAIT: Duration = Duration::from_secs(20);
 
 /// The host's beds: what was set up, undone in reverse (also when dropped).
 struct HostBeds {
@@ -419,8 +665,12 @@ impl HostBeds {
         self.nbdfuse = Some(child);
         let began = Instant::now();
         while std::fs::metadata(&disk).map(|m| m.len()).unwrap_or(0) != self.bytes {
-            if began.elapsed() > Duration::from_secs(20) {
-                return Err(format!("nbdfuse: {} did not appear in 20 s", disk.display()));
+            if began.elapsed() > NBDFUSE_WAIT {
+                return Err(format!(
+                    "nbdfuse: {} did not appear in {} s",
+                    disk.display(),
+                    NBDFUSE_WAIT.as_secs()
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -513,4 +763,93 @@ fn mkfs_and_mount(device: &str, at: &Path) -> Result<(), String> {
     sh("mkfs.ext4", &["-q", "-F", device])?;
     sh("mount", &["-t", "ext4", "-o", "noinit_itable", device, path(at)])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paper_workload(personality: Personality) -> Workload {
+        fs::workload(personality, fs::sizing(Scale::Smallest), Threads::Paper)
+    }
+
+    #[test]
+    fn varmail_waits_on_its_fsyncs_oltp_on_its_o_dsync_writes_the_others_on_nothing() {
+        let varmail = durability_waits(&paper_workload(Personality::Varmail));
+        let [wait] = &varmail[..] else { panic!("varmail: one kind of wait") };
+        assert_eq!((wait.fsyncs, wait.what.as_str()), (2, "2 fsyncs in each loop of 13 ops"));
+        assert_eq!(wait.flowops, ["fsyncfile2", "fsyncfile3"]);
+        let oltp = paper_workload(Personality::Oltp);
+        let waits = durability_waits(&oltp);
+        let groups: Vec<&str> = waits.iter().map(|w| oltp.groups[w.group].name).collect();
+        assert_eq!(groups, ["lgwr", "dbwr"]);
+        assert!(waits.iter().all(|w| w.fsyncs == 0 && w.what.contains("O_DSYNC")));
+        assert_eq!(waits[1].what, "a wait for its 100 O_DSYNC writes of 2 KiB in each loop");
+        for personality in [Personality::Fileserver, Personality::Webserver] {
+            assert!(durability_waits(&paper_workload(personality)).is_empty(), "{personality:?}");
+        }
+    }
+
+    #[test]
+    fn the_limit_note_gives_the_rates_the_waits_and_what_the_goal_leaves_per_fsync() {
+        let varmail = paper_workload(Personality::Varmail);
+        let limit = Limit {
+            personality: Personality::Varmail,
+            workload: &varmail,
+            native: "ext4 -o dax (PMFS's role)",
+            path: "ublk",
+            ops_per_s: (2000.0, 4000.0),
+            waits_ms: vec![(Some(12.5), Some(2.0))],
+        };
+        let text = limit_note(&limit).expect("varmail waits for durability");
+        assert!(
+            text.contains("2000 ops/s over pmcache against 4000 on ext4 -o dax (50 %)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("taking 12.5 ms over pmcache against 2.00 ms on ext4 -o dax"),
+            "{text}"
+        );
+        assert!(text.contains("within 5 % of PMFS: 3800 ops/s here"), "{text}");
+        // 13 ops per 2 fsyncs: 6.5 ops of 0.5 ms against 0.25 ms, and of 1/3800 s at the goal.
+        let (gap_ms, budget_ms) =
+            (6.5e3 / 2000.0 - 6.5e3 / 4000.0, 6.5e3 / 3800.0 - 6.5e3 / 4000.0);
+        let expected = format!(
+            "the gap is {} ms of the run per fsync, and the goal leaves {} ms",
+            number(gap_ms),
+            number(budget_ms)
+        );
+        assert!(text.contains(&expected), "{text}");
+        let fileserver = paper_workload(Personality::Fileserver);
+        let none = Limit {
+            personality: Personality::Fileserver,
+            workload: &fileserver,
+            waits_ms: vec![],
+            ..limit
+        };
+        assert_eq!(limit_note(&none), None, "fileserver waits for no durability");
+    }
+
+    #[test]
+    fn oltp_limit_names_each_writer_group_and_who_waits_for_them_untimed() {
+        let oltp = paper_workload(Personality::Oltp);
+        let limit = Limit {
+            personality: Personality::Oltp,
+            workload: &oltp,
+            native: "ext4 -o dax",
+            path: "ublk",
+            ops_per_s: (1000.0, 2000.0),
+            waits_ms: vec![(Some(3.0), Some(1.0)), (None, Some(40.0))],
+        };
+        let text = limit_note(&limit).expect("oltp waits for durability");
+        for part in [
+            "lgwr (1 thread): a wait for its 1 O_DSYNC write of 256 KiB in each loop; ",
+            "dbwr (10 threads): a wait for its 100 O_DSYNC writes of 2 KiB in each loop; ",
+            "shadow (200 threads) held back by them through semaphores.",
+            "within 5 % of PMFS: 1900 ops/s here.",
+        ] {
+            assert!(text.contains(part), "{part:?} in {text}");
+        }
+        assert!(!text.contains("taking") && !text.contains("per fsync"), "{text}");
+    }
 }
