@@ -121,6 +121,20 @@ fn total_failed(row: Option<&Row>) -> f64 {
     point_median(point(row, |s| s.server.as_ref().map(|f| f.failed_insertions() as f64)))
 }
 
+/// `1 and 2`, `1, 2 and 4`.
+fn cpus_text(cpus: &[usize]) -> String {
+    let names: Vec<String> = cpus.iter().map(usize::to_string).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.join(""),
+    }
+}
+
+/// The most writers of any row.
+fn writers_max(rows: &[Row]) -> usize {
+    rows.iter().map(|r| r.writers).max().unwrap_or(1)
+}
+
 /// A point's median, NaN for no point.
 fn point_median(p: Option<Point>) -> f64 {
     p.map_or(f64::NAN, |p| p.median)
@@ -142,9 +156,14 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
          (above the throttle threshold writers are paced to the cleaner's rate), both counted \
          by the server. fio, the server's threads and its cleaner run on the same CPUs."
             .to_string(),
-        "This machine has 2 CPUs: the sweep is 1 and 2 (the paper's 1 … 8 vCPUs), and 4 writers \
-         are never free of contention here (they would need 5 CPUs)."
-            .into(),
+        format!(
+            "This machine has {} CPUs: the sweep is {} (the paper's 1 … 8 vCPUs); {} writers \
+             with the cleaner beside them need {} CPUs to be free of contention.",
+            ctx.cpus,
+            cpus_text(&cpus),
+            writers_max(rows),
+            writers_max(rows) + 1
+        ),
         format!(
             "Span {}, cache {}, {} s per run, {} run(s) per point.",
             pmcache_frontend::units::human(report.plan.span_bytes),
@@ -164,9 +183,10 @@ pub fn run(ctx: &Ctx) -> Result<Vec<Figure>, String> {
         ));
     }
     let shrunk = match ctx.args.scale {
-        Scale::Full => vec!["CPUs 1 and 2 only (the paper: 1 … 8 vCPUs)".to_string()],
+        Scale::Full => vec![format!("CPUs {} only (the paper: 1 … 8 vCPUs)", cpus_text(&cpus))],
         _ => vec![format!(
-            "CPUs 1 and 2 only; {} s per run (the paper's run time is not stated)",
+            "CPUs {} only; {} s per run (the paper's run time is not stated)",
+            cpus_text(&cpus),
             number(report.plan.seconds)
         )],
     };
