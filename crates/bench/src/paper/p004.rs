@@ -302,11 +302,12 @@ fn fewest_jobs_sentence(
         })
         .collect();
     format!(
-        "Fewest jobs to {:.0} % of the panel's highest, {} KIOPS ({} at {best_jobs} jobs; \
+        "Fewest jobs to {:.0} % of the panel's highest, {} KIOPS ({}, {best_jobs} job{}; \
          oversubscribed past {cpus} CPUs): {}.",
         NEAR_MAXIMUM * 100.0,
         number(top),
         series[best_series].name,
+        if best_jobs == 1 { "" } else { "s" },
         per_engine.join("; ")
     )
 }
@@ -716,9 +717,15 @@ NMI:          0          0   Non-maskable interrupts
             fewest_jobs_sentence(&series, &jobs, &["io_uring".into(), "pvsync2".into()], 2);
         assert_eq!(
             sentence,
-            "Fewest jobs to 95 % of the panel's highest, 100 KIOPS (pmcache io_uring at 2 jobs; \
+            "Fewest jobs to 95 % of the panel's highest, 100 KIOPS (pmcache io_uring, 2 jobs; \
              oversubscribed past 2 CPUs): io_uring: pmcache 2, fio 4 (oversubscribed); \
              pvsync2: pmcache never (at most 60 %, at 2), fio not measured."
+        );
+        let one_job = [Series { name: "pmcache libaio".into(), points: vec![point(7.0, false)] }];
+        assert_eq!(
+            fewest_jobs_sentence(&one_job, &[1], &["libaio".into()], 2),
+            "Fewest jobs to 95 % of the panel's highest, 7.00 KIOPS (pmcache libaio, 1 job; \
+             oversubscribed past 2 CPUs): libaio: pmcache 1, fio not measured."
         );
     }
 }
