@@ -44,6 +44,8 @@ pub(super) fn measure_point(
         fio: None,
         ratio: None,
         run_ratios: Vec::new(),
+        ours_runs_iops: Vec::new(),
+        fio_runs_iops: Vec::new(),
         error: None,
         fio_error: None,
     };
@@ -85,11 +87,13 @@ pub(super) fn measure_point(
     row.fio = median_sample(&theirs);
     row.ratio = median(ratios.iter().copied());
     row.run_ratios = ratios;
+    row.ours_runs_iops = ours.iter().map(|s| s.iops).collect();
+    row.fio_runs_iops = theirs.iter().map(|s| s.iops).collect();
     row
 }
 
 /// `jobs` threads, each keeping `qd` 4 KiB requests in flight at random aligned offsets.
-fn run_ours(
+pub(super) fn run_ours(
     store: &Arc<dyn BackingStore>,
     write: bool,
     jobs: usize,
@@ -201,7 +205,7 @@ struct JobResult {
     hist: Histogram<u64>,
 }
 
-fn run_fio(
+pub(super) fn run_fio(
     args: &EnginesArgs,
     file: &TestFile,
     rw: &str,

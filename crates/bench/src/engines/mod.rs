@@ -19,7 +19,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use pmcache_backing::EngineKind;
+use pmcache_backing::{EngineKind, EngineOptions, open_backing};
 use serde::Serialize;
 
 use crate::harness::experiment::{Defaults, Experiment, Run};
@@ -29,7 +29,7 @@ use crate::harness::scratch::write_random;
 mod measure;
 mod report;
 
-use measure::measure_point;
+use measure::{measure_point, run_fio, run_ours};
 use report::{plot, table_header, table_row, table_summary};
 
 /// Block size of every request, in bytes.
@@ -143,6 +143,10 @@ pub struct Row {
     pub ratio: Option<f64>,
     /// Every run's ours.iops / fio.iops, in run order: the spread the median came from.
     pub run_ratios: Vec<f64>,
+    /// Every run's IOPS of ours, in run order (`ours` holds their median).
+    pub ours_runs_iops: Vec<f64>,
+    /// Every run's IOPS of fio, in run order (`fio` holds their median).
+    pub fio_runs_iops: Vec<f64>,
     /// Why ours did not run.
     pub error: Option<String>,
     /// Why fio did not run or failed.
@@ -285,6 +289,53 @@ impl Experiment for EnginesArgs {
     }
 }
 
+/// One side of a point: pmcache's engine or fio's same engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// pmcache's engine, driven as the cache drives it.
+    Ours,
+    /// fio with the same engine and settings.
+    Fio,
+}
+
+impl EnginesArgs {
+    /// Runs one side of one point once and alone: `jobs` threads (or fio jobs) of 4 KiB
+    /// random reads at queue depth `qd` for `seconds`, on `path`, a fully written file opened
+    /// with `O_DIRECT`. What paper 004's guest bed counts the NVMe queues' reads around.
+    pub fn run_side(
+        &self,
+        side: Side,
+        path: &Path,
+        engine: EngineKind,
+        jobs: usize,
+        qd: usize,
+        seconds: f64,
+    ) -> Result<Sample, String> {
+        let file_bytes =
+            std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len();
+        let file = TestFile { label: "disk".into(), path: path.to_path_buf(), direct: true };
+        let plan = Plan {
+            engines: vec![engine.name().into()],
+            jobs: vec![jobs],
+            qd: vec![qd],
+            rw: vec!["randread".into()],
+            files: vec![file.label.clone()],
+            file_bytes,
+            runtime_secs: seconds,
+            runs: 1,
+        };
+        match side {
+            Side::Ours => {
+                let opts =
+                    EngineOptions { sync_contexts: jobs + 1, ..EngineOptions::new(engine, true) };
+                let store = open_backing(path, &opts).map_err(|e| e.to_string())?;
+                run_ours(&store, false, jobs, qd, std::time::Duration::from_secs_f64(seconds))
+            }
+            Side::Fio => run_fio(self, &file, "randread", engine, jobs, qd, &plan),
+        }
+    }
+}
+
 fn make_plan(args: &EnginesArgs, run: &Run) -> Result<Plan, String> {
     let all: Vec<String> = EngineKind::ALL.iter().map(|k| k.name().to_string()).collect();
     let engines = if args.engines.is_empty() { all } else { args.engines.clone() };
@@ -386,4 +437,54 @@ fn prepare_files(args: &EnginesArgs, plan: &Plan) -> Result<Vec<TestFile>, Strin
 fn accepts_direct(path: &Path) -> bool {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::experiment::parse;
+    use crate::harness::stats::median;
+
+    #[test]
+    fn a_row_keeps_every_runs_iops_and_one_side_runs_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dir_arg = dir.path().display().to_string();
+        let argv = [
+            "engines",
+            "--engines",
+            "psync",
+            "--jobs",
+            "1",
+            "--qd",
+            "1",
+            "--rw",
+            "randread",
+            "--files",
+            "disk",
+            "--disk-dir",
+            &dir_arg,
+            "--file-mib",
+            "1",
+            "--runs",
+            "3",
+            "--seconds",
+            "0.02",
+            "--no-fio",
+            "--allow-cpu-idle",
+            "--keep-files",
+            "--json",
+        ];
+        let (args, run) = parse::<EnginesArgs>(&argv).expect("arguments");
+        let report = args.run(&run).expect("bench engines");
+        let [row] = &report.rows[..] else { panic!("one point: {:?}", report.rows) };
+        assert_eq!(row.ours_runs_iops.len(), 3, "{row:?}");
+        assert!(row.ours_runs_iops.iter().all(|&iops| iops > 0.0), "{row:?}");
+        assert_eq!(row.ours.map(|s| s.iops), median(row.ours_runs_iops.iter().copied()));
+        assert!(row.fio_runs_iops.is_empty() && row.fio.is_none(), "--no-fio: {row:?}");
+
+        let alone = args
+            .run_side(Side::Ours, Path::new(&row.path), EngineKind::Psync, 1, 1, 0.02)
+            .expect("one side alone");
+        assert!(alone.iops > 0.0, "{alone:?}");
+    }
 }
