@@ -114,17 +114,29 @@ fn panels() -> [Panel; 4] {
     ]
 }
 
+/// A lane behind a mutex, on cache lines of its own: the lanes of several volumes side by
+/// side share no line (a lock word written by one thread and read by another would cost what
+/// vanilla NOVA's per-inode locks, each in its own inode, do not).
+#[repr(align(128))]
+struct LockedLane<'e, M: Medium, B: BackingStore>(Mutex<Lane<'e, M, B, MonotonicClock>>);
+
+impl<'e, M: Medium, B: BackingStore> LockedLane<'e, M, B> {
+    fn new(lane: Lane<'e, M, B, MonotonicClock>) -> Self {
+        LockedLane(Mutex::new(lane))
+    }
+}
+
 /// A series whose thread `t` does its requests through `lanes[t]`, a lane behind a mutex, or
 /// through `lanes[0]` when there is one lane for all.
 fn locked_lanes<'a, 'e, M: Medium, B: BackingStore>(
     name: &str,
-    lanes: &'a [Mutex<Lane<'e, M, B, MonotonicClock>>],
+    lanes: &'a [LockedLane<'e, M, B>],
 ) -> SeriesRun<'a>
 where
     Lane<'e, M, B, MonotonicClock>: Send,
 {
     SeriesRun::new(name, move |t| -> Worker<'a> {
-        let lane = &lanes[if lanes.len() == 1 { 0 } else { t }];
+        let lane = &lanes[if lanes.len() == 1 { 0 } else { t }].0;
         Box::new(move |request: &Request, buf: &mut [u8]| {
             lane_request(&mut lane.lock().expect("a worker panicked"), request, buf)
         })
@@ -145,11 +157,11 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     let (pm_dir, disk_dir) = (&ctx.args.pm_dir, &ctx.args.dir);
     let shared = Bed::new(pm_dir, disk_dir, span)?;
     let volumes = Volumes::new(pm_dir, disk_dir, threads_max, DWOM_STRIDE_BYTES)?;
-    let shared_lane = [Mutex::new(shared.engine.lane().map_err(|e| e.to_string())?)];
+    let shared_lane = [LockedLane::new(shared.engine.lane().map_err(|e| e.to_string())?)];
     let volume_lanes = volumes
         .caches
         .iter()
-        .map(|cache| cache.engine.lane().map(Mutex::new).map_err(|e| e.to_string()))
+        .map(|cache| cache.engine.lane().map(LockedLane::new).map_err(|e| e.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
     let real_last = threads.iter().rposition(|&t| t <= ctx.cpus).expect("one thread is real");
     let mut figures = vec![];
