@@ -24,6 +24,7 @@ mod p003;
 mod p004;
 mod plot;
 mod report;
+mod volumes;
 pub mod workload;
 
 use std::path::{Path, PathBuf};

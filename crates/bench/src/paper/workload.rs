@@ -31,22 +31,24 @@ pub enum Access {
         /// The probability that a request writes.
         write_share: f64,
     },
-    /// FxMark DWOL at the block level: thread *t* overwrites the 4 KiB at the start of its own
-    /// region, `t × region`.
+    /// FxMark DWOL at the block level: a volume per thread (FxMark's private file), thread
+    /// *t* overwriting the 4 KiB at offset 0 of its own volume, volume *t*.
     Private {
-        /// Bytes between two threads' blocks.
-        region: u64,
+        /// Bytes of each thread's volume.
+        volume: u64,
     },
-    /// FxMark DWOM at the block level: one volume, thread *i* overwrites the 4 KiB at
-    /// `i × stride`.
+    /// FxMark DWOM at the block level: one volume (FxMark's shared file) of `stride` bytes
+    /// per thread, thread *i* overwriting the 4 KiB at `i × stride`.
     Shared {
-        /// Bytes between two threads' blocks.
+        /// Bytes between two threads' blocks: each thread's region of the volume.
         stride: u64,
     },
-    /// A share of the threads write as in `Shared`; the others read, each request the block of
-    /// the next writer in turn — always another thread's block.
+    /// One volume as in `Shared`: a share of the threads write as there; the others read,
+    /// block after block, the writers' regions (`stride` bytes each, all written before the
+    /// measurement), each reader starting at its own place in them — blocks of other
+    /// threads' regions only, never the same block twice in a row.
     Mixed {
-        /// Bytes between two writers' blocks.
+        /// Bytes of each thread's region, and between two writers' blocks.
         stride: u64,
         /// The share of the threads that write (see [`writer_count`]).
         writer_share: f64,
@@ -56,7 +58,9 @@ pub enum Access {
 /// One request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
-    /// Byte offset.
+    /// The volume, of a bed's volumes numbered from 0 ([`Access::volumes`]).
+    pub volume: usize,
+    /// Byte offset in the volume.
     pub offset: u64,
     /// Bytes.
     pub len: u64,
@@ -83,11 +87,20 @@ impl Access {
         }
     }
 
-    /// The bytes the streams of `threads` threads touch: `[0, span_bytes)`.
+    /// The volumes the streams of `threads` threads go to: one per thread under `Private`,
+    /// else one.
+    pub fn volumes(&self, threads: usize) -> usize {
+        match *self {
+            Access::Private { .. } => threads,
+            _ => 1,
+        }
+    }
+
+    /// The bytes of each volume the streams of `threads` threads touch: `[0, span_bytes)`.
     pub fn span_bytes(&self, threads: usize) -> u64 {
         match *self {
             Access::Random { span, .. } | Access::Sequential { span, .. } => span,
-            Access::Private { region } => region * threads as u64,
+            Access::Private { volume } => volume,
             Access::Shared { stride } | Access::Mixed { stride, .. } => stride * threads as u64,
         }
     }
@@ -100,9 +113,21 @@ impl Access {
                 let start = span / threads as u64 * thread as u64;
                 start - start % request
             }
+            Access::Mixed { stride, writer_share } => {
+                let writers = writer_count(threads, writer_share);
+                if thread < writers {
+                    0
+                } else {
+                    // Readers spread evenly over the writers' blocks.
+                    assert!(stride >= 2 * PAGE_BYTES, "a region of {stride} bytes");
+                    let blocks = writers as u64 * (stride / PAGE_BYTES);
+                    let (reader, readers) = ((thread - writers) as u64, (threads - writers) as u64);
+                    blocks * reader / readers
+                }
+            }
             _ => 0,
         };
-        Stream { access: *self, thread, threads, cursor, turn: 0 }
+        Stream { access: *self, thread, threads, cursor }
     }
 }
 
@@ -112,8 +137,9 @@ pub struct Stream {
     access: Access,
     thread: usize,
     threads: usize,
+    /// `Sequential`: the next offset; `Mixed`, a reader: the next of the writers' blocks,
+    /// counted from the first writer's first.
     cursor: u64,
-    turn: usize,
 }
 
 impl Stream {
@@ -123,7 +149,7 @@ impl Stream {
             Access::Random { request, span, write_share } => {
                 let requests = (span / request).max(1);
                 let offset = rng.gen_range(0..requests) * request;
-                Request { offset, len: request, write: chance(rng, write_share) }
+                Request { volume: 0, offset, len: request, write: chance(rng, write_share) }
             }
             Access::Sequential { request, span, write_share } => {
                 if self.cursor + request > span {
@@ -131,22 +157,36 @@ impl Stream {
                 }
                 let offset = self.cursor;
                 self.cursor += request;
-                Request { offset, len: request, write: chance(rng, write_share) }
+                Request { volume: 0, offset, len: request, write: chance(rng, write_share) }
             }
-            Access::Private { region } => {
-                Request { offset: self.thread as u64 * region, len: PAGE_BYTES, write: true }
+            Access::Private { .. } => {
+                Request { volume: self.thread, offset: 0, len: PAGE_BYTES, write: true }
             }
-            Access::Shared { stride } => {
-                Request { offset: self.thread as u64 * stride, len: PAGE_BYTES, write: true }
-            }
+            Access::Shared { stride } => Request {
+                volume: 0,
+                offset: self.thread as u64 * stride,
+                len: PAGE_BYTES,
+                write: true,
+            },
             Access::Mixed { stride, writer_share } => {
                 let writers = writer_count(self.threads, writer_share);
                 if self.thread < writers {
-                    Request { offset: self.thread as u64 * stride, len: PAGE_BYTES, write: true }
-                } else {
-                    let writer = self.turn % writers;
-                    self.turn += 1;
-                    Request { offset: writer as u64 * stride, len: PAGE_BYTES, write: false }
+                    return Request {
+                        volume: 0,
+                        offset: self.thread as u64 * stride,
+                        len: PAGE_BYTES,
+                        write: true,
+                    };
+                }
+                let region_blocks = stride / PAGE_BYTES;
+                let block = self.cursor % (writers as u64 * region_blocks);
+                self.cursor = block + 1;
+                let (writer, in_region) = (block / region_blocks, block % region_blocks);
+                Request {
+                    volume: 0,
+                    offset: writer * stride + in_region * PAGE_BYTES,
+                    len: PAGE_BYTES,
+                    write: false,
                 }
             }
         }
@@ -197,26 +237,44 @@ mod tests {
     }
 
     #[test]
-    fn private_writes_stay_on_one_block_of_the_threads_own_region() {
-        let access = Access::Private { region: 1 << 20 };
+    fn private_writes_go_to_block_zero_of_each_threads_own_volume() {
+        let access = Access::Private { volume: 8 << 20 };
+        assert_eq!((access.volumes(4), access.span_bytes(4)), (4, 8 << 20));
         for thread in 0..4 {
             let requests = take(access, thread, 4, 10);
             assert!(requests.iter().all(|r| r.write && r.len == PAGE_BYTES));
-            assert!(requests.iter().all(|r| r.offset == thread as u64 * (1 << 20)));
+            assert!(requests.iter().all(|r| r.volume == thread && r.offset == 0), "{requests:?}");
         }
-        assert_eq!(access.span_bytes(4), 4 << 20);
     }
 
     #[test]
-    fn shared_writes_are_dwom_blocks_eight_mib_apart() {
+    fn shared_writes_are_dwom_blocks_eight_mib_apart_in_one_volume() {
         let access = Access::Shared { stride: DWOM_STRIDE_BYTES };
+        assert_eq!((access.volumes(16), access.span_bytes(16)), (1, 128 << 20));
         let offsets: Vec<u64> = (0..16).map(|t| take(access, t, 16, 1)[0].offset).collect();
         assert_eq!(offsets, (0..16).map(|t| t * (8 << 20)).collect::<Vec<_>>());
-        assert!(take(access, 5, 16, 8).iter().all(|r| r.write && r.offset == 5 * (8 << 20)));
+        let fifth = take(access, 5, 16, 8);
+        assert!(fifth.iter().all(|r| r.write && r.volume == 0 && r.offset == 5 * (8 << 20)));
     }
 
     #[test]
-    fn mixed_threads_split_by_share_and_readers_read_only_other_threads_blocks() {
+    fn private_and_shared_streams_differ_in_volume_and_offset() {
+        let private = Access::Private { volume: DWOM_STRIDE_BYTES };
+        let shared = Access::Shared { stride: DWOM_STRIDE_BYTES };
+        let first = |access: Access| -> Vec<(usize, u64)> {
+            (0..8).map(|t| take(access, t, 8, 1)[0]).map(|r| (r.volume, r.offset)).collect()
+        };
+        let private_places = first(private);
+        let shared_places = first(shared);
+        assert_eq!(private_places, (0..8).map(|t| (t, 0)).collect::<Vec<_>>());
+        assert_eq!(shared_places, (0..8).map(|t| (0, t as u64 * (8 << 20))).collect::<Vec<_>>());
+        // Only thread 0's block is the same block in both.
+        let same = private_places.iter().zip(&shared_places).filter(|(p, s)| p == s).count();
+        assert_eq!(same, 1);
+    }
+
+    #[test]
+    fn mixed_threads_split_by_share() {
         assert_eq!(writer_count(1, 0.75), 1);
         assert_eq!(writer_count(1, 0.25), 1);
         assert_eq!(writer_count(2, 0.75), 1);
@@ -225,19 +283,44 @@ mod tests {
         assert_eq!(writer_count(4, 0.25), 1);
         assert_eq!(writer_count(16, 0.75), 12);
         assert_eq!(writer_count(16, 0.25), 4);
-        let access = Access::Mixed { stride: DWOM_STRIDE_BYTES, writer_share: 0.75 };
-        let writers = writer_count(8, 0.75);
-        for thread in 0..8 {
-            let requests = take(access, thread, 8, 12);
-            if thread < writers {
-                assert!(requests.iter().all(|r| r.write && r.offset == thread as u64 * (8 << 20)));
-            } else {
+    }
+
+    #[test]
+    fn mixed_writers_overwrite_their_block_and_readers_walk_every_block_of_the_writers() {
+        const REGION: u64 = 1 << 20;
+        let region_blocks = REGION / PAGE_BYTES;
+        for (threads, share) in [(2, 0.75), (4, 0.25), (8, 0.75), (16, 0.25)] {
+            let access = Access::Mixed { stride: REGION, writer_share: share };
+            let writers = writer_count(threads, share);
+            let writers_blocks = writers as u64 * region_blocks;
+            let mut first_reads = vec![];
+            for thread in 0..threads {
+                let requests = take(access, thread, threads, 2 * writers_blocks as usize);
+                assert!(requests.iter().all(|r| r.volume == 0 && r.len == PAGE_BYTES));
+                if thread < writers {
+                    assert!(requests.iter().all(|r| r.write && r.offset == thread as u64 * REGION));
+                    continue;
+                }
                 assert!(requests.iter().all(|r| !r.write));
-                let read: Vec<u64> = requests.iter().map(|r| r.offset / (8 << 20)).collect();
-                let expected: Vec<u64> = (0..12).map(|k| (k % writers) as u64).collect();
-                assert_eq!(read, expected, "readers visit every writer's block in turn");
-                assert!(read.iter().all(|&w| w != thread as u64));
+                let blocks: Vec<u64> = requests.iter().map(|r| r.offset / PAGE_BYTES).collect();
+                // Inside the writers' regions: never the reader's own region.
+                assert!(
+                    blocks.iter().all(|&b| b < writers_blocks),
+                    "{threads} threads: {blocks:?}"
+                );
+                assert!(blocks.iter().all(|&b| b / region_blocks != thread as u64));
+                // A walk over every block of the writers' regions, each read once per pass.
+                let pass: std::collections::HashSet<u64> =
+                    blocks[..writers_blocks as usize].iter().copied().collect();
+                assert_eq!(pass.len() as u64, writers_blocks, "every writer's block, once");
+                assert_eq!(blocks[..writers_blocks as usize], blocks[writers_blocks as usize..]);
+                assert!(blocks.windows(2).all(|w| w[0] != w[1]), "never one block twice in a row");
+                first_reads.push(blocks[0]);
             }
+            // The readers start at different places, spread over the writers' blocks.
+            let readers = (threads - writers) as u64;
+            let expected: Vec<u64> = (0..readers).map(|r| writers_blocks * r / readers).collect();
+            assert_eq!(first_reads, expected, "{threads} threads, writer share {share}");
         }
     }
 }
