@@ -1158,6 +1158,7 @@ doc = {
         "policy_hdd_mib": ws_mib // 2 * 10,
         "policy_passes": int(policy_passes),
         "policy_dirty_s": int(policy_dirty_s),
+        "policy_seconds": seconds,
         "qemu": qemu,
     },
     "notes": notes,

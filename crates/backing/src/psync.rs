@@ -1,6 +1,8 @@
 //! The synchronous engines: psync (one pread/pwrite per request) and pvsync2 (one
-//! preadv2/pwritev2 per request, optionally with `RWF_HIPRI` so the kernel polls for the
-//! completion), on a regular file or a block device, buffered or `O_DIRECT`.
+//! preadv2/pwritev2 per request, optionally with `RWF_HIPRI`, which asks the kernel to poll for
+//! the completion: it polls where the path allows it, and ext4's direct I/O does not poll a
+//! synchronous request, so there the read waits for an interrupt as without the flag; see
+//! docs/PERFORMANCE.md, paper 004), on a regular file or a block device, buffered or `O_DIRECT`.
 //!
 //! Their queued interface is a [`SyncQueue`]: requests run one after another during `submit`,
 //! so any queue depth behaves like depth 1 (as fio's synchronous engines do).

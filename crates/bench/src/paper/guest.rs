@@ -84,6 +84,9 @@ pub struct GuestBed {
     /// `000-policy`'s seconds of writes per layer.
     #[serde(default)]
     pub policy_dirty_s: u64,
+    /// Seconds per fio run of `000-policy` where its boot differs from the other figures'.
+    #[serde(default)]
+    pub policy_seconds: Option<f64>,
 }
 
 /// One fio run.

@@ -161,7 +161,7 @@ pub fn figures(ctx: &Ctx, run: &GuestRun, bed: &str) -> Vec<Figure> {
             run.bed.policy_passes,
             run.bed.policy_dirty_s
         )],
-        run.bed.seconds,
+        run.bed.policy_seconds.unwrap_or(run.bed.seconds),
     );
     let published = "The paper has no such figure: it measures hits only.";
     let base = |id: &str, title: &str| Figure {
@@ -412,7 +412,7 @@ fn hits_figure(
             run.bed.policy_hdd_mib,
             run.bed.policy_working_set_mib,
             run.bed.runs,
-            number(run.bed.seconds)
+            number(run.bed.policy_seconds.unwrap_or(run.bed.seconds))
         ),
         "A hit is a request on the hot tenth: fio logs every request's latency with its offset \
          (write_lat_log, log_offset), and the percentiles are of those on the hot tenth."

@@ -296,7 +296,7 @@ const EXPERIMENTS: &[PaperExperiment] = &[
     },
     PaperExperiment {
         id: "004-guest",
-        what: "004-fig1 in a QEMU guest on NVMe with poll queues (HIPRI and IOPOLL poll)",
+        what: "004-fig1 in a QEMU guest on NVMe with poll queues (the reads counted by queue)",
         run: p004::run_guest,
         guest: true,
     },
