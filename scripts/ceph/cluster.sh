@@ -97,6 +97,9 @@ mon_allow_pool_delete = true
 osd_pool_default_pg_autoscale_mode = off
 osd_crush_chooseleaf_type = 0
 mon_warn_on_pool_no_redundancy = false
+# The monitor's store is a few MiB; a host disk at 95 % must not stop a throwaway cluster.
+mon_data_avail_crit = 1
+mon_data_avail_warn = 2
 osd_objectstore = bluestore
 bluestore_block_path = $dir/osd/0/block.file
 bluestore_block_create = true
