@@ -155,8 +155,8 @@ fi
 # A longer run needs a longer guest: scale the timeout with the runs and seconds asked for.
 timeout_s=$((timeout_s * runs * (seconds + 2) / (def_runs * (def_seconds + 2))))
 ((timeout_s >= 1800)) || timeout_s=1800
-# 000-policy: five layers' dirty writes, each up to 240 s cleaning after, and the rest.
-[[ " $figs " == *" 000-policy "* ]] && timeout_s=$((timeout_s + 5 * (dirty_s + 240) + 2400))
+# 000-policy: six series' dirty writes, each up to 240 s cleaning after, and the rest.
+[[ " $figs " == *" 000-policy "* ]] && timeout_s=$((timeout_s + 6 * (dirty_s + 240) + 2400))
 
 need_tools fio:fio ndctl:ndctl make-bcache:bcache-tools dmsetup:dmsetup mkfs.ext4:e2fsprogs \
   python3:python3
@@ -840,6 +840,7 @@ puse() {
     "dm-cache|") DEV=/dev/mapper/dmc PCTR="dm dmc" BACK=$SSD_DMC ;;
     "dm-writecache|") DEV=/dev/mapper/wc PCTR="under $SSD_WC" BACK=$SSD_WC ;;
     "pmcache (ublk)|") DEV=$UB_WB PCTR="pm /tmp/pm6.ctl" BACK=$SSD_PM ;;
+    "pmcache (ublk, poll)|") DEV=$UB_POLL PCTR="pm /tmp/pm9.ctl" BACK=$SSD_PMP ;;
     "SSD (raw nvme)|") DEV=/dev/$SSD_RAW PCTR=none BACK=$SSD_RAW ;;
     "bcache|hdd") DEV=/dev/$BCH PCTR="bcache $PMEM10 $NS15" BACK=$NS15 ;;
     "dm-cache|hdd") DEV=/dev/mapper/dmch PCTR="dm dmch" BACK=$NS16 ;;
@@ -968,10 +969,12 @@ policy_figure() {
     done
   done < /tmp/players
   # 4. Full of dirty data: 4 KiB random writes at QD 16 over twice the NVDIMM for DSECS s, the
-  # IOPS of each second and the p99.9 latency; beside the same SSD alone. Each layer is left to
+  # IOPS of each second and the p99.9 latency; beside the same SSD alone. pmcache runs twice:
+  # its default server, and the polling one (the ublk round trip without the sleeps). Each layer is left to
   # finish cleaning (its SSD quiet) before the next starts.
   log "000-policy: $DSECS s of random writes over $((2 * NV)) MiB per write-back layer"
-  printf '%s\n' "SSD (raw nvme)" "bcache (writeback)" dm-cache dm-writecache "pmcache (ublk)" > /tmp/dlayers
+  printf '%s\n' "SSD (raw nvme)" "bcache (writeback)" dm-cache dm-writecache "pmcache (ublk)" \
+    "pmcache (ublk, poll)" > /tmp/dlayers
   while IFS= read -r name; do
     puse "$name"
     rm -f /tmp/piops_*.log

@@ -79,6 +79,18 @@ impl Point {
         let (min, max) = min_max(&values);
         Point { median: median_in_place(&mut values), min, max, oversubscribed }
     }
+
+    /// The median, `star` after it when oversubscribed, and the runs' range where they
+    /// differ (a single run has none): `4.00* (3.60–4.40)`.
+    pub fn text(&self, star: &str) -> String {
+        let star = if self.oversubscribed { star } else { "" };
+        let (min, max) = (number(self.min), number(self.max));
+        if min == max {
+            format!("{}{star}", number(self.median))
+        } else {
+            format!("{}{star} ({min}–{max})", number(self.median))
+        }
+    }
 }
 
 /// The scale a figure ran at and what it changed from the paper.
@@ -135,13 +147,7 @@ impl Figure {
             self.x_ticks.iter().map(String::len).chain([self.x_label.len()]).max().unwrap_or(4);
         let cell = |p: &Option<Point>| match p {
             None => "—".to_string(),
-            Some(p) => format!(
-                "{}{} ({}–{})",
-                number(p.median),
-                if p.oversubscribed { "*" } else { "" },
-                number(p.min),
-                number(p.max)
-            ),
+            Some(p) => p.text("*"),
         };
         let widths: Vec<usize> = series
             .iter()
@@ -191,6 +197,13 @@ mod tests {
             Point { median: 2.0, min: 1.0, max: 3.0, oversubscribed: false }
         );
         assert_eq!(Point::of(&[4.0, 1.0], true).median, 2.5);
+    }
+
+    #[test]
+    fn a_single_run_has_no_range() {
+        assert_eq!(Point::of(&[2.5], false).text("*"), "2.50");
+        assert_eq!(Point::of(&[2.5], true).text("*"), "2.50*");
+        assert_eq!(Point::of(&[3.0, 1.0, 2.0], true).text("*"), "2.00* (1.00–3.00)");
     }
 
     #[test]

@@ -506,8 +506,10 @@ fn dirty_figure(
              NVDIMM, so at least twice each cache) for {} s, the writes of each second \
              (write_iops_log, 1 s averages); the write-back layers: bcache in writeback mode, \
              dm-cache (writeback), dm-writecache and pmcache (write-back), each with its own \
-             defaults for cleaning; 'SSD (raw nvme)' is the same SSD alone, throttled to {} \
-             IOPS and {} MB/s. One run.",
+             defaults for cleaning; 'pmcache (ublk, poll)' is the same cache served by a ublk \
+             server whose queue thread polls its ring instead of sleeping (--ublk-poll), where \
+             there is one; 'SSD (raw nvme)' is the same SSD alone, throttled to {} IOPS and {} \
+             MB/s. One run.",
             2 * run.bed.nvdimm_mib,
             run.bed.policy_dirty_s,
             run.bed.ssd_iops,

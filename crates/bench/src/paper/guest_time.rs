@@ -122,6 +122,22 @@ fn per_request(s: &TimeSample) -> Option<PerRequest> {
     })
 }
 
+/// The tick length of the samples' CPU counters, as the guest reported its `USER_HZ`.
+fn tick_text(samples: &[&TimeSample]) -> String {
+    let mut hz: Vec<f64> = samples.iter().map(|s| s.hz).filter(|&hz| hz > 0.0).collect();
+    hz.sort_by(f64::total_cmp);
+    hz.dedup();
+    match hz.as_slice() {
+        [] => "of a length the guest did not report".into(),
+        [one] => format!("1/{} s", number(*one)),
+        many => format!(
+            "1/{} s (the runs disagree: {})",
+            number(many[0]),
+            many.iter().map(|&h| format!("1/{} s", number(h))).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
 /// A workload's name as a figure id's part.
 fn slug(workload: &str) -> String {
     match workload {
@@ -211,10 +227,12 @@ pub fn figures(ctx: &Ctx, samples: &[TimeSample], bed: &str, seconds: f64) -> Ve
                  the two processes. 'other' is what no process of the experiment ran: kernel \
                  threads (a loop device's worker), interrupts, the shell that samples."
                     .into(),
-                "Counters from /proc over a window in the middle of each run (its length: the \
-                 run's seconds); CPU ticks are 1/100 s, so a column under a few µs is within \
-                 their resolution."
-                    .into(),
+                format!(
+                    "Counters from /proc over a window in the middle of each run (its length: \
+                     the run's seconds); CPU ticks are {}, so a column under a few µs is \
+                     within their resolution.",
+                    tick_text(&of)
+                ),
             ],
             provenance: ctx.provenance.clone(),
         });

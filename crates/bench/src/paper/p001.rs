@@ -11,13 +11,14 @@ use pmcache_backing::BackingStore;
 use pmcache_engine::stores::STORES_MAX;
 use pmcache_engine::{Lane, MonotonicClock};
 use pmcache_media::Medium;
+use pmcache_media::numa::Topology;
 
 use super::common::{check_all_hits, size, sweep};
 use super::figure::{Figure, number};
 use super::inproc::{Bed, SeriesRun, Worker, lane_request};
 use super::volumes::Volumes;
 use super::workload::{Access, DWOM_STRIDE_BYTES, Request, writer_count};
-use super::{Ctx, Scale};
+use super::Ctx;
 
 const GB: f64 = 1e9;
 
@@ -76,7 +77,7 @@ fn panels() -> [Panel; 4] {
                  volume's cache; the vanilla analogue is each volume's one lane behind a mutex \
                  of its own. Vanilla NOVA has a log (and a lock) per inode too, so a private \
                  file's writer contends with no other thread and the two pmcache series differ \
-                 only by an uncontended lock; vanilla NOVA's fall past 15 cores is NUMA (all \
+                 by an uncontended lock and unlock on each write; vanilla NOVA's fall past 15 cores is NUMA (all \
                  its data on one node), which one node cannot show: 001-fig3-numa counts the \
                  placement on a guest of two nodes."
                     .into(),
@@ -145,8 +146,7 @@ where
 
 /// Fig 3 a–d.
 pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
-    let scale = ctx.args.scale;
-    let threads = scale.threads();
+    let threads = ctx.args.scale.threads();
     let threads_max = *threads.iter().max().expect("thread counts");
     if threads_max > STORES_MAX {
         return Err(format!(
@@ -227,18 +227,20 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
                  counts it; the raw medium is measured in the same run, turn by turn.",
                 ctx.cpus, ctx.cpus
             ),
-            "Not measured here: remote accesses (8 nodes in the paper, one on this machine); \
-             001-fig3-numa counts where pmcache's placement puts writes and reads on a guest \
-             of two nodes."
-                .into(),
+            format!(
+                "Not measured here: the cost of remote accesses (8 nodes in the paper, {} on \
+                 this machine, and every thread's data in one medium file); 001-fig3-numa \
+                 counts where pmcache's placement puts writes and reads on a guest of two \
+                 nodes.",
+                Topology::detect().nodes().len()
+            ),
         ]);
-        let mut shrunk = vec![format!(
-            "threads 1 … 16 on {} CPUs instead of 1 … 120 cores on 8 sockets",
+        let thread_list: Vec<String> = threads.iter().map(usize::to_string).collect();
+        let shrunk = vec![format!(
+            "threads {} on {} CPUs instead of 1 … 120 cores on 8 sockets",
+            thread_list.join(", "),
             ctx.cpus
         )];
-        if scale == Scale::Smallest {
-            shrunk.push("threads 1, 2 and 4 only".into());
-        }
         figures.push(Figure {
             id,
             title: panel.title.into(),

@@ -131,13 +131,7 @@ fn table(figure: &Figure, series: &[Series], y_label: &str) -> String {
         for s in series {
             let text = match s.points.get(x).copied().flatten() {
                 None => "—".to_string(),
-                Some(Point { median, min, max, oversubscribed }) => format!(
-                    "{}{} ({}–{})",
-                    number(median),
-                    if oversubscribed { "\\*" } else { "" },
-                    number(min),
-                    number(max)
-                ),
+                Some(point) => point.text("\\*"),
             };
             let _ = write!(out, " {text} |");
         }

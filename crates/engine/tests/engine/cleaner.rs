@@ -690,3 +690,84 @@ fn a_cleaner_queue_that_fails_for_good_is_given_up_and_writers_are_not_held() {
         assert_eq!(stored[at..at + BLOCK], pattern(lba + 1, lba * block, block)[..], "{lba}");
     }
 }
+
+fn nice_of_this_thread() -> i32 {
+    rustix::process::getpriority_process(Some(rustix::thread::gettid())).expect("getpriority")
+}
+
+/// The default boost (paper 002's adaptive priority, with the writers yielding): while the
+/// cleaner is boosted, a writer's thread runs at `nice_writers` from its next write on, a
+/// thread that only reads is not demoted, and once the boost ends the writer's next request
+/// takes its thread back to its own value. The cleaner is held boosted by a backing store
+/// whose writes wait at a gate.
+#[test]
+fn a_boosted_cleaner_makes_its_writers_yield_until_the_boost_ends() {
+    let (world, backing, engine) = hooked_engine(11, 4);
+    let block = BLOCK as u64;
+    let settings = CleanerConfig {
+        idle_ms: 60_000,
+        adaptive: Adaptive::Boost,
+        nice_base: 0,
+        nice_boost: 0,
+        nice_writers: 10,
+        ..eager(WriteBackOrder::Lba)
+    };
+    let boosted = |want: bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while engine.stats().cleaner.boosted != want {
+            assert!(Instant::now() < deadline, "the cleaner's boost never became {want}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let mut cleaner = engine.cleaner(settings).unwrap();
+    backing.hold(true);
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| cleaner.run(|note| assert_eq!(note, None, "{note:?}")));
+        wait_running(&engine);
+        scope
+            .spawn(|| {
+                let own = nice_of_this_thread();
+                let mut lane = engine.lane().unwrap();
+                // 8 of 20 slots dirty: over the high watermark (30 %), under the pacing one.
+                for lba in 0..8u64 {
+                    lane.write(lba * block, &block_data(lba), false).unwrap();
+                }
+                boosted(true);
+                assert_eq!(nice_of_this_thread(), own, "not demoted before its next request");
+                let reader = std::thread::scope(|inner| {
+                    inner
+                        .spawn(|| {
+                            let own = nice_of_this_thread();
+                            let mut lane = engine.lane().unwrap();
+                            lane.read(0, &mut vec![0; BLOCK]).unwrap();
+                            (own, nice_of_this_thread())
+                        })
+                        .join()
+                        .unwrap()
+                });
+                assert_eq!(reader.0, reader.1, "a thread that only reads keeps its value");
+                lane.write(8 * block, &block_data(8), false).unwrap();
+                assert_eq!(nice_of_this_thread(), own + 10, "a writer yields while boosted");
+                backing.hold(false);
+                boosted(false);
+                lane.read(0, &mut vec![0; BLOCK]).unwrap();
+                // Going back down needs CAP_SYS_NICE or RLIMIT_NICE: root here.
+                if rustix::process::geteuid().is_root() {
+                    assert_eq!(nice_of_this_thread(), own, "back to its own after the boost");
+                }
+            })
+            .join()
+            .unwrap();
+        engine.stop_cleaner();
+        running.join().unwrap();
+    });
+    let stats = engine.stats().cleaner;
+    assert!(stats.boosts >= 1 && stats.boosted_ns > 0, "{stats:?}");
+    cleaner.drain().unwrap();
+    let durable = world.backing.durable_contents();
+    for lba in 0..9usize {
+        assert_eq!(&durable[lba * BLOCK..(lba + 1) * BLOCK], &block_data(lba as u64)[..]);
+    }
+    drop(cleaner);
+    engine.audit().unwrap();
+}
