@@ -13,12 +13,12 @@ use pmcache_engine::{Lane, MonotonicClock};
 use pmcache_media::Medium;
 use pmcache_media::numa::Topology;
 
+use super::Ctx;
 use super::common::{check_all_hits, size, sweep};
 use super::figure::{Figure, number};
 use super::inproc::{Bed, SeriesRun, Worker, lane_request};
 use super::volumes::Volumes;
 use super::workload::{Access, DWOM_STRIDE_BYTES, Request, writer_count};
-use super::Ctx;
 
 const GB: f64 = 1e9;
 

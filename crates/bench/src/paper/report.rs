@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::figure::{Figure, Point, Series, number};
+use super::figure::{Figure, Series, number};
 use super::plot;
 
 /// The report's file name in its directory.
@@ -156,7 +156,7 @@ fn anchor(id: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::figure::{Provenance, ScaleNote};
+    use super::super::figure::{Point, Provenance, ScaleNote};
     use super::*;
 
     fn figure(id: &str) -> Figure {

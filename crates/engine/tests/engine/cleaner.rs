@@ -719,12 +719,22 @@ fn a_boosted_cleaner_makes_its_writers_yield_until_the_boost_ends() {
             std::thread::sleep(Duration::from_millis(1));
         }
     };
+    /// Opens the gate and stops the cleaner however the writer's thread ends, so that a failed
+    /// assertion fails the test instead of leaving the cleaner waiting at the gate.
+    struct Release<'a>(&'a HookedBacking, &'a HookedEngine);
+    impl Drop for Release<'_> {
+        fn drop(&mut self) {
+            self.0.hold(false);
+            self.1.stop_cleaner();
+        }
+    }
     let mut cleaner = engine.cleaner(settings).unwrap();
     backing.hold(true);
     std::thread::scope(|scope| {
         let running = scope.spawn(|| cleaner.run(|note| assert_eq!(note, None, "{note:?}")));
         wait_running(&engine);
-        scope
+        let release = Release(&backing, &engine);
+        let writer = scope
             .spawn(|| {
                 let own = nice_of_this_thread();
                 let mut lane = engine.lane().unwrap();
@@ -756,10 +766,10 @@ fn a_boosted_cleaner_makes_its_writers_yield_until_the_boost_ends() {
                     assert_eq!(nice_of_this_thread(), own, "back to its own after the boost");
                 }
             })
-            .join()
-            .unwrap();
-        engine.stop_cleaner();
+            .join();
+        drop(release);
         running.join().unwrap();
+        writer.unwrap();
     });
     let stats = engine.stats().cleaner;
     assert!(stats.boosts >= 1 && stats.boosted_ns > 0, "{stats:?}");
