@@ -207,7 +207,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let group_max = self.engine.group_max;
         let writes_back = mode.writes_back();
         if writes_back {
-            self.engine.pace_writes(writes.len() as u64);
+            self.engine.pace_writes(writes.iter().map(|w| w.offset / block));
         }
         if !writes_back && self.pending() == 0 {
             self.write_batch_through(writes, outcomes);

@@ -513,6 +513,64 @@ fn writers_are_paced_above_the_throttle_threshold_and_not_with_it_off() {
     }
 }
 
+/// Pacing counts what a write leaves for the cleaner: while writers are paced, overwrites of
+/// a block that is dirty already take no turn (they add nothing to write back), so a
+/// foreground that rewrites its dirty working set is not held to the backing store's rate.
+/// The block stays dirty for the whole check: the cleaner is held at a gate in front of the
+/// backing store.
+#[test]
+fn overwrites_of_a_dirty_block_are_not_paced() {
+    let (_world, backing, engine) = hooked_engine(12, 3);
+    backing.on_write(|_| std::thread::sleep(Duration::from_micros(200)));
+    let block = BLOCK as u64;
+    let settings = CleanerConfig {
+        idle_ms: 60_000,
+        adaptive: Adaptive::Off,
+        throttle_pct: 50,
+        ..eager(WriteBackOrder::Lba)
+    };
+    struct Release<'a>(&'a HookedBacking, &'a HookedEngine);
+    impl Drop for Release<'_> {
+        fn drop(&mut self) {
+            self.0.hold(false);
+            self.1.stop_cleaner();
+        }
+    }
+    let mut cleaner = engine.cleaner(settings).unwrap();
+    let (throttled, paced) = std::thread::scope(|scope| {
+        let running = scope.spawn(|| cleaner.run(|_| {}));
+        wait_running(&engine);
+        let release = Release(&backing, &engine);
+        let mut lane = engine.lane().unwrap();
+        let mut rng = SmallRng::seed_from_u64(9);
+        let mut tag = 1;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while engine.stats().cleaner.pace_blocks_per_s == 0.0 && Instant::now() < deadline {
+            lane.write(rng.gen_range(1..BLOCKS as u64) * block, &block_data(tag), false).unwrap();
+            tag += 1;
+        }
+        // From here on nothing reaches the backing store: block 0, written now, stays dirty.
+        backing.hold(true);
+        std::thread::sleep(Duration::from_millis(50));
+        lane.write(0, &block_data(tag), false).unwrap();
+        let before = engine.stats().cleaner.throttled_writes;
+        let mut paced = true;
+        for i in 0..200 {
+            lane.write(0, &block_data(tag + 1 + i), false).unwrap();
+            paced &= engine.stats().cleaner.pace_blocks_per_s > 0.0;
+        }
+        let throttled = engine.stats().cleaner.throttled_writes - before;
+        drop(lane);
+        drop(release);
+        running.join().unwrap();
+        (throttled, paced)
+    });
+    assert!(paced, "writers stopped being paced during the overwrites");
+    assert_eq!(throttled, 0, "overwrites of a dirty block waited for turns");
+    drop(cleaner);
+    engine.audit().unwrap();
+}
+
 /// While the cleaner waits on a slow flush it sets no pace: the writers refresh it from the
 /// dirty level themselves, so that it slows as the clean slots run out instead of spending
 /// them at the rate set before the flush (and then stalling for the rest of it).

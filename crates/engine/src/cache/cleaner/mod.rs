@@ -266,12 +266,23 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         (self.recovered_dirty.wrapping_add(delta) as i64).max(0) as u64
     }
 
-    /// Paces a writer about to write `blocks` blocks into the cache while dirty data is above
-    /// the throttle threshold (`CleanerConfig::throttle_pct`; see `pace.rs`).
-    pub(super) fn pace_writes(&self, blocks: u64) {
-        self.cleaner
-            .pace
-            .take(blocks, || self.dirty_slots() as f64 / self.layout.slot_count.max(1) as f64);
+    /// Paces a writer about to write the blocks `lbas` into the cache while dirty data is
+    /// above the throttle threshold (`CleanerConfig::throttle_pct`; see `pace.rs`). Only the
+    /// blocks that are not dirty already take turns: an overwrite of a dirty block leaves the
+    /// cleaner no more to do, and a foreground that overwrites its dirty working set is not
+    /// held to the backing store's rate. Looked up without locks, as a hint.
+    pub(super) fn pace_writes(&self, lbas: impl Iterator<Item = u64>) {
+        self.cleaner.pace.take(
+            || lbas.filter(|&lba| !self.holds_dirty(lba)).count() as u64,
+            || self.dirty_slots() as f64 / self.layout.slot_count.max(1) as f64,
+        );
+    }
+
+    /// Whether the cache holds `lba` dirty now (a snapshot, without locks).
+    fn holds_dirty(&self, lba: u64) -> bool {
+        self.index.lookup(lba).is_some_and(|found| {
+            !found.hidden && self.slots.load(found.slot).state() == SlotState::Dirty
+        })
     }
 
     /// Blocks written so far, over all lanes (what tells the cleaner the foreground is busy).

@@ -1,7 +1,8 @@
 //! Writers' pacing above the throttle threshold (`CleanerConfig::throttle_pct`): a shared
 //! schedule of turns, one per block written, spaced at a pace that falls linearly with the
 //! clean share left, from the cleaner's measured write-back rate at the threshold to a
-//! twentieth of it at 100 % dirty.
+//! twentieth of it at 100 % dirty. A turn is a block the write makes dirty: an overwrite of
+//! a block that is dirty already adds nothing for the cleaner to write back, and takes none.
 //!
 //! The cleaner sets the rate and the threshold at each turn of its loop. The pace itself is
 //! refreshed from the dirty level by the writers too, at most once per `REFRESH_NS`: a
@@ -89,10 +90,11 @@ impl Pace {
         self.ns_per_block.store(0, Ordering::SeqCst);
     }
 
-    /// Takes the next `blocks` turns of the schedule and sleeps until the first; `share`
-    /// gives the dirty share now when the pace is due for a refresh. One relaxed load while
-    /// pacing is off ([`Pace::off`]); that and the clock below the threshold.
-    pub(super) fn take(&self, blocks: u64, share: impl FnOnce() -> f64) {
+    /// Takes the next `blocks()` turns of the schedule and sleeps until the first; `share`
+    /// gives the dirty share now when the pace is due for a refresh. `blocks` is asked only
+    /// while writers are paced; none takes no turn. One relaxed load while pacing is off
+    /// ([`Pace::off`]); that and the clock below the threshold.
+    pub(super) fn take(&self, blocks: impl FnOnce() -> u64, share: impl FnOnce() -> f64) {
         let base = self.base_ns_per_block.load(Ordering::Relaxed);
         if base == 0 {
             return;
@@ -111,6 +113,10 @@ impl Pace {
             self.ns_per_block.store(per_block, Ordering::Relaxed);
         }
         if per_block == 0 {
+            return;
+        }
+        let blocks = blocks();
+        if blocks == 0 {
             return;
         }
         let cost = per_block.saturating_mul(blocks);
@@ -168,10 +174,10 @@ mod tests {
         pace.set(100_000.0, 0.8, 0.8);
         assert_eq!(pace.figures().0.round(), 100_000.0);
         std::thread::sleep(Duration::from_nanos(REFRESH_NS));
-        pace.take(1, || 0.9);
+        pace.take(|| 1, || 0.9);
         assert_eq!(pace.figures().0.round(), 50_000.0, "refreshed at 90 % dirty");
         pace.off();
-        pace.take(1, || panic!("asked while off"));
+        pace.take(|| panic!("asked while off"), || panic!("asked while off"));
         assert_eq!(pace.figures().0, 0.0);
     }
 }
