@@ -975,9 +975,17 @@ policy_figure() {
   log "000-policy: $DSECS s of random writes over $((2 * NV)) MiB per write-back layer"
   printf '%s\n' "SSD (raw nvme)" "bcache (writeback)" dm-cache dm-writecache "pmcache (ublk)" \
     "pmcache (ublk, poll)" > /tmp/dlayers
+  # pcleaner CTL: pmcache's cleaner counters so far, in the order of CLEANER_KEYS
+  CLEANER_KEYS="blocks_cleaned writes_issued stalls stall_ns_total throttled_writes throttle_ns_total"
+  pcleaner() {
+    $PM stats --json --control "$1" > /tmp/stats.json 2>&1 || { cat /tmp/stats.json >&2; fail "pmcache stats --control $1"; }
+    for k in $CLEANER_KEYS; do printf '%s ' "$(jnum $k)"; done
+  }
   while IFS= read -r name; do
     puse "$name"
     rm -f /tmp/piops_*.log
+    ctl=
+    case "$PCTR" in pm\ *) ctl=${PCTR#pm } c0=$(pcleaner $ctl) ;; esac
     fio --name=p --filename=$DEV --ioengine=libaio --iodepth=16 --direct=1 --rw=randwrite \
       --bs=4k --offset=${region_dirty}m --size=$((2 * NV))m --time_based --runtime=$DSECS \
       --write_iops_log=/tmp/piops --log_avg_msec=1000 --percentile_list=99.9 \
@@ -985,8 +993,19 @@ policy_figure() {
     p999=$(grep -o '"99.900000" : [0-9]*' /tmp/fio.json | awk '{ if ($3 > m) m = $3 } END { printf "%.1f", m / 1000 }')
     persec=$(awk -F', ' '{ printf "%s%s", (NR > 1 ? "," : ""), $2 }' /tmp/piops_iops.1.log)
     [ -n "$persec" ] || fail "000-policy: no IOPS log from fio on $DEV"
+    # pmcache: what its cleaner did during the run (deltas of its counters), and the dirty
+    # blocks and slots it had when fio ended
+    cleaner=
+    if [ -n "$ctl" ]; then
+      c1=$(pcleaner $ctl)
+      dirty=$(jnum dirty_slots) slots=$(jnum slot_count)
+      cleaner=$(echo "$c0" "$c1" | awk -v keys="$CLEANER_KEYS" -v d="$dirty" -v s="$slots" '{
+        n = split(keys, k, " "); out = ""
+        for (i = 1; i <= n; i++) out = out sprintf("\"%s\":%d,", k[i], $(i + n) - $i)
+        printf ",\"cleaner\":{%s\"dirty_slots\":%d,\"slot_count\":%d}", out, d, s }')
+    fi
     wait_quiet $BACK
-    ppoint "{\"experiment\":\"dirty\",\"series\":\"$name\",\"run\":0,\"x\":\"\",\"p999_us\":$p999,\"quiet_after_s\":$QUIET_S,\"iops_per_s\":[$persec]}"
+    ppoint "{\"experiment\":\"dirty\",\"series\":\"$name\",\"run\":0,\"x\":\"\",\"p999_us\":$p999,\"quiet_after_s\":$QUIET_S,\"iops_per_s\":[$persec]$cleaner}"
     log "000-policy: $name: p99.9 $p999 us, its SSD quiet $QUIET_S s after"
   done < /tmp/dlayers
 }

@@ -67,6 +67,46 @@ pub struct PolicyPoint {
     /// Seconds until the layer's backing device stopped being written after the run.
     #[serde(default)]
     pub quiet_after_s: Option<u64>,
+    /// pmcache: what its cleaner did during the run.
+    #[serde(default)]
+    pub cleaner: Option<CleanerDuring>,
+}
+
+/// pmcache's cleaner over a dirty-data run: its counters' growth during the run, and its
+/// dirty slots when the run ended.
+#[derive(Debug, Deserialize)]
+pub struct CleanerDuring {
+    pub blocks_cleaned: u64,
+    pub writes_issued: u64,
+    pub stalls: u64,
+    pub stall_ns_total: u64,
+    pub throttled_writes: u64,
+    pub throttle_ns_total: u64,
+    pub dirty_slots: u64,
+    pub slot_count: u64,
+}
+
+impl CleanerDuring {
+    /// One sentence: what the cleaner wrote back and how long the writers waited, over
+    /// `seconds` of a run that completed `writes` writes.
+    fn sentence(&self, series: &str, writes: f64, seconds: f64) -> String {
+        let per = |n: u64| number(n as f64 / seconds.max(1.0));
+        format!(
+            "{series}'s cleaner during the run: {} blocks a second written back in {} writes a \
+             second ({} blocks a write), against {} writes a second taken; writers stalled \
+             {} times ({} s in all) and waited for their pace {} times ({} s in all); {} % of \
+             its slots dirty when the run ended.",
+            per(self.blocks_cleaned),
+            per(self.writes_issued),
+            number(self.blocks_cleaned as f64 / self.writes_issued.max(1) as f64),
+            number(writes / seconds.max(1.0)),
+            self.stalls,
+            number(self.stall_ns_total as f64 / 1e9),
+            self.throttled_writes,
+            number(self.throttle_ns_total as f64 / 1e9),
+            number(100.0 * self.dirty_slots as f64 / self.slot_count.max(1) as f64),
+        )
+    }
 }
 
 impl PolicyPoint {
@@ -533,6 +573,12 @@ fn dirty_figure(
             ));
         }
     }
+    for p in points {
+        if let Some(cleaner) = &p.cleaner {
+            let writes: f64 = p.iops_per_s.iter().sum();
+            f.notes.push(cleaner.sentence(&p.series, writes, p.iops_per_s.len() as f64));
+        }
+    }
     f.notes.extend(common.iter().cloned());
     f
 }
@@ -584,7 +630,11 @@ mod tests {
             {"experiment": "dirty", "series": SSD_ALONE, "run": 0, "x": "", "p999_us": 900.0,
              "iops_per_s": [100.0, 100.0, 100.0, 100.0], "quiet_after_s": 3},
             {"experiment": "dirty", "series": PMCACHE, "run": 0, "x": "", "p999_us": 500.0,
-             "iops_per_s": [1000.0, 800.0, 150.0, 250.0], "quiet_after_s": 30},
+             "iops_per_s": [1000.0, 800.0, 150.0, 250.0], "quiet_after_s": 30,
+             "cleaner": {"blocks_cleaned": 1200, "writes_issued": 400, "stalls": 3,
+                         "stall_ns_total": 500000000, "throttled_writes": 40,
+                         "throttle_ns_total": 2000000000, "dirty_slots": 90,
+                         "slot_count": 100}},
         ]));
         let figures = figures(&ctx(), &run, "a guest");
         let ids: Vec<&str> = figures.iter().map(|f| f.id.as_str()).collect();
@@ -628,6 +678,17 @@ mod tests {
         );
         assert!(
             dirty.notes.iter().any(|n| n.contains("its slowest second 1.50×")),
+            "{:?}",
+            dirty.notes
+        );
+        // 2,200 writes over 4 s; 1,200 blocks in 400 writes.
+        assert!(
+            dirty.notes.iter().any(|n| n.contains(
+                "pmcache (ublk)'s cleaner during the run: 300 blocks a second written back in \
+                 100 writes a second (3.00 blocks a write), against 550 writes a second taken; \
+                 writers stalled 3 times (0.500 s in all) and waited for their pace 40 times \
+                 (2.00 s in all); 90.0 % of its slots dirty when the run ended."
+            )),
             "{:?}",
             dirty.notes
         );
