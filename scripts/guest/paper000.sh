@@ -976,16 +976,21 @@ policy_figure() {
   printf '%s\n' "SSD (raw nvme)" "bcache (writeback)" dm-cache dm-writecache "pmcache (ublk)" \
     "pmcache (ublk, poll)" > /tmp/dlayers
   # pcleaner CTL: pmcache's cleaner counters so far, in the order of CLEANER_KEYS
-  CLEANER_KEYS="blocks_cleaned writes_issued stalls stall_ns_total throttled_writes throttle_ns_total"
+  # (keys of `pmcache stats --json`; the point names them without the `cleaner_` prefix)
+  CLEANER_KEYS="cleaner_blocks_cleaned cleaner_writes_issued stalls stall_ns_total throttled_writes throttle_ns_total"
   pcleaner() {
     $PM stats --json --control "$1" > /tmp/stats.json 2>&1 || { cat /tmp/stats.json >&2; fail "pmcache stats --control $1"; }
-    for k in $CLEANER_KEYS; do printf '%s ' "$(jnum $k)"; done
+    for k in $CLEANER_KEYS; do
+      v=$(jnum $k)
+      [ -n "$v" ] || { cat /tmp/stats.json >&2; fail "no $k in pmcache stats"; }
+      printf '%s ' "$v"
+    done
   }
   while IFS= read -r name; do
     puse "$name"
     rm -f /tmp/piops_*.log
     ctl=
-    case "$PCTR" in pm\ *) ctl=${PCTR#pm } c0=$(pcleaner $ctl) ;; esac
+    case "$PCTR" in pm\ *) ctl=${PCTR#pm }; c0=$(pcleaner $ctl) || exit 1 ;; esac
     fio --name=p --filename=$DEV --ioengine=libaio --iodepth=16 --direct=1 --rw=randwrite \
       --bs=4k --offset=${region_dirty}m --size=$((2 * NV))m --time_based --runtime=$DSECS \
       --write_iops_log=/tmp/piops --log_avg_msec=1000 --percentile_list=99.9 \
@@ -997,11 +1002,11 @@ policy_figure() {
     # blocks and slots it had when fio ended
     cleaner=
     if [ -n "$ctl" ]; then
-      c1=$(pcleaner $ctl)
+      c1=$(pcleaner $ctl) || exit 1
       dirty=$(jnum dirty_slots) slots=$(jnum slot_count)
       cleaner=$(echo "$c0" "$c1" | awk -v keys="$CLEANER_KEYS" -v d="$dirty" -v s="$slots" '{
         n = split(keys, k, " "); out = ""
-        for (i = 1; i <= n; i++) out = out sprintf("\"%s\":%d,", k[i], $(i + n) - $i)
+        for (i = 1; i <= n; i++) { name = k[i]; sub(/^cleaner_/, "", name); out = out sprintf("\"%s\":%d,", name, $(i + n) - $i) }
         printf ",\"cleaner\":{%s\"dirty_slots\":%d,\"slot_count\":%d}", out, d, s }')
     fi
     wait_quiet $BACK
