@@ -1006,7 +1006,7 @@ policy_figure() {
       dirty=$(jnum dirty_slots) slots=$(jnum slot_count)
       cleaner=$(echo "$c0" "$c1" | awk -v keys="$CLEANER_KEYS" -v d="$dirty" -v s="$slots" '{
         n = split(keys, k, " "); out = ""
-        for (i = 1; i <= n; i++) { name = k[i]; sub(/^cleaner_/, "", name); out = out sprintf("\"%s\":%d,", name, $(i + n) - $i) }
+        for (i = 1; i <= n; i++) { name = k[i]; sub(/^cleaner_/, "", name); out = out sprintf("\"%s\":%.0f,", name, $(i + n) - $i) }
         printf ",\"cleaner\":{%s\"dirty_slots\":%d,\"slot_count\":%d}", out, d, s }')
     fi
     wait_quiet $BACK

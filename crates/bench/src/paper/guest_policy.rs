@@ -81,7 +81,9 @@ pub struct CleanerDuring {
     pub stalls: u64,
     pub stall_ns_total: u64,
     pub throttled_writes: u64,
-    pub throttle_ns_total: u64,
+    /// Not recorded where the figure's script could not read it.
+    #[serde(default)]
+    pub throttle_ns_total: Option<u64>,
     pub dirty_slots: u64,
     pub slot_count: u64,
 }
@@ -94,8 +96,8 @@ impl CleanerDuring {
         format!(
             "{series}'s cleaner during the run: {} blocks a second written back in {} writes a \
              second ({} blocks a write), against {} writes a second taken; writers stalled \
-             {} times ({} s in all) and waited for their pace {} times ({} s in all); {} % of \
-             its slots dirty when the run ended.",
+             {} times ({} s in all) and waited for their pace {} times{}; {} % of its slots \
+             dirty when the run ended.",
             per(self.blocks_cleaned),
             per(self.writes_issued),
             number(self.blocks_cleaned as f64 / self.writes_issued.max(1) as f64),
@@ -103,7 +105,8 @@ impl CleanerDuring {
             self.stalls,
             number(self.stall_ns_total as f64 / 1e9),
             self.throttled_writes,
-            number(self.throttle_ns_total as f64 / 1e9),
+            self.throttle_ns_total
+                .map_or_else(String::new, |ns| format!(" ({} s in all)", number(ns as f64 / 1e9))),
             number(100.0 * self.dirty_slots as f64 / self.slot_count.max(1) as f64),
         )
     }
