@@ -77,9 +77,9 @@ fn panels() -> [Panel; 4] {
                  volume's cache; the vanilla analogue is each volume's one lane behind a mutex \
                  of its own. Vanilla NOVA has a log (and a lock) per inode too, so a private \
                  file's writer contends with no other thread and the two pmcache series differ \
-                 by an uncontended lock and unlock on each write; vanilla NOVA's fall past 15 cores is NUMA (all \
-                 its data on one node), which one node cannot show: 001-fig3-numa counts the \
-                 placement on a guest of two nodes."
+                 by an uncontended lock and unlock on each write; vanilla NOVA's fall past 15 \
+                 cores is NUMA (all its data on one node), which one node cannot show: \
+                 001-fig3-numa counts the placement on a guest of two nodes."
                     .into(),
             ],
         },
@@ -147,6 +147,7 @@ where
 /// Fig 3 a–d.
 pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
     let threads = ctx.args.scale.threads();
+    let nodes_here = Topology::detect().nodes().len();
     let threads_max = *threads.iter().max().expect("thread counts");
     if threads_max > STORES_MAX {
         return Err(format!(
@@ -232,7 +233,7 @@ pub fn fig3(ctx: &Ctx) -> Result<Vec<Figure>, String> {
                  this machine, and every thread's data in one medium file); 001-fig3-numa \
                  counts where pmcache's placement puts writes and reads on a guest of two \
                  nodes.",
-                Topology::detect().nodes().len()
+                nodes_here
             ),
         ]);
         let thread_list: Vec<String> = threads.iter().map(usize::to_string).collect();

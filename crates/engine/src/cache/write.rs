@@ -81,10 +81,8 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             return Ok(());
         }
         if mode.writes_back() {
-            let block = self.block_bytes();
-            let first = offset / block;
-            let blocks = (offset + data.len() as u64).div_ceil(block).max(first + 1) - first;
-            self.engine.pace_writes(first..first + blocks);
+            let blocks = pieces(offset, data.len() as u64, self.block_bytes());
+            self.engine.pace_writes(blocks.map(|(lba, _, _)| lba));
         }
         let mut done = 0;
         for (lba, in_block, len) in pieces(offset, data.len() as u64, self.block_bytes()) {

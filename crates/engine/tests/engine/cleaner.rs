@@ -146,6 +146,18 @@ fn hooked_engine(seed: u64, max_lanes: usize) -> (World, Arc<HookedBacking>, Hoo
     (world, backing, engine)
 }
 
+/// Opens the gate of a held backing store and stops the cleaner when dropped, however the test's
+/// thread ends: a failed assertion fails the test instead of leaving the cleaner waiting at the
+/// gate (and the test's scope waiting for the cleaner).
+struct Release<'a>(&'a HookedBacking, &'a HookedEngine);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.hold(false);
+        self.1.stop_cleaner();
+    }
+}
+
 /// Waits until the cleaner just spawned takes stalls.
 fn wait_running(engine: &HookedEngine) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -529,13 +541,6 @@ fn overwrites_of_a_dirty_block_are_not_paced() {
         throttle_pct: 50,
         ..eager(WriteBackOrder::Lba)
     };
-    struct Release<'a>(&'a HookedBacking, &'a HookedEngine);
-    impl Drop for Release<'_> {
-        fn drop(&mut self) {
-            self.0.hold(false);
-            self.1.stop_cleaner();
-        }
-    }
     let mut cleaner = engine.cleaner(settings).unwrap();
     let (throttled, paced) = std::thread::scope(|scope| {
         let running = scope.spawn(|| cleaner.run(|_| {}));
@@ -777,15 +782,6 @@ fn a_boosted_cleaner_makes_its_writers_yield_until_the_boost_ends() {
             std::thread::sleep(Duration::from_millis(1));
         }
     };
-    /// Opens the gate and stops the cleaner however the writer's thread ends, so that a failed
-    /// assertion fails the test instead of leaving the cleaner waiting at the gate.
-    struct Release<'a>(&'a HookedBacking, &'a HookedEngine);
-    impl Drop for Release<'_> {
-        fn drop(&mut self) {
-            self.0.hold(false);
-            self.1.stop_cleaner();
-        }
-    }
     let mut cleaner = engine.cleaner(settings).unwrap();
     backing.hold(true);
     std::thread::scope(|scope| {
