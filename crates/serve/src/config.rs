@@ -78,6 +78,8 @@ pub struct StopHandle(Arc<Mutex<Stops>>);
 struct Stops {
     requested: bool,
     frontends: Vec<Box<dyn Fn() + Send>>,
+    /// Whether the cache's medium is volatile, once it is open.
+    volatile: Option<bool>,
 }
 
 impl StopHandle {
@@ -102,6 +104,16 @@ impl StopHandle {
             stop();
         }
         stops.frontends.push(Box::new(stop));
+    }
+
+    /// The cache is open, on a volatile medium or not: what a stop then does.
+    pub(crate) fn set_medium_volatile(&self, volatile: bool) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).volatile = Some(volatile);
+    }
+
+    /// Whether the cache's medium is volatile; `None` while it is being opened.
+    pub(crate) fn medium_volatile(&self) -> Option<bool> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).volatile
     }
 }
 

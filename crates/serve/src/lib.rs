@@ -12,7 +12,8 @@
 //!   a volatile medium or a detach needs, the cache marked clean, the record written.
 //! - [`nbd`] and `ublk` (feature `ublk`): the frontends, each run to its stop ([`nbd::serve`],
 //!   `ublk::serve`), announcing what they serve through [`Announce`].
-//! - [`control`]: the control socket (`pmcache stats/flush/set/detach`).
+//! - [`control`]: the control socket (`pmcache stats/flush/set/detach`); `signals`:
+//!   SIGINT and SIGTERM stop the whole server, whenever they come.
 //! - [`state`], [`backing_id`], [`attachment`]: the record of a volatile cache's attachment,
 //!   kept outside the medium.
 
@@ -26,6 +27,7 @@ pub mod nbd;
 mod numa;
 pub mod open;
 pub mod serving;
+mod signals;
 pub mod state;
 pub mod stores;
 #[cfg(feature = "ublk")]

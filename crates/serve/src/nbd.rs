@@ -37,6 +37,7 @@ pub fn serve(
     server: ServerConfig,
     announce: Arc<dyn Announce>,
 ) -> Result<(), String> {
+    crate::signals::stop_on_signals(config)?;
     if !config.stores.is_empty() {
         return serve_stores(config, server, announce);
     }

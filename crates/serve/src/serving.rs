@@ -14,8 +14,6 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pmcache_engine::{CacheMode, Error};
 use pmcache_frontend::{CacheEngine, ReadLatencies};
 use pmcache_media::{FileSystem, MediumKind};
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 
 use crate::attachment::Attachment;
 use crate::config::{ServeConfig, StoreSpec};
@@ -166,7 +164,6 @@ pub struct Serving {
     write_back_all: Arc<AtomicBool>,
     cleaner_thread: std::thread::JoinHandle<Option<pmcache_engine::Result<u64>>>,
     detach: Arc<AtomicBool>,
-    stop_on_signals: bool,
 }
 
 impl Serving {
@@ -275,6 +272,7 @@ impl Serving {
             .map(|fs| fs.name)
             .unwrap_or_else(|e| format!("a file system that could not be read ({e})"));
         let volatile = (kind == MediumKind::Volatile).then(|| file_system.clone());
+        config.stop.set_medium_volatile(volatile.is_some());
         if kind == MediumKind::Msync {
             announce.note(&format!(
                 "the cache medium is in msync mode ({file_system}): every persist waits for \
@@ -368,12 +366,11 @@ impl Serving {
             write_back_all,
             cleaner_thread,
             detach: Arc::new(AtomicBool::new(false)),
-            stop_on_signals: config.stop_on_signals,
         })
     }
 
-    /// Serves the control socket, and, when the config asks, stops `frontend` on SIGINT or
-    /// SIGTERM (a second signal ends the process at once).
+    /// Serves the control socket, and has `frontend` stopped by the server's stop handle
+    /// (SIGINT or SIGTERM, see `crate::signals`, or a library's own stop).
     pub(crate) fn start_control(&mut self, frontend: impl Frontend) -> Result<(), String> {
         let engine = self.engine.clone();
         if let Some(listener) = self.control_listener.take() {
@@ -392,53 +389,7 @@ impl Serving {
                     .map_err(|e| e.to_string())?,
             );
         }
-        {
-            let frontend = frontend.clone();
-            self.stop.register(move || frontend.stop());
-        }
-        if !self.stop_on_signals {
-            return Ok(());
-        }
-        let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(|e| e.to_string())?;
-        let volatile = self.volatile.is_some();
-        let lost = if volatile {
-            " (the medium is volatile: a reboot before that start loses the blocks not written \
-             back)"
-        } else {
-            ""
-        };
-        let then = if volatile {
-            "every dirty block is written back (the medium is volatile) and the cache is marked \
-             clean"
-        } else {
-            "the cache is marked clean"
-        };
-        std::thread::Builder::new()
-            .name("pmcache-signals".into())
-            .spawn(move || {
-                let mut received = signals.forever();
-                if received.next().is_some() {
-                    eprintln!(
-                        "pmcache: shutting down: requests in flight finish, then {then} (a \
-                         second SIGINT or SIGTERM stops at once)"
-                    );
-                    frontend.stop();
-                }
-                // A shutdown can wait (a client that stopped reading is cut after a grace
-                // period; a detach writes everything back): a second signal ends the process
-                // at once. Nothing acknowledged is lost by that: every acknowledged write is
-                // already durable on the medium, and the next start recovers the cache as
-                // after a crash (unclean shutdown).
-                if let Some(signal) = received.next() {
-                    eprintln!(
-                        "pmcache: second signal: stopping at once, without a clean shutdown; \
-                         acknowledged writes are on the medium and the next start recovers \
-                         them{lost}"
-                    );
-                    std::process::exit(128 + signal);
-                }
-            })
-            .map_err(|e| e.to_string())?;
+        self.stop.register(move || frontend.stop());
         Ok(())
     }
 

@@ -84,6 +84,7 @@ pub fn serve(
 ) -> Result<(), String> {
     // Without the driver nothing is opened: the error says what to load, or to use NBD.
     pmcache_ublk::check_driver().map_err(|e| e.to_string())?;
+    crate::signals::stop_on_signals(config)?;
     // A device taken over keeps its queues and depth: read them before the lanes are sized.
     // A server killed moments ago may not have been noticed by the driver yet: waited for.
     let takeover = ublk.recover.map(recovery::settle).transpose().map_err(|e| e.to_string())?;

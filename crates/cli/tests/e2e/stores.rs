@@ -243,6 +243,68 @@ fn a_medium_of_one_store_and_a_shared_one_are_not_taken_for_each_other() {
     assert!(text(&out).contains("store name \"a/b\""), "{}", text(&out));
 }
 
+/// SIGTERM while the stores of a shared cache start: while the medium is still being formatted,
+/// and again as soon as the first store is served, the others still starting. Every store
+/// stops and is marked clean, whichever had started when the signal came, and the server
+/// exits by itself.
+#[test]
+fn sigterm_while_the_stores_start_stops_every_store() {
+    let shared = Shared::new("stores-early-term");
+    let backings: Vec<(String, PathBuf)> = (0..8)
+        .map(|i| {
+            let path = shared.setup.disk.path().join(format!("s{i}.img"));
+            std::fs::File::create(&path).and_then(|f| f.set_len(4 * MIB)).expect("backing");
+            (format!("s{i}"), path)
+        })
+        .collect();
+    let stores: Vec<(&str, &Path)> =
+        backings.iter().map(|(name, path)| (name.as_str(), path.as_path())).collect();
+    let all_marked_clean = |logs: &str| {
+        for (name, _) in &backings {
+            assert!(logs.contains(&format!("store \"{name}\": cache marked clean")), "{logs}");
+        }
+    };
+
+    // The signal while the first store's window is formatted, before any store serves.
+    let err_path = shared.setup.shm.path().join("early-term.err");
+    let err = std::fs::File::create(&err_path).expect("stderr log");
+    let mut child = Command::new(PMCACHE)
+        .args(shared.args(&stores, &[]))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("pmcache serve");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&err_path).unwrap_or_default().contains("store \"s0\" as a new")
+    {
+        assert!(child.try_wait().expect("try_wait").is_none(), "exited before formatting");
+        assert!(std::time::Instant::now() < deadline, "s0 was never formatted");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let pid = child.id().to_string();
+    run_ok(Command::new("kill").args(["-TERM", &pid]), Duration::from_secs(10));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("not stopped: {}", std::fs::read_to_string(&err_path).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let logs = std::fs::read_to_string(&err_path).unwrap_or_default();
+    assert!(status.success(), "exited with {status}: {logs}");
+    assert!(logs.contains("pmcache: shutting down"), "{logs}");
+    all_marked_clean(&logs);
+
+    // The signal at the first store's announcement (`serve` returns then).
+    for _ in 0..3 {
+        all_marked_clean(&shared.serve(&stores, &[]).terminate());
+    }
+}
+
 #[test]
 fn a_lost_volatile_medium_is_refused_for_the_store_it_held_dirty_blocks_of() {
     let shared = Shared::new("stores-volatile");
