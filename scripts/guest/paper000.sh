@@ -991,10 +991,15 @@ policy_figure() {
     rm -f /tmp/piops_*.log
     ctl=
     case "$PCTR" in pm\ *) ctl=${PCTR#pm }; c0=$(pcleaner $ctl) || exit 1 ;; esac
+    # the layer's SSD during the run: writes completed and sectors written (/sys/block stat
+    # fields 5 and 7), for the size of what its write-back sends
+    s0=$(awk '{print $5, $7}' /sys/block/$BACK/stat)
     fio --name=p --filename=$DEV --ioengine=libaio --iodepth=16 --direct=1 --rw=randwrite \
       --bs=4k --offset=${region_dirty}m --size=$((2 * NV))m --time_based --runtime=$DSECS \
       --write_iops_log=/tmp/piops --log_avg_msec=1000 --percentile_list=99.9 \
       --output-format=json < /dev/null > /tmp/fio.json 2> /tmp/fio.err || { cat /tmp/fio.err; fail "fio randwrite on $DEV"; }
+    s1=$(awk '{print $5, $7}' /sys/block/$BACK/stat)
+    backing=$(echo "$s0" "$s1" | awk '{ printf ",\"backing\":{\"writes\":%.0f,\"bytes\":%.0f}", $3 - $1, ($4 - $2) * 512 }')
     p999=$(grep -o '"99.900000" : [0-9]*' /tmp/fio.json | awk '{ if ($3 > m) m = $3 } END { printf "%.1f", m / 1000 }')
     persec=$(awk -F', ' '{ printf "%s%s", (NR > 1 ? "," : ""), $2 }' /tmp/piops_iops.1.log)
     [ -n "$persec" ] || fail "000-policy: no IOPS log from fio on $DEV"
@@ -1010,7 +1015,7 @@ policy_figure() {
         printf ",\"cleaner\":{%s\"dirty_slots\":%d,\"slot_count\":%d}", out, d, s }')
     fi
     wait_quiet $BACK
-    ppoint "{\"experiment\":\"dirty\",\"series\":\"$name\",\"run\":0,\"x\":\"\",\"p999_us\":$p999,\"quiet_after_s\":$QUIET_S,\"iops_per_s\":[$persec]$cleaner}"
+    ppoint "{\"experiment\":\"dirty\",\"series\":\"$name\",\"run\":0,\"x\":\"\",\"p999_us\":$p999,\"quiet_after_s\":$QUIET_S,\"iops_per_s\":[$persec]$backing$cleaner}"
     log "000-policy: $name: p99.9 $p999 us, its SSD quiet $QUIET_S s after"
   done < /tmp/dlayers
 }

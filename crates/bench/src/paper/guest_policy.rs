@@ -67,9 +67,20 @@ pub struct PolicyPoint {
     /// Seconds until the layer's backing device stopped being written after the run.
     #[serde(default)]
     pub quiet_after_s: Option<u64>,
+    /// What the layer's SSD was sent during the run.
+    #[serde(default)]
+    pub backing: Option<BackingDuring>,
     /// pmcache: what its cleaner did during the run.
     #[serde(default)]
     pub cleaner: Option<CleanerDuring>,
+}
+
+/// A layer's backing SSD over a dirty-data run: the writes it completed and the bytes they
+/// carried (`/sys/block/*/stat`), whoever sent them — the write-back, or writes passed through.
+#[derive(Debug, Deserialize)]
+pub struct BackingDuring {
+    pub writes: u64,
+    pub bytes: u64,
 }
 
 /// pmcache's cleaner over a dirty-data run: its counters' growth during the run, and its
@@ -576,6 +587,27 @@ fn dirty_figure(
             ));
         }
     }
+    let sent: Vec<String> = points
+        .iter()
+        .filter_map(|p| {
+            let b = p.backing.as_ref()?;
+            let seconds = (p.iops_per_s.len() as f64).max(1.0);
+            Some(format!(
+                "{} {} writes a second of {} KiB",
+                p.series,
+                number(b.writes as f64 / seconds),
+                number(b.bytes as f64 / 1024.0 / b.writes.max(1) as f64)
+            ))
+        })
+        .collect();
+    if !sent.is_empty() {
+        f.notes.push(format!(
+            "What each layer's SSD completed during the run (its /sys/block stat: writes, and \
+             the average size they carried; the SSD counts a request, whatever its size, as one \
+             of its IOPS): {}.",
+            sent.join("; ")
+        ));
+    }
     for p in points {
         if let Some(cleaner) = &p.cleaner {
             let writes: f64 = p.iops_per_s.iter().sum();
@@ -634,6 +666,7 @@ mod tests {
              "iops_per_s": [100.0, 100.0, 100.0, 100.0], "quiet_after_s": 3},
             {"experiment": "dirty", "series": PMCACHE, "run": 0, "x": "", "p999_us": 500.0,
              "iops_per_s": [1000.0, 800.0, 150.0, 250.0], "quiet_after_s": 30,
+             "backing": {"writes": 400, "bytes": 4915200},
              "cleaner": {"blocks_cleaned": 1200, "writes_issued": 400, "stalls": 3,
                          "stall_ns_total": 500000000, "throttled_writes": 40,
                          "throttle_ns_total": 2000000000, "dirty_slots": 90,
@@ -681,6 +714,15 @@ mod tests {
         );
         assert!(
             dirty.notes.iter().any(|n| n.contains("its slowest second 1.50×")),
+            "{:?}",
+            dirty.notes
+        );
+        // 400 writes of 4,915,200 bytes over 4 s: 100 a second of 12 KiB.
+        assert!(
+            dirty
+                .notes
+                .iter()
+                .any(|n| n.contains("): pmcache (ublk) 100 writes a second of 12.0 KiB.")),
             "{:?}",
             dirty.notes
         );
