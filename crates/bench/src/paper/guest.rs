@@ -497,11 +497,11 @@ fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
              only ratios to the raw NVDIMM of the same boot are the figure."
                 .to_string(),
             format!(
-                "Each NVDIMM {} MiB; working set {} MiB (Fig 3: per line); {} run(s) of {} s \
-                 per point, series taking turns.",
+                "Each NVDIMM {} MiB; working set {} MiB (Fig 3: per line); {} of {} s per \
+                 point, series taking turns.",
                 run.bed.nvdimm_mib,
                 run.bed.working_set_mib,
-                run.bed.runs,
+                runs_of(run, id),
                 number(run.bed.seconds)
             ),
         ];
@@ -613,6 +613,36 @@ fn figures(ctx: &Ctx, run: &GuestRun) -> Result<Vec<Figure>, String> {
     Ok(figures)
 }
 
+/// How many runs each point of `figure` has, from its points: "3 runs", or, where series
+/// come from boots of different run counts, "1 run (pmcache (library): 3)".
+fn runs_of(run: &GuestRun, figure: &str) -> String {
+    let mut per_series: Vec<(&str, usize)> = vec![];
+    for p in run.points.iter().filter(|p| p.figure == figure) {
+        match per_series.iter_mut().find(|(name, _)| *name == p.series) {
+            Some((_, runs)) => *runs = (*runs).max(p.run + 1),
+            None => per_series.push((&p.series, p.run + 1)),
+        }
+    }
+    let plural = |n: usize| if n == 1 { format!("{n} run") } else { format!("{n} runs") };
+    let mut counts: Vec<usize> = per_series.iter().map(|&(_, runs)| runs).collect();
+    counts.sort_unstable();
+    // The count most series have, and the series that have another.
+    let Some(&most) = counts.iter().max_by_key(|&&n| counts.iter().filter(|&&m| m == n).count())
+    else {
+        return plural(run.bed.runs);
+    };
+    let others: Vec<String> = per_series
+        .iter()
+        .filter(|&&(_, runs)| runs != most)
+        .map(|&(name, runs)| format!("{name}: {runs}"))
+        .collect();
+    if others.is_empty() {
+        plural(most)
+    } else {
+        format!("{} ({})", plural(most), others.join(", "))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -677,6 +707,23 @@ mod tests {
             sentence,
             "Of the raw NVDIMM in the same boot, at 1 jobs: bcache 60 %; at 4 jobs: bcache 20 %."
         );
+    }
+
+    /// A figure whose series came from boots of different run counts says which.
+    #[test]
+    fn the_runs_note_counts_each_series_runs() {
+        let mut points = vec![];
+        for series in [NVM_SERIES, "bcache", "dm-cache"] {
+            points.push(point("000-fig4a", "1", series, 0, 100.0));
+        }
+        for run in 0..3 {
+            points.push(point("000-fig4a", "1", "pmcache (library)", run, 100.0));
+            points.push(point("000-fig2", "4K", "bcache", run, 100.0));
+        }
+        let run = guest_run(points);
+        assert_eq!(runs_of(&run, "000-fig4a"), "1 run (pmcache (library): 3)");
+        assert_eq!(runs_of(&run, "000-fig2"), "3 runs");
+        assert_eq!(runs_of(&run, "000-fig6"), "2 runs", "no points: the bed's count");
     }
 
     /// The summary names the cache layer closest to its device at each x and its lead;
