@@ -80,6 +80,10 @@
 #   scripts/guest/paper000.sh [--scale smallest|small|full] [--runs N] [--seconds S]
 #       [--only FIG[,FIG]...] --out FILE.json
 #
+#   PM_CACHE_PCT=N (default 75) gives pmcache's caches N % of their NVDIMMs, and
+#   PM_CLEANER=SETTINGS (e.g. throttle_pct=90) passes `--cleaner SETTINGS` to its servers:
+#   experiments, said in the figures' notes; the committed figures use the defaults.
+#
 #   smallest  NVDIMMs of 128 MiB, working set 32 MiB, threads 1 2 4, request sizes 4K 256K,
 #             read shares 100 90 50, 1 run of 1 s, 4 warm-up passes and 20 s of writes (policy)
 #   small     NVDIMMs of 384 MiB, working set 160 MiB, every point of the figures, 3 runs of 3 s,
@@ -104,6 +108,10 @@ source "$(dirname "$0")/lib.sh"
 caller_pwd=$OLDPWD # lib.sh changed to the repository root
 
 scale=smallest
+# Experiments on pmcache's servers (the figures are made with the defaults): the share of
+# each NVDIMM its cache takes, and cleaner settings (`--cleaner`, e.g. throttle_pct=90).
+pm_cache_pct=${PM_CACHE_PCT:-75}
+pm_cleaner=${PM_CLEANER:-}
 runs=
 seconds=
 only=
@@ -234,7 +242,7 @@ RUBLK=$rublk
 LOSETUP=$work/losetup
 SCALE=$scale RUNS=$runs SECS=$seconds WS=$ws_mib NV=$nv_mib
 POLICY=$policy PWS=$policy_ws_mib PASSES=$passes DSECS=$dirty_s HDDP=$hdd_policy_mib NVDIMMS=$nvdimms NAMESPACES=$namespaces
-PM_CACHE_MIB=$((nv_mib * 3 / 4)) BC_BUCKET=$bc_bucket
+PM_CACHE_MIB=$((nv_mib * pm_cache_pct / 100)) PM_CLEANER="$pm_cleaner" BC_BUCKET=$bc_bucket
 SETS="$sets" THREADS="$threads" SIZES="$sizes" SHARES="$shares" FIGS="$figs"
 PARAMS
   cat <<'GUEST'
@@ -371,7 +379,8 @@ serve_pm() { # serve_pm N PMEM BACKING ARGS...: sets UBLK
   grep " /mnt/pm$k " /proc/mounts | grep -q dax || fail "/mnt/pm$k is not mounted with dax"
   case " $* " in *" --ublk-queues "*) queues= ;; *) queues="--ublk-queues $CPUS" ;; esac
   $PM serve --ublk --ublk-recovery off $queues --cache /mnt/pm$k/cache.pm \
-    --cache-size ${PM_CACHE_MIB}M --backing /dev/$backing --control /tmp/pm$k.ctl "$@" \
+    --cache-size ${PM_CACHE_MIB}M --backing /dev/$backing --control /tmp/pm$k.ctl \
+    ${PM_CLEANER:+--cleaner $PM_CLEANER} "$@" \
     > /tmp/serve-pm$k.log 2>&1 &
   PID=$!
   wait_until "grep -q 'ublk device:' /tmp/serve-pm$k.log || ! kill -0 $! 2>/dev/null" \
@@ -1080,10 +1089,10 @@ fi
 qemu_version=$(qemu-system-x86_64 --version | head -n 1)
 rublk_version=$("$rublk" --version 2>/dev/null | head -n 1)
 if ! python3 - "$log" "$out" "$scale" "$runs" "$seconds" "$nv_mib" "$ws_mib" "$qemu_version" \
-  "$sets" "$bc_bucket" "$rublk_version" "$ssd_iops" "$ssd_bps" "$passes" "$dirty_s" <<'EOF'
+  "$sets" "$bc_bucket" "$rublk_version" "$ssd_iops" "$ssd_bps" "$passes" "$dirty_s" "$pm_cache_pct" "$pm_cleaner" <<'EOF'
 import json, sys
 
-log, out, scale, runs, seconds, nv_mib, ws_mib, qemu, sets, bc_bucket, rublk, ssd_iops, ssd_bps, policy_passes, policy_dirty_s = sys.argv[1:]
+log, out, scale, runs, seconds, nv_mib, ws_mib, qemu, sets, bc_bucket, rublk, ssd_iops, ssd_bps, policy_passes, policy_dirty_s, pm_cache_pct, pm_cleaner = sys.argv[1:]
 runs, seconds, nv_mib, ws_mib = int(runs), int(seconds), int(nv_mib), int(ws_mib)
 ssd_iops, ssd_bps = int(ssd_iops), int(ssd_bps)
 bed, points, warm, times, policy, done = None, [], [], [], [], None
@@ -1133,7 +1142,7 @@ notes = [
     "bcache runs write-through (its default) with sequential_cutoff at its 4 MiB default unless the series says otherwise: 'bcache (cutoff 0)' sets it to 0 (Figs 4b and 5), 'bcache (writeback)' sets cache_mode writeback (Figs 5 and 6); one bcache device serves all three, switched in sysfs before each run.",
     "dm-cache: smq policy, 256 KiB blocks (the default the paper ran), writeback (the default); 'dm-cache (32 KiB blocks)' (the smallest block dm-cache accepts: it refuses 4 KiB) and 'dm-cache (writethrough)' are separate dm-cache devices, each on its own NVDIMM; the metadata devices are loop devices on files in the guest's tmpfs.",
     "dm-writecache: pmem mode ('p') on its NVDIMM, 4 KiB blocks, default watermarks; it caches writes only, so its warm-up writes the working set, and its reads of data not written through it go to the SSD.",
-    "pmcache: pmcache serve --ublk with one ublk queue per vCPU, its medium a file on ext4 mounted -o dax on its NVDIMM (the kind 'dax'), cache size three quarters of the NVDIMM, 4 KiB blocks, write-back; 'pmcache (ublk, write-through)' is a second server with --mode writethrough on its own NVDIMM.",
+    "pmcache: pmcache serve --ublk with one ublk queue per vCPU, its medium a file on ext4 mounted -o dax on its NVDIMM (the kind 'dax'), cache size " + ("three quarters" if pm_cache_pct == "75" else f"{pm_cache_pct} %") + " of the NVDIMM, 4 KiB blocks, write-back" + (f", cleaner settings {pm_cleaner}" if pm_cleaner else "") + "; 'pmcache (ublk, write-through)' is a second server with --mode writethrough on its own NVDIMM.",
     "Read-only figures (3, 4a, 4b) run bcache write-through, dm-cache writeback and pmcache write-back, each layer's default; Fig 2 runs the same defaults with its mixes.",
     "Warm-up at the start of each figure: random 256 KiB reads over the working set (bcache with sequential_cutoff 0), pass after pass until a pass misses nothing or 8 passes (30 for dm-cache, whose smq promotes gradually; back-to-back passes promote faster than passes a second apart); dm-writecache gets one sequential 1 MiB write pass.",
     "cache_hits and cache_misses count reads during the measured run: dm-cache's read hits and misses from dmsetup status (requests), pmcache's read_hits and read misses from pmcache stats (4 KiB blocks), and for bcache the read requests that reached its cache device and its backing device (/sys/block/*/stat), since bcache's stats_total are folded in only every 13.6 s; null for raw devices and dm-writecache.",
