@@ -237,6 +237,26 @@ pub struct ServeArgs {
     /// sleeps again, in microseconds.
     #[arg(long, value_name = "N", default_value_t = 1000, requires = "ublk_poll", value_parser = poll_idle_us)]
     pub ublk_poll_idle_us: u64,
+    /// Serve the cache as a VM's virtio-blk disk to a VMM on this unix socket, instead of over
+    /// NBD: QEMU's `-device vhost-user-blk-pci` (guest memory shared, `memory-backend-memfd
+    /// ... share=on`) connects to it, and the guest's requests are served from and into its
+    /// own memory, no kernel module needed (docs/VHOST.md). A VMM that goes away is waited for
+    /// again (QEMU's `-chardev socket,...,reconnect-ms=1000` reconnects after a restart). With
+    /// --store, a directory: each store is served on NAME.sock in it.
+    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["listen", "socket", "allow_remote", "allow_unauthenticated", "export", "ublk"])]
+    pub vhost_user_blk: Option<PathBuf>,
+    /// vhost-user-blk virtqueues: a thread and an engine lane each (QEMU's num-queues may be
+    /// up to this).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "vhost_user_blk")]
+    pub vhost_queues: u16,
+    /// Descriptors per vhost-user-blk virtqueue, at most (QEMU's queue-size, 128 by default,
+    /// may be up to this; a power of two).
+    #[arg(long, value_name = "N", default_value_t = 256, requires = "vhost_user_blk")]
+    pub vhost_queue_size: u16,
+    /// Offer the vhost-user-blk disk read-only: the guest sees a read-only disk, and writes,
+    /// discards and write-zeroes are refused.
+    #[arg(long, requires = "vhost_user_blk")]
+    pub vhost_read_only: bool,
     /// Take over /dev/ublkbN, left by a server of this cache that died (user recovery): the
     /// cache is recovered from its medium, the device keeps its number, queues and depth, and
     /// a file system mounted on it carries on. Refused for a device of another cache, a

@@ -22,6 +22,17 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     if args.ublk {
         return run_ublk(&args);
     }
+    if let Some(socket) = &args.vhost_user_blk {
+        let vhost = pmcache_serve::vhost::VhostConfig {
+            socket: socket.clone(),
+            queues: args.vhost_queues,
+            queue_size: args.vhost_queue_size,
+            read_only: args.vhost_read_only,
+        };
+        let config = serve_config(&args)?;
+        let announce = Printed { tls: args.tls.clone(), export: String::new() };
+        return pmcache_serve::vhost::serve(&config, vhost, Arc::new(announce));
+    }
     // Mistakes in the arguments are refused before anything is opened (a recovery run and
     // then undone by a refused address would leave a clean cache marked unclean).
     if args.socket.is_none() && !args.listen.ip().is_loopback() && !args.allow_remote {
@@ -135,6 +146,10 @@ impl Announce for Printed {
                 );
                 notify_ready();
             }
+            FrontendReady::VhostUserBlk { socket, queues, queue_size, read_only } => {
+                print_vhost(ready, socket, *queues, *queue_size, *read_only);
+                notify_ready();
+            }
         }
     }
 
@@ -194,6 +209,28 @@ fn print_nbd(ready: &Ready<'_>, addr: &ListenAddr, export: &str) {
         "  stop:        Ctrl-C (clean shutdown), or `pmcache detach --cache {}`",
         ready.cache.display()
     );
+}
+
+/// How a VMM reaches a vhost-user-blk socket.
+fn print_vhost(ready: &Ready<'_>, socket: &Path, queues: u16, queue_size: u16, read_only: bool) {
+    println!(
+        "  vhost-user-blk: {} ({queues} virtqueues of up to {queue_size} descriptors{})",
+        socket.display(),
+        if read_only { ", read-only" } else { "" }
+    );
+    println!(
+        "  qemu:        -object memory-backend-memfd,id=mem,size=<guest RAM>,share=on -machine \
+         memory-backend=mem -chardev socket,id=pmc,path={},reconnect-ms=1000 -device \
+         vhost-user-blk-pci,chardev=pmc,num-queues={queues}",
+        socket.display()
+    );
+    println!("  stats:       pmcache stats --control {}", ready.control.display());
+    if ready.store.is_none() {
+        println!(
+            "  stop:        Ctrl-C (clean shutdown), or `pmcache detach --cache {}`",
+            ready.cache.display()
+        );
+    }
 }
 
 #[cfg(feature = "ublk")]

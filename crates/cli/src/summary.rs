@@ -145,6 +145,23 @@ pub fn summary(stats: &Map<String, Value>) -> String {
             ),
         );
     }
+    if stats.contains_key("vhost_requests") {
+        let (requests, batches) = (n(stats, "vhost_requests"), n(stats, "vhost_batches"));
+        line(
+            "vhost",
+            format!(
+                "{} virtqueues, {} connections; {} requests in {} batches ({:.1} a batch), {} \
+                 answered with an error, {} through a buffer of their own",
+                count(n(stats, "vhost_queues")),
+                count(n(stats, "vhost_connections")),
+                count(requests),
+                count(batches),
+                requests as f64 / batches.max(1) as f64,
+                count(n(stats, "vhost_request_errors")),
+                count(n(stats, "vhost_requests_bounced"))
+            ),
+        );
+    }
     let state = text(stats, "backing_state");
     let mut errors = format!(
         "backing store {state}, {} failed operations, {} write-back errors",

@@ -10,8 +10,9 @@
 //! - [`serving`]: the life of a served cache ([`Serving`]): the control socket bound, the
 //!   state record checked, the cache opened, the cleaner started; at the stop, the write-back
 //!   a volatile medium or a detach needs, the cache marked clean, the record written.
-//! - [`nbd`] and `ublk` (feature `ublk`): the frontends, each run to its stop ([`nbd::serve`],
-//!   `ublk::serve`), announcing what they serve through [`Announce`].
+//! - [`nbd`], [`vhost`] and `ublk` (feature `ublk`): the frontends, each run to its stop
+//!   ([`nbd::serve`], [`vhost::serve`], `ublk::serve`), announcing what they serve through
+//!   [`Announce`].
 //! - [`control`]: the control socket (`pmcache stats/flush/set/detach`); `signals`:
 //!   SIGINT and SIGTERM stop the whole server, whenever they come.
 //! - [`state`], [`backing_id`], [`attachment`]: the record of a volatile cache's attachment,
@@ -32,6 +33,7 @@ pub mod state;
 pub mod stores;
 #[cfg(feature = "ublk")]
 pub mod ublk;
+pub mod vhost;
 
 pub use config::{ServeConfig, StateConfig, StopHandle, StoreSpec};
 pub use open::{CacheConfig, CacheSpec};

@@ -46,7 +46,7 @@ pub fn serve(
     let mut serving = Serving::open(
         config,
         server.max_connections + 3,
-        || remove_stale_socket(&server.listen),
+        || remove_stale_listen_socket(&server.listen),
         &announce,
     )?;
     let engine = serving.engine.clone();
@@ -105,7 +105,7 @@ fn serve_stores(
     let (servings, refused) = Serving::open_stores(
         config,
         server.max_connections + 3,
-        || remove_stale_socket(&server.listen),
+        || remove_stale_listen_socket(&server.listen),
         &announce,
     )?;
     for why in &refused {
@@ -165,11 +165,18 @@ fn serve_stores(
     if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
 }
 
+/// [`remove_stale_socket`] for the unix socket an NBD server listens on.
+fn remove_stale_listen_socket(listen: &ListenAddr) -> Result<(), String> {
+    match listen {
+        ListenAddr::Unix(path) => remove_stale_socket(path),
+        ListenAddr::Tcp(_) => Ok(()),
+    }
+}
+
 /// Removes a unix socket left behind by a server that was killed (nothing answers on it), so
 /// a restart after a crash can listen again; refuses if a server still answers.
-fn remove_stale_socket(listen: &ListenAddr) -> Result<(), String> {
+pub(crate) fn remove_stale_socket(path: &std::path::Path) -> Result<(), String> {
     use std::os::unix::fs::FileTypeExt;
-    let ListenAddr::Unix(path) = listen else { return Ok(()) };
     let Ok(meta) = std::fs::symlink_metadata(path) else { return Ok(()) };
     if !meta.file_type().is_socket() {
         return Err(format!(

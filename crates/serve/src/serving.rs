@@ -1,7 +1,8 @@
-//! What every frontend (NBD in `crate::nbd`, ublk in `crate::ublk`) does around serving: open the cache (format or attach, after binding its control socket and
-//! checking the state file of a volatile medium), start the cleaner, serve the control socket
-//! and stop the frontend on SIGINT or SIGTERM, and at the end write back what must be, mark
-//! the cache clean and remove the control socket.
+//! What every frontend (NBD in `crate::nbd`, ublk in `crate::ublk`, vhost-user-blk in
+//! `crate::vhost`) does around serving: open the cache (format or attach, after binding its
+//! control socket and checking the state file of a volatile medium), start the cleaner, serve
+//! the control socket and stop the frontend on SIGINT or SIGTERM, and at the end write back
+//! what must be, mark the cache clean and remove the control socket.
 
 use std::io::IsTerminal;
 use std::os::unix::net::UnixListener;
@@ -98,6 +99,17 @@ pub enum FrontendReady<'a> {
         poll_idle: Option<Duration>,
         /// Whether user recovery was asked for (the kernel may not offer it).
         user_recovery_asked: bool,
+    },
+    /// As a VM's virtio-blk disk, to a VMM on a vhost-user socket.
+    VhostUserBlk {
+        /// The socket the VMM connects to.
+        socket: &'a Path,
+        /// Virtqueues offered.
+        queues: u16,
+        /// Descriptors per virtqueue, at most.
+        queue_size: u16,
+        /// Offered read-only.
+        read_only: bool,
     },
 }
 
