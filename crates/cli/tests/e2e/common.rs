@@ -206,7 +206,14 @@ pub struct Server {
 }
 
 impl Server {
-    pub fn spawn(mut cmd: Command, log_dir: &Path) -> Server {
+    pub fn spawn(cmd: Command, log_dir: &Path) -> Server {
+        Self::spawn_until(cmd, log_dir, "NBD URI:", 1)
+    }
+
+    /// Starts the server and waits until it printed `count` lines starting with `marker`
+    /// (after leading spaces): "NBD URI:" for an NBD server, its NBD URI then taken from the
+    /// line.
+    pub fn spawn_until(mut cmd: Command, log_dir: &Path, marker: &str, count: usize) -> Server {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let stdout_path = log_dir.join(format!("serve-{n}.out"));
@@ -227,8 +234,10 @@ impl Server {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let text = std::fs::read_to_string(&server.stdout_path).unwrap_or_default();
-            if let Some(line) = text.lines().find(|l| l.trim_start().starts_with("NBD URI:")) {
-                server.uri = line.trim_start().trim_start_matches("NBD URI:").trim().to_string();
+            let lines: Vec<&str> =
+                text.lines().filter(|l| l.trim_start().starts_with(marker)).collect();
+            if lines.len() >= count {
+                server.uri = lines[0].trim_start().trim_start_matches(marker).trim().to_string();
                 break;
             }
             if let Some(status) = server.child_mut().try_wait().expect("try_wait") {
@@ -237,7 +246,7 @@ impl Server {
             assert!(Instant::now() < deadline, "{desc} did not start:\n{}", server.logs());
             std::thread::sleep(Duration::from_millis(10));
         }
-        if let Some(rest) = server.uri.strip_prefix("nbd://") {
+        if let Some(rest) = server.uri.strip_prefix("nbd://").filter(|_| marker == "NBD URI:") {
             let hostport = rest.split('/').next().expect("host:port");
             server.tcp = Some(hostport.parse().expect("a TCP address in the URI"));
         }

@@ -35,4 +35,5 @@ mod stores;
 mod systemd;
 mod tls;
 mod ublk;
+mod vhost;
 mod volatile;
