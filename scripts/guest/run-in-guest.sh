@@ -6,11 +6,21 @@
 #
 #   scripts/guest/run-in-guest.sh [--mem MiB] [--disk-mib N] [--timeout S] [--smp N]
 #       [--kernel-suite SUITE] [--nvme-lbs BYTES] [--poll-queues N] [--mount-opts OPTS]
+#       [--vhost-user-blk SOCKET]... [--vhost-queues N]
 #       [--env NAME=VALUE]... [--copy HOSTPATH]... -- COMMAND ARGS...
 #
 # --kernel-suite picks the Debian suite the guest kernel comes from (see below), --nvme-lbs the
 # drive's logical block size (512, or 4096 for a 4Kn drive), --poll-queues the nvme driver's
 # poll_queues (2; 0 = no polling, as on a plain virtio disk), --mount-opts ext4 mount options.
+#
+# --vhost-user-blk SOCKET adds a virtio-blk disk served by a vhost-user-blk backend on the host
+# listening on the Unix socket SOCKET (started before this script; QEMU waits for it); the
+# guest sees the first as /dev/vda, the next as /dev/vdb and so on, each with --vhost-queues
+# request queues (2; the backend must offer at least as many). The guest's RAM is then a
+# shared memfd (memory-backend=mem of the machine), which the backend maps, so
+# PMCACHE_GUEST_QEMU_ARGS cannot bring -numa nodes of their own memory backends with it. QEMU
+# reconnects to the socket every second when the backend goes away (a restarted backend on
+# the same path takes the disk over; the guest's requests wait meanwhile).
 #
 # Every --copy path (a file or a directory) appears at the same path in the guest; for an ELF
 # file, the shared libraries `ldd` names (and the dynamic loader) are copied as well. COMMAND
@@ -38,6 +48,8 @@ kernel_suite="${PMCACHE_GUEST_KERNEL_SUITE:-}"
 nvme_lbs=512
 poll_queues=2
 mount_opts=
+vhost_socks=()
+vhost_queues=2
 copies=()
 envs=()
 while (($#)); do
@@ -50,15 +62,17 @@ while (($#)); do
     --kernel-suite) kernel_suite="$2"; shift 2 ;;
     --nvme-lbs) nvme_lbs="$2"; shift 2 ;;
     --poll-queues) poll_queues="$2"; shift 2 ;;
+    --vhost-user-blk) vhost_socks+=("$2"); shift 2 ;;
+    --vhost-queues) vhost_queues="$2"; shift 2 ;;
     --copy) copies+=("$2"); shift 2 ;;
     --env) [[ "$2" == [A-Za-z_]*=* ]] || die "--env wants NAME=VALUE, got '$2'"; envs+=("$2"); shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (the command goes after --)" ;;
   esac
 done
 (($#)) || die "no command given (usage: $0 [options] -- COMMAND ARGS...)"
-for n in "$mem" "$disk_mib" "$timeout_s" "$smp" "$nvme_lbs" "$poll_queues"; do
+for n in "$mem" "$disk_mib" "$timeout_s" "$smp" "$nvme_lbs" "$poll_queues" "$vhost_queues"; do
   [[ "$n" =~ ^[0-9]+$ ]] || die "not a number: '$n'"
 done
 
@@ -173,9 +187,11 @@ kit="$cache/kit-$kpkg"
 # bed, reloaded there with its size); the DAX tests want the NVDIMM stack
 # (nfit finds QEMU's emulated NVDIMMs, nd_pmem serves /dev/pmemN for fsdax, dax_pmem and
 # device_dax /dev/daxX.Y for devdax): loaded where the kernel has them (without an NVDIMM
-# they find nothing).
+# they find nothing). The vhost-user-blk disks are virtio-blk over PCI: virtio_pci (the
+# transport: a module in Debian 12's 6.1, with virtio and virtio_ring as its dependencies;
+# built into the 6.12 of bookworm-backports) and virtio_blk (a module in both).
 wanted_modules=(crc32c_generic? crct10dif_generic? crc64_rocksoft_generic? nvme ext4 ublk_drv? nbd? loop? brd?
-  nfit? nd_pmem? dax_pmem? device_dax?
+  nfit? nd_pmem? dax_pmem? device_dax? virtio_pci? virtio_blk?
   bcache? dm_mod? dm_bufio? dm_persistent_data? dm_bio_prison? dm_cache? dm_cache_smq? dm_writecache?)
 # A kit prepared for another list of modules is prepared again.
 if [[ -f "$kit/ready" && "$(cat "$kit/wanted" 2>/dev/null)" != "${wanted_modules[*]}" ]]; then
@@ -368,13 +384,26 @@ mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 -L pmcache "$img" >&2
 log="$tmp/console.log"
 # shellcheck disable=SC2206
 extra=(${PMCACHE_GUEST_QEMU_ARGS:-})
-qemu=(qemu-system-x86_64 -machine q35 -accel tcg -smp "$smp" -m "$mem"
+machine=q35
+vhost=()
+if ((${#vhost_socks[@]})); then
+  # A vhost-user backend reads and writes the guest's buffers itself: the guest's RAM is a
+  # memfd shared with it (its fd is passed over the socket).
+  machine+=",memory-backend=mem"
+  vhost+=(-object "memory-backend-memfd,id=mem,size=${mem}M,share=on")
+  for i in "${!vhost_socks[@]}"; do
+    [[ "${vhost_socks[$i]}" != *,* ]] || die "--vhost-user-blk: a comma in '${vhost_socks[$i]}'"
+    vhost+=(-chardev "socket,id=vub$i,path=${vhost_socks[$i]},reconnect-ms=1000"
+      -device "vhost-user-blk-pci,chardev=vub$i,num-queues=$vhost_queues")
+  done
+fi
+qemu=(qemu-system-x86_64 -machine "$machine" -accel tcg -smp "$smp" -m "$mem"
   -display none -monitor none -serial stdio -no-reboot
   -kernel "$kit/vmlinuz" -initrd "$initrd"
   -append "console=ttyS0 quiet panic=-1 rdinit=/init"
   -drive "file=$img,if=none,id=nvm,format=raw,cache=unsafe"
   -device "nvme,serial=pmcache,drive=nvm,logical_block_size=$nvme_lbs,physical_block_size=$nvme_lbs"
-  ${extra[@]+"${extra[@]}"})
+  ${vhost[@]+"${vhost[@]}"} ${extra[@]+"${extra[@]}"})
 say "booting (timeout ${timeout_s} s): ${qemu[*]}"
 start=$SECONDS
 set +e
