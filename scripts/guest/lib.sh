@@ -26,8 +26,14 @@ need_tools() {
 
 # build_pmcache PROFILE: builds the pmcache binary with the ublk frontend (cargo feature
 # `ublk`); sets exe to its absolute path. In profile test-opt it is the binary the test suite
-# builds and runs (scripts/test-binary.sh), so CI builds it once.
+# builds and runs (scripts/test-binary.sh), so CI builds it once. PMCACHE_BIN=path uses that
+# binary instead of building one.
 build_pmcache() {
+  if [[ -n "${PMCACHE_BIN:-}" ]]; then
+    exe=$(cd "$(dirname "$PMCACHE_BIN")" && pwd)/$(basename "$PMCACHE_BIN")
+    echo "== pmcache: $exe (PMCACHE_BIN)"
+    return
+  fi
   echo "== building pmcache (profile $1, feature ublk)"
   if [[ "$1" == test-opt ]]; then
     exe=$(bash scripts/test-binary.sh)

@@ -52,11 +52,7 @@ if ! qemu-system-x86_64 -drive driver=rbd,help 2>&1 | grep -q "'pool'"; then
     --no-install-recommends "qemu-block-extra=$ver"
 fi
 
-if [[ -n "${PMCACHE_BIN:-}" ]]; then
-  exe=$(cd "$(dirname "$PMCACHE_BIN")" && pwd)/$(basename "$PMCACHE_BIN")
-else
-  build_pmcache release
-fi
+build_pmcache release
 commit=$(git rev-parse --short HEAD)
 [[ -z "$(git status --porcelain -- crates Cargo.toml Cargo.lock)" ]] || commit="$commit-dirty"
 
