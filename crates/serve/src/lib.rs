@@ -11,7 +11,10 @@
 //!   state record checked, the cache opened, the cleaner started; at the stop, the write-back
 //!   a volatile medium or a detach needs, the cache marked clean, the record written.
 //! - [`nbd`] and `ublk` (feature `ublk`): the frontends, each run to its stop ([`nbd::serve`],
-//!   `ublk::serve`), announcing what they serve through [`Announce`].
+//!   `ublk::serve`), announcing what they serve through [`Announce`]. A program that serves
+//!   the engine's lanes itself opens a [`Serving`], gives the control socket a [`Frontend`]
+//!   of its own ([`Serving::start_control`]) and finishes it ([`Serving::finish`]):
+//!   docs/EMBEDDING.md.
 //! - [`control`]: the control socket (`pmcache stats/flush/set/detach`); `signals`:
 //!   SIGINT and SIGTERM stop the whole server, whenever they come.
 //! - [`state`], [`backing_id`], [`attachment`]: the record of a volatile cache's attachment,
@@ -34,5 +37,6 @@ pub mod stores;
 pub mod ublk;
 
 pub use config::{ServeConfig, StateConfig, StopHandle, StoreSpec};
+pub use control::Frontend;
 pub use open::{CacheConfig, CacheSpec};
 pub use serving::{Announce, CacheSummary, Ready, Serving, Silent};
