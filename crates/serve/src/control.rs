@@ -29,9 +29,13 @@ pub fn default_control_path(cache: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// What the control socket and the signals stop: the running frontend.
-pub(crate) trait Frontend: Clone + Send + 'static {
-    /// Stops serving: requests in flight finish, then the frontend's `run` returns.
+/// What the control socket and the signals stop: the running frontend (the NBD server, the
+/// ublk device), or a program that serves the engine's lanes itself
+/// ([`crate::Serving::start_control`]).
+pub trait Frontend: Clone + Send + 'static {
+    /// Stops serving (a `pmcache detach`, SIGINT or SIGTERM, a [`crate::StopHandle`]):
+    /// requests in flight finish, then whoever serves the cache finishes it
+    /// ([`crate::Serving::finish`]). A program serving lanes itself learns of it here.
     fn stop(&self);
 
     /// The frontend's own counters for `pmcache stats`.
@@ -148,6 +152,22 @@ pub fn stats_json(engine: &CacheEngine, latencies: &ReadLatencies) -> serde_json
     serde_json::Value::Object(object)
 }
 
+/// What the control socket's `stats` answers: the engine's statistics ([`stats_json`]) and
+/// `frontend`'s own counters.
+pub fn served_stats_json(
+    engine: &CacheEngine,
+    latencies: &ReadLatencies,
+    frontend: &impl Frontend,
+) -> serde_json::Value {
+    let mut stats = stats_json(engine, latencies);
+    if let Some(object) = stats.as_object_mut() {
+        for (name, value) in frontend.stats() {
+            object.insert(name.into(), value.into());
+        }
+    }
+    stats
+}
+
 /// What the control socket serves: the engine, its frontend, the state record it keeps in
 /// step with the mode, and the flag a `detach` sets.
 pub(crate) struct Served<F> {
@@ -189,15 +209,7 @@ fn handle(stream: UnixStream, served: &Served<impl Frontend>) -> std::io::Result
     match command.trim() {
         // A connection closed without a command: a liveness probe (`detach` waiting).
         "" => {}
-        "stats" => {
-            let mut stats = stats_json(engine, latencies);
-            if let Some(object) = stats.as_object_mut() {
-                for (name, value) in frontend.stats() {
-                    object.insert(name.into(), value.into());
-                }
-            }
-            writeln!(writer, "{stats}")?
-        }
+        "stats" => writeln!(writer, "{}", served_stats_json(engine, latencies, frontend))?,
         "flush" => {
             let total = engine.dirty_slots();
             match flush(engine, |dirty| {

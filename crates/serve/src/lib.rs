@@ -12,7 +12,9 @@
 //!   a volatile medium or a detach needs, the cache marked clean, the record written.
 //! - [`nbd`], [`vhost`] and `ublk` (feature `ublk`): the frontends, each run to its stop
 //!   ([`nbd::serve`], [`vhost::serve`], `ublk::serve`), announcing what they serve through
-//!   [`Announce`].
+//!   [`Announce`]. A program that serves the engine's lanes itself opens a [`Serving`], gives
+//!   the control socket a [`Frontend`] of its own ([`Serving::start_control`]) and finishes it
+//!   ([`Serving::finish`]): docs/EMBEDDING.md.
 //! - [`control`]: the control socket (`pmcache stats/flush/set/detach`); `signals`:
 //!   SIGINT and SIGTERM stop the whole server, whenever they come.
 //! - [`state`], [`backing_id`], [`attachment`]: the record of a volatile cache's attachment,
@@ -36,5 +38,6 @@ pub mod ublk;
 pub mod vhost;
 
 pub use config::{ServeConfig, StateConfig, StopHandle, StoreSpec};
+pub use control::Frontend;
 pub use open::{CacheConfig, CacheSpec};
 pub use serving::{Announce, CacheSummary, Ready, Serving, Silent};

@@ -1,8 +1,9 @@
 //! What every frontend (NBD in `crate::nbd`, ublk in `crate::ublk`, vhost-user-blk in
-//! `crate::vhost`) does around serving: open the cache (format or attach, after binding its
-//! control socket and checking the state file of a volatile medium), start the cleaner, serve
-//! the control socket and stop the frontend on SIGINT or SIGTERM, and at the end write back
-//! what must be, mark the cache clean and remove the control socket.
+//! `crate::vhost`, or a program serving the engine's lanes itself) does around serving: open
+//! the cache (format or attach, after binding its control socket and checking the state file
+//! of a volatile medium), start the cleaner, serve the control socket and stop the frontend on
+//! SIGINT or SIGTERM, and at the end write back what must be, mark the cache clean and remove
+//! the control socket.
 
 use std::io::IsTerminal;
 use std::os::unix::net::UnixListener;
@@ -146,7 +147,9 @@ impl CacheSummary {
 
 /// The cache a frontend serves, with what goes with it for as long as it is served: the
 /// control socket, the state file of a volatile medium, the cleaner's thread. Both frontends
-/// (NBD in `crate::nbd`, ublk in `crate::ublk`) open it, serve, and finish it.
+/// (NBD in `crate::nbd`, ublk in `crate::ublk`) open it, serve, and finish it; so does a
+/// program that embeds the cache and serves the engine's lanes itself (libpmcache,
+/// `crates/capi`; docs/EMBEDDING.md).
 pub struct Serving {
     /// The engine.
     pub engine: Arc<CacheEngine>,
@@ -382,8 +385,11 @@ impl Serving {
     }
 
     /// Serves the control socket, and has `frontend` stopped by the server's stop handle
-    /// (SIGINT or SIGTERM, see `crate::signals`, or a library's own stop).
-    pub(crate) fn start_control(&mut self, frontend: impl Frontend) -> Result<(), String> {
+    /// (SIGINT or SIGTERM, see `crate::signals`, or a library's own stop). A frontend calls
+    /// it once it serves the cache; so does a program that serves the engine's lanes itself
+    /// (`pmcache stats` then shows `frontend`'s counters, and `pmcache detach` calls its
+    /// [`Frontend::stop`]).
+    pub fn start_control(&mut self, frontend: impl Frontend) -> Result<(), String> {
         let engine = self.engine.clone();
         if let Some(listener) = self.control_listener.take() {
             let served = control::Served {
@@ -408,8 +414,9 @@ impl Serving {
     /// From here the control socket stays unless the cache is marked clean: an online
     /// `pmcache detach` takes its removal for "every block written back and the cache marked
     /// clean", and a socket nobody answers on for a stop without that (an error, or a panic
-    /// unwinding through here).
-    pub(crate) fn keep_control_socket(&mut self) {
+    /// unwinding through here). Called once the cache is served, after
+    /// [`Serving::start_control`].
+    pub fn keep_control_socket(&mut self) {
         self.control_file.keep();
     }
 
