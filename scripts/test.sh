@@ -67,6 +67,11 @@ scripts/guest/ublk-e2e.sh
 section "serve --ublk in a QEMU guest: kill -9 under fio, take-over (--recover), re-attach"
 scripts/guest/ublk-recovery-e2e.sh
 
+section "serve --vhost-user-blk as a QEMU guest's disk: mkfs, fio verify, kill -9 x3, QEMU reconnects"
+scripts/guest/vhost-user-blk-e2e.sh
+section "the same in write-through over a backing store 2 ms slow: writes in flight at each kill"
+PMCACHE_E2E_ARGS="--mode write-through --backing-latency 2ms" scripts/guest/vhost-user-blk-e2e.sh
+
 section "the dax medium on emulated NVDIMMs in a QEMU guest: fsdax, devdax, kill -9, power cut"
 scripts/guest/dax-e2e.sh
 
