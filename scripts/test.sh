@@ -67,6 +67,9 @@ scripts/guest/ublk-e2e.sh
 section "serve --ublk in a QEMU guest: kill -9 under fio, take-over (--recover), re-attach"
 scripts/guest/ublk-recovery-e2e.sh
 
+section "serve --vhost-user-blk in a QEMU guest: power cuts of the VM (SIGKILL of QEMU), every acknowledged write verified"
+scripts/guest/vhost-user-blk-powercut.sh
+
 section "the dax medium on emulated NVDIMMs in a QEMU guest: fsdax, devdax, kill -9, power cut"
 scripts/guest/dax-e2e.sh
 
