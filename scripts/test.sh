@@ -71,6 +71,8 @@ section "serve --vhost-user-blk as a QEMU guest's disk: mkfs, fio verify, kill -
 scripts/guest/vhost-user-blk-e2e.sh
 section "the same in write-through over a backing store 2 ms slow: writes in flight at each kill"
 PMCACHE_E2E_ARGS="--mode write-through --backing-latency 2ms" scripts/guest/vhost-user-blk-e2e.sh
+section "serve --vhost-user-blk in a QEMU guest: power cuts of the VM (SIGKILL of QEMU), every acknowledged write verified"
+scripts/guest/vhost-user-blk-powercut.sh
 
 section "the dax medium on emulated NVDIMMs in a QEMU guest: fsdax, devdax, kill -9, power cut"
 scripts/guest/dax-e2e.sh
