@@ -18,8 +18,9 @@
 # The cases: 4 KiB random reads at QD1 and QD32 over the first 128 MiB (written first, so a
 # cache's reads are hits), 4 MiB sequential reads and writes at QD4 over that region, and
 # 4 KiB random writes at QD16 over 512 MiB (twice the caches) for WRITE_SECONDS: sustained
-# writes, the caches' write-back to their backing stores included. Each case runs on each
-# disk once a round; the table gives the median of the rounds and each ratio round by round
+# writes, the caches' write-back to their backing stores included (run after every round of
+# the other cases: they evict the region the reads hit). Each case runs on each disk once a
+# round; the table gives the median of the rounds and each ratio round by round
 # (the median of the per-round ratios). The guest is emulated: only ratios within the run
 # mean anything.
 #
@@ -39,7 +40,7 @@ out_json="${OUT:-target/vhost-bench.json}"
 need_tools fio:fio qemu-storage-daemon:qemu-system-x86 rbd:ceph-common
 # QEMU's rbd driver is a module of qemu-block-extra, which must match the emulator's version
 # (a Debian 12 host carries QEMU from bookworm-backports: see run-in-guest.sh).
-if ! qemu-system-x86_64 -drive driver=rbd,help 2>&1 | grep -q "'pool'"; then
+if ! { qemu-system-x86_64 -drive driver=rbd,help 2>&1 || true; } | grep -q "'pool'"; then
   ver=$(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null || dpkg-query -W -f='${Version}' qemu-utils)
   adir="${PMCACHE_GUEST_CACHE:-$HOME/.cache/pmcache-guest}/apt-host-qemu"
   mkdir -p "$adir/lists/partial"
@@ -130,6 +131,10 @@ for r in \$(seq 1 $rounds); do
   for nd in \$devs; do run \$r randread-qd32 \${nd%%:*} \${nd#*:} --rw=randread --bs=4k --iodepth=32 --size=128M --time_based --runtime=$seconds --ramp_time=1; done
   for nd in \$devs; do run \$r seqread-4m \${nd%%:*} \${nd#*:} --rw=read --bs=4M --iodepth=4 --size=128M --time_based --runtime=$seconds --ramp_time=1; done
   for nd in \$devs; do run \$r seqwrite-4m \${nd%%:*} \${nd#*:} --rw=write --bs=4M --iodepth=4 --size=128M --time_based --runtime=$seconds --ramp_time=1; done
+done
+# The sustained writes last: over twice a cache, they would evict the region the reads hit.
+for r in \$(seq 1 $rounds); do
+  echo "== sustained writes, round \$r"
   for nd in \$devs; do run \$r randwrite-sustained \${nd%%:*} \${nd#*:} --rw=randwrite --bs=4k --iodepth=16 --size=512M --time_based --runtime=$write_seconds; done
 done
 echo "vhost-bench: done"
@@ -147,7 +152,7 @@ started=$SECONDS
 PMCACHE_GUEST_QEMU_ARGS="$qemu_args" bash "$here/run-in-guest.sh" --mem 1024 --timeout 5400 \
   --vhost-user-blk "$work/pm.sock" --vhost-user-blk "$work/qsd.sock" \
   --vhost-user-blk "$work/pmr.sock" --vhost-queues 1 \
-  --copy "$(command -v fio)" --copy "$script" -- sh "$script" 2>&1 | tee "$log" | grep -v '^VB '
+  --copy "$(command -v fio)" --copy "$script" -- sh "$script" 2>&1 | tee "$log" | grep --line-buffered -v '^VB '
 guest_seconds=$((SECONDS - started))
 grep -q '^vhost-bench: done' "$log" || { echo "vhost-bench: the guest did not finish" >&2; exit 1; }
 for l in pm pmr; do "$exe" stats --control "$shm/$l.pm.ctl" > "$work/$l.stats" 2>&1 || true; done
