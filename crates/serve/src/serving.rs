@@ -550,6 +550,38 @@ impl Serving {
     }
 }
 
+/// Serves each store of a shared cache on a thread of its own (`serve`: its frontend, until
+/// it is stopped), finishes each as its frontend stops, and returns when all are finished:
+/// the stores' errors, joined. The ublk and vhost-user-blk frontends serve stores this way.
+pub(crate) fn serve_each_store<F>(servings: Vec<Serving>, serve: F) -> Result<(), String>
+where
+    F: Fn(&mut Serving) -> Result<(), String> + Clone + Send + 'static,
+{
+    let threads: Vec<_> = servings
+        .into_iter()
+        .map(|mut serving| {
+            let name = serving.store.clone().unwrap_or_default();
+            let serve = serve.clone();
+            let refused = format!("starting store {name:?}");
+            std::thread::Builder::new()
+                .name(format!("pmcache-store-{name}"))
+                .spawn(move || {
+                    let served = serve(&mut serving);
+                    serving.finish(served).map_err(|e| format!("store {name:?}: {e}"))
+                })
+                .map_err(|e| format!("{refused}: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let errors: Vec<String> = threads
+        .into_iter()
+        .filter_map(|thread| match thread.join() {
+            Ok(result) => result.err(),
+            Err(_) => Some("a store's thread panicked".into()),
+        })
+        .collect();
+    if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
+}
+
 /// Runs `step`, an engine call that needs every lane dropped, again while lanes are open: the
 /// frontend's threads have ended and dropped theirs (the cleaner too), but a control request
 /// may still hold one for a moment (for up to a minute).

@@ -223,30 +223,9 @@ fn serve_stores(
     for why in &refused {
         eprintln!("pmcache: not serving {why}");
     }
-    let devices: Vec<_> = servings
-        .into_iter()
-        .map(|mut serving| {
-            let name = serving.store.clone().unwrap_or_default();
-            let thread_name = format!("pmcache-store-{name}");
-            let refused = format!("starting store {name:?}");
-            let announce = announce.clone();
-            std::thread::Builder::new()
-                .name(thread_name)
-                .spawn(move || {
-                    let served = serve_device(&mut serving, shape, None, announce);
-                    serving.finish(served).map_err(|e| format!("store {name:?}: {e}"))
-                })
-                .map_err(|e| format!("{refused}: {e}"))
-        })
-        .collect::<Result<_, _>>()?;
-    let errors: Vec<String> = devices
-        .into_iter()
-        .filter_map(|device| match device.join() {
-            Ok(result) => result.err(),
-            Err(_) => Some("a store's thread panicked".into()),
-        })
-        .collect();
-    if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
+    crate::serving::serve_each_store(servings, move |serving| {
+        serve_device(serving, shape, None, announce.clone())
+    })
 }
 
 /// The owner tags of the stores' caches on a medium shared by several (from its store table

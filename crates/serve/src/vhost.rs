@@ -171,29 +171,10 @@ fn serve_stores(
     for why in &refused {
         eprintln!("pmcache: not serving {why}");
     }
-    let threads: Vec<_> = servings
-        .into_iter()
-        .map(|mut serving| {
-            let name = serving.store.clone().unwrap_or_default();
-            let (vhost, announce) = (vhost.clone(), announce.clone());
-            let socket = store_socket(&dir, &name);
-            std::thread::Builder::new()
-                .name(format!("pmcache-store-{name}"))
-                .spawn(move || {
-                    let served = serve_socket(&mut serving, &vhost, &socket, announce);
-                    serving.finish(served).map_err(|e| format!("store {name:?}: {e}"))
-                })
-                .map_err(|e| format!("starting a store's thread: {e}"))
-        })
-        .collect::<Result<_, _>>()?;
-    let errors: Vec<String> = threads
-        .into_iter()
-        .filter_map(|t| match t.join() {
-            Ok(result) => result.err(),
-            Err(_) => Some("a store's thread panicked".into()),
-        })
-        .collect();
-    if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
+    crate::serving::serve_each_store(servings, move |serving| {
+        let socket = store_socket(&dir, serving.store.as_deref().unwrap_or_default());
+        serve_socket(serving, &vhost, &socket, announce.clone())
+    })
 }
 
 /// The socket of store `name` in the directory `dir`.
