@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
-"""SQLite on ext4 over pmcache (serve on a unix socket -> nbdfuse -> loop -> ext4), the
+"""SQLite or PostgreSQL on ext4 over pmcache (serve on a unix socket -> nbdfuse -> loop -> ext4), the
 server killed with SIGKILL at random moments while a client commits numbered transactions.
 
 Each transaction inserts a row (n, amount) and adds amount to a running total in another
-table; the client records n once COMMIT returned (journal_mode=WAL, synchronous=FULL). After
-each kill: the server is restarted on the same cache, the file system mounted again (ext4
-replays its journal), and the database checked with its own oracles: PRAGMA
-integrity_check is ok, every acknowledged n is there, and the running total equals the sum
-of the rows (no half-applied transaction).
+table; the client records n once COMMIT returned (SQLite: journal_mode=WAL,
+synchronous=FULL; PostgreSQL 15: initdb --data-checksums, fsync=on, synchronous_commit=on,
+run as user postgres on a unix socket, killed with the server). After each kill: the server
+is restarted on the same cache, the file system mounted again (ext4 replays its journal),
+the database started (PostgreSQL recovers from its WAL) and checked with its own oracles:
+PRAGMA integrity_check or pg_amcheck --heapallindexed passes, every acknowledged n is
+there, and the running total equals the sum of the rows (no half-applied transaction);
+fsck.ext4 -fn at the end.
 
-  scripts/db/kill-suite.py --pmcache PATH [--kills N] [--mode MODE] [--data-crc]
+  scripts/db/kill-suite.py --pmcache PATH [--db sqlite|postgres] [--kills N] [--mode MODE]
+      [--data-crc]
 
 Needs root (loop devices, mounts), nbdfuse (libnbd-bin), mkfs.ext4.
 """
-import argparse, os, random, signal, sqlite3, subprocess, sys, tempfile, time
+import argparse, os, random, shutil, signal, sqlite3, subprocess, sys, tempfile, time
 
 def sh(*cmd, check=True, **kw):
     return subprocess.run(cmd, check=check, capture_output=True, text=True, **kw)
@@ -61,6 +65,7 @@ class Bed:
             sh("mkfs.ext4", "-q", "-F", self.loop)
         if mount:
             sh("mount", "-t", "ext4", self.loop, self.mnt)
+            os.chmod(self.mnt, 0o755)
 
     def detach(self):
         sh("umount", "-l", self.mnt, check=False)
@@ -113,39 +118,153 @@ def check(db_path, acked_path):
     con.close()
     return integrity, lost, total == rows_sum, len(acked), len(have)
 
+PG_BIN = "/usr/lib/postgresql/15/bin"
+
+class Postgres:
+    """A PostgreSQL cluster on the mounted file system (initdb --data-checksums, fsync=on,
+    synchronous_commit=on), run as user postgres, listening on a unix socket only."""
+    def __init__(self, bed):
+        self.bed = bed
+        self.data = os.path.join(bed.mnt, "pgdata")
+        self.sockdir = os.path.join(bed.work, "pgsock")
+        os.makedirs(self.sockdir, exist_ok=True)
+        shutil.chown(self.sockdir, "postgres", "postgres")
+        self.log = os.path.join(bed.work, "postgres.log")
+        self.proc = None
+
+    def as_pg(self, *cmd, check=True, timeout=120):
+        return subprocess.run(["runuser", "-u", "postgres", "--", *cmd], check=check,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def initdb(self):
+        os.makedirs(self.data)
+        shutil.chown(self.data, "postgres", "postgres")
+        self.as_pg(f"{PG_BIN}/initdb", "--data-checksums", "-A", "trust", "-D", self.data)
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            f.write("fsync = on\nsynchronous_commit = on\nfull_page_writes = on\n"
+                    f"listen_addresses = ''\nunix_socket_directories = '{self.sockdir}'\n")
+            f.flush(); os.fsync(f.fileno())
+
+    def start(self):
+        # A postmaster killed with its disk leaves postmaster.pid; PostgreSQL removes it itself
+        # unless that PID still exists, which a dead postmaster not reaped yet (a zombie) does.
+        lock = os.path.join(self.data, "postmaster.pid")
+        if os.path.exists(lock):
+            pid = open(lock).readline().strip()
+            try:
+                state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                state = "gone"
+            if state in ("Z", "X", "gone"):
+                os.unlink(lock)
+        touch = open(self.log, "a"); touch.close(); shutil.chown(self.log, "postgres", "postgres")
+        r = self.as_pg(f"{PG_BIN}/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "120",
+                       "start", check=False)
+        if r.returncode != 0:
+            raise RuntimeError("pg_ctl start: " + r.stdout + r.stderr + open(self.log).read()[-3000:])
+
+    def kill(self):
+        # The postmaster and its children, SIGKILL: the power of a machine that lost its disk.
+        subprocess.run(["pkill", "-KILL", "-u", "postgres", "-f", self.data], check=False)
+        for _ in range(300):
+            if subprocess.run(["pgrep", "-u", "postgres", "-f", self.data], capture_output=True).returncode:
+                return
+            time.sleep(0.1)
+        raise RuntimeError("PostgreSQL's processes did not die in 30 s")
+
+    def psql(self, sql):
+        r = self.as_pg(f"{PG_BIN}/psql", "-h", self.sockdir, "-d", "postgres", "-X", "-A", "-t",
+                       "-v", "ON_ERROR_STOP=1", "-c", sql)
+        return r.stdout.strip()
+
+def pg_client(pg, acked_path, start, stop_after):
+    """One psql session fed transactions; an ACK line after each COMMIT returned."""
+    p = subprocess.Popen(["runuser", "-u", "postgres", "--", f"{PG_BIN}/psql", "-h", pg.sockdir,
+                          "-d", "postgres", "-X", "-q", "-v", "ON_ERROR_STOP=1"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         text=True, bufsize=1)
+    acked = open(acked_path, "a")
+    n, t0 = start, time.time()
+    try:
+        while time.time() - t0 < stop_after:
+            amount = random.randint(1, 1000)
+            p.stdin.write(f"BEGIN; INSERT INTO rows VALUES ({n}, {amount}, repeat('x', 3000)); "
+                          f"UPDATE total SET sum = sum + {amount} WHERE id = 1; COMMIT;\n\\echo ACK {n}\n")
+            p.stdin.flush()
+            line = p.stdout.readline()
+            if line.strip() != f"ACK {n}":
+                break
+            acked.write(f"{n}\n"); acked.flush(); os.fsync(acked.fileno())
+            n += 1
+    except (BrokenPipeError, OSError):
+        pass
+    p.kill(); p.wait()
+    return n
+
+def pg_check(pg, acked_path):
+    have = {int(x) for x in pg.psql("SELECT n FROM rows").split()}
+    total = int(pg.psql("SELECT sum FROM total WHERE id = 1"))
+    rows_sum = int(pg.psql("SELECT coalesce(sum(amount), 0) FROM rows"))
+    amcheck = pg.as_pg(f"{PG_BIN}/pg_amcheck", "-h", pg.sockdir, "--all", "--heapallindexed",
+                       "--install-missing", check=False)
+    acked = {int(l) for l in open(acked_path) if l.strip()}
+    integrity = "ok" if amcheck.returncode == 0 else (amcheck.stdout + amcheck.stderr)[:500]
+    return integrity, sorted(acked - have), total == rows_sum, len(acked), len(have)
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pmcache", required=True)
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--mode", default="write-back")
     ap.add_argument("--data-crc", action="store_true")
+    ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="pmcache-db-")
+    os.chmod(work, 0o755)  # PostgreSQL's user reaches its directories under it
     bed = Bed(a.pmcache, work, a.mode, a.data_crc)
     acked_path = os.path.join(work, "acked.txt")
     failures, n = [], 1
     try:
         bed.start_server(); bed.attach(mkfs=True)
         db = os.path.join(bed.mnt, "test.db")
+        pg = None
+        if a.db == "postgres":
+            pg = Postgres(bed); pg.initdb(); pg.start()
+            pg.psql("CREATE TABLE rows (n bigint PRIMARY KEY, amount int, pad text); "
+                    "CREATE TABLE total (id int PRIMARY KEY, sum bigint); INSERT INTO total VALUES (1, 0)")
         for k in range(1, a.kills + 1):
             # The client in a child process; the server killed while it commits.
             pid = os.fork()
             if pid == 0:
                 random.seed(k)
-                last, err = client(db, acked_path, n, 30)
+                if pg:
+                    pg_client(pg, acked_path, n, 30)
+                else:
+                    client(db, acked_path, n, 30)
                 os._exit(0)
             time.sleep(random.uniform(0.5, 2.0))
             bed.kill9()
-            os.waitpid(pid, 0)
+            # The dead server's FUSE connection ends with nbdfuse; processes blocked on it
+            # (PostgreSQL, in uninterruptible I/O) can only die after that.
             bed.detach()
+            if pg:
+                pg.kill()
+            os.waitpid(pid, 0)
             bed.start_server(); bed.attach()
-            integrity, lost, consistent, nacked, nrows = check(db, acked_path)
+            if pg:
+                pg.start()
+                integrity, lost, consistent, nacked, nrows = pg_check(pg, acked_path)
+            else:
+                integrity, lost, consistent, nacked, nrows = check(db, acked_path)
             ok = integrity == "ok" and not lost and consistent
-            print(f"kill {k}: {nacked} commits acknowledged, {nrows} rows; integrity_check {integrity}; "
+            what = "pg_amcheck --heapallindexed" if pg else "integrity_check"
+            print(f"kill {k}: {nacked} commits acknowledged, {nrows} rows; {what} {integrity}; "
                   f"lost {len(lost)}; total {'=' if consistent else '!='} sum of rows", flush=True)
             if not ok:
                 failures.append(f"kill {k}: integrity {integrity}, lost {lost[:10]}, consistent {consistent}")
             n = max(nrows, nacked) + 100
+        if pg:
+            pg.as_pg(f"{PG_BIN}/pg_ctl", "-D", pg.data, "-m", "fast", "-w", "stop", check=False)
         bed.detach()
         bed.attach(mount=False)
         fsck = sh("fsck.ext4", "-fn", bed.loop, check=False)
@@ -153,10 +272,11 @@ def main():
         if fsck.returncode != 0:
             failures.append(f"fsck.ext4 -fn: {fsck.stdout}{fsck.stderr}")
     finally:
+        subprocess.run(["pkill", "-KILL", "-u", "postgres", "-f", work], check=False)
         bed.detach(); bed.stop()
         if os.path.exists(bed.cache):
             os.unlink(bed.cache)
-    print(f"kill-suite: {a.kills} kills ({a.mode}{', data-crc' if a.data_crc else ''}), "
+    print(f"kill-suite: {a.db}, {a.kills} kills ({a.mode}{', data-crc' if a.data_crc else ''}), "
           f"{len(failures)} failures")
     for f in failures:
         print("FAILED:", f)
