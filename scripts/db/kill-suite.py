@@ -148,8 +148,11 @@ class Postgres:
     def start(self):
         # A postmaster killed with its disk leaves postmaster.pid; PostgreSQL removes it itself
         # unless that PID still exists, which a dead postmaster not reaped yet (a zombie) does.
-        lock = os.path.join(self.data, "postmaster.pid")
-        if os.path.exists(lock):
+        # The same for its socket's lock file.
+        for lock in (os.path.join(self.data, "postmaster.pid"),
+                     os.path.join(self.sockdir, ".s.PGSQL.5432.lock")):
+            if not os.path.exists(lock):
+                continue
             pid = open(lock).readline().strip()
             try:
                 state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
