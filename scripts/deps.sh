@@ -13,13 +13,14 @@
 # libublk-rs-sys: the `ublk` feature's kernel bindings); busybox-static, cpio and e2fsprogs for
 # the QEMU guests; fonts-dejavu-core (the text of `bench paper`'s pictures); ceph-mon, ceph-osd
 # and ceph-common (the throwaway cluster of scripts/ceph/cluster.sh that the RBD tests start;
-# ceph-common brings librbd1, which the rbd: backing store loads at run time, and the rbd tool).
+# ceph-common brings librbd1, which the rbd: backing store loads at run time, and the rbd tool);
+# postgresql and sqlite3 (scripts/db/kill-suite.py: the databases on ext4 over pmcache).
 # scripts/guest/run-in-guest.sh installs QEMU's system emulator itself, at the installed
 # qemu-utils' version, and downloads its guest kernel.
 set -euo pipefail
 
 packages=(fio libnbd-bin nbdkit qemu-utils libssl-dev pkg-config openssl mount libclang-dev
-  busybox-static cpio e2fsprogs fonts-dejavu-core ceph-mon ceph-osd ceph-common)
+  busybox-static cpio e2fsprogs fonts-dejavu-core ceph-mon ceph-osd ceph-common postgresql sqlite3)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 

@@ -74,6 +74,15 @@ PMCACHE_E2E_ARGS="--mode write-through --backing-latency 2ms" scripts/guest/vhos
 section "serve --vhost-user-blk in a QEMU guest: power cuts of the VM (SIGKILL of QEMU), every acknowledged write verified"
 scripts/guest/vhost-user-blk-powercut.sh
 
+section "SQLite and PostgreSQL on ext4 over pmcache (NBD, nbdfuse, loop): kill -9 of the server, every mode"
+pmcache=$(bash scripts/test-binary.sh)
+for db in sqlite postgres; do
+  for mode in write-back write-through write-around; do
+    python3 scripts/db/kill-suite.py --pmcache "$pmcache" --db "$db" --mode "$mode" --kills 4
+  done
+  python3 scripts/db/kill-suite.py --pmcache "$pmcache" --db "$db" --data-crc --kills 2
+done
+
 section "the dax medium on emulated NVDIMMs in a QEMU guest: fsdax, devdax, kill -9, power cut"
 scripts/guest/dax-e2e.sh
 

@@ -4,7 +4,7 @@ server killed with SIGKILL at random moments while a client commits numbered tra
 
 Each transaction inserts a row (n, amount) and adds amount to a running total in another
 table; the client records n once COMMIT returned (SQLite: journal_mode=WAL,
-synchronous=FULL; PostgreSQL 15: initdb --data-checksums, fsync=on, synchronous_commit=on,
+synchronous=FULL; PostgreSQL: initdb --data-checksums, fsync=on, synchronous_commit=on,
 run as user postgres on a unix socket, killed with the server). After each kill: the server
 is restarted on the same cache, the file system mounted again (ext4 replays its journal),
 the database started (PostgreSQL recovers from its WAL) and checked with its own oracles:
@@ -118,7 +118,14 @@ def check(db_path, acked_path):
     con.close()
     return integrity, lost, total == rows_sum, len(acked), len(have)
 
-PG_BIN = "/usr/lib/postgresql/15/bin"
+def pg_bin():
+    """The newest PostgreSQL server installed (Debian's /usr/lib/postgresql/N/bin)."""
+    import glob
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"),
+                   key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
+    return os.path.dirname(found[-1]) if found else None
+
+PG_BIN = pg_bin()
 
 class Postgres:
     """A PostgreSQL cluster on the mounted file system (initdb --data-checksums, fsync=on,
@@ -222,6 +229,8 @@ def main():
     ap.add_argument("--data-crc", action="store_true")
     ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     a = ap.parse_args()
+    if a.db == "postgres" and PG_BIN is None:
+        sys.exit("kill-suite: no PostgreSQL server (apt-get install -y postgresql)")
     work = tempfile.mkdtemp(prefix="pmcache-db-")
     os.chmod(work, 0o755)  # PostgreSQL's user reaches its directories under it
     bed = Bed(a.pmcache, work, a.mode, a.data_crc)
