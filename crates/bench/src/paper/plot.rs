@@ -132,6 +132,8 @@ pub fn draw(figure: &Figure, dir: &Path) -> Result<[PathBuf; 2], String> {
 
 /// The legend's width and height in pixels: the widest name, its sample, the padding.
 fn legend_px(figure: &Figure) -> Result<(u32, u32), String> {
+    // The names are measured with the font they are drawn with, which may not be loaded yet.
+    crate::harness::plot::load_font()?;
     let font = ("sans-serif", LEGEND_FONT_PX).into_font();
     let mut widest = 0;
     for series in &figure.series {
