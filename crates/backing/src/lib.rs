@@ -30,7 +30,7 @@ pub mod wrappers;
 pub use buf::{IO_BUF_ALIGN_BYTES, IoBuf};
 pub use error::{BackingError, Result};
 pub use libaio::LibaioFile;
-pub use psync::{PsyncFile, Pvsync2File};
+pub use psync::{PsyncFile, Pvsync2File, bytes_fingerprint};
 pub use queue::{IoCompletion, IoOp, IoQueue, IoRequest, SyncQueue};
 pub use rbd::{RbdImage, RbdSpec};
 pub use select::{

@@ -166,10 +166,76 @@ impl BackingStore for MovedBacking {
     }
 }
 
-/// The backing store an existing cache attaches to: as opened, or, with `--backing-moved`,
-/// without the record of which file it is.
-pub(crate) fn backing_to_attach(config: &CacheConfig, backing: Backing) -> Backing {
+/// A block device recorded by its persistent name (`crate::backing_id`: its WWID, its
+/// device-mapper UUID, its loop device's file ...) rather than its node's path: the identity's
+/// fingerprint is that name's, so a cache attaches to its device whichever node (`nvme0n1`,
+/// `nvme1n1`, `loop3`) the device has after a reboot.
+struct NamedDevice {
+    inner: Backing,
+    fingerprint: [u8; 16],
+}
+
+impl BackingStore for NamedDevice {
+    pmcache_backing::forward_to!(inner: size_bytes, logical_block_size, read_at, write_at, flush,
+        discard, write_zeroes, extent_at, engine_name, is_direct, failed_flush_loses_writes,
+        release, claim, disclaim);
+    fn identity(&self) -> pmcache_backing::BackingIdentity {
+        pmcache_backing::BackingIdentity { fingerprint: self.fingerprint, ..self.inner.identity() }
+    }
+    fn open_queue(
+        &self,
+        depth: usize,
+    ) -> pmcache_backing::Result<Box<dyn pmcache_backing::IoQueue>> {
+        self.inner.open_queue(depth)
+    }
+}
+
+/// The fingerprint a cache records for the block device at `path`: that of its persistent
+/// name; `None` for a file, an RBD image, or a device without a persistent name (recorded by
+/// its canonical path).
+fn device_name_fingerprint(path: &Path) -> Option<[u8; 16]> {
+    match crate::backing_id::BackingId::of(path).ok()? {
+        crate::backing_id::BackingId::Device { key, stable: true } => {
+            Some(pmcache_backing::bytes_fingerprint(format!("device-name:{key}").as_bytes()))
+        }
+        _ => None,
+    }
+}
+
+/// The backing store a new cache is formatted over: a block device with a persistent name is
+/// recorded by that name.
+pub(crate) fn backing_to_format(config: &CacheConfig, backing: Backing) -> Backing {
+    match device_name_fingerprint(&config.backing) {
+        Some(fingerprint) => Arc::new(NamedDevice { inner: backing, fingerprint }),
+        None => backing,
+    }
+}
+
+/// The backing store an existing cache (whose superblock heads `medium`) attaches to: a block
+/// device by its persistent name where the superblock records it so (else by its path, as a
+/// cache formatted over it by path was); and with `--backing-moved`, without the record of
+/// which file it is.
+pub(crate) fn backing_to_attach(
+    config: &CacheConfig,
+    backing: Backing,
+    medium: &impl Medium,
+) -> Backing {
+    let recorded = superblock_of(medium).map(|superblock| superblock.backing.fingerprint);
+    let backing = match device_name_fingerprint(&config.backing) {
+        Some(fingerprint) if recorded == Some(fingerprint) => {
+            Arc::new(NamedDevice { inner: backing, fingerprint })
+        }
+        _ => backing,
+    };
     if config.backing_moved { Arc::new(MovedBacking(backing)) } else { backing }
+}
+
+/// The superblock heading `medium`, if its bytes decode as one.
+fn superblock_of(medium: &impl Medium) -> Option<Superblock> {
+    let len_bytes = medium.len_bytes();
+    let mut head = vec![0u8; SUPERBLOCK_BYTES.min(len_bytes) as usize];
+    medium.read(0, &mut head);
+    Superblock::decode(&head, len_bytes).ok()
 }
 
 /// Claims the backing store for the cache whose superblock heads `medium` (its uuid) before
@@ -182,12 +248,9 @@ pub(crate) fn claim_for_medium(
     medium: &impl Medium,
     describe: &str,
 ) -> Result<(), String> {
-    let len_bytes = medium.len_bytes();
-    let mut head = vec![0u8; SUPERBLOCK_BYTES.min(len_bytes) as usize];
-    medium.read(0, &mut head);
-    match Superblock::decode(&head, len_bytes) {
-        Ok(superblock) => claim(backing, superblock.uuid, describe),
-        Err(_) => Ok(()),
+    match superblock_of(medium) {
+        Some(superblock) => claim(backing, superblock.uuid, describe),
+        None => Ok(()),
     }
 }
 
@@ -509,7 +572,7 @@ pub fn open_or_format(
         };
         return match Engine::format(
             as_set(members, false),
-            backing,
+            backing_to_format(config, backing),
             MonotonicClock::default(),
             &settings,
         ) {
@@ -550,7 +613,7 @@ pub fn open_or_format(
         ));
     }
     check_geometry_asked(config, &members)?;
-    let backing = backing_to_attach(config, backing);
+    let backing = backing_to_attach(config, backing, &members[0].0);
     claim_for_medium(&backing, &members[0].0, &config.describe())?;
     match Engine::open(as_set(members, true), backing, MonotonicClock::default(), &settings) {
         Ok((engine, report)) => Ok((engine, Opened::Attached(report))),
@@ -600,7 +663,7 @@ pub fn open_existing(config: &CacheConfig, max_lanes: usize) -> Result<CacheEngi
         ));
     }
     check_geometry_asked(config, &members)?;
-    let backing = backing_to_attach(config, backing);
+    let backing = backing_to_attach(config, backing, &members[0].0);
     claim_for_medium(&backing, &members[0].0, &config.describe())?;
     let settings = engine_config(config, max_lanes);
     Engine::open(as_set(members, true), backing, MonotonicClock::default(), &settings)
@@ -632,7 +695,7 @@ pub fn format(config: &CacheConfig, force: bool) -> Result<CacheEngine, String> 
     }
     let engine = Engine::format(
         as_set(members, false),
-        backing,
+        backing_to_format(config, backing),
         MonotonicClock::default(),
         &engine_config(config, 4),
     )

@@ -14,8 +14,8 @@ use pmcache_media::{Medium, MediumSet, PmemFile, Window};
 
 use crate::config::StoreSpec;
 use crate::open::{
-    Before, CacheConfig, MediumError, Opened, attach_error, backing_to_attach, before_open,
-    check_size_asked, engine_config, open_cache_backing, open_member,
+    Before, CacheConfig, MediumError, Opened, attach_error, backing_to_attach, backing_to_format,
+    before_open, check_size_asked, engine_config, open_cache_backing, open_member,
 };
 
 /// One store as opened: its cache, or why it is not served.
@@ -116,6 +116,7 @@ fn format(
     let mut opened = Vec::with_capacity(stores.len());
     for ((store, entry), backing) in stores.iter().zip(&table.stores).zip(backings) {
         let window = window_of(&medium, entry.window.clone());
+        let backing = backing_to_format(&store_config(config, store), backing);
         match Engine::format(window, backing, MonotonicClock::default(), &settings) {
             Ok(engine) => {
                 let describe = format!("store {:?}", store.name);
@@ -199,8 +200,8 @@ fn attach(
                     path.display()
                 )),
                 Some(entry) => open_cache_backing(&one).and_then(|backing| {
-                    let backing = backing_to_attach(&one, backing);
                     let window = window_of(&medium, entry.window.clone());
+                    let backing = backing_to_attach(&one, backing, &window);
                     crate::open::claim_for_medium(&backing, &window, &one.describe())?;
                     Engine::open(window, backing, MonotonicClock::default(), &settings)
                         .map(|(engine, report)| (engine, Opened::Attached(report)))

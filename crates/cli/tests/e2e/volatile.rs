@@ -389,6 +389,35 @@ fn a_lost_volatile_cache_is_found_when_its_device_has_another_name() {
     assert!(!setup.cache.exists(), "a refused serve created the medium");
 }
 
+/// A cache over a block device attaches, with its dirty blocks, when the device comes back
+/// under another name (NVMe namespaces, `sdX` and `loopN` are numbered in the order they
+/// appear, which a reboot may change): the superblock names the device by its persistent
+/// name, not by its node's path.
+#[test]
+fn a_cache_attaches_when_its_device_has_another_name() {
+    let setup = Setup::new("renamed-device", 64 * MIB, 4 * MIB);
+    let image = setup.disk.path().join("disk.img");
+    std::fs::File::create(&image).and_then(|f| f.set_len(64 * MIB)).expect("image");
+    let Some(first) = attach_loop(&image) else { return };
+    let server = setup.serve_on(&first, &["--cleaner", "order=none"]);
+    NbdClient::ready(server.addr()).write_at(4096, &[0x3c; 65536], 0);
+    server.kill9();
+    detach_loop(&first);
+    let filler = setup.disk.path().join("filler.img");
+    std::fs::File::create(&filler).and_then(|f| f.set_len(MIB)).expect("filler");
+    let taken = attach_loop(&filler).expect("loop");
+    let second = attach_loop(&image).expect("loop");
+    assert_ne!(first, second, "the image came back under the same name");
+    let server = setup.serve_on(&second, &["--cleaner", "order=none"]);
+    let read = NbdClient::ready(server.addr()).read_at(4096, 65536);
+    let stats = setup.stats();
+    server.terminate();
+    detach_loop(&second);
+    detach_loop(&taken);
+    assert!(read.iter().all(|&b| b == 0x3c), "the dirty blocks were not served after the rename");
+    assert_eq!(stats["dirty_slots"], 16, "the dirty blocks were not recovered");
+}
+
 /// Attaches `file` to a free loop device; `None` (the test skipped, said on stderr) where this
 /// machine has none.
 fn attach_loop(file: &Path) -> Option<PathBuf> {
