@@ -3,7 +3,7 @@ device (direct I/O) -> ext4, over a backing file or, for the backing-eio fault, 
 store that fails on demand (nbdkit's error filter on the file, on a unix socket, mounted as a
 file with nbdfuse); the server's statistics, the concurrent writer of the cleaner fault, and
 the file system's check."""
-import json, os, signal, subprocess, sys, time
+import json, os, signal, subprocess, time
 
 def sh(*cmd, check=True, **kw):
     return subprocess.run(cmd, check=check, capture_output=True, text=True, **kw)
@@ -63,16 +63,15 @@ class Bed:
 
     def injected(self, offset=0):
         """The errors nbdkit's filter injected, from its log after offset: ({op: count}, end)."""
-        path = os.path.join(self.work, "nbdkit.log")
-        with open(path, errors="replace") as f:
+        with open(os.path.join(self.work, "nbdkit.log"), "rb") as f:
             f.seek(offset)
-            text = f.read()
-        ops = {}
+            data = f.read()
+        text, ops = data.decode(errors="replace"), {}
         for line in text.splitlines():
             if "injecting" in line:
                 op = line.rsplit(" ", 1)[-1]
                 ops[op] = ops.get(op, 0) + 1
-        return ops, offset + len(text.encode())
+        return ops, offset + len(data)
 
     def fault(self, on):
         if on:
@@ -105,7 +104,10 @@ class Bed:
         the record to the superblock. (A journal aborted by a failed write makes it read-only,
         which this kernel does not show in /proc/mounts.)"""
         d = f"/sys/fs/ext4/{os.path.basename(self.loop)}"
-        read = lambda name: open(os.path.join(d, name)).read().strip() if os.path.exists(os.path.join(d, name)) else ""
+
+        def read(name):
+            path = os.path.join(d, name)
+            return open(path).read().strip() if os.path.exists(path) else ""
         return {"errors": int(read("errors_count") or 0), "last_func": read("last_error_func"),
                 "last_errcode": read("last_error_errcode")}
 
@@ -211,7 +213,7 @@ class Bed:
 
 class Dirtier:
     """A writer beside the database on the same file system: fio, O_DIRECT 64 KiB random writes
-    into a file twice the cache, queue depth 8, as fast as it goes."""
+    into a file twice the cache, queue depth 16, as fast as it goes."""
 
     def __init__(self, bed, size):
         self.bed, self.size = bed, size

@@ -8,7 +8,7 @@ and, with a filler table, rewrites a random filler row. The client appends "n ti
 file (fsynced: it is on another file system) once COMMIT returned, and a line "n time error" to the
 failed file for each transaction that raised an error instead; after an error it reconnects
 and goes on with n + 1 (a transaction whose COMMIT failed may or may not be in the database)."""
-import glob, os, random, shutil, sqlite3, subprocess, time
+import glob, os, pwd, random, shutil, signal, sqlite3, subprocess, time
 
 RETRY_PAUSE = 0.2  # seconds between a failed transaction and the next attempt
 
@@ -98,6 +98,13 @@ class Sqlite:
         con.close()
         return integrity, have, total == rows_sum
 
+def proc_state(pid):
+    """A process's state letter (R, S, D, Z, ...), or 'gone'."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError, ValueError):
+        return "gone"
+
 def pg_bin():
     """The newest PostgreSQL server installed (Debian's /usr/lib/postgresql/N/bin)."""
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"),
@@ -161,18 +168,30 @@ class Postgres:
                      os.path.join(self.sockdir, ".s.PGSQL.5432.lock")):
             if not os.path.exists(lock):
                 continue
-            pid = open(lock).readline().strip()
-            try:
-                state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                state = "gone"
-            if state in ("Z", "X", "gone"):
+            if proc_state(open(lock).readline().strip()) in ("Z", "X", "gone"):
                 os.unlink(lock)
         touch = open(self.log, "a"); touch.close(); shutil.chown(self.log, "postgres", "postgres")
         r = self.as_pg(f"{PG_BIN}/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "300",
                        "start", check=False)
+        st = os.stat(self.data)
+        self.data_id = (st.st_dev, st.st_ino)
         if r.returncode != 0:
             raise RuntimeError("pg_ctl start: " + r.stdout + r.stderr + open(self.log).read()[-3000:])
+
+    def processes(self):
+        """The cluster's processes: every PostgreSQL process works in its data directory, found
+        by the directory's device and inode (they stay the same once the file system is detached
+        under it). The postmaster's command line would miss its children, and a process that is
+        exiting has none."""
+        out, uid = [], pwd.getpwnam("postgres").pw_uid
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                st, owner = os.stat(f"/proc/{pid}/cwd"), os.stat(f"/proc/{pid}").st_uid
+            except OSError:
+                continue
+            if owner == uid and (st.st_dev, st.st_ino) == getattr(self, "data_id", None):
+                out.append(int(pid))
+        return out
 
     def log_size(self):
         return os.path.getsize(self.log) if os.path.exists(self.log) else 0
@@ -187,15 +206,20 @@ class Postgres:
         return len(lines), [l[:260] for l in lines[:limit]]
 
     def kill(self):
-        # The postmaster and its children, SIGKILL: the power of a machine that lost its disk.
-        # Its processes are told apart by the data directory on their command line (this
-        # bed's alone).
-        subprocess.run(["pkill", "-KILL", "-u", "postgres", "-f", self.data], check=False)
+        """The postmaster and its children, SIGKILL: the power of a machine that lost its disk;
+        returns once each is gone (or a zombie)."""
+        pids = self.processes()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for _ in range(300):
-            if subprocess.run(["pgrep", "-u", "postgres", "-f", self.data], capture_output=True).returncode:
+            alive = [p for p in pids if proc_state(p) not in ("Z", "X", "gone")]
+            if not alive:
                 return
             time.sleep(0.1)
-        raise RuntimeError("PostgreSQL's processes did not die in 30 s")
+        raise RuntimeError(f"PostgreSQL's processes {alive} did not die in 30 s")
 
     def stop(self):
         self.as_pg(f"{PG_BIN}/pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop", check=False)

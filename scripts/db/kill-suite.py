@@ -295,7 +295,7 @@ def run(a, dbname, mode, crc, kind, rounds, tally, failures):
         open(p, "w").close()
     print(f"== {dbname}, {label}, fault {kind}: {rounds} rounds (bed {work})", flush=True)
     rec = {"db": dbname, "mode": label, "kind": kind, "work": work, "setup": "", "fsck": "", "error": None}
-    ok_before, in_round = len(failures), None
+    ok_before, in_round, db = len(failures), None, None
     try:
         bed.start_server(); bed.attach(mkfs=True)
         db = Postgres(bed) if dbname == "postgres" else Sqlite(bed)
@@ -342,7 +342,11 @@ def run(a, dbname, mode, crc, kind, rounds, tally, failures):
             tally.add_round(dbname, label, kind, {"acked": 0, "verified": 0, "lost": 0, "failed_in_fault": 0,
                                                   "failed_outside": 0, "db_ok": False, "ext4_errors_met": 0})
     finally:
-        subprocess.run(["pkill", "-KILL", "-u", "postgres", "-f", work], check=False)
+        if db is not None:
+            try:
+                db.kill()
+            except RuntimeError as e:
+                print(f"  {e}")
         bed.teardown()
     tally.add_run(rec)
     if len(failures) == ok_before and not a.keep:
