@@ -6,15 +6,17 @@
 #   scripts/deps.sh install   installs them all with apt-get (as root), saying so first
 #   scripts/deps.sh line      prints the one command that installs them all
 #
-# fio (the NBD and engine tests and benches), libnbd-bin (nbdinfo, nbdcopy), nbdkit (the
-# baseline NBD server), qemu-utils (qemu-io, qemu-img); libssl-dev and pkg-config (the
-# openssl crate: NBD TLS-PSK), openssl (the TLS tests' and bench's certificates); mount
-# (losetup: the backing conformance tests attach loop devices); libclang-dev (bindgen in
-# libublk-rs-sys: the `ublk` feature's kernel bindings); busybox-static, cpio and e2fsprogs for
-# the QEMU guests; fonts-dejavu-core (the text of `bench paper`'s pictures); ceph-mon, ceph-osd
-# and ceph-common (the throwaway cluster of scripts/ceph/cluster.sh that the RBD tests start;
-# ceph-common brings librbd1, which the rbd: backing store loads at run time, and the rbd tool);
-# postgresql and sqlite3 (scripts/db/kill-suite.py: the databases on ext4 over pmcache).
+# fio (the NBD and engine tests and benches; the concurrent writer of scripts/db/kill-suite.py),
+# libnbd-bin (nbdinfo, nbdcopy, nbdfuse), nbdkit (the baseline NBD server; its error filter is
+# the failing backing store of scripts/db/kill-suite.py), qemu-utils (qemu-io, qemu-img);
+# libssl-dev and pkg-config (the openssl crate: NBD TLS-PSK), openssl (the TLS tests' and
+# bench's certificates); mount (losetup: the backing conformance tests attach loop devices);
+# libclang-dev (bindgen in libublk-rs-sys: the `ublk` feature's kernel bindings);
+# busybox-static, cpio and e2fsprogs for the QEMU guests; fonts-dejavu-core (the text of `bench
+# paper`'s pictures); ceph-mon, ceph-osd and ceph-common (the throwaway cluster of
+# scripts/ceph/cluster.sh that the RBD tests start; ceph-common brings librbd1, which the rbd:
+# backing store loads at run time, and the rbd tool); postgresql and sqlite3
+# (scripts/db/kill-suite.py: the databases on ext4 over pmcache).
 # scripts/guest/run-in-guest.sh installs QEMU's system emulator itself, at the installed
 # qemu-utils' version, and downloads its guest kernel.
 set -euo pipefail

@@ -74,14 +74,17 @@ PMCACHE_E2E_ARGS="--mode write-through --backing-latency 2ms" scripts/guest/vhos
 section "serve --vhost-user-blk in a QEMU guest: power cuts of the VM (SIGKILL of QEMU), every acknowledged write verified"
 scripts/guest/vhost-user-blk-powercut.sh
 
-section "SQLite and PostgreSQL on ext4 over pmcache (NBD, nbdfuse, loop): kill -9 of the server, every mode"
+section "SQLite and PostgreSQL on ext4 over pmcache (NBD, nbdfuse, loop): kill -9, a failing backing store, a busy cleaner; every mode"
 pmcache=$(bash scripts/test-binary.sh)
-for db in sqlite postgres; do
-  for mode in write-back write-through write-around; do
-    python3 scripts/db/kill-suite.py --pmcache "$pmcache" --db "$db" --mode "$mode" --kills 4
-  done
-  python3 scripts/db/kill-suite.py --pmcache "$pmcache" --db "$db" --data-crc --kills 2
-done
+# Each round ends with a kill -9 of the server: every fault kind in write-back; kill and the
+# failing backing store in write-through and write-around; kill and the cleaner with
+# --data-crc. 20 rounds; the long suite (--long) runs 216: docs/TESTING.md.
+python3 scripts/db/kill-suite.py --pmcache "$pmcache" --db sqlite,postgres --modes write-back \
+  --fault kill:2,backing-eio:1,cleaner:1
+python3 scripts/db/kill-suite.py --pmcache "$pmcache" --db sqlite,postgres \
+  --modes write-through,write-around --fault kill:1,backing-eio:1
+python3 scripts/db/kill-suite.py --pmcache "$pmcache" --db sqlite,postgres --modes data-crc \
+  --fault kill:1,cleaner:1
 
 section "the dax medium on emulated NVDIMMs in a QEMU guest: fsdax, devdax, kill -9, power cut"
 scripts/guest/dax-e2e.sh
