@@ -12,7 +12,8 @@
 #   nvme           the bare NVMe namespace: the baseline
 #
 # each cache on an emulated NVDIMM (fsdax) in front of an emulated NVMe namespace throttled to
-# an SSD's cost (paper000.sh's ssd_iops and ssd_bps), one NVDIMM and one namespace per layer.
+# an SSD's cost (paper000.sh's ssd_iops and ssd_bps: 4000 IOPS, 500 MB/s), or with --backing hdd
+# a disk's (paper000.sh's HDDs: 200 IOPS, 150 MB/s), one NVDIMM and one namespace per layer.
 # The pgbench database (`pgbench -i -s SCALE`, about 16 MB a scale unit: 2-4x the cache) is
 # made once on the host (initdb --locale=C, then pgbench -i), carried into the guest as a
 # tarball and unpacked onto each layer's ext4. Then RUNS rounds, the layers' order rotating
@@ -23,7 +24,7 @@
 #
 #   scripts/guest/db-bench.sh [--runs N] [--seconds S] [--scale S] [--cache-mib M]
 #       [--clients C] [--threads J] [--shared-buffers SIZE] [--db-memory-mib M]
-#       [--speedtest1-size N] --out FILE
+#       [--speedtest1-size N] [--backing ssd|hdd] --out FILE
 #
 # FILE gets the guest's result lines (parsed by `pmcache bench db --guest-log FILE`):
 #   DBBENCH-BED {json}                     the guest and the settings
@@ -45,7 +46,7 @@ source "$(dirname "$0")/lib.sh"
 caller_pwd=$OLDPWD # lib.sh changed to the repository root
 
 runs=3 seconds=20 scale=8 cache_mib=64 clients=4 threads=2 shared_buffers=16MB db_memory_mib=96
-st1_size=20 out=
+st1_size=20 backing=ssd out=
 usage() { sed -n '/^#   scripts\/guest\/db-bench.sh/,/^#       \[--speedtest1-size/p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
@@ -58,6 +59,7 @@ while (($#)); do
     --shared-buffers) shared_buffers="$2"; shift 2 ;;
     --db-memory-mib) db_memory_mib="$2"; shift 2 ;;
     --speedtest1-size) st1_size="$2"; shift 2 ;;
+    --backing) backing="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "db-bench: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -114,9 +116,13 @@ echo "== db-bench: database $((db_bytes >> 20)) MiB, tarball $(du -h "$work/pgda
 # --- NVDIMMs and NVMe namespaces -------------------------------------------------------------
 # NVDIMMs 0-2: bcache, dm-cache, dm-writecache (the whole fsdax device is the cache); 3:
 # pmcache's, 32 MiB larger for ext4 -o dax around its medium, which takes the size of the others'.
-# Namespaces 1-5 (throttled like paper000.sh's SSDs): the bare store, then the backing stores
+# Namespaces 1-5 (throttled as --backing says): the bare store, then the backing stores
 # of pmcache, bcache, dm-cache and dm-writecache.
-ssd_iops=4000 ssd_bps=500000000
+case "$backing" in
+  ssd) ssd_iops=4000 ssd_bps=500000000 ;;
+  hdd) ssd_iops=200 ssd_bps=150000000 ;;
+  *) echo "db-bench: --backing must be ssd or hdd, not '$backing'" >&2; exit 2 ;;
+esac
 fs_mib=1024
 mem_mib=1536
 nvdimms=4
@@ -144,7 +150,7 @@ guest_script db-bench
 PM=$exe ST1=$speedtest1 PGBIN=$pg_bin PGUID=$pg_uid PGGID=$pg_gid TAR=$work/pgdata.tar.gz
 RUNS=$runs SECS=$seconds SCALE=$scale CACHE_MIB=$cache_mib CLIENTS=$clients THREADS=$threads
 SHARED_BUFFERS=$shared_buffers DB_MEMORY_MIB=$db_memory_mib ST1_SIZE=$st1_size DB_BYTES=$db_bytes
-FS_MIB=$fs_mib SSD_IOPS=$ssd_iops SSD_BPS=$ssd_bps BUCKET=${bucket}k
+FS_MIB=$fs_mib SSD_IOPS=$ssd_iops SSD_BPS=$ssd_bps BUCKET=${bucket}k BACKING=$backing
 PARAMS
   cat <<'GUEST'
 set -eu
@@ -277,8 +283,14 @@ for l in $LAYERS; do
   sync
   log "$l: $dev, database unpacked ($(du -sm /mnt/$l/pgdata | cut -f1) MiB)"
 done
-printf 'DBBENCH-BED {"kernel":"%s","guest_cpus":%d,"cache_mib":%d,"scale":%d,"clients":%d,"threads":%d,"seconds":%d,"shared_buffers":"%s","db_memory_mib":%d,"speedtest1_size":%d,"db_bytes":%d,"fs_mib":%d,"ssd_iops":%d,"ssd_bytes_per_s":%d,"dm_cache_block_kib":32,"bcache_bucket":"%s"}\n' \
-  "$(uname -r)" $CPUS $PM_CACHE_MIB $SCALE $CLIENTS $THREADS $SECS "$SHARED_BUFFERS" $DB_MEMORY_MIB $ST1_SIZE $DB_BYTES $FS_MIB $SSD_IOPS $SSD_BPS $BUCKET
+printf 'DBBENCH-BED {"kernel":"%s","guest_cpus":%d,"cache_mib":%d,"scale":%d,"clients":%d,"threads":%d,"seconds":%d,"shared_buffers":"%s","db_memory_mib":%d,"speedtest1_size":%d,"db_bytes":%d,"fs_mib":%d,"ssd_iops":%d,"ssd_bytes_per_s":%d,"dm_cache_block_kib":32,"bcache_bucket":"%s","backing":"%s"}\n' \
+  "$(uname -r)" $CPUS $PM_CACHE_MIB $SCALE $CLIENTS $THREADS $SECS "$SHARED_BUFFERS" $DB_MEMORY_MIB $ST1_SIZE $DB_BYTES $FS_MIB $SSD_IOPS $SSD_BPS $BUCKET $BACKING
+
+# The server at rest, before any run: what it spends with nothing to do.
+idle0=$(sed 's/.*) //' /proc/$PM_PID/stat | awk '{print $12 + $13}')
+sleep 10
+idle1=$(sed 's/.*) //' /proc/$PM_PID/stat | awk '{print $12 + $13}')
+echo "DBBENCH-NOTE pmcache at rest (its cleaner writing back the unpacked database, if it still is): $((idle1 - idle0)) CPU ticks (1/100 s) in 10 s"
 
 dirty_note() { # what each kernel layer holds dirty after run $1
   bcd=$(cat /sys/block/$BC/bcache/dirty_data 2>/dev/null || echo ?)
@@ -332,6 +344,11 @@ while [ $r -le $RUNS ]; do
       $(awk -v t=$idle 'BEGIN {printf "%.2f", t / 100}') $srv
     if [ $l = pmcache ]; then
       echo "DBBENCH-PMSTATS pmcache $r $($PM stats --json --control /tmp/pm.ctl | tr -d '\n')"
+      # Where the server's CPU went, thread by thread (ticks since it started).
+      threads=$(for t in /proc/$PM_PID/task/*; do
+        printf '%s=%s ' "$(cat $t/comm)" "$(sed 's/.*) //' $t/stat | awk '{print $12 + $13}')"
+      done)
+      echo "DBBENCH-NOTE run $r: pmcache's threads, CPU ticks (1/100 s) since it started: $threads"
     fi
   done
   dirty_note $r

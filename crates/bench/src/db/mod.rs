@@ -95,6 +95,10 @@ pub struct DbArgs {
     /// of booting.
     #[arg(long, value_name = "FILE")]
     pub guest_log: Option<PathBuf>,
+    /// The guest's backing stores: NVMe namespaces throttled to an SSD's cost (4000 IOPS,
+    /// 500 MB/s) or a disk's (200 IOPS, 150 MB/s).
+    #[arg(long, default_value = "ssd", value_parser = ["ssd", "hdd"])]
+    pub guest_backing: String,
     /// With --guest: keep the guest's result lines in this file.
     #[arg(long, value_name = "FILE")]
     pub guest_out: Option<PathBuf>,
@@ -123,6 +127,8 @@ pub struct Settings {
     pub fs_bytes: u64,
     /// speedtest1's --size.
     pub speedtest1_size: u32,
+    /// The guest's backing stores (`ssd`, `hdd`); none on the host.
+    pub backing: Option<String>,
 }
 
 /// What `bench db` found.
@@ -192,6 +198,7 @@ impl DbArgs {
             db_memory_bytes: self.db_memory,
             fs_bytes: if run.quick { 256 << 20 } else { self.fs_size },
             speedtest1_size: if run.quick { speedtest1_size.min(10) } else { speedtest1_size },
+            backing: guest.then(|| self.guest_backing.clone()),
         }
     }
 
@@ -377,6 +384,7 @@ impl DbArgs {
                     ("--shared-buffers", settings.shared_buffers.clone()),
                     ("--db-memory-mib", (settings.db_memory_bytes >> 20).to_string()),
                     ("--speedtest1-size", settings.speedtest1_size.to_string()),
+                    ("--backing", self.guest_backing.clone()),
                 ]
                 .into_iter()
                 .flat_map(|(k, v)| [k.to_string(), v])
@@ -411,6 +419,7 @@ fn report_of_guest(run: guest::GuestRun, fallback: Settings) -> Result<Report, S
         db_memory_bytes: num("db_memory_mib").map_or(fallback.db_memory_bytes, |m| m << 20),
         fs_bytes: num("fs_mib").map_or(fallback.fs_bytes, |m| m << 20),
         speedtest1_size: num("speedtest1_size").map_or(fallback.speedtest1_size, |s| s as u32),
+        backing: bed["backing"].as_str().map(str::to_string).or(fallback.backing),
     };
     let layers: Vec<String> = guest::LAYERS
         .iter()
@@ -433,11 +442,16 @@ fn report_of_guest(run: guest::GuestRun, fallback: Settings) -> Result<Report, S
         .map(|b| layers.iter().map(|l| (l.clone(), b)).collect())
         .unwrap_or_default();
     let notes = vec![
-        "Guest under QEMU TCG: absolute rates mean nothing, only ratios within the boot. Each \
-         cache layer has an emulated NVDIMM of the same size as its cache in front of an NVMe \
-         namespace throttled to an SSD's cost; the database was loaded once (the same tar on \
-         every layer) before the runs."
-            .into(),
+        format!(
+            "Guest under QEMU TCG: absolute rates mean nothing, only ratios within the boot. \
+             Each cache layer has an emulated NVDIMM of the same size as its cache in front of \
+             an NVMe namespace throttled to {}; the database was loaded once (the same tar on \
+             every layer) before the runs.",
+            match settings.backing.as_deref() {
+                Some("hdd") => "a disk's cost (200 IOPS, 150 MB/s)",
+                _ => "an SSD's cost (4000 IOPS, 500 MB/s)",
+            }
+        ),
         format!(
             "Page cache: the databases run in a memory cgroup of {} in the guest, caches \
              dropped before each measurement.",
@@ -564,9 +578,14 @@ fn table(r: &Report) -> String {
     }
     if let Some(g) = &r.guest {
         if !g.pmcache.is_empty() {
-            let _ =
-                writeln!(out, "\n## pmcache's counters in the guest after each run (cumulative)");
-            let _ = writeln!(out, "run  read_hits  read_misses  writes  writebacks  stalls  dirty");
+            let _ = writeln!(
+                out,
+                "\n## pmcache's counters in the guest over each pgbench run (* since its start)"
+            );
+            let _ = writeln!(
+                out,
+                "run  read_hits  read_misses  writes  writebacks  evictions  stalls  dirty_at_end"
+            );
             for s in &g.pmcache {
                 let f = &s.figures;
                 let _ = writeln!(
