@@ -24,7 +24,7 @@
 #
 #   scripts/guest/db-bench.sh [--runs N] [--seconds S] [--scale S] [--cache-mib M]
 #       [--clients C] [--threads J] [--shared-buffers SIZE] [--db-memory-mib M]
-#       [--speedtest1-size N] [--backing ssd|hdd] --out FILE
+#       [--speedtest1-size N] [--backing ssd|hdd] [--perf] --out FILE
 #
 # FILE gets the guest's result lines (parsed by `pmcache bench db --guest-log FILE`):
 #   DBBENCH-BED {json}                     the guest and the settings
@@ -36,6 +36,9 @@
 #   DBBENCH-PMSTATS-BEFORE LAYER RUN {json}  pmcache's `stats --json` before each pgbench run
 #   DBBENCH-PMSTATS LAYER RUN {json}       and after it
 #   DBBENCH-NOTE TEXT                      dirty data of the kernel layers after each run, …
+#   DBBENCH-PERF LAYER RUN LINE            with --perf: `perf report` of the guest's CPU samples
+#                                          during each pgbench run (perf's own cost perturbs
+#                                          those runs: a diagnosis, not figures)
 # When the guest fails, its console is kept as FILE.guest.log.
 #
 # Needs root. Uses PMCACHE_BIN (or builds pmcache, profile test-opt, feature ublk),
@@ -46,7 +49,7 @@ source "$(dirname "$0")/lib.sh"
 caller_pwd=$OLDPWD # lib.sh changed to the repository root
 
 runs=3 seconds=20 scale=8 cache_mib=64 clients=4 threads=2 shared_buffers=16MB db_memory_mib=96
-st1_size=20 backing=ssd out=
+st1_size=20 backing=ssd perf= out=
 usage() { sed -n '/^#   scripts\/guest\/db-bench.sh/,/^#       \[--speedtest1-size/p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
@@ -60,6 +63,7 @@ while (($#)); do
     --db-memory-mib) db_memory_mib="$2"; shift 2 ;;
     --speedtest1-size) st1_size="$2"; shift 2 ;;
     --backing) backing="$2"; shift 2 ;;
+    --perf) perf=$(command -v perf) || { echo "db-bench: --perf needs perf (apt-get install linux-perf)" >&2; exit 2; }; shift ;;
     --out) out="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "db-bench: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -150,7 +154,7 @@ guest_script db-bench
 PM=$exe ST1=$speedtest1 PGBIN=$pg_bin PGUID=$pg_uid PGGID=$pg_gid TAR=$work/pgdata.tar.gz
 RUNS=$runs SECS=$seconds SCALE=$scale CACHE_MIB=$cache_mib CLIENTS=$clients THREADS=$threads
 SHARED_BUFFERS=$shared_buffers DB_MEMORY_MIB=$db_memory_mib ST1_SIZE=$st1_size DB_BYTES=$db_bytes
-FS_MIB=$fs_mib SSD_IOPS=$ssd_iops SSD_BPS=$ssd_bps BUCKET=${bucket}k BACKING=$backing
+FS_MIB=$fs_mib SSD_IOPS=$ssd_iops SSD_BPS=$ssd_bps BUCKET=${bucket}k BACKING=$backing PERF=$perf
 PARAMS
   cat <<'GUEST'
 set -eu
@@ -322,10 +326,23 @@ while [ $r -le $RUNS ]; do
     if [ $l = pmcache ]; then
       echo "DBBENCH-PMSTATS-BEFORE pmcache $r $($PM stats --json --control /tmp/pm.ctl | tr -d '\n')"
     fi
+    if [ -n "$PERF" ]; then
+      $PERF record -a -g -F 200 -o /tmp/perf.data > /tmp/perf.log 2>&1 &
+      PERF_PID=$!
+    fi
     cpu0=$(cpu_ticks) srv0=$(server_ticks $l)
     in_cg su -s /bin/sh postgres -c "$PGBIN/pgbench -h /tmp/pgsock -c $CLIENTS -j $THREADS -T $SECS -l --log-prefix=/tmp/pgl/pgbench_log postgres" \
       > /tmp/pgbench.out 2>/tmp/pgbench.err || { cat /tmp/pgbench.out /tmp/pgbench.err; fail "pgbench on $l"; }
     cpu1=$(cpu_ticks) srv1=$(server_ticks $l)
+    if [ -n "$PERF" ]; then
+      kill -INT $PERF_PID; wait $PERF_PID || true
+      # Where the guest's CPU went: by process and object, then the symbols (all processes).
+      $PERF report -i /tmp/perf.data --stdio --no-children -g none --percent-limit 1 \
+        --sort comm,dso 2>/dev/null | grep -v '^#' | grep -v '^ *$' | head -n 30 | sed "s/^/DBBENCH-PERF $l $r /"
+      $PERF report -i /tmp/perf.data --stdio --no-children -g none --percent-limit 0.7 \
+        --sort comm,sym 2>/dev/null | grep -v '^#' | grep -v '^ *$' | head -n 60 | sed "s/^/DBBENCH-PERF $l $r /"
+      rm -f /tmp/perf.data
+    fi
     as_pg "$PGBIN/pg_ctl -D /mnt/$l/pgdata -m fast -w -t 600 stop" > /dev/null || fail "PostgreSQL did not stop on $l"
     tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' /tmp/pgbench.out | tail -n 1)
     [ -n "$tps" ] || { cat /tmp/pgbench.out; fail "no tps in pgbench's output on $l"; }
@@ -376,7 +393,7 @@ PMCACHE_GUEST_QEMU_ARGS="$qemu_args ${PMCACHE_GUEST_QEMU_ARGS:-}" \
   ${PMCACHE_GUEST_ARGS:-} --copy "$exe" --copy "$speedtest1" \
   --copy "$pg_bin/postgres" --copy "$pg_bin/pg_ctl" --copy "$pg_bin/pgbench" --copy "$pg_bin/psql" \
   --copy "$pg_lib/plpgsql.so" --copy "$pg_lib/dict_snowball.so" --copy "$pg_share" \
-  --copy /usr/share/zoneinfo/UTC --copy "$(command -v ndctl)" --copy "$(command -v make-bcache)" \
+  ${perf:+--copy "$perf"} --copy /usr/share/zoneinfo/UTC --copy "$(command -v ndctl)" --copy "$(command -v make-bcache)" \
   --copy "$(command -v dmsetup)" --copy "$(command -v mkfs.ext4)" --copy "$work/pgdata.tar.gz" \
   --copy "$script" -- sh "$script" > "$log" 2>&1 &
 runner=$!
