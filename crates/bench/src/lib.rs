@@ -2,6 +2,7 @@
 //! (`-` as `_`), implements [`harness::experiment::Experiment`], and prints figures beside the
 //! baseline it is measured against, in the same run.
 
+pub mod db;
 pub mod engine_core;
 pub mod engines;
 pub mod fs;
@@ -94,6 +95,12 @@ enum Bench {
     /// the engine's batch calls) beside the engine call alone, 4 KiB read hits and write-back
     /// writes, same run; ns per request, medians of runs.
     UblkMapping(Cli<ublk_mapping::UblkMappingArgs>),
+    /// Databases on ext4 over pmcache: pgbench's TPC-B-like workload (the database 2–4× the
+    /// cache) and SQLite's speedtest1, beside ext4 on the raw backing file on this host
+    /// (nbdfuse and loop devices, direct I/O), or with `--guest` beside bcache, dm-cache,
+    /// dm-writecache and the bare NVMe namespace in one QEMU boot; TPS, latency p50/p99 and
+    /// the ratios run by run, the page cache bounded by a memory cgroup.
+    Db(Box<Cli<db::DbArgs>>),
 }
 
 /// Runs the experiment `args` names.
@@ -112,6 +119,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         Bench::MediaKinds(cli) => cli.main(),
         Bench::Memory(cli) => cli.main(),
         Bench::UblkMapping(cli) => cli.main(),
+        Bench::Db(cli) => cli.main(),
     }
 }
 
@@ -150,6 +158,7 @@ mod tests {
             media_kinds::MediaKindsArgs::NAME,
             memory::MemoryArgs::NAME,
             ublk_mapping::UblkMappingArgs::NAME,
+            db::DbArgs::NAME,
         ];
         let command = Bench::command();
         let subcommands: Vec<&str> = command.get_subcommands().map(|s| s.get_name()).collect();

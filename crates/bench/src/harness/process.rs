@@ -55,7 +55,7 @@ pub(super) fn terminate_with_parent(command: &mut Command) {
 }
 
 /// The last lines of a log file, for error messages.
-pub(super) fn log_tail(path: &Path) -> String {
+pub(crate) fn log_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let tail = lines[lines.len().saturating_sub(6)..].join(" | ");
