@@ -86,6 +86,11 @@ python3 scripts/db/kill-suite.py --pmcache "$pmcache" --db sqlite,postgres \
 python3 scripts/db/kill-suite.py --pmcache "$pmcache" --db sqlite,postgres --modes data-crc \
   --fault kill:1,cleaner:1
 
+section "SQLite and PostgreSQL in a QEMU guest on ext4 over serve --ublk (medium on an emulated NVDIMM): power cuts, every mode"
+# pmcache's four modes in one guest, three power cuts (four boots); the kernel's caches beside
+# them and the long suite (--cuts 50) are campaigns: docs/DURABILITY.md.
+scripts/guest/db-powercut.sh --cuts 3 --layers pm-wb,pm-wt,pm-wa,pm-crc
+
 section "the dax medium on emulated NVDIMMs in a QEMU guest: fsdax, devdax, kill -9, power cut"
 scripts/guest/dax-e2e.sh
 
