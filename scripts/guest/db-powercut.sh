@@ -89,7 +89,7 @@ img_mib=$((cache_mib * 6 + 192))
 ns_mib=$((img_mib + 1))
 work=$(mktemp -d /dev/shm/db-powercut.XXXXXX)
 chmod 755 "$work"
-on_exit 'pkill -KILL -u postgres -f "'"$work"'" 2>/dev/null; rm -rf "'"$work"'"'
+on_exit 'pkill -KILL -u postgres -f "'"$work"'" 2>/dev/null || true; rm -rf "'"$work"'"'
 
 # --- the databases, prepared on this host ------------------------------------------------------
 echo "== preparing the databases (PostgreSQL $pg_ver, SQLite $(sqlite3 --version | cut -d' ' -f1)), filler $filler_rows rows each"
