@@ -66,7 +66,7 @@ fn write_through_beside_failing_write_backs(seed: u64) {
     // Every slot dirty, block `lba` holding `lba + 1`. The newest block, `last`, is the only
     // one whose write-back would succeed: a reclaim writes back the oldest first, and fails.
     for lba in 0..slots {
-        lane.write(lba * BLOCK_BYTES, &block_of(lba as u8 + 1), false).expect("fill");
+        lane.write(lba * BLOCK_BYTES, &block_of((lba as u8).wrapping_add(1)), false).expect("fill");
     }
     assert_eq!(engine.stats().dirty_slots, slots);
     let last = slots - 1;
@@ -133,11 +133,19 @@ fn write_through_beside_failing_write_backs(seed: u64) {
     assert_eq!(read_block(&mut lane, partial), partial_data);
     assert_eq!(read_block(&mut lane, cached), block_of(0xe5));
     for lba in 0..last {
-        assert_eq!(read_block(&mut lane, lba), block_of(lba as u8 + 1), "dirty block {lba}");
+        assert_eq!(
+            read_block(&mut lane, lba),
+            block_of((lba as u8).wrapping_add(1)),
+            "dirty block {lba}"
+        );
     }
     lane.drain().expect("drain");
     for lba in 0..last {
-        assert_eq!(backing_block(&engine, lba), block_of(lba as u8 + 1), "written back {lba}");
+        assert_eq!(
+            backing_block(&engine, lba),
+            block_of((lba as u8).wrapping_add(1)),
+            "written back {lba}"
+        );
     }
 }
 
@@ -152,13 +160,13 @@ fn one_block_the_backing_store_refuses_does_not_stop_a_full_write_back_cache() {
     let slots = engine.stats().slot_count;
     let mut lane = engine.lane().expect("lane");
     for lba in 0..slots {
-        lane.write(lba * BLOCK_BYTES, &block_of(lba as u8 + 1), false).expect("fill");
+        lane.write(lba * BLOCK_BYTES, &block_of((lba as u8).wrapping_add(1)), false).expect("fill");
     }
     assert_eq!(engine.stats().dirty_slots, slots);
     engine.backing().fail_writes_in(0..BLOCK_BYTES);
 
     for (i, lba) in (slots..slots + 40).enumerate() {
-        lane.write(lba * BLOCK_BYTES, &block_of(0x80 + i as u8), false)
+        lane.write(lba * BLOCK_BYTES, &block_of(0x80u8.wrapping_add(i as u8)), false)
             .unwrap_or_else(|e| panic!("new block {lba} in a full cache: {e}"));
     }
     lane.write(BLOCK_BYTES, &block_of(0xf1), false).expect("an overwrite");
@@ -166,7 +174,11 @@ fn one_block_the_backing_store_refuses_does_not_stop_a_full_write_back_cache() {
     assert_eq!(read_block(&mut lane, 0), block_of(1), "the refused block's data");
     assert_eq!(read_block(&mut lane, 1), block_of(0xf1));
     for (i, lba) in (slots..slots + 40).enumerate() {
-        assert_eq!(read_block(&mut lane, lba), block_of(0x80 + i as u8), "block {lba}");
+        assert_eq!(
+            read_block(&mut lane, lba),
+            block_of(0x80u8.wrapping_add(i as u8)),
+            "block {lba}"
+        );
     }
 
     let err = lane.drain().expect_err("a drain with a block the backing store refuses");
@@ -229,13 +241,13 @@ fn refused_run(slots: u64, refused: u64) {
     let slots = engine.stats().slot_count;
     let mut lane = engine.lane().expect("lane");
     for lba in 0..slots {
-        lane.write(lba * BLOCK_BYTES, &block_of(lba as u8 + 1), false).expect("fill");
+        lane.write(lba * BLOCK_BYTES, &block_of((lba as u8).wrapping_add(1)), false).expect("fill");
     }
     backing.fail_writes_in(0..refused * BLOCK_BYTES);
     let writes = refused / 8 + 40;
     let mut failed = Vec::new();
     for (i, lba) in (slots..slots + writes).enumerate() {
-        if lane.write(lba * BLOCK_BYTES, &block_of(0x80 + i as u8), false).is_err() {
+        if lane.write(lba * BLOCK_BYTES, &block_of(0x80u8.wrapping_add(i as u8)), false).is_err() {
             failed.push(i);
         }
     }
@@ -246,11 +258,19 @@ fn refused_run(slots: u64, refused: u64) {
     assert!(refusals <= refused, "{label}: {refusals} refused write-backs: some block tried twice");
     for (i, lba) in (slots..slots + writes).enumerate() {
         if !failed.contains(&i) {
-            assert_eq!(read_block(&mut lane, lba), block_of(0x80 + i as u8), "{label}: {lba}");
+            assert_eq!(
+                read_block(&mut lane, lba),
+                block_of(0x80u8.wrapping_add(i as u8)),
+                "{label}: {lba}"
+            );
         }
     }
     for lba in 0..refused {
-        assert_eq!(read_block(&mut lane, lba), block_of(lba as u8 + 1), "{label}: refused {lba}");
+        assert_eq!(
+            read_block(&mut lane, lba),
+            block_of((lba as u8).wrapping_add(1)),
+            "{label}: refused {lba}"
+        );
     }
     backing.heal();
     lane.drain().expect("drain once the backing store takes the blocks");
