@@ -556,24 +556,9 @@ fn table(r: &Report) -> String {
     let pm: Vec<&PgbenchPoint> = r.pgbench.iter().filter(|p| p.pmcache.is_some()).collect();
     if !pm.is_empty() {
         let _ = writeln!(out, "\n## pmcache's counters over each pgbench run");
-        let _ = writeln!(
-            out,
-            "run  read_hits  read_misses  writes  writebacks  evictions  stalls  dirty_at_end"
-        );
+        out.push_str(COUNTERS_HEADER);
         for p in pm {
-            let f = p.pmcache.as_ref().expect("filtered");
-            let _ = writeln!(
-                out,
-                "{:<3}  {:>9}  {:>11}  {:>6}  {:>10}  {:>9}  {:>6}  {:>11.0}%",
-                p.run,
-                f.read_hits,
-                f.read_misses,
-                f.writes,
-                f.writebacks,
-                f.evictions,
-                f.stalls,
-                f.dirty_fraction * 100.0
-            );
+            counters_row(&mut out, p.run, p.pmcache.as_ref().expect("filtered"), "");
         }
     }
     if let Some(g) = &r.guest {
@@ -582,25 +567,9 @@ fn table(r: &Report) -> String {
                 out,
                 "\n## pmcache's counters in the guest over each pgbench run (* since its start)"
             );
-            let _ = writeln!(
-                out,
-                "run  read_hits  read_misses  writes  writebacks  evictions  stalls  dirty_at_end"
-            );
+            out.push_str(COUNTERS_HEADER);
             for s in &g.pmcache {
-                let f = &s.figures;
-                let _ = writeln!(
-                    out,
-                    "{:<3}  {:>9}  {:>11}  {:>6}  {:>10}  {:>9}  {:>6}  {:>11.0}%{}",
-                    s.run,
-                    f.read_hits,
-                    f.read_misses,
-                    f.writes,
-                    f.writebacks,
-                    f.evictions,
-                    f.stalls,
-                    f.dirty_fraction * 100.0,
-                    if s.over_the_run { "" } else { " *" }
-                );
+                counters_row(&mut out, s.run, &s.figures, if s.over_the_run { "" } else { " *" });
             }
         }
         for note in &g.notes {
@@ -608,4 +577,28 @@ fn table(r: &Report) -> String {
         }
     }
     out
+}
+
+const COUNTERS_HEADER: &str =
+    "run  read_hits  read_misses  writes  writebacks  evictions  stalls  dirty_at_end\n";
+
+/// One row of pmcache's counters over a pgbench run, `mark` after it.
+fn counters_row(
+    out: &mut String,
+    run: usize,
+    f: &crate::harness::servers::ServerFigures,
+    mark: &str,
+) {
+    let _ = writeln!(
+        out,
+        "{:<3}  {:>9}  {:>11}  {:>6}  {:>10}  {:>9}  {:>6}  {:>11.0}%{mark}",
+        run,
+        f.read_hits,
+        f.read_misses,
+        f.writes,
+        f.writebacks,
+        f.evictions,
+        f.stalls,
+        f.dirty_fraction * 100.0
+    );
 }
