@@ -28,7 +28,11 @@ kind, its rounds one after the other on the same cache, file system and database
                failures and failed write-back batches `pmcache stats` counted, the dirty blocks
                at the end of the window and the blocks written back after it, the flush's
                outcome, the server's and PostgreSQL's log lines, the errors ext4 met, and the
-               client's commits acknowledged and failed while the store failed and after.
+               client's commits acknowledged and failed while the store failed and after. The
+               server's log must say the store failing in a round with failed operations, and
+               ok again where `stats` says so after the flush (in write-through and
+               write-around ext4 stops writing after its journal aborts, nothing reaches the
+               store after the fault, and the store stays `failing`: its last write failed).
                What recovers, and when: in write-back the writes land in the cache and the
                cleaner retries its write-back once the store is back (the database should not
                notice); in write-through and write-around the writes fail to the file system,
@@ -123,8 +127,17 @@ def read_failed(path):
 
 def log_lines(text, limit=3):
     """The server's warnings and errors in a piece of its log: count and the first few."""
-    lines = [l for l in text.splitlines() if " WARN " in l or " ERROR " in l]
+    lines = [l for l in text.splitlines()
+             if " WARN " in l or " ERROR " in l or l.startswith("pmcache: warning:")]
     return len(lines), [l[:260] for l in lines[:limit]]
+
+def health_lines(text):
+    """What the server's log said of the backing store's health: (said it failing, said it ok
+    again)."""
+    lines = [l for l in text.splitlines() if l.startswith(("pmcache: warning: backing store",
+                                                           "pmcache: backing store"))]
+    failing = any(" is failing: " in l or " cannot be reached: " in l for l in lines)
+    return failing, any(" is ok again" in l for l in lines)
 
 # The faults: each runs while the client commits and returns what it saw; the caller kills the
 # server when it returns.
@@ -148,6 +161,12 @@ def fault_backing_eio(bed, ctx):
     ext4_new = ext4["errors"] - ctx["ext4_at_start"]["errors"]
     rc, out, took = bed.flush()
     s3 = bed.stats()
+    # The server says a change of the store's health at most once a second: its line that the
+    # store is ok again may follow the flush by up to that.
+    deadline = time.time() + 3
+    while rc == 0 and health_lines(bed.log_since(ctx["log_at"]))[0] \
+            and not health_lines(bed.log_since(ctx["log_at"]))[1] and time.time() < deadline:
+        time.sleep(0.1)
     d = lambda a, b, k: b[k] - a[k]
     print(f"  backing store failing {t_off - t_on:.1f} s: nbdkit failed "
           + (", ".join(f"{v} {k}" for k, v in sorted(injected.items())) or "no request")
@@ -166,7 +185,8 @@ def fault_backing_eio(bed, ctx):
     return {"window": (t_on, t_off), "flush_rc": rc, "flush_out": out, "injected": injected,
             "backing_errors": d(s0, s1, "backing_errors"), "writeback_batch_errors": d(s0, s1, "cleaner_errors"),
             "dirty_at_fault_end": s1["dirty_slots"], "written_back_after": d(s1, s3, "writebacks"),
-            "dirty_after_flush": s3["dirty_slots"], "ext4_errors_at_fault_end": ext4_new}
+            "dirty_after_flush": s3["dirty_slots"], "ext4_errors_at_fault_end": ext4_new,
+            "state_after_flush": s3["backing_state"]}
 
 def fault_cleaner(bed, ctx):
     # The cleaner's phase sampled every 0.25 s, the last sample just before the kill.
@@ -201,7 +221,7 @@ def one_round(k, kind, bed, db, dirtier, paths, n, seed):
     acked_before = read_acked(paths["acked"])
     failed_before = len(read_failed(paths["failed"]))
     log_at = bed.log_size()
-    ctx = {"stats_at_start": bed.stats(), "ext4_at_start": bed.ext4_live()}
+    ctx = {"stats_at_start": bed.stats(), "ext4_at_start": bed.ext4_live(), "log_at": log_at}
     db_log_at = db.log_size()
     if dirtier:
         dirtier.start()
@@ -231,7 +251,8 @@ def one_round(k, kind, bed, db, dirtier, paths, n, seed):
     os.killpg(pid, signal.SIGKILL)
     db.kill()
     os.waitpid(pid, 0)
-    warnings, first = log_lines(bed.log_since(log_at))
+    server_log = bed.log_since(log_at)
+    warnings, first = log_lines(server_log)
     for line in first:
         print(f"  server log: {line}")
     if warnings > len(first):
@@ -259,6 +280,10 @@ def one_round(k, kind, bed, db, dirtier, paths, n, seed):
          "failed_outside": len(outside), "ext4_errors_met": ext4["errors"] - ctx["ext4_at_start"]["errors"],
          "ext4_errors_recorded": sb["errors"] - bed.ext4_errors,
          "seconds": round(t_kill - t0, 2), **{k2: v for k2, v in info.items() if k2 != "window"}}
+    if kind == "backing-eio":
+        r["log_said_failing"], r["log_said_ok_again"] = health_lines(server_log)
+        print(f"  server log: the backing store said {'failing' if r['log_said_failing'] else 'NOT failing'}"
+              f"{', then ok again' if r['log_said_ok_again'] else ', not ok again before the kill'}")
     if t_on is not None:
         r["acked_in_fault"] = sum(1 for t in this_round.values() if t_on <= t <= t_off)
         r["acked_after_fault"] = sum(1 for t in this_round.values() if t > t_off)
@@ -321,6 +346,13 @@ def run(a, dbname, mode, crc, kind, rounds, tally, failures):
             if not r["db_ok"] or r["lost"]:
                 failures.append(f"{where}: {db.check_name} {r['integrity']}, lost {r['lost']} "
                                 f"(first {r['lost_first']}), total {'=' if r['consistent'] else '!='} sum")
+            if kind == "backing-eio" and r["backing_errors"] and not r["log_said_failing"]:
+                failures.append(f"{where}: {r['backing_errors']} failed backing operations, and the "
+                                f"server's log did not say the backing store was failing")
+            if kind == "backing-eio" and r["state_after_flush"] == "ok" and r["log_said_failing"] \
+                    and not r["log_said_ok_again"]:
+                failures.append(f"{where}: stats said the backing store ok again after the fault, "
+                                f"and the server's log did not say so")
             if kind == "backing-eio" and r["flush_rc"] != 0:
                 failures.append(f"{where}: pmcache flush after the backing store recovered: exit "
                                 f"{r['flush_rc']}: {r['flush_out'][-300:]}")

@@ -46,6 +46,8 @@ class Tally:
                 x[k] += r[k]
             x["rounds_with_errors"] += 1 if r["backing_errors"] else 0
             x["flush_failures"] += 1 if r["flush_rc"] else 0
+            x["log_said_failing"] = x.get("log_said_failing", 0) + (1 if r.get("log_said_failing") else 0)
+            x["log_said_ok_again"] = x.get("log_said_ok_again", 0) + (1 if r.get("log_said_ok_again") else 0)
         if kind == "cleaner" and "dirty_share" in r:
             x = row.setdefault("cleaner", {"dirty_share_at_kill": [], "written_back_per_s_at_kill": [],
                                            "phases": {}, "written_back": 0, "stalls": 0})
@@ -83,7 +85,9 @@ class Tally:
                            f"{x['writeback_batch_errors']} failed write-back batches); "
                            f"{x['written_back_after']} blocks written back after the faults, "
                            f"{x['flush_failures']} failed flushes; {x['acked_in_fault']} commits "
-                           f"acknowledged while the store failed, {x['acked_after_fault']} after it")
+                           f"acknowledged while the store failed, {x['acked_after_fault']} after it; "
+                           f"the server's log said the store failing in {x.get('log_said_failing', 0)} "
+                           f"rounds and ok again in {x.get('log_said_ok_again', 0)}")
             if "cleaner" in c:
                 x = c["cleaner"]
                 d, w = x["dirty_share_at_kill"], x["written_back_per_s_at_kill"]

@@ -169,7 +169,17 @@ pub fn summary(stats: &Map<String, Value>) -> String {
         count(n(stats, "cleaner_errors"))
     );
     if let Some(last) = stats.get("backing_last_error").and_then(Value::as_str) {
-        errors += &format!(" (for {} ms; last: {last})", n(stats, "backing_failing_ms"));
+        let failing: Vec<&str> = stats
+            .get("backing_failing")
+            .and_then(Value::as_array)
+            .map(|ops| ops.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let what = if failing.is_empty() {
+            String::new()
+        } else {
+            format!("{} failing ", failing.join(", "))
+        };
+        errors += &format!(" ({what}for {} ms; last: {last})", n(stats, "backing_failing_ms"));
     }
     errors += &format!(
         "; cached data: {} checksum mismatches, {} medium read errors ({} clean re-read, {} \
@@ -211,6 +221,7 @@ mod tests {
             "cleaner_rate_blocks_per_s": 1234.4, "cleaner_boosted": true,
             "connections_open": 2, "backing_state": "unreachable", "backing_errors": 7,
             "backing_last_error": "write at byte 0 (+4096): timed out", "backing_failing_ms": 1500,
+            "backing_failing": ["writes", "flushes"],
             "data_crc": true, "data_crc_mismatches": 3, "medium_read_errors": 1,
             "unreadable_clean": 2, "unreadable_dirty": 2, "retired_slots": 1,
         });
@@ -228,7 +239,10 @@ mod tests {
         assert!(text.contains("rate, 1234 blocks/s, boosted"), "{text}");
         assert!(text.contains("connections 2 open"), "{text}");
         assert!(text.contains("backing store unreachable, 7 failed operations"), "{text}");
-        assert!(text.contains("for 1500 ms; last: write at byte 0"), "{text}");
+        assert!(
+            text.contains("(writes, flushes failing for 1500 ms; last: write at byte 0"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "cached data: 3 checksum mismatches, 1 medium read errors (2 clean re-read, 2 \

@@ -43,7 +43,7 @@ pub use cleaner_policy::{Adaptive, CleanerConfig, CleanerStats, WriteBackOrder};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use config::{AdmissionConfig, CacheMode, Config, EvictionKind};
 pub use error::{Error, Result, Unreadable};
-pub use health::{BackingHealth, BackingState};
+pub use health::{BackingHealth, BackingOp, BackingState};
 pub use layout::{Layout, Member};
 pub use placement::{MemberStats, PlacementConfig, PlacementPolicy};
 pub use recovery::{CheckReport, RecoveryReport, check_medium};

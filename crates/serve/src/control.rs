@@ -86,6 +86,10 @@ pub fn stats_json(engine: &CacheEngine, latencies: &ReadLatencies) -> serde_json
     object.insert("size_bytes".into(), engine.size_bytes().into());
     object.insert("backing_engine".into(), engine.backing().engine_name().into());
     object.insert("backing_state".into(), stats.backing.state.name().into());
+    object.insert(
+        "backing_failing".into(),
+        stats.backing.failing.iter().map(|op| op.name()).collect::<Vec<_>>().into(),
+    );
     object.insert("backing_last_error".into(), stats.backing.last_error.clone().into());
     object.insert("backing_failing_ms".into(), stats.backing.failing_ms.into());
     let members: Vec<serde_json::Value> = engine

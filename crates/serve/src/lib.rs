@@ -16,7 +16,8 @@
 //!   the control socket a [`Frontend`] of its own ([`Serving::start_control`]) and finishes it
 //!   ([`Serving::finish`]): docs/EMBEDDING.md.
 //! - [`control`]: the control socket (`pmcache stats/flush/set/detach`); `signals`:
-//!   SIGINT and SIGTERM stop the whole server, whenever they come.
+//!   SIGINT and SIGTERM stop the whole server, whenever they come; `health`: the backing
+//!   store's health changes said in the log as they happen.
 //! - [`state`], [`backing_id`], [`attachment`]: the record of a volatile cache's attachment,
 //!   kept outside the medium.
 
@@ -26,6 +27,7 @@ pub mod attachment;
 pub mod backing_id;
 pub mod config;
 pub mod control;
+mod health;
 pub mod nbd;
 mod numa;
 pub mod open;

@@ -179,6 +179,8 @@ pub struct Serving {
     write_back_all: Arc<AtomicBool>,
     cleaner_thread: std::thread::JoinHandle<Option<pmcache_engine::Result<u64>>>,
     detach: Arc<AtomicBool>,
+    /// The backing store's health changes, said in the log; stopped when dropped.
+    _health_watch: crate::health::HealthWatch,
 }
 
 impl Serving {
@@ -329,6 +331,12 @@ impl Serving {
         let state_path =
             if volatile.is_some() { located.path.clone() } else { located.read_path().to_owned() };
         let engine = Arc::new(engine);
+        // Started first: a cleaner that fails to start stops it again (dropped).
+        let label = match &store {
+            Some(name) => format!("{} (store {name:?})", backing.display()),
+            None => backing.display().to_string(),
+        };
+        let health_watch = crate::health::HealthWatch::start(engine.clone(), label)?;
         // Set before the cleaner is stopped when every dirty block is to be written back (a
         // volatile medium, or a detach): the cleaner's thread then does it after its run,
         // through the cleaner's queue, which belongs to that thread.
@@ -381,6 +389,7 @@ impl Serving {
             write_back_all,
             cleaner_thread,
             detach: Arc::new(AtomicBool::new(false)),
+            _health_watch: health_watch,
         })
     }
 

@@ -551,6 +551,36 @@ fn a_failing_backing_store_is_reported_in_the_log_and_the_stats() {
     server.terminate();
 }
 
+/// A backing store refusing the write-back of a dirty block (write-back mode, writes past
+/// 16 MiB failing): the client's write is acknowledged and served from the cache, the server
+/// says in its log that the store's writes fail and that dirty blocks stay, and `stats` shows
+/// the store failing (writes) while a read from the store and a flush succeed: neither hides
+/// the write-back it cannot take.
+#[test]
+fn a_failing_write_back_is_said_in_the_log_and_stays_in_the_stats() {
+    let setup = Setup::new("wbfail", 64 * MIB, 4 * MIB);
+    let server = setup.serve_with_writes_failing_past(16 * MIB, &["--mode", "writeback"]);
+    let mut c = NbdClient::ready(server.addr());
+    c.write_at(32 * MIB, &[7; 4096], 0);
+    let said = "is failing: writes fail (last: write at byte 33554432";
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !server.logs().contains(said) {
+        assert!(std::time::Instant::now() < deadline, "not said in the log: {}", server.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(server.logs().contains("the 1 dirty blocks stay in the cache"), "{}", server.logs());
+    assert_eq!(c.read_at(20 * MIB, 4096), vec![0u8; 4096], "a read from the store");
+    c.request(pmcache_nbd::codec::CMD_FLUSH, 0, 2, 0, 0, &[]);
+    assert_eq!(c.simple_reply(), (0, 2), "the flush");
+    let stats = setup.stats();
+    assert_eq!(stats["backing_state"], "failing", "{stats}");
+    assert_eq!(stats["backing_failing"], serde_json::json!(["writes"]), "{stats}");
+    assert_eq!(c.read_at(32 * MIB, 4096), vec![7u8; 4096], "the dirty block");
+    assert!(stats["dirty_slots"].as_u64() >= Some(1), "{stats}");
+    drop(c);
+    server.kill9();
+}
+
 /// Argument mistakes are refused before the medium is touched: a non-loopback address
 /// without `--allow-remote` (refused only after opening the medium, it would leave a new
 /// medium created, or an existing cache recovered and marked unclean), and a cache path in a

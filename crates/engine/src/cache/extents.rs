@@ -52,7 +52,10 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             }
         };
         while at < end {
-            let found = self.backing.extent_at(at, end - at).map_err(|e| self.backing_failed(e))?;
+            let found = self
+                .backing
+                .extent_at(at, end - at)
+                .map_err(|e| self.backing_failed(BackingOp::Other, e))?;
             let found_end = at + found.len.max(1);
             if !found.hole {
                 if !push(out, Extent { len: found_end - at, hole: false }) {
@@ -93,7 +96,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
                     let again = self
                         .backing
                         .extent_at(run_at, at - run_at)
-                        .map_err(|e| self.backing_failed(e))?;
+                        .map_err(|e| self.backing_failed(BackingOp::Other, e))?;
                     let again_end = (run_at + again.len.max(1)).min(at);
                     if !push(out, Extent { len: again_end - run_at, hole: again.hole }) {
                         return Ok(());

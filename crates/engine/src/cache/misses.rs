@@ -378,9 +378,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let mut cached = false;
         let mut unreadable = None;
         let outcome = match result {
-            Err(e) => Err(engine.backing_failed(e)),
+            Err(e) => Err(engine.backing_failed(BackingOp::Read, e)),
             Ok(()) => {
-                engine.backing_health.succeeded();
+                engine.backing_succeeded(BackingOp::Read);
                 let stripe = &engine.stripes[engine.stripe_index(lba)];
                 let mut guard = stripe.lock_unchanged();
                 if let Some(found) = engine.index.lookup(lba) {
@@ -455,7 +455,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// `error`, its answer kept for the next [`Lane::complete`].
     fn fail_queue_early(&mut self, error: pmcache_backing::BackingError) {
         let why = error.to_string();
-        let _counted = self.engine.backing_failed(error);
+        let _counted = self.engine.backing_failed(BackingOp::Other, error);
         self.miss_queue = MissQueue::Unavailable;
         let block = self.block_bytes();
         let answered: Vec<u32> = self.misses.answered_early.iter().map(|(t, _)| *t).collect();
@@ -491,7 +491,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// the queue's error again, or their completions).
     fn queue_failed(&mut self, error: pmcache_backing::BackingError) {
         if self.misses.count() == 0 {
-            let _counted = self.engine.backing_failed(error);
+            let _counted = self.engine.backing_failed(BackingOp::Other, error);
             self.miss_queue = MissQueue::Unavailable;
         }
     }

@@ -31,6 +31,7 @@ use crate::format::{
     SHUTDOWN_WORD_OFFSET, SUPERBLOCK_BYTES, SYNCED_SEQ_OFFSET, SlotEntry, Superblock,
 };
 use crate::freepool::Pools;
+use crate::health::{BackingHealth, BackingOp};
 use crate::index::{Found, Index};
 use crate::layout::{Layout, Member};
 use crate::placement::{MemberCounters, MemberStats, Placement};

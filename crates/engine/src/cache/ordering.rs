@@ -168,7 +168,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         turn.check(offset, data.len() as u64, self.block_bytes(), "a backing write");
         let result = self.backing.write_at(data, offset);
         self.backing_writes.fetch_add(1, Ordering::SeqCst);
-        result.map_err(|e| self.backing_failed(e))
+        self.backing_outcome(BackingOp::Write, result)
     }
 
     /// Queues a write of the backing store on a lane's `queue`, in `turn`; the caller raises
@@ -197,7 +197,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         turn.check(offset, len, self.block_bytes(), "a backing write-zeroes");
         let result = self.backing.write_zeroes(offset, len);
         self.backing_writes.fetch_add(1, Ordering::SeqCst);
-        result.map_err(|e| self.backing_failed(e))
+        self.backing_outcome(BackingOp::Write, result)
     }
 
     /// Discards a range of the backing store, in `turn`.
@@ -205,7 +205,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         turn.check(offset, len, self.block_bytes(), "a backing discard");
         let result = self.backing.discard(offset, len);
         self.backing_writes.fetch_add(1, Ordering::SeqCst);
-        result.map_err(|e| self.backing_failed(e))
+        self.backing_outcome(BackingOp::Write, result)
     }
 
     fn block_bytes(&self) -> u64 {

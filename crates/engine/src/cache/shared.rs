@@ -122,21 +122,57 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
         self.medium.flush(at, 16);
     }
 
-    /// Counts a failed backing-store operation and makes its error the engine's.
-    pub(super) fn backing_failed(&self, error: BackingError) -> Error {
+    /// Counts a failed backing-store operation of kind `op` and makes its error the engine's.
+    pub(super) fn backing_failed(&self, op: BackingOp, error: BackingError) -> Error {
         self.backing_errors.fetch_add(1, Ordering::Relaxed);
-        self.backing_health.failed(&error);
+        self.backing_health.failed(op, &error);
         error.into()
     }
 
-    pub(super) fn backing_read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        match self.backing.read_at(buf, offset) {
+    /// Records a successful backing-store operation of kind `op` in the health: one relaxed
+    /// load while all is well (`crate::health`).
+    #[inline]
+    pub(super) fn backing_succeeded(&self, op: BackingOp) {
+        if self.backing_health.failing() {
+            self.backing_health.cleared(op, self.dirty_slots() == 0);
+        }
+    }
+
+    /// The outcome of a backing-store operation of kind `op`: a success is recorded in the
+    /// health, a failure is counted and becomes the engine's error.
+    pub(super) fn backing_outcome(
+        &self,
+        op: BackingOp,
+        result: std::result::Result<(), BackingError>,
+    ) -> Result<()> {
+        match result {
             Ok(()) => {
-                self.backing_health.succeeded();
+                self.backing_succeeded(op);
                 Ok(())
             }
-            Err(e) => Err(self.backing_failed(e)),
+            Err(e) => Err(self.backing_failed(op, e)),
         }
+    }
+
+    /// Waits up to `timeout` for the backing store's health to change after change number
+    /// `seen` (0 at the start); returns the change number now and the health. A server's
+    /// watcher logs each change as it happens (see `crate::health`).
+    pub fn wait_backing_health(
+        &self,
+        seen: u64,
+        timeout: std::time::Duration,
+    ) -> (u64, BackingHealth) {
+        self.backing_health.wait_change(seen, timeout)
+    }
+
+    /// Wakes every [`Self::wait_backing_health`] waiting now (a watcher told to stop).
+    pub fn wake_backing_health_watchers(&self) {
+        self.backing_health.wake();
+    }
+
+    pub(super) fn backing_read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let result = self.backing.read_at(buf, offset);
+        self.backing_outcome(BackingOp::Read, result)
     }
 
     /// `fdatasync`s the backing store, noting which writes it covered.
@@ -176,10 +212,10 @@ impl<M: Medium, B: BackingStore, C: Clock> Engine<M, B, C> {
             if self.backing.failed_flush_loses_writes() {
                 self.backing_sync_failed.store(true, Ordering::SeqCst);
             }
-            return Err(self.backing_failed(e));
+            return Err(self.backing_failed(BackingOp::Flush, e));
         }
         self.backing_writes_synced.fetch_max(ticket.writes, Ordering::SeqCst);
-        self.backing_health.succeeded();
+        self.backing_succeeded(BackingOp::Flush);
         Ok(())
     }
 

@@ -221,7 +221,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         if let MissQueue::Open { buffers, .. } = &mut self.miss_queue {
             buffers.push(buf);
         }
-        result.map_err(|e| engine.backing_failed(e))
+        engine.backing_outcome(BackingOp::Write, result)
     }
 
     /// Ends a write whose queue failed as a whole and was dropped (nothing of it is in flight

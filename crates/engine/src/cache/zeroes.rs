@@ -73,8 +73,10 @@ impl<M: Medium, B: BackingStore, C: Clock> Lane<'_, M, B, C> {
         let mut at = first * block;
         let mut written = false;
         while at < stop {
-            let extent =
-                engine.backing.extent_at(at, stop - at).map_err(|e| engine.backing_failed(e))?;
+            let extent = engine
+                .backing
+                .extent_at(at, stop - at)
+                .map_err(|e| engine.backing_failed(BackingOp::Other, e))?;
             if !extent.hole {
                 engine.backing_write_zeroes(at, extent.len.min(stop - at), turn)?;
                 written = true;

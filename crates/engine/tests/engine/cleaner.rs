@@ -11,8 +11,8 @@ use pmcache_engine::testing::model::{
     BLOCK, BLOCKS, CrashRun, Op, World, config, pattern, run_crash_case,
 };
 use pmcache_engine::{
-    Adaptive, AdmissionConfig, CacheMode, CleanerConfig, Engine, Error, EvictionKind, ManualClock,
-    WriteBackOrder,
+    Adaptive, AdmissionConfig, BackingHealth, BackingOp, BackingState, CacheMode, CleanerConfig,
+    Engine, Error, EvictionKind, ManualClock, WriteBackOrder,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -392,6 +392,50 @@ fn a_failing_backing_store_keeps_dirty_data_and_the_cleaner_resumes_when_it_heal
     for lba in (0..20).chain([30]) {
         assert_eq!(&durable[lba * BLOCK..(lba + 1) * BLOCK], &block_data(lba as u64)[..]);
     }
+}
+
+/// A backing store whose writes fail while its reads and flushes succeed is reported failing
+/// (writes) the whole time: a read miss served by the store and a flush that syncs it do not
+/// clear the write-back's failure. A watcher sees the change when the write-back first fails
+/// and again when it succeeds after the store heals.
+#[test]
+fn writes_failing_stay_reported_while_reads_and_flushes_succeed() {
+    let (world, _backing, engine) = hooked_engine(6, 3);
+    let block = BLOCK as u64;
+    let mut lane = engine.lane().unwrap();
+    for lba in 0..4u64 {
+        lane.write(lba * block, &block_data(lba), false).unwrap();
+    }
+    world.backing.fail_writes_in(0..(BLOCKS as u64 * block));
+    let (seen, health) = engine.wait_backing_health(0, Duration::ZERO);
+    assert_eq!(health.state, BackingState::Ok);
+    let mut cleaner = engine.cleaner(eager(WriteBackOrder::Lba)).unwrap();
+    std::thread::scope(|scope| {
+        let running = scope.spawn(|| cleaner.run(|_| {}));
+        let (seen, health) = engine.wait_backing_health(seen, Duration::from_secs(20));
+        assert_eq!(health.state, BackingState::Failing, "{health:?}");
+        assert_eq!(health.failing, vec![BackingOp::Write], "{health:?}");
+        // A miss the store serves, and a flush the store takes.
+        let mut buf = vec![0; BLOCK];
+        lane.read(40 * block, &mut buf).unwrap();
+        let flushes = world.backing.flushes();
+        lane.flush().unwrap();
+        assert!(world.backing.flushes() > flushes, "the flush did not sync the store");
+        let health = engine.stats().backing;
+        assert_eq!(health.state, BackingState::Failing, "cleared by a read or a flush: {health:?}");
+        assert_eq!(health.failing_names(), "writes");
+        assert!(health.last_error.is_some_and(|e| e.contains("write")));
+        world.backing.heal();
+        let (_, health) = engine.wait_backing_health(seen, Duration::from_secs(20));
+        assert_eq!(health, BackingHealth::default(), "the write-back succeeded again");
+        let healed = Instant::now();
+        while engine.dirty_slots() > 0 && healed.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        engine.stop_cleaner();
+        running.join().unwrap();
+    });
+    assert_eq!(engine.dirty_slots(), 0);
 }
 
 /// A hung backing store (writes that do not complete): hits are still served, a writer that

@@ -260,7 +260,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                     // The queue itself failed (not one request): its writes' outcomes are
                     // unknown, so wait them out on later calls; nothing in flight is counted
                     // as written. A queue that keeps failing is given up.
-                    let _counted = engine.backing_failed(e);
+                    let _counted = engine.backing_failed(BackingOp::Other, e);
                     self.queue_failures += 1;
                     if self.queue_failures >= QUEUE_FAILURES_MAX {
                         self.abandon_queue();
@@ -290,7 +290,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                 }
             }
             if let Err(e) = completion.result {
-                engine.backing_failed(e);
+                engine.backing_failed(BackingOp::Write, e);
                 outcome.failed += self.runs[run].len() as u64;
             }
             let mut buf = completion.buf;

@@ -603,7 +603,7 @@ impl<M: Medium, B: BackingStore, C: Clock> Cleaner<'_, M, B, C> {
                 if outcome.cleaned > 0 {
                     failures_in_a_row = 0;
                     shared.failing.store(false, Ordering::SeqCst);
-                    engine.backing_health.succeeded();
+                    engine.backing_succeeded(BackingOp::Write);
                 }
                 if outcome.copied == 0 {
                     // Nothing could be written back right now (every dirty block busy or just
