@@ -39,10 +39,19 @@
 # errors, fsck failures.
 #
 #   scripts/guest/db-powercut.sh [--cuts N] [--layers L1,L2,...] [--cache-mib M] [--out FILE]
+#       [--resume DIR]
 #
 # --cuts: power cuts (default 3; boots = cuts + 1). --layers: any of pm-wb, pm-wt, pm-wa,
 # pm-crc, bcache, dm-cache, dm-writecache (default: all). --cache-mib: each layer's NVDIMM
-# (default 16). --out: the result table as JSON.
+# (default 16). --out: the result table as JSON. --resume DIR: go on with the campaign whose
+# files (NVDIMMs, namespaces, boot logs) are in DIR, a run's work directory, from the boot
+# after its last (a run that fails keeps its directory and says so); --cuts is the campaign's
+# whole count, and the verdict covers every boot of it.
+#
+# A guest that does not reach its workload within 10 minutes of its start (TCG's emulated
+# timers may stall a boot for good on a loaded host) is cut where it is: a power cut during
+# boot, counted apart; the next boot is checked against every commit acknowledged before.
+# Three such boots in a row fail the run.
 #
 # Installs on the host what it copies into the guest when missing (PostgreSQL, sqlite3, fio,
 # ndctl, bcache-tools, dmsetup, e2fsprogs, util-linux's setpriv) and builds pmcache (profile
@@ -53,8 +62,10 @@ cuts=3
 layers="pm-wb,pm-wt,pm-wa,pm-crc,bcache,dm-cache,dm-writecache"
 cache_mib=16
 out=
+resume=
 while (($#)); do
   case "$1" in
+    --resume) resume="$2"; shift 2 ;;
     --cuts) cuts="$2"; shift 2 ;;
     --layers) layers="$2"; shift 2 ;;
     --cache-mib) cache_mib="$2"; shift 2 ;;
@@ -87,9 +98,24 @@ filler_rows=$((cache_mib * 2 * 1024 * 1024 / 560))
 churn_mib=$((cache_mib * 2))
 img_mib=$((cache_mib * 6 + 192))
 ns_mib=$((img_mib + 1))
-work=$(mktemp -d /dev/shm/db-powercut.XXXXXX)
-chmod 755 "$work"
-on_exit 'pkill -KILL -u postgres -f "'"$work"'" 2>/dev/null || true; rm -rf "'"$work"'"'
+params="layers=$layers cache_mib=$cache_mib pg=$pg_ver"
+if [[ -n "$resume" ]]; then
+  work=$(cd "$resume" && pwd)
+  [[ -f "$work/params" && -f "$work/boot0.log" ]] \
+    || { echo "db-powercut: --resume $resume: not the work directory of a run (no params or boot0.log)" >&2; exit 2; }
+  [[ "$(cat "$work/params")" == "$params" ]] \
+    || { echo "db-powercut: --resume $resume: that campaign ran with $(cat "$work/params"), not $params" >&2; exit 2; }
+else
+  work=$(mktemp -d /dev/shm/db-powercut.XXXXXX)
+  chmod 755 "$work"
+  echo "$params" > "$work/params"
+fi
+# The work directory goes once the run passed; a run that fails keeps it (--resume).
+passed=0
+on_exit 'pkill -KILL -u postgres -f "'"$work"'" 2>/dev/null || true
+  if ((passed)); then rm -rf "'"$work"'"; else
+    echo "db-powercut: the campaign'"'"'s files are kept in '"$work"' (--resume '"$work"' goes on with it)"; fi'
+if [[ -z "$resume" ]]; then
 
 # --- the databases, prepared on this host ------------------------------------------------------
 echo "== preparing the databases (PostgreSQL $pg_ver, SQLite $(sqlite3 --version | cut -d' ' -f1)), filler $filler_rows rows each"
@@ -146,6 +172,7 @@ echo "== seed image: $(du -sm "$stage/pg" | cut -f1) MiB PostgreSQL, $(du -sm "$
 truncate -s "${img_mib}M" "$work/seed.img"
 mkfs.ext4 -q -F -b 4096 -E lazy_itable_init=0,lazy_journal_init=0 -d "$stage" "$work/seed.img"
 rm -rf "$stage"
+fi
 
 # --- the devices: an NVDIMM and an NVMe namespace per layer, the last namespace dm-cache's
 # metadata ---------------------------------------------------------------------------------------
@@ -157,17 +184,19 @@ for i in "${!layer_list[@]}"; do
   truncate -s "${cache_mib}M" "$work/nvdimm$i.img"
   qemu_args+=" -object memory-backend-file,id=nv$i,share=on,mem-path=$work/nvdimm$i.img,size=${cache_mib}M"
   qemu_args+=" -device nvdimm,id=nvdimm$i,memdev=nv$i"
-  truncate -s "${ns_mib}M" "$work/ns$i.img"
-  # bcache's data starts after its 8 KiB superblock area; the others map the device as is.
-  seek=0
-  [[ "$l" == bcache ]] && seek=1
-  dd if="$work/seed.img" of="$work/ns$i.img" bs=8K seek=$seek conv=notrunc,sparse status=none
+  if [[ -z "$resume" ]]; then
+    truncate -s "${ns_mib}M" "$work/ns$i.img"
+    # bcache's data starts after its 8 KiB superblock area; the others map the device as is.
+    seek=0
+    [[ "$l" == bcache ]] && seek=1
+    dd if="$work/seed.img" of="$work/ns$i.img" bs=8K seek=$seek conv=notrunc,sparse status=none
+  fi
   # A backing store the cleaner cannot outrun: about an SSD's cost next to the NVDIMM here.
   qemu_args+=" -drive file=$work/ns$i.img,if=none,id=dbd$i,format=raw,cache=unsafe,throttling.iops-total=3000,throttling.bps-total=200000000"
   qemu_args+=" -device nvme-ns,drive=dbd$i,bus=dbn,nsid=$((i + 1))"
 done
 meta_ns=$((nlayers + 1))
-truncate -s 16M "$work/ns-meta.img"
+[[ -n "$resume" ]] || truncate -s 16M "$work/ns-meta.img"
 qemu_args+=" -drive file=$work/ns-meta.img,if=none,id=dbmeta,format=raw,cache=unsafe -device nvme-ns,drive=dbmeta,bus=dbn,nsid=$meta_ns"
 rm -f "$work/seed.img"
 
@@ -483,7 +512,14 @@ GUEST
 
 # --- boots and cuts ------------------------------------------------------------------------------
 logs=()
-for ((boot = 0; boot <= cuts; boot++)); do
+first_boot=0
+if [[ -n "$resume" ]]; then
+  while [[ -f "$work/boot$first_boot.log" ]]; do logs+=("$work/boot$first_boot.log"); first_boot=$((first_boot + 1)); done
+  ((first_boot <= cuts)) || { echo "db-powercut: --resume: the campaign has $first_boot boots already, --cuts $cuts" >&2; exit 2; }
+  echo "== resuming the campaign in $work at boot $first_boot of $cuts"
+fi
+boot_cuts_in_a_row=0
+for ((boot = first_boot; boot <= cuts; boot++)); do
   final=0
   ((boot == cuts)) && final=1
   write_guest_script "$boot" "$final"
@@ -500,11 +536,12 @@ for ((boot = 0; boot <= cuts; boot++)); do
     # Cut at a random moment 5-30 s into the workload (the guest prints a DBCUT-DIRTY line a
     # second), once every client has committed a few times (or 10 minutes in).
     cut_after_s=$(python3 -c 'import random; print(random.randint(5, 30))')
-    t0=$SECONDS t_run=0
+    t0=$SECONDS t_run=0 during_boot=0
     while kill -0 "$runner" 2>/dev/null; do
-      if ((SECONDS - t0 > 1800)); then
-        echo "db-powercut: FAILED: boot $boot did not start its workload in 30 minutes"
-        kill -9 "$(cat "$work/qemu.pid")"; grep -E '^dbcut|FAILED' -A 40 "$log" | tail -n 80; exit 1
+      if ((!t_run && SECONDS - t0 > 600)); then
+        # Not at its workload 10 minutes in: cut where it is (during boot or recovery).
+        during_boot=1
+        break
       fi
       if grep -q '^DBCUT-RUNNING' "$log"; then
         ((t_run)) || t_run=$SECONDS
@@ -524,9 +561,21 @@ for ((boot = 0; boot <= cuts; boot++)); do
       echo "db-powercut: FAILED: boot $boot ended before its power cut"
       exit 1
     fi
-    echo "db-powercut: power cut $((boot + 1)): kill -9 of QEMU (pid $(cat "$work/qemu.pid"))"
+    if ((during_boot)); then
+      echo "db-powercut: power cut $((boot + 1)): kill -9 of QEMU (pid $(cat "$work/qemu.pid")) during boot: no workload after 600 s; the guest's last lines:"
+      grep -v '^DBCUT-' "$log" | tail -n 5
+    else
+      echo "db-powercut: power cut $((boot + 1)): kill -9 of QEMU (pid $(cat "$work/qemu.pid"))"
+    fi
     kill -9 "$(cat "$work/qemu.pid")"
     wait "$runner" || true
+    if ((during_boot)); then
+      echo "DBCUT-CUT-DURING-BOOT" >> "$log"
+      boot_cuts_in_a_row=$((boot_cuts_in_a_row + 1))
+      ((boot_cuts_in_a_row < 3)) || { echo "db-powercut: FAILED: 3 boots in a row did not reach their workload"; exit 1; }
+    else
+      boot_cuts_in_a_row=0
+    fi
   fi
   grep -E '^dbcut: ' "$log" || true
 done
@@ -535,11 +584,14 @@ done
 python3 - "$out" "$cuts" "$layers" "${logs[@]}" <<'PY'
 import json, re, sys
 out, cuts, layers, logs = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(","), sys.argv[4:]
-acks, states, fscks, dirty = [], [], [], []
+acks, states, fscks, dirty, in_boot = [], [], [], [], []
 for path in logs:
-    a, s, f, d = {}, {}, [], None
+    a, s, f, d, cut_in_boot = {}, {}, [], None, False
     for line in open(path, errors="replace"):
         line = line.rstrip("\n")
+        if line == "DBCUT-CUT-DURING-BOOT":
+            cut_in_boot = True
+            continue
         m = re.fullmatch(r"DBCUT-ACK (\S+) (pg|sq) (\d+)", line)
         if m:
             k = (m[1], m[2]); a[k] = max(a.get(k, 0), int(m[3])); a.setdefault(("n",) + k, 0)
@@ -555,21 +607,31 @@ for path in logs:
             continue
         if line.startswith("DBCUT-DIRTY "):
             d = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
-    acks.append(a); states.append(s); fscks.append(f); dirty.append(d)
+    acks.append(a); states.append(s); fscks.append(f); dirty.append(d); in_boot.append(cut_in_boot)
 rows, failures = {}, []
+def row(layer, db):
+    return rows.setdefault((layer, db), {"layer": layer, "db": db, "cuts": 0, "cuts_in_boot": 0,
+        "acked": 0, "verified": 0, "lost": 0, "integrity_errors": 0, "fsck_failures": 0, "dirty_at_cut": []})
 for b in range(1, len(logs)):
+    if in_boot[b] and not states[b]:
+        continue  # cut before it reported anything: the next boot is checked against every ack before
     for layer in layers:
         for db in ("pg", "sq"):
             if (layer, db) not in states[b]:
                 failures.append(f"boot {b}: {layer} {db}: no state reported (the layer or the database did not come up)")
     for (layer, db), st in states[b].items():
-        r = rows.setdefault((layer, db), {"layer": layer, "db": db, "cuts": 0, "acked": 0,
-            "verified": 0, "lost": 0, "integrity_errors": 0, "fsck_failures": 0, "dirty_at_cut": []})
-        last_acked = acks[b - 1].get((layer, db), 0)
-        nacked = acks[b - 1].get(("n", layer, db), 0)
-        r["cuts"] += 1
+        r = row(layer, db)
+        # Every commit acknowledged in any earlier boot must be there; the cuts since the last
+        # boot that reported are counted here (those during boot apart).
+        last_acked = max((acks[p].get((layer, db), 0) for p in range(b)), default=0)
+        since = b - 1
+        while since > 0 and in_boot[since] and not states[since]:
+            since -= 1
+        nacked = acks[since].get(("n", layer, db), 0)
+        r["cuts"] += b - since
+        r["cuts_in_boot"] += sum(1 for p in range(since, b) if in_boot[p])
         r["acked"] += nacked
-        r["dirty_at_cut"].append((dirty[b - 1] or {}).get(layer, "?"))
+        r["dirty_at_cut"] += [(dirty[p] or {}).get(layer, "boot" if in_boot[p] else "?") for p in range(since, b)]
         if len(st) != 5:
             r["integrity_errors"] += 1
             failures.append(f"boot {b}: {layer} {db}: {' '.join(st)}")
@@ -599,9 +661,9 @@ for b, f in enumerate(fscks):
             failures.append(f"boot {b}: {layer}: fsck.ext4 -fn ({when}): {result}: {last}")
 names = {"pg": "PostgreSQL", "sq": "SQLite"}
 print(f"db-powercut: {cuts} power cuts of the guest; per layer and database:")
-print(f"{'layer':<15} {'database':<11} {'cuts':>5} {'acked':>7} {'verified':>9} {'lost':>5} {'integrity':>10} {'fsck':>5}  dirty % at each cut")
+print(f"{'layer':<15} {'database':<11} {'cuts':>5} {'in boot':>7} {'acked':>7} {'verified':>9} {'lost':>5} {'integrity':>10} {'fsck':>5}  dirty % at each cut")
 for r in rows.values():
-    print(f"{r['layer']:<15} {names[r['db']]:<11} {r['cuts']:>5} {r['acked']:>7} {r['verified']:>9} "
+    print(f"{r['layer']:<15} {names[r['db']]:<11} {r['cuts']:>5} {r['cuts_in_boot']:>7} {r['acked']:>7} {r['verified']:>9} "
           f"{r['lost']:>5} {r['integrity_errors']:>10} {r['fsck_failures']:>5}  {' '.join(r['dirty_at_cut'])}")
 fsck_count = sum(len(f) for f in fscks)
 print(f"fsck.ext4 -fn runs: {fsck_count}, not clean: {sum(1 for f in fscks for x in f if x[2] != 'clean')}")
@@ -611,4 +673,5 @@ for f in failures:
     print("FAILED:", f)
 sys.exit(1 if failures or not rows else 0)
 PY
+passed=1
 echo "db-powercut: passed ($((SECONDS - start)) s)"
