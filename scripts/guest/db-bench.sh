@@ -24,7 +24,11 @@
 #
 #   scripts/guest/db-bench.sh [--runs N] [--seconds S] [--scale S] [--cache-mib M]
 #       [--clients C] [--threads J] [--shared-buffers SIZE] [--db-memory-mib M]
-#       [--speedtest1-size N] [--backing ssd|hdd] [--perf] --out FILE
+#       [--speedtest1-size N] [--backing ssd|hdd] [--perf] [--pm-args "ARGS"] --out FILE
+#
+# --pm-args: more arguments for `pmcache serve` (an experiment: "--mode writeonly",
+# "--ublk-queues 1" in place of one queue per guest CPU, "--admission ..."); the guest's log
+# says which.
 #
 # FILE gets the guest's result lines (parsed by `pmcache bench db --guest-log FILE`):
 #   DBBENCH-BED {json}                     the guest and the settings
@@ -49,7 +53,7 @@ source "$(dirname "$0")/lib.sh"
 caller_pwd=$OLDPWD # lib.sh changed to the repository root
 
 runs=3 seconds=20 scale=8 cache_mib=64 clients=4 threads=2 shared_buffers=16MB db_memory_mib=96
-st1_size=20 backing=ssd perf= out=
+st1_size=20 backing=ssd perf= out= pm_args=
 usage() { sed -n '/^#   scripts\/guest\/db-bench.sh/,/^#       \[--speedtest1-size/p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
@@ -65,6 +69,7 @@ while (($#)); do
     --backing) backing="$2"; shift 2 ;;
     --perf) perf=$(command -v perf) || { echo "db-bench: --perf needs perf (apt-get install linux-perf)" >&2; exit 2; }; shift ;;
     --out) out="$2"; shift 2 ;;
+    --pm-args) pm_args="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "db-bench: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -155,6 +160,7 @@ PM=$exe ST1=$speedtest1 PGBIN=$pg_bin PGUID=$pg_uid PGGID=$pg_gid TAR=$work/pgda
 RUNS=$runs SECS=$seconds SCALE=$scale CACHE_MIB=$cache_mib CLIENTS=$clients THREADS=$threads
 SHARED_BUFFERS=$shared_buffers DB_MEMORY_MIB=$db_memory_mib ST1_SIZE=$st1_size DB_BYTES=$db_bytes
 FS_MIB=$fs_mib SSD_IOPS=$ssd_iops SSD_BPS=$ssd_bps BUCKET=${bucket}k BACKING=$backing PERF=$perf
+PM_ARGS="$pm_args"
 PARAMS
   cat <<'GUEST'
 set -eu
@@ -219,8 +225,10 @@ mkfs.ext4 -q -F -b 4096 /dev/$PMEM3 || fail "mkfs.ext4 /dev/$PMEM3"
 mkdir -p /mnt/pm
 mount -t ext4 -o dax /dev/$PMEM3 /mnt/pm || fail "mount -o dax /dev/$PMEM3"
 CPUS=$(grep -c ^processor /proc/cpuinfo)
-$PM serve --ublk --ublk-recovery off --ublk-queues $CPUS --cache /mnt/pm/cache.pm \
-  --cache-size ${PM_CACHE_MIB}M --backing /dev/$NS2 --control /tmp/pm.ctl > /tmp/serve-pm.log 2>&1 &
+QUEUES="--ublk-queues $CPUS"
+case " $PM_ARGS " in *" --ublk-queues "*) QUEUES= ;; esac
+$PM serve --ublk --ublk-recovery off $QUEUES --cache /mnt/pm/cache.pm \
+  --cache-size ${PM_CACHE_MIB}M --backing /dev/$NS2 --control /tmp/pm.ctl $PM_ARGS > /tmp/serve-pm.log 2>&1 &
 PM_PID=$!
 wait_until "grep -q 'ublk device:' /tmp/serve-pm.log || ! kill -0 $PM_PID 2>/dev/null" "pmcache serve did not start"
 UBLK=$(sed -n 's/.*ublk device: \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/serve-pm.log | head -n 1)
@@ -290,6 +298,7 @@ done
 printf 'DBBENCH-BED {"kernel":"%s","guest_cpus":%d,"cache_mib":%d,"scale":%d,"clients":%d,"threads":%d,"seconds":%d,"shared_buffers":"%s","db_memory_mib":%d,"speedtest1_size":%d,"db_bytes":%d,"fs_mib":%d,"ssd_iops":%d,"ssd_bytes_per_s":%d,"dm_cache_block_kib":32,"bcache_bucket":"%s","backing":"%s"}\n' \
   "$(uname -r)" $CPUS $PM_CACHE_MIB $SCALE $CLIENTS $THREADS $SECS "$SHARED_BUFFERS" $DB_MEMORY_MIB $ST1_SIZE $DB_BYTES $FS_MIB $SSD_IOPS $SSD_BPS $BUCKET $BACKING
 
+[ -z "$PM_ARGS" ] || echo "DBBENCH-NOTE pmcache serve with $QUEUES $PM_ARGS"
 # The server at rest, before any run: what it spends with nothing to do.
 idle0=$(sed 's/.*) //' /proc/$PM_PID/stat | awk '{print $12 + $13}')
 sleep 10
