@@ -164,8 +164,10 @@ def fault_backing_eio(bed, ctx):
     # The server says a change of the store's health at most once a second: its line that the
     # store is ok again may follow the flush by up to that.
     deadline = time.time() + 3
-    while rc == 0 and health_lines(bed.log_since(ctx["log_at"]))[0] \
-            and not health_lines(bed.log_since(ctx["log_at"]))[1] and time.time() < deadline:
+    while rc == 0 and time.time() < deadline:
+        said_failing, said_ok = health_lines(bed.log_since(ctx["log_at"]))
+        if not said_failing or said_ok:
+            break
         time.sleep(0.1)
     d = lambda a, b, k: b[k] - a[k]
     print(f"  backing store failing {t_off - t_on:.1f} s: nbdkit failed "

@@ -15,8 +15,8 @@ use pmcache_frontend::CacheEngine;
 
 /// How often a change is said at most.
 const LINE_INTERVAL: Duration = Duration::from_secs(1);
-/// How long the thread waits for a change before it looks for its stop again (a stop wakes it
-/// at once).
+/// How long the thread waits for a change before it looks for its stop again: a stop wakes it,
+/// and one that comes just before it starts to wait is seen this much later.
 const WAIT: Duration = Duration::from_secs(1);
 /// How often the thread looks for its stop between two lines.
 const STOP_POLL: Duration = Duration::from_millis(100);
