@@ -9,6 +9,9 @@
 #   dm-cache       smq, writeback, 32 KiB blocks (its smallest: the databases write 4-8 KiB
 #                  pages at random), metadata on a loop device in the guest's tmpfs
 #   dm-writecache  pmem mode (p), 4 KiB blocks
+#   ublk-loop      rublk's ublk loop target on the namespace: the user-space block path pmcache
+#                  takes, with no cache (each request forwarded to the namespace on the ublk
+#                  queue's own ring), what that path costs by itself
 #   nvme           the bare NVMe namespace: the baseline
 #
 # each cache on an emulated NVDIMM (fsdax) in front of an emulated NVMe namespace throttled to
@@ -35,7 +38,8 @@
 #   DBBENCH {json}                         one pgbench run: layer, run, tps, transactions,
 #                                          latency_ms_p50, latency_ms_p99 (rank (n-1)q, rounded),
 #                                          guest_busy_s, guest_idle_s (all vCPUs, /proc/stat),
-#                                          server_cpu_s (pmcache's process; null elsewhere)
+#                                          server_cpu_s (pmcache's process, rublk's for
+#                                          ublk-loop; null elsewhere)
 #   DBBENCH-SPEEDTEST1 LAYER RUN LINE      speedtest1's output, line by line
 #   DBBENCH-PMSTATS-BEFORE LAYER RUN {json}  pmcache's `stats --json` before each pgbench run
 #   DBBENCH-PMSTATS LAYER RUN {json}       and after it
@@ -45,8 +49,8 @@
 #                                          those runs: a diagnosis, not figures)
 # When the guest fails, its console is kept as FILE.guest.log.
 #
-# Needs root. Uses PMCACHE_BIN (or builds pmcache, profile test-opt, feature ublk),
-# scripts/db/build-speedtest1.sh's speedtest1, PostgreSQL 15 (/usr/lib/postgresql/N/bin), and
+# Needs root. Uses PMCACHE_BIN (or builds pmcache, profile test-opt, feature ublk), rublk
+# (RUBLK, or in PATH, or `cargo install rublk` under target/rublk), scripts/db/build-speedtest1.sh's speedtest1, PostgreSQL 15 (/usr/lib/postgresql/N/bin), and
 # installs ndctl, bcache-tools, dmsetup and e2fsprogs when missing. TCG makes absolute numbers
 # meaningless: only ratios within the boot count.
 source "$(dirname "$0")/lib.sh"
@@ -83,6 +87,7 @@ done
 ((EUID == 0)) || { echo "db-bench: needs root (PostgreSQL's cluster is made as user postgres)" >&2; exit 2; }
 
 need_tools ndctl:ndctl make-bcache:bcache-tools dmsetup:dmsetup mkfs.ext4:e2fsprogs
+need_rublk
 build_pmcache test-opt
 speedtest1=$(bash scripts/db/build-speedtest1.sh)
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
@@ -125,8 +130,8 @@ echo "== db-bench: database $((db_bytes >> 20)) MiB, tarball $(du -h "$work/pgda
 # --- NVDIMMs and NVMe namespaces -------------------------------------------------------------
 # NVDIMMs 0-2: bcache, dm-cache, dm-writecache (the whole fsdax device is the cache); 3:
 # pmcache's, 32 MiB larger for ext4 -o dax around its medium, which takes the size of the others'.
-# Namespaces 1-5 (throttled as --backing says): the bare store, then the backing stores
-# of pmcache, bcache, dm-cache and dm-writecache.
+# Namespaces 1-6 (throttled as --backing says): the bare store, then the backing stores
+# of pmcache, bcache, dm-cache, dm-writecache and ublk-loop.
 case "$backing" in
   ssd) ssd_iops=4000 ssd_bps=500000000 ;;
   hdd) ssd_iops=200 ssd_bps=150000000 ;;
@@ -144,7 +149,7 @@ for ((i = 0; i < nvdimms; i++)); do
   qemu_args+=" -device nvdimm,id=nvdimm$i,memdev=nv$i"
 done
 qemu_args+=" -device nvme,id=nvd,serial=dbbench"
-for ((n = 1; n <= 5; n++)); do
+for ((n = 1; n <= 6; n++)); do
   truncate -s "${fs_mib}M" "$work/ns$n.img"
   qemu_args+=" -drive file=$work/ns$n.img,if=none,id=dd$n,format=raw,cache=unsafe"
   qemu_args+=",throttling.iops-total=$ssd_iops,throttling.bps-total=$ssd_bps"
@@ -156,7 +161,7 @@ while ((bucket > 4 && cache_mib * 1024 / bucket < 2048)); do bucket=$((bucket / 
 guest_script db-bench
 {
   cat <<PARAMS
-PM=$exe ST1=$speedtest1 PGBIN=$pg_bin PGUID=$pg_uid PGGID=$pg_gid TAR=$work/pgdata.tar.gz
+PM=$exe RUBLK=$rublk ST1=$speedtest1 PGBIN=$pg_bin PGUID=$pg_uid PGGID=$pg_gid TAR=$work/pgdata.tar.gz
 RUNS=$runs SECS=$seconds SCALE=$scale CACHE_MIB=$cache_mib CLIENTS=$clients THREADS=$threads
 SHARED_BUFFERS=$shared_buffers DB_MEMORY_MIB=$db_memory_mib ST1_SIZE=$st1_size DB_BYTES=$db_bytes
 FS_MIB=$fs_mib SSD_IOPS=$ssd_iops SSD_BPS=$ssd_bps BUCKET=${bucket}k BACKING=$backing PERF=$perf
@@ -209,7 +214,7 @@ nsdev() {
   return 0
 }
 n=1
-while [ $n -le 5 ]; do
+while [ $n -le 6 ]; do
   wait_until "[ -n \"\$(nsdev $n)\" ]" "no namespace $n on $ctrl"
   d=$(nsdev $n); eval "NS$n=$d"
   wait_until "[ -b /dev/$d ]" "no /dev/$d"
@@ -218,7 +223,7 @@ done
 # The kernel layers' caches are their whole fsdax devices; pmcache's takes the same size.
 CACHE_BYTES=$(blockdev --getsize64 /dev/$PMEM0)
 PM_CACHE_MIB=$((CACHE_BYTES >> 20))
-log "NVDIMMs $PMEM0 $PMEM1 $PMEM2 ($PM_CACHE_MIB MiB each as fsdax) $PMEM3; NVMe $ctrl: $NS1 $NS2 $NS3 $NS4 $NS5"
+log "NVDIMMs $PMEM0 $PMEM1 $PMEM2 ($PM_CACHE_MIB MiB each as fsdax) $PMEM3; NVMe $ctrl: $NS1 $NS2 $NS3 $NS4 $NS5 $NS6"
 
 # --- the layers --------------------------------------------------------------------------------
 mkfs.ext4 -q -F -b 4096 /dev/$PMEM3 || fail "mkfs.ext4 /dev/$PMEM3"
@@ -262,14 +267,27 @@ dm_create() {
 }
 dm_create dmc "0 $(blockdev --getsz /dev/$NS4) cache /dev/loop0 /dev/$PMEM1 /dev/$NS4 64 1 writeback smq 0"
 dm_create wc "0 $(blockdev --getsz /dev/$NS5) writecache p /dev/$NS5 /dev/$PMEM2 4096 0"
+# The ublk path with no cache: rublk's loop target on namespace 6, direct I/O, a queue per CPU.
+$RUBLK add loop -n 9 -q $CPUS -f /dev/$NS6 --quiet > /tmp/rublk.log 2>&1 || { cat /tmp/rublk.log; fail "rublk add loop"; }
+wait_until "[ -b /dev/ublkb9 ]" "no /dev/ublkb9 from rublk"
 log "pmcache $UBLK (medium /mnt/pm/cache.pm on /dev/$PMEM3, ${PM_CACHE_MIB} MiB, backing /dev/$NS2); bcache /dev/$BC ($(cat /sys/block/$BC/bcache/cache_mode)); dmc: $(dmsetup table dmc); wc: $(dmsetup table wc)"
 
-LAYERS="pmcache bcache dm-cache dm-writecache nvme"
+LAYERS="pmcache bcache dm-cache dm-writecache ublk-loop nvme"
+NLAYERS=$(echo $LAYERS | wc -w)
 dev_of() {
   case "$1" in
     pmcache) echo $UBLK ;; bcache) echo /dev/$BC ;; dm-cache) echo /dev/mapper/dmc ;;
-    dm-writecache) echo /dev/mapper/wc ;; nvme) echo /dev/$NS1 ;;
+    dm-writecache) echo /dev/mapper/wc ;; ublk-loop) echo /dev/ublkb9 ;; nvme) echo /dev/$NS1 ;;
   esac
+}
+ns_of() { # the layer's NVMe namespace (its backing store; the bare one for nvme)
+  case "$1" in
+    pmcache) echo $NS2 ;; bcache) echo $NS3 ;; dm-cache) echo $NS4 ;;
+    dm-writecache) echo $NS5 ;; ublk-loop) echo $NS6 ;; nvme) echo $NS1 ;;
+  esac
+}
+ns_io() { # reads, sectors read, writes, sectors written, flushes completed on the namespace
+  awk '{print $1, $3, $5, $7, $15}' /sys/block/$(ns_of $1)/stat
 }
 
 # --- PostgreSQL's user, the memory cgroup, the database on each layer --------------------------
@@ -315,22 +333,47 @@ dirty_note() { # what each kernel layer holds dirty after run $1
 cpu_ticks() { # busy (user nice system irq softirq) and idle (idle iowait) ticks of all CPUs
   awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $5 + $6}' /proc/stat
 }
-server_ticks() { # user + system ticks of the layer's server process (pmcache only)
-  [ $1 = pmcache ] || return 0
-  sed 's/.*) //' /proc/$PM_PID/stat | awk '{print $12 + $13}'
+server_ticks() { # user + system ticks of the layer's server processes (pmcache, rublk's)
+  case $1 in
+    pmcache) sed 's/.*) //' /proc/$PM_PID/stat | awk '{print $12 + $13}' ;;
+    ublk-loop)
+      for p in /proc/[0-9]*; do
+        [ "$(cat $p/comm 2>/dev/null)" = rublk ] && sed 's/.*) //' $p/stat 2>/dev/null
+      done | awk '{t += $12 + $13} END {print t + 0}' ;;
+  esac
+}
+
+# A kernel layer whose database fails (PostgreSQL refuses to start, pgbench stops on an error)
+# is said in a note with PostgreSQL's log, and left out of the later pgbench runs; the bench
+# goes on with the others. pmcache's database failing fails the bench.
+broken=""
+layer_broken() { # layer_broken LAYER RUN WHY
+  [ -z "$PERF" ] || { kill -INT $PERF_PID 2>/dev/null; wait $PERF_PID 2>/dev/null || true; rm -f /tmp/perf.data; }
+  [ $1 != pmcache ] || { cat /tmp/pgbench.out /tmp/pgbench.err 2>/dev/null; fail "$3 on pmcache"; }
+  echo "DBBENCH-NOTE run $2: $1: $3; its database is left out of the later pgbench runs. PostgreSQL's log:"
+  for f in /tmp/pgbench.err /tmp/pgsock/postgres.log; do
+    [ -f $f ] && grep -v '^ *$' $f | grep -iv 'LOG: *\(checkpoint\|listening\|starting\|database system\)' \
+      | tail -n 12 | sed "s|^|DBBENCH-NOTE run $2: $1:   |"
+  done
+  as_pg "$PGBIN/pg_ctl -D /mnt/$1/pgdata -m immediate -w -t 600 stop" > /dev/null 2>&1 || true
+  broken="$broken $1"
 }
 
 # --- the rounds ----------------------------------------------------------------------------------
 r=1
 while [ $r -le $RUNS ]; do
   # The order rotates: round r starts at the layer r-1 places on.
-  order=$(echo $LAYERS $LAYERS | awk -v s=$(( (r - 1) % 5 )) '{for (i = s + 1; i <= s + 5; i++) printf "%s ", $i}')
+  order=$(echo $LAYERS $LAYERS | awk -v s=$(( (r - 1) % NLAYERS )) -v n=$NLAYERS '{for (i = s + 1; i <= s + n; i++) printf "%s ", $i}')
   for l in $order; do
+    case " $broken " in *" $l "*) continue ;; esac
     log "round $r/$RUNS: pgbench on $l"
     sync; echo 3 > /proc/sys/vm/drop_caches
-    rm -f /tmp/pgsock/postgres.log
-    in_cg su -s /bin/sh postgres -c "$PGBIN/pg_ctl -D /mnt/$l/pgdata -l /tmp/pgsock/postgres.log -w -t 600 start" > /dev/null \
-      || fail "PostgreSQL did not start on $l"
+    rm -f /tmp/pgsock/postgres.log /tmp/pgbench.out /tmp/pgbench.err
+    PERF_PID=
+    if ! in_cg su -s /bin/sh postgres -c "$PGBIN/pg_ctl -D /mnt/$l/pgdata -l /tmp/pgsock/postgres.log -w -t 600 start" > /dev/null; then
+      layer_broken $l $r "PostgreSQL did not start"
+      continue
+    fi
     rm -rf /tmp/pgl; mkdir -p /tmp/pgl; chown postgres /tmp/pgl
     if [ $l = pmcache ]; then
       echo "DBBENCH-PMSTATS-BEFORE pmcache $r $($PM stats --json --control /tmp/pm.ctl | tr -d '\n')"
@@ -339,10 +382,13 @@ while [ $r -le $RUNS ]; do
       $PERF record -a -g -F 200 -o /tmp/perf.data > /tmp/perf.log 2>&1 &
       PERF_PID=$!
     fi
-    cpu0=$(cpu_ticks) srv0=$(server_ticks $l)
-    in_cg su -s /bin/sh postgres -c "$PGBIN/pgbench -h /tmp/pgsock -c $CLIENTS -j $THREADS -T $SECS -l --log-prefix=/tmp/pgl/pgbench_log postgres" \
-      > /tmp/pgbench.out 2>/tmp/pgbench.err || { cat /tmp/pgbench.out /tmp/pgbench.err; fail "pgbench on $l"; }
-    cpu1=$(cpu_ticks) srv1=$(server_ticks $l)
+    cpu0=$(cpu_ticks) srv0=$(server_ticks $l) io0=$(ns_io $l)
+    if ! in_cg su -s /bin/sh postgres -c "$PGBIN/pgbench -h /tmp/pgsock -c $CLIENTS -j $THREADS -T $SECS -l --log-prefix=/tmp/pgl/pgbench_log postgres" \
+      > /tmp/pgbench.out 2>/tmp/pgbench.err; then
+      layer_broken $l $r "pgbench stopped on an error"
+      continue
+    fi
+    cpu1=$(cpu_ticks) srv1=$(server_ticks $l) io1=$(ns_io $l)
     if [ -n "$PERF" ]; then
       kill -INT $PERF_PID; wait $PERF_PID || true
       # Where the guest's CPU went: by process and object, then the symbols (all processes).
@@ -368,6 +414,12 @@ while [ $r -le $RUNS ]; do
     printf 'DBBENCH {"bench":"pgbench","layer":"%s","run":%d,"tps":%s,"transactions":%d,"latency_ms_p50":%s,"latency_ms_p99":%s,"guest_busy_s":%s,"guest_idle_s":%s,"server_cpu_s":%s}\n' \
       $l $r $tps $count $(pct 0.5) $(pct 0.99) $(awk -v t=$busy 'BEGIN {printf "%.2f", t / 100}') \
       $(awk -v t=$idle 'BEGIN {printf "%.2f", t / 100}') $srv
+    # The commands the layer sent its NVMe namespace over the run (each a doorbell: under TCG
+    # a trap into QEMU's NVMe emulation on the submitting vCPU).
+    echo "$io0 $io1" | awk -v l=$l -v r=$r -v n=$count '{
+      printf "DBBENCH-NOTE run %d: %s namespace I/O over the run: %d reads (%.1f KiB each), %d writes (%.1f KiB each), %d flushes; %.2f commands a transaction\n",
+        r, l, $6 - $1, ($6 - $1) ? ($7 - $2) / 2 / ($6 - $1) : 0, $8 - $3, ($8 - $3) ? ($9 - $4) / 2 / ($8 - $3) : 0, $10 - $5,
+        ($6 - $1 + $8 - $3 + $10 - $5) / n }'
     if [ $l = pmcache ]; then
       echo "DBBENCH-PMSTATS pmcache $r $($PM stats --json --control /tmp/pm.ctl | tr -d '\n')"
       # Where the server's CPU went, thread by thread (ticks since it started).
@@ -395,7 +447,7 @@ GUEST
 echo "== db-bench in one guest: $runs round(s), pgbench $seconds s, scale $scale, caches $cache_mib MiB"
 log="$work/guest.log"
 : > "$log"
-timeout_s=$((1800 + runs * 5 * (seconds + 240)))
+timeout_s=$((1800 + runs * 6 * (seconds + 240)))
 set +e
 PMCACHE_GUEST_QEMU_ARGS="$qemu_args ${PMCACHE_GUEST_QEMU_ARGS:-}" \
   "$here/run-in-guest.sh" --timeout "$timeout_s" --mem "$mem_mib" --disk-mib 256 \
@@ -403,7 +455,7 @@ PMCACHE_GUEST_QEMU_ARGS="$qemu_args ${PMCACHE_GUEST_QEMU_ARGS:-}" \
   --copy "$pg_bin/postgres" --copy "$pg_bin/pg_ctl" --copy "$pg_bin/pgbench" --copy "$pg_bin/psql" \
   --copy "$pg_lib/plpgsql.so" --copy "$pg_lib/dict_snowball.so" --copy "$pg_share" \
   ${perf:+--copy "$perf"} --copy /usr/share/zoneinfo/UTC --copy "$(command -v ndctl)" --copy "$(command -v make-bcache)" \
-  --copy "$(command -v dmsetup)" --copy "$(command -v mkfs.ext4)" --copy "$work/pgdata.tar.gz" \
+  --copy "$(command -v dmsetup)" --copy "$(command -v mkfs.ext4)" --copy "$work/pgdata.tar.gz" --copy "$rublk" \
   --copy "$script" -- sh "$script" > "$log" 2>&1 &
 runner=$!
 tail -n +1 -f "$log" --pid "$runner" | grep --line-buffered -E '^(db-bench|\[guest\]|DBBENCH )' || true

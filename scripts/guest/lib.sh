@@ -44,6 +44,17 @@ build_pmcache() {
   exe=$(cd "$(dirname "$exe")" && pwd)/$(basename "$exe")
 }
 
+# need_rublk: sets rublk to the path of rublk (RUBLK=path, or found in PATH, or installed under
+# target/rublk with `cargo install rublk` when missing), the ublk server whose null and loop
+# targets the guest benches set beside pmcache.
+need_rublk() {
+  rublk="${RUBLK:-$(command -v rublk || true)}"
+  if [[ -z "$rublk" ]]; then
+    rublk="$PWD/target/rublk/bin/rublk"
+    [[ -x "$rublk" ]] || cargo install rublk --locked --root target/rublk
+  fi
+}
+
 # on_exit COMMAND: runs COMMAND when the script exits, after those registered before it
 # (a plain `trap ... EXIT` would replace them: the NVDIMM files paper000.sh keeps in /dev/shm
 # were left behind that way).

@@ -34,11 +34,7 @@ seconds="${2:-5}"
 queues="${UBLK_QUEUES:-1}"
 
 need_tools nbd-client:nbd-client fio:fio
-rublk="${RUBLK:-$(command -v rublk || true)}"
-if [[ -z "$rublk" ]]; then
-  rublk="$PWD/target/rublk/bin/rublk"
-  [[ -x "$rublk" ]] || cargo install rublk --locked --root target/rublk
-fi
+need_rublk
 
 build_pmcache release
 commit=$(git rev-parse --short HEAD)

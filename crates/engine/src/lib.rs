@@ -36,8 +36,8 @@ mod sync;
 pub mod testing;
 
 pub use cache::{
-    BatchOutcome, Cleaner, Engine, Lane, READ_DATA_PREFETCH_AHEAD, READS_PENDING_MAX, ReadRequest,
-    ReadStart, Ticket, WriteRequest, WriteStart,
+    BatchOutcome, Cleaner, Engine, Lane, MISS_SPAN_BLOCKS_MAX, READ_DATA_PREFETCH_AHEAD,
+    READS_PENDING_MAX, ReadRequest, ReadStart, Ticket, WriteRequest, WriteStart,
 };
 pub use cleaner_policy::{Adaptive, CleanerConfig, CleanerStats, WriteBackOrder};
 pub use clock::{Clock, ManualClock, MonotonicClock};

@@ -1,6 +1,6 @@
 //! The guest's bed (`scripts/guest/db-bench.sh`): pgbench and speedtest1 on ext4 over
-//! pmcache (ublk), bcache, dm-cache, dm-writecache and the bare NVMe namespace in one QEMU
-//! boot. The script keeps the guest's result lines in its `--out` file; this module runs it
+//! pmcache (ublk), bcache, dm-cache, dm-writecache, rublk's ublk loop target and the bare NVMe
+//! namespace in one QEMU boot. The script keeps the guest's result lines in its `--out` file; this module runs it
 //! (or reads a kept file) and parses the lines:
 //!
 //! - `DBBENCH-BED {json}`: the guest, the sizes and the settings;
@@ -22,8 +22,10 @@ use super::speedtest1;
 use super::summary::{PgbenchPoint, SpeedtestPoint};
 use crate::harness::servers::ServerFigures;
 
-/// The layers in the order the guest's tables show them; the last is the bare store.
-pub const LAYERS: [&str; 5] = ["pmcache", "bcache", "dm-cache", "dm-writecache", "nvme"];
+/// The layers in the order the guest's tables show them: the caches, the ublk path with no
+/// cache (rublk's loop target: what pmcache's path costs by itself), the bare store.
+pub const LAYERS: [&str; 6] =
+    ["pmcache", "bcache", "dm-cache", "dm-writecache", "ublk-loop", "nvme"];
 /// The kernel's cache layers, among which the best is pmcache's bar.
 pub const KERNEL_LAYERS: [&str; 3] = ["bcache", "dm-cache", "dm-writecache"];
 /// The bare NVMe namespace: the baseline.

@@ -8,7 +8,8 @@
 //! under `--dir`. With `--guest` ([`guest`]): one QEMU boot of `scripts/guest/db-bench.sh`
 //! with pmcache (ublk, its medium on an emulated NVDIMM), bcache, dm-cache and
 //! dm-writecache, each on an NVDIMM of the cache's size in front of a throttled emulated NVMe
-//! namespace, and the bare namespace.
+//! namespace, rublk's ublk loop target on such a namespace (the ublk path with no cache), and
+//! the bare namespace.
 //!
 //! The page cache would hide every layer (the databases fit in memory many times over): the
 //! databases' processes run in a memory cgroup of `--db-memory` (page cache included), with
@@ -88,7 +89,8 @@ pub struct DbArgs {
     #[arg(long)]
     pub no_nbdkit: bool,
     /// Boot the guest bed (scripts/guest/db-bench.sh): pmcache beside bcache, dm-cache,
-    /// dm-writecache and the bare NVMe namespace.
+    /// dm-writecache, the ublk path with no cache (rublk's loop target) and the bare NVMe
+    /// namespace.
     #[arg(long)]
     pub guest: bool,
     /// Read the guest's result lines from this file (kept by an earlier --guest run) instead

@@ -250,7 +250,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// Evicts clean blocks under the CLOCK (or FIFO) hand of each member in turn, the local
     /// one first (`placement.rs`), until one gives some. When it finds none and a cleaner
     /// runs, waits for the cleaner (a stall, see `wait_for_cleaner`), or for an `optional`
-    /// slot returns `Ok(false)` at once; without a cleaner (or with a failing one), writes back
+    /// slot returns `Ok(false)` at once (as it does when every slot is being filled); without a cleaner (or with a failing one), writes back
     /// the oldest dirty blocks it passed and evicts those. `Ok(true)`: look for a slot again.
     pub(super) fn reclaim(&mut self, stall: &mut Option<Stall>, optional: bool) -> Result<bool> {
         let engine = self.engine;
@@ -327,7 +327,13 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             self.scratch_slots.extend_from_slice(&self.scratch_refused);
         }
         if self.scratch_slots.is_empty() {
-            // Every slot is free in another lane's list or being filled: let them progress.
+            // Every slot is free in another lane's list or being filled. An optional slot
+            // does not wait for them: the slots being filled may be this lane's own, held by
+            // its misses in flight, which only this thread completes.
+            if optional {
+                return Ok(false);
+            }
+            // Let them progress.
             crate::sync::yield_now();
             return Ok(true);
         }

@@ -129,9 +129,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
 
     /// Up to [`READ_CHUNK`] reads in three passes, as a hand-pipelined loop: prefetch every
     /// read's index buckets; look every block up; then copy and validate each, prefetching the
-    /// data of a read a little further on. The chunk's misses are then started together. A
-    /// read that is not a lock-free hit or a miss of one block (a raced copy, a read across
-    /// blocks or out of range) takes the ordinary `read` path.
+    /// data of a read a little further on. The chunk's misses are then started together: of
+    /// one block (`misses.rs`), or of a read across a few blocks that were not all lock-free
+    /// hits (`spans.rs`). A read that is neither (a raced copy, a read across more blocks, out
+    /// of range) takes the ordinary `read` path.
     fn read_chunk(&mut self, reads: &mut [ReadRequest<'_>], started: &mut Vec<ReadStart>) {
         let engine = self.engine;
         let block = self.block_bytes();
@@ -174,13 +175,24 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             } else if keys[i].is_some() {
                 misses.push(i);
                 started.push(ReadStart::Done(Ok(())));
+            } else if self.spans_blocks_in_range(r.offset, r.buf.len() as u64) {
+                if self.span_hits(r.offset, r.buf) {
+                    started.push(ReadStart::Done(Ok(())));
+                } else {
+                    misses.push(i);
+                    started.push(ReadStart::Done(Ok(())));
+                }
             } else {
                 started.push(ReadStart::Done(self.read(r.offset, r.buf)));
             }
         }
         for at in misses {
             let r = &mut reads[at];
-            started[base + at] = self.start_miss(r.offset, r.buf);
+            started[base + at] = if keys[at].is_some() {
+                self.start_miss(r.offset, r.buf)
+            } else {
+                self.start_span_miss(r.offset, r.buf)
+            };
         }
     }
 

@@ -67,8 +67,21 @@ impl Ticket {
 pub(super) enum InFlight {
     /// A read miss.
     Read(ReadInFlight),
+    /// A read miss of several blocks (`spans.rs`).
+    Span(super::spans::SpanInFlight),
     /// A write-through or write-around (`through.rs`).
     Write(super::through::WriteInFlight),
+}
+
+/// A buffer of `len` bytes from the queue's free buffers, or a new one.
+pub(super) fn take_buffer(buffers: &mut Vec<IoBuf>, len: usize) -> IoBuf {
+    match buffers.pop() {
+        Some(mut buf) if buf.capacity() >= len => {
+            buf.set_len(len);
+            buf
+        }
+        _ => IoBuf::new(len),
+    }
 }
 
 /// One miss in flight.
@@ -99,6 +112,9 @@ pub(crate) struct MissesInFlight {
     /// Answers not handed over yet: writes finished while the lane waited for its own
     /// writes, and requests failed with their queue.
     pub(super) answered_early: Vec<(u32, Result<()>)>,
+    /// Admission slots held by reads of several blocks in flight (`spans.rs`), at most
+    /// [`READS_PENDING_MAX`]: as many as single-block misses can hold.
+    pub(super) span_slots: usize,
 }
 
 impl MissesInFlight {
@@ -109,6 +125,7 @@ impl MissesInFlight {
             reaped: Vec::with_capacity(READS_PENDING_MAX),
             reads_reaped_early: Vec::with_capacity(READS_PENDING_MAX),
             answered_early: Vec::with_capacity(READS_PENDING_MAX),
+            span_slots: 0,
         }
     }
 
@@ -132,7 +149,15 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         self.engine.cleaner.follow_writer_nice(false);
         let block = self.block_bytes();
         if !self.single_block_in_range(offset, buf.len() as u64) {
-            return ReadStart::Done(self.read(offset, buf));
+            if !self.spans_blocks_in_range(offset, buf.len() as u64) {
+                return ReadStart::Done(self.read(offset, buf));
+            }
+            if self.span_hits(offset, buf) {
+                return ReadStart::Done(Ok(()));
+            }
+            let started = self.start_span_miss(offset, buf);
+            self.submit_misses();
+            return started;
         }
         let (lba, in_block) = (block_of(offset, block), offset_in_block(offset, block) as usize);
         if self.read_hit(lba, in_block, buf) {
@@ -202,7 +227,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let MissQueue::Open { queue, buffers, .. } = &mut self.miss_queue else {
             unreachable!("the miss queue was checked open");
         };
-        let buf = buffers.pop().unwrap_or_else(|| IoBuf::new(block as usize));
+        let buf = take_buffer(buffers, block as usize);
         if let Err(request) = queue.push(IoRequest::read(lba * block, buf, u64::from(ticket))) {
             // The queue holds READS_PENDING_MAX requests and the table has room.
             panic!("the miss queue refused read {} with room for it", request.user_data);
@@ -258,7 +283,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let mut served = self.hand_over_answered_early(done);
         let mut early = std::mem::take(&mut self.misses.reads_reaped_early);
         for completion in early.drain(..) {
-            self.finish_miss(completion, done);
+            self.finish_request(completion, done);
             served += 1;
         }
         self.misses.reads_reaped_early = early;
@@ -311,6 +336,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let ticket = u32::try_from(completion.user_data).expect("a ticket");
         match self.misses.table[ticket as usize] {
             Some(InFlight::Read(_)) => self.finish_miss(completion, done),
+            Some(InFlight::Span(_)) => self.finish_span(completion, done),
             Some(InFlight::Write(_)) => {
                 let result = self.finish_write(completion);
                 self.misses.free.push(ticket);
@@ -335,7 +361,9 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         for completion in reaped.drain(..) {
             let ticket = u32::try_from(completion.user_data).expect("a ticket");
             match self.misses.table[ticket as usize] {
-                Some(InFlight::Read(_)) => self.misses.reads_reaped_early.push(completion),
+                Some(InFlight::Read(_) | InFlight::Span(_)) => {
+                    self.misses.reads_reaped_early.push(completion)
+                }
                 Some(InFlight::Write(_)) => {
                     let result = self.finish_write(completion);
                     self.misses.answered_early.push((ticket, result));
@@ -472,6 +500,10 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
             let (op, lba, slot) = match self.misses.table[ticket as usize].take() {
                 None => continue,
                 Some(InFlight::Read(miss)) => ("read", miss.lba, miss.slot),
+                Some(InFlight::Span(span)) => {
+                    self.give_back_span_slots(&span);
+                    ("read", span.lba, None)
+                }
                 Some(InFlight::Write(write)) => {
                     let lba = write.lba;
                     ("write", lba, self.abandon_write(write))

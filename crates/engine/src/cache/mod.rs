@@ -55,6 +55,7 @@ mod ordering;
 mod persist;
 mod read;
 mod shared;
+mod spans;
 #[cfg(all(test, not(feature = "shuttle")))]
 mod tests;
 mod through;
@@ -67,6 +68,7 @@ use cleaner::CleanerShared;
 pub use cleaner::{BatchOutcome, Cleaner};
 use inline_writeback::WrittenBack;
 pub use misses::{READS_PENDING_MAX, ReadStart, Ticket};
+pub use spans::MISS_SPAN_BLOCKS_MAX;
 pub use through::WriteStart;
 
 /// Read hits a lane of a cache of several members counts local or remote between asking which

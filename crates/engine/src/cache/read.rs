@@ -1,5 +1,6 @@
 //! The read path: lock-free hits, the locked path, misses and admission.
 
+use super::spans::MISS_SPAN_BLOCKS_MAX;
 use super::*;
 
 /// What a lock-free copy of a hit came to.
@@ -60,13 +61,27 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
                     }
                 }
             }
-            let out = &mut buf[done..done + len];
-            if !self.read_hit(lba, in_block, out) {
+            if !self.read_hit(lba, in_block, &mut buf[done..done + len]) {
                 let past_cutoff = *sequential_tail.get_or_insert_with(|| {
                     engine.admission.note_request(offset, request_len, engine.clock.now_ns())
                 });
                 let tail = past_cutoff && engine.scan_bypasses();
-                self.read_locked(lba, in_block, out, !tail)?;
+                // Whole blocks from here on that are not cached: one backing read for them.
+                let uncached = if in_block == 0 && len as u64 == block {
+                    let whole_blocks = ((end - at) / block).min(MISS_SPAN_BLOCKS_MAX);
+                    (lba..lba + whole_blocks)
+                        .take_while(|&l| engine.index.lookup(l).is_none())
+                        .count()
+                } else {
+                    0
+                };
+                if uncached >= 2 {
+                    let span = uncached * block as usize;
+                    self.read_span_now(lba, &mut buf[done..done + span], !tail)?;
+                    done += span;
+                    continue;
+                }
+                self.read_locked(lba, in_block, &mut buf[done..done + len], !tail)?;
             }
             done += len;
         }
@@ -79,7 +94,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// [`Lane::copy_validated`] validates one (its index entry still holds the same slot and
     /// generation after the copy). Returns how many blocks, from the first, were validated
     /// hits (0: the first block is not a visible hit); the caller reads the rest.
-    fn read_hit_run(&mut self, lba: u64, blocks: usize, out: &mut [u8]) -> usize {
+    pub(super) fn read_hit_run(&mut self, lba: u64, blocks: usize, out: &mut [u8]) -> usize {
         let engine = self.engine;
         let block = self.block_bytes() as usize;
         let Some(first) = engine.index.lookup(lba).filter(|f| !f.hidden) else { return 0 };

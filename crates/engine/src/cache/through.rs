@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use pmcache_backing::{IoBuf, IoCompletion, IoRequest};
+use pmcache_backing::{IoCompletion, IoRequest};
 
 use super::batch::WriteRequest;
 use super::misses::{InFlight, MissQueue};
@@ -161,7 +161,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let MissQueue::Open { queue, buffers, .. } = &mut self.miss_queue else {
             unreachable!("the lane's queue was checked open");
         };
-        let mut buf = buffers.pop().unwrap_or_else(|| IoBuf::new(block as usize));
+        let mut buf = super::misses::take_buffer(buffers, block as usize);
         buf.copy_from_slice(data);
         engine.queue_backing_write(
             queue.as_mut(),

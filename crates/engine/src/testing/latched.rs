@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use pmcache_backing::{BackingStore, IoCompletion, IoQueue, IoRequest};
@@ -56,6 +56,8 @@ pub struct LatchedBacking {
     latch: Arc<Latch>,
     /// Queued requests run on the device when their completion is let through, not at submit.
     late: AtomicBool,
+    /// Reads that reached the device: (queued, synchronous `read_at`).
+    reads: Arc<[AtomicU64; 2]>,
 }
 
 impl LatchedBacking {
@@ -65,7 +67,8 @@ impl LatchedBacking {
         let latch = Latch { closed: Mutex::new(true), opened: Condvar::new(), event, signal };
         let latch = Arc::new(latch);
         latch.set(false);
-        Arc::new(Self { inner, latch, late: AtomicBool::new(false) })
+        let reads = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        Arc::new(Self { inner, latch, late: AtomicBool::new(false), reads })
     }
 
     /// Makes the requests of queues opened from now on run on the device only when their
@@ -78,11 +81,20 @@ impl LatchedBacking {
     pub fn hold(&self, closed: bool) {
         self.latch.set(closed);
     }
+
+    /// Reads the device took so far: (queued requests, synchronous `read_at` calls).
+    pub fn reads(&self) -> (u64, u64) {
+        (self.reads[0].load(Ordering::SeqCst), self.reads[1].load(Ordering::SeqCst))
+    }
 }
 
 impl BackingStore for LatchedBacking {
-    pmcache_backing::forward_to!(inner: size_bytes, logical_block_size, identity, read_at, write_at,
-        flush, discard, write_zeroes);
+    pmcache_backing::forward_to!(inner: size_bytes, logical_block_size, identity, write_at, flush,
+        discard, write_zeroes);
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> pmcache_backing::Result<()> {
+        self.reads[1].fetch_add(1, Ordering::SeqCst);
+        self.inner.read_at(buf, offset)
+    }
     fn engine_name(&self) -> &'static str {
         "latched"
     }
@@ -91,6 +103,7 @@ impl BackingStore for LatchedBacking {
             device: self.inner.clone(),
             late: self.late.load(Ordering::SeqCst),
             latch: self.latch.clone(),
+            reads: self.reads.clone(),
             pushed: VecDeque::with_capacity(depth),
             held: VecDeque::with_capacity(depth),
             depth,
@@ -104,6 +117,7 @@ struct LatchedQueue {
     device: SimBacking,
     late: bool,
     latch: Arc<Latch>,
+    reads: Arc<[AtomicU64; 2]>,
     /// Pushed, not submitted yet.
     pushed: VecDeque<IoRequest>,
     /// Submitted: run already (landing at submit) or still to run (landing late).
@@ -126,6 +140,9 @@ impl IoQueue for LatchedQueue {
     fn push(&mut self, req: IoRequest) -> Result<(), IoRequest> {
         if self.in_flight() == self.depth {
             return Err(req);
+        }
+        if req.op == pmcache_backing::IoOp::Read {
+            self.reads[0].fetch_add(1, Ordering::SeqCst);
         }
         self.pushed.push_back(req);
         Ok(())

@@ -17,6 +17,7 @@ mod misses;
 mod ordering;
 mod pending_free;
 mod read_completion;
+mod read_spans;
 mod regressions;
 mod shm_model;
 mod stores;

@@ -162,6 +162,20 @@ fn a_mixed_batch_gets_each_result_in_order() {
 /// before an overwrite never lands in the cache over it.
 #[test]
 fn misses_beside_a_writer_never_admit_stale_data() {
+    reads_beside_a_writer(1);
+}
+
+/// The same with reads of several blocks (`cache/spans.rs`): reads of 2 and of 4 blocks, each
+/// one backing read, their blocks cached, dirty, written back and evicted by the writer while
+/// the reads are in flight.
+#[test]
+fn spans_beside_a_writer_never_serve_or_admit_stale_data() {
+    reads_beside_a_writer(2);
+    reads_beside_a_writer(4);
+}
+
+/// Batches of 16 blocks read `blocks_per_read` blocks a request beside a writer (see above).
+fn reads_beside_a_writer(blocks_per_read: u64) {
     let dir = tempdir();
     let engine = engine_in(dir.path(), 3);
     let stop = AtomicBool::new(false);
@@ -191,20 +205,20 @@ fn misses_beside_a_writer_never_admit_stale_data() {
             let blocks: Vec<u64> = (0..16).map(|i| (first + i) % HOT).collect();
             let floor: Vec<u64> =
                 blocks.iter().map(|&l| versions[l as usize].load(Ordering::SeqCst)).collect();
-            let mut bufs = vec![vec![0u8; BLOCK]; blocks.len()];
+            let per_read = blocks_per_read as usize;
+            let mut bufs = vec![vec![0u8; BLOCK * per_read]; blocks.len() / per_read];
             let mut reads: Vec<ReadRequest<'_>> = blocks
-                .iter()
+                .chunks(per_read)
                 .zip(bufs.iter_mut())
-                .map(|(&lba, buf)| ReadRequest { offset: lba * BLOCK as u64, buf })
+                .map(|(lbas, buf)| ReadRequest { offset: lbas[0] * BLOCK as u64, buf })
                 .collect();
             let mut outcomes = Vec::new();
             lane.read_batch(&mut reads, &mut outcomes);
             drop(reads);
-            for ((&lba, buf), (outcome, floor)) in
-                blocks.iter().zip(&bufs).zip(outcomes.iter().zip(&floor))
-            {
-                assert!(outcome.is_ok(), "{outcome:?}");
-                let (got_lba, version) = decode(buf);
+            assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+            let data = bufs.concat();
+            for ((&lba, block), floor) in blocks.iter().zip(data.chunks(BLOCK)).zip(&floor) {
+                let (got_lba, version) = decode(block);
                 assert_eq!(got_lba, lba);
                 assert!(version >= *floor, "block {lba}: version {version} after {floor}");
                 assert!(version >= seen[lba as usize], "block {lba} went back in time");
