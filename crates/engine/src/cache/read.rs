@@ -48,45 +48,56 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
         let end = offset + request_len;
         let mut done = 0;
         while done < buf.len() {
+            let hit = self.hits_at(offset, buf, done);
+            if hit > 0 {
+                done += hit;
+                continue;
+            }
             let at = offset + done as u64;
             let (lba, in_block) = (block_of(at, block), offset_in_block(at, block) as usize);
             let len = (block - in_block as u64).min(end - at) as usize;
-            if in_block == 0 && len as u64 == block {
-                let whole_blocks = ((end - at) / block) as usize;
-                if whole_blocks > 1 {
-                    let hits = self.read_hit_run(lba, whole_blocks, &mut buf[done..]);
-                    if hits > 0 {
-                        done += hits * block as usize;
-                        continue;
-                    }
-                }
+            let past_cutoff = *sequential_tail.get_or_insert_with(|| {
+                engine.admission.note_request(offset, request_len, engine.clock.now_ns())
+            });
+            let tail = past_cutoff && engine.scan_bypasses();
+            // Whole blocks from here on that are not cached: one backing read for them.
+            let uncached = if in_block == 0 && len as u64 == block {
+                let whole_blocks = ((end - at) / block).min(MISS_SPAN_BLOCKS_MAX);
+                (lba..lba + whole_blocks).take_while(|&l| engine.index.lookup(l).is_none()).count()
+            } else {
+                0
+            };
+            if uncached >= 2 {
+                let span = uncached * block as usize;
+                self.read_span_now(lba, &mut buf[done..done + span], !tail)?;
+                done += span;
+                continue;
             }
-            if !self.read_hit(lba, in_block, &mut buf[done..done + len]) {
-                let past_cutoff = *sequential_tail.get_or_insert_with(|| {
-                    engine.admission.note_request(offset, request_len, engine.clock.now_ns())
-                });
-                let tail = past_cutoff && engine.scan_bypasses();
-                // Whole blocks from here on that are not cached: one backing read for them.
-                let uncached = if in_block == 0 && len as u64 == block {
-                    let whole_blocks = ((end - at) / block).min(MISS_SPAN_BLOCKS_MAX);
-                    (lba..lba + whole_blocks)
-                        .take_while(|&l| engine.index.lookup(l).is_none())
-                        .count()
-                } else {
-                    0
-                };
-                if uncached >= 2 {
-                    let span = uncached * block as usize;
-                    self.read_span_now(lba, &mut buf[done..done + span], !tail)?;
-                    done += span;
-                    continue;
-                }
-                self.read_locked(lba, in_block, &mut buf[done..done + len], !tail)?;
-            }
+            self.read_locked(lba, in_block, &mut buf[done..done + len], !tail)?;
             done += len;
         }
         bump(&self.counters().bytes_read, buf.len() as u64);
         Ok(())
+    }
+
+    /// Lock-free hits at byte `done` of a read of `buf.len()` bytes at `offset`, into `buf`:
+    /// a run of whole blocks copied together, or the block (or part of it) there. Returns the
+    /// bytes answered; 0 when the block there is not a lock-free hit.
+    pub(super) fn hits_at(&mut self, offset: u64, buf: &mut [u8], done: usize) -> usize {
+        let block = self.block_bytes();
+        let (at, end) = (offset + done as u64, offset + buf.len() as u64);
+        let (lba, in_block) = (block_of(at, block), offset_in_block(at, block) as usize);
+        let len = (block - in_block as u64).min(end - at) as usize;
+        if in_block == 0 && len as u64 == block {
+            let whole_blocks = ((end - at) / block) as usize;
+            if whole_blocks > 1 {
+                let hits = self.read_hit_run(lba, whole_blocks, &mut buf[done..]);
+                if hits > 0 {
+                    return hits * block as usize;
+                }
+            }
+        }
+        if self.read_hit(lba, in_block, &mut buf[done..done + len]) { len } else { 0 }
     }
 
     /// Lock-free hits of up to `blocks` whole blocks from `lba` on, into `out`: the blocks
@@ -94,7 +105,7 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// [`Lane::copy_validated`] validates one (its index entry still holds the same slot and
     /// generation after the copy). Returns how many blocks, from the first, were validated
     /// hits (0: the first block is not a visible hit); the caller reads the rest.
-    pub(super) fn read_hit_run(&mut self, lba: u64, blocks: usize, out: &mut [u8]) -> usize {
+    fn read_hit_run(&mut self, lba: u64, blocks: usize, out: &mut [u8]) -> usize {
         let engine = self.engine;
         let block = self.block_bytes() as usize;
         let Some(first) = engine.index.lookup(lba).filter(|f| !f.hidden) else { return 0 };

@@ -78,27 +78,12 @@ impl<'e, M: Medium, B: BackingStore, C: Clock> Lane<'e, M, B, C> {
     /// first block that is not one (`buf` then holds part of the answer, which the caller
     /// discards).
     pub(super) fn span_hits(&mut self, offset: u64, buf: &mut [u8]) -> bool {
-        let block = self.block_bytes();
-        let end = offset + buf.len() as u64;
         let mut done = 0;
         while done < buf.len() {
-            let at = offset + done as u64;
-            let (lba, in_block) = (block_of(at, block), offset_in_block(at, block) as usize);
-            let len = (block - in_block as u64).min(end - at) as usize;
-            if in_block == 0 && len as u64 == block {
-                let whole_blocks = ((end - at) / block) as usize;
-                if whole_blocks > 1 {
-                    let hits = self.read_hit_run(lba, whole_blocks, &mut buf[done..]);
-                    if hits > 0 {
-                        done += hits * block as usize;
-                        continue;
-                    }
-                }
+            match self.hits_at(offset, buf, done) {
+                0 => return false,
+                hit => done += hit,
             }
-            if !self.read_hit(lba, in_block, &mut buf[done..done + len]) {
-                return false;
-            }
-            done += len;
         }
         bump(&self.counters().bytes_read, buf.len() as u64);
         true
